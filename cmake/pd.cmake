@@ -1,0 +1,30 @@
+# Small helpers so that every folder declares its target the same way.
+#
+#   pd_library(NAME pd_x SRCS a.cc b.cc [CUDA_SRCS k.cu] DEPS pd_common absl::status)
+#   pd_test(NAME x_test SRCS x_test.cc DEPS pd_x [LABELS slow])
+#   pd_binary(NAME pdctl SRCS main.cc DEPS ...)
+
+function(pd_library)
+  cmake_parse_arguments(PD "" "NAME" "SRCS;DEPS" ${ARGN})
+  add_library(${PD_NAME} STATIC ${PD_SRCS})
+  target_link_libraries(${PD_NAME} PUBLIC ${PD_DEPS})
+  set_target_properties(${PD_NAME} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+endfunction()
+
+function(pd_binary)
+  cmake_parse_arguments(PD "" "NAME" "SRCS;DEPS" ${ARGN})
+  add_executable(${PD_NAME} ${PD_SRCS})
+  target_link_libraries(${PD_NAME} PRIVATE ${PD_DEPS})
+  set_target_properties(${PD_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+endfunction()
+
+function(pd_test)
+  cmake_parse_arguments(PD "" "NAME" "SRCS;DEPS;LABELS" ${ARGN})
+  add_executable(${PD_NAME} ${PD_SRCS})
+  target_link_libraries(${PD_NAME} PRIVATE ${PD_DEPS} pd_test_main)
+  set_target_properties(${PD_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  gtest_discover_tests(${PD_NAME}
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}
+    PROPERTIES LABELS "unit;${PD_LABELS}"
+    DISCOVERY_TIMEOUT 60)
+endfunction()

@@ -1,0 +1,70 @@
+#include "common/mapped_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "common/strings.h"
+
+namespace pd {
+
+absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    std::string msg = pd::StrCat("cannot open '", path, "': ", std::strerror(err));
+    return err == ENOENT ? absl::NotFoundError(msg) : absl::PermissionDeniedError(msg);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    return absl::InternalError(pd::StrCat("cannot stat '", path, "'"));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(pd::StrCat("'", path, "' is not a regular file"));
+  }
+  MappedFile f;
+  f.size_ = static_cast<size_t>(st.st_size);
+  if (f.size_ > 0) {
+    void* p = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      ::close(fd);
+      return absl::InternalError(pd::StrCat("mmap of '", path, "' failed: ", std::strerror(errno)));
+    }
+    f.data_ = static_cast<const uint8_t*>(p);
+    f.owned_ = true;
+  }
+  ::close(fd);
+  return f;
+}
+
+MappedFile MappedFile::Borrow(const void* data, size_t size) {
+  MappedFile f;
+  f.data_ = static_cast<const uint8_t*>(data);
+  f.size_ = size;
+  return f;
+}
+
+MappedFile::MappedFile(MappedFile&& other) noexcept { *this = std::move(other); }
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    if (owned_ && data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    owned_ = std::exchange(other.owned_, false);
+  }
+  return *this;
+}
+
+MappedFile::~MappedFile() {
+  if (owned_ && data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+}  // namespace pd

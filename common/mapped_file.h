@@ -1,0 +1,36 @@
+// Read-only memory map of a whole file. Move-only; unmaps on destruction.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace pd {
+
+class MappedFile {
+ public:
+  // Maps `path` read-only. NOT_FOUND if missing, INVALID_ARGUMENT if a directory, INTERNAL on
+  // mmap failure. An empty file maps to data() == nullptr, size() == 0.
+  static absl::StatusOr<MappedFile> Open(const std::string& path);
+  // Wraps a caller-owned byte range without mapping (used by the fuzzer and tests).
+  static MappedFile Borrow(const void* data, size_t size);
+
+  MappedFile() = default;
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile();
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  bool owned_ = false;
+};
+
+}  // namespace pd

@@ -1,0 +1,159 @@
+// The compute backend: owns device memory and runs the ops of a transformer layer.
+//
+// Nothing above this interface assumes host memory. A Tensor's `data` is a pointer in the
+// backend's own address space (host memory for the CPU backend, device memory for CUDA); callers
+// move bytes in and out only through Upload/Download. Ops are enqueued in order on the backend's
+// single stream; a device backend may run them asynchronously, so call Synchronize() before
+// reading results on the host. Host-side metadata (token positions, block tables) is passed as
+// host spans and copied by the backend as it needs.
+//
+// Thread safety: a Backend instance is used by one engine thread at a time. The CPU backend runs
+// each op on its own thread pool internally.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/quant/dtype.h"
+
+namespace pd::engine {
+
+// A non-owning 2-D view: `rows` rows of `cols` elements, rows contiguous (stride = RowBytes).
+// Vectors are rows == 1. Quantized types need `cols` to be a multiple of their block size.
+struct Tensor {
+  DType type = DType::kF32;
+  int64_t cols = 0;  // elements per row (ggml's ne0)
+  int64_t rows = 1;  // ggml's ne1
+  void* data = nullptr;
+
+  size_t row_bytes() const { return RowBytes(type, cols); }
+  size_t bytes() const { return row_bytes() * static_cast<size_t>(rows); }
+  int64_t numel() const { return cols * rows; }
+  // View of rows [first, first + count).
+  Tensor Rows(int64_t first, int64_t count) const {
+    Tensor t = *this;
+    t.rows = count;
+    t.data = static_cast<char*>(data) + row_bytes() * static_cast<size_t>(first);
+    return t;
+  }
+};
+
+// Backend-owned memory. Freed when destroyed.
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  virtual void* data() = 0;
+  virtual size_t size() const = 0;
+};
+
+// How rotary position embeddings are applied.
+enum class RopeMode {
+  kNormal,  // rotate pairs (2i, 2i+1): Llama's GGUF layout
+  kNeox,    // rotate pairs (i, i + rot_dim/2): GPT-NeoX, Qwen2, Gemma
+};
+
+struct RopeParams {
+  RopeMode mode = RopeMode::kNormal;
+  int head_dim = 0;          // elements per head
+  int rot_dim = 0;           // leading elements of each head that rotate (== head_dim usually)
+  float freq_base = 10000.f;
+  float freq_scale = 1.f;    // linear position scaling: theta = pos * freq_scale * base^(-2i/rot_dim)
+  // Optional per-frequency divisors (Llama 3 "rope_freqs"), rot_dim/2 floats on the host, or empty.
+  absl::Span<const float> freq_factors;
+};
+
+// Which KV slots each token of a batch reads and writes. All spans are host memory.
+//
+// Token t belongs to sequence seq[t] and sits at absolute position pos[t]. Its K/V go to slot
+// block_tables[seq[t]][pos[t] / block_size] * block_size + pos[t] % block_size of each layer's
+// cache. It attends to every position p of its sequence with max(0, pos[t] - window + 1) <= p <=
+// pos[t] (window 0 = unlimited). The caller stores a batch's K/V before running its attention, so
+// tokens of one sequence in one batch see each other causally.
+struct KvBatch {
+  absl::Span<const int32_t> pos;                            // [n_tokens]
+  absl::Span<const int32_t> seq;                            // [n_tokens] -> index into tables
+  std::vector<absl::Span<const int32_t>> block_tables;      // per sequence: block ids
+  int block_size = 16;
+};
+
+struct AttentionParams {
+  int n_heads = 0;
+  int n_kv_heads = 0;  // n_heads % n_kv_heads == 0 (grouped-query attention)
+  int head_dim = 0;
+  float scale = 0.f;   // logits = scale * q.k
+  int window = 0;      // sliding window in positions; 0 = full causal attention
+  float softcap = 0.f; // if > 0: logits = softcap * tanh(logits / softcap)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string_view name() const = 0;
+
+  // ---- memory --------------------------------------------------------------------------------
+  // RESOURCE_EXHAUSTED when the device is out of memory.
+  virtual absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) = 0;
+  virtual absl::Status Upload(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual absl::Status Download(void* host_dst, const void* src, size_t bytes) = 0;
+  // Fills `bytes` at `dst` with zeros.
+  virtual absl::Status Zero(void* dst, size_t bytes) = 0;
+  // Makes host-resident weights (e.g. an mmapped GGUF tensor) usable by ops. The CPU backend
+  // returns a view of the host bytes without copying and leaves *storage empty; a device backend
+  // copies into a new Buffer it returns in *storage, which must outlive the Tensor.
+  virtual absl::StatusOr<Tensor> MapWeights(const Tensor& host, std::unique_ptr<Buffer>* storage) = 0;
+  // Waits for all enqueued work. Errors from asynchronous ops surface here.
+  virtual absl::Status Synchronize() = 0;
+
+  // ---- ops ----------------------------------------------------------------------------------
+  // Activations are F32 unless stated. Every op returns INVALID_ARGUMENT on mismatched shapes and
+  // UNIMPLEMENTED for a type this backend does not run (never a silent fallback).
+
+  // y[n, m] = x[n, k] * w[m, k]^T. w: any supported type; x, y: F32. Like ggml, quantized and
+  // half weights are dotted against activations converted to the weight's companion type
+  // (Q8_0 for Q8_0, F16 for F16, BF16 for BF16), F32 weights against F32 activations.
+  virtual absl::Status MatMul(const Tensor& w, const Tensor& x, Tensor& y) = 0;
+  // out[i, :] = dequant(table[ids[i], :]) (embedding lookup). out: F32 [ids.size(), table.cols].
+  virtual absl::Status GetRows(const Tensor& table, absl::Span<const int32_t> ids, Tensor& out) = 0;
+  // y = x / sqrt(mean(x^2) + eps) * w, per row. w: F32 [1, cols] (or nullptr data = no weight).
+  virtual absl::Status RmsNorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) = 0;
+  // In place on x [n_tokens, n_heads * head_dim] with positions pos[n_tokens] (host).
+  virtual absl::Status Rope(Tensor& x, int n_heads, absl::Span<const int32_t> pos,
+                            const RopeParams& p) = 0;
+  // y = a + b elementwise (same shapes; y may alias a or b).
+  virtual absl::Status Add(const Tensor& a, const Tensor& b, Tensor& y) = 0;
+  // y[r, :] = x[r, :] + bias[0, :] for every row (bias broadcast; y may alias x).
+  virtual absl::Status AddBias(const Tensor& x, const Tensor& bias, Tensor& y) = 0;
+  // y = silu(gate) * up elementwise.
+  virtual absl::Status SwiGlu(const Tensor& gate, const Tensor& up, Tensor& y) = 0;
+  // In-place numerically stable softmax over each row.
+  virtual absl::Status Softmax(Tensor& x) = 0;
+  // Writes k, v [n_tokens, n_kv_heads * head_dim] (F32) into the caches (F32 or F16, rows =
+  // n_blocks * block_size, cols = n_kv_heads * head_dim) at the slots `kv` gives each token.
+  virtual absl::Status StoreKv(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
+                               const KvBatch& kv) = 0;
+  // out [n_tokens, n_heads * head_dim] = softmax(scale * q k^T) v over each token's visible
+  // positions (see KvBatch), grouped-query: head h reads kv head h / (n_heads / n_kv_heads).
+  virtual absl::Status Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                 const KvBatch& kv, const AttentionParams& p, Tensor& out) = 0;
+};
+
+struct CpuBackendOptions {
+  int threads = 0;             // 0 = all online cores
+  bool force_scalar = false;   // use the portable kernels even when AVX2+FMA are present
+};
+
+// The CPU backend (AVX2+FMA when the CPU has it, else scalar). Never fails.
+std::unique_ptr<Backend> CreateCpuBackend(const CpuBackendOptions& options = {});
+
+// The CUDA backend on `device`. UNAVAILABLE when built without CUDA or no GPU is present.
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device = 0);
+
+}  // namespace pd::engine

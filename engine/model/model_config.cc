@@ -1,0 +1,129 @@
+#include "engine/model/model_config.h"
+
+#include <cmath>
+#include <string>
+
+#include "common/status.h"
+#include "common/strings.h"
+
+namespace pd::engine {
+namespace {
+
+// Reads `{arch}.{suffix}` as a positive int no larger than `max`.
+absl::StatusOr<int> PositiveInt(const GgufFile& f, const std::string& key, int64_t max) {
+  PD_ASSIGN_OR_RETURN(uint64_t v, f.GetUint(key));
+  if (v == 0 || static_cast<int64_t>(v) > max) {
+    return absl::InvalidArgumentError(
+        pd::StrCat("GGUF key '", key, "' = ", v, " is out of range (1..", max, ")"));
+  }
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
+  ModelConfig c;
+  PD_ASSIGN_OR_RETURN(std::string_view arch, f.GetString("general.architecture"));
+  c.arch = std::string(arch);
+  if (c.arch != "llama" && c.arch != "qwen2") {
+    return absl::UnimplementedError(pd::StrCat("architecture '", c.arch,
+                                               "' is not supported (supported: llama, qwen2)"));
+  }
+  if (auto name = f.GetString("general.name"); name.ok()) c.name = std::string(*name);
+  const std::string p = c.arch + ".";
+
+  PD_ASSIGN_OR_RETURN(c.n_embd, PositiveInt(f, p + "embedding_length", 1 << 16));
+  PD_ASSIGN_OR_RETURN(c.n_layer, PositiveInt(f, p + "block_count", 1024));
+  PD_ASSIGN_OR_RETURN(c.n_head, PositiveInt(f, p + "attention.head_count", 1024));
+  PD_ASSIGN_OR_RETURN(c.n_ff, PositiveInt(f, p + "feed_forward_length", 1 << 20));
+  PD_ASSIGN_OR_RETURN(c.n_ctx_train, PositiveInt(f, p + "context_length", 1 << 24));
+  c.n_head_kv = c.n_head;
+  if (f.Has(p + "attention.head_count_kv")) {
+    PD_ASSIGN_OR_RETURN(c.n_head_kv, PositiveInt(f, p + "attention.head_count_kv", 1024));
+  }
+  if (c.n_head % c.n_head_kv != 0) {
+    return absl::InvalidArgumentError(pd::StrCat("head_count ", c.n_head,
+                                                 " is not a multiple of head_count_kv ",
+                                                 c.n_head_kv));
+  }
+  if (f.Has(p + "attention.key_length")) {
+    PD_ASSIGN_OR_RETURN(c.head_dim, PositiveInt(f, p + "attention.key_length", 1024));
+    if (f.Has(p + "attention.value_length")) {
+      PD_ASSIGN_OR_RETURN(int vl, PositiveInt(f, p + "attention.value_length", 1024));
+      if (vl != c.head_dim) {
+        return absl::UnimplementedError(pd::StrCat("key_length ", c.head_dim,
+                                                   " != value_length ", vl, " is not supported"));
+      }
+    }
+  } else {
+    if (c.n_embd % c.n_head != 0) {
+      return absl::InvalidArgumentError(pd::StrCat("embedding_length ", c.n_embd,
+                                                   " is not a multiple of head_count ", c.n_head));
+    }
+    c.head_dim = c.n_embd / c.n_head;
+  }
+  if (c.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(pd::StrCat("head dimension ", c.head_dim, " is odd"));
+  }
+  PD_ASSIGN_OR_RETURN(double eps, f.GetFloatOr(p + "attention.layer_norm_rms_epsilon", 1e-5));
+  if (!(eps > 0 && eps < 1)) {
+    return absl::InvalidArgumentError(pd::StrCat("layer_norm_rms_epsilon ", eps, " is not in (0, 1)"));
+  }
+  c.rms_eps = static_cast<float>(eps);
+
+  c.rope_mode = c.arch == "qwen2" ? RopeMode::kNeox : RopeMode::kNormal;
+  PD_ASSIGN_OR_RETURN(uint64_t rope_dim, f.GetUintOr(p + "rope.dimension_count", c.head_dim));
+  if (rope_dim == 0 || rope_dim > static_cast<uint64_t>(c.head_dim) || rope_dim % 2 != 0) {
+    return absl::InvalidArgumentError(pd::StrCat("rope.dimension_count ", rope_dim,
+                                                 " must be even and at most the head dimension ",
+                                                 c.head_dim));
+  }
+  c.rope_dim = static_cast<int>(rope_dim);
+  PD_ASSIGN_OR_RETURN(double base, f.GetFloatOr(p + "rope.freq_base", 10000.0));
+  if (!(base > 1.0) || !std::isfinite(base)) {
+    return absl::InvalidArgumentError(pd::StrCat("rope.freq_base ", base, " must be > 1"));
+  }
+  c.rope_freq_base = static_cast<float>(base);
+
+  // Rope scaling: "none" and "linear" run; others are refused rather than run wrongly.
+  std::string scaling = "none";
+  if (f.Has(p + "rope.scaling.type")) {
+    PD_ASSIGN_OR_RETURN(std::string_view s, f.GetString(p + "rope.scaling.type"));
+    scaling = std::string(s);
+  }
+  double factor = 0;
+  if (f.Has(p + "rope.scaling.factor")) {
+    PD_ASSIGN_OR_RETURN(factor, f.GetFloat(p + "rope.scaling.factor"));
+  } else if (f.Has(p + "rope.scale_linear")) {  // older files
+    PD_ASSIGN_OR_RETURN(factor, f.GetFloat(p + "rope.scale_linear"));
+    if (scaling == "none") scaling = "linear";
+  }
+  if (scaling == "linear") {
+    if (!(factor > 0) || !std::isfinite(factor)) {
+      return absl::InvalidArgumentError(pd::StrCat("rope scaling factor ", factor, " must be > 0"));
+    }
+    c.rope_freq_scale = static_cast<float>(1.0 / factor);
+  } else if (scaling != "none") {
+    return absl::UnimplementedError(
+        pd::StrCat("rope scaling type '", scaling, "' is not supported (supported: none, linear)"));
+  }
+
+  // Vocabulary size: from the token list, or the embedding table for files without one.
+  if (f.Has("tokenizer.ggml.tokens")) {
+    PD_ASSIGN_OR_RETURN(auto tokens, f.GetStringArray("tokenizer.ggml.tokens"));
+    c.n_vocab = static_cast<int>(tokens.size());
+  }
+  const GgufTensorInfo* embd = f.FindTensor("token_embd.weight");
+  if (embd == nullptr) {
+    return absl::InvalidArgumentError("tensor 'token_embd.weight' is missing");
+  }
+  if (embd->shape.size() != 2) {
+    return absl::InvalidArgumentError("tensor 'token_embd.weight' is not 2-D");
+  }
+  if (c.n_vocab == 0) c.n_vocab = static_cast<int>(embd->shape[1]);
+  c.tied_output = f.FindTensor("output.weight") == nullptr;
+  c.qkv_bias = f.FindTensor("blk.0.attn_q.bias") != nullptr;
+  return c;
+}
+
+}  // namespace pd::engine

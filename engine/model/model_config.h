@@ -1,0 +1,41 @@
+// Hyper-parameters of a decoder-only transformer, read from GGUF metadata.
+//
+// Architectures differ by configuration, not by forked code: `llama` (Llama 2/3, Mistral,
+// TinyLlama) and `qwen2` share one forward pass; the fields below select their differences.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/backend/backend.h"
+#include "engine/model/gguf.h"
+
+namespace pd::engine {
+
+struct ModelConfig {
+  std::string arch;  // general.architecture
+  std::string name;  // general.name, if present
+  int n_vocab = 0;
+  int n_ctx_train = 0;
+  int n_embd = 0;
+  int n_layer = 0;
+  int n_head = 0;
+  int n_head_kv = 0;
+  int head_dim = 0;  // n_embd / n_head unless the file says otherwise
+  int n_ff = 0;
+  float rms_eps = 1e-5f;
+
+  RopeMode rope_mode = RopeMode::kNormal;
+  int rope_dim = 0;
+  float rope_freq_base = 10000.f;
+  float rope_freq_scale = 1.f;  // 1 / linear scaling factor
+
+  bool tied_output = false;  // output head shares token_embd.weight
+  bool qkv_bias = false;     // attn_{q,k,v}.bias present
+
+  // Reads and validates the config. INVALID_ARGUMENT names the key and the bad value;
+  // UNIMPLEMENTED for an architecture or rope scaling this engine does not run.
+  static absl::StatusOr<ModelConfig> FromGguf(const GgufFile& f);
+};
+
+}  // namespace pd::engine

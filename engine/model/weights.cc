@@ -1,0 +1,102 @@
+#include "engine/model/weights.h"
+
+#include <string>
+
+#include "common/status.h"
+#include "common/strings.h"
+
+namespace pd::engine {
+namespace {
+
+std::string ShapeStr(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += pd::StrCat(i ? ", " : "", s[i]);
+  return out + "]";
+}
+
+class Loader {
+ public:
+  Loader(const GgufFile& f, Backend& b, std::vector<std::unique_ptr<Buffer>>& storage, size_t& bytes)
+      : f_(f), b_(b), storage_(storage), bytes_(bytes) {}
+
+  // Finds `name` with ggml shape {cols, rows} (rows == 0 for 1-D) and maps it.
+  absl::StatusOr<Tensor> Get(const std::string& name, int64_t cols, int64_t rows,
+                             bool float_only = false, bool optional = false) {
+    const GgufTensorInfo* t = f_.FindTensor(name);
+    if (t == nullptr) {
+      if (optional) return Tensor{};
+      return absl::InvalidArgumentError(pd::StrCat("tensor '", name, "' is missing"));
+    }
+    std::vector<int64_t> want = {cols};
+    if (rows > 0) want.push_back(rows);
+    if (t->shape != want) {
+      return absl::InvalidArgumentError(pd::StrCat("tensor '", name, "' has shape ",
+                                                   ShapeStr(t->shape), ", expected ",
+                                                   ShapeStr(want), " for this architecture"));
+    }
+    if (float_only && t->type != DType::kF32) {
+      return absl::InvalidArgumentError(pd::StrCat("tensor '", name, "' has type ",
+                                                   Traits(t->type).name, ", expected f32"));
+    }
+    Tensor host{t->type, cols, rows > 0 ? rows : 1, const_cast<uint8_t*>(t->data)};
+    std::unique_ptr<Buffer> buf;
+    PD_ASSIGN_OR_RETURN(Tensor mapped, b_.MapWeights(host, &buf));
+    if (buf) storage_.push_back(std::move(buf));
+    bytes_ += t->nbytes;
+    return mapped;
+  }
+
+ private:
+  const GgufFile& f_;
+  Backend& b_;
+  std::vector<std::unique_ptr<Buffer>>& storage_;
+  size_t& bytes_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(const GgufFile& f, const ModelConfig& c,
+                                                       Backend& backend) {
+  std::unique_ptr<Weights> w(new Weights());
+  Loader L(f, backend, w->storage_, w->total_bytes);
+  const int64_t q_dim = int64_t{c.n_head} * c.head_dim;
+  const int64_t kv_dim = int64_t{c.n_head_kv} * c.head_dim;
+
+  PD_ASSIGN_OR_RETURN(w->token_embd, L.Get("token_embd.weight", c.n_embd, c.n_vocab));
+  PD_ASSIGN_OR_RETURN(w->output_norm, L.Get("output_norm.weight", c.n_embd, 0, true));
+  if (c.tied_output) {
+    w->output = w->token_embd;
+  } else {
+    PD_ASSIGN_OR_RETURN(w->output, L.Get("output.weight", c.n_embd, c.n_vocab));
+  }
+  if (const GgufTensorInfo* rf = f.FindTensor("rope_freqs.weight")) {
+    if (rf->type != DType::kF32 || rf->shape != std::vector<int64_t>{c.rope_dim / 2}) {
+      return absl::InvalidArgumentError(
+          pd::StrCat("tensor 'rope_freqs.weight' has shape ", ShapeStr(rf->shape), " and type ",
+                     Traits(rf->type).name, ", expected [", c.rope_dim / 2, "] f32"));
+    }
+    const float* p = reinterpret_cast<const float*>(rf->data);
+    w->rope_freq_factors.assign(p, p + c.rope_dim / 2);
+  }
+
+  w->layers.resize(c.n_layer);
+  for (int i = 0; i < c.n_layer; ++i) {
+    LayerWeights& l = w->layers[i];
+    const std::string p = pd::StrCat("blk.", i, ".");
+    PD_ASSIGN_OR_RETURN(l.attn_norm, L.Get(p + "attn_norm.weight", c.n_embd, 0, true));
+    PD_ASSIGN_OR_RETURN(l.wq, L.Get(p + "attn_q.weight", c.n_embd, q_dim));
+    PD_ASSIGN_OR_RETURN(l.wk, L.Get(p + "attn_k.weight", c.n_embd, kv_dim));
+    PD_ASSIGN_OR_RETURN(l.wv, L.Get(p + "attn_v.weight", c.n_embd, kv_dim));
+    PD_ASSIGN_OR_RETURN(l.wo, L.Get(p + "attn_output.weight", q_dim, c.n_embd));
+    PD_ASSIGN_OR_RETURN(l.bq, L.Get(p + "attn_q.bias", q_dim, 0, true, !c.qkv_bias));
+    PD_ASSIGN_OR_RETURN(l.bk, L.Get(p + "attn_k.bias", kv_dim, 0, true, !c.qkv_bias));
+    PD_ASSIGN_OR_RETURN(l.bv, L.Get(p + "attn_v.bias", kv_dim, 0, true, !c.qkv_bias));
+    PD_ASSIGN_OR_RETURN(l.ffn_norm, L.Get(p + "ffn_norm.weight", c.n_embd, 0, true));
+    PD_ASSIGN_OR_RETURN(l.w_gate, L.Get(p + "ffn_gate.weight", c.n_embd, c.n_ff));
+    PD_ASSIGN_OR_RETURN(l.w_up, L.Get(p + "ffn_up.weight", c.n_embd, c.n_ff));
+    PD_ASSIGN_OR_RETURN(l.w_down, L.Get(p + "ffn_down.weight", c.n_ff, c.n_embd));
+  }
+  return w;
+}
+
+}  // namespace pd::engine

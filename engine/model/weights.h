@@ -1,0 +1,44 @@
+// A model's weights, made usable by one Backend. Borrows the GgufFile's mapped bytes on the CPU
+// (no copy); on a device backend it owns the device copies. Immutable after Load().
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/backend/backend.h"
+#include "engine/model/gguf.h"
+#include "engine/model/model_config.h"
+
+namespace pd::engine {
+
+struct LayerWeights {
+  Tensor attn_norm;            // F32 [1, n_embd]
+  Tensor wq, wk, wv, wo;       // [n_head*hd, n_embd], [n_head_kv*hd, n_embd] x2, [n_embd, n_head*hd]
+  Tensor bq, bk, bv;           // optional biases (data == nullptr when absent)
+  Tensor ffn_norm;             // F32 [1, n_embd]
+  Tensor w_gate, w_up, w_down; // [n_ff, n_embd] x2, [n_embd, n_ff]
+};
+
+class Weights {
+ public:
+  // Validates every tensor against `config` (presence, shape, type) and maps it onto `backend`.
+  // INVALID_ARGUMENT names the tensor, its shape and the expected one. The file and the backend
+  // must outlive the Weights.
+  static absl::StatusOr<std::unique_ptr<Weights>> Load(const GgufFile& file,
+                                                       const ModelConfig& config,
+                                                       Backend& backend);
+
+  Tensor token_embd;   // [n_vocab, n_embd]
+  Tensor output_norm;  // F32 [1, n_embd]
+  Tensor output;       // [n_vocab, n_embd]; == token_embd when tied
+  std::vector<float> rope_freq_factors;  // host, rope_dim/2 values, or empty
+  std::vector<LayerWeights> layers;
+  size_t total_bytes = 0;  // bytes of all weight tensors
+
+ private:
+  Weights() = default;
+  std::vector<std::unique_ptr<Buffer>> storage_;  // device copies (empty on the CPU backend)
+};
+
+}  // namespace pd::engine

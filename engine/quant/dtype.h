@@ -1,0 +1,39 @@
+// Element and block types of tensors, numbered as GGUF/ggml numbers them so that a GGUF tensor's
+// type field converts directly. Only the types listed here are supported by the engine; any other
+// value is rejected by the GGUF reader with INVALID_ARGUMENT.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace pd::engine {
+
+enum class DType : uint32_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ8_0 = 8,
+  kBF16 = 30,
+};
+
+struct DTypeTraits {
+  std::string_view name;  // as ggml spells it: "f32", "q8_0", ...
+  int block_size;         // elements per block (1 for plain floats)
+  size_t block_bytes;     // bytes per block
+};
+
+// Traits of a supported type. PD_CHECKs that `t` is supported.
+const DTypeTraits& Traits(DType t);
+// The supported DType for a raw ggml type number, or nullopt.
+std::optional<DType> DTypeFromGgml(uint32_t ggml_type);
+// Name of a raw ggml type number, for error messages ("q4_K", or "type 123").
+std::string RawGgmlTypeName(uint32_t ggml_type);
+
+// Bytes of one row of `n` elements; `n` must be a multiple of the block size.
+inline size_t RowBytes(DType t, int64_t n) {
+  const DTypeTraits& tr = Traits(t);
+  return static_cast<size_t>(n / tr.block_size) * tr.block_bytes;
+}
+
+}  // namespace pd::engine

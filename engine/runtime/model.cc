@@ -1,0 +1,171 @@
+#include "engine/runtime/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "common/status.h"
+#include "common/strings.h"
+
+namespace pd::engine {
+namespace {
+
+// Scratch slots, each a [rows, cols] F32 activation buffer.
+enum Slot { kX, kH, kQ, kK, kV, kAttn, kO, kGate, kUp, kOutX, kOutH, kLogits, kNumSlots };
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(std::shared_ptr<const GgufFile> file,
+                                                   Backend& backend) {
+  std::unique_ptr<Model> m(new Model(std::move(file), backend));
+  PD_ASSIGN_OR_RETURN(m->config_, ModelConfig::FromGguf(*m->file_));
+  PD_ASSIGN_OR_RETURN(m->weights_, Weights::Load(*m->file_, m->config_, backend));
+  return m;
+}
+
+KvCacheOptions Model::KvOptions(int n_blocks, DType dtype, int block_size) const {
+  KvCacheOptions o;
+  o.n_layer = config_.n_layer;
+  o.n_kv_heads = config_.n_head_kv;
+  o.head_dim = config_.head_dim;
+  o.block_size = block_size;
+  o.n_blocks = n_blocks;
+  o.dtype = dtype;
+  return o;
+}
+
+absl::Status Model::EnsureScratch(int64_t n_tokens, int64_t n_out) {
+  if (n_tokens <= scratch_tokens_ && n_out <= scratch_out_) return absl::OkStatus();
+  n_tokens = std::max(n_tokens, scratch_tokens_);
+  n_out = std::max(n_out, scratch_out_);
+  const ModelConfig& c = config_;
+  const int64_t q_dim = int64_t{c.n_head} * c.head_dim;
+  const int64_t kv_dim = int64_t{c.n_head_kv} * c.head_dim;
+  const int64_t cols[kNumSlots] = {c.n_embd, c.n_embd, q_dim, kv_dim, kv_dim, q_dim, c.n_embd,
+                                   c.n_ff,   c.n_ff,   c.n_embd, c.n_embd, c.n_vocab};
+  scratch_.clear();
+  for (int s = 0; s < kNumSlots; ++s) {
+    const int64_t rows = s >= kOutX ? n_out : n_tokens;
+    PD_ASSIGN_OR_RETURN(auto buf, backend_.Allocate(sizeof(float) * cols[s] * std::max<int64_t>(rows, 1)));
+    scratch_.push_back(std::move(buf));
+  }
+  scratch_tokens_ = n_tokens;
+  scratch_out_ = n_out;
+  return absl::OkStatus();
+}
+
+Tensor Model::Scratch(int index, int64_t cols, int64_t rows) {
+  return Tensor{DType::kF32, cols, rows, scratch_[index]->data()};
+}
+
+absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>* logits) {
+  const ModelConfig& c = config_;
+  const int64_t n = static_cast<int64_t>(batch.size());
+  if (n == 0) return absl::InvalidArgumentError("empty batch");
+  if (batch.pos.size() != batch.tokens.size() || batch.seq.size() != batch.tokens.size()) {
+    return absl::InvalidArgumentError("batch tokens/pos/seq lengths differ");
+  }
+  // Validate inputs and build the per-sequence block tables.
+  std::map<int64_t, int32_t> seq_index;
+  std::vector<int32_t> seq_of_token(n);
+  KvBatch kvb;
+  kvb.block_size = kv.options().block_size;
+  for (int64_t i = 0; i < n; ++i) {
+    if (batch.tokens[i] < 0 || batch.tokens[i] >= c.n_vocab) {
+      return absl::InvalidArgumentError(
+          pd::StrCat("token id ", batch.tokens[i], " is outside the vocabulary of ", c.n_vocab));
+    }
+    if (batch.pos[i] < 0) {
+      return absl::InvalidArgumentError(pd::StrCat("negative position ", batch.pos[i]));
+    }
+    auto [it, inserted] = seq_index.emplace(batch.seq[i], static_cast<int32_t>(seq_index.size()));
+    if (inserted) {
+      const std::vector<int32_t>& table = kv.BlockTable(batch.seq[i]);
+      kvb.block_tables.push_back(absl::MakeConstSpan(table));
+    }
+    if (batch.pos[i] >= kv.Capacity(batch.seq[i])) {
+      return absl::InvalidArgumentError(pd::StrCat("position ", batch.pos[i], " of sequence ",
+                                                   batch.seq[i], " is beyond its reserved KV (",
+                                                   kv.Capacity(batch.seq[i]), " slots)"));
+    }
+    seq_of_token[i] = it->second;
+  }
+  for (int32_t r : batch.logits_rows) {
+    if (r < 0 || r >= n) return absl::InvalidArgumentError("logits row out of range");
+  }
+  kvb.pos = absl::MakeConstSpan(batch.pos);
+  kvb.seq = absl::MakeConstSpan(seq_of_token);
+  const int64_t n_out = static_cast<int64_t>(batch.logits_rows.size());
+  PD_RETURN_IF_ERROR(EnsureScratch(n, n_out));
+
+  Backend& b = backend_;
+  const int64_t q_dim = int64_t{c.n_head} * c.head_dim;
+  const int64_t kv_dim = int64_t{c.n_head_kv} * c.head_dim;
+  Tensor x = Scratch(kX, c.n_embd, n);
+  Tensor h = Scratch(kH, c.n_embd, n);
+  Tensor q = Scratch(kQ, q_dim, n);
+  Tensor k = Scratch(kK, kv_dim, n);
+  Tensor v = Scratch(kV, kv_dim, n);
+  Tensor attn = Scratch(kAttn, q_dim, n);
+  Tensor o = Scratch(kO, c.n_embd, n);
+  Tensor gate = Scratch(kGate, c.n_ff, n);
+  Tensor up = Scratch(kUp, c.n_ff, n);
+
+  RopeParams rope;
+  rope.mode = c.rope_mode;
+  rope.head_dim = c.head_dim;
+  rope.rot_dim = c.rope_dim;
+  rope.freq_base = c.rope_freq_base;
+  rope.freq_scale = c.rope_freq_scale;
+  rope.freq_factors = absl::MakeConstSpan(weights_->rope_freq_factors);
+  AttentionParams ap;
+  ap.n_heads = c.n_head;
+  ap.n_kv_heads = c.n_head_kv;
+  ap.head_dim = c.head_dim;
+  ap.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const absl::Span<const int32_t> pos = absl::MakeConstSpan(batch.pos);
+
+  PD_RETURN_IF_ERROR(b.GetRows(weights_->token_embd, absl::MakeConstSpan(batch.tokens), x));
+  for (int l = 0; l < c.n_layer; ++l) {
+    const LayerWeights& w = weights_->layers[l];
+    // Attention block.  h = norm(x); q,k,v = h W^T (+ b); rope; store; attend; x += attn Wo^T
+    PD_RETURN_IF_ERROR(b.RmsNorm(x, w.attn_norm, c.rms_eps, h));
+    PD_RETURN_IF_ERROR(b.MatMul(w.wq, h, q));
+    PD_RETURN_IF_ERROR(b.MatMul(w.wk, h, k));
+    PD_RETURN_IF_ERROR(b.MatMul(w.wv, h, v));
+    if (w.bq.data != nullptr) {
+      PD_RETURN_IF_ERROR(b.AddBias(q, w.bq, q));
+      PD_RETURN_IF_ERROR(b.AddBias(k, w.bk, k));
+      PD_RETURN_IF_ERROR(b.AddBias(v, w.bv, v));
+    }
+    PD_RETURN_IF_ERROR(b.Rope(q, c.n_head, pos, rope));
+    PD_RETURN_IF_ERROR(b.Rope(k, c.n_head_kv, pos, rope));
+    PD_RETURN_IF_ERROR(b.StoreKv(k, v, kv.k(l), kv.v(l), kvb));
+    PD_RETURN_IF_ERROR(b.Attention(q, kv.k(l), kv.v(l), kvb, ap, attn));
+    PD_RETURN_IF_ERROR(b.MatMul(w.wo, attn, o));
+    PD_RETURN_IF_ERROR(b.Add(x, o, x));
+    // Feed-forward block (SwiGLU).  x += (silu(h Wg^T) * (h Wu^T)) Wd^T
+    PD_RETURN_IF_ERROR(b.RmsNorm(x, w.ffn_norm, c.rms_eps, h));
+    PD_RETURN_IF_ERROR(b.MatMul(w.w_gate, h, gate));
+    PD_RETURN_IF_ERROR(b.MatMul(w.w_up, h, up));
+    PD_RETURN_IF_ERROR(b.SwiGlu(gate, up, gate));
+    PD_RETURN_IF_ERROR(b.MatMul(w.w_down, gate, o));
+    PD_RETURN_IF_ERROR(b.Add(x, o, x));
+  }
+  if (logits == nullptr) return b.Synchronize();
+  logits->clear();
+  if (n_out == 0) return b.Synchronize();
+
+  // Only the rows whose logits are wanted go through the output head.
+  Tensor out_x = Scratch(kOutX, c.n_embd, n_out);
+  Tensor out_h = Scratch(kOutH, c.n_embd, n_out);
+  Tensor out_logits = Scratch(kLogits, c.n_vocab, n_out);
+  PD_RETURN_IF_ERROR(b.GetRows(x, absl::MakeConstSpan(batch.logits_rows), out_x));
+  PD_RETURN_IF_ERROR(b.RmsNorm(out_x, weights_->output_norm, c.rms_eps, out_h));
+  PD_RETURN_IF_ERROR(b.MatMul(weights_->output, out_h, out_logits));
+  logits->resize(static_cast<size_t>(n_out) * c.n_vocab);
+  PD_RETURN_IF_ERROR(b.Download(logits->data(), out_logits.data, out_logits.bytes()));
+  return b.Synchronize();
+}
+
+}  // namespace pd::engine

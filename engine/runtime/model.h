@@ -1,0 +1,72 @@
+// The forward pass of a decoder-only transformer over a batch of tokens from any number of
+// sequences (prefill chunks and decode tokens mixed), on one Backend, reading/writing a paged
+// KvCache. One shared implementation serves every supported architecture; ModelConfig selects
+// the differences (rope mode, biases, tied head).
+//
+// Not thread safe: owned by one engine loop. Holds scratch buffers sized to the largest batch.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/backend/backend.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/model/gguf.h"
+#include "engine/model/model_config.h"
+#include "engine/model/weights.h"
+
+namespace pd::engine {
+
+struct Batch {
+  std::vector<int32_t> tokens;       // [n]
+  std::vector<int32_t> pos;          // [n] absolute position of each token in its sequence
+  std::vector<int64_t> seq;          // [n] KV-cache sequence id of each token
+  std::vector<int32_t> logits_rows;  // indices into tokens whose next-token logits are wanted
+
+  void Add(int32_t token, int32_t position, int64_t seq_id, bool want_logits) {
+    if (want_logits) logits_rows.push_back(static_cast<int32_t>(tokens.size()));
+    tokens.push_back(token);
+    pos.push_back(position);
+    seq.push_back(seq_id);
+  }
+  size_t size() const { return tokens.size(); }
+};
+
+class Model {
+ public:
+  // Reads the config, validates and maps the weights. `file` is shared so the mapped bytes
+  // outlive the model; `backend` must outlive it.
+  static absl::StatusOr<std::unique_ptr<Model>> Load(std::shared_ptr<const GgufFile> file,
+                                                     Backend& backend);
+
+  const ModelConfig& config() const { return config_; }
+  const Weights& weights() const { return *weights_; }
+  const GgufFile& file() const { return *file_; }
+  Backend& backend() { return backend_; }
+
+  // KV-cache options matching this model.
+  KvCacheOptions KvOptions(int n_blocks, DType dtype, int block_size = 16) const;
+
+  // Runs `batch`. Preconditions (checked, INVALID_ARGUMENT): token ids < n_vocab, positions >= 0,
+  // each sequence's KV capacity covers its positions (KvCache::Reserve first). On success
+  // `logits` holds logits_rows.size() rows of n_vocab floats, in logits_rows order.
+  absl::Status Forward(const Batch& batch, KvCache& kv, std::vector<float>* logits);
+
+ private:
+  Model(std::shared_ptr<const GgufFile> file, Backend& backend)
+      : file_(std::move(file)), backend_(backend) {}
+  absl::Status EnsureScratch(int64_t n_tokens, int64_t n_out);
+  Tensor Scratch(int index, int64_t cols, int64_t rows);
+
+  std::shared_ptr<const GgufFile> file_;
+  Backend& backend_;
+  ModelConfig config_;
+  std::unique_ptr<Weights> weights_;
+  std::vector<std::unique_ptr<Buffer>> scratch_;
+  int64_t scratch_tokens_ = 0;
+  int64_t scratch_out_ = 0;
+};
+
+}  // namespace pd::engine

@@ -1,0 +1,116 @@
+#include "engine/sched/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <unordered_set>
+
+#include "common/status.h"
+#include "common/strings.h"
+
+namespace pd::engine {
+
+absl::Status SamplingParams::Validate() const {
+  if (!(temperature >= 0) || !std::isfinite(temperature)) {
+    return absl::InvalidArgumentError(pd::StrCat("temperature must be >= 0, got ", temperature));
+  }
+  if (!(top_p > 0 && top_p <= 1)) {
+    return absl::InvalidArgumentError(pd::StrCat("top_p must be in (0, 1], got ", top_p));
+  }
+  if (!(min_p >= 0 && min_p <= 1)) {
+    return absl::InvalidArgumentError(pd::StrCat("min_p must be in [0, 1], got ", min_p));
+  }
+  if (!(repetition_penalty > 0) || !std::isfinite(repetition_penalty)) {
+    return absl::InvalidArgumentError(
+        pd::StrCat("repetition_penalty must be > 0, got ", repetition_penalty));
+  }
+  if (penalty_last_n < 0) {
+    return absl::InvalidArgumentError(
+        pd::StrCat("penalty_last_n must be >= 0, got ", penalty_last_n));
+  }
+  return absl::OkStatus();
+}
+
+SamplingParams SamplingParams::Greedy() {
+  SamplingParams p;
+  p.temperature = 0;
+  p.top_k = 0;
+  p.top_p = 1;
+  p.min_p = 0;
+  return p;
+}
+
+Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
+
+int32_t Sampler::Sample(absl::Span<const float> logits, absl::Span<const int32_t> history) {
+  PD_CHECK(!logits.empty());
+  const int32_t n_vocab = static_cast<int32_t>(logits.size());
+  cand_.resize(logits.size());
+  for (int32_t i = 0; i < n_vocab; ++i) cand_[i] = {i, logits[i]};
+
+  // Repetition penalty (CTRL-style): positive logits divided, negative multiplied.
+  if (params_.repetition_penalty != 1.0f && params_.penalty_last_n > 0 && !history.empty()) {
+    const size_t n = std::min<size_t>(history.size(), params_.penalty_last_n);
+    std::unordered_set<int32_t> seen(history.end() - n, history.end());
+    for (int32_t id : seen) {
+      if (id < 0 || id >= n_vocab) continue;
+      float& l = cand_[id].logit;
+      l = l > 0 ? l / params_.repetition_penalty : l * params_.repetition_penalty;
+    }
+  }
+
+  auto by_logit = [](const Candidate& a, const Candidate& b) {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+  };
+  if (params_.temperature <= 0) {
+    return std::min_element(cand_.begin(), cand_.end(), by_logit)->id;
+  }
+
+  // Top-k (partial sort keeps it O(V log k)); without it, sort everything once.
+  size_t keep = cand_.size();
+  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < keep) keep = params_.top_k;
+  std::partial_sort(cand_.begin(), cand_.begin() + keep, cand_.end(), by_logit);
+  cand_.resize(keep);
+
+  // Probabilities at temperature 1 for the p-filters (softmax over the kept candidates).
+  auto softmax = [&](float temp) {
+    probs_.resize(cand_.size());
+    const float mx = cand_[0].logit;
+    double sum = 0;
+    for (size_t i = 0; i < cand_.size(); ++i) {
+      probs_[i] = std::exp((cand_[i].logit - mx) / temp);
+      sum += probs_[i];
+    }
+    for (float& p : probs_) p = static_cast<float>(p / sum);
+  };
+  softmax(1.0f);
+  if (params_.top_p < 1.0f) {
+    double cum = 0;
+    size_t i = 0;
+    for (; i < cand_.size(); ++i) {
+      cum += probs_[i];
+      if (cum >= params_.top_p) {
+        ++i;
+        break;
+      }
+    }
+    cand_.resize(std::max<size_t>(i, 1));
+    probs_.resize(cand_.size());
+  }
+  if (params_.min_p > 0) {
+    const float threshold = probs_[0] * params_.min_p;
+    size_t i = 1;
+    while (i < cand_.size() && probs_[i] >= threshold) ++i;
+    cand_.resize(i);
+  }
+  softmax(params_.temperature);
+  std::uniform_real_distribution<double> uni(0.0, 1.0);
+  double r = uni(rng_);
+  for (size_t i = 0; i < cand_.size(); ++i) {
+    r -= probs_[i];
+    if (r <= 0) return cand_[i].id;
+  }
+  return cand_.back().id;
+}
+
+}  // namespace pd::engine

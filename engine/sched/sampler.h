@@ -1,0 +1,54 @@
+// Token sampling from next-token logits.
+//
+// The chain, in order: repetition penalty over the last `penalty_last_n` tokens, top-k, top-p,
+// min-p, temperature, then a draw from the remaining distribution with the sampler's seeded RNG.
+// temperature <= 0 is greedy (argmax after the penalty; ties go to the lowest id). The same seed
+// and the same logits give the same tokens. Not thread safe: one sampler per sequence.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+
+namespace pd::engine {
+
+struct SamplingParams {
+  float temperature = 0.8f;
+  int top_k = 40;            // <= 0: disabled
+  float top_p = 0.95f;       // >= 1: disabled
+  float min_p = 0.05f;       // <= 0: disabled
+  float repetition_penalty = 1.0f;  // 1: disabled; > 1 discourages repeats
+  int penalty_last_n = 64;
+  uint64_t seed = 0;
+
+  // INVALID_ARGUMENT naming the field for out-of-range values.
+  absl::Status Validate() const;
+  static SamplingParams Greedy();
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params);
+
+  // Picks the next token. `history` holds the sequence's tokens so far (prompt and output), for
+  // the repetition penalty. `logits` has n_vocab entries and is not modified.
+  int32_t Sample(absl::Span<const float> logits, absl::Span<const int32_t> history);
+
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  struct Candidate {
+    int32_t id;
+    float logit;
+  };
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::vector<Candidate> cand_;  // scratch
+  std::vector<float> probs_;     // scratch
+};
+
+}  // namespace pd::engine

@@ -1,0 +1,311 @@
+// pdctl: the pdserve command line. Subcommands: generate, tokenize, logits.
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "common/log.h"
+#include "common/status.h"
+#include "common/strings.h"
+#include "engine/backend/backend.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/model/gguf.h"
+#include "engine/runtime/model.h"
+#include "engine/sched/generate.h"
+#include "engine/sched/stop.h"
+#include "engine/tokenizer/tokenizer.h"
+
+namespace pd::tools {
+namespace {
+
+using engine::Backend;
+using engine::DType;
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "pdctl: error: %s\n", std::string(s.ToString()).c_str());
+  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::istringstream in(text);
+  std::string tok;
+  while (in >> tok) {
+    char* end = nullptr;
+    const long v = std::strtol(tok.c_str(), &end, 10);
+    if (end == tok.c_str() || *end != '\0' || v < 0 || v > INT32_MAX) {
+      return absl::InvalidArgumentError(pd::StrCat("'", tok, "' is not a token id"));
+    }
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  return ids;
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(pd::StrCat("cannot read '", path, "'"));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+double PeakRssMiB() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss / 1024.0;
+}
+
+// Options shared by the commands that run the model.
+struct EngineFlags {
+  std::string model;
+  int threads = 0;
+  std::string kv_type = "f16";
+  int ctx = 0;
+  std::string backend = "cpu";
+
+  void Add(CLI::App* app) {
+    app->add_option("-m,--model", model, "GGUF model file")->required();
+    app->add_option("-t,--threads", threads, "CPU threads (0 = all cores)");
+    app->add_option("--kv-type", kv_type, "KV cache element type: f16 or f32")
+        ->check(CLI::IsMember({"f16", "f32"}));
+    app->add_option("-c,--ctx", ctx, "context size in tokens (0 = min(training context, 4096))");
+    app->add_option("--backend", backend, "compute backend: cpu or cuda")
+        ->check(CLI::IsMember({"cpu", "cuda"}));
+  }
+};
+
+// A loaded model with its backend and a KV cache for one sequence.
+struct Engine {
+  std::unique_ptr<Backend> backend;
+  std::shared_ptr<engine::GgufFile> file;
+  std::unique_ptr<engine::Model> model;
+  std::unique_ptr<engine::KvCache> kv;
+};
+
+absl::StatusOr<Engine> LoadEngine(const EngineFlags& f) {
+  Engine e;
+  if (f.backend == "cuda") {
+    PD_ASSIGN_OR_RETURN(e.backend, engine::CreateCudaBackend(0));
+  } else {
+    engine::CpuBackendOptions o;
+    o.threads = f.threads;
+    e.backend = engine::CreateCpuBackend(o);
+  }
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<engine::GgufFile> file, engine::GgufFile::Open(f.model));
+  e.file = std::move(file);
+  PD_ASSIGN_OR_RETURN(e.model, engine::Model::Load(e.file, *e.backend));
+  int ctx = f.ctx > 0 ? f.ctx : std::min(e.model->config().n_ctx_train, 4096);
+  const int block = 16;
+  const int n_blocks = (ctx + block - 1) / block;
+  PD_ASSIGN_OR_RETURN(e.kv, engine::KvCache::Create(
+                                e.model->KvOptions(n_blocks, f.kv_type == "f32" ? DType::kF32
+                                                                                : DType::kF16),
+                                *e.backend));
+  return e;
+}
+
+// ---- generate ----------------------------------------------------------------------------------
+struct GenerateFlags {
+  EngineFlags engine;
+  std::string prompt, prompt_file, prompt_ids;
+  int n_predict = 128;
+  float temperature = 0.8f, top_p = 0.95f, min_p = 0.05f, repeat_penalty = 1.0f;
+  int top_k = 40, repeat_last_n = 64;
+  int64_t seed = -1;
+  bool ignore_eos = false, print_ids = false, no_special = false;
+  std::vector<std::string> stop;
+};
+
+int RunGenerate(const GenerateFlags& g) {
+  auto e = LoadEngine(g.engine);
+  if (!e.ok()) return Fail(e.status());
+  const engine::ModelConfig& cfg = e->model->config();
+
+  std::unique_ptr<engine::Tokenizer> tok;
+  if (g.prompt_ids.empty() || !g.print_ids) {
+    auto t = engine::Tokenizer::FromGguf(*e->file);
+    if (!t.ok()) return Fail(t.status());
+    tok = std::move(*t);
+  }
+  std::vector<int32_t> prompt;
+  if (!g.prompt_ids.empty()) {
+    auto ids = ParseIds(g.prompt_ids);
+    if (!ids.ok()) return Fail(ids.status());
+    prompt = *ids;
+  } else {
+    std::string text = g.prompt;
+    if (!g.prompt_file.empty()) {
+      auto t = ReadFile(g.prompt_file);
+      if (!t.ok()) return Fail(t.status());
+      text = *t;
+    }
+    prompt = tok->Encode(text, /*add_special=*/!g.no_special, /*parse_special=*/!g.no_special);
+  }
+
+  engine::GenerateOptions opt;
+  opt.max_tokens = g.n_predict;
+  opt.ignore_eos = g.ignore_eos;
+  opt.sampling.temperature = g.temperature;
+  opt.sampling.top_k = g.top_k;
+  opt.sampling.top_p = g.top_p;
+  opt.sampling.min_p = g.min_p;
+  opt.sampling.repetition_penalty = g.repeat_penalty;
+  opt.sampling.penalty_last_n = g.repeat_last_n;
+  opt.sampling.seed = g.seed >= 0 ? static_cast<uint64_t>(g.seed) : std::random_device{}();
+  if (tok) {
+    for (int32_t id = 0; id < tok->n_vocab(); ++id) {
+      if (tok->IsEog(id)) opt.eog_tokens.insert(id);
+    }
+  }
+
+  engine::StopMatcher stops(g.stop);
+  std::unique_ptr<engine::StreamingDetokenizer> detok;
+  if (tok && !g.print_ids) detok = std::make_unique<engine::StreamingDetokenizer>(*tok);
+  auto on_token = [&](int32_t id) {
+    if (!detok) return true;
+    std::string out = stops.Push(detok->Push(id));
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fflush(stdout);
+    return !stops.stopped();
+  };
+  auto r = engine::Generate(*e->model, *e->kv, /*seq=*/0, prompt, opt, on_token);
+  if (!r.ok()) return Fail(r.status());
+  if (detok) {
+    std::string rest = stops.Push(detok->Flush());
+    rest += stops.Flush();
+    std::fwrite(rest.data(), 1, rest.size(), stdout);
+    std::fputc('\n', stdout);
+  } else {
+    std::string line;
+    for (size_t i = 0; i < r->tokens.size(); ++i) line += pd::StrCat(i ? " " : "", r->tokens[i]);
+    std::printf("%s\n", line.c_str());
+  }
+  std::fflush(stdout);
+
+  const double n_dec = r->tokens.size() > 1 ? double(r->tokens.size() - 1) : 0;
+  std::fprintf(stderr,
+               "\nmodel: %s (%s, %d layers, %.1f MiB of weights) | threads: %d | seed: %llu\n"
+               "prompt:  %d tokens in %.3f s = %.2f tokens/s\n"
+               "decode:  %zu tokens in %.3f s = %.2f tokens/s\n"
+               "finish:  %s | peak memory (RSS): %.1f MiB\n",
+               g.engine.model.c_str(), cfg.arch.c_str(), cfg.n_layer,
+               e->model->weights().total_bytes / 1048576.0, g.engine.threads,
+               static_cast<unsigned long long>(opt.sampling.seed), r->prompt_tokens,
+               r->prefill_seconds, r->prompt_tokens / std::max(r->prefill_seconds, 1e-9),
+               r->tokens.size(), r->decode_seconds, n_dec / std::max(r->decode_seconds, 1e-9),
+               r->finish_reason.c_str(), PeakRssMiB());
+  return 0;
+}
+
+// ---- logits ------------------------------------------------------------------------------------
+int RunLogits(const EngineFlags& f, const std::string& prompt_ids, const std::string& out_path) {
+  auto ids = ParseIds(prompt_ids);
+  if (!ids.ok()) return Fail(ids.status());
+  if (ids->empty()) return Fail(absl::InvalidArgumentError("--prompt-ids is empty"));
+  auto e = LoadEngine(f);
+  if (!e.ok()) return Fail(e.status());
+  if (auto s = e->kv->Reserve(0, static_cast<int>(ids->size())); !s.ok()) return Fail(s);
+  engine::Batch batch;
+  for (size_t i = 0; i < ids->size(); ++i) {
+    batch.Add((*ids)[i], static_cast<int32_t>(i), 0, i + 1 == ids->size());
+  }
+  std::vector<float> logits;
+  if (auto s = e->model->Forward(batch, *e->kv, &logits); !s.ok()) return Fail(s);
+  std::ofstream out(out_path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(logits.data()), logits.size() * sizeof(float));
+  if (!out) return Fail(absl::InternalError(pd::StrCat("cannot write '", out_path, "'")));
+  return 0;
+}
+
+// ---- tokenize ----------------------------------------------------------------------------------
+int RunTokenize(const std::string& model, bool no_special, const std::string& file,
+                const std::string& text) {
+  auto gguf = engine::GgufFile::Open(model);
+  if (!gguf.ok()) return Fail(gguf.status());
+  auto tok = engine::Tokenizer::FromGguf(**gguf);
+  if (!tok.ok()) return Fail(tok.status());
+  std::string input = text;
+  if (!file.empty()) {
+    auto t = ReadFile(file);
+    if (!t.ok()) return Fail(t.status());
+    input = *t;
+  }
+  std::vector<int32_t> ids = (*tok)->Encode(input, !no_special, !no_special);
+  std::string line;
+  for (size_t i = 0; i < ids.size(); ++i) line += pd::StrCat(i ? " " : "", ids[i]);
+  std::printf("%s\n", line.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace pd::tools
+
+int main(int argc, char** argv) {
+  using namespace pd::tools;
+  CLI::App app{"pdctl: pdserve's command line (generate text, tokenize, dump logits)"};
+  app.require_subcommand(1);
+
+  GenerateFlags g;
+  CLI::App* gen = app.add_subcommand("generate", "generate text from a prompt, streamed to stdout; "
+                                                 "speed and memory figures go to stderr");
+  g.engine.Add(gen);
+  auto* p_opt = gen->add_option("-p,--prompt", g.prompt, "prompt text");
+  auto* f_opt = gen->add_option("-f,--file", g.prompt_file, "read the prompt from a file");
+  auto* i_opt = gen->add_option("--prompt-ids", g.prompt_ids, "prompt as space-separated token ids");
+  p_opt->excludes(f_opt)->excludes(i_opt);
+  f_opt->excludes(i_opt);
+  gen->add_option("-n,--n-predict", g.n_predict, "tokens to generate")->check(CLI::NonNegativeNumber);
+  gen->add_option("--temperature,--temp", g.temperature, "sampling temperature; 0 = greedy");
+  gen->add_option("--top-k", g.top_k, "keep the k most likely tokens (0 = off)");
+  gen->add_option("--top-p", g.top_p, "nucleus sampling mass (1 = off)");
+  gen->add_option("--min-p", g.min_p, "drop tokens below min_p x the top probability (0 = off)");
+  gen->add_option("--repeat-penalty", g.repeat_penalty, "repetition penalty (1 = off)");
+  gen->add_option("--repeat-last-n", g.repeat_last_n, "tokens the repetition penalty looks back");
+  gen->add_option("--seed", g.seed, "RNG seed (-1 = random, printed on stderr)");
+  gen->add_option("--stop", g.stop, "stop string (repeatable); not printed");
+  gen->add_flag("--ignore-eos", g.ignore_eos, "keep generating past end-of-generation tokens");
+  gen->add_flag("--print-ids", g.print_ids, "print generated token ids instead of text");
+  gen->add_flag("--no-special", g.no_special, "add no BOS/EOS and parse no special-token text");
+
+  EngineFlags lf;
+  std::string logit_ids, logit_out;
+  CLI::App* lg = app.add_subcommand(
+      "logits", "write the final position's logits (n_vocab float32, little-endian) to a file");
+  lf.Add(lg);
+  lg->add_option("--prompt-ids", logit_ids, "prompt as space-separated token ids")->required();
+  lg->add_option("-o,--out", logit_out, "output file")->required();
+
+  std::string tk_model, tk_file, tk_text;
+  bool tk_no_special = false;
+  CLI::App* tk = app.add_subcommand("tokenize", "print the token ids of a text on one line");
+  tk->add_option("-m,--model", tk_model, "GGUF model or vocabulary file")->required();
+  tk->add_flag("--no-special", tk_no_special, "add no BOS/EOS and parse no special-token text");
+  auto* tf = tk->add_option("--file", tk_file, "read the text from a file");
+  auto* tt = tk->add_option("--text", tk_text, "the text");
+  tf->excludes(tt);
+
+  CLI11_PARSE(app, argc, argv);
+  if (gen->parsed()) {
+    if (g.prompt.empty() && g.prompt_file.empty() && g.prompt_ids.empty()) {
+      std::fprintf(stderr, "pdctl generate: give a prompt with -p, -f or --prompt-ids\n");
+      return 2;
+    }
+    return RunGenerate(g);
+  }
+  if (lg->parsed()) return RunLogits(lf, logit_ids, logit_out);
+  if (tk->parsed()) {
+    if (tk_file.empty() && tt->count() == 0) {
+      std::fprintf(stderr, "pdctl tokenize: give --text or --file\n");
+      return 2;
+    }
+    return RunTokenize(tk_model, tk_no_special, tk_file, tk_text);
+  }
+  return 0;
+}
