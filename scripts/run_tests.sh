@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs the whole suite after `make build`: ctest (C++ unit tests), pytest (end-to-end against
+# llama.cpp references), and a bounded libFuzzer run over the GGUF reader. Every part runs even if
+# an earlier one fails; the exit status is non-zero if any failed. Prints a closing summary.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+FUZZ_SECONDS=${2:-60}
+JOBS=${JOBS:-2}
+rc=0
+
+echo "== ctest =="
+(cd "$BUILD" && ctest --output-on-failure -j"$JOBS") || rc=1
+
+echo "== pytest =="
+PDCTL="$PWD/$BUILD/bin/pdctl" .venv/bin/python -m pytest -q tests/python || rc=1
+
+echo "== fuzz (${FUZZ_SECONDS}s) =="
+scripts/run_fuzz.sh "$FUZZ_SECONDS" || rc=1
+
+if [ $rc -eq 0 ]; then echo "ALL TEST SUITES PASSED"; else echo "SOME TEST SUITES FAILED"; fi
+exit $rc
