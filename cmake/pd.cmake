@@ -1,6 +1,6 @@
 # Small helpers so that every folder declares its target the same way.
 #
-#   pd_library(NAME pd_x SRCS a.cc b.cc [CUDA_SRCS k.cu] DEPS pd_common absl::status)
+#   pd_library(NAME pd_x SRCS a.cc b.cc k.cu DEPS pd_common absl::status)
 #   pd_test(NAME x_test SRCS x_test.cc DEPS pd_x [LABELS slow])
 #   pd_binary(NAME pdctl SRCS main.cc DEPS ...)
 
