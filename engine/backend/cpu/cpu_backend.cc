@@ -1,0 +1,706 @@
+// The CPU backend: host memory, synchronous ops built from the kernel table (kernels.h), run on a
+// fixed thread pool. See backend.h for the semantics of every op.
+//
+// Numerics follow ggml's CPU backend so that logits match llama.cpp closely: MatMul converts each
+// activation row once per call to the weight's companion type (F16, BF16, Q8_0) and dots in that
+// type with F32 accumulation; RmsNorm sums squares in F64; Softmax sums exponentials in F64;
+// Rope builds angles in F32 by repeated multiplication. Attention dots queries in F32 against
+// F32 keys (F16 keys are widened, not the query narrowed) and uses a two-pass softmax in F32.
+//
+// Thread safety: as backend.h says, one engine thread at a time; ops parallelize internally.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "engine/backend/backend.h"
+#include "engine/backend/cpu/kernels.h"
+#include "engine/backend/cpu/thread_pool.h"
+#include "engine/quant/dtype.h"
+#include "engine/quant/q8_0.h"
+
+namespace pd::engine {
+namespace {
+
+using cpu::Kernels;
+
+constexpr size_t kAlignment = 64;
+// A MatMul work item covers this many weight bytes (rounded to whole 4-row tiles), so that it
+// stays in L2 while every activation tile streams past it: weights are read from memory once per
+// call whatever the batch size.
+constexpr size_t kMatMulChunkBytes = 256 << 10;
+
+// 64-byte aligned host memory. Owns its allocation.
+class HostBuffer final : public Buffer {
+ public:
+  HostBuffer(void* data, size_t size) : data_(data), size_(size) {}
+  ~HostBuffer() override { std::free(data_); }
+  void* data() override { return data_; }
+  size_t size() const override { return size_; }
+
+ private:
+  void* data_;
+  size_t size_;
+};
+
+// Returns nullptr when out of memory. Always allocates at least one aligned block.
+void* AlignedAlloc(size_t bytes) {
+  if (bytes > std::numeric_limits<size_t>::max() - kAlignment) return nullptr;
+  const size_t rounded = std::max(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
+  return std::aligned_alloc(kAlignment, rounded);
+}
+
+bool IsSupported(DType t) { return DTypeFromGgml(static_cast<uint32_t>(t)).has_value(); }
+
+std::string Describe(const Tensor& t) {
+  return absl::StrCat(IsSupported(t.type) ? std::string(Traits(t.type).name)
+                                          : RawGgmlTypeName(static_cast<uint32_t>(t.type)),
+                      "[", t.rows, ", ", t.cols, "]");
+}
+
+// A tensor whose type this backend runs, with a non-negative block-aligned shape and data.
+absl::Status CheckTensor(const Tensor& t, const char* what) {
+  if (!IsSupported(t.type)) {
+    return absl::UnimplementedError(absl::StrCat(what, ": the CPU backend does not run type ",
+                                                 RawGgmlTypeName(static_cast<uint32_t>(t.type))));
+  }
+  if (t.rows < 0 || t.cols < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": negative shape ", Describe(t)));
+  }
+  if (t.cols % Traits(t.type).block_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": cols of ", Describe(t),
+                                                   " is not a multiple of the block size ",
+                                                   Traits(t.type).block_size));
+  }
+  if (t.numel() > 0 && t.data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": null data for ", Describe(t)));
+  }
+  return absl::OkStatus();
+}
+
+// An F32 activation tensor.
+absl::Status CheckF32(const Tensor& t, const char* what) {
+  PD_RETURN_IF_ERROR(CheckTensor(t, what));
+  if (t.type != DType::kF32) {
+    return absl::UnimplementedError(
+        absl::StrCat(what, ": expected f32, the CPU backend does not run ", Describe(t)));
+  }
+  return absl::OkStatus();
+}
+
+// An F32 or F16 KV cache.
+absl::Status CheckCache(const Tensor& t, const char* what) {
+  PD_RETURN_IF_ERROR(CheckTensor(t, what));
+  if (t.type != DType::kF32 && t.type != DType::kF16) {
+    return absl::UnimplementedError(
+        absl::StrCat(what, ": KV caches must be f32 or f16, got ", Describe(t)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSameShape(const Tensor& a, const Tensor& b, const char* what) {
+  if (a.rows != b.rows || a.cols != b.cols) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": shapes differ: ", Describe(a), " vs ", Describe(b)));
+  }
+  return absl::OkStatus();
+}
+
+bool Overlap(const Tensor& a, const Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const char* a0 = static_cast<const char*>(a.data);
+  const char* b0 = static_cast<const char*>(b.data);
+  return a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
+}
+
+// Checks the per-token spans of a batch.
+absl::Status CheckKvBatch(const KvBatch& kv, int64_t n_tokens) {
+  if (static_cast<int64_t>(kv.pos.size()) != n_tokens ||
+      static_cast<int64_t>(kv.seq.size()) != n_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("KvBatch: ", kv.pos.size(), " positions and ",
+                                                   kv.seq.size(), " sequence ids for ", n_tokens,
+                                                   " tokens"));
+  }
+  if (kv.block_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("KvBatch: block_size ", kv.block_size));
+  }
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    if (kv.seq[t] < 0 || static_cast<size_t>(kv.seq[t]) >= kv.block_tables.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("KvBatch: token ", t, " has sequence ",
+                                                     kv.seq[t], " but there are ",
+                                                     kv.block_tables.size(), " block tables"));
+    }
+    if (kv.pos[t] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KvBatch: token ", t, " has position ", kv.pos[t]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Checks that positions [first, last] of sequence `seq` map to slots below `cache_rows`.
+absl::Status CheckSlots(const KvBatch& kv, int32_t seq, int64_t first, int64_t last,
+                        int64_t cache_rows) {
+  const absl::Span<const int32_t> table = kv.block_tables[seq];
+  const int64_t bs = kv.block_size;
+  for (int64_t blk = first / bs; blk <= last / bs; ++blk) {
+    if (blk >= static_cast<int64_t>(table.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("KvBatch: position ", last, " of sequence ",
+                                                     seq, " needs block ", blk,
+                                                     " but its table has ", table.size()));
+    }
+    const int64_t last_off = blk == last / bs ? last % bs : bs - 1;
+    if (table[blk] < 0 || table[blk] * bs + last_off >= cache_rows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KvBatch: block id ", table[blk], " of sequence ", seq,
+                       " is outside a cache of ", cache_rows, " rows"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Slot of an already checked position.
+inline int64_t SlotOf(const KvBatch& kv, int32_t seq, int64_t pos) {
+  return static_cast<int64_t>(kv.block_tables[seq][pos / kv.block_size]) * kv.block_size +
+         pos % kv.block_size;
+}
+
+inline float* RowF32(const Tensor& t, int64_t r) {
+  return static_cast<float*>(t.data) + r * t.cols;
+}
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(const Kernels& kernels, int threads) : k_(kernels), pool_(threads) {}
+
+  std::string_view name() const override { return "cpu"; }
+
+  absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override {
+    void* p = AlignedAlloc(bytes);
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cpu: cannot allocate ", bytes, " bytes of host memory"));
+    }
+    return std::unique_ptr<Buffer>(new HostBuffer(p, bytes));
+  }
+
+  absl::Status Upload(void* dst, const void* host_src, size_t bytes) override {
+    return Copy(dst, host_src, bytes, "Upload");
+  }
+  absl::Status Download(void* host_dst, const void* src, size_t bytes) override {
+    return Copy(host_dst, src, bytes, "Download");
+  }
+  absl::Status Zero(void* dst, size_t bytes) override {
+    if (bytes == 0) return absl::OkStatus();
+    if (dst == nullptr) return absl::InvalidArgumentError("Zero: null destination");
+    std::memset(dst, 0, bytes);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Tensor> MapWeights(const Tensor& host, std::unique_ptr<Buffer>* storage) override {
+    PD_RETURN_IF_ERROR(CheckTensor(host, "MapWeights"));
+    if (storage != nullptr) storage->reset();
+    return host;
+  }
+
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+  absl::Status MatMul(const Tensor& w, const Tensor& x, Tensor& y) override;
+  absl::Status GetRows(const Tensor& table, absl::Span<const int32_t> ids, Tensor& out) override;
+  absl::Status RmsNorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) override;
+  absl::Status Rope(Tensor& x, int n_heads, absl::Span<const int32_t> pos,
+                    const RopeParams& p) override;
+  absl::Status Add(const Tensor& a, const Tensor& b, Tensor& y) override;
+  absl::Status AddBias(const Tensor& x, const Tensor& bias, Tensor& y) override;
+  absl::Status SwiGlu(const Tensor& gate, const Tensor& up, Tensor& y) override;
+  absl::Status Softmax(Tensor& x) override;
+  absl::Status StoreKv(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
+                       const KvBatch& kv) override;
+  absl::Status Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                         const KvBatch& kv, const AttentionParams& p, Tensor& out) override;
+
+ private:
+  static absl::Status Copy(void* dst, const void* src, size_t bytes, const char* what) {
+    if (bytes == 0) return absl::OkStatus();
+    if (dst == nullptr || src == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": null pointer"));
+    }
+    std::memmove(dst, src, bytes);
+    return absl::OkStatus();
+  }
+
+  // Scratch memory for converted activations, grown on demand and kept between calls.
+  absl::StatusOr<char*> Scratch(size_t bytes) {
+    if (bytes > scratch_size_) {
+      void* p = AlignedAlloc(bytes);
+      if (p == nullptr) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("cpu: cannot allocate ", bytes, " bytes of scratch memory"));
+      }
+      scratch_.reset(static_cast<char*>(p));
+      scratch_size_ = bytes;
+    }
+    return scratch_.get();
+  }
+
+  struct FreeDeleter {
+    void operator()(char* p) const { std::free(p); }
+  };
+
+  const Kernels& k_;
+  cpu::ThreadPool pool_;
+  std::unique_ptr<char, FreeDeleter> scratch_;
+  size_t scratch_size_ = 0;
+};
+
+// ---- MatMul --------------------------------------------------------------------------------
+// Bytes: weights m * row_bytes(w) once, activations n * k * 4 plus their converted copy, and per
+// weight chunk a pass over the converted activations (from cache). Flops: 2 * n * m * k.
+absl::Status CpuBackend::MatMul(const Tensor& w, const Tensor& x, Tensor& y) {
+  PD_RETURN_IF_ERROR(CheckTensor(w, "MatMul w"));
+  PD_RETURN_IF_ERROR(CheckF32(x, "MatMul x"));
+  PD_RETURN_IF_ERROR(CheckF32(y, "MatMul y"));
+  if (x.cols != w.cols || y.rows != x.rows || y.cols != w.rows) {
+    return absl::InvalidArgumentError(absl::StrCat("MatMul: w ", Describe(w), ", x ", Describe(x),
+                                                   ", y ", Describe(y),
+                                                   " (want y [x.rows, w.rows], x.cols == w.cols)"));
+  }
+  if (Overlap(y, x) || Overlap(y, w)) {
+    return absl::InvalidArgumentError("MatMul: y must not overlap x or w");
+  }
+  const int64_t n = x.rows, m = w.rows, k = w.cols;
+  if (n == 0 || m == 0) return absl::OkStatus();
+  if (k == 0) {
+    std::memset(y.data, 0, y.bytes());
+    return absl::OkStatus();
+  }
+
+  cpu::GemmType gt = cpu::GemmType::kF32;
+  const char* xa = static_cast<const char*>(x.data);
+  size_t xs = x.row_bytes();
+  if (w.type != DType::kF32) {
+    // Convert every activation row once to the weight's companion type.
+    xs = RowBytes(w.type, k);
+    PD_ASSIGN_OR_RETURN(char* conv, Scratch(xs * static_cast<size_t>(n)));
+    const DType wt = w.type;
+    const Kernels& kn = k_;
+    pool_.ParallelFor(
+        n,
+        [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) {
+            const float* src = RowF32(x, r);
+            char* dst = conv + r * xs;
+            switch (wt) {
+              case DType::kF16:
+                kn.f32_to_f16(src, reinterpret_cast<uint16_t*>(dst), k);
+                break;
+              case DType::kBF16:
+                kn.f32_to_bf16(src, reinterpret_cast<uint16_t*>(dst), k);
+                break;
+              case DType::kQ8_0:
+                kn.quantize_q8_0(src, reinterpret_cast<BlockQ8_0*>(dst), k);
+                break;
+              case DType::kF32:
+                PD_CHECK(false);
+            }
+          }
+        },
+        /*grain=*/std::max<int64_t>(1, 16384 / k));
+    xa = conv;
+    gt = wt == DType::kF16    ? cpu::GemmType::kF16
+         : wt == DType::kBF16 ? cpu::GemmType::kBF16
+                              : cpu::GemmType::kQ8_0;
+  }
+
+  const cpu::GemmTileFn tile = k_.gemm[static_cast<int>(gt)];
+  const char* wa = static_cast<const char*>(w.data);
+  const size_t ws = w.row_bytes();
+  float* ya = static_cast<float*>(y.data);
+  int64_t chunk_rows =
+      static_cast<int64_t>(kMatMulChunkBytes / ws) / cpu::kGemmTileW * cpu::kGemmTileW;
+  chunk_rows = std::max<int64_t>(cpu::kGemmTileW, chunk_rows);
+  const int64_t n_chunks = (m + chunk_rows - 1) / chunk_rows;
+  pool_.ParallelFor(n_chunks, [&](int64_t c0, int64_t c1) {
+    const int64_t r_begin = c0 * chunk_rows, r_end = std::min(m, c1 * chunk_rows);
+    // Activation tiles outer, weight tiles inner: this chunk of weights stays in cache.
+    for (int64_t i = 0; i < n; i += cpu::kGemmTileX) {
+      const int nc = static_cast<int>(std::min<int64_t>(cpu::kGemmTileX, n - i));
+      for (int64_t r = r_begin; r < r_end; r += cpu::kGemmTileW) {
+        const int nr = static_cast<int>(std::min<int64_t>(cpu::kGemmTileW, r_end - r));
+        tile(k, wa + r * ws, ws, nr, xa + i * xs, xs, nc, ya + i * m + r, m);
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+// ---- GetRows -------------------------------------------------------------------------------
+absl::Status CpuBackend::GetRows(const Tensor& table, absl::Span<const int32_t> ids, Tensor& out) {
+  PD_RETURN_IF_ERROR(CheckTensor(table, "GetRows table"));
+  PD_RETURN_IF_ERROR(CheckF32(out, "GetRows out"));
+  if (out.rows != static_cast<int64_t>(ids.size()) || out.cols != table.cols) {
+    return absl::InvalidArgumentError(absl::StrCat("GetRows: table ", Describe(table), ", ",
+                                                   ids.size(), " ids, out ", Describe(out)));
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= table.rows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GetRows: id ", ids[i], " at ", i, " outside ", table.rows, " rows"));
+    }
+  }
+  if (Overlap(table, out)) return absl::InvalidArgumentError("GetRows: out overlaps table");
+  const int64_t cols = table.cols;
+  const size_t rb = table.row_bytes();
+  const char* base = static_cast<const char*>(table.data);
+  pool_.ParallelFor(
+      static_cast<int64_t>(ids.size()),
+      [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) {
+          const char* src = base + static_cast<size_t>(ids[i]) * rb;
+          float* dst = RowF32(out, i);
+          switch (table.type) {
+            case DType::kF32:
+              std::memcpy(dst, src, rb);
+              break;
+            case DType::kF16:
+              k_.f16_to_f32(reinterpret_cast<const uint16_t*>(src), dst, cols);
+              break;
+            case DType::kBF16:
+              k_.bf16_to_f32(reinterpret_cast<const uint16_t*>(src), dst, cols);
+              break;
+            case DType::kQ8_0:
+              k_.dequantize_q8_0(reinterpret_cast<const BlockQ8_0*>(src), dst, cols);
+              break;
+          }
+        }
+      },
+      /*grain=*/std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cols)));
+  return absl::OkStatus();
+}
+
+// ---- RmsNorm -------------------------------------------------------------------------------
+// Per row: 3 flops and 8 bytes (12 with a weight) per element.
+absl::Status CpuBackend::RmsNorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) {
+  PD_RETURN_IF_ERROR(CheckF32(x, "RmsNorm x"));
+  PD_RETURN_IF_ERROR(CheckF32(y, "RmsNorm y"));
+  PD_RETURN_IF_ERROR(CheckSameShape(x, y, "RmsNorm"));
+  const bool has_weight = w.data != nullptr;
+  if (has_weight) {
+    PD_RETURN_IF_ERROR(CheckF32(w, "RmsNorm w"));
+    if (w.rows != 1 || w.cols != x.cols) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("RmsNorm: weight ", Describe(w), " for x ", Describe(x)));
+    }
+  }
+  if (!(eps >= 0.f) || !std::isfinite(eps)) {
+    return absl::InvalidArgumentError(absl::StrCat("RmsNorm: eps ", eps));
+  }
+  const int64_t cols = x.cols;
+  if (cols == 0) return absl::OkStatus();
+  pool_.ParallelFor(
+      x.rows,
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const float* xr = RowF32(x, r);
+          float* yr = RowF32(y, r);
+          const float mean = static_cast<float>(k_.sum_squares(xr, cols) / cols);
+          const float s = 1.f / std::sqrt(mean + eps);
+          if (has_weight) {
+            k_.scale_mul(xr, s, static_cast<const float*>(w.data), yr, cols);
+          } else {
+            k_.scale(xr, s, yr, cols);
+          }
+        }
+      },
+      /*grain=*/std::max<int64_t>(1, 16384 / cols));
+  return absl::OkStatus();
+}
+
+// ---- Rope ----------------------------------------------------------------------------------
+// Angles: theta_i = freq_scale * (p * b^i / ff_i) with b = powf(base, -2 / rot_dim), where p * b^i
+// is built by repeated F32 multiplication (p, p*b, p*b*b, ...) exactly as ggml does, so angles at
+// large positions round like llama.cpp's. Per token rot_dim / 2 cos/sin pairs are computed once
+// and applied to every head: 6 flops per rotated pair.
+absl::Status CpuBackend::Rope(Tensor& x, int n_heads, absl::Span<const int32_t> pos,
+                              const RopeParams& p) {
+  PD_RETURN_IF_ERROR(CheckF32(x, "Rope x"));
+  if (n_heads <= 0 || p.head_dim <= 0 || p.rot_dim <= 0 || p.rot_dim % 2 != 0 ||
+      p.rot_dim > p.head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat("Rope: n_heads ", n_heads, ", head_dim ",
+                                                   p.head_dim, ", rot_dim ", p.rot_dim));
+  }
+  if (x.cols != static_cast<int64_t>(n_heads) * p.head_dim ||
+      x.rows != static_cast<int64_t>(pos.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("Rope: x ", Describe(x), " for ", pos.size(),
+                                                   " positions of ", n_heads, " heads x ",
+                                                   p.head_dim));
+  }
+  if (!p.freq_factors.empty() && static_cast<int>(p.freq_factors.size()) != p.rot_dim / 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Rope: ", p.freq_factors.size(), " freq_factors for rot_dim ", p.rot_dim));
+  }
+  if (!(p.freq_base > 0.f) || !std::isfinite(p.freq_base) || !std::isfinite(p.freq_scale)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Rope: freq_base ", p.freq_base, ", freq_scale ", p.freq_scale));
+  }
+  const int half = p.rot_dim / 2;
+  const float theta_scale = std::pow(p.freq_base, -2.f / static_cast<float>(p.rot_dim));
+  const bool neox = p.mode == RopeMode::kNeox;
+  pool_.ParallelFor(
+      x.rows,
+      [&](int64_t t0, int64_t t1) {
+        std::vector<float> cs(2 * static_cast<size_t>(half));  // cos, sin interleaved
+        for (int64_t t = t0; t < t1; ++t) {
+          float theta_base = static_cast<float>(pos[t]);
+          for (int i = 0; i < half; ++i) {
+            const float ff = p.freq_factors.empty() ? 1.f : p.freq_factors[i];
+            const float theta = p.freq_scale * (theta_base / ff);
+            cs[2 * i] = std::cos(theta);
+            cs[2 * i + 1] = std::sin(theta);
+            theta_base *= theta_scale;
+          }
+          float* row = RowF32(x, t);
+          for (int h = 0; h < n_heads; ++h) {
+            float* v = row + static_cast<int64_t>(h) * p.head_dim;
+            for (int i = 0; i < half; ++i) {
+              float* a = neox ? v + i : v + 2 * i;
+              float* b = neox ? v + i + half : v + 2 * i + 1;
+              const float x0 = *a, x1 = *b, c = cs[2 * i], s = cs[2 * i + 1];
+              *a = x0 * c - x1 * s;
+              *b = x0 * s + x1 * c;
+            }
+          }
+        }
+      },
+      /*grain=*/std::max<int64_t>(1, 4096 / x.cols));
+  return absl::OkStatus();
+}
+
+// ---- elementwise ---------------------------------------------------------------------------
+// Add / SwiGlu treat their operands as flat arrays (identical shapes, contiguous rows).
+constexpr int64_t kElementwiseGrain = 16384;
+
+absl::Status CpuBackend::Add(const Tensor& a, const Tensor& b, Tensor& y) {
+  PD_RETURN_IF_ERROR(CheckF32(a, "Add a"));
+  PD_RETURN_IF_ERROR(CheckF32(b, "Add b"));
+  PD_RETURN_IF_ERROR(CheckF32(y, "Add y"));
+  PD_RETURN_IF_ERROR(CheckSameShape(a, b, "Add"));
+  PD_RETURN_IF_ERROR(CheckSameShape(a, y, "Add"));
+  const float* pa = static_cast<const float*>(a.data);
+  const float* pb = static_cast<const float*>(b.data);
+  float* py = static_cast<float*>(y.data);
+  pool_.ParallelFor(
+      a.numel(), [&](int64_t i0, int64_t i1) { k_.add(pa + i0, pb + i0, py + i0, i1 - i0); },
+      kElementwiseGrain);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::AddBias(const Tensor& x, const Tensor& bias, Tensor& y) {
+  PD_RETURN_IF_ERROR(CheckF32(x, "AddBias x"));
+  PD_RETURN_IF_ERROR(CheckF32(bias, "AddBias bias"));
+  PD_RETURN_IF_ERROR(CheckF32(y, "AddBias y"));
+  PD_RETURN_IF_ERROR(CheckSameShape(x, y, "AddBias"));
+  if (bias.rows != 1 || bias.cols != x.cols) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AddBias: bias ", Describe(bias), " for x ", Describe(x)));
+  }
+  const int64_t cols = x.cols;
+  if (cols == 0) return absl::OkStatus();
+  const float* pb = static_cast<const float*>(bias.data);
+  pool_.ParallelFor(
+      x.rows,
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) k_.add(RowF32(x, r), pb, RowF32(y, r), cols);
+      },
+      std::max<int64_t>(1, kElementwiseGrain / cols));
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SwiGlu(const Tensor& gate, const Tensor& up, Tensor& y) {
+  PD_RETURN_IF_ERROR(CheckF32(gate, "SwiGlu gate"));
+  PD_RETURN_IF_ERROR(CheckF32(up, "SwiGlu up"));
+  PD_RETURN_IF_ERROR(CheckF32(y, "SwiGlu y"));
+  PD_RETURN_IF_ERROR(CheckSameShape(gate, up, "SwiGlu"));
+  PD_RETURN_IF_ERROR(CheckSameShape(gate, y, "SwiGlu"));
+  const float* pg = static_cast<const float*>(gate.data);
+  const float* pu = static_cast<const float*>(up.data);
+  float* py = static_cast<float*>(y.data);
+  pool_.ParallelFor(
+      gate.numel(), [&](int64_t i0, int64_t i1) { k_.swiglu(pg + i0, pu + i0, py + i0, i1 - i0); },
+      kElementwiseGrain / 4);
+  return absl::OkStatus();
+}
+
+// A row of all -inf (everything masked) becomes all zeros rather than NaN.
+absl::Status CpuBackend::Softmax(Tensor& x) {
+  PD_RETURN_IF_ERROR(CheckF32(x, "Softmax x"));
+  const int64_t cols = x.cols;
+  if (cols == 0) return absl::OkStatus();
+  pool_.ParallelFor(
+      x.rows,
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          float* row = RowF32(x, r);
+          const float m = k_.max(row, cols);
+          if (m == -std::numeric_limits<float>::infinity()) {
+            std::memset(row, 0, cols * sizeof(float));
+            continue;
+          }
+          const double sum = k_.exp_sub_sum(row, m, row, cols);
+          k_.scale(row, static_cast<float>(1.0 / sum), row, cols);
+        }
+      },
+      std::max<int64_t>(1, 4096 / cols));
+  return absl::OkStatus();
+}
+
+// ---- KV cache ------------------------------------------------------------------------------
+absl::Status CpuBackend::StoreKv(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
+                                 const KvBatch& kv) {
+  PD_RETURN_IF_ERROR(CheckF32(k, "StoreKv k"));
+  PD_RETURN_IF_ERROR(CheckF32(v, "StoreKv v"));
+  PD_RETURN_IF_ERROR(CheckCache(k_cache, "StoreKv k_cache"));
+  PD_RETURN_IF_ERROR(CheckCache(v_cache, "StoreKv v_cache"));
+  if (k.rows != v.rows || k.cols != k_cache.cols || v.cols != v_cache.cols) {
+    return absl::InvalidArgumentError(absl::StrCat("StoreKv: k ", Describe(k), ", v ", Describe(v),
+                                                   ", k_cache ", Describe(k_cache), ", v_cache ",
+                                                   Describe(v_cache)));
+  }
+  PD_RETURN_IF_ERROR(CheckKvBatch(kv, k.rows));
+  for (int64_t t = 0; t < k.rows; ++t) {
+    PD_RETURN_IF_ERROR(
+        CheckSlots(kv, kv.seq[t], kv.pos[t], kv.pos[t], std::min(k_cache.rows, v_cache.rows)));
+  }
+  auto store = [&](const Tensor& src, Tensor& cache, int64_t t) {
+    const int64_t slot = SlotOf(kv, kv.seq[t], kv.pos[t]);
+    char* dst = static_cast<char*>(cache.data) + static_cast<size_t>(slot) * cache.row_bytes();
+    if (cache.type == DType::kF32) {
+      std::memcpy(dst, RowF32(src, t), src.cols * sizeof(float));
+    } else {
+      k_.f32_to_f16(RowF32(src, t), reinterpret_cast<uint16_t*>(dst), src.cols);
+    }
+  };
+  pool_.ParallelFor(
+      k.rows,
+      [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+          store(k, k_cache, t);
+          store(v, v_cache, t);
+        }
+      },
+      /*grain=*/std::max<int64_t>(1, 8192 / std::max<int64_t>(1, k.cols + v.cols)));
+  return absl::OkStatus();
+}
+
+// ---- Attention -----------------------------------------------------------------------------
+// One work item is (token, kv head): its n_heads / n_kv_heads query heads share every K/V row
+// read. Two passes over the visible positions: scores (scale, softcap) into a scratch row per
+// head, then softmax in F32 (F64 sum) and a weighted sum of V rows. Per token and head: 4 *
+// head_dim * L flops over L visible positions; K/V bytes 2 * L * head_dim * elem per kv head.
+absl::Status CpuBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                   const KvBatch& kv, const AttentionParams& p, Tensor& out) {
+  PD_RETURN_IF_ERROR(CheckF32(q, "Attention q"));
+  PD_RETURN_IF_ERROR(CheckF32(out, "Attention out"));
+  PD_RETURN_IF_ERROR(CheckCache(k_cache, "Attention k_cache"));
+  PD_RETURN_IF_ERROR(CheckCache(v_cache, "Attention v_cache"));
+  if (p.n_heads <= 0 || p.n_kv_heads <= 0 || p.n_heads % p.n_kv_heads != 0 || p.head_dim <= 0 ||
+      p.window < 0 || !(p.softcap >= 0.f) || !std::isfinite(p.softcap) || !std::isfinite(p.scale)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Attention: n_heads ", p.n_heads, ", n_kv_heads ", p.n_kv_heads, ", head_dim ", p.head_dim,
+        ", window ", p.window, ", softcap ", p.softcap, ", scale ", p.scale));
+  }
+  const int64_t q_cols = static_cast<int64_t>(p.n_heads) * p.head_dim;
+  const int64_t kv_cols = static_cast<int64_t>(p.n_kv_heads) * p.head_dim;
+  if (q.cols != q_cols || k_cache.cols != kv_cols || v_cache.cols != kv_cols) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Attention: q ", Describe(q), ", k_cache ", Describe(k_cache), ", v_cache ",
+        Describe(v_cache), " for ", p.n_heads, "/", p.n_kv_heads, " heads of ", p.head_dim));
+  }
+  PD_RETURN_IF_ERROR(CheckSameShape(q, out, "Attention q/out"));
+  if (!(out.data == q.data) && Overlap(q, out)) {
+    return absl::InvalidArgumentError("Attention: out partially overlaps q");
+  }
+  const int64_t n_tokens = q.rows;
+  PD_RETURN_IF_ERROR(CheckKvBatch(kv, n_tokens));
+  const int64_t cache_rows = std::min(k_cache.rows, v_cache.rows);
+  int64_t max_visible = 0;
+  auto first_visible = [&](int64_t t) -> int64_t {
+    return p.window > 0 ? std::max<int64_t>(0, kv.pos[t] - p.window + 1) : 0;
+  };
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const int64_t lo = first_visible(t);
+    PD_RETURN_IF_ERROR(CheckSlots(kv, kv.seq[t], lo, kv.pos[t], cache_rows));
+    max_visible = std::max<int64_t>(max_visible, kv.pos[t] - lo + 1);
+  }
+
+  const int group = p.n_heads / p.n_kv_heads;
+  const int64_t hd = p.head_dim;
+  const bool k_f16 = k_cache.type == DType::kF16, v_f16 = v_cache.type == DType::kF16;
+  const size_t k_rb = k_cache.row_bytes(), v_rb = v_cache.row_bytes();
+  const size_t k_eb = k_f16 ? 2 : 4, v_eb = v_f16 ? 2 : 4;
+  const char* kbase = static_cast<const char*>(k_cache.data);
+  const char* vbase = static_cast<const char*>(v_cache.data);
+  pool_.ParallelFor(n_tokens * p.n_kv_heads, [&](int64_t w0, int64_t w1) {
+    std::vector<float> scores(static_cast<size_t>(group * max_visible));
+    std::vector<float> inv_sum(group);
+    for (int64_t item = w0; item < w1; ++item) {
+      const int64_t t = item / p.n_kv_heads;
+      const int64_t kvh = item % p.n_kv_heads;
+      const int32_t seq = kv.seq[t];
+      const int64_t lo = first_visible(t), hi = kv.pos[t];
+      const int64_t len = hi - lo + 1;
+      const float* qh = RowF32(q, t) + kvh * group * hd;  // the group's first query head
+      // Pass 1: scores.
+      for (int64_t j = 0; j < len; ++j) {
+        const char* krow = kbase + SlotOf(kv, seq, lo + j) * k_rb + kvh * hd * k_eb;
+        for (int g = 0; g < group; ++g) {
+          float s = k_f16 ? k_.dot_f16_f32(reinterpret_cast<const uint16_t*>(krow), qh + g * hd, hd)
+                          : k_.dot_f32(reinterpret_cast<const float*>(krow), qh + g * hd, hd);
+          s *= p.scale;
+          if (p.softcap > 0.f) s = p.softcap * std::tanh(s / p.softcap);
+          scores[g * len + j] = s;
+        }
+      }
+      // Softmax (unnormalized; normalized after the V pass). The query is fully read by now, so
+      // out may alias q.
+      for (int g = 0; g < group; ++g) {
+        float* sg = scores.data() + g * len;
+        const float m = k_.max(sg, len);
+        inv_sum[g] = static_cast<float>(1.0 / k_.exp_sub_sum(sg, m, sg, len));
+      }
+      float* oh = RowF32(out, t) + kvh * group * hd;
+      std::memset(oh, 0, static_cast<size_t>(group * hd) * sizeof(float));
+      // Pass 2: weighted sum of V.
+      for (int64_t j = 0; j < len; ++j) {
+        const char* vrow = vbase + SlotOf(kv, seq, lo + j) * v_rb + kvh * hd * v_eb;
+        for (int g = 0; g < group; ++g) {
+          const float a = scores[g * len + j];
+          if (v_f16) {
+            k_.axpy_f16(a, reinterpret_cast<const uint16_t*>(vrow), oh + g * hd, hd);
+          } else {
+            k_.axpy_f32(a, reinterpret_cast<const float*>(vrow), oh + g * hd, hd);
+          }
+        }
+      }
+      for (int g = 0; g < group; ++g) k_.scale(oh + g * hd, inv_sum[g], oh + g * hd, hd);
+    }
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> CreateCpuBackend(const CpuBackendOptions& options) {
+  int threads = options.threads;
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::make_unique<CpuBackend>(cpu::SelectKernels(options.force_scalar), threads);
+}
+
+}  // namespace pd::engine

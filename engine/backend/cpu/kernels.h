@@ -1,0 +1,80 @@
+// The CPU backend's kernel table: the inner loops every op is built from.
+//
+// There is one table per instruction set: ScalarKernels() is the portable reference and
+// Avx2Kernels() the AVX2+FMA+F16C version (nullptr when not compiled in). Tests run both on the
+// same inputs and compare (tests/engine/backend/cpu_kernels_test.cc), so every SIMD entry has a
+// scalar twin with the same contract. All kernels are pure functions of their arguments and
+// thread-safe; none allocates.
+//
+// Pointers need no particular alignment. Lengths are element counts; Q8_0 lengths must be
+// multiples of 32 (callers check).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "engine/quant/q8_0.h"
+
+namespace pd::engine::cpu {
+
+// Weight types MatMul runs, indexing Kernels::gemm.
+enum class GemmType : int { kF32 = 0, kF16 = 1, kBF16 = 2, kQ8_0 = 3 };
+inline constexpr int kNumGemmTypes = 4;
+
+// The largest tile a GemmTileFn computes: kGemmTileW weight rows x kGemmTileX activation rows.
+inline constexpr int kGemmTileW = 4;
+inline constexpr int kGemmTileX = 4;
+
+// Computes an nr x nc tile of y = x w^T, where both operands are rows of k elements in the
+// weight's type (activations already converted: F32, F16 bits, BF16 bits or BlockQ8_0):
+//   y[c * y_stride + r] = dot(w + r * w_stride, x + c * x_stride)   for r < nr, c < nc
+// with 1 <= nr <= kGemmTileW, 1 <= nc <= kGemmTileX; strides of w and x are in bytes, of y in
+// floats. Each weight row is read once per tile and each activation row once per tile, so a
+// 4x4 tile does 16 row-dots for 8 row reads.
+using GemmTileFn = void (*)(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
+                            size_t x_stride, int nc, float* y, int64_t y_stride);
+
+struct Kernels {
+  const char* name;  // "scalar", "avx2"
+
+  // MatMul tiles, by GemmType. F32: F32 dot in F32. F16/BF16: products of halves accumulated in
+  // F32. Q8_0: int32 dot per block times d_w * d_x, accumulated in F32.
+  GemmTileFn gemm[kNumGemmTypes];
+
+  // Row conversions (used to convert activations once per MatMul, for GetRows and the KV cache).
+  // Narrowing conversions round to nearest even; Q8_0 quantization is QuantizeRowQ8_0's
+  // (bit-exact in every table).
+  void (*f32_to_f16)(const float* x, uint16_t* y, int64_t n);
+  void (*f16_to_f32)(const uint16_t* x, float* y, int64_t n);
+  void (*f32_to_bf16)(const float* x, uint16_t* y, int64_t n);
+  void (*bf16_to_f32)(const uint16_t* x, float* y, int64_t n);
+  void (*quantize_q8_0)(const float* x, BlockQ8_0* y, int64_t n);
+  void (*dequantize_q8_0)(const BlockQ8_0* x, float* y, int64_t n);
+
+  // Attention inner loops: dot of an F32 query with an F32 / F16 key row, and y += a * v for an
+  // F32 / F16 value row.
+  float (*dot_f32)(const float* a, const float* b, int64_t n);
+  float (*dot_f16_f32)(const uint16_t* a, const float* b, int64_t n);
+  void (*axpy_f32)(float a, const float* x, float* y, int64_t n);
+  void (*axpy_f16)(float a, const uint16_t* x, float* y, int64_t n);
+
+  // Elementwise row ops (y may alias an input).
+  double (*sum_squares)(const float* x, int64_t n);  // products in F32, summed in F64 (ggml)
+  void (*scale)(const float* x, float s, float* y, int64_t n);                      // y = s * x
+  void (*scale_mul)(const float* x, float s, const float* w, float* y, int64_t n);  // (s*x)*w
+  void (*add)(const float* a, const float* b, float* y, int64_t n);
+  void (*swiglu)(const float* g, const float* u, float* y, int64_t n);  // g/(1+exp(-g)) * u
+  float (*max)(const float* x, int64_t n);                              // -inf when n == 0
+  // y = exp(x - m); returns the sum of y in F64.
+  double (*exp_sub_sum)(const float* x, float m, float* y, int64_t n);
+};
+
+const Kernels& ScalarKernels();
+// The AVX2+FMA+F16C table, or nullptr when this build has none (non-x86). Only call its entries
+// when the CPU supports those instructions (see SelectKernels).
+const Kernels* Avx2Kernels();
+// Avx2Kernels() when compiled in, not `force_scalar`, and the CPU reports avx2, fma and f16c;
+// otherwise ScalarKernels().
+const Kernels& SelectKernels(bool force_scalar);
+
+}  // namespace pd::engine::cpu

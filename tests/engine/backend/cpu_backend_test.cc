@@ -1,0 +1,767 @@
+// The CPU backend's ops against naive double-precision references written here, on both kernel
+// tables (AVX2 and force_scalar), plus shape/type validation and the thread pool.
+//
+// Tolerances (see also cpu_kernels_test.cc):
+//  - MatMul: the reference converts activations exactly as the documented method does (F16/BF16
+//    rounding, Q8_0 quantization via the scalar QuantizeRowQ8_0, tested in q8_0_test) and sums in
+//    double; |err| <= 8 * sqrt(k) * 2^-24 * sum|w_i x_i| (F32 summation in another order).
+//  - RmsNorm / Softmax / SwiGlu / Add: 1e-6 relative (a few ulps; exp within 2 ulps).
+//  - Rope: 2e-6 + |theta| * 1e-6 per element (times |x|): angles are built in F32 by repeated
+//    multiplication like ggml, so their error grows with the position.
+//  - Attention: 2e-5 absolute on O(1) outputs (F32 dots of head_dim terms, F32 softmax).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/status_matchers.h"
+#include "engine/backend/backend.h"
+#include "engine/backend/cpu/thread_pool.h"
+#include "engine/quant/fp16.h"
+#include "engine/quant/q8_0.h"
+
+namespace pd::engine {
+namespace {
+
+using ::pd::testing::IsOk;
+using ::pd::testing::StatusIs;
+
+// Host storage for a tensor (the CPU backend computes on host memory directly).
+struct HostTensor {
+  std::vector<char> bytes;
+  Tensor t;
+  HostTensor(DType type, int64_t rows, int64_t cols) {
+    t.type = type;
+    t.rows = rows;
+    t.cols = cols;
+    bytes.resize(t.bytes() + 64);
+    t.data = bytes.data();
+  }
+  float* f() { return static_cast<float*>(t.data); }
+};
+
+HostTensor F32(int64_t rows, int64_t cols, const std::vector<float>& v) {
+  HostTensor h(DType::kF32, rows, cols);
+  std::memcpy(h.t.data, v.data(), v.size() * sizeof(float));
+  return h;
+}
+
+std::vector<float> RandomVec(std::mt19937& rng, int64_t n, float scale = 1.f) {
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// Weight tensor of `type` from F32 values, and the exact values it holds.
+HostTensor MakeWeights(DType type, int64_t rows, int64_t cols, const std::vector<float>& v,
+                       std::vector<double>* exact) {
+  HostTensor h(type, rows, cols);
+  exact->resize(rows * cols);
+  std::vector<float> tmp(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = v.data() + r * cols;
+    char* dst = static_cast<char*>(h.t.data) + r * h.t.row_bytes();
+    switch (type) {
+      case DType::kF32:
+        std::memcpy(dst, src, cols * 4);
+        std::copy(src, src + cols, tmp.begin());
+        break;
+      case DType::kF16:
+        F32ToF16Row(src, reinterpret_cast<uint16_t*>(dst), cols);
+        F16ToF32Row(reinterpret_cast<uint16_t*>(dst), tmp.data(), cols);
+        break;
+      case DType::kBF16:
+        F32ToBf16Row(src, reinterpret_cast<uint16_t*>(dst), cols);
+        Bf16ToF32Row(reinterpret_cast<uint16_t*>(dst), tmp.data(), cols);
+        break;
+      case DType::kQ8_0:
+        QuantizeRowQ8_0(src, reinterpret_cast<BlockQ8_0*>(dst), cols);
+        DequantizeRowQ8_0(reinterpret_cast<BlockQ8_0*>(dst), tmp.data(), cols);
+        break;
+    }
+    for (int64_t c = 0; c < cols; ++c) (*exact)[r * cols + c] = tmp[c];
+  }
+  return h;
+}
+
+struct Config {
+  bool force_scalar;
+  int threads;
+};
+void PrintTo(const Config& c, std::ostream* os) {
+  *os << (c.force_scalar ? "scalar" : "best") << " kernels, " << c.threads << " threads";
+}
+
+class CpuBackendTest : public ::testing::TestWithParam<Config> {
+ protected:
+  std::unique_ptr<Backend> be_ =
+      CreateCpuBackend({.threads = GetParam().threads, .force_scalar = GetParam().force_scalar});
+  std::mt19937 rng_{42};
+};
+
+INSTANTIATE_TEST_SUITE_P(Kernels, CpuBackendTest,
+                         ::testing::Values(Config{false, 3}, Config{true, 2}, Config{false, 1}),
+                         [](const auto& info) {
+                           return std::string(info.param.force_scalar ? "Scalar" : "Best") +
+                                  std::to_string(info.param.threads) + "Threads";
+                         });
+
+// ---- MatMul --------------------------------------------------------------------------------
+
+struct MatMulCase {
+  DType type;
+  int64_t n, m, k;
+};
+
+void CheckMatMul(Backend& be, std::mt19937& rng, const MatMulCase& c) {
+  SCOPED_TRACE(::testing::Message() << "type " << static_cast<int>(c.type) << " n " << c.n << " m "
+                                    << c.m << " k " << c.k);
+  std::vector<double> w_exact;
+  std::vector<float> wv = RandomVec(rng, c.m * c.k);
+  for (size_t i = 0; i < wv.size(); i += 29) wv[i] *= 10.f;  // uneven block scales
+  HostTensor w = MakeWeights(c.type, c.m, c.k, wv, &w_exact);
+  const std::vector<float> xv = RandomVec(rng, c.n * c.k, 3.f);
+  HostTensor x = F32(c.n, c.k, xv);
+  HostTensor y(DType::kF32, c.n, c.m);
+  std::fill(y.f(), y.f() + c.n * c.m, NAN);
+  ASSERT_THAT(be.MatMul(w.t, x.t, y.t), IsOk());
+
+  // Activations as the method converts them: to the weight's companion type.
+  std::vector<double> x_conv;
+  if (c.type == DType::kF32) {
+    x_conv.assign(xv.begin(), xv.end());
+  } else {
+    MakeWeights(c.type, c.n, c.k, xv, &x_conv);
+  }
+  for (int64_t i = 0; i < c.n; ++i) {
+    for (int64_t j = 0; j < c.m; ++j) {
+      double ref = 0, abs_sum = 0;
+      for (int64_t l = 0; l < c.k; ++l) {
+        const double p = w_exact[j * c.k + l] * x_conv[i * c.k + l];
+        ref += p;
+        abs_sum += std::fabs(p);
+      }
+      const double tol = 8 * std::sqrt(double(c.k)) * 0x1p-24 * abs_sum + 1e-30;
+      ASSERT_NEAR(y.f()[i * c.m + j], ref, tol) << "y[" << i << ", " << j << "]";
+    }
+  }
+}
+
+TEST_P(CpuBackendTest, MatMulAllTypesAndShapes) {
+  for (DType type : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+    const bool q = type == DType::kQ8_0;
+    const std::vector<MatMulCase> cases = {
+        {type, 1, 1, q ? 32 : 1},    {type, 1, 37, q ? 64 : 7},    {type, 3, 5, q ? 96 : 33},
+        {type, 5, 9, q ? 160 : 100}, {type, 4, 8, q ? 32 : 9},     {type, 17, 33, 256},
+        {type, 1, 300, 4096},        {type, 9, 130, q ? 544 : 515}};
+    for (const MatMulCase& c : cases) CheckMatMul(*be_, rng_, c);
+  }
+}
+
+TEST_P(CpuBackendTest, MatMulQuantizedMatchesUnquantizedApproximately) {
+  // Guards against a reference that shares a bug with the backend: Q8_0 and F16 results must stay
+  // close to the plain F32 product of the original values.
+  const int64_t n = 3, m = 16, k = 512;
+  const std::vector<float> wv = RandomVec(rng_, m * k), xv = RandomVec(rng_, n * k);
+  HostTensor x = F32(n, k, xv);
+  for (DType type : {DType::kF16, DType::kBF16, DType::kQ8_0}) {
+    std::vector<double> unused;
+    HostTensor w = MakeWeights(type, m, k, wv, &unused);
+    HostTensor y(DType::kF32, n, m);
+    ASSERT_THAT(be_->MatMul(w.t, x.t, y.t), IsOk());
+    const double rel = type == DType::kQ8_0 ? 0.02 : type == DType::kBF16 ? 0.01 : 1e-3;
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < m; ++j) {
+        double ref = 0;
+        for (int64_t l = 0; l < k; ++l) ref += double{wv[j * k + l]} * xv[i * k + l];
+        EXPECT_NEAR(y.f()[i * m + j], ref, rel * std::sqrt(double(k)))
+            << "type " << static_cast<int>(type);
+      }
+    }
+  }
+}
+
+TEST(CpuBackendThreadsTest, MatMulBitIdenticalAcrossThreadCounts) {
+  std::mt19937 rng(5);
+  const int64_t n = 6, m = 1001, k = 1024;
+  for (DType type : {DType::kF32, DType::kQ8_0}) {
+    std::vector<double> unused;
+    HostTensor w = MakeWeights(type, m, k, RandomVec(rng, m * k), &unused);
+    HostTensor x = F32(n, k, RandomVec(rng, n * k));
+    HostTensor y1(DType::kF32, n, m), y4(DType::kF32, n, m);
+    ASSERT_THAT(CreateCpuBackend({.threads = 1})->MatMul(w.t, x.t, y1.t), IsOk());
+    ASSERT_THAT(CreateCpuBackend({.threads = 4})->MatMul(w.t, x.t, y4.t), IsOk());
+    EXPECT_EQ(std::memcmp(y1.t.data, y4.t.data, y1.t.bytes()), 0);
+  }
+}
+
+TEST_P(CpuBackendTest, MatMulValidation) {
+  HostTensor w(DType::kQ8_0, 4, 64), x(DType::kF32, 2, 64), y(DType::kF32, 2, 4);
+  EXPECT_THAT(be_->MatMul(w.t, x.t, y.t), IsOk());
+  HostTensor x_bad(DType::kF32, 2, 32);
+  EXPECT_THAT(be_->MatMul(w.t, x_bad.t, y.t), StatusIs(absl::StatusCode::kInvalidArgument));
+  HostTensor y_bad(DType::kF32, 3, 4);
+  EXPECT_THAT(be_->MatMul(w.t, x.t, y_bad.t), StatusIs(absl::StatusCode::kInvalidArgument));
+  HostTensor y_bad2(DType::kF32, 2, 5);
+  EXPECT_THAT(be_->MatMul(w.t, x.t, y_bad2.t), StatusIs(absl::StatusCode::kInvalidArgument));
+  HostTensor x_f16(DType::kF16, 2, 64);
+  EXPECT_THAT(be_->MatMul(w.t, x_f16.t, y.t), StatusIs(absl::StatusCode::kUnimplemented));
+  Tensor w_q4 = w.t;
+  w_q4.type = static_cast<DType>(2);  // ggml q4_0: not supported
+  EXPECT_THAT(be_->MatMul(w_q4, x.t, y.t), StatusIs(absl::StatusCode::kUnimplemented, "q4_0"));
+  Tensor w_cols = w.t;
+  w_cols.cols = 48;  // not a whole number of Q8_0 blocks
+  Tensor x48 = x.t;
+  x48.cols = 48;
+  EXPECT_THAT(be_->MatMul(w_cols, x48, y.t), StatusIs(absl::StatusCode::kInvalidArgument));
+  Tensor null_x = x.t;
+  null_x.data = nullptr;
+  EXPECT_THAT(be_->MatMul(w.t, null_x, y.t), StatusIs(absl::StatusCode::kInvalidArgument));
+  Tensor y_alias = x.t;  // y over x's memory
+  y_alias.cols = 4;
+  EXPECT_THAT(be_->MatMul(w.t, x.t, y_alias), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// ---- GetRows -------------------------------------------------------------------------------
+
+TEST_P(CpuBackendTest, GetRowsAllTypes) {
+  const int64_t rows = 11, cols = 96;
+  const std::vector<float> v = RandomVec(rng_, rows * cols);
+  const std::vector<int32_t> ids = {3, 0, 10, 3, 7};
+  for (DType type : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+    std::vector<double> exact;
+    HostTensor table = MakeWeights(type, rows, cols, v, &exact);
+    HostTensor out(DType::kF32, ids.size(), cols);
+    ASSERT_THAT(be_->GetRows(table.t, ids, out.t), IsOk());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      for (int64_t c = 0; c < cols; ++c) {
+        ASSERT_EQ(out.f()[i * cols + c], exact[ids[i] * cols + c]) << "type " << int(type);
+      }
+    }
+    const std::vector<int32_t> bad = {0, 11};
+    HostTensor out2(DType::kF32, 2, cols);
+    EXPECT_THAT(be_->GetRows(table.t, bad, out2.t), StatusIs(absl::StatusCode::kInvalidArgument));
+    const std::vector<int32_t> neg = {-1, 0};
+    EXPECT_THAT(be_->GetRows(table.t, neg, out2.t), StatusIs(absl::StatusCode::kInvalidArgument));
+    EXPECT_THAT(be_->GetRows(table.t, ids, out2.t), StatusIs(absl::StatusCode::kInvalidArgument));
+  }
+}
+
+// ---- RmsNorm -------------------------------------------------------------------------------
+
+TEST_P(CpuBackendTest, RmsNormWithAndWithoutWeight) {
+  for (int64_t cols : {1, 7, 64, 4099}) {
+    const int64_t rows = 5;
+    const std::vector<float> xv = RandomVec(rng_, rows * cols, 4.f);
+    const std::vector<float> wv = RandomVec(rng_, cols);
+    HostTensor x = F32(rows, cols, xv), w = F32(1, cols, wv);
+    HostTensor y(DType::kF32, rows, cols);
+    const float eps = 1e-5f;
+    for (bool weighted : {false, true}) {
+      Tensor wt = w.t;
+      if (!weighted) wt.data = nullptr;
+      ASSERT_THAT(be_->RmsNorm(x.t, wt, eps, y.t), IsOk());
+      for (int64_t r = 0; r < rows; ++r) {
+        double ss = 0;
+        for (int64_t c = 0; c < cols; ++c) ss += double{xv[r * cols + c]} * xv[r * cols + c];
+        const double s = 1 / std::sqrt(ss / cols + eps);
+        for (int64_t c = 0; c < cols; ++c) {
+          const double ref = xv[r * cols + c] * s * (weighted ? wv[c] : 1.0);
+          ASSERT_NEAR(y.f()[r * cols + c], ref, 1e-6 * std::fabs(ref) + 1e-30);
+        }
+      }
+    }
+    // In place gives the same bits as out of place (y holds the weighted result).
+    ASSERT_THAT(be_->RmsNorm(x.t, w.t, eps, x.t), IsOk());
+    EXPECT_EQ(std::memcmp(x.t.data, y.t.data, x.t.bytes()), 0);
+  }
+  HostTensor x(DType::kF32, 2, 8), w(DType::kF32, 1, 7), y(DType::kF32, 2, 8);
+  EXPECT_THAT(be_->RmsNorm(x.t, w.t, 1e-5f, y.t), StatusIs(absl::StatusCode::kInvalidArgument));
+  HostTensor y2(DType::kF32, 3, 8);
+  Tensor none = w.t;
+  none.data = nullptr;
+  EXPECT_THAT(be_->RmsNorm(x.t, none, 1e-5f, y2.t), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(be_->RmsNorm(x.t, none, -1.f, y.t), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// ---- Rope ----------------------------------------------------------------------------------
+
+void RopeReference(std::vector<double>& x, int n_heads, const std::vector<int32_t>& pos,
+                   const RopeParams& p) {
+  const int half = p.rot_dim / 2;
+  for (size_t t = 0; t < pos.size(); ++t) {
+    for (int h = 0; h < n_heads; ++h) {
+      double* v = x.data() + (t * n_heads + h) * p.head_dim;
+      for (int i = 0; i < half; ++i) {
+        double theta =
+            pos[t] * double{p.freq_scale} * std::pow(double{p.freq_base}, -2.0 * i / p.rot_dim);
+        if (!p.freq_factors.empty()) theta /= p.freq_factors[i];
+        const int a = p.mode == RopeMode::kNeox ? i : 2 * i;
+        const int b = p.mode == RopeMode::kNeox ? i + half : 2 * i + 1;
+        const double x0 = v[a], x1 = v[b];
+        v[a] = x0 * std::cos(theta) - x1 * std::sin(theta);
+        v[b] = x0 * std::sin(theta) + x1 * std::cos(theta);
+      }
+    }
+  }
+}
+
+TEST_P(CpuBackendTest, RopeBothModesWithFreqFactors) {
+  const int n_heads = 3;
+  for (RopeMode mode : {RopeMode::kNormal, RopeMode::kNeox}) {
+    for (int head_dim : {8, 64, 40}) {
+      for (bool factors : {false, true}) {
+        for (bool large_pos : {false, true}) {
+          RopeParams p;
+          p.mode = mode;
+          p.head_dim = head_dim;
+          p.rot_dim = head_dim == 40 ? 24 : head_dim;  // partial rotation leaves the tail alone
+          p.freq_base = 500000.f;
+          p.freq_scale = 0.5f;
+          std::vector<float> ff(p.rot_dim / 2);
+          for (size_t i = 0; i < ff.size(); ++i) ff[i] = 1.f + i * 0.75f;
+          if (factors) p.freq_factors = ff;
+          const std::vector<int32_t> pos = large_pos ? std::vector<int32_t>{4097, 0, 32000, 12345}
+                                                     : std::vector<int32_t>{0, 1, 5, 15};
+          const int64_t cols = int64_t{n_heads} * head_dim;
+          const std::vector<float> xv = RandomVec(rng_, pos.size() * cols);
+          HostTensor x = F32(pos.size(), cols, xv);
+          ASSERT_THAT(be_->Rope(x.t, n_heads, pos, p), IsOk());
+          std::vector<double> ref(xv.begin(), xv.end());
+          RopeReference(ref, n_heads, pos, p);
+          for (size_t t = 0; t < pos.size(); ++t) {
+            for (int64_t c = 0; c < cols; ++c) {
+              const size_t i = t * cols + c;
+              const double tol = (2e-6 + pos[t] * std::fabs(p.freq_scale) * 1e-6) * 2;
+              ASSERT_NEAR(x.f()[i], ref[i], tol) << "mode " << int(mode) << " hd " << head_dim
+                                                 << " ff " << factors << " t " << t << " c " << c;
+              if (c % head_dim >= p.rot_dim) {
+                ASSERT_EQ(x.f()[i], xv[i]);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(CpuBackendTest, RopeModesDiffer) {
+  // A known rotation: pos 1, base 1 -> every angle is 1 rad; the pair layout decides which
+  // elements mix.
+  RopeParams p;
+  p.head_dim = p.rot_dim = 4;
+  p.freq_base = 1.f;
+  const std::vector<int32_t> pos = {1};
+  HostTensor a = F32(1, 4, {1, 0, 0, 0}), b = F32(1, 4, {1, 0, 0, 0});
+  ASSERT_THAT(be_->Rope(a.t, 1, pos, p), IsOk());
+  p.mode = RopeMode::kNeox;
+  ASSERT_THAT(be_->Rope(b.t, 1, pos, p), IsOk());
+  const float c = std::cos(1.f), s = std::sin(1.f);
+  EXPECT_NEAR(a.f()[0], c, 1e-6);
+  EXPECT_NEAR(a.f()[1], s, 1e-6);  // normal: (0, 1) pair
+  EXPECT_EQ(a.f()[2], 0.f);
+  EXPECT_NEAR(b.f()[0], c, 1e-6);
+  EXPECT_EQ(b.f()[1], 0.f);
+  EXPECT_NEAR(b.f()[2], s, 1e-6);  // neox: (0, 2) pair
+}
+
+TEST_P(CpuBackendTest, RopeValidation) {
+  HostTensor x(DType::kF32, 2, 16);
+  const std::vector<int32_t> pos = {0, 1};
+  RopeParams p;
+  p.head_dim = 8;
+  p.rot_dim = 8;
+  EXPECT_THAT(be_->Rope(x.t, 2, pos, p), IsOk());
+  EXPECT_THAT(be_->Rope(x.t, 3, pos, p), StatusIs(absl::StatusCode::kInvalidArgument));
+  const std::vector<int32_t> pos3 = {0, 1, 2};
+  EXPECT_THAT(be_->Rope(x.t, 2, pos3, p), StatusIs(absl::StatusCode::kInvalidArgument));
+  p.rot_dim = 7;
+  EXPECT_THAT(be_->Rope(x.t, 2, pos, p), StatusIs(absl::StatusCode::kInvalidArgument));
+  p.rot_dim = 10;
+  EXPECT_THAT(be_->Rope(x.t, 2, pos, p), StatusIs(absl::StatusCode::kInvalidArgument));
+  p.rot_dim = 8;
+  const std::vector<float> ff(3, 1.f);
+  p.freq_factors = ff;
+  EXPECT_THAT(be_->Rope(x.t, 2, pos, p), StatusIs(absl::StatusCode::kInvalidArgument));
+  HostTensor xh(DType::kF16, 2, 16);
+  p.freq_factors = {};
+  EXPECT_THAT(be_->Rope(xh.t, 2, pos, p), StatusIs(absl::StatusCode::kUnimplemented));
+}
+
+// ---- elementwise ---------------------------------------------------------------------------
+
+TEST_P(CpuBackendTest, AddAddBiasSwiGlu) {
+  for (int64_t cols : {1, 9, 4096, 40000}) {
+    const int64_t rows = 3;
+    const std::vector<float> av = RandomVec(rng_, rows * cols, 5.f),
+                             bv = RandomVec(rng_, rows * cols, 5.f);
+    const std::vector<float> biasv = RandomVec(rng_, cols);
+    HostTensor a = F32(rows, cols, av), b = F32(rows, cols, bv), bias = F32(1, cols, biasv);
+    HostTensor y(DType::kF32, rows, cols);
+    ASSERT_THAT(be_->Add(a.t, b.t, y.t), IsOk());
+    for (int64_t i = 0; i < rows * cols; ++i) ASSERT_EQ(y.f()[i], av[i] + bv[i]);
+    ASSERT_THAT(be_->SwiGlu(a.t, b.t, y.t), IsOk());
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      const double ref = av[i] / (1 + std::exp(-double{av[i]})) * bv[i];
+      ASSERT_NEAR(y.f()[i], ref, 1e-6 * std::fabs(ref) + 1e-30);
+    }
+    ASSERT_THAT(be_->AddBias(a.t, bias.t, a.t), IsOk());  // in place
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        ASSERT_EQ(a.f()[r * cols + c], av[r * cols + c] + biasv[c]);
+  }
+  HostTensor a(DType::kF32, 2, 8), b(DType::kF32, 2, 9), bias(DType::kF32, 2, 8);
+  EXPECT_THAT(be_->Add(a.t, b.t, a.t), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(be_->SwiGlu(a.t, b.t, a.t), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(be_->AddBias(a.t, bias.t, a.t), StatusIs(absl::StatusCode::kInvalidArgument));
+  HostTensor h(DType::kBF16, 2, 8);
+  EXPECT_THAT(be_->Add(a.t, h.t, a.t), StatusIs(absl::StatusCode::kUnimplemented));
+}
+
+TEST_P(CpuBackendTest, SoftmaxStableAndMasked) {
+  for (int64_t cols : {1, 5, 8, 100, 1025}) {
+    const int64_t rows = 4;
+    std::vector<float> v = RandomVec(rng_, rows * cols, 10.f);
+    v[0] = 1000.f;  // would overflow a naive exp
+    if (cols > 3) v[cols + 1] = -std::numeric_limits<float>::infinity();  // masked
+    for (int64_t c = 0; c < cols; ++c) v[3 * cols + c] = -std::numeric_limits<float>::infinity();
+    HostTensor x = F32(rows, cols, v);
+    ASSERT_THAT(be_->Softmax(x.t), IsOk());
+    for (int64_t r = 0; r < rows; ++r) {
+      double m = -INFINITY, sum = 0;
+      for (int64_t c = 0; c < cols; ++c) m = std::max(m, double{v[r * cols + c]});
+      for (int64_t c = 0; c < cols; ++c) sum += std::exp(v[r * cols + c] - m);
+      for (int64_t c = 0; c < cols; ++c) {
+        if (r == 3) {  // all masked: zeros, not NaN
+          ASSERT_EQ(x.f()[r * cols + c], 0.f);
+          continue;
+        }
+        const double ref = std::exp(v[r * cols + c] - m) / sum;
+        // x - max is rounded in F32 (as in ggml): a relative error of |x - max| * 2^-24.
+        const double rel = ref == 0 ? 0 : 1e-6 + std::fabs(v[r * cols + c] - m) * 0x1p-23;
+        ASSERT_NEAR(x.f()[r * cols + c], ref, rel * ref + 1e-30) << r << "," << c;
+      }
+    }
+  }
+}
+
+// ---- KV cache and attention ----------------------------------------------------------------
+
+float RoundTo(DType t, float v) { return t == DType::kF16 ? F16ToF32(F32ToF16(v)) : v; }
+
+float CacheAt(const HostTensor& c, int64_t row, int64_t col) {
+  if (c.t.type == DType::kF32) return static_cast<const float*>(c.t.data)[row * c.t.cols + col];
+  return F16ToF32(static_cast<const uint16_t*>(c.t.data)[row * c.t.cols + col]);
+}
+
+TEST_P(CpuBackendTest, StoreKvSlotMapping) {
+  for (DType ct : {DType::kF32, DType::kF16}) {
+    const int64_t kv_dim = 12, bs = 4, n_blocks = 6;
+    HostTensor kc(ct, n_blocks * bs, kv_dim), vc(ct, n_blocks * bs, kv_dim);
+    std::memset(kc.t.data, 0, kc.t.bytes());
+    std::memset(vc.t.data, 0, vc.t.bytes());
+    // Sequence 0 owns blocks {5, 1}, sequence 1 owns {2, 0, 4}.
+    const std::vector<int32_t> t0 = {5, 1}, t1 = {2, 0, 4};
+    const std::vector<int32_t> pos = {0, 3, 4, 6, 9};
+    const std::vector<int32_t> seq = {0, 0, 0, 1, 1};
+    KvBatch kv{pos, seq, {t0, t1}, static_cast<int>(bs)};
+    const int64_t n = pos.size();
+    std::vector<float> kvals = RandomVec(rng_, n * kv_dim), vvals = RandomVec(rng_, n * kv_dim);
+    HostTensor k = F32(n, kv_dim, kvals), v = F32(n, kv_dim, vvals);
+    ASSERT_THAT(be_->StoreKv(k.t, v.t, kc.t, vc.t, kv), IsOk());
+    const std::vector<int64_t> want_slot = {5 * 4 + 0, 5 * 4 + 3, 1 * 4 + 0, 0 * 4 + 2, 4 * 4 + 1};
+    std::vector<bool> written(n_blocks * bs, false);
+    for (int64_t t = 0; t < n; ++t) {
+      written[want_slot[t]] = true;
+      for (int64_t c = 0; c < kv_dim; ++c) {
+        ASSERT_EQ(CacheAt(kc, want_slot[t], c), RoundTo(ct, kvals[t * kv_dim + c]));
+        ASSERT_EQ(CacheAt(vc, want_slot[t], c), RoundTo(ct, vvals[t * kv_dim + c]));
+      }
+    }
+    for (int64_t s = 0; s < n_blocks * bs; ++s) {
+      if (written[s]) continue;
+      for (int64_t c = 0; c < kv_dim; ++c) ASSERT_EQ(CacheAt(kc, s, c), 0.f) << "slot " << s;
+    }
+
+    // Errors: position past the block table, unknown sequence, block outside the cache,
+    // mismatched span sizes, bad cache type.
+    const std::vector<int32_t> far = {0, 3, 4, 6, 12};
+    KvBatch bad = kv;
+    bad.pos = far;
+    EXPECT_THAT(be_->StoreKv(k.t, v.t, kc.t, vc.t, bad),
+                StatusIs(absl::StatusCode::kInvalidArgument));
+    const std::vector<int32_t> seq2 = {0, 0, 0, 1, 2};
+    bad = kv;
+    bad.seq = seq2;
+    EXPECT_THAT(be_->StoreKv(k.t, v.t, kc.t, vc.t, bad),
+                StatusIs(absl::StatusCode::kInvalidArgument));
+    const std::vector<int32_t> t_out = {2, 0, 6};
+    bad = kv;
+    bad.block_tables[1] = t_out;
+    EXPECT_THAT(be_->StoreKv(k.t, v.t, kc.t, vc.t, bad),
+                StatusIs(absl::StatusCode::kInvalidArgument));
+    bad = kv;
+    bad.pos = absl::MakeConstSpan(pos).subspan(1);
+    EXPECT_THAT(be_->StoreKv(k.t, v.t, kc.t, vc.t, bad),
+                StatusIs(absl::StatusCode::kInvalidArgument));
+    HostTensor kq(DType::kQ8_0, n_blocks * bs, 32);
+    EXPECT_THAT(be_->StoreKv(k.t, v.t, kq.t, vc.t, kv), StatusIs(absl::StatusCode::kUnimplemented));
+    HostTensor k_wide(DType::kF32, n, kv_dim + 1);
+    EXPECT_THAT(be_->StoreKv(k_wide.t, v.t, kc.t, vc.t, kv),
+                StatusIs(absl::StatusCode::kInvalidArgument));
+  }
+}
+
+// Naive attention over the visible positions of each token, in double.
+std::vector<double> AttentionReference(const std::vector<float>& q, const HostTensor& kc,
+                                       const HostTensor& vc, const KvBatch& kv,
+                                       const AttentionParams& p) {
+  const int64_t n = kv.pos.size(), hd = p.head_dim, group = p.n_heads / p.n_kv_heads;
+  std::vector<double> out(n * p.n_heads * hd, 0.0);
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t lo = p.window > 0 ? std::max<int64_t>(0, kv.pos[t] - p.window + 1) : 0;
+    for (int h = 0; h < p.n_heads; ++h) {
+      const int kvh = h / group;
+      std::vector<double> logits;
+      std::vector<int64_t> slots;
+      for (int64_t pp = lo; pp <= kv.pos[t]; ++pp) {
+        const int64_t slot =
+            int64_t{kv.block_tables[kv.seq[t]][pp / kv.block_size]} * kv.block_size +
+            pp % kv.block_size;
+        double s = 0;
+        for (int64_t d = 0; d < hd; ++d)
+          s += double{q[(t * p.n_heads + h) * hd + d]} * CacheAt(kc, slot, kvh * hd + d);
+        s *= p.scale;
+        if (p.softcap > 0) s = p.softcap * std::tanh(s / p.softcap);
+        logits.push_back(s);
+        slots.push_back(slot);
+      }
+      const double m = *std::max_element(logits.begin(), logits.end());
+      double sum = 0;
+      for (double& l : logits) sum += l = std::exp(l - m);
+      for (size_t j = 0; j < slots.size(); ++j)
+        for (int64_t d = 0; d < hd; ++d)
+          out[(t * p.n_heads + h) * hd + d] +=
+              logits[j] / sum * CacheAt(vc, slots[j], kvh * hd + d);
+    }
+  }
+  return out;
+}
+
+TEST_P(CpuBackendTest, AttentionGqaTwoSequencesWindowSoftcap) {
+  struct Variant {
+    DType cache;
+    int head_dim, n_heads, n_kv_heads, window;
+    float softcap;
+  };
+  const std::vector<Variant> variants = {
+      {DType::kF32, 16, 4, 2, 0, 0.f}, {DType::kF16, 16, 4, 2, 0, 0.f},
+      {DType::kF32, 20, 6, 2, 3, 0.f}, {DType::kF16, 20, 6, 3, 3, 5.f},
+      {DType::kF32, 64, 8, 1, 0, 2.f}, {DType::kF32, 8, 2, 2, 1, 0.f},
+  };
+  for (const Variant& var : variants) {
+    SCOPED_TRACE(::testing::Message() << "cache " << int(var.cache) << " hd " << var.head_dim
+                                      << " heads " << var.n_heads << "/" << var.n_kv_heads
+                                      << " window " << var.window << " softcap " << var.softcap);
+    AttentionParams p{var.n_heads,  var.n_kv_heads,
+                      var.head_dim, 1.f / std::sqrt(float(var.head_dim)),
+                      var.window,   var.softcap};
+    const int64_t kv_dim = int64_t{p.n_kv_heads} * p.head_dim;
+    const int bs = 4, n_blocks = 8;
+    HostTensor kc(var.cache, n_blocks * bs, kv_dim), vc(var.cache, n_blocks * bs, kv_dim);
+    std::memset(kc.t.data, 0x7f, kc.t.bytes());  // garbage in unwritten slots must not be read
+    std::memset(vc.t.data, 0x7f, vc.t.bytes());
+    // Sequence 0: blocks {6, 2}; sequence 1: blocks {1, 7, 3}.
+    const std::vector<int32_t> t0 = {6, 2}, t1 = {1, 7, 3};
+    // Step 1: a prefill of sequence 1 positions 0..8 (stored, no attention checked).
+    std::vector<int32_t> pre_pos, pre_seq;
+    for (int i = 0; i < 9; ++i) pre_pos.push_back(i), pre_seq.push_back(1);
+    KvBatch pre{pre_pos, pre_seq, {t0, t1}, bs};
+    HostTensor pk = F32(9, kv_dim, RandomVec(rng_, 9 * kv_dim, 2.f));
+    HostTensor pv = F32(9, kv_dim, RandomVec(rng_, 9 * kv_dim));
+    ASSERT_THAT(be_->StoreKv(pk.t, pv.t, kc.t, vc.t, pre), IsOk());
+    // Step 2: a mixed batch: sequence 0 prefills positions 0..5, sequence 1 decodes 9 and 10.
+    const std::vector<int32_t> pos = {0, 1, 2, 9, 3, 4, 10, 5};
+    const std::vector<int32_t> seq = {0, 0, 0, 1, 0, 0, 1, 0};
+    KvBatch kv{pos, seq, {t0, t1}, bs};
+    const int64_t n = pos.size();
+    HostTensor k = F32(n, kv_dim, RandomVec(rng_, n * kv_dim, 2.f));
+    HostTensor v = F32(n, kv_dim, RandomVec(rng_, n * kv_dim));
+    ASSERT_THAT(be_->StoreKv(k.t, v.t, kc.t, vc.t, kv), IsOk());
+    const std::vector<float> qv = RandomVec(rng_, n * p.n_heads * p.head_dim, 2.f);
+    HostTensor q = F32(n, int64_t{p.n_heads} * p.head_dim, qv);
+    HostTensor out(DType::kF32, n, q.t.cols);
+    ASSERT_THAT(be_->Attention(q.t, kc.t, vc.t, kv, p, out.t), IsOk());
+    const std::vector<double> ref = AttentionReference(qv, kc, vc, kv, p);
+    for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(out.f()[i], ref[i], 2e-5) << "i=" << i;
+    // out may alias q.
+    ASSERT_THAT(be_->Attention(q.t, kc.t, vc.t, kv, p, q.t), IsOk());
+    ASSERT_EQ(std::memcmp(q.t.data, out.t.data, out.t.bytes()), 0);
+  }
+}
+
+TEST_P(CpuBackendTest, AttentionWindowAndSoftcapChangeResults) {
+  // The same inputs with and without window/softcap must differ (the options are not ignored).
+  AttentionParams p{2, 1, 8, 1.f, 0, 0.f};
+  const int bs = 4;
+  HostTensor kc(DType::kF32, 8, 8), vc(DType::kF32, 8, 8);
+  const std::vector<int32_t> table = {0, 1};
+  std::vector<int32_t> pos(6), seq(6, 0);
+  for (int i = 0; i < 6; ++i) pos[i] = i;
+  KvBatch kv{pos, seq, {table}, bs};
+  HostTensor k = F32(6, 8, RandomVec(rng_, 48, 3.f)), v = F32(6, 8, RandomVec(rng_, 48));
+  ASSERT_THAT(be_->StoreKv(k.t, v.t, kc.t, vc.t, kv), IsOk());
+  HostTensor q = F32(6, 16, RandomVec(rng_, 96, 3.f));
+  HostTensor base(DType::kF32, 6, 16), windowed(DType::kF32, 6, 16), capped(DType::kF32, 6, 16);
+  ASSERT_THAT(be_->Attention(q.t, kc.t, vc.t, kv, p, base.t), IsOk());
+  p.window = 2;
+  ASSERT_THAT(be_->Attention(q.t, kc.t, vc.t, kv, p, windowed.t), IsOk());
+  p.window = 0;
+  p.softcap = 1.f;
+  ASSERT_THAT(be_->Attention(q.t, kc.t, vc.t, kv, p, capped.t), IsOk());
+  // Token 0 and 1 see the same positions with window 2; token 5 does not.
+  for (int c = 0; c < 16; ++c) EXPECT_EQ(base.f()[c], windowed.f()[c]);
+  bool differs = false, cap_differs = false;
+  for (int c = 0; c < 16; ++c) differs |= base.f()[5 * 16 + c] != windowed.f()[5 * 16 + c];
+  for (int c = 16; c < 96; ++c) cap_differs |= base.f()[c] != capped.f()[c];
+  EXPECT_TRUE(differs);
+  EXPECT_TRUE(cap_differs);
+  // Window 1: each token sees only itself, so out = its own V row.
+  p.softcap = 0.f;
+  p.window = 1;
+  ASSERT_THAT(be_->Attention(q.t, kc.t, vc.t, kv, p, windowed.t), IsOk());
+  for (int t = 0; t < 6; ++t)
+    for (int h = 0; h < 2; ++h)
+      for (int d = 0; d < 8; ++d)
+        EXPECT_NEAR(windowed.f()[t * 16 + h * 8 + d], v.f()[t * 8 + d], 1e-6);
+}
+
+TEST_P(CpuBackendTest, AttentionValidation) {
+  AttentionParams p{4, 2, 8, 0.3f, 0, 0.f};
+  HostTensor kc(DType::kF32, 8, 16), vc(DType::kF32, 8, 16), q(DType::kF32, 1, 32),
+      out(DType::kF32, 1, 32);
+  const std::vector<int32_t> table = {0, 1}, pos = {5}, seq = {0};
+  KvBatch kv{pos, seq, {table}, 4};
+  EXPECT_THAT(be_->Attention(q.t, kc.t, vc.t, kv, p, out.t), IsOk());
+  AttentionParams bad = p;
+  bad.n_kv_heads = 3;
+  EXPECT_THAT(be_->Attention(q.t, kc.t, vc.t, kv, bad, out.t),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  bad = p;
+  bad.head_dim = 4;
+  EXPECT_THAT(be_->Attention(q.t, kc.t, vc.t, kv, bad, out.t),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  const std::vector<int32_t> far = {8};  // needs a third block
+  KvBatch kv_far{far, seq, {table}, 4};
+  EXPECT_THAT(be_->Attention(q.t, kc.t, vc.t, kv_far, p, out.t),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  const std::vector<int32_t> table_out = {0, 2};  // block 2 is past the 8-row cache
+  KvBatch kv_out{pos, seq, {table_out}, 4};
+  EXPECT_THAT(be_->Attention(q.t, kc.t, vc.t, kv_out, p, out.t),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  HostTensor kb(DType::kBF16, 8, 16);
+  EXPECT_THAT(be_->Attention(q.t, kb.t, vc.t, kv, p, out.t),
+              StatusIs(absl::StatusCode::kUnimplemented));
+  HostTensor out_bad(DType::kF32, 2, 32);
+  EXPECT_THAT(be_->Attention(q.t, kc.t, vc.t, kv, p, out_bad.t),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// ---- memory --------------------------------------------------------------------------------
+
+TEST_P(CpuBackendTest, MemoryOps) {
+  auto buf = be_->Allocate(1000);
+  ASSERT_THAT(buf, IsOk());
+  EXPECT_EQ((*buf)->size(), 1000u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>((*buf)->data()) % 64, 0u);
+  std::vector<char> src(1000), dst(1000, 0);
+  for (int i = 0; i < 1000; ++i) src[i] = static_cast<char>(i * 7);
+  ASSERT_THAT(be_->Upload((*buf)->data(), src.data(), 1000), IsOk());
+  ASSERT_THAT(be_->Download(dst.data(), (*buf)->data(), 1000), IsOk());
+  EXPECT_EQ(src, dst);
+  ASSERT_THAT(be_->Zero(static_cast<char*>((*buf)->data()) + 10, 20), IsOk());
+  ASSERT_THAT(be_->Download(dst.data(), (*buf)->data(), 1000), IsOk());
+  for (int i = 0; i < 1000; ++i) EXPECT_EQ(dst[i], (i >= 10 && i < 30) ? 0 : src[i]) << i;
+  EXPECT_THAT(be_->Upload(nullptr, src.data(), 4), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(be_->Allocate(0), IsOk());
+  EXPECT_THAT(be_->Allocate(size_t{1} << 62), StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(be_->Allocate(~size_t{0}), StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(be_->Synchronize(), IsOk());
+}
+
+TEST_P(CpuBackendTest, MapWeightsIsAView) {
+  HostTensor w(DType::kQ8_0, 3, 64);
+  std::unique_ptr<Buffer> buf = *be_->Allocate(16);  // MapWeights must leave it empty
+  auto mapped = be_->MapWeights(w.t, &buf);
+  ASSERT_THAT(mapped, IsOk());
+  EXPECT_EQ(mapped->data, w.t.data);
+  EXPECT_EQ(mapped->type, DType::kQ8_0);
+  EXPECT_EQ(mapped->rows, 3);
+  EXPECT_EQ(mapped->cols, 64);
+  EXPECT_EQ(buf, nullptr);
+  Tensor bad = w.t;
+  bad.type = static_cast<DType>(12);  // q4_K
+  EXPECT_THAT(be_->MapWeights(bad, &buf), StatusIs(absl::StatusCode::kUnimplemented));
+  bad = w.t;
+  bad.cols = 40;
+  EXPECT_THAT(be_->MapWeights(bad, &buf), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(CpuBackendNameTest, Name) { EXPECT_EQ(CreateCpuBackend()->name(), "cpu"); }
+
+// ---- thread pool ---------------------------------------------------------------------------
+
+TEST(ThreadPoolTest, CoversEveryIndexOnce) {
+  for (int threads : {1, 2, 5}) {
+    cpu::ThreadPool pool(threads);
+    EXPECT_EQ(pool.num_threads(), threads);
+    for (int64_t n : {0, 1, 2, 7, 64, 1000, 100003}) {
+      for (int64_t grain : {1, 3, 1000}) {
+        std::vector<std::atomic<int>> hits(n);
+        std::atomic<int64_t> calls{0};
+        pool.ParallelFor(
+            n,
+            [&](int64_t b, int64_t e) {
+              ASSERT_LT(b, e);
+              if (e != n) {
+                ASSERT_GE(e - b, grain);
+              }
+              for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1);
+              calls.fetch_add(1);
+            },
+            grain);
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << n << " " << i;
+      }
+    }
+  }
+}
+
+TEST(ThreadPoolTest, ManyBackToBackJobsAndRestart) {
+  for (int round = 0; round < 20; ++round) {
+    cpu::ThreadPool pool(4);
+    int64_t total = 0;
+    for (int job = 0; job < 200; ++job) {
+      std::atomic<int64_t> sum{0};
+      pool.ParallelFor(97, [&](int64_t b, int64_t e) {
+        int64_t s = 0;
+        for (int64_t i = b; i < e; ++i) s += i;
+        sum.fetch_add(s);
+      });
+      total += sum.load();
+    }
+    ASSERT_EQ(total, 200 * (96 * 97 / 2));
+  }  // destructor joins; a hang or crash here fails the test
+}
+
+}  // namespace
+}  // namespace pd::engine

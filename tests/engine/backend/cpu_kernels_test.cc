@@ -1,0 +1,378 @@
+// Every entry of the AVX2 kernel table against its scalar twin (and both against double-precision
+// references where the result is not exact), on random data with SIMD tails: lengths that are
+// not multiples of 8/16/32, every tile shape, NaN/inf/tie inputs for the conversions.
+//
+// Tolerances: conversions and quantization must be bit-exact (same rounding rule). Dots are
+// compared to a double reference with |err| <= 8 * sqrt(k) * 2^-24 * sum|w_i x_i|: both kernels
+// sum k F32 terms in different orders, whose rounding error grows like sqrt(k) ulps of the
+// absolute sum for random data; one dropped or doubled term (~sum/k) still fails for every k
+// tested. Elementwise results with exp are held to 1e-6 relative (~8 ulps: the AVX2 exp is
+// within 2 ulps, plus division and product).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "engine/backend/cpu/kernels.h"
+#include "engine/quant/fp16.h"
+#include "engine/quant/q8_0.h"
+
+namespace pd::engine::cpu {
+namespace {
+
+const std::vector<int64_t> kLengths = {0,  1,  3,  7,  8,  9,  15,  16,   17,
+                                       31, 32, 33, 63, 64, 65, 100, 1000, 4099};
+
+class KernelsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    avx2_ = Avx2Kernels();
+    if (avx2_ == nullptr || &SelectKernels(false) != avx2_) {
+      GTEST_SKIP() << "AVX2 kernels not available on this build/CPU";
+    }
+  }
+  const Kernels& s_ = ScalarKernels();
+  const Kernels* avx2_ = nullptr;
+  std::mt19937 rng_{1234};
+
+  std::vector<float> Random(int64_t n, float scale = 1.f) {
+    std::normal_distribution<float> d(0.f, scale);
+    std::vector<float> v(n);
+    for (float& x : v) x = d(rng_);
+    return v;
+  }
+};
+
+TEST(KernelsSelectTest, ForceScalarAndNames) {
+  EXPECT_EQ(&SelectKernels(true), &ScalarKernels());
+  EXPECT_STREQ(ScalarKernels().name, "scalar");
+  if (Avx2Kernels() != nullptr) {
+    EXPECT_STREQ(Avx2Kernels()->name, "avx2");
+  }
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c")) {
+    ASSERT_NE(Avx2Kernels(), nullptr);
+    EXPECT_EQ(&SelectKernels(false), Avx2Kernels());
+  }
+#endif
+}
+
+TEST_F(KernelsTest, F16ConversionsBitExact) {
+  // Every half, widened and narrowed back.
+  std::vector<uint16_t> h(65536 + 5);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<uint16_t>(i * 40503u);  // odd tail
+  for (int i = 0; i < 65536; ++i) h[i] = static_cast<uint16_t>(i);
+  std::vector<float> fs(h.size()), fa(h.size());
+  s_.f16_to_f32(h.data(), fs.data(), h.size());
+  avx2_->f16_to_f32(h.data(), fa.data(), h.size());
+  for (size_t i = 0; i < h.size(); ++i) {
+    if (std::isnan(fs[i])) {
+      ASSERT_TRUE(std::isnan(fa[i])) << i;
+    } else {
+      ASSERT_EQ(BitsFromFp32(fs[i]), BitsFromFp32(fa[i])) << "h=" << h[i];
+    }
+  }
+  // Narrowing: every half value, midpoints between neighbours, random floats of all magnitudes.
+  std::vector<float> x(fs.begin(), fs.end());
+  std::uniform_int_distribution<uint32_t> bits;
+  for (int i = 0; i < 65535; ++i) x.push_back((F16ToF32(i) + F16ToF32(i + 1)) / 2);
+  for (int i = 0; i < 100000; ++i) x.push_back(Fp32FromBits(bits(rng_)));
+  x.push_back(1.f);  // odd length
+  for (int64_t n : {static_cast<int64_t>(x.size()), int64_t{13}}) {
+    std::vector<uint16_t> ys(n), ya(n);
+    s_.f32_to_f16(x.data(), ys.data(), n);
+    avx2_->f32_to_f16(x.data(), ya.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::isnan(x[i])) {
+        ASSERT_TRUE(std::isnan(F16ToF32(ya[i]))) << i;
+      } else {
+        ASSERT_EQ(ys[i], ya[i]) << "x=" << x[i] << " bits " << BitsFromFp32(x[i]);
+      }
+    }
+  }
+}
+
+TEST_F(KernelsTest, Bf16ConversionsBitExact) {
+  std::vector<uint16_t> h(65536 + 7);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<uint16_t>(i);
+  std::vector<float> fs(h.size()), fa(h.size());
+  s_.bf16_to_f32(h.data(), fs.data(), h.size());
+  avx2_->bf16_to_f32(h.data(), fa.data(), h.size());
+  for (size_t i = 0; i < h.size(); ++i) ASSERT_EQ(BitsFromFp32(fs[i]), BitsFromFp32(fa[i])) << i;
+  // Narrowing, NaN included (both quiet it the same way): random bit patterns and exact ties.
+  std::vector<float> x(fs.begin(), fs.end());
+  std::uniform_int_distribution<uint32_t> bits;
+  for (int i = 0; i < 200000; ++i) x.push_back(Fp32FromBits(bits(rng_)));
+  for (uint32_t b = 0; b < 65536; b += 3) x.push_back(Fp32FromBits((b << 16) | 0x8000u));
+  x.push_back(Fp32FromBits(0x7f800001u));  // signalling NaN
+  x.push_back(Fp32FromBits(0xffffffffu));
+  for (int64_t n : {static_cast<int64_t>(x.size()), int64_t{15}, int64_t{17}}) {
+    std::vector<uint16_t> ys(n), ya(n);
+    s_.f32_to_bf16(x.data(), ys.data(), n);
+    avx2_->f32_to_bf16(x.data(), ya.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(ys[i], ya[i]) << "bits " << BitsFromFp32(x[i]);
+  }
+}
+
+TEST_F(KernelsTest, Q8_0QuantizeBitExact) {
+  const int kBlocks = 3000;
+  std::vector<float> x;
+  std::uniform_real_distribution<float> log_scale(-30.f, 30.f);
+  for (int b = 0; b < kBlocks; ++b) {
+    std::vector<float> v = Random(32, std::exp2(log_scale(rng_)));
+    if (b % 3 == 0) {
+      // Ties: amax 127 makes id = 1, so k + 0.5 lands exactly halfway.
+      v[0] = 127.f;
+      for (int j = 1; j < 32; ++j) v[j] = std::round(v[j] * 10.f) + (j % 2 ? 0.5f : -0.5f);
+      for (int j = 1; j < 32; ++j) v[j] = std::max(-126.5f, std::min(126.5f, v[j]));
+    }
+    if (b % 7 == 0) std::fill(v.begin(), v.end(), 0.f);
+    if (b % 11 == 0) v[5] = -0.f;
+    x.insert(x.end(), v.begin(), v.end());
+  }
+  std::vector<BlockQ8_0> qs(kBlocks), qa(kBlocks);
+  s_.quantize_q8_0(x.data(), qs.data(), x.size());
+  avx2_->quantize_q8_0(x.data(), qa.data(), x.size());
+  ASSERT_EQ(std::memcmp(qs.data(), qa.data(), qs.size() * sizeof(BlockQ8_0)), 0);
+  for (int b = 0; b < kBlocks; ++b) {
+    ASSERT_EQ(qs[b].d, qa[b].d) << b;
+    for (int j = 0; j < 32; ++j) ASSERT_EQ(qs[b].qs[j], qa[b].qs[j]) << b << "," << j;
+  }
+  // The scalar reference must itself round ties away from zero: block 3 is a tie block (d = 1).
+  ASSERT_EQ(qs[3].d, 0x3c00);
+  for (int j = 1; j < 32; ++j) {
+    ASSERT_EQ(std::fabs(x[3 * 32 + j] - std::trunc(x[3 * 32 + j])), 0.5f);
+    EXPECT_EQ(qs[3].qs[j], static_cast<int8_t>(std::lround(x[3 * 32 + j]))) << j;
+  }
+  std::vector<float> ds(x.size()), da(x.size());
+  s_.dequantize_q8_0(qs.data(), ds.data(), x.size());
+  avx2_->dequantize_q8_0(qs.data(), da.data(), x.size());
+  ASSERT_EQ(std::memcmp(ds.data(), da.data(), ds.size() * sizeof(float)), 0);
+}
+
+// Converted rows of one type, plus their exact values as doubles.
+struct Rows {
+  std::vector<char> bytes;
+  std::vector<double> values;  // [rows, k]
+  size_t stride = 0;
+};
+
+Rows MakeRows(GemmType type, const std::vector<float>& src, int rows, int64_t k) {
+  Rows r;
+  const Kernels& s = ScalarKernels();
+  r.stride = type == GemmType::kF32    ? k * 4
+             : type == GemmType::kQ8_0 ? k / 32 * sizeof(BlockQ8_0)
+                                       : k * 2;
+  r.bytes.resize(r.stride * rows + 64);
+  r.values.resize(rows * k);
+  std::vector<float> tmp(k);
+  for (int i = 0; i < rows; ++i) {
+    const float* x = src.data() + i * k;
+    char* dst = r.bytes.data() + i * r.stride;
+    switch (type) {
+      case GemmType::kF32:
+        std::memcpy(dst, x, k * 4);
+        std::copy(x, x + k, tmp.begin());
+        break;
+      case GemmType::kF16:
+        s.f32_to_f16(x, reinterpret_cast<uint16_t*>(dst), k);
+        s.f16_to_f32(reinterpret_cast<uint16_t*>(dst), tmp.data(), k);
+        break;
+      case GemmType::kBF16:
+        s.f32_to_bf16(x, reinterpret_cast<uint16_t*>(dst), k);
+        s.bf16_to_f32(reinterpret_cast<uint16_t*>(dst), tmp.data(), k);
+        break;
+      case GemmType::kQ8_0:
+        s.quantize_q8_0(x, reinterpret_cast<BlockQ8_0*>(dst), k);
+        s.dequantize_q8_0(reinterpret_cast<BlockQ8_0*>(dst), tmp.data(), k);
+        break;
+    }
+    for (int64_t j = 0; j < k; ++j) r.values[i * k + j] = tmp[j];
+  }
+  return r;
+}
+
+TEST_F(KernelsTest, GemmTilesAllShapesMatchReference) {
+  for (int t = 0; t < kNumGemmTypes; ++t) {
+    const GemmType type = static_cast<GemmType>(t);
+    const std::vector<int64_t> ks = type == GemmType::kQ8_0
+                                        ? std::vector<int64_t>{32, 64, 96, 160, 4096}
+                                        : std::vector<int64_t>{1, 7, 8, 9, 16, 33, 100, 257, 4099};
+    for (int64_t k : ks) {
+      std::vector<float> wf = Random(kGemmTileW * k), xf = Random(kGemmTileX * k);
+      // Outliers so that Q8_0 scales differ per block.
+      for (int64_t i = 0; i < static_cast<int64_t>(wf.size()); i += 37) wf[i] *= 8.f;
+      const Rows w = MakeRows(type, wf, kGemmTileW, k);
+      const Rows x = MakeRows(type, xf, kGemmTileX, k);
+      for (int nr = 1; nr <= kGemmTileW; ++nr) {
+        for (int nc = 1; nc <= kGemmTileX; ++nc) {
+          const int64_t ys = 7;  // y stride larger than the tile
+          std::vector<float> ya(nc * ys, -999.f), yb(nc * ys, -999.f);
+          s_.gemm[t](k, w.bytes.data(), w.stride, nr, x.bytes.data(), x.stride, nc, ya.data(), ys);
+          avx2_->gemm[t](k, w.bytes.data(), w.stride, nr, x.bytes.data(), x.stride, nc, yb.data(),
+                         ys);
+          for (int c = 0; c < nc; ++c) {
+            for (int r = 0; r < ys; ++r) {
+              if (r >= nr) {  // outside the tile: untouched
+                ASSERT_EQ(ya[c * ys + r], -999.f);
+                ASSERT_EQ(yb[c * ys + r], -999.f);
+                continue;
+              }
+              double ref = 0, abs_sum = 0;
+              for (int64_t j = 0; j < k; ++j) {
+                const double p = w.values[r * k + j] * x.values[c * k + j];
+                ref += p;
+                abs_sum += std::fabs(p);
+              }
+              const double tol = 8 * std::sqrt(double(k)) * 0x1p-24 * abs_sum + 1e-30;
+              ASSERT_NEAR(ya[c * ys + r], ref, tol)
+                  << "scalar type " << t << " k " << k << " tile " << nr << "x" << nc;
+              ASSERT_NEAR(yb[c * ys + r], ref, tol)
+                  << "avx2 type " << t << " k " << k << " tile " << nr << "x" << nc;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(KernelsTest, Q8_0DotHandlesMinus128Weights) {
+  // Files may hold -128 (our quantizer never writes it); maddubs on |w| = 128 must not saturate.
+  std::vector<BlockQ8_0> w(2), x(2);
+  for (int b = 0; b < 2; ++b) {
+    w[b].d = 0x3c00;
+    x[b].d = 0x3c00;
+    for (int j = 0; j < 32; ++j) {
+      w[b].qs[j] = -128;
+      x[b].qs[j] = (j % 2) ? 127 : -127;
+    }
+    x[b].qs[0] = 127;
+  }
+  float ys = 0, ya = 0;
+  s_.gemm[3](64, w.data(), 0, 1, x.data(), 0, 1, &ys, 1);
+  avx2_->gemm[3](64, w.data(), 0, 1, x.data(), 0, 1, &ya, 1);
+  const float want = 2 * (-128.f * 127.f * 2);  // per block: 17 * 127 - 15 * 127 = 2 * 127
+  EXPECT_EQ(ys, want);
+  EXPECT_EQ(ya, want);
+}
+
+TEST_F(KernelsTest, AttentionRowKernels) {
+  for (int64_t n : kLengths) {
+    std::vector<float> a = Random(n), b = Random(n);
+    std::vector<uint16_t> h(n);
+    s_.f32_to_f16(a.data(), h.data(), n);
+    double ref = 0, ref_h = 0, abs_sum = 0, abs_h = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      ref += double{a[i]} * b[i];
+      abs_sum += std::fabs(double{a[i]} * b[i]);
+      ref_h += double{F16ToF32(h[i])} * b[i];
+      abs_h += std::fabs(double{F16ToF32(h[i])} * b[i]);
+    }
+    const double tol = 8 * std::sqrt(double(n)) * 0x1p-24 * abs_sum + 1e-30;
+    const double tol_h = 8 * std::sqrt(double(n)) * 0x1p-24 * abs_h + 1e-30;
+    EXPECT_NEAR(s_.dot_f32(a.data(), b.data(), n), ref, tol) << n;
+    EXPECT_NEAR(avx2_->dot_f32(a.data(), b.data(), n), ref, tol) << n;
+    EXPECT_NEAR(s_.dot_f16_f32(h.data(), b.data(), n), ref_h, tol_h) << n;
+    EXPECT_NEAR(avx2_->dot_f16_f32(h.data(), b.data(), n), ref_h, tol_h) << n;
+
+    // y += alpha * x: one FMA (avx2) vs mul + add (scalar), so within 1 ulp of each other.
+    const float alpha = 0.37f;
+    std::vector<float> ys = b, ya = b, yhs = b, yha = b;
+    s_.axpy_f32(alpha, a.data(), ys.data(), n);
+    avx2_->axpy_f32(alpha, a.data(), ya.data(), n);
+    s_.axpy_f16(alpha, h.data(), yhs.data(), n);
+    avx2_->axpy_f16(alpha, h.data(), yha.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      const double r = b[i] + double{alpha} * a[i];
+      const double rh = b[i] + double{alpha} * F16ToF32(h[i]);
+      const double t = 0x1p-23 * (std::fabs(b[i]) + std::fabs(alpha * a[i])) + 1e-38;
+      const double th = 0x1p-23 * (std::fabs(b[i]) + std::fabs(alpha * F16ToF32(h[i]))) + 1e-38;
+      ASSERT_NEAR(ys[i], r, t) << n << " " << i;
+      ASSERT_NEAR(ya[i], r, t) << n << " " << i;
+      ASSERT_NEAR(yhs[i], rh, th) << n << " " << i;
+      ASSERT_NEAR(yha[i], rh, th) << n << " " << i;
+    }
+  }
+}
+
+TEST_F(KernelsTest, ExactRowOps) {
+  for (int64_t n : kLengths) {
+    const std::vector<float> a = Random(n), b = Random(n);
+    std::vector<float> ys(n), ya(n);
+    s_.add(a.data(), b.data(), ys.data(), n);
+    avx2_->add(a.data(), b.data(), ya.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(ys[i], a[i] + b[i]);
+    ASSERT_EQ(ys, ya);
+    s_.scale(a.data(), 1.7f, ys.data(), n);
+    avx2_->scale(a.data(), 1.7f, ya.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(ys[i], 1.7f * a[i]);
+    ASSERT_EQ(ys, ya);
+    s_.scale_mul(a.data(), 0.3f, b.data(), ys.data(), n);
+    avx2_->scale_mul(a.data(), 0.3f, b.data(), ya.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(ys[i], (0.3f * a[i]) * b[i]);
+    ASSERT_EQ(ys, ya);
+    // In place.
+    std::vector<float> in_place = a;
+    avx2_->scale(in_place.data(), 1.7f, in_place.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(in_place[i], 1.7f * a[i]);
+
+    std::vector<float> m = a;
+    if (n > 2) m[n - 1] = 100.f;  // max in the scalar tail
+    if (n > 9) m[3] = 200.f;
+    float want = -std::numeric_limits<float>::infinity();
+    for (float v : m) want = std::max(want, v);
+    EXPECT_EQ(s_.max(m.data(), n), want);
+    EXPECT_EQ(avx2_->max(m.data(), n), want);
+
+    double ss = 0;
+    for (float v : a) ss += double{v * v};
+    EXPECT_NEAR(s_.sum_squares(a.data(), n), ss, 1e-12 * (ss + 1));
+    EXPECT_NEAR(avx2_->sum_squares(a.data(), n), ss, 1e-12 * (ss + 1));
+  }
+}
+
+TEST_F(KernelsTest, ExpBasedRowOps) {
+  for (int64_t n : kLengths) {
+    std::vector<float> g(n), u = Random(n);
+    std::uniform_real_distribution<float> wide(-100.f, 100.f);
+    for (float& v : g) v = wide(rng_);
+    if (n > 5) g[1] = -88.5f, g[2] = 88.5f, g[3] = 0.f, g[4] = -1e-30f;
+    std::vector<float> ys(n), ya(n);
+    s_.swiglu(g.data(), u.data(), ys.data(), n);
+    avx2_->swiglu(g.data(), u.data(), ya.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      const double r = g[i] / (1 + std::exp(-double{g[i]})) * u[i];
+      ASSERT_NEAR(ys[i], r, 1e-6 * std::fabs(r) + 1e-30) << "g=" << g[i];
+      ASSERT_NEAR(ya[i], r, 1e-6 * std::fabs(r) + 1e-30) << "g=" << g[i];
+    }
+
+    // exp(x - m) over a softmax-like range, with masked (-inf) entries.
+    std::vector<float> x(n);
+    std::uniform_real_distribution<float> logits(-95.f, 5.f);
+    for (float& v : x) v = logits(rng_);
+    if (n > 3) x[2] = -std::numeric_limits<float>::infinity();
+    const float m = 5.f;
+    double want_sum = 0;
+    std::vector<double> want(n);
+    // The kernels subtract in F32; the reference exponentiates that same difference.
+    for (int64_t i = 0; i < n; ++i) want_sum += want[i] = std::exp(double{x[i] - m});
+    std::vector<float> es(n), ea(n);
+    const double ss = s_.exp_sub_sum(x.data(), m, es.data(), n);
+    const double sa = avx2_->exp_sub_sum(x.data(), m, ea.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      // Below e^-87.3 the AVX2 exp flushes to zero: allow that absolute error.
+      ASSERT_NEAR(es[i], want[i], 1e-6 * want[i] + 1e-38) << "x=" << x[i];
+      ASSERT_NEAR(ea[i], want[i], 1e-6 * want[i] + 1.2e-38) << "x=" << x[i];
+    }
+    EXPECT_NEAR(ss, want_sum, 1e-6 * want_sum + 1e-36);
+    EXPECT_NEAR(sa, want_sum, 1e-6 * want_sum + 1e-36);
+  }
+}
+
+}  // namespace
+}  // namespace pd::engine::cpu
