@@ -251,6 +251,7 @@ int main(int argc, char** argv) {
   using namespace pd::tools;
   CLI::App app{"pdctl: pdserve's command line (generate text, tokenize, dump logits)"};
   app.require_subcommand(1);
+  app.option_defaults()->always_capture_default();
 
   GenerateFlags g;
   CLI::App* gen = app.add_subcommand("generate", "generate text from a prompt, streamed to stdout; "

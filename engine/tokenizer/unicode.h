@@ -1,0 +1,56 @@
+// UTF-8 helpers for the tokenizers. Internal to engine/tokenizer.
+//
+// Two decoders live here on purpose:
+//  - a *lenient* one that reproduces how llama.cpp turns arbitrary input bytes into code points
+//    (so that our token ids match its ids on any input, valid UTF-8 or not), and
+//  - a *strict* one (Unicode "maximal subpart" replacement) for what we hand to clients, which must
+//    always be valid UTF-8.
+// No Unicode property tables here: character classes are PCRE2's business (pretokenizer.h).
+//
+// Thread safety: pure functions and immutable tables.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pd::engine::tokenizer_internal {
+
+inline constexpr uint32_t kReplacementChar = 0xFFFD;
+
+// Length of the UTF-8 sequence that `lead` would start, judged only by its high nibble:
+// 0x0-0xB -> 1 (ASCII and stray continuation bytes), 0xC-0xD -> 2, 0xE -> 3, 0xF -> 4.
+// This is how llama.cpp chops text into initial BPE/SPM symbols; it never validates.
+inline size_t Utf8SeqLenByLead(uint8_t lead) {
+  static constexpr uint8_t kLen[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
+  return kLen[lead >> 4];
+}
+
+// Appends the UTF-8 encoding of `cpt` (<= 0x10FFFF; surrogates are encoded as their 3-byte form,
+// as llama.cpp does). Precondition: cpt <= 0x10FFFF (PD_CHECKed).
+void AppendUtf8(uint32_t cpt, std::string* out);
+
+// Lenient decoding, exactly like llama.cpp's unicode_cpts_from_utf8(): a lead byte with the right
+// number of continuation bytes decodes without further checks (so overlong forms, surrogates and
+// values up to 0x1FFFFF come through); anything else yields U+FFFD and skips ONE byte.
+std::vector<uint32_t> DecodeUtf8Lenient(std::string_view bytes);
+
+// GPT-2 byte-level alphabet: every byte value maps to one printable code point.
+// ByteToUnicodeUtf8(b) is that code point's UTF-8; UnicodeToByte(cpt) inverts it (-1 if `cpt` is
+// not in the alphabet).
+const std::string& ByteToUnicodeUtf8(uint8_t b);
+int UnicodeToByte(uint32_t cpt);
+
+// Strict UTF-8: length of the valid, complete sequence at the start of `s`, or 0 if `s` does not
+// start with one. *incomplete is set when `s` is a proper prefix of a valid sequence (so more
+// bytes could still complete it); otherwise the bytes are invalid and *invalid_len is the length
+// of the maximal subpart to replace with one U+FFFD (>= 1).
+size_t Utf8ValidSeqLen(std::string_view s, bool* incomplete, size_t* invalid_len);
+
+// Replaces every invalid or truncated sequence in `s` by U+FFFD (one per maximal subpart).
+std::string SanitizeUtf8(std::string_view s);
+
+}  // namespace pd::engine::tokenizer_internal
