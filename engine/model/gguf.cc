@@ -19,6 +19,10 @@ constexpr uint64_t kMaxTensors = 1u << 20;
 constexpr uint64_t kMaxKv = 1u << 20;
 constexpr uint32_t kMaxDims = 4;
 constexpr uint32_t kMaxArrayDepth = 4;
+// Fewest bytes one entry can take, to reject counts the file cannot hold before reserving for
+// them: a key length, a type and a uint8 value; a name length, n_dims, one dim, a type, an offset.
+constexpr uint64_t kMinKvBytes = 8 + 4 + 1;
+constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;
 
 size_t ScalarSize(GgufValueType t) {
   switch (t) {
@@ -245,6 +249,11 @@ absl::Status GgufFile::ParseAll() {
     return absl::InvalidArgumentError(
         pd::StrCat("GGUF metadata count ", n_kv, " exceeds the limit of ", kMaxKv));
   }
+  if (n_kv > r.remaining() / kMinKvBytes) {
+    return absl::DataLossError(pd::StrCat("GGUF truncated: ", n_kv,
+                                          " metadata entries need at least ", n_kv * kMinKvBytes,
+                                          " bytes, but only ", r.remaining(), " remain"));
+  }
 
   for (uint64_t i = 0; i < n_kv; ++i) {
     PD_ASSIGN_OR_RETURN(std::string_view key, r.ReadString("metadata key"));
@@ -272,6 +281,13 @@ absl::Status GgufFile::ParseAll() {
     alignment_ = a->u;
   }
 
+  // Without this check a 24-byte file claiming 2^20 tensors would reserve ~100 MB of infos.
+  if (n_tensors > r.remaining() / kMinTensorInfoBytes) {
+    return absl::DataLossError(pd::StrCat("GGUF truncated: ", n_tensors,
+                                          " tensor infos need at least ",
+                                          n_tensors * kMinTensorInfoBytes, " bytes, but only ",
+                                          r.remaining(), " remain"));
+  }
   tensors_.reserve(n_tensors);
   for (uint64_t i = 0; i < n_tensors; ++i) {
     GgufTensorInfo t;

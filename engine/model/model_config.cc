@@ -12,7 +12,8 @@ namespace {
 // Reads `{arch}.{suffix}` as a positive int no larger than `max`.
 absl::StatusOr<int> PositiveInt(const GgufFile& f, const std::string& key, int64_t max) {
   PD_ASSIGN_OR_RETURN(uint64_t v, f.GetUint(key));
-  if (v == 0 || static_cast<int64_t>(v) > max) {
+  // Compare unsigned: a value with the top bit set must not pass as a negative int64.
+  if (v == 0 || v > static_cast<uint64_t>(max)) {
     return absl::InvalidArgumentError(
         pd::StrCat("GGUF key '", key, "' = ", v, " is out of range (1..", max, ")"));
   }

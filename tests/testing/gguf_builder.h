@@ -1,180 +1,289 @@
-// Test helper: writes GGUF v3 files in memory (metadata of any scalar/array type and tensors of
-// the engine's types), and a tiny random Llama-style model built on it. Header-only, tests only.
+// Test-only GGUF writer: builds GGUF files byte by byte so tests can craft valid files and
+// precisely malformed ones (wrong counts, lengths, offsets, types). Written from the GGUF spec;
+// it validates nothing, by design.
+//
+// Layout it produces:
+//   magic u32 | version u32 | n_tensors u64 | n_kv u64 | kv entries | tensor infos |
+//   zero padding to `alignment` | data section (each tensor at data_start + offset)
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
-#include <random>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
-#include "engine/quant/dtype.h"
-#include "engine/quant/fp16.h"
-#include "engine/quant/q8_0.h"
+#include "engine/model/gguf.h"
 
-namespace pd::testing {
+namespace pd::engine::testing {
+
+static_assert(std::endian::native == std::endian::little, "the builder writes host byte order");
+
+inline constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF"
+// ggml type ids used by the tests.
+inline constexpr uint32_t kTypeF32 = 0, kTypeF16 = 1, kTypeQ8_0 = 8, kTypeBF16 = 30;
+
+// Little-endian byte builder.
+class Bytes {
+ public:
+  Bytes& Raw(const void* p, size_t n) {
+    buf_.append(static_cast<const char*>(p), n);
+    return *this;
+  }
+  template <typename T>
+  Bytes& Put(T v) {
+    return Raw(&v, sizeof(T));
+  }
+  Bytes& U8(uint8_t v) { return Put(v); }
+  Bytes& U16(uint16_t v) { return Put(v); }
+  Bytes& U32(uint32_t v) { return Put(v); }
+  Bytes& U64(uint64_t v) { return Put(v); }
+  Bytes& I8(int8_t v) { return Put(v); }
+  Bytes& I16(int16_t v) { return Put(v); }
+  Bytes& I32(int32_t v) { return Put(v); }
+  Bytes& I64(int64_t v) { return Put(v); }
+  Bytes& F32(float v) { return Put(v); }
+  Bytes& F64(double v) { return Put(v); }
+  // GGUF string: u64 length, then the bytes (no terminator).
+  Bytes& Str(std::string_view s) {
+    U64(s.size());
+    return Raw(s.data(), s.size());
+  }
+  Bytes& Append(const Bytes& b) { return Raw(b.buf_.data(), b.buf_.size()); }
+  Bytes& Zeros(size_t n) {
+    buf_.append(n, '\0');
+    return *this;
+  }
+  Bytes& PadTo(size_t alignment) {
+    return Zeros((alignment - buf_.size() % alignment) % alignment);
+  }
+  size_t size() const { return buf_.size(); }
+  const std::string& str() const { return buf_; }
+
+ private:
+  std::string buf_;
+};
+
+// Bytes of a tensor of the given raw ggml type, or 0 for types the builder does not size.
+inline uint64_t TensorBytes(uint32_t type, const std::vector<uint64_t>& dims) {
+  uint64_t n = 1;
+  for (uint64_t d : dims) n *= d;
+  switch (type) {
+    case kTypeF32:
+      return n * 4;
+    case kTypeF16:
+    case kTypeBF16:
+      return n * 2;
+    case kTypeQ8_0:
+      return n / 32 * 34;
+    default:
+      return 0;
+  }
+}
+
+inline uint64_t AlignUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+struct TensorSpec {
+  std::string name;
+  std::vector<uint64_t> dims;
+  uint32_t type = kTypeF32;
+  std::optional<uint64_t> offset;   // default: packed after the previous tensor, aligned
+  std::optional<std::string> data;  // default: TensorBytes() of a byte pattern
+};
 
 class GgufBuilder {
  public:
-  void U32(const std::string& k, uint32_t v) { Key(k, 4); Put(v); ++n_kv_; }
-  void F32(const std::string& k, float v) { Key(k, 6); Put(v); ++n_kv_; }
-  void Bool(const std::string& k, bool v) { Key(k, 7); Put(uint8_t{v}); ++n_kv_; }
-  void Str(const std::string& k, const std::string& v) { Key(k, 8); Str(kv_, v); ++n_kv_; }
-  void StrArray(const std::string& k, const std::vector<std::string>& v) {
-    Key(k, 9); Put(uint32_t{8}); Put(uint64_t(v.size()));
-    for (const auto& s : v) Str(kv_, s);
-    ++n_kv_;
+  explicit GgufBuilder(uint32_t version = 3) : version_(version) {}
+
+  // ---- header overrides (for malformed files) ----
+  GgufBuilder& Magic(uint32_t m) {
+    magic_ = m;
+    return *this;
   }
-  void F32Array(const std::string& k, const std::vector<float>& v) {
-    Key(k, 9); Put(uint32_t{6}); Put(uint64_t(v.size()));
-    for (float f : v) Put(f);
-    ++n_kv_;
+  GgufBuilder& TensorCount(uint64_t n) {
+    n_tensors_ = n;
+    return *this;
   }
-  void I32Array(const std::string& k, const std::vector<int32_t>& v) {
-    Key(k, 9); Put(uint32_t{5}); Put(uint64_t(v.size()));
-    for (int32_t x : v) Put(x);
-    ++n_kv_;
+  GgufBuilder& KvCount(uint64_t n) {
+    n_kv_ = n;
+    return *this;
+  }
+  // Alignment used for padding and default offsets. Does NOT write general.alignment.
+  GgufBuilder& Alignment(uint64_t a) {
+    alignment_ = a;
+    return *this;
+  }
+  // Leaves the data section out entirely (header only).
+  GgufBuilder& OmitData() {
+    omit_data_ = true;
+    return *this;
   }
 
-  // Adds a tensor from F32 values, stored as `type`. shape in ggml order (shape[0] = row length).
-  void Tensor(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v,
-              engine::DType type = engine::DType::kF32) {
-    std::vector<uint8_t> bytes;
-    const int64_t row = shape[0];
-    const int64_t rows = int64_t(v.size()) / row;
-    bytes.resize(engine::RowBytes(type, row) * rows);
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* src = v.data() + r * row;
-      uint8_t* dst = bytes.data() + r * engine::RowBytes(type, row);
-      switch (type) {
-        case engine::DType::kF32: std::memcpy(dst, src, row * 4); break;
-        case engine::DType::kF16:
-          engine::F32ToF16Row(src, reinterpret_cast<uint16_t*>(dst), row);
-          break;
-        case engine::DType::kBF16:
-          engine::F32ToBf16Row(src, reinterpret_cast<uint16_t*>(dst), row);
-          break;
-        case engine::DType::kQ8_0:
-          engine::QuantizeRowQ8_0(src, reinterpret_cast<engine::BlockQ8_0*>(dst), row);
-          break;
-      }
-    }
-    tensors_.push_back({name, shape, static_cast<uint32_t>(type), std::move(bytes)});
+  // ---- metadata ----
+  // A raw entry: key, type id, then `payload` as the value bytes.
+  GgufBuilder& Kv(std::string_view key, uint32_t type, const Bytes& payload) {
+    Bytes b;
+    b.Str(key).U32(type).Append(payload);
+    kvs_.push_back(b.str());
+    return *this;
+  }
+  GgufBuilder& Kv(std::string_view key, GgufValueType type, const Bytes& payload) {
+    return Kv(key, static_cast<uint32_t>(type), payload);
+  }
+  GgufBuilder& U8(std::string_view k, uint8_t v) {
+    return Kv(k, GgufValueType::kUint8, Bytes().U8(v));
+  }
+  GgufBuilder& I8(std::string_view k, int8_t v) {
+    return Kv(k, GgufValueType::kInt8, Bytes().I8(v));
+  }
+  GgufBuilder& U16(std::string_view k, uint16_t v) {
+    return Kv(k, GgufValueType::kUint16, Bytes().U16(v));
+  }
+  GgufBuilder& I16(std::string_view k, int16_t v) {
+    return Kv(k, GgufValueType::kInt16, Bytes().I16(v));
+  }
+  GgufBuilder& U32(std::string_view k, uint32_t v) {
+    return Kv(k, GgufValueType::kUint32, Bytes().U32(v));
+  }
+  GgufBuilder& I32(std::string_view k, int32_t v) {
+    return Kv(k, GgufValueType::kInt32, Bytes().I32(v));
+  }
+  GgufBuilder& U64(std::string_view k, uint64_t v) {
+    return Kv(k, GgufValueType::kUint64, Bytes().U64(v));
+  }
+  GgufBuilder& I64(std::string_view k, int64_t v) {
+    return Kv(k, GgufValueType::kInt64, Bytes().I64(v));
+  }
+  GgufBuilder& F32(std::string_view k, float v) {
+    return Kv(k, GgufValueType::kFloat32, Bytes().F32(v));
+  }
+  GgufBuilder& F64(std::string_view k, double v) {
+    return Kv(k, GgufValueType::kFloat64, Bytes().F64(v));
+  }
+  GgufBuilder& Bool(std::string_view k, bool v) {
+    return Kv(k, GgufValueType::kBool, Bytes().U8(v));
+  }
+  GgufBuilder& Str(std::string_view k, std::string_view v) {
+    return Kv(k, GgufValueType::kString, Bytes().Str(v));
+  }
+  // Numeric array: element type id, count, then each value written as T.
+  template <typename T>
+  GgufBuilder& Array(std::string_view k, GgufValueType elem, const std::vector<T>& values) {
+    Bytes b;
+    b.U32(static_cast<uint32_t>(elem)).U64(values.size());
+    for (const T& v : values) b.Put(v);
+    return Kv(k, GgufValueType::kArray, b);
+  }
+  GgufBuilder& StrArray(std::string_view k, const std::vector<std::string>& values) {
+    Bytes b;
+    b.U32(static_cast<uint32_t>(GgufValueType::kString)).U64(values.size());
+    for (const std::string& v : values) b.Str(v);
+    return Kv(k, GgufValueType::kArray, b);
   }
 
-  std::vector<uint8_t> Build() const {
-    std::vector<uint8_t> out;
-    auto put = [&](const void* p, size_t n) {
-      out.insert(out.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n);
-    };
-    const uint32_t magic = 0x46554747, version = 3;
-    const uint64_t nt = tensors_.size(), nkv = n_kv_;
-    put(&magic, 4); put(&version, 4); put(&nt, 8); put(&nkv, 8);
-    put(kv_.data(), kv_.size());
-    uint64_t offset = 0;
-    std::vector<uint64_t> offsets;
-    for (const auto& t : tensors_) {
-      std::vector<uint8_t> tmp;
-      Str(tmp, t.name);
-      put(tmp.data(), tmp.size());
-      const uint32_t nd = uint32_t(t.shape.size());
-      put(&nd, 4);
-      for (int64_t d : t.shape) { const uint64_t u = d; put(&u, 8); }
-      put(&t.type, 4);
-      put(&offset, 8);
-      offsets.push_back(offset);
-      offset += (t.bytes.size() + 31) / 32 * 32;
+  // ---- tensors ----
+  GgufBuilder& Tensor(TensorSpec t) {
+    tensors_.push_back(std::move(t));
+    return *this;
+  }
+  GgufBuilder& Tensor(std::string name, std::vector<uint64_t> dims, uint32_t type = kTypeF32) {
+    return Tensor(TensorSpec{std::move(name), std::move(dims), type, std::nullopt, std::nullopt});
+  }
+  // Appends raw bytes in place of a tensor info (for malformed infos).
+  GgufBuilder& RawTensorInfo(const Bytes& b) {
+    raw_infos_.push_back(b.str());
+    return *this;
+  }
+
+  // Bytes up to the end of the tensor infos (before padding).
+  size_t HeaderSize() const { return Header().size(); }
+  // Where the data section starts.
+  uint64_t DataStart() const { return AlignUp(HeaderSize(), alignment_); }
+  // Offsets the tensors get (explicit or packed).
+  std::vector<uint64_t> Offsets() const {
+    std::vector<uint64_t> out;
+    uint64_t next = 0;
+    for (const TensorSpec& t : tensors_) {
+      const uint64_t off = t.offset ? *t.offset : AlignUp(next, alignment_);
+      out.push_back(off);
+      next = off + DataSize(t);
     }
-    out.resize((out.size() + 31) / 32 * 32, 0);
-    const size_t base = out.size();
-    for (size_t i = 0; i < tensors_.size(); ++i) {
-      out.resize(base + offsets[i], 0);
-      put(tensors_[i].bytes.data(), tensors_[i].bytes.size());
-    }
-    out.resize(base + offset, 0);
     return out;
   }
 
- private:
-  struct T {
-    std::string name;
-    std::vector<int64_t> shape;
-    uint32_t type;
-    std::vector<uint8_t> bytes;
-  };
-  template <typename V>
-  void Put(V v) {
-    const uint8_t* p = reinterpret_cast<const uint8_t*>(&v);
-    kv_.insert(kv_.end(), p, p + sizeof(V));
-  }
-  static void Str(std::vector<uint8_t>& out, const std::string& s) {
-    const uint64_t n = s.size();
-    out.insert(out.end(), reinterpret_cast<const uint8_t*>(&n), reinterpret_cast<const uint8_t*>(&n) + 8);
-    out.insert(out.end(), s.begin(), s.end());
-  }
-  void Key(const std::string& k, uint32_t type) { Str(kv_, k); Put(type); }
-
-  std::vector<uint8_t> kv_;
-  uint64_t n_kv_ = 0;
-  std::vector<T> tensors_;
-};
-
-struct TinyModelSpec {
-  std::string arch = "llama";
-  int n_vocab = 96, n_embd = 64, n_layer = 2, n_head = 4, n_head_kv = 2, n_ff = 96;
-  bool tied = false, qkv_bias = false;
-  engine::DType type = engine::DType::kF32;
-  uint32_t seed = 1;
-};
-
-// A random model with a byte-level-ish vocabulary of plain tokens "t0".."tN".
-inline std::vector<uint8_t> TinyModel(const TinyModelSpec& s) {
-  GgufBuilder b;
-  std::mt19937 rng(s.seed);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  auto rnd = [&](size_t n, float scale) {
-    std::vector<float> v(n);
-    for (float& x : v) x = nd(rng) * scale;
-    return v;
-  };
-  auto ones = [&](size_t n) {
-    std::vector<float> v(n);
-    for (float& x : v) x = 1.f + 0.1f * nd(rng);
-    return v;
-  };
-  const std::string a = s.arch;
-  const int hd = s.n_embd / s.n_head;
-  b.Str("general.architecture", a);
-  b.U32(a + ".context_length", 256);
-  b.U32(a + ".embedding_length", s.n_embd);
-  b.U32(a + ".block_count", s.n_layer);
-  b.U32(a + ".feed_forward_length", s.n_ff);
-  b.U32(a + ".attention.head_count", s.n_head);
-  b.U32(a + ".attention.head_count_kv", s.n_head_kv);
-  b.F32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
-  b.F32(a + ".rope.freq_base", 10000.f);
-  const float w = 1.0f / std::sqrt(float(s.n_embd));
-  b.Tensor("token_embd.weight", {s.n_embd, s.n_vocab}, rnd(size_t(s.n_embd) * s.n_vocab, 1.f), s.type);
-  b.Tensor("output_norm.weight", {s.n_embd}, ones(s.n_embd));
-  if (!s.tied) b.Tensor("output.weight", {s.n_embd, s.n_vocab}, rnd(size_t(s.n_embd) * s.n_vocab, w), s.type);
-  for (int l = 0; l < s.n_layer; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    b.Tensor(p + "attn_norm.weight", {s.n_embd}, ones(s.n_embd));
-    b.Tensor(p + "attn_q.weight", {s.n_embd, s.n_head * hd}, rnd(size_t(s.n_embd) * s.n_head * hd, w), s.type);
-    b.Tensor(p + "attn_k.weight", {s.n_embd, s.n_head_kv * hd}, rnd(size_t(s.n_embd) * s.n_head_kv * hd, w), s.type);
-    b.Tensor(p + "attn_v.weight", {s.n_embd, s.n_head_kv * hd}, rnd(size_t(s.n_embd) * s.n_head_kv * hd, w), s.type);
-    if (s.qkv_bias) {
-      b.Tensor(p + "attn_q.bias", {s.n_head * hd}, rnd(s.n_head * hd, 0.1f));
-      b.Tensor(p + "attn_k.bias", {s.n_head_kv * hd}, rnd(s.n_head_kv * hd, 0.1f));
-      b.Tensor(p + "attn_v.bias", {s.n_head_kv * hd}, rnd(s.n_head_kv * hd, 0.1f));
+  std::string Build() const {
+    Bytes b = Header();
+    if (tensors_.empty() || omit_data_) return b.str();
+    b.PadTo(alignment_);
+    std::string data;
+    const std::vector<uint64_t> offsets = Offsets();
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      const std::string d = DataOf(tensors_[i], i);
+      // Offsets far beyond any test file are written into the info only.
+      if (offsets[i] > (1u << 24)) continue;
+      if (data.size() < offsets[i] + d.size()) data.resize(offsets[i] + d.size(), '\0');
+      data.replace(offsets[i], d.size(), d);
     }
-    b.Tensor(p + "attn_output.weight", {s.n_head * hd, s.n_embd}, rnd(size_t(s.n_embd) * s.n_head * hd, w), s.type);
-    b.Tensor(p + "ffn_norm.weight", {s.n_embd}, ones(s.n_embd));
-    b.Tensor(p + "ffn_gate.weight", {s.n_embd, s.n_ff}, rnd(size_t(s.n_embd) * s.n_ff, w), s.type);
-    b.Tensor(p + "ffn_up.weight", {s.n_embd, s.n_ff}, rnd(size_t(s.n_embd) * s.n_ff, w), s.type);
-    b.Tensor(p + "ffn_down.weight", {s.n_ff, s.n_embd}, rnd(size_t(s.n_embd) * s.n_ff, 1.0f / std::sqrt(float(s.n_ff))), s.type);
+    b.Raw(data.data(), data.size());
+    return b.str();
   }
-  return b.Build();
+
+  // The pattern byte j of default tensor i holds.
+  static char PatternByte(size_t tensor, size_t j) {
+    return static_cast<char>(tensor * 31 + j * 7 + 1);
+  }
+
+ private:
+  // Tensors too large for a test file (the huge-dimension cases) get no data.
+  static uint64_t DataSize(const TensorSpec& t) {
+    if (t.data) return t.data->size();
+    uint64_t numel = 1;
+    for (uint64_t d : t.dims) {
+      if (d > (1u << 24) || numel * d > (1u << 24)) return 0;
+      numel *= d;
+    }
+    const uint64_t n = TensorBytes(t.type, t.dims);
+    return n > (1u << 24) ? 0 : n;
+  }
+  static std::string DataOf(const TensorSpec& t, size_t index) {
+    if (t.data) return *t.data;
+    std::string d(DataSize(t), '\0');
+    for (size_t j = 0; j < d.size(); ++j) d[j] = PatternByte(index, j);
+    return d;
+  }
+
+  Bytes Header() const {
+    Bytes b;
+    b.U32(magic_).U32(version_);
+    b.U64(n_tensors_ ? *n_tensors_ : tensors_.size() + raw_infos_.size());
+    b.U64(n_kv_ ? *n_kv_ : kvs_.size());
+    for (const std::string& kv : kvs_) b.Raw(kv.data(), kv.size());
+    const std::vector<uint64_t> offsets = Offsets();
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      const TensorSpec& t = tensors_[i];
+      b.Str(t.name).U32(static_cast<uint32_t>(t.dims.size()));
+      for (uint64_t d : t.dims) b.U64(d);
+      b.U32(t.type).U64(offsets[i]);
+    }
+    for (const std::string& r : raw_infos_) b.Raw(r.data(), r.size());
+    return b;
+  }
+
+  uint32_t magic_ = kGgufMagic;
+  uint32_t version_;
+  std::optional<uint64_t> n_tensors_, n_kv_;
+  uint64_t alignment_ = 32;
+  bool omit_data_ = false;
+  std::vector<std::string> kvs_;
+  std::vector<TensorSpec> tensors_;
+  std::vector<std::string> raw_infos_;
+};
+
+// Parses bytes held by `bytes` (which must outlive the result).
+inline absl::StatusOr<std::unique_ptr<GgufFile>> ParseBytes(const std::string& bytes) {
+  return GgufFile::Parse(MappedFile::Borrow(bytes.data(), bytes.size()));
 }
 
-}  // namespace pd::testing
+}  // namespace pd::engine::testing

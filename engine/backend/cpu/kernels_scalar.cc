@@ -1,6 +1,9 @@
 // Portable kernels: the reference every SIMD table is tested against, and the fallback on CPUs
 // without AVX2. Written for clarity first; they accumulate in the same precision as the SIMD
 // kernels (F32 dots, F64 row sums) but in a different order, so results agree to rounding.
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -149,14 +152,31 @@ constexpr Kernels kScalar = {
 
 const Kernels& ScalarKernels() { return kScalar; }
 
+namespace {
+
+// AVX2 + FMA + F16C, and the OS saves YMM state. Read from CPUID directly: clang 14's
+// __builtin_cpu_supports does not know "f16c".
+bool CpuHasAvx2Fma() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+  const bool fma = c & bit_FMA, f16c = c & bit_F16C, osxsave = c & bit_OSXSAVE;
+  if (!fma || !f16c || !osxsave) return false;
+  unsigned xcr0_lo, xcr0_hi;
+  __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if ((xcr0_lo & 0x6) != 0x6) return false;  // XMM and YMM state enabled
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  return b & bit_AVX2;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
 const Kernels& SelectKernels(bool force_scalar) {
   const Kernels* avx2 = Avx2Kernels();
-#if defined(__x86_64__) || defined(__i386__)
-  if (!force_scalar && avx2 != nullptr && __builtin_cpu_supports("avx2") &&
-      __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
-    return *avx2;
-  }
-#endif
+  if (!force_scalar && avx2 != nullptr && CpuHasAvx2Fma()) return *avx2;
   (void)avx2;
   return kScalar;
 }

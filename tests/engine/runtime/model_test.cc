@@ -11,16 +11,16 @@
 
 #include "common/status_matchers.h"
 #include "engine/sched/generate.h"
-#include "tests/testing/gguf_builder.h"
+#include "tests/testing/tiny_model.h"
 
 namespace pd::engine {
 namespace {
 
 using ::pd::testing::StatusIs;
-using ::pd::testing::TinyModelSpec;
+using ::pd::engine::testing::TinyModelSpec;
 
 struct Fixture {
-  std::vector<uint8_t> bytes;
+  std::string bytes;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
   std::unique_ptr<KvCache> kv;
@@ -29,7 +29,7 @@ struct Fixture {
 std::unique_ptr<Fixture> Make(const TinyModelSpec& spec, DType kv_type = DType::kF32,
                               int blocks = 64) {
   auto f = std::make_unique<Fixture>();
-  f->bytes = pd::testing::TinyModel(spec);
+  f->bytes = testing::TinyModel(spec);
   f->backend = CreateCpuBackend();
   auto file = GgufFile::Parse(MappedFile::Borrow(f->bytes.data(), f->bytes.size()));
   EXPECT_TRUE(file.ok()) << file.status();

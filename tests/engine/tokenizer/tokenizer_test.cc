@@ -23,7 +23,7 @@
 #include "common/status_matchers.h"
 #include "engine/model/gguf.h"
 #include "engine/tokenizer/unicode.h"
-#include "tests/engine/model/gguf_builder.h"
+#include "tests/testing/gguf_builder.h"
 
 namespace pd::engine {
 namespace {

@@ -1,0 +1,491 @@
+#include "engine/model/model_config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status_matchers.h"
+#include "common/strings.h"
+#include "engine/backend/backend.h"
+#include "engine/model/weights.h"
+#include "tests/testing/gguf_builder.h"
+
+namespace pd::engine {
+namespace {
+
+using ::pd::engine::testing::GgufBuilder;
+using ::pd::engine::testing::kTypeF16;
+using ::pd::engine::testing::kTypeF32;
+using ::pd::engine::testing::kTypeQ8_0;
+using ::pd::engine::testing::ParseBytes;
+using ::pd::engine::testing::TensorSpec;
+using ::pd::testing::StatusIs;
+
+// A tiny model described as data so each test can change one thing.
+//   n_embd 8, n_head 2, n_head_kv 1 (head_dim 4), n_ff 16, n_layer 2, n_vocab 10.
+struct TinyModel {
+  std::string arch = "llama";
+  int64_t n_embd = 8, n_head = 2, n_head_kv = 1, n_ff = 16, n_layer = 2, n_vocab = 10;
+  bool tokens = true;               // write tokenizer.ggml.tokens (n_vocab of them)
+  bool qkv_bias = false;            // write attn_{q,k,v}.bias
+  bool tied = false;                // leave output.weight out
+  uint32_t weight_type = kTypeF32;  // of the matmul weights
+  // Extra metadata, applied after the defaults (so tests can add keys).
+  std::function<void(GgufBuilder&)> extra_kv;
+  // Metadata keys (without the arch prefix) to leave out.
+  std::vector<std::string> drop_keys;
+  // Tensor overrides: name -> dims (empty dims = remove the tensor), and type overrides.
+  std::map<std::string, std::vector<uint64_t>> dims;
+  std::map<std::string, uint32_t> types;
+
+  std::string Build() const {
+    GgufBuilder b;
+    b.Str("general.architecture", arch).Str("general.name", "tiny");
+    auto u32 = [&](const std::string& k, uint32_t v) {
+      for (const std::string& d : drop_keys) {
+        if (d == k) return;
+      }
+      b.U32(arch + "." + k, v);
+    };
+    u32("embedding_length", n_embd);
+    u32("block_count", n_layer);
+    u32("attention.head_count", n_head);
+    u32("attention.head_count_kv", n_head_kv);
+    u32("feed_forward_length", n_ff);
+    u32("context_length", 256);
+    if (tokens) {
+      std::vector<std::string> toks;
+      for (int i = 0; i < n_vocab; ++i) toks.push_back(pd::StrCat("t", i));
+      b.StrArray("tokenizer.ggml.tokens", toks);
+    }
+    if (extra_kv) extra_kv(b);
+
+    const uint64_t e = n_embd, hd = n_embd / n_head, q = n_head * hd, kv = n_head_kv * hd;
+    std::vector<std::pair<std::string, std::vector<uint64_t>>> ts = {
+        {"token_embd.weight", {e, uint64_t(n_vocab)}}, {"output_norm.weight", {e}}};
+    if (!tied) ts.push_back({"output.weight", {e, uint64_t(n_vocab)}});
+    for (int i = 0; i < n_layer; ++i) {
+      const std::string p = pd::StrCat("blk.", i, ".");
+      ts.push_back({p + "attn_norm.weight", {e}});
+      ts.push_back({p + "attn_q.weight", {e, q}});
+      ts.push_back({p + "attn_k.weight", {e, kv}});
+      ts.push_back({p + "attn_v.weight", {e, kv}});
+      ts.push_back({p + "attn_output.weight", {q, e}});
+      if (qkv_bias) {
+        ts.push_back({p + "attn_q.bias", {q}});
+        ts.push_back({p + "attn_k.bias", {kv}});
+        ts.push_back({p + "attn_v.bias", {kv}});
+      }
+      ts.push_back({p + "ffn_norm.weight", {e}});
+      ts.push_back({p + "ffn_gate.weight", {e, uint64_t(n_ff)}});
+      ts.push_back({p + "ffn_up.weight", {e, uint64_t(n_ff)}});
+      ts.push_back({p + "ffn_down.weight", {uint64_t(n_ff), e}});
+    }
+    for (const auto& [name, d] : dims) {  // additions not in the default list
+      bool found = false;
+      for (const auto& t : ts) found |= t.first == name;
+      if (!found) ts.push_back({name, d});
+    }
+    for (auto& [name, d] : ts) {
+      if (auto it = dims.find(name); it != dims.end()) {
+        if (it->second.empty()) continue;
+        d = it->second;
+      }
+      uint32_t type = kTypeF32;
+      if (d.size() == 2 && name != "token_embd.weight") type = weight_type;
+      if (auto it = types.find(name); it != types.end()) type = it->second;
+      b.Tensor(name, d, type);
+    }
+    return b.Build();
+  }
+};
+
+// Parses `bytes` (kept alive by the caller) and reads its config.
+absl::StatusOr<ModelConfig> Config(const std::string& bytes) {
+  auto f = ParseBytes(bytes);
+  if (!f.ok()) return f.status();
+  return ModelConfig::FromGguf(**f);
+}
+
+// ------------------------------------------------------------------------------------------------
+// ModelConfig::FromGguf
+// ------------------------------------------------------------------------------------------------
+
+TEST(ModelConfigTest, LlamaWithGqaRopeAndLinearScaling) {
+  TinyModel m;
+  m.n_embd = 64;
+  m.n_head = 8;
+  m.n_head_kv = 2;
+  m.extra_kv = [](GgufBuilder& b) {
+    b.F32("llama.attention.layer_norm_rms_epsilon", 1e-6f)
+        .F32("llama.rope.freq_base", 500000.f)
+        .U32("llama.rope.dimension_count", 6)
+        .Str("llama.rope.scaling.type", "linear")
+        .F32("llama.rope.scaling.factor", 4.f);
+  };
+  const std::string bytes = m.Build();
+  auto c = Config(bytes);
+  PD_ASSERT_OK(c);
+  EXPECT_EQ(c->arch, "llama");
+  EXPECT_EQ(c->name, "tiny");
+  EXPECT_EQ(c->n_embd, 64);
+  EXPECT_EQ(c->n_layer, 2);
+  EXPECT_EQ(c->n_head, 8);
+  EXPECT_EQ(c->n_head_kv, 2);
+  EXPECT_EQ(c->head_dim, 8);
+  EXPECT_EQ(c->n_ff, 16);
+  EXPECT_EQ(c->n_ctx_train, 256);
+  EXPECT_EQ(c->n_vocab, 10);
+  EXPECT_FLOAT_EQ(c->rms_eps, 1e-6f);
+  EXPECT_EQ(c->rope_mode, RopeMode::kNormal);
+  EXPECT_EQ(c->rope_dim, 6);
+  EXPECT_FLOAT_EQ(c->rope_freq_base, 500000.f);
+  EXPECT_FLOAT_EQ(c->rope_freq_scale, 0.25f);
+  EXPECT_FALSE(c->tied_output);
+  EXPECT_FALSE(c->qkv_bias);
+}
+
+TEST(ModelConfigTest, DefaultsWhenOptionalKeysAreAbsent) {
+  TinyModel m;
+  m.drop_keys = {"attention.head_count_kv"};
+  m.tokens = false;  // vocabulary size then comes from token_embd
+  m.n_vocab = 12;
+  m.n_head_kv = 2;  // keeps the builder's k/v shapes equal to q for MHA
+  const std::string bytes = m.Build();
+  auto c = Config(bytes);
+  PD_ASSERT_OK(c);
+  EXPECT_EQ(c->n_head_kv, c->n_head);
+  EXPECT_EQ(c->head_dim, 4);
+  EXPECT_EQ(c->rope_dim, 4);
+  EXPECT_FLOAT_EQ(c->rms_eps, 1e-5f);
+  EXPECT_FLOAT_EQ(c->rope_freq_base, 10000.f);
+  EXPECT_FLOAT_EQ(c->rope_freq_scale, 1.f);
+  EXPECT_EQ(c->n_vocab, 12);
+}
+
+TEST(ModelConfigTest, Qwen2NeoxRopeBiasAndTiedOutput) {
+  TinyModel m;
+  m.arch = "qwen2";
+  m.qkv_bias = true;
+  m.tied = true;
+  m.extra_kv = [](GgufBuilder& b) {
+    b.F32("qwen2.rope.freq_base", 1000000.f).F32("qwen2.attention.layer_norm_rms_epsilon", 1e-6f);
+  };
+  const std::string bytes = m.Build();
+  auto c = Config(bytes);
+  PD_ASSERT_OK(c);
+  EXPECT_EQ(c->arch, "qwen2");
+  EXPECT_EQ(c->rope_mode, RopeMode::kNeox);
+  EXPECT_TRUE(c->qkv_bias);
+  EXPECT_TRUE(c->tied_output);
+  EXPECT_EQ(c->n_head_kv, 1);
+  EXPECT_FLOAT_EQ(c->rope_freq_base, 1e6f);
+}
+
+TEST(ModelConfigTest, LegacyLinearScaleKey) {
+  TinyModel m;
+  m.extra_kv = [](GgufBuilder& b) { b.F32("llama.rope.scale_linear", 2.f); };
+  const std::string bytes = m.Build();
+  auto c = Config(bytes);
+  PD_ASSERT_OK(c);
+  EXPECT_FLOAT_EQ(c->rope_freq_scale, 0.5f);
+}
+
+TEST(ModelConfigTest, ExplicitKeyLength) {
+  TinyModel m;
+  m.extra_kv = [](GgufBuilder& b) {
+    b.U32("llama.attention.key_length", 16).U32("llama.attention.value_length", 16);
+  };
+  const std::string bytes = m.Build();
+  auto c = Config(bytes);
+  PD_ASSERT_OK(c);
+  EXPECT_EQ(c->head_dim, 16);
+  EXPECT_EQ(c->rope_dim, 16);
+
+  m.extra_kv = [](GgufBuilder& b) {
+    b.U32("llama.attention.key_length", 16).U32("llama.attention.value_length", 8);
+  };
+  const std::string bad = m.Build();
+  EXPECT_THAT(Config(bad),
+              StatusIs(absl::StatusCode::kUnimplemented, "key_length 16 != value_length 8"));
+}
+
+TEST(ModelConfigTest, MissingKeys) {
+  for (const char* key : {"embedding_length", "block_count", "attention.head_count",
+                          "feed_forward_length", "context_length"}) {
+    SCOPED_TRACE(key);
+    TinyModel m;
+    m.drop_keys = {key};
+    const std::string bytes = m.Build();
+    EXPECT_THAT(Config(bytes), StatusIs(absl::StatusCode::kNotFound,
+                                        pd::StrCat("GGUF key 'llama.", key, "' is missing")));
+  }
+  const std::string no_arch = GgufBuilder().U32("llama.block_count", 1).Build();
+  EXPECT_THAT(Config(no_arch),
+              StatusIs(absl::StatusCode::kNotFound, "'general.architecture' is missing"));
+  TinyModel m;
+  m.dims["token_embd.weight"] = {};
+  const std::string no_embd = m.Build();
+  EXPECT_THAT(Config(no_embd), StatusIs(absl::StatusCode::kInvalidArgument,
+                                        "tensor 'token_embd.weight' is missing"));
+}
+
+TEST(ModelConfigTest, HeadCountNotAMultipleOfKvHeads) {
+  TinyModel m;
+  m.n_embd = 48;
+  m.n_head = 6;
+  m.n_head_kv = 4;
+  const std::string bytes = m.Build();
+  EXPECT_THAT(Config(bytes), StatusIs(absl::StatusCode::kInvalidArgument,
+                                      "head_count 6 is not a multiple of head_count_kv 4"));
+}
+
+TEST(ModelConfigTest, UnsupportedArchitecture) {
+  TinyModel m;
+  m.arch = "gpt2";
+  const std::string bytes = m.Build();
+  EXPECT_THAT(Config(bytes),
+              StatusIs(absl::StatusCode::kUnimplemented, "architecture 'gpt2' is not supported"));
+  const std::string wrong_type = GgufBuilder().U32("general.architecture", 1).Build();
+  EXPECT_THAT(Config(wrong_type), StatusIs(absl::StatusCode::kInvalidArgument, "expected string"));
+}
+
+TEST(ModelConfigTest, YarnScalingIsUnimplemented) {
+  TinyModel m;
+  m.extra_kv = [](GgufBuilder& b) {
+    b.Str("llama.rope.scaling.type", "yarn").F32("llama.rope.scaling.factor", 4.f);
+  };
+  const std::string bytes = m.Build();
+  EXPECT_THAT(Config(bytes), StatusIs(absl::StatusCode::kUnimplemented,
+                                      "rope scaling type 'yarn' is not supported"));
+}
+
+TEST(ModelConfigTest, OutOfRangeValues) {
+  struct Case {
+    std::function<void(GgufBuilder&)> kv;
+    std::vector<std::string> drop;
+    const char* message;
+  };
+  const Case cases[] = {
+      {[](GgufBuilder& b) { b.U32("llama.block_count", 0); },
+       {"block_count"},
+       "'llama.block_count' = 0 is out of range"},
+      {[](GgufBuilder& b) { b.I32("llama.block_count", -2); },
+       {"block_count"},
+       "'llama.block_count' is -2, expected a non-negative value"},
+      {[](GgufBuilder& b) { b.F32("llama.block_count", 2.f); },
+       {"block_count"},
+       "has type float32, expected an integer"},
+      {[](GgufBuilder& b) { b.U32("llama.embedding_length", 9); },
+       {"embedding_length"},
+       "embedding_length 9 is not a multiple of head_count 2"},
+      {[](GgufBuilder& b) { b.U32("llama.attention.key_length", 3); },
+       {},
+       "head dimension 3 is odd"},
+      {[](GgufBuilder& b) { b.F32("llama.attention.layer_norm_rms_epsilon", 0.f); },
+       {},
+       "layer_norm_rms_epsilon 0 is not in (0, 1)"},
+      {[](GgufBuilder& b) { b.U32("llama.rope.dimension_count", 6); },
+       {},
+       "rope.dimension_count 6 must be even and at most the head dimension 4"},
+      {[](GgufBuilder& b) { b.U32("llama.rope.dimension_count", 3); },
+       {},
+       "rope.dimension_count 3"},
+      {[](GgufBuilder& b) { b.F32("llama.rope.freq_base", 1.f); },
+       {},
+       "rope.freq_base 1 must be > 1"},
+      {[](GgufBuilder& b) { b.Str("llama.rope.scaling.type", "linear"); },
+       {},
+       "rope scaling factor 0 must be > 0"},
+      {[](GgufBuilder& b) { b.U32("llama.rope.scaling.type", 1); },
+       {},
+       "'llama.rope.scaling.type' has type uint32, expected string"},
+      {[](GgufBuilder& b) { b.StrArray("tokenizer.ggml.tokens", {"a"}); },
+       {},
+       "'tokenizer.ggml.tokens' appears twice"},  // a parse error, for completeness
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.message);
+    TinyModel m;
+    m.extra_kv = c.kv;
+    m.drop_keys = c.drop;
+    const std::string bytes = m.Build();
+    auto config = Config(bytes);
+    ASSERT_FALSE(config.ok());
+    EXPECT_THAT(config.status().message(), ::testing::HasSubstr(c.message));
+  }
+}
+
+TEST(ModelConfigTest, HugeUnsignedValuesAreOutOfRangeNotNegative) {
+  // Values with the top bit set once passed the range check as negative int64s and became
+  // 0 or negative ints (then divided by: SIGFPE). They must be refused.
+  for (uint64_t v : {uint64_t{1} << 63, (uint64_t{1} << 63) | (uint64_t{1} << 31), ~uint64_t{0}}) {
+    SCOPED_TRACE(v);
+    for (const char* key :
+         {"embedding_length", "attention.head_count", "attention.head_count_kv", "block_count"}) {
+      SCOPED_TRACE(key);
+      TinyModel m;
+      m.drop_keys = {key};
+      m.extra_kv = [&](GgufBuilder& b) { b.U64(pd::StrCat("llama.", key), v); };
+      const std::string bytes = m.Build();
+      EXPECT_THAT(Config(bytes),
+                  StatusIs(absl::StatusCode::kInvalidArgument,
+                           pd::StrCat("'llama.", key, "' = ", v, " is out of range")));
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Weights::Load
+// ------------------------------------------------------------------------------------------------
+
+class WeightsTest : public ::testing::Test {
+ protected:
+  // Parses and configures `m`, then loads its weights on the CPU backend.
+  absl::StatusOr<std::unique_ptr<Weights>> Load(const TinyModel& m) {
+    bytes_ = m.Build();
+    auto f = ParseBytes(bytes_);
+    if (!f.ok()) return f.status();
+    file_ = std::move(*f);
+    auto c = ModelConfig::FromGguf(*file_);
+    if (!c.ok()) return c.status();
+    config_ = *c;
+    return Weights::Load(*file_, config_, *backend_);
+  }
+
+  std::unique_ptr<Backend> backend_ = CreateCpuBackend(CpuBackendOptions{.threads = 1});
+  std::string bytes_;
+  std::unique_ptr<GgufFile> file_;
+  ModelConfig config_;
+};
+
+TEST_F(WeightsTest, LoadsEveryTensorWithoutCopying) {
+  TinyModel m;
+  m.dims["rope_freqs.weight"] = {2};
+  auto w = Load(m);
+  PD_ASSERT_OK(w);
+  ASSERT_EQ((*w)->layers.size(), 2u);
+  const Weights& ws = **w;
+  EXPECT_EQ(ws.token_embd.cols, 8);
+  EXPECT_EQ(ws.token_embd.rows, 10);
+  EXPECT_EQ(ws.token_embd.data, file_->FindTensor("token_embd.weight")->data);
+  EXPECT_EQ(ws.output.data, file_->FindTensor("output.weight")->data);
+  EXPECT_EQ(ws.output_norm.rows, 1);
+  const LayerWeights& l1 = ws.layers[1];
+  EXPECT_EQ(l1.wk.cols, 8);
+  EXPECT_EQ(l1.wk.rows, 4);
+  EXPECT_EQ(l1.wo.cols, 8);
+  EXPECT_EQ(l1.wo.rows, 8);
+  EXPECT_EQ(l1.w_down.cols, 16);
+  EXPECT_EQ(l1.w_down.rows, 8);
+  EXPECT_EQ(l1.w_up.data, file_->FindTensor("blk.1.ffn_up.weight")->data);
+  EXPECT_EQ(l1.bq.data, nullptr);  // no biases in a llama file
+  // rope_freqs: the two floats of the file, copied to the host (compared as bytes: the
+  // builder's pattern need not be a number).
+  ASSERT_EQ(ws.rope_freq_factors.size(), 2u);
+  EXPECT_EQ(std::memcmp(ws.rope_freq_factors.data(), file_->FindTensor("rope_freqs.weight")->data,
+                        2 * sizeof(float)),
+            0);
+  // Every tensor but rope_freqs counts.
+  size_t sum = 0;
+  for (const GgufTensorInfo& t : file_->tensors()) {
+    if (t.name != "rope_freqs.weight") sum += t.nbytes;
+  }
+  EXPECT_EQ(ws.total_bytes, sum);
+}
+
+TEST_F(WeightsTest, TiedOutputAndBiases) {
+  TinyModel m;
+  m.arch = "qwen2";
+  m.tied = true;
+  m.qkv_bias = true;
+  auto w = Load(m);
+  PD_ASSERT_OK(w);
+  EXPECT_EQ((*w)->output.data, (*w)->token_embd.data);
+  EXPECT_EQ((*w)->layers[0].bq.data, file_->FindTensor("blk.0.attn_q.bias")->data);
+  EXPECT_EQ((*w)->layers[0].bk.cols, 4);
+  EXPECT_EQ((*w)->layers[1].bv.data, file_->FindTensor("blk.1.attn_v.bias")->data);
+}
+
+TEST_F(WeightsTest, QuantizedMatmulWeights) {
+  TinyModel m;
+  m.n_embd = 64;
+  m.n_head = 2;
+  m.n_ff = 32;
+  m.weight_type = kTypeQ8_0;
+  auto w = Load(m);
+  PD_ASSERT_OK(w);
+  EXPECT_EQ((*w)->layers[0].wq.type, DType::kQ8_0);
+  EXPECT_EQ((*w)->layers[0].wq.bytes(), file_->FindTensor("blk.0.attn_q.weight")->nbytes);
+}
+
+TEST_F(WeightsTest, ShapeMismatchNamesTheTensor) {
+  TinyModel m;
+  m.dims["blk.1.attn_k.weight"] = {8, 8};  // an MHA-sized K in a GQA model
+  EXPECT_THAT(Load(m), StatusIs(absl::StatusCode::kInvalidArgument,
+                                "tensor 'blk.1.attn_k.weight' has shape [8, 8], expected [8, 4] "
+                                "for this architecture"));
+}
+
+TEST_F(WeightsTest, TransposedWeightIsRejected) {
+  TinyModel m;
+  m.dims["blk.0.ffn_down.weight"] = {8, 16};
+  EXPECT_THAT(Load(m), StatusIs(absl::StatusCode::kInvalidArgument,
+                                "'blk.0.ffn_down.weight' has shape [8, 16], expected [16, 8]"));
+}
+
+TEST_F(WeightsTest, VocabularyMismatch) {
+  TinyModel m;
+  m.dims["token_embd.weight"] = {8, 12};  // 10 tokens in the tokenizer
+  EXPECT_THAT(Load(m), StatusIs(absl::StatusCode::kInvalidArgument,
+                                "tensor 'token_embd.weight' has shape [8, 12], expected [8, 10]"));
+}
+
+TEST_F(WeightsTest, ExtraDimensionIsRejected) {
+  TinyModel m;
+  m.dims["output_norm.weight"] = {8, 1};
+  EXPECT_THAT(Load(m), StatusIs(absl::StatusCode::kInvalidArgument,
+                                "'output_norm.weight' has shape [8, 1], expected [8]"));
+}
+
+TEST_F(WeightsTest, MissingTensor) {
+  TinyModel m;
+  m.dims["blk.1.ffn_up.weight"] = {};
+  EXPECT_THAT(Load(m), StatusIs(absl::StatusCode::kInvalidArgument,
+                                "tensor 'blk.1.ffn_up.weight' is missing"));
+  TinyModel q;
+  q.arch = "qwen2";
+  q.qkv_bias = true;
+  q.dims["blk.0.attn_k.bias"] = {};
+  EXPECT_THAT(Load(q), StatusIs(absl::StatusCode::kInvalidArgument,
+                                "tensor 'blk.0.attn_k.bias' is missing"));
+}
+
+TEST_F(WeightsTest, NormsMustBeF32) {
+  TinyModel m;
+  m.types["blk.0.attn_norm.weight"] = kTypeF16;
+  EXPECT_THAT(Load(m), StatusIs(absl::StatusCode::kInvalidArgument,
+                                "tensor 'blk.0.attn_norm.weight' has type f16, expected f32"));
+}
+
+TEST_F(WeightsTest, BadRopeFreqs) {
+  TinyModel m;
+  m.dims["rope_freqs.weight"] = {3};
+  EXPECT_THAT(Load(m),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "'rope_freqs.weight' has shape [3] and type f32, expected [2] f32"));
+  TinyModel h;
+  h.dims["rope_freqs.weight"] = {2};
+  h.types["rope_freqs.weight"] = kTypeF16;
+  EXPECT_THAT(Load(h), StatusIs(absl::StatusCode::kInvalidArgument, "type f16, expected [2] f32"));
+}
+
+}  // namespace
+}  // namespace pd::engine

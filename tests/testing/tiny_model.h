@@ -1,0 +1,93 @@
+// Test helper: a tiny random Llama-style (or Qwen2-style) model as GGUF bytes, written with
+// GgufBuilder. Weights are drawn from a seeded normal distribution and stored in `type`.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/quant/dtype.h"
+#include "engine/quant/q8_0.h"
+#include "tests/testing/gguf_builder.h"
+
+namespace pd::engine::testing {
+
+struct TinyModelSpec {
+  std::string arch = "llama";
+  int n_vocab = 96, n_embd = 64, n_layer = 2, n_head = 4, n_head_kv = 2, n_ff = 96;
+  bool tied = false, qkv_bias = false;
+  DType type = DType::kF32;
+  uint32_t seed = 1;
+};
+
+// Encodes F32 values as `type` rows of `row` elements.
+inline std::string EncodeRows(const std::vector<float>& v, int64_t row, DType type) {
+  const int64_t rows = static_cast<int64_t>(v.size()) / row;
+  std::string out(RowBytes(type, row) * rows, '\0');
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = v.data() + r * row;
+    void* dst = out.data() + r * RowBytes(type, row);
+    switch (type) {
+      case DType::kF32: std::memcpy(dst, src, row * 4); break;
+      case DType::kF16: F32ToF16Row(src, static_cast<uint16_t*>(dst), row); break;
+      case DType::kBF16: F32ToBf16Row(src, static_cast<uint16_t*>(dst), row); break;
+      case DType::kQ8_0: QuantizeRowQ8_0(src, static_cast<BlockQ8_0*>(dst), row); break;
+      default: PD_CHECK_MSG(false, "TinyModel: unsupported type");
+    }
+  }
+  return out;
+}
+
+inline std::string TinyModel(const TinyModelSpec& s) {
+  GgufBuilder b;
+  std::mt19937 rng(s.seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto add = [&](const std::string& name, std::vector<uint64_t> dims, float scale, bool norm,
+                 DType type) {
+    uint64_t n = 1;
+    for (uint64_t d : dims) n *= d;
+    std::vector<float> v(n);
+    for (float& x : v) x = norm ? 1.f + 0.1f * nd(rng) : nd(rng) * scale;
+    b.Tensor(TensorSpec{name, dims, static_cast<uint32_t>(type), std::nullopt,
+                        EncodeRows(v, int64_t(dims[0]), type)});
+  };
+  const std::string a = s.arch;
+  const uint64_t E = s.n_embd, hd = s.n_embd / s.n_head, F = s.n_ff;
+  const uint64_t q = s.n_head * hd, kv = s.n_head_kv * hd;
+  b.Str("general.architecture", a);
+  b.U32(a + ".context_length", 256);
+  b.U32(a + ".embedding_length", s.n_embd);
+  b.U32(a + ".block_count", s.n_layer);
+  b.U32(a + ".feed_forward_length", s.n_ff);
+  b.U32(a + ".attention.head_count", s.n_head);
+  b.U32(a + ".attention.head_count_kv", s.n_head_kv);
+  b.F32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
+  b.F32(a + ".rope.freq_base", 10000.f);
+  const float w = 1.0f / std::sqrt(float(E));
+  add("token_embd.weight", {E, uint64_t(s.n_vocab)}, 1.f, false, s.type);
+  add("output_norm.weight", {E}, 0, true, DType::kF32);
+  if (!s.tied) add("output.weight", {E, uint64_t(s.n_vocab)}, w, false, s.type);
+  for (int l = 0; l < s.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    add(p + "attn_norm.weight", {E}, 0, true, DType::kF32);
+    add(p + "attn_q.weight", {E, q}, w, false, s.type);
+    add(p + "attn_k.weight", {E, kv}, w, false, s.type);
+    add(p + "attn_v.weight", {E, kv}, w, false, s.type);
+    if (s.qkv_bias) {
+      add(p + "attn_q.bias", {q}, 0.1f, false, DType::kF32);
+      add(p + "attn_k.bias", {kv}, 0.1f, false, DType::kF32);
+      add(p + "attn_v.bias", {kv}, 0.1f, false, DType::kF32);
+    }
+    add(p + "attn_output.weight", {q, E}, w, false, s.type);
+    add(p + "ffn_norm.weight", {E}, 0, true, DType::kF32);
+    add(p + "ffn_gate.weight", {E, F}, w, false, s.type);
+    add(p + "ffn_up.weight", {E, F}, w, false, s.type);
+    add(p + "ffn_down.weight", {F, E}, 1.0f / std::sqrt(float(F)), false, s.type);
+  }
+  return b.Build();
+}
+
+}  // namespace pd::engine::testing
