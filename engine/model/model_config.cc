@@ -81,7 +81,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   }
   c.rope_dim = static_cast<int>(rope_dim);
   PD_ASSIGN_OR_RETURN(double base, f.GetFloatOr(p + "rope.freq_base", 10000.0));
-  if (!(base > 1.0) || !std::isfinite(base)) {
+  if (!(base > 1.0) || !std::isfinite(static_cast<float>(base))) {
     return absl::InvalidArgumentError(pd::StrCat("rope.freq_base ", base, " must be > 1"));
   }
   c.rope_freq_base = static_cast<float>(base);
@@ -112,6 +112,10 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   // Vocabulary size: from the token list, or the embedding table for files without one.
   if (f.Has("tokenizer.ggml.tokens")) {
     PD_ASSIGN_OR_RETURN(auto tokens, f.GetStringArray("tokenizer.ggml.tokens"));
+    if (tokens.size() > (size_t{1} << 24)) {
+      return absl::InvalidArgumentError(pd::StrCat("vocabulary of ", tokens.size(),
+                                                   " tokens exceeds the supported 2^24"));
+    }
     c.n_vocab = static_cast<int>(tokens.size());
   }
   const GgufTensorInfo* embd = f.FindTensor("token_embd.weight");
@@ -120,6 +124,10 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   }
   if (embd->shape.size() != 2) {
     return absl::InvalidArgumentError("tensor 'token_embd.weight' is not 2-D");
+  }
+  if (embd->shape[1] > (int64_t{1} << 24)) {
+    return absl::InvalidArgumentError(pd::StrCat("token_embd.weight has ", embd->shape[1],
+                                                 " rows, more than the supported 2^24 tokens"));
   }
   if (c.n_vocab == 0) c.n_vocab = static_cast<int>(embd->shape[1]);
   c.tied_output = f.FindTensor("output.weight") == nullptr;
