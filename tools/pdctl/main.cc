@@ -69,6 +69,7 @@ struct EngineFlags {
   std::string kv_type = "f16";
   int ctx = 0;
   std::string backend = "cpu";
+  std::string cpu_kernels = "auto";
 
   void Add(CLI::App* app) {
     app->add_option("-m,--model", model, "GGUF model file")->required();
@@ -78,6 +79,9 @@ struct EngineFlags {
     app->add_option("-c,--ctx", ctx, "context size in tokens (0 = min(training context, 4096))");
     app->add_option("--backend", backend, "compute backend: cpu or cuda")
         ->check(CLI::IsMember({"cpu", "cuda"}));
+    app->add_option("--cpu-kernels", cpu_kernels,
+                    "CPU kernels: auto (AVX2+FMA when the CPU has them) or scalar (portable)")
+        ->check(CLI::IsMember({"auto", "scalar"}));
   }
 };
 
@@ -96,6 +100,7 @@ absl::StatusOr<Engine> LoadEngine(const EngineFlags& f) {
   } else {
     engine::CpuBackendOptions o;
     o.threads = f.threads;
+    o.force_scalar = f.cpu_kernels == "scalar";
     e.backend = engine::CreateCpuBackend(o);
   }
   PD_ASSIGN_OR_RETURN(std::unique_ptr<engine::GgufFile> file, engine::GgufFile::Open(f.model));
