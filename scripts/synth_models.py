@@ -190,6 +190,20 @@ VARIANTS: dict[str, Variant] = {
 }
 
 
+# The model `make run` serves until a trained default model is supported: bigger than the test
+# variants so that pdctl's speed figures mean something (about 60 MB of Q8_0 weights), random
+# weights, so its text is gibberish by construction.
+DEMO = Variant(
+    name="demo-llama-q8_0",
+    description="pdserve demo: synthetic Llama, GQA 8/2, Q8_0, SPM vocab, random weights",
+    arch="llama", vocab="llama-spm",
+    n_embd=512, n_layer=8, n_head=8, n_head_kv=2, n_ff=1408,
+    weight_type="q8_0", tied_output=False,
+    rope_base=10000.0, rms_eps=1e-5, seed=7,
+    embd_std=1.0, qk_gain=1.0,
+)
+
+
 def tokenizer_dir() -> Path:
     """Folder with ggml-vocab-*.gguf: $PD_TOKENIZER_DIR, else testdata/tokenizer in the repo, else
     the checkout's sibling shared/testdata/tokenizer."""
@@ -375,7 +389,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                         "testdata/tokenizer, ../shared/testdata/tokenizer)")
     parser.add_argument("--sha256", action="store_true", help="also print each file's SHA-256")
     parser.add_argument("--list", action="store_true", help="list the variants and exit")
+    parser.add_argument("--demo", type=Path, metavar="PATH",
+                        help="write the demo model (what `make run` serves) to PATH and exit")
     args = parser.parse_args(argv)
+
+    if args.demo is not None:
+        path = write_variant(DEMO, args.demo.parent, args.tokenizer_dir)
+        if path != args.demo:
+            path.replace(args.demo)
+        print(args.demo)
+        return 0
 
     if args.list:
         for v in VARIANTS.values():

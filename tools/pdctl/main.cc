@@ -8,6 +8,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -201,7 +202,9 @@ int RunGenerate(const GenerateFlags& g) {
                "decode:  %zu tokens in %.3f s = %.2f tokens/s\n"
                "finish:  %s | peak memory (RSS): %.1f MiB\n",
                g.engine.model.c_str(), cfg.arch.c_str(), cfg.n_layer,
-               e->model->weights().total_bytes / 1048576.0, g.engine.threads,
+               e->model->weights().total_bytes / 1048576.0,
+               g.engine.threads > 0 ? g.engine.threads
+                                    : static_cast<int>(std::thread::hardware_concurrency()),
                static_cast<unsigned long long>(opt.sampling.seed), r->prompt_tokens,
                r->prefill_seconds, r->prompt_tokens / std::max(r->prefill_seconds, 1e-9),
                r->tokens.size(), r->decode_seconds, n_dec / std::max(r->decode_seconds, 1e-9),

@@ -1,0 +1,99 @@
+"""pdctl as a user meets it: help, errors on bad input, reproducible sampling, stop strings,
+tokenization and the figures printed on stderr."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+
+def run(pdctl: Path, *args: str, check: bool = False) -> subprocess.CompletedProcess:
+    p = subprocess.run([str(pdctl), *args], capture_output=True, timeout=120)
+    if check and p.returncode != 0:
+        raise AssertionError(f"pdctl {' '.join(args)} failed ({p.returncode}):\n"
+                             f"{p.stderr.decode(errors='replace')}")
+    return p
+
+
+def test_help_lists_subcommands(pdctl):
+    p = run(pdctl, "--help", check=True)
+    out = p.stdout.decode()
+    for sub in ("generate", "tokenize", "logits"):
+        assert sub in out
+    g = run(pdctl, "generate", "--help", check=True).stdout.decode()
+    for flag in ("--temperature", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed",
+                 "--stop", "--threads", "--ignore-eos", "-n,--n-predict"):
+        assert flag in g, flag
+
+
+def test_missing_model_is_a_clear_error(pdctl, tmp_path):
+    p = run(pdctl, "generate", "-m", str(tmp_path / "nope.gguf"), "-p", "hi")
+    assert p.returncode != 0
+    assert b"cannot open" in p.stderr and b"nope.gguf" in p.stderr
+
+
+def test_truncated_model_is_a_clear_error(pdctl, synth_model, tmp_path):
+    data = synth_model("llama2_f32").read_bytes()
+    bad = tmp_path / "truncated.gguf"
+    bad.write_bytes(data[: len(data) // 2])
+    p = run(pdctl, "generate", "-m", str(bad), "-p", "hi", "-n", "4")
+    assert p.returncode != 0
+    assert b"truncated" in p.stderr or b"outside" in p.stderr, p.stderr
+
+
+def test_not_a_gguf_is_a_clear_error(pdctl, tmp_path):
+    bad = tmp_path / "text.gguf"
+    bad.write_text("hello, this is not a model\n")
+    p = run(pdctl, "tokenize", "-m", str(bad), "--text", "x")
+    assert p.returncode != 0
+    assert b"not a GGUF file" in p.stderr
+
+
+def test_prompt_longer_than_context_is_refused(pdctl, synth_model):
+    p = run(pdctl, "generate", "-m", str(synth_model("llama2_f32")), "--prompt-ids",
+            " ".join(["5"] * 40), "-n", "30", "--ctx", "64")
+    assert p.returncode != 0
+    assert b"exceeds the KV cache capacity" in p.stderr
+
+
+def test_seeded_sampling_is_reproducible_and_reports_figures(pdctl, synth_model):
+    m = str(synth_model("llama2_f32"))
+    args = ("generate", "-m", m, "-p", "The quick brown fox", "-n", "24", "--temperature", "1.0",
+            "--top-k", "0", "--top-p", "1", "--min-p", "0", "--ignore-eos")
+    a = run(pdctl, *args, "--seed", "7", check=True)
+    b = run(pdctl, *args, "--seed", "7", check=True)
+    c = run(pdctl, *args, "--seed", "8", check=True)
+    assert a.stdout == b.stdout
+    assert a.stdout != c.stdout
+    err = a.stderr.decode()
+    for what in ("prompt:", "decode:", "tokens/s", "peak memory", "seed: 7"):
+        assert what in err, err
+
+
+def test_stop_string_cuts_the_output(pdctl, synth_model):
+    m = str(synth_model("llama2_f32"))
+    args = ("generate", "-m", m, "-p", "Once", "-n", "40", "--temperature", "0", "--ignore-eos")
+    full = run(pdctl, *args, check=True).stdout.decode()
+    text = full.rstrip("\n")
+    assert len(text) > 20
+    stop = text[10:14]
+    cut = run(pdctl, *args, "--stop", stop, check=True).stdout.decode().rstrip("\n")
+    assert cut == text[: text.find(stop)]
+
+
+def test_tokenize_matches_llamacpp_test_vectors(pdctl, repo_root):
+    base = repo_root / "testdata" / "tokenizer" / "ggml-vocab-llama-spm.gguf"
+    cases = base.with_suffix(".gguf.inp").read_text().split("\n__ggml_vocab_test__\n")
+    expected = base.with_suffix(".gguf.out").read_text().split("\n")
+    checked = 0
+    for text, ids in zip(cases, expected):
+        if not text.strip() or "\n" in text:
+            continue
+        p = run(pdctl, "tokenize", "-m", str(base), "--no-special", "--text", text, check=True)
+        assert p.stdout.decode().split() == ids.split(), text
+        checked += 1
+    assert checked >= 10
+    with_bos = run(pdctl, "tokenize", "-m", str(base), "--text", "Hello", check=True)
+    assert with_bos.stdout.decode().split()[0] == "1"  # BOS added without --no-special
