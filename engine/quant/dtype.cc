@@ -12,11 +12,26 @@ const DTypeTraits& Traits(DType t) {
   static const DTypeTraits kF16{"f16", 1, 2};
   static const DTypeTraits kBF16{"bf16", 1, 2};
   static const DTypeTraits kQ8_0{"q8_0", 32, 34};
+  // Bytes per block from the layouts in k_quants.h (static_asserts there check the structs).
+  static const DTypeTraits kQ4_0{"q4_0", 32, 18};    // f16 d + 16 bytes of nibbles
+  static const DTypeTraits kQ2_K{"q2_K", 256, 84};   // 16 + 64 + 2 x f16
+  static const DTypeTraits kQ3_K{"q3_K", 256, 110};  // 32 + 64 + 12 + f16
+  static const DTypeTraits kQ4_K{"q4_K", 256, 144};  // 2 x f16 + 12 + 128
+  static const DTypeTraits kQ5_K{"q5_K", 256, 176};  // 2 x f16 + 12 + 32 + 128
+  static const DTypeTraits kQ6_K{"q6_K", 256, 210};  // 128 + 64 + 16 + f16
+  static const DTypeTraits kQ8_K{"q8_K", 256, 292};  // f32 + 256 + 16 x int16
   switch (t) {
     case DType::kF32: return kF32;
     case DType::kF16: return kF16;
     case DType::kBF16: return kBF16;
     case DType::kQ8_0: return kQ8_0;
+    case DType::kQ4_0: return kQ4_0;
+    case DType::kQ2_K: return kQ2_K;
+    case DType::kQ3_K: return kQ3_K;
+    case DType::kQ4_K: return kQ4_K;
+    case DType::kQ5_K: return kQ5_K;
+    case DType::kQ6_K: return kQ6_K;
+    case DType::kQ8_K: return kQ8_K;
   }
   PD_CHECK_MSG(false, "unsupported DType");
 }
@@ -25,7 +40,14 @@ std::optional<DType> DTypeFromGgml(uint32_t v) {
   switch (v) {
     case 0: return DType::kF32;
     case 1: return DType::kF16;
+    case 2: return DType::kQ4_0;
     case 8: return DType::kQ8_0;
+    case 10: return DType::kQ2_K;
+    case 11: return DType::kQ3_K;
+    case 12: return DType::kQ4_K;
+    case 13: return DType::kQ5_K;
+    case 14: return DType::kQ6_K;
+    case 15: return DType::kQ8_K;
     case 30: return DType::kBF16;
     default: return std::nullopt;
   }

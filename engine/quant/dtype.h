@@ -14,15 +14,23 @@ namespace pd::engine {
 enum class DType : uint32_t {
   kF32 = 0,
   kF16 = 1,
+  kQ4_0 = 2,
   kQ8_0 = 8,
+  kQ2_K = 10,
+  kQ3_K = 11,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kQ8_K = 15,  // activations for dot products with k-quant weights; never in model files
   kBF16 = 30,
 };
 
 struct DTypeTraits {
-  std::string_view name;  // as ggml spells it: "f32", "q8_0", ...
+  std::string_view name;  // as ggml spells it: "f32", "q8_0", "q4_K", ...
   int block_size;         // elements per block (1 for plain floats)
   size_t block_bytes;     // bytes per block
 };
+// Layouts of the quantized types: q8_0.h (Q8_0) and k_quants.h (Q4_0, Q2_K .. Q6_K, Q8_K).
 
 // Traits of a supported type. PD_CHECKs that `t` is supported.
 const DTypeTraits& Traits(DType t);

@@ -24,6 +24,7 @@
 #include "engine/backend/cpu/kernels.h"
 #include "engine/backend/cpu/thread_pool.h"
 #include "engine/quant/dtype.h"
+#include "engine/quant/k_quants.h"
 #include "engine/quant/q8_0.h"
 
 namespace pd::engine {
@@ -58,6 +59,18 @@ void* AlignedAlloc(size_t bytes) {
 }
 
 bool IsSupported(DType t) { return DTypeFromGgml(static_cast<uint32_t>(t)).has_value(); }
+
+// Weight types MatMul has kernels for. The k-quants (Q4_0, Q2_K .. Q8_K) are only dequantized
+// (GetRows) for now; MatMul and MapWeights refuse them with UNIMPLEMENTED (before looking at the
+// shape), so that a model holding them fails at load time rather than in its first forward pass.
+bool HasMatMul(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || t == DType::kQ8_0;
+}
+
+absl::Status NoMatMul(const Tensor& w, const char* what) {
+  return absl::UnimplementedError(absl::StrCat(what, ": the CPU backend has no matmul for ",
+                                               std::string(Traits(w.type).name), " weights yet"));
+}
 
 std::string Describe(const Tensor& t) {
   return absl::StrCat(IsSupported(t.type) ? std::string(Traits(t.type).name)
@@ -205,6 +218,7 @@ class CpuBackend final : public Backend {
   }
 
   absl::StatusOr<Tensor> MapWeights(const Tensor& host, std::unique_ptr<Buffer>* storage) override {
+    if (IsSupported(host.type) && !HasMatMul(host.type)) return NoMatMul(host, "MapWeights");
     PD_RETURN_IF_ERROR(CheckTensor(host, "MapWeights"));
     if (storage != nullptr) storage->reset();
     return host;
@@ -264,6 +278,7 @@ class CpuBackend final : public Backend {
 // Bytes: weights m * row_bytes(w) once, activations n * k * 4 plus their converted copy, and per
 // weight chunk a pass over the converted activations (from cache). Flops: 2 * n * m * k.
 absl::Status CpuBackend::MatMul(const Tensor& w, const Tensor& x, Tensor& y) {
+  if (IsSupported(w.type) && !HasMatMul(w.type)) return NoMatMul(w, "MatMul");
   PD_RETURN_IF_ERROR(CheckTensor(w, "MatMul w"));
   PD_RETURN_IF_ERROR(CheckF32(x, "MatMul x"));
   PD_RETURN_IF_ERROR(CheckF32(y, "MatMul y"));
@@ -308,7 +323,14 @@ absl::Status CpuBackend::MatMul(const Tensor& w, const Tensor& x, Tensor& y) {
                 kn.quantize_q8_0(src, reinterpret_cast<BlockQ8_0*>(dst), k);
                 break;
               case DType::kF32:
-                PD_CHECK(false);
+              case DType::kQ4_0:
+              case DType::kQ2_K:
+              case DType::kQ3_K:
+              case DType::kQ4_K:
+              case DType::kQ5_K:
+              case DType::kQ6_K:
+              case DType::kQ8_K:
+                PD_CHECK(false);  // F32 needs no conversion; HasMatMul refused the rest
             }
           }
         },
@@ -377,6 +399,15 @@ absl::Status CpuBackend::GetRows(const Tensor& table, absl::Span<const int32_t> 
               break;
             case DType::kQ8_0:
               k_.dequantize_q8_0(reinterpret_cast<const BlockQ8_0*>(src), dst, cols);
+              break;
+            case DType::kQ4_0:
+            case DType::kQ2_K:
+            case DType::kQ3_K:
+            case DType::kQ4_K:
+            case DType::kQ5_K:
+            case DType::kQ6_K:
+            case DType::kQ8_K:
+              DequantizeRow(table.type, src, dst, cols);  // scalar reference (k_quants.h)
               break;
           }
         }

@@ -667,12 +667,12 @@ Bytes TensorInfo(std::string_view name, const std::vector<uint64_t>& dims, uint3
 }
 
 TEST(GgufMalformedTest, UnknownTensorTypeIsNamed) {
-  EXPECT_THAT(ParseBytes(GgufBuilder().Tensor("blk.0.ffn_up.weight", {256, 4}, 12).Build()),
+  EXPECT_THAT(ParseBytes(GgufBuilder().Tensor("blk.0.ffn_up.weight", {256, 4}, 20).Build()),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       "tensor 'blk.0.ffn_up.weight' has type q4_K, which this engine does not "
+                       "tensor 'blk.0.ffn_up.weight' has type iq4_nl, which this engine does not "
                        "support"));
-  EXPECT_THAT(ParseBytes(GgufBuilder().Tensor("t", {32}, 2).Build()),
-              StatusIs(absl::StatusCode::kInvalidArgument, "has type q4_0"));
+  EXPECT_THAT(ParseBytes(GgufBuilder().Tensor("t", {32}, 6).Build()),
+              StatusIs(absl::StatusCode::kInvalidArgument, "has type q5_0"));
   EXPECT_THAT(ParseBytes(GgufBuilder().Tensor("t", {32}, 200).Build()),
               StatusIs(absl::StatusCode::kInvalidArgument, "has type type 200"));
 }
