@@ -58,6 +58,19 @@ Tensor Model::Scratch(int index, int64_t cols, int64_t rows) {
   return Tensor{DType::kF32, cols, rows, scratch_[index]->data()};
 }
 
+absl::Status Model::Linear(const Tensor& w, const char* name, int layer, const Tensor& x,
+                           Tensor& y) {
+  if (observer_ != nullptr) {
+    observe_buf_.resize(static_cast<size_t>(x.numel()));
+    PD_RETURN_IF_ERROR(backend_.Download(observe_buf_.data(), x.data, x.bytes()));
+    PD_RETURN_IF_ERROR(backend_.Synchronize());
+    const std::string full = layer >= 0 ? pd::StrCat("blk.", layer, ".", name, ".weight")
+                                        : pd::StrCat(name, ".weight");
+    observer_->Observe(full, observe_buf_.data(), x.rows, x.cols);
+  }
+  return backend_.MatMul(w, x, y);
+}
+
 absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>* logits) {
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(batch.size());
@@ -130,9 +143,9 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
     const LayerWeights& w = weights_->layers[l];
     // Attention block.  h = norm(x); q,k,v = h W^T (+ b); rope; store; attend; x += attn Wo^T
     PD_RETURN_IF_ERROR(b.RmsNorm(x, w.attn_norm, c.rms_eps, h));
-    PD_RETURN_IF_ERROR(b.MatMul(w.wq, h, q));
-    PD_RETURN_IF_ERROR(b.MatMul(w.wk, h, k));
-    PD_RETURN_IF_ERROR(b.MatMul(w.wv, h, v));
+    PD_RETURN_IF_ERROR(Linear(w.wq, "attn_q", l, h, q));
+    PD_RETURN_IF_ERROR(Linear(w.wk, "attn_k", l, h, k));
+    PD_RETURN_IF_ERROR(Linear(w.wv, "attn_v", l, h, v));
     if (w.bq.data != nullptr) {
       PD_RETURN_IF_ERROR(b.AddBias(q, w.bq, q));
       PD_RETURN_IF_ERROR(b.AddBias(k, w.bk, k));
@@ -142,14 +155,14 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
     PD_RETURN_IF_ERROR(b.Rope(k, c.n_head_kv, pos, rope));
     PD_RETURN_IF_ERROR(b.StoreKv(k, v, kv.k(l), kv.v(l), kvb));
     PD_RETURN_IF_ERROR(b.Attention(q, kv.k(l), kv.v(l), kvb, ap, attn));
-    PD_RETURN_IF_ERROR(b.MatMul(w.wo, attn, o));
+    PD_RETURN_IF_ERROR(Linear(w.wo, "attn_output", l, attn, o));
     PD_RETURN_IF_ERROR(b.Add(x, o, x));
     // Feed-forward block (SwiGLU).  x += (silu(h Wg^T) * (h Wu^T)) Wd^T
     PD_RETURN_IF_ERROR(b.RmsNorm(x, w.ffn_norm, c.rms_eps, h));
-    PD_RETURN_IF_ERROR(b.MatMul(w.w_gate, h, gate));
-    PD_RETURN_IF_ERROR(b.MatMul(w.w_up, h, up));
+    PD_RETURN_IF_ERROR(Linear(w.w_gate, "ffn_gate", l, h, gate));
+    PD_RETURN_IF_ERROR(Linear(w.w_up, "ffn_up", l, h, up));
     PD_RETURN_IF_ERROR(b.SwiGlu(gate, up, gate));
-    PD_RETURN_IF_ERROR(b.MatMul(w.w_down, gate, o));
+    PD_RETURN_IF_ERROR(Linear(w.w_down, "ffn_down", l, gate, o));
     PD_RETURN_IF_ERROR(b.Add(x, o, x));
   }
   if (logits == nullptr) return b.Synchronize();
@@ -162,7 +175,8 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
   Tensor out_logits = Scratch(kLogits, c.n_vocab, n_out);
   PD_RETURN_IF_ERROR(b.GetRows(x, absl::MakeConstSpan(batch.logits_rows), out_x));
   PD_RETURN_IF_ERROR(b.RmsNorm(out_x, weights_->output_norm, c.rms_eps, out_h));
-  PD_RETURN_IF_ERROR(b.MatMul(weights_->output, out_h, out_logits));
+  PD_RETURN_IF_ERROR(Linear(weights_->output, c.tied_output ? "token_embd" : "output", -1, out_h,
+                            out_logits));
   logits->resize(static_cast<size_t>(n_out) * c.n_vocab);
   PD_RETURN_IF_ERROR(b.Download(logits->data(), out_logits.data, out_logits.bytes()));
   return b.Synchronize();

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -34,6 +35,15 @@ struct Batch {
   size_t size() const { return tokens.size(); }
 };
 
+// Sees the input of every weight matmul during Model::Forward: what quantizers calibrate on.
+// Called on the engine thread, synchronously, with host copies of the activations.
+class MatMulObserver {
+ public:
+  virtual ~MatMulObserver() = default;
+  // `weight`: the GGUF tensor name ("blk.3.ffn_down.weight"); `x`: [rows, cols] F32 activations.
+  virtual void Observe(std::string_view weight, const float* x, int64_t rows, int64_t cols) = 0;
+};
+
 class Model {
  public:
   // Reads the config, validates and maps the weights. `file` is shared so the mapped bytes
@@ -54,11 +64,16 @@ class Model {
   // `logits` holds logits_rows.size() rows of n_vocab floats, in logits_rows order.
   absl::Status Forward(const Batch& batch, KvCache& kv, std::vector<float>* logits);
 
+  // Observer of matmul inputs (nullptr = none, the default). Not owned; must outlive its use.
+  void set_observer(MatMulObserver* observer) { observer_ = observer; }
+
  private:
   Model(std::shared_ptr<const GgufFile> file, Backend& backend)
       : file_(std::move(file)), backend_(backend) {}
   absl::Status EnsureScratch(int64_t n_tokens, int64_t n_out);
   Tensor Scratch(int index, int64_t cols, int64_t rows);
+  // MatMul of a named weight; reports the input to the observer first, if any.
+  absl::Status Linear(const Tensor& w, const char* name, int layer, const Tensor& x, Tensor& y);
 
   std::shared_ptr<const GgufFile> file_;
   Backend& backend_;
@@ -67,6 +82,8 @@ class Model {
   std::vector<std::unique_ptr<Buffer>> scratch_;
   int64_t scratch_tokens_ = 0;
   int64_t scratch_out_ = 0;
+  MatMulObserver* observer_ = nullptr;
+  std::vector<float> observe_buf_;
 };
 
 }  // namespace pd::engine

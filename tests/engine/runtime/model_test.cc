@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -119,6 +121,36 @@ TEST_P(ModelTest, GreedyGenerationIsDeterministicAndFreesKv) {
   EXPECT_EQ(r1->tokens, r2->tokens);
   EXPECT_EQ(r1->tokens.size(), 12u);
   EXPECT_EQ(r1->finish_reason, "length");
+}
+
+TEST_P(ModelTest, ObserverSeesEveryMatMulInputWithoutChangingResults) {
+  auto f = Make(GetParam());
+  const ModelConfig& c = f->model->config();
+  struct Recorder : MatMulObserver {
+    std::vector<std::string> names;
+    std::vector<std::pair<int64_t, int64_t>> shapes;
+    double sum = 0;
+    void Observe(std::string_view w, const float* x, int64_t rows, int64_t cols) override {
+      names.emplace_back(w);
+      shapes.emplace_back(rows, cols);
+      for (int64_t i = 0; i < rows * cols; ++i) sum += std::fabs(x[i]);
+    }
+  } rec;
+  const std::vector<int32_t> prompt = {4, 8, 15, 16, 23};
+  std::vector<float> plain = AllLogits(*f, prompt, 0);
+  f->kv->Free(0);
+  f->model->set_observer(&rec);
+  std::vector<float> observed = AllLogits(*f, prompt, 0);
+  f->model->set_observer(nullptr);
+  EXPECT_EQ(plain, observed);
+  ASSERT_EQ(rec.names.size(), size_t(7 * c.n_layer + 1));
+  EXPECT_EQ(rec.names[0], "blk.0.attn_q.weight");
+  EXPECT_EQ(rec.names[3], "blk.0.attn_output.weight");
+  EXPECT_EQ(rec.shapes[3], std::make_pair(int64_t{5}, int64_t{c.n_head} * c.head_dim));
+  EXPECT_EQ(rec.names[6], "blk.0.ffn_down.weight");
+  EXPECT_EQ(rec.shapes[6], std::make_pair(int64_t{5}, int64_t{c.n_ff}));
+  EXPECT_EQ(rec.names.back(), c.tied_output ? "token_embd.weight" : "output.weight");
+  EXPECT_GT(rec.sum, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(
