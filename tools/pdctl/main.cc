@@ -1,5 +1,6 @@
 // pdctl: the pdserve command line. Subcommands: generate, tokenize, logits.
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +19,8 @@
 #include "engine/backend/backend.h"
 #include "engine/kv/kv_cache.h"
 #include "engine/model/gguf.h"
+#include "engine/model/model_finder.h"
+#include "engine/tokenizer/chat_template.h"
 #include "engine/runtime/model.h"
 #include "engine/sched/generate.h"
 #include "engine/sched/stop.h"
@@ -73,7 +76,8 @@ struct EngineFlags {
   std::string cpu_kernels = "auto";
 
   void Add(CLI::App* app) {
-    app->add_option("-m,--model", model, "GGUF model file")->required();
+    app->add_option("-m,--model", model,
+                    "GGUF model file (default: the default model, see `pdctl models`)");
     app->add_option("-t,--threads", threads, "CPU threads (0 = all cores)");
     app->add_option("--kv-type", kv_type, "KV cache element type: f16 or f32")
         ->check(CLI::IsMember({"f16", "f32"}));
@@ -94,8 +98,11 @@ struct Engine {
   std::unique_ptr<engine::KvCache> kv;
 };
 
-absl::StatusOr<Engine> LoadEngine(const EngineFlags& f) {
+absl::StatusOr<Engine> LoadEngine(EngineFlags& f) {
   Engine e;
+  if (f.model.empty()) {
+    PD_ASSIGN_OR_RETURN(f.model, engine::FindDefaultModel());
+  }
   if (f.backend == "cuda") {
     PD_ASSIGN_OR_RETURN(e.backend, engine::CreateCudaBackend(0));
   } else {
@@ -129,7 +136,7 @@ struct GenerateFlags {
   std::vector<std::string> stop;
 };
 
-int RunGenerate(const GenerateFlags& g) {
+int RunGenerate(GenerateFlags& g) {
   auto e = LoadEngine(g.engine);
   if (!e.ok()) return Fail(e.status());
   const engine::ModelConfig& cfg = e->model->config();
@@ -213,7 +220,7 @@ int RunGenerate(const GenerateFlags& g) {
 }
 
 // ---- logits ------------------------------------------------------------------------------------
-int RunLogits(const EngineFlags& f, const std::string& prompt_ids, const std::string& out_path) {
+int RunLogits(EngineFlags& f, const std::string& prompt_ids, const std::string& out_path) {
   auto ids = ParseIds(prompt_ids);
   if (!ids.ok()) return Fail(ids.status());
   if (ids->empty()) return Fail(absl::InvalidArgumentError("--prompt-ids is empty"));
@@ -249,6 +256,102 @@ int RunTokenize(const std::string& model, bool no_special, const std::string& fi
   std::string line;
   for (size_t i = 0; i < ids.size(); ++i) line += pd::StrCat(i ? " " : "", ids[i]);
   std::printf("%s\n", line.c_str());
+  return 0;
+}
+
+// ---- models -----------------------------------------------------------------------------------
+int RunModels() {
+  std::printf("search path:");
+  for (const std::string& d : engine::ModelSearchPath()) std::printf(" %s", d.c_str());
+  std::printf("\n");
+  auto def = engine::FindDefaultModel();
+  std::printf("default model: %s\n\n",
+              def.ok() ? def->c_str() : std::string(def.status().message()).c_str());
+  const auto models = engine::ListModels();
+  if (models.empty()) {
+    std::printf("no .gguf files found\n");
+    return 0;
+  }
+  std::printf("%-10s %-10s %-30s %s\n", "size(MiB)", "runs", "name / architecture", "path");
+  for (const auto& m : models) {
+    std::printf("%-10.1f %-10s %-30s %s\n", m.bytes / 1048576.0, m.loadable ? "yes" : "no",
+                pd::StrCat(m.name, " / ", m.architecture).substr(0, 60).c_str(), m.path.c_str());
+  }
+  return 0;
+}
+
+// ---- chat ---------------------------------------------------------------------------------------
+// Reads user turns line by line from stdin, answers each with the whole conversation as context.
+// Commands: /reset forgets the history, /exit (or end of input) quits.
+int RunChat(GenerateFlags& g, const std::string& system, const std::string& template_name) {
+  auto e = LoadEngine(g.engine);
+  if (!e.ok()) return Fail(e.status());
+  auto tok = engine::Tokenizer::FromGguf(*e->file);
+  if (!tok.ok()) return Fail(tok.status());
+  absl::StatusOr<engine::ChatTemplateKind> kind =
+      template_name.empty() ? engine::DetectChatTemplate(*e->file)
+                            : engine::ParseChatTemplateName(template_name);
+  if (!kind.ok()) return Fail(kind.status());
+
+  engine::GenerateOptions opt;
+  opt.max_tokens = g.n_predict;
+  opt.sampling.temperature = g.temperature;
+  opt.sampling.top_k = g.top_k;
+  opt.sampling.top_p = g.top_p;
+  opt.sampling.min_p = g.min_p;
+  opt.sampling.repetition_penalty = g.repeat_penalty;
+  opt.sampling.penalty_last_n = g.repeat_last_n;
+  opt.sampling.seed = g.seed >= 0 ? static_cast<uint64_t>(g.seed) : std::random_device{}();
+  for (int32_t id = 0; id < (*tok)->n_vocab(); ++id) {
+    if ((*tok)->IsEog(id)) opt.eog_tokens.insert(id);
+  }
+  const bool interactive = isatty(fileno(stdin));
+  std::vector<engine::ChatMessage> history;
+  if (!system.empty()) history.push_back({"system", system});
+  std::fprintf(stderr, "pdctl chat: %s (template %s). Type a message; /reset, /exit.\n",
+               g.engine.model.c_str(), std::string(engine::ChatTemplateName(*kind)).c_str());
+  std::string line;
+  while (true) {
+    if (interactive) std::fprintf(stderr, "> ");
+    if (!std::getline(std::cin, line) || line == "/exit") break;
+    if (line.empty()) continue;
+    if (line == "/reset") {
+      history.resize(system.empty() ? 0 : 1);
+      continue;
+    }
+    history.push_back({"user", line});
+    auto prompt_text = engine::ApplyChatTemplate(*kind, history, true);
+    if (!prompt_text.ok()) return Fail(prompt_text.status());
+    std::vector<int32_t> prompt = (*tok)->Encode(*prompt_text, true, true);
+    engine::StopMatcher stops(g.stop);
+    engine::StreamingDetokenizer detok(**tok);
+    std::string reply;
+    auto on_token = [&](int32_t id) {
+      std::string out = stops.Push(detok.Push(id));
+      reply += out;
+      std::fwrite(out.data(), 1, out.size(), stdout);
+      std::fflush(stdout);
+      return !stops.stopped();
+    };
+    auto r = engine::Generate(*e->model, *e->kv, 0, prompt, opt, on_token);
+    if (!r.ok()) {
+      // The conversation outgrew the context (or another request-level error): say so, keep going.
+      std::fprintf(stderr, "\npdctl chat: %s\n", std::string(r.status().ToString()).c_str());
+      history.pop_back();
+      continue;
+    }
+    std::string rest = stops.Push(detok.Flush()) + stops.Flush();
+    reply += rest;
+    std::fwrite(rest.data(), 1, rest.size(), stdout);
+    std::printf("\n");
+    std::fflush(stdout);
+    history.push_back({"assistant", reply});
+    const double n_dec = r->tokens.size() > 1 ? double(r->tokens.size() - 1) : 0;
+    std::fprintf(stderr, "[%d prompt tokens at %.1f tok/s, %zu generated at %.1f tok/s, %s]\n",
+                 r->prompt_tokens, r->prompt_tokens / std::max(r->prefill_seconds, 1e-9),
+                 r->tokens.size(), n_dec / std::max(r->decode_seconds, 1e-9),
+                 r->finish_reason.c_str());
+  }
   return 0;
 }
 
@@ -300,7 +403,29 @@ int main(int argc, char** argv) {
   auto* tt = tk->add_option("--text", tk_text, "the text");
   tf->excludes(tt);
 
+  CLI::App* models = app.add_subcommand("models", "list the model files pdctl can find, and where");
+
+  GenerateFlags cg;
+  std::string chat_system, chat_template;
+  CLI::App* chat = app.add_subcommand(
+      "chat", "chat with a model: one user message per line on stdin, replies on stdout");
+  cg.engine.Add(chat);
+  chat->add_option("--system", chat_system, "system message");
+  chat->add_option("--template", chat_template,
+                   "chat template: gemma, chatml, llama3, llama2 (default: from the model)");
+  chat->add_option("-n,--n-predict", cg.n_predict, "most tokens per reply")
+      ->check(CLI::NonNegativeNumber);
+  chat->add_option("--temperature,--temp", cg.temperature, "sampling temperature; 0 = greedy");
+  chat->add_option("--top-k", cg.top_k, "keep the k most likely tokens (0 = off)");
+  chat->add_option("--top-p", cg.top_p, "nucleus sampling mass (1 = off)");
+  chat->add_option("--min-p", cg.min_p, "drop tokens below min_p x the top probability (0 = off)");
+  chat->add_option("--repeat-penalty", cg.repeat_penalty, "repetition penalty (1 = off)");
+  chat->add_option("--seed", cg.seed, "RNG seed (-1 = random)");
+  chat->add_option("--stop", cg.stop, "stop string (repeatable)");
+
   CLI11_PARSE(app, argc, argv);
+  if (models->parsed()) return RunModels();
+  if (chat->parsed()) return RunChat(cg, chat_system, chat_template);
   if (gen->parsed()) {
     if (g.prompt.empty() && g.prompt_file.empty() && g.prompt_ids.empty()) {
       std::fprintf(stderr, "pdctl generate: give a prompt with -p, -f or --prompt-ids\n");
