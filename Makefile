@@ -5,12 +5,15 @@ CMAKE_FLAGS ?=
 PY := .venv/bin/python
 PDCTL := $(BUILD)/bin/pdctl
 DEMO_MODEL := models/demo-llama-q8_0.gguf
+DEFAULT_MODEL := models/gemma-3-270m-q4_k_m.gguf
+CHAT_PROMPT ?= Explain in two sentences why the sky is blue.
 FUZZ_SECONDS ?= 60
 
-.PHONY: help setup build test unit pytest fuzz run clean
+.PHONY: help setup build test unit pytest fuzz run demo clean
 
 help:
-	@echo "make run    - set up, build, and generate text with the demo model (the main job)"
+	@echo "make run    - set up, build, and answer a chat prompt with the default model (Gemma 3 270M)"
+	@echo "make demo   - generate text with the synthetic demo model (random weights)"
 	@echo "make test   - set up, build, and run every test (ctest, pytest, 60 s GGUF fuzzing)"
 	@echo "make setup  - install Debian packages and the Python venv (.venv); idempotent"
 	@echo "make build  - configure and build into $(BUILD)/ (CMAKE_FLAGS=... to add options)"
@@ -40,7 +43,11 @@ test: build
 $(DEMO_MODEL): scripts/synth_models.py
 	$(PY) scripts/synth_models.py --demo $(DEMO_MODEL)
 
-run: build $(DEMO_MODEL)
+run: build
+	@echo "> $(CHAT_PROMPT)"
+	@echo "$(CHAT_PROMPT)" | $(PDCTL) chat -m $(DEFAULT_MODEL) -n 120 --temperature 0 --repeat-penalty 1.2
+
+demo: build $(DEMO_MODEL)
 	$(PDCTL) generate -m $(DEMO_MODEL) -p "Once upon a time" -n 64 --seed 42
 
 clean:

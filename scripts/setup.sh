@@ -8,6 +8,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config clang libclang-rt-14-dev
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
   libspdlog-dev libfmt-dev libpcre2-dev libyaml-cpp-dev
+  fortunes  # calibration/evaluation texts of pdctl quantize (testdata/texts/manifest.json)
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev libucx-dev libcpp-httplib-dev
   python3 python3-venv
 )

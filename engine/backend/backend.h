@@ -118,7 +118,8 @@ class Backend {
 
   // y[n, m] = x[n, k] * w[m, k]^T. w: any supported type; x, y: F32. Like ggml, quantized and
   // half weights are dotted against activations converted to the weight's companion type
-  // (Q8_0 for Q8_0, F16 for F16, BF16 for BF16), F32 weights against F32 activations.
+  // (Q8_0 for Q8_0 and Q4_0, Q8_K for Q2_K .. Q6_K, F16 for F16, BF16 for BF16), F32 weights
+  // against F32 activations.
   virtual absl::Status MatMul(const Tensor& w, const Tensor& x, Tensor& y) = 0;
   // out[i, :] = dequant(table[ids[i], :]) (embedding lookup). out: F32 [ids.size(), table.cols].
   virtual absl::Status GetRows(const Tensor& table, absl::Span<const int32_t> ids, Tensor& out) = 0;
@@ -133,6 +134,13 @@ class Backend {
   virtual absl::Status AddBias(const Tensor& x, const Tensor& bias, Tensor& y) = 0;
   // y = silu(gate) * up elementwise.
   virtual absl::Status SwiGlu(const Tensor& gate, const Tensor& up, Tensor& y) = 0;
+  // y = gelu(gate) * up elementwise, GELU in its tanh form. Like ggml's CPU path, gelu is read
+  // from a table over all f16 inputs (gate rounded to f16, result rounded to f16) for |gate| < 10,
+  // gelu(x) = 0 below -10 and x above 10: this is what llama.cpp computes, and matching it keeps
+  // greedy decoding comparable token for token.
+  virtual absl::Status GeGlu(const Tensor& gate, const Tensor& up, Tensor& y) = 0;
+  // y = s * x elementwise (y may alias x).
+  virtual absl::Status Scale(const Tensor& x, float s, Tensor& y) = 0;
   // In-place numerically stable softmax over each row.
   virtual absl::Status Softmax(Tensor& x) = 0;
   // Writes k, v [n_tokens, n_kv_heads * head_dim] (F32) into the caches (F32 or F16, rows =

@@ -26,9 +26,9 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   ModelConfig c;
   PD_ASSIGN_OR_RETURN(std::string_view arch, f.GetString("general.architecture"));
   c.arch = std::string(arch);
-  if (c.arch != "llama" && c.arch != "qwen2") {
-    return absl::UnimplementedError(pd::StrCat("architecture '", c.arch,
-                                               "' is not supported (supported: llama, qwen2)"));
+  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "gemma3") {
+    return absl::UnimplementedError(pd::StrCat(
+        "architecture '", c.arch, "' is not supported (supported: llama, qwen2, gemma3)"));
   }
   if (auto name = f.GetString("general.name"); name.ok()) c.name = std::string(*name);
   const std::string p = c.arch + ".";
@@ -72,7 +72,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   }
   c.rms_eps = static_cast<float>(eps);
 
-  c.rope_mode = c.arch == "qwen2" ? RopeMode::kNeox : RopeMode::kNormal;
+  c.rope_mode = c.arch == "llama" ? RopeMode::kNormal : RopeMode::kNeox;
   PD_ASSIGN_OR_RETURN(uint64_t rope_dim, f.GetUintOr(p + "rope.dimension_count", c.head_dim));
   if (rope_dim == 0 || rope_dim > static_cast<uint64_t>(c.head_dim) || rope_dim % 2 != 0) {
     return absl::InvalidArgumentError(pd::StrCat("rope.dimension_count ", rope_dim,
@@ -131,6 +131,29 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   }
   if (c.n_vocab == 0) c.n_vocab = static_cast<int>(embd->shape[1]);
   c.tied_output = f.FindTensor("output.weight") == nullptr;
+
+  if (c.arch == "gemma3") {
+    // Gemma 3: scaled embeddings, Q/K norms, norms after each block, GeGLU, and five local
+    // (sliding-window, rope base 10000) layers for every global one. Rope scaling, when present,
+    // applies to the global layers only.
+    c.embedding_scale = std::sqrt(static_cast<float>(c.n_embd));
+    c.ffn_act = FfnActivation::kGeluTanh;
+    c.qk_norm = true;
+    c.post_norms = true;
+    c.swa_pattern = 6;
+    c.rope_freq_base_swa = 10000.f;
+    c.rope_freq_scale_swa = 1.f;
+    PD_ASSIGN_OR_RETURN(uint64_t window, f.GetUintOr(p + "attention.sliding_window", 0));
+    if (window == 0 || window > (uint64_t{1} << 24)) {
+      return absl::InvalidArgumentError(
+          pd::StrCat(p, "attention.sliding_window = ", window, " is out of range"));
+    }
+    c.sliding_window = static_cast<int>(window);
+    // The 27B model scales queries by 1/sqrt(n_embd / n_head); the others by 1/sqrt(head_dim).
+    c.attention_scale = c.n_layer == 62
+                            ? 1.0f / std::sqrt(static_cast<float>(c.n_embd / c.n_head))
+                            : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  }
   c.qkv_bias = f.FindTensor("blk.0.attn_q.bias") != nullptr;
   return c;
 }

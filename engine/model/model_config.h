@@ -12,6 +12,11 @@
 
 namespace pd::engine {
 
+enum class FfnActivation {
+  kSilu,      // SwiGLU: silu(gate) * up (Llama, Qwen2)
+  kGeluTanh,  // GeGLU: gelu_tanh(gate) * up (Gemma)
+};
+
 struct ModelConfig {
   std::string arch;  // general.architecture
   std::string name;  // general.name, if present
@@ -33,7 +38,24 @@ struct ModelConfig {
   bool tied_output = false;  // output head shares token_embd.weight
   bool qkv_bias = false;     // attn_{q,k,v}.bias present
 
-  // Reads and validates the config. INVALID_ARGUMENT names the key and the bad value;
+  // Architecture hooks (defaults are Llama's).
+  float embedding_scale = 0.f;  // > 0: embeddings are multiplied by it (Gemma: sqrt(n_embd))
+  FfnActivation ffn_act = FfnActivation::kSilu;
+  bool qk_norm = false;          // RMSNorm over each head of Q and K (attn_{q,k}_norm)
+  bool post_norms = false;       // RMSNorm on the attention and FFN outputs before the residual
+  float attention_scale = 0.f;   // Q is multiplied by this before Q.K; 0 = 1/sqrt(head_dim)
+  // Sliding-window attention: with swa_pattern P > 0, layer i is global when (i + 1) % P == 0 and
+  // attends to the last `sliding_window` positions otherwise, with its own rope base and scale.
+  int sliding_window = 0;
+  int swa_pattern = 0;
+  float rope_freq_base_swa = 10000.f;
+  float rope_freq_scale_swa = 1.f;
+
+  bool IsSlidingLayer(int layer) const {
+    return swa_pattern > 0 && sliding_window > 0 && (layer + 1) % swa_pattern != 0;
+  }
+
+  // Reads and validates the config (architectures: llama, qwen2, gemma3). INVALID_ARGUMENT names the key and the bad value;
   // UNIMPLEMENTED for an architecture or rope scaling this engine does not run.
   static absl::StatusOr<ModelConfig> FromGguf(const GgufFile& f);
 };

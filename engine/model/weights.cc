@@ -92,6 +92,15 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(const GgufFile& f, const 
     PD_ASSIGN_OR_RETURN(l.bk, L.Get(p + "attn_k.bias", kv_dim, 0, true, !c.qkv_bias));
     PD_ASSIGN_OR_RETURN(l.bv, L.Get(p + "attn_v.bias", kv_dim, 0, true, !c.qkv_bias));
     PD_ASSIGN_OR_RETURN(l.ffn_norm, L.Get(p + "ffn_norm.weight", c.n_embd, 0, true));
+    if (c.qk_norm) {
+      PD_ASSIGN_OR_RETURN(l.q_norm, L.Get(p + "attn_q_norm.weight", c.head_dim, 0, true));
+      PD_ASSIGN_OR_RETURN(l.k_norm, L.Get(p + "attn_k_norm.weight", c.head_dim, 0, true));
+    }
+    if (c.post_norms) {
+      PD_ASSIGN_OR_RETURN(l.post_attn_norm,
+                          L.Get(p + "post_attention_norm.weight", c.n_embd, 0, true));
+      PD_ASSIGN_OR_RETURN(l.post_ffn_norm, L.Get(p + "post_ffw_norm.weight", c.n_embd, 0, true));
+    }
     PD_ASSIGN_OR_RETURN(l.w_gate, L.Get(p + "ffn_gate.weight", c.n_embd, c.n_ff));
     PD_ASSIGN_OR_RETURN(l.w_up, L.Get(p + "ffn_up.weight", c.n_embd, c.n_ff));
     PD_ASSIGN_OR_RETURN(l.w_down, L.Get(p + "ffn_down.weight", c.n_ff, c.n_embd));

@@ -16,7 +16,10 @@ struct LayerWeights {
   Tensor attn_norm;            // F32 [1, n_embd]
   Tensor wq, wk, wv, wo;       // [n_head*hd, n_embd], [n_head_kv*hd, n_embd] x2, [n_embd, n_head*hd]
   Tensor bq, bk, bv;           // optional biases (data == nullptr when absent)
+  Tensor q_norm, k_norm;       // F32 [1, head_dim] (qk_norm architectures)
+  Tensor post_attn_norm;       // F32 [1, n_embd] (post_norms architectures)
   Tensor ffn_norm;             // F32 [1, n_embd]
+  Tensor post_ffn_norm;        // F32 [1, n_embd] (post_norms architectures)
   Tensor w_gate, w_up, w_down; // [n_ff, n_embd] x2, [n_embd, n_ff]
 };
 

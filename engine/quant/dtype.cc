@@ -13,7 +13,8 @@ const DTypeTraits& Traits(DType t) {
   static const DTypeTraits kBF16{"bf16", 1, 2};
   static const DTypeTraits kQ8_0{"q8_0", 32, 34};
   // Bytes per block from the layouts in k_quants.h (static_asserts there check the structs).
-  static const DTypeTraits kQ4_0{"q4_0", 32, 18};    // f16 d + 16 bytes of nibbles
+  static const DTypeTraits kQ4_0{"q4_0", 32, 18};
+  static const DTypeTraits kQ5_0{"q5_0", 32, 22};    // f16 d + 4 bytes of high bits + 16 of nibbles    // f16 d + 16 bytes of nibbles
   static const DTypeTraits kQ2_K{"q2_K", 256, 84};   // 16 + 64 + 2 x f16
   static const DTypeTraits kQ3_K{"q3_K", 256, 110};  // 32 + 64 + 12 + f16
   static const DTypeTraits kQ4_K{"q4_K", 256, 144};  // 2 x f16 + 12 + 128
@@ -26,6 +27,7 @@ const DTypeTraits& Traits(DType t) {
     case DType::kBF16: return kBF16;
     case DType::kQ8_0: return kQ8_0;
     case DType::kQ4_0: return kQ4_0;
+    case DType::kQ5_0: return kQ5_0;
     case DType::kQ2_K: return kQ2_K;
     case DType::kQ3_K: return kQ3_K;
     case DType::kQ4_K: return kQ4_K;
@@ -41,6 +43,7 @@ std::optional<DType> DTypeFromGgml(uint32_t v) {
     case 0: return DType::kF32;
     case 1: return DType::kF16;
     case 2: return DType::kQ4_0;
+    case 6: return DType::kQ5_0;
     case 8: return DType::kQ8_0;
     case 10: return DType::kQ2_K;
     case 11: return DType::kQ3_K;

@@ -15,6 +15,7 @@ enum class DType : uint32_t {
   kF32 = 0,
   kF16 = 1,
   kQ4_0 = 2,
+  kQ5_0 = 6,
   kQ8_0 = 8,
   kQ2_K = 10,
   kQ3_K = 11,

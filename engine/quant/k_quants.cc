@@ -4,6 +4,8 @@
 // the results are bit-exact with llama.cpp's; this file is built with -ffp-contract=off.
 #include "engine/quant/k_quants.h"
 
+#include "engine/quant/q5_0.h"
+
 #include <cstring>
 
 #include "common/status.h"
@@ -150,6 +152,8 @@ void DequantizeRow(DType t, const void* x, float* y, int64_t n) {
       return DequantizeRowQ8_0(static_cast<const BlockQ8_0*>(x), y, n);
     case DType::kQ4_0:
       return DequantizeRow(static_cast<const BlockQ4_0*>(x), y, n);
+    case DType::kQ5_0:
+      return DequantizeRowQ5_0(static_cast<const BlockQ5_0*>(x), y, n);
     case DType::kQ2_K:
       return DequantizeRow(static_cast<const BlockQ2_K*>(x), y, n);
     case DType::kQ3_K:
@@ -180,6 +184,8 @@ void QuantizeRow(DType t, const float* x, void* y, int64_t n, const float* impor
       return QuantizeRowQ8_0(x, static_cast<BlockQ8_0*>(y), n);
     case DType::kQ4_0:
       return QuantizeRow(x, static_cast<BlockQ4_0*>(y), n, importance);
+    case DType::kQ5_0:
+      return QuantizeRowQ5_0(x, static_cast<BlockQ5_0*>(y), n);  // importance not used
     case DType::kQ2_K:
       return QuantizeRow(x, static_cast<BlockQ2_K*>(y), n, importance);
     case DType::kQ3_K:

@@ -128,20 +128,29 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
   rope.mode = c.rope_mode;
   rope.head_dim = c.head_dim;
   rope.rot_dim = c.rope_dim;
-  rope.freq_base = c.rope_freq_base;
-  rope.freq_scale = c.rope_freq_scale;
   rope.freq_factors = absl::MakeConstSpan(weights_->rope_freq_factors);
   AttentionParams ap;
   ap.n_heads = c.n_head;
   ap.n_kv_heads = c.n_head_kv;
   ap.head_dim = c.head_dim;
-  ap.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  // Architectures with an explicit query scale apply it to Q (as llama.cpp does); the others
+  // scale the Q.K logits.
+  ap.scale = c.attention_scale > 0 ? 1.0f : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   const absl::Span<const int32_t> pos = absl::MakeConstSpan(batch.pos);
+  // Per-head views for Q/K norms: [n_tokens * heads, head_dim].
+  Tensor q_heads{DType::kF32, c.head_dim, n * c.n_head, q.data};
+  Tensor k_heads{DType::kF32, c.head_dim, n * c.n_head_kv, k.data};
 
   PD_RETURN_IF_ERROR(b.GetRows(weights_->token_embd, absl::MakeConstSpan(batch.tokens), x));
+  if (c.embedding_scale > 0) PD_RETURN_IF_ERROR(b.Scale(x, c.embedding_scale, x));
   for (int l = 0; l < c.n_layer; ++l) {
     const LayerWeights& w = weights_->layers[l];
-    // Attention block.  h = norm(x); q,k,v = h W^T (+ b); rope; store; attend; x += attn Wo^T
+    const bool sliding = c.IsSlidingLayer(l);
+    rope.freq_base = sliding ? c.rope_freq_base_swa : c.rope_freq_base;
+    rope.freq_scale = sliding ? c.rope_freq_scale_swa : c.rope_freq_scale;
+    ap.window = sliding ? c.sliding_window : 0;
+    // Attention block.  h = norm(x); q,k,v = h W^T (+ b); [qk norm]; rope; store; attend;
+    // x += [post norm](attn Wo^T)
     PD_RETURN_IF_ERROR(b.RmsNorm(x, w.attn_norm, c.rms_eps, h));
     PD_RETURN_IF_ERROR(Linear(w.wq, "attn_q", l, h, q));
     PD_RETURN_IF_ERROR(Linear(w.wk, "attn_k", l, h, k));
@@ -151,18 +160,29 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
       PD_RETURN_IF_ERROR(b.AddBias(k, w.bk, k));
       PD_RETURN_IF_ERROR(b.AddBias(v, w.bv, v));
     }
+    if (c.qk_norm) {
+      PD_RETURN_IF_ERROR(b.RmsNorm(q_heads, w.q_norm, c.rms_eps, q_heads));
+      PD_RETURN_IF_ERROR(b.RmsNorm(k_heads, w.k_norm, c.rms_eps, k_heads));
+    }
     PD_RETURN_IF_ERROR(b.Rope(q, c.n_head, pos, rope));
     PD_RETURN_IF_ERROR(b.Rope(k, c.n_head_kv, pos, rope));
+    if (c.attention_scale > 0) PD_RETURN_IF_ERROR(b.Scale(q, c.attention_scale, q));
     PD_RETURN_IF_ERROR(b.StoreKv(k, v, kv.k(l), kv.v(l), kvb));
     PD_RETURN_IF_ERROR(b.Attention(q, kv.k(l), kv.v(l), kvb, ap, attn));
     PD_RETURN_IF_ERROR(Linear(w.wo, "attn_output", l, attn, o));
+    if (c.post_norms) PD_RETURN_IF_ERROR(b.RmsNorm(o, w.post_attn_norm, c.rms_eps, o));
     PD_RETURN_IF_ERROR(b.Add(x, o, x));
-    // Feed-forward block (SwiGLU).  x += (silu(h Wg^T) * (h Wu^T)) Wd^T
+    // Feed-forward block.  x += [post norm]((act(h Wg^T) * (h Wu^T)) Wd^T)
     PD_RETURN_IF_ERROR(b.RmsNorm(x, w.ffn_norm, c.rms_eps, h));
     PD_RETURN_IF_ERROR(Linear(w.w_gate, "ffn_gate", l, h, gate));
     PD_RETURN_IF_ERROR(Linear(w.w_up, "ffn_up", l, h, up));
-    PD_RETURN_IF_ERROR(b.SwiGlu(gate, up, gate));
+    if (c.ffn_act == FfnActivation::kGeluTanh) {
+      PD_RETURN_IF_ERROR(b.GeGlu(gate, up, gate));
+    } else {
+      PD_RETURN_IF_ERROR(b.SwiGlu(gate, up, gate));
+    }
     PD_RETURN_IF_ERROR(Linear(w.w_down, "ffn_down", l, gate, o));
+    if (c.post_norms) PD_RETURN_IF_ERROR(b.RmsNorm(o, w.post_ffn_norm, c.rms_eps, o));
     PD_RETURN_IF_ERROR(b.Add(x, o, x));
   }
   if (logits == nullptr) return b.Synchronize();

@@ -22,6 +22,7 @@ sys.path.insert(0, str(REPO_ROOT / "scripts"))
 import synth_models  # noqa: E402
 
 _FORWARD_RESULTS = pytest.StashKey[list]()
+_MEASUREMENTS = pytest.StashKey[list]()
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +61,19 @@ def forward_report(request) -> list:
     return request.config.stash.setdefault(_FORWARD_RESULTS, [])
 
 
+@pytest.fixture(scope="session")
+def measurement(request) -> Callable[[str], None]:
+    """measurement("text") records one line, printed under 'measurements' at the end of the run."""
+    lines = request.config.stash.setdefault(_MEASUREMENTS, [])
+    return lines.append
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    lines = config.stash.get(_MEASUREMENTS, [])
+    if lines:
+        terminalreporter.write_sep("=", "measurements")
+        for line in lines:
+            terminalreporter.write_line(line)
     rows = config.stash.get(_FORWARD_RESULTS, [])
     if not rows:
         return

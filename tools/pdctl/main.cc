@@ -1,7 +1,9 @@
-// pdctl: the pdserve command line. Subcommands: generate, tokenize, logits.
+// pdctl: the pdserve command line. Subcommands: generate, tokenize, logits, quantize, texts.
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -25,6 +27,7 @@
 #include "engine/sched/generate.h"
 #include "engine/sched/stop.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "tools/pdctl/quantize_cmd.h"
 
 namespace pd::tools {
 namespace {
@@ -220,7 +223,11 @@ int RunGenerate(GenerateFlags& g) {
 }
 
 // ---- logits ------------------------------------------------------------------------------------
-int RunLogits(EngineFlags& f, const std::string& prompt_ids, const std::string& out_path) {
+// Without --top: the final position's n_vocab float32 logits. With --top N: for each position
+// (every prompt position with --all, else the last), a record of float32 logsumexp of the full
+// logits, N int32 token ids by decreasing logit, and their N float32 logits.
+int RunLogits(EngineFlags& f, const std::string& prompt_ids, const std::string& out_path,
+              bool all_positions, int top) {
   auto ids = ParseIds(prompt_ids);
   if (!ids.ok()) return Fail(ids.status());
   if (ids->empty()) return Fail(absl::InvalidArgumentError("--prompt-ids is empty"));
@@ -229,12 +236,33 @@ int RunLogits(EngineFlags& f, const std::string& prompt_ids, const std::string& 
   if (auto s = e->kv->Reserve(0, static_cast<int>(ids->size())); !s.ok()) return Fail(s);
   engine::Batch batch;
   for (size_t i = 0; i < ids->size(); ++i) {
-    batch.Add((*ids)[i], static_cast<int32_t>(i), 0, i + 1 == ids->size());
+    batch.Add((*ids)[i], static_cast<int32_t>(i), 0, all_positions || i + 1 == ids->size());
   }
   std::vector<float> logits;
   if (auto s = e->model->Forward(batch, *e->kv, &logits); !s.ok()) return Fail(s);
   std::ofstream out(out_path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(logits.data()), logits.size() * sizeof(float));
+  if (top <= 0) {
+    out.write(reinterpret_cast<const char*>(logits.data()), logits.size() * sizeof(float));
+  } else {
+    const int64_t n_vocab = e->model->config().n_vocab;
+    const int k = static_cast<int>(std::min<int64_t>(top, n_vocab));
+    std::vector<int32_t> order(n_vocab);
+    for (size_t r = 0; r < logits.size() / n_vocab; ++r) {
+      const float* row = logits.data() + r * n_vocab;
+      const float mx = *std::max_element(row, row + n_vocab);
+      double sum = 0;
+      for (int64_t i = 0; i < n_vocab; ++i) sum += std::exp(double(row[i]) - mx);
+      const float lse = static_cast<float>(mx + std::log(sum));
+      for (int64_t i = 0; i < n_vocab; ++i) order[i] = static_cast<int32_t>(i);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+      std::vector<float> vals(k);
+      for (int i = 0; i < k; ++i) vals[i] = row[order[i]];
+      out.write(reinterpret_cast<const char*>(&lse), sizeof(float));
+      out.write(reinterpret_cast<const char*>(order.data()), k * sizeof(int32_t));
+      out.write(reinterpret_cast<const char*>(vals.data()), k * sizeof(float));
+    }
+  }
   if (!out) return Fail(absl::InternalError(pd::StrCat("cannot write '", out_path, "'")));
   return 0;
 }
@@ -360,7 +388,7 @@ int RunChat(GenerateFlags& g, const std::string& system, const std::string& temp
 
 int main(int argc, char** argv) {
   using namespace pd::tools;
-  CLI::App app{"pdctl: pdserve's command line (generate text, tokenize, dump logits)"};
+  CLI::App app{"pdctl: pdserve's command line (generate text, tokenize, dump logits, quantize)"};
   app.require_subcommand(1);
   app.option_defaults()->always_capture_default();
 
@@ -393,6 +421,12 @@ int main(int argc, char** argv) {
   lf.Add(lg);
   lg->add_option("--prompt-ids", logit_ids, "prompt as space-separated token ids")->required();
   lg->add_option("-o,--out", logit_out, "output file")->required();
+  bool logit_all = false;
+  int logit_top = 0;
+  lg->add_flag("--all", logit_all, "every prompt position, not only the last (needs --top)");
+  lg->add_option("--top", logit_top,
+                 "write per position: float32 logsumexp, then the N best ids (int32) and their "
+                 "logits (float32); 0 = the final position's full logits");
 
   std::string tk_model, tk_file, tk_text;
   bool tk_no_special = false;
@@ -423,7 +457,14 @@ int main(int argc, char** argv) {
   chat->add_option("--seed", cg.seed, "RNG seed (-1 = random)");
   chat->add_option("--stop", cg.stop, "stop string (repeatable)");
 
+  QuantizeFlags qf;
+  CLI::App* qz = AddQuantizeCommand(app, &qf);
+  TextsFlags txf;
+  CLI::App* tx = AddTextsCommand(app, &txf);
+
   CLI11_PARSE(app, argc, argv);
+  if (qz->parsed()) return RunQuantize(qf);
+  if (tx->parsed()) return RunTexts(txf);
   if (models->parsed()) return RunModels();
   if (chat->parsed()) return RunChat(cg, chat_system, chat_template);
   if (gen->parsed()) {
@@ -433,7 +474,7 @@ int main(int argc, char** argv) {
     }
     return RunGenerate(g);
   }
-  if (lg->parsed()) return RunLogits(lf, logit_ids, logit_out);
+  if (lg->parsed()) return RunLogits(lf, logit_ids, logit_out, logit_all, logit_top);
   if (tk->parsed()) {
     if (tk_file.empty() && tt->count() == 0) {
       std::fprintf(stderr, "pdctl tokenize: give --text or --file\n");

@@ -2,10 +2,11 @@
 // fixed thread pool. See backend.h for the semantics of every op.
 //
 // Numerics follow ggml's CPU backend so that logits match llama.cpp closely: MatMul converts each
-// activation row once per call to the weight's companion type (F16, BF16, Q8_0) and dots in that
-// type with F32 accumulation; RmsNorm sums squares in F64; Softmax sums exponentials in F64;
-// Rope builds angles in F32 by repeated multiplication. Attention dots queries in F32 against
-// F32 keys (F16 keys are widened, not the query narrowed) and uses a two-pass softmax in F32.
+// activation row once per call to the weight's companion type (F16, BF16, Q8_0 for Q8_0/Q4_0,
+// Q8_K for the k-quants) and dots in that type with F32 accumulation; RmsNorm sums squares in
+// F64; Softmax sums exponentials in F64; Rope builds angles in F32 by repeated multiplication.
+// Attention dots queries in F32 against F32 keys (F16 keys are widened, not the query narrowed)
+// and uses a two-pass softmax in F32.
 //
 // Thread safety: as backend.h says, one engine thread at a time; ops parallelize internally.
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "engine/backend/backend.h"
+#include "engine/quant/fp16.h"
 #include "engine/backend/cpu/kernels.h"
 #include "engine/backend/cpu/thread_pool.h"
 #include "engine/quant/dtype.h"
@@ -60,11 +62,52 @@ void* AlignedAlloc(size_t bytes) {
 
 bool IsSupported(DType t) { return DTypeFromGgml(static_cast<uint32_t>(t)).has_value(); }
 
-// Weight types MatMul has kernels for. The k-quants (Q4_0, Q2_K .. Q8_K) are only dequantized
-// (GetRows) for now; MatMul and MapWeights refuse them with UNIMPLEMENTED (before looking at the
-// shape), so that a model holding them fails at load time rather than in its first forward pass.
-bool HasMatMul(DType t) {
-  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || t == DType::kQ8_0;
+// Weight types MatMul has kernels for: all but Q8_K, which is an activation format only (never in
+// model files). MatMul and MapWeights refuse it with UNIMPLEMENTED (before looking at the shape),
+// so that a model holding it fails at load time rather than in its first forward pass.
+bool HasMatMul(DType t) { return t != DType::kQ8_K; }
+
+// The type MatMul converts activations to for weights of type `w` (ggml's vec_dot_type). Only for
+// HasMatMul types.
+DType CompanionType(DType w) {
+  switch (w) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kQ8_0:
+      return w;
+    case DType::kQ4_0:
+    case DType::kQ5_0:
+      return DType::kQ8_0;
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+      return DType::kQ8_K;
+    case DType::kQ8_K:
+      break;
+  }
+  PD_CHECK_MSG(false, "no matmul for this weight type");
+}
+
+// The kernel that dots weights of type `w` with their companion activations.
+cpu::GemmType GemmTypeOf(DType w) {
+  switch (w) {
+    case DType::kF32: return cpu::GemmType::kF32;
+    case DType::kF16: return cpu::GemmType::kF16;
+    case DType::kBF16: return cpu::GemmType::kBF16;
+    case DType::kQ8_0: return cpu::GemmType::kQ8_0;
+    case DType::kQ4_0: return cpu::GemmType::kQ4_0;
+    case DType::kQ5_0: return cpu::GemmType::kQ5_0;
+    case DType::kQ2_K: return cpu::GemmType::kQ2_K;
+    case DType::kQ3_K: return cpu::GemmType::kQ3_K;
+    case DType::kQ4_K: return cpu::GemmType::kQ4_K;
+    case DType::kQ5_K: return cpu::GemmType::kQ5_K;
+    case DType::kQ6_K: return cpu::GemmType::kQ6_K;
+    case DType::kQ8_K: break;
+  }
+  PD_CHECK_MSG(false, "no matmul for this weight type");
 }
 
 absl::Status NoMatMul(const Tensor& w, const char* what) {
@@ -234,6 +277,8 @@ class CpuBackend final : public Backend {
   absl::Status Add(const Tensor& a, const Tensor& b, Tensor& y) override;
   absl::Status AddBias(const Tensor& x, const Tensor& bias, Tensor& y) override;
   absl::Status SwiGlu(const Tensor& gate, const Tensor& up, Tensor& y) override;
+  absl::Status GeGlu(const Tensor& gate, const Tensor& up, Tensor& y) override;
+  absl::Status Scale(const Tensor& x, float s, Tensor& y) override;
   absl::Status Softmax(Tensor& x) override;
   absl::Status StoreKv(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
                        const KvBatch& kv) override;
@@ -277,6 +322,8 @@ class CpuBackend final : public Backend {
 // ---- MatMul --------------------------------------------------------------------------------
 // Bytes: weights m * row_bytes(w) once, activations n * k * 4 plus their converted copy, and per
 // weight chunk a pass over the converted activations (from cache). Flops: 2 * n * m * k.
+// Activations are converted to the weight's companion type (CompanionType: F16, BF16, Q8_0 for
+// Q8_0 and Q4_0, Q8_K for the k-quants) once per call, in parallel over rows.
 absl::Status CpuBackend::MatMul(const Tensor& w, const Tensor& x, Tensor& y) {
   if (IsSupported(w.type) && !HasMatMul(w.type)) return NoMatMul(w, "MatMul");
   PD_RETURN_IF_ERROR(CheckTensor(w, "MatMul w"));
@@ -297,14 +344,14 @@ absl::Status CpuBackend::MatMul(const Tensor& w, const Tensor& x, Tensor& y) {
     return absl::OkStatus();
   }
 
-  cpu::GemmType gt = cpu::GemmType::kF32;
+  const DType xt = CompanionType(w.type);
   const char* xa = static_cast<const char*>(x.data);
   size_t xs = x.row_bytes();
-  if (w.type != DType::kF32) {
-    // Convert every activation row once to the weight's companion type.
-    xs = RowBytes(w.type, k);
+  if (xt != DType::kF32) {
+    // Convert every activation row once to the weight's companion type; every weight chunk below
+    // then reuses the converted rows.
+    xs = RowBytes(xt, k);
     PD_ASSIGN_OR_RETURN(char* conv, Scratch(xs * static_cast<size_t>(n)));
-    const DType wt = w.type;
     const Kernels& kn = k_;
     pool_.ParallelFor(
         n,
@@ -312,7 +359,7 @@ absl::Status CpuBackend::MatMul(const Tensor& w, const Tensor& x, Tensor& y) {
           for (int64_t r = r0; r < r1; ++r) {
             const float* src = RowF32(x, r);
             char* dst = conv + r * xs;
-            switch (wt) {
+            switch (xt) {
               case DType::kF16:
                 kn.f32_to_f16(src, reinterpret_cast<uint16_t*>(dst), k);
                 break;
@@ -322,26 +369,26 @@ absl::Status CpuBackend::MatMul(const Tensor& w, const Tensor& x, Tensor& y) {
               case DType::kQ8_0:
                 kn.quantize_q8_0(src, reinterpret_cast<BlockQ8_0*>(dst), k);
                 break;
+              case DType::kQ8_K:
+                kn.quantize_q8_k(src, reinterpret_cast<BlockQ8_K*>(dst), k);
+                break;
               case DType::kF32:
               case DType::kQ4_0:
+              case DType::kQ5_0:
               case DType::kQ2_K:
               case DType::kQ3_K:
               case DType::kQ4_K:
               case DType::kQ5_K:
               case DType::kQ6_K:
-              case DType::kQ8_K:
-                PD_CHECK(false);  // F32 needs no conversion; HasMatMul refused the rest
+                PD_CHECK(false);  // never a companion type that needs converting
             }
           }
         },
         /*grain=*/std::max<int64_t>(1, 16384 / k));
     xa = conv;
-    gt = wt == DType::kF16    ? cpu::GemmType::kF16
-         : wt == DType::kBF16 ? cpu::GemmType::kBF16
-                              : cpu::GemmType::kQ8_0;
   }
 
-  const cpu::GemmTileFn tile = k_.gemm[static_cast<int>(gt)];
+  const cpu::GemmTileFn tile = k_.gemm[static_cast<int>(GemmTypeOf(w.type))];
   const char* wa = static_cast<const char*>(w.data);
   const size_t ws = w.row_bytes();
   float* ya = static_cast<float*>(y.data);
@@ -401,6 +448,7 @@ absl::Status CpuBackend::GetRows(const Tensor& table, absl::Span<const int32_t> 
               k_.dequantize_q8_0(reinterpret_cast<const BlockQ8_0*>(src), dst, cols);
               break;
             case DType::kQ4_0:
+            case DType::kQ5_0:
             case DType::kQ2_K:
             case DType::kQ3_K:
             case DType::kQ4_K:
@@ -566,6 +614,67 @@ absl::Status CpuBackend::SwiGlu(const Tensor& gate, const Tensor& up, Tensor& y)
   pool_.ParallelFor(
       gate.numel(), [&](int64_t i0, int64_t i1) { k_.swiglu(pg + i0, pu + i0, py + i0, i1 - i0); },
       kElementwiseGrain / 4);
+  return absl::OkStatus();
+}
+
+namespace {
+
+// gelu(x) for every f16 bit pattern x, rounded to f16: 65536 entries, built once.
+const uint16_t* GeluF16Table() {
+  static const std::vector<uint16_t> table = [] {
+    std::vector<uint16_t> t(65536);
+    constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+    for (uint32_t i = 0; i < 65536; ++i) {
+      const float x = F16ToF32(static_cast<uint16_t>(i));
+      const float g = 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x)));
+      t[i] = F32ToF16(g);
+    }
+    return t;
+  }();
+  return table.data();
+}
+
+}  // namespace
+
+absl::Status CpuBackend::GeGlu(const Tensor& gate, const Tensor& up, Tensor& y) {
+  PD_RETURN_IF_ERROR(CheckF32(gate, "GeGlu gate"));
+  PD_RETURN_IF_ERROR(CheckF32(up, "GeGlu up"));
+  PD_RETURN_IF_ERROR(CheckF32(y, "GeGlu y"));
+  PD_RETURN_IF_ERROR(CheckSameShape(gate, up, "GeGlu"));
+  PD_RETURN_IF_ERROR(CheckSameShape(gate, y, "GeGlu"));
+  const float* pg = static_cast<const float*>(gate.data);
+  const float* pu = static_cast<const float*>(up.data);
+  float* py = static_cast<float*>(y.data);
+  const uint16_t* table = GeluF16Table();
+  pool_.ParallelFor(
+      gate.numel(),
+      [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) {
+          const float g = pg[i];
+          float gelu;
+          if (g <= -10.0f) {
+            gelu = 0.0f;
+          } else if (g >= 10.0f) {
+            gelu = g;
+          } else {
+            gelu = F16ToF32(table[F32ToF16(g)]);
+          }
+          py[i] = gelu * pu[i];
+        }
+      },
+      kElementwiseGrain / 4);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Scale(const Tensor& x, float s, Tensor& y) {
+  PD_RETURN_IF_ERROR(CheckF32(x, "Scale x"));
+  PD_RETURN_IF_ERROR(CheckF32(y, "Scale y"));
+  PD_RETURN_IF_ERROR(CheckSameShape(x, y, "Scale"));
+  const float* px = static_cast<const float*>(x.data);
+  float* py = static_cast<float*>(y.data);
+  pool_.ParallelFor(
+      x.numel(), [&](int64_t i0, int64_t i1) { k_.scale(px + i0, s, py + i0, i1 - i0); },
+      kElementwiseGrain);
   return absl::OkStatus();
 }
 

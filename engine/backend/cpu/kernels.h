@@ -6,27 +6,44 @@
 // scalar twin with the same contract. All kernels are pure functions of their arguments and
 // thread-safe; none allocates.
 //
-// Pointers need no particular alignment. Lengths are element counts; Q8_0 lengths must be
-// multiples of 32 (callers check).
+// Pointers need no particular alignment. Lengths are element counts; Q8_0 and Q4_0 lengths must
+// be multiples of 32, k-quant and Q8_K lengths multiples of 256 (callers check).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "engine/quant/k_quants.h"
+#include "engine/quant/q5_0.h"
 #include "engine/quant/q8_0.h"
 
 namespace pd::engine::cpu {
 
-// Weight types MatMul runs, indexing Kernels::gemm.
-enum class GemmType : int { kF32 = 0, kF16 = 1, kBF16 = 2, kQ8_0 = 3 };
-inline constexpr int kNumGemmTypes = 4;
+// Weight types MatMul runs, indexing Kernels::gemm. Each names the weight type; the activation
+// ("companion", ggml's vec_dot_type) type is the weight's own for F32/F16/BF16/Q8_0, Q8_0 for
+// Q4_0 and Q8_K for the k-quants.
+enum class GemmType : int {
+  kF32 = 0,
+  kF16 = 1,
+  kBF16 = 2,
+  kQ8_0 = 3,
+  kQ4_0 = 4,  // x: BlockQ8_0
+  kQ2_K = 5,  // x: BlockQ8_K (and the rest)
+  kQ3_K = 6,
+  kQ4_K = 7,
+  kQ5_K = 8,
+  kQ6_K = 9,
+  kQ5_0 = 10,  // x: BlockQ8_0
+};
+inline constexpr int kNumGemmTypes = 11;
 
 // The largest tile a GemmTileFn computes: kGemmTileW weight rows x kGemmTileX activation rows.
 inline constexpr int kGemmTileW = 4;
 inline constexpr int kGemmTileX = 4;
 
-// Computes an nr x nc tile of y = x w^T, where both operands are rows of k elements in the
-// weight's type (activations already converted: F32, F16 bits, BF16 bits or BlockQ8_0):
+// Computes an nr x nc tile of y = x w^T, where w holds rows of k elements in the weight's type and
+// x rows of k elements in its companion type (activations already converted: F32, F16 bits, BF16
+// bits, BlockQ8_0 or BlockQ8_K):
 //   y[c * y_stride + r] = dot(w + r * w_stride, x + c * x_stride)   for r < nr, c < nc
 // with 1 <= nr <= kGemmTileW, 1 <= nc <= kGemmTileX; strides of w and x are in bytes, of y in
 // floats. Each weight row is read once per tile and each activation row once per tile, so a
@@ -34,11 +51,19 @@ inline constexpr int kGemmTileX = 4;
 using GemmTileFn = void (*)(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                             size_t x_stride, int nc, float* y, int64_t y_stride);
 
+// AVX2 dot of Q5_0 weight blocks with Q8_0 activation blocks (q5_0_avx2.cc); only called when the
+// CPU has AVX2 + FMA + F16C.
+float DotQ5_0Q8_0Avx2(const BlockQ5_0* w, const BlockQ8_0* x, int64_t n);
+
 struct Kernels {
   const char* name;  // "scalar", "avx2"
 
   // MatMul tiles, by GemmType. F32: F32 dot in F32. F16/BF16: products of halves accumulated in
-  // F32. Q8_0: int32 dot per block times d_w * d_x, accumulated in F32.
+  // F32. Q8_0 and Q4_0 (x Q8_0): int32 dot per 32-block times d_w * d_x, accumulated in F32.
+  // k-quants (x Q8_K): per 256-block an exact int32 sum of sub-block scale times the sub-block's
+  // int32 dot (and, for Q2_K/Q4_K/Q5_K, an int32 sum of sub-block min times the activations'
+  // bsums), then times d_w * d_x (and dmin_w * d_x), accumulated in F32 (see kernels_scalar.cc).
+  // The tables differ only in the order of the F32 additions, never in the integer parts.
   GemmTileFn gemm[kNumGemmTypes];
 
   // Row conversions (used to convert activations once per MatMul, for GetRows and the KV cache).
@@ -50,6 +75,9 @@ struct Kernels {
   void (*bf16_to_f32)(const uint16_t* x, float* y, int64_t n);
   void (*quantize_q8_0)(const float* x, BlockQ8_0* y, int64_t n);
   void (*dequantize_q8_0)(const BlockQ8_0* x, float* y, int64_t n);
+  // Activations for k-quant weights: bit-exact with QuantizeRow<BlockQ8_K> (k_quants.h) in every
+  // table, bsums included.
+  void (*quantize_q8_k)(const float* x, BlockQ8_K* y, int64_t n);
 
   // Attention inner loops: dot of an F32 query with an F32 / F16 key row, and y += a * v for an
   // F32 / F16 value row.

@@ -12,7 +12,10 @@
 #include <immintrin.h>
 #include <math.h>
 
+#include <cstddef>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 namespace pd::engine::cpu {
 namespace {
@@ -167,6 +170,553 @@ void TileQ8(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float
     for (int c = 0; c < C; ++c) y[c * ys + r] = HSum(acc[r][c]);
 }
 
+// ---- Q4_0 and the k-quants ------------------------------------------------------------------
+// Integer parts are exact and equal to the scalar kernels'; only the F32 accumulation differs:
+// each block's (super-block's) int32 sums stay in 8 int32 lanes, are converted to F32 and
+// multiplied into 8 F32 accumulator lanes (fmadd with the broadcast d_w * d_x), and the lanes are
+// added at the end. Weight codes are unpacked with shifts and byte masks (a 16-bit shift moves
+// bits across bytes, but only into positions the mask then clears), dotted with the int8
+// activations by maddubs (unsigned codes x signed activations -> int16 pairs, never saturating:
+// at most 2 * 63 * 128 = 16128), and the int16 pair sums are multiplied by the sub-block scales
+// and widened to int32 by madd. Signed codes are handled as unsigned codes u = q + offset with
+// the offset's share (offset * sum of activations) subtracted via the activations' bsums.
+//
+// The loops are: super-block b, then weight row r (its scales decoded once), then the eight
+// 32-weight vectors of the row (unpacked once), then the activation columns: each weight byte is
+// read once per tile, each activation byte once per weight row from L1.
+//
+// Vector op counts (AVX2 instructions, per weight row and super-block, loads folded) are noted
+// per format; per activation column add 3 per 32 weights (maddubs, madd, add) plus ~6 for scales.
+
+#define PD_ALWAYS_INLINE __attribute__((always_inline))
+// Fully unrolls the loop that follows (activation columns: C <= 4), so that per-column
+// accumulators stay in registers instead of a stack array.
+#define PD_UNROLL _Pragma("GCC unroll 8")
+
+// Calls f(std::integral_constant<int, 0>{}) ... f(std::integral_constant<int, N - 1>{}), so that
+// shift counts and table rows inside f are compile-time constants.
+template <int N, typename F>
+PD_ALWAYS_INLINE inline void Unroll(F&& f) {
+  [&]<int... I>(std::integer_sequence<int, I...>) PD_ALWAYS_INLINE {
+    (f(std::integral_constant<int, I>{}), ...);
+  }(std::make_integer_sequence<int, N>{});
+}
+
+struct alignas(32) ShuffleTable {
+  uint8_t idx[8][32];
+};
+
+// kScaleBcast.idx[j]: pshufb indices that turn 8 bytes (repeated in each 128-bit lane) into 16
+// int16 copies of byte j, zero-extended.
+constexpr ShuffleTable MakeScaleBcast() {
+  ShuffleTable t{};
+  for (int j = 0; j < 8; ++j) {
+    for (int i = 0; i < 32; i += 2) {
+      t.idx[j][i] = static_cast<uint8_t>(j);
+      t.idx[j][i + 1] = 0x80;
+    }
+  }
+  return t;
+}
+constexpr ShuffleTable kScaleBcast = MakeScaleBcast();
+
+// kPairBcast.idx[k] (k < 4): pshufb indices that turn [s0..s7 | s0..s7] (int16) into int16
+// s_{2k} in the low 128-bit lane and s_{2k+1} in the high one: the scales of the two 16-weight
+// sub-blocks one 32-byte code vector spans. Rows 4..7 unused.
+constexpr ShuffleTable MakePairBcast() {
+  ShuffleTable t{};
+  for (int k = 0; k < 4; ++k) {
+    for (int i = 0; i < 32; i += 2) {
+      const int s = i < 16 ? 2 * k : 2 * k + 1;
+      t.idx[k][i] = static_cast<uint8_t>(2 * s);
+      t.idx[k][i + 1] = static_cast<uint8_t>(2 * s + 1);
+    }
+  }
+  return t;
+}
+constexpr ShuffleTable kPairBcast = MakePairBcast();
+
+// Row 0: pshufb indices that turn 8 bytes m0..m7 (repeated in each lane) into int16
+// [m0 m0 m1 m1 m2 m2 m3 m3 | m4 m4 m5 m5 m6 m6 m7 m7], matching 16 bsums (two per 32 weights).
+constexpr ShuffleTable MakeMinDup() {
+  ShuffleTable t{};
+  for (int i = 0; i < 32; i += 2) {
+    t.idx[0][i] = static_cast<uint8_t>((i < 16 ? 0 : 4) + (i % 16) / 4);
+    t.idx[0][i + 1] = 0x80;
+  }
+  return t;
+}
+constexpr ShuffleTable kMinDup = MakeMinDup();
+
+// kPairBytes.idx[v]: pshufb indices that turn 16 byte scales s0..s15 (repeated in each 128-bit
+// lane) into zero-extended int16 s_{2v} in the low lane and s_{2v+1} in the high one: the scales
+// of the two 16-weight sub-blocks that 32-byte code vector v spans. kPairBytes256 does the same
+// but puts the byte in the HIGH half of each int16 (value 256 s, correct for signed s).
+constexpr ShuffleTable MakePairBytes(bool high) {
+  ShuffleTable t{};
+  for (int v = 0; v < 8; ++v) {
+    for (int i = 0; i < 32; i += 2) {
+      const uint8_t src = static_cast<uint8_t>(i < 16 ? 2 * v : 2 * v + 1);
+      t.idx[v][i] = high ? 0x80 : src;
+      t.idx[v][i + 1] = high ? src : 0x80;
+    }
+  }
+  return t;
+}
+constexpr ShuffleTable kPairBytes = MakePairBytes(false);
+constexpr ShuffleTable kPairBytes256 = MakePairBytes(true);
+
+// Row 0: 16 byte values (repeated in each lane) -> int16 [b0 .. b7 | b8 .. b15], zero-extended;
+// row 1: the same times 256 (byte in the high half), for signed bytes.
+constexpr ShuffleTable MakeWiden() {
+  ShuffleTable t{};
+  for (int i = 0; i < 32; i += 2) {
+    const uint8_t src = static_cast<uint8_t>(i / 2);  // lane 1 holds entries 8..15
+    t.idx[0][i] = src;
+    t.idx[0][i + 1] = 0x80;
+    t.idx[1][i] = 0x80;
+    t.idx[1][i + 1] = src;
+  }
+  return t;
+}
+constexpr ShuffleTable kWiden = MakeWiden();
+
+// Q3_K high bits: for a nibble n of hmask bits (4 consecutive code vectors), row 0 maps n to a
+// byte with bit 0 of n at bit 2 and bit 2 of n at bit 6, row 1 bits 1 and 3 likewise: the high
+// bits of the code vectors whose 2-bit codes sit at bits 0-1 and 4-5 of (qs & 0x33), or of
+// (qs >> 2 & 0x33). Each lane holds the 16-entry table.
+constexpr ShuffleTable MakeHighBitSpread() {
+  ShuffleTable t{};
+  for (int i = 0; i < 32; ++i) {
+    const int n = i % 16;
+    t.idx[0][i] = static_cast<uint8_t>(((n & 1) << 2) | (((n >> 2) & 1) << 6));
+    t.idx[1][i] = static_cast<uint8_t>((((n >> 1) & 1) << 2) | (((n >> 3) & 1) << 6));
+  }
+  return t;
+}
+constexpr ShuffleTable kHighBitSpread = MakeHighBitSpread();
+
+inline __m256i Shuffle(__m256i v, const ShuffleTable& t, int row) {
+  return _mm256_shuffle_epi8(v, _mm256_load_si256(reinterpret_cast<const __m256i*>(t.idx[row])));
+}
+
+inline __m256i Load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// Weight rows are short (a few KiB) and a tile reads R of them side by side, so the hardware
+// prefetchers see many short streams and fall behind DRAM (measured: Q4_K GEMV from DRAM on one
+// thread 8.3 GB/s without, 13-14 GB/s with, of 14.5 GB/s). Each tile therefore prefetches the
+// same block of the R rows after its own (the next tile of a row chunk, contiguous in memory) as
+// it goes: one prefetch per 64 bytes of block, which covers every line since blocks are
+// contiguous. Into L2 (T1): a tile ahead is R rows (18 KiB for Q4_K at k = 8192, more for longer
+// rows), too much to park in L1 next to the activations; T0 measured the same or 1-3% slower.
+// Prefetches past the matrix end are harmless hints.
+template <int R, size_t kBlockBytes>
+PD_ALWAYS_INLINE inline void PrefetchNextTile(const void* block, size_t ws) {
+  const char* p = static_cast<const char*>(block) + R * ws;
+  Unroll<(kBlockBytes + 63) / 64>([&](auto i) PD_ALWAYS_INLINE {
+    _mm_prefetch(p + 64 * decltype(i)::value, _MM_HINT_T1);
+  });
+}
+
+template <int R, int C>
+inline void StoreTile(__m256 (&acc)[R][C], float* y, int64_t ys) {
+  for (int r = 0; r < R; ++r)
+    PD_UNROLL for (int c = 0; c < C; ++c) y[c * ys + r] = HSum(acc[r][c]);
+}
+
+// Four f16 scales at a stride of `stride` bytes, as 4 floats.
+inline __m128 QuadScale(const char* p, size_t stride) {
+  uint16_t h[4];
+  for (int i = 0; i < 4; ++i) std::memcpy(&h[i], p + i * stride, 2);
+  const uint64_t bits = h[0] | uint64_t{h[1]} << 16 | uint64_t{h[2]} << 32 | uint64_t{h[3]} << 48;
+  return _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(bits)));
+}
+
+// Q4_0 x Q8_0, four blocks (two pairs) at a time. The 32 code bytes of blocks b and b+1 form one
+// vector whose low nibbles are weights 0..15 of both blocks ([b | b+1] by 128-bit lane) and high
+// nibbles weights 16..31; the activations are permuted to match once per column (shared by the R
+// rows). Codes are unsigned (0..15); the -8 offset is subtracted as maddubs(8, y) in int16 (at
+// most 7620 + 4064 in magnitude). The four d_w are converted at once and multiplied by the four
+// d_x, then spread over the pairs' lanes ([b x4 | b+1 x4]). Per row and block pair: 5 ops to
+// unpack, 1.5 for the scales; per column 8 (maddubs x2, add, sub, madd, cvt, fmadd, permute) +
+// 0.5. Leftover blocks (nb % 4) go one at a time.
+template <int R, int C>
+void TileQ4_0(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y, int64_t ys) {
+  const int64_t nb = k / BlockQ4_0::kWeights;
+  const __m256i m4 = _mm256_set1_epi8(0x0F), eights = _mm256_set1_epi8(8);
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i lo_pair = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  const __m256i hi_pair = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    PD_UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b + 4 <= nb; b += 4) {
+    __m256i ya[C][2], yb[C][2], z[C][2];
+    __m128 dx[C];
+    PD_UNROLL for (int c = 0; c < C; ++c) {
+      const BlockQ8_0* xb = reinterpret_cast<const BlockQ8_0*>(x + c * xs) + b;
+      PD_UNROLL for (int pr = 0; pr < 2; ++pr) {
+        const __m256i y0 = Load32(xb[2 * pr].qs), y1 = Load32(xb[2 * pr + 1].qs);
+        ya[c][pr] = _mm256_permute2x128_si256(y0, y1, 0x20);  // weights 0..15 of b | of b+1
+        yb[c][pr] = _mm256_permute2x128_si256(y0, y1, 0x31);  // weights 16..31
+        z[c][pr] = _mm256_add_epi16(_mm256_maddubs_epi16(eights, ya[c][pr]),
+                                    _mm256_maddubs_epi16(eights, yb[c][pr]));
+      }
+      dx[c] = QuadScale(reinterpret_cast<const char*>(&xb->d), sizeof(BlockQ8_0));
+    }
+    for (int r = 0; r < R; ++r) {
+      const BlockQ4_0* wb = reinterpret_cast<const BlockQ4_0*>(w + r * ws) + b;
+      PrefetchNextTile<R, 4 * sizeof(BlockQ4_0)>(wb, ws);
+      const __m128 dw = QuadScale(reinterpret_cast<const char*>(&wb->d), sizeof(BlockQ4_0));
+      __m256i ua[2], ub[2];
+      PD_UNROLL for (int pr = 0; pr < 2; ++pr) {
+        const __m256i q = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(
+                _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[2 * pr].qs))),
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[2 * pr + 1].qs)), 1);
+        ua[pr] = _mm256_and_si256(q, m4);
+        ub[pr] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      }
+      PD_UNROLL for (int c = 0; c < C; ++c) {
+        const __m256 d4 = _mm256_castps128_ps256(_mm_mul_ps(dw, dx[c]));
+        PD_UNROLL for (int pr = 0; pr < 2; ++pr) {
+          const __m256i p = _mm256_sub_epi16(
+              _mm256_add_epi16(_mm256_maddubs_epi16(ua[pr], ya[c][pr]),
+                               _mm256_maddubs_epi16(ub[pr], yb[c][pr])),
+              z[c][pr]);
+          const __m256 d = _mm256_permutevar8x32_ps(d4, pr == 0 ? lo_pair : hi_pair);
+          acc[r][c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)),
+                                      acc[r][c]);
+        }
+      }
+    }
+  }
+  for (; b < nb; ++b) {  // leftover blocks, codes in natural order
+    for (int r = 0; r < R; ++r) {
+      const BlockQ4_0* wb = reinterpret_cast<const BlockQ4_0*>(w + r * ws) + b;
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb->qs));
+      const __m256i u =
+          _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(q),
+                                                   _mm_srli_epi16(q, 4), 1), m4);
+      const float dw = HalfToFloat(wb->d);
+      PD_UNROLL for (int c = 0; c < C; ++c) {
+        const BlockQ8_0* xb = reinterpret_cast<const BlockQ8_0*>(x + c * xs) + b;
+        const __m256i yv = Load32(xb->qs);
+        const __m256i p =
+            _mm256_sub_epi16(_mm256_maddubs_epi16(u, yv), _mm256_maddubs_epi16(eights, yv));
+        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * HalfToFloat(xb->d)),
+                                    _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc[r][c]);
+      }
+    }
+  }
+  StoreTile<R, C>(acc, y, ys);
+}
+
+// Shared tail of every k-quant row: acc += (d_w * d_x) * isum [- (dmin_w * d_x) * imin]. The
+// products d_w * d_x and dmin_w * d_x are rounded as the scalar kernels round them.
+PD_ALWAYS_INLINE inline void AccumulateBlock(__m256& acc, __m256 d, __m256i isum) {
+  acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc);
+}
+PD_ALWAYS_INLINE inline void AccumulateMins(__m256& acc, __m256 dmin, __m256i imin) {
+  acc = _mm256_fnmadd_ps(dmin, _mm256_cvtepi32_ps(imin), acc);
+}
+
+// d_w * d_x broadcast, d_w an f16 (d_x may carry a power-of-two factor: the product is then
+// exactly that factor times d_w * d_x).
+PD_ALWAYS_INLINE inline __m256 BlockScale(uint16_t d, float dx) {
+  return _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi16(static_cast<int16_t>(d))),
+                       _mm256_set1_ps(dx));
+}
+
+// d_w * d_x and dmin_w * d_x broadcast, from the two adjacent f16 at `d_dmin` (one 32-bit load,
+// one conversion); dx = [d_x * f, d_x, ...] with f a power of two that also scales d_w * d_x.
+PD_ALWAYS_INLINE inline __m128 ActScales(float dx, float f = 1.f) {
+  return _mm_setr_ps(dx * f, dx, 0.f, 0.f);
+}
+PD_ALWAYS_INLINE inline void BlockScales(const void* d_dmin, __m128 dx, __m256* d, __m256* dmin) {
+  uint32_t bits;
+  std::memcpy(&bits, d_dmin, 4);
+  const __m128 s = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(bits))), dx);
+  *d = _mm256_broadcastss_ps(s);
+  *dmin = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), _mm256_set1_epi32(1));
+}
+
+// [s0..s7 | s0..s7] and [s8..s15 | s8..s15] from 16 int16 scales, for kPairBcast.
+PD_ALWAYS_INLINE inline void SplitScales(__m256i s16, __m256i* lo, __m256i* hi) {
+  *lo = _mm256_permute4x64_epi64(s16, 0x44);
+  *hi = _mm256_permute4x64_epi64(s16, 0xEE);
+}
+
+// Q2_K: code vector v = 4h + k (weights 32v .. 32v+31, sub-blocks 2v and 2v+1) is bits 2k..2k+1
+// of qs[32h .. 32h+31]. Odd k are masked in place (qs & 0x0C, and (qs >> 4) & 0x0C: 4 times the
+// code, one shift per 4 vectors instead of three) and even k get 4 times their scales, so every
+// product is 4x and d_w * d_x / 4 (exact) scales the sum. The 16 scale bytes are broadcast to
+// both lanes by the load; one pshufb per code vector widens its two scales to int16. Per row: 10
+// ops to unpack, 8 scale shuffles, 5 for the scale/min bytes, 5 for d and dmin.
+static_assert(offsetof(BlockQ2_K, dmin) == offsetof(BlockQ2_K, d) + 2);
+template <int R, int C>
+void TileQ2_K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y, int64_t ys) {
+  const int64_t nb = k / kQK;
+  const __m256i m3 = _mm256_set1_epi8(3), mc = _mm256_set1_epi8(0x0C);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    PD_UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ8_K* xb[C];
+    __m128 dx[C];
+    PD_UNROLL for (int c = 0; c < C; ++c) {
+      xb[c] = reinterpret_cast<const BlockQ8_K*>(x + c * xs) + b;
+      dx[c] = ActScales(xb[c]->d, 0.25f);
+    }
+    for (int r = 0; r < R; ++r) {
+      const BlockQ2_K* wb = reinterpret_cast<const BlockQ2_K*>(w + r * ws) + b;
+      PrefetchNextTile<R, sizeof(BlockQ2_K)>(wb, ws);
+      const __m256i sb = _mm256_broadcastsi128_si256(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb->scales)));
+      const __m256i scb = _mm256_and_si256(sb, m4);
+      const __m256i scb4 = _mm256_slli_epi16(scb, 2);  // at most 60: stays in its byte
+      const __m256i m16 = Shuffle(_mm256_and_si256(_mm256_srli_epi16(sb, 4), m4), kWiden, 0);
+      __m256i isum[C];
+      PD_UNROLL for (int c = 0; c < C; ++c) isum[c] = _mm256_setzero_si256();
+      Unroll<2>([&](auto hc) PD_ALWAYS_INLINE {
+        constexpr int h = decltype(hc)::value;
+        const __m256i q = Load32(wb->qs + 32 * h);
+        const __m256i q4 = _mm256_srli_epi16(q, 4);
+        Unroll<4>([&](auto kc) PD_ALWAYS_INLINE {
+          constexpr int kk = decltype(kc)::value, v = 4 * h + kk;
+          const __m256i u = _mm256_and_si256(kk < 2 ? q : q4, kk % 2 == 0 ? m3 : mc);
+          const __m256i s = Shuffle(kk % 2 == 0 ? scb4 : scb, kPairBytes, v);
+          PD_UNROLL for (int c = 0; c < C; ++c) {
+            const __m256i p = _mm256_maddubs_epi16(u, Load32(xb[c]->qs + 32 * v));
+            isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(p, s));
+          }
+        });
+      });
+      PD_UNROLL for (int c = 0; c < C; ++c) {
+        __m256 d, dmin;
+        BlockScales(&wb->d, dx[c], &d, &dmin);
+        AccumulateBlock(acc[r][c], d, isum[c]);
+        AccumulateMins(acc[r][c], dmin, _mm256_madd_epi16(m16, Load32(xb[c]->bsums)));
+      }
+    }
+  }
+  StoreTile<R, C>(acc, y, ys);
+}
+
+// Q3_K: u = low2 | high << 2 (0..7) and q = u - 4, so the dot is sum_i sc_i (P_i - 4 bsum_i).
+// Unpacking works on half a block (h) at a time: the 2-bit codes at bits 0-1 and 4-5 of
+// (qs & 0x33) get their high bits at bits 2 and 6 from a pshufb table on 4 hmask bits
+// (kHighBitSpread), and likewise (qs >> 2 & 0x33), so each 3-bit code is one mask (and shift)
+// away. The 6-bit scales are decoded with two 4-lane variable shifts (one lane per 4 sub-blocks)
+// to signed bytes sc - 32, which one pshufb per code vector widens to int16 256 sc (byte in the
+// high half: sign-correct); the 256 is taken out of the F32 scale, exactly. Per row: 29 ops to
+// unpack, 8 scale shuffles, ~12 to decode the scales, 4 for d; per column 3 for the offset.
+template <int R, int C>
+void TileQ3_K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y, int64_t ys) {
+  const int64_t nb = k / kQK;
+  const __m256i m33 = _mm256_set1_epi8(0x33), m7 = _mm256_set1_epi8(7);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i spread_e = Load32(kHighBitSpread.idx[0]);
+  const __m256i spread_o = Load32(kHighBitSpread.idx[1]);
+  const __m256i low_shift = _mm256_setr_epi32(0, 0, 4, 4, 0, 0, 4, 4);
+  const __m256i high_shift = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+  const __m256i m2 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    PD_UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ8_K* xb[C];
+    PD_UNROLL for (int c = 0; c < C; ++c) {
+      xb[c] = reinterpret_cast<const BlockQ8_K*>(x + c * xs) + b;
+    }
+    for (int r = 0; r < R; ++r) {
+      const BlockQ3_K* wb = reinterpret_cast<const BlockQ3_K*>(w + r * ws) + b;
+      PrefetchNextTile<R, sizeof(BlockQ3_K)>(wb, ws);
+      // Scales, in both 128-bit lanes at once (the loads broadcast): 4-byte groups = sub-blocks
+      // 0-3, 4-7, 8-11, 12-15. Low nibbles from bytes 0-3, 4-7, 0-3 >> 4, 4-7 >> 4; high pairs
+      // from bytes 8-11 >> 0, 2, 4, 6.
+      int64_t a01;
+      int32_t a2;
+      std::memcpy(&a01, wb->scales, 8);
+      std::memcpy(&a2, wb->scales + 8, 4);
+      const __m256i low =
+          _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi64x(a01), low_shift), m4);
+      const __m256i high =
+          _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(a2), high_shift), m2);
+      const __m256i scb =
+          _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi32(high, 4)), k32);
+      const __m256i sc256 = Shuffle(scb, kWiden, 1);
+      const __m256i hm = Load32(wb->hmask);
+      __m256i isum[C];
+      PD_UNROLL for (int c = 0; c < C; ++c) isum[c] = _mm256_setzero_si256();
+      Unroll<2>([&](auto hc) PD_ALWAYS_INLINE {
+        constexpr int h = decltype(hc)::value;
+        const __m256i q = Load32(wb->qs + 32 * h);
+        const __m256i hn = _mm256_and_si256(h == 0 ? hm : _mm256_srli_epi16(hm, 4), m4);
+        const __m256i ze = _mm256_or_si256(_mm256_and_si256(q, m33),
+                                           _mm256_shuffle_epi8(spread_e, hn));
+        const __m256i zo = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2), m33),
+                                           _mm256_shuffle_epi8(spread_o, hn));
+        Unroll<4>([&](auto kc) PD_ALWAYS_INLINE {
+          constexpr int kk = decltype(kc)::value, v = 4 * h + kk;
+          const __m256i z = kk % 2 == 0 ? ze : zo;
+          const __m256i u = _mm256_and_si256(kk < 2 ? z : _mm256_srli_epi16(z, 4), m7);
+          const __m256i s = Shuffle(scb, kPairBytes256, v);
+          PD_UNROLL for (int c = 0; c < C; ++c) {
+            const __m256i p = _mm256_maddubs_epi16(u, Load32(xb[c]->qs + 32 * v));
+            isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(p, s));
+          }
+        });
+      });
+      PD_UNROLL for (int c = 0; c < C; ++c) {
+        const __m256i offs = _mm256_madd_epi16(sc256, Load32(xb[c]->bsums));
+        AccumulateBlock(acc[r][c], BlockScale(wb->d, xb[c]->d * 0x1p-8f),
+                        _mm256_sub_epi32(isum[c], _mm256_slli_epi32(offs, 2)));
+      }
+    }
+  }
+  StoreTile<R, C>(acc, y, ys);
+}
+
+// Q4_K / Q5_K scales and mins (k_quants.h): with a0, a1, a2 the little-endian words of bytes
+// 0-3, 4-7, 8-11: sc_0..3 = a0 & 63, m_0..3 = a1 & 63, sc_4..7 = (a2 & 15) | (a0 >> 6) << 4,
+// m_4..7 = (a2 >> 4) | (a1 >> 6) << 4, bytewise. Returns sc_0..7 and m_0..7 as 8 bytes each.
+PD_ALWAYS_INLINE inline void DecodeScalesK4(const uint8_t* s, uint64_t* sc, uint64_t* m) {
+  uint32_t a[3];
+  std::memcpy(a, s, 12);
+  const uint32_t sc03 = a[0] & 0x3f3f3f3fu, m03 = a[1] & 0x3f3f3f3fu;
+  const uint32_t sc47 = (a[2] & 0x0f0f0f0fu) | ((a[0] >> 2) & 0x30303030u);
+  const uint32_t m47 = ((a[2] >> 4) & 0x0f0f0f0fu) | ((a[1] >> 2) & 0x30303030u);
+  *sc = sc03 | uint64_t{sc47} << 32;
+  *m = m03 | uint64_t{m47} << 32;
+}
+
+// Q4_K and Q5_K (kHigh): code vector v = 2p + t is sub-block v: nibble t of qs[32p .. 32p+31]
+// (| bit v of qh[0..31] << 4 for Q5_K). Per row: 12 ops to unpack (+24 for Q5_K's fifth bit),
+// 8 scale shuffles, ~14 scalar and 5 vector ops for scales and mins.
+static_assert(offsetof(BlockQ4_K, dmin) == offsetof(BlockQ4_K, d) + 2);
+static_assert(offsetof(BlockQ5_K, dmin) == offsetof(BlockQ5_K, d) + 2);
+template <int R, int C, bool kHigh, typename Block>
+void TileQ45K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y,
+              int64_t ys) {
+  const int64_t nb = k / kQK;
+  const __m256i m4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    PD_UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ8_K* xb[C];
+    PD_UNROLL for (int c = 0; c < C; ++c) {
+      xb[c] = reinterpret_cast<const BlockQ8_K*>(x + c * xs) + b;
+    }
+    for (int r = 0; r < R; ++r) {
+      const Block* wb = reinterpret_cast<const Block*>(w + r * ws) + b;
+      PrefetchNextTile<R, sizeof(Block)>(wb, ws);
+      uint64_t sc8, m8;
+      DecodeScalesK4(wb->scales, &sc8, &m8);
+      const __m256i scv = _mm256_set1_epi64x(static_cast<int64_t>(sc8));
+      const __m256i mdup = Shuffle(_mm256_set1_epi64x(static_cast<int64_t>(m8)), kMinDup, 0);
+      __m256i qh = _mm256_setzero_si256();
+      if constexpr (kHigh) qh = Load32(wb->qh);
+      __m256i isum[C];
+      PD_UNROLL for (int c = 0; c < C; ++c) isum[c] = _mm256_setzero_si256();
+      Unroll<4>([&](auto pc) PD_ALWAYS_INLINE {
+        constexpr int p = decltype(pc)::value;
+        const __m256i q = Load32(wb->qs + 32 * p);
+        Unroll<2>([&](auto tc) PD_ALWAYS_INLINE {
+          constexpr int t = decltype(tc)::value, v = 2 * p + t;
+          __m256i u = _mm256_and_si256(t == 0 ? q : _mm256_srli_epi16(q, 4), m4);
+          if constexpr (kHigh) {
+            __m256i hb;  // bit v of qh moved to bit 4
+            if constexpr (v < 4) {
+              hb = _mm256_slli_epi16(qh, 4 - v);
+            } else if constexpr (v == 4) {
+              hb = qh;
+            } else {
+              hb = _mm256_srli_epi16(qh, v - 4);
+            }
+            u = _mm256_or_si256(u, _mm256_and_si256(hb, bit4));
+          }
+          const __m256i s = Shuffle(scv, kScaleBcast, v);
+          PD_UNROLL for (int c = 0; c < C; ++c) {
+            const __m256i prod = _mm256_maddubs_epi16(u, Load32(xb[c]->qs + 32 * v));
+            isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(prod, s));
+          }
+        });
+      });
+      PD_UNROLL for (int c = 0; c < C; ++c) {
+        __m256 d, dmin;
+        BlockScales(&wb->d, ActScales(xb[c]->d), &d, &dmin);
+        AccumulateBlock(acc[r][c], d, isum[c]);
+        AccumulateMins(acc[r][c], dmin, _mm256_madd_epi16(mdup, Load32(xb[c]->bsums)));
+      }
+    }
+  }
+  StoreTile<R, C>(acc, y, ys);
+}
+
+// Q6_K: u = low4 | high2 << 4 (0..63), q = u - 32, so the dot is sum_i sc_i (P_i - 32 bsum_i).
+// Code vector v = 4h + k: low nibble (k < 2) or high nibble (k >= 2) of ql[64h + 32(k & 1) ..],
+// bits 2k..2k+1 of qh[32h ..]. Per row: 34 ops to unpack, 8 scale shuffles + 3.
+template <int R, int C>
+void TileQ6_K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y, int64_t ys) {
+  const int64_t nb = k / kQK;
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    PD_UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ8_K* xb[C];
+    PD_UNROLL for (int c = 0; c < C; ++c) {
+      xb[c] = reinterpret_cast<const BlockQ8_K*>(x + c * xs) + b;
+    }
+    for (int r = 0; r < R; ++r) {
+      const BlockQ6_K* wb = reinterpret_cast<const BlockQ6_K*>(w + r * ws) + b;
+      PrefetchNextTile<R, sizeof(BlockQ6_K)>(wb, ws);
+      const __m256i sc16 =
+          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb->scales)));
+      __m256i s_lo, s_hi;
+      SplitScales(sc16, &s_lo, &s_hi);
+      __m256i isum[C];
+      PD_UNROLL for (int c = 0; c < C; ++c) isum[c] = _mm256_setzero_si256();
+      Unroll<2>([&](auto hc) PD_ALWAYS_INLINE {
+        constexpr int h = decltype(hc)::value;
+        const __m256i la = Load32(wb->ql + 64 * h), lb = Load32(wb->ql + 64 * h + 32);
+        const __m256i hq = Load32(wb->qh + 32 * h);
+        Unroll<4>([&](auto kc) PD_ALWAYS_INLINE {
+          constexpr int kk = decltype(kc)::value, v = 4 * h + kk;
+          const __m256i l = (kk & 1) ? lb : la;
+          const __m256i lo4 = _mm256_and_si256(kk < 2 ? l : _mm256_srli_epi16(l, 4), m4);
+          __m256i hb;  // bits 2k..2k+1 of qh moved to bits 4..5
+          if constexpr (kk == 0) {
+            hb = _mm256_slli_epi16(hq, 4);
+          } else if constexpr (kk == 1) {
+            hb = _mm256_slli_epi16(hq, 2);
+          } else if constexpr (kk == 2) {
+            hb = hq;
+          } else {
+            hb = _mm256_srli_epi16(hq, 2);
+          }
+          const __m256i u = _mm256_or_si256(lo4, _mm256_and_si256(hb, m30));
+          const __m256i s = Shuffle(h == 0 ? s_lo : s_hi, kPairBcast, kk);
+          PD_UNROLL for (int c = 0; c < C; ++c) {
+            const __m256i p = _mm256_maddubs_epi16(u, Load32(xb[c]->qs + 32 * v));
+            isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(p, s));
+          }
+        });
+      });
+      PD_UNROLL for (int c = 0; c < C; ++c) {
+        const __m256i offs = _mm256_madd_epi16(sc16, Load32(xb[c]->bsums));
+        AccumulateBlock(acc[r][c], BlockScale(wb->d, xb[c]->d),
+                        _mm256_sub_epi32(isum[c], _mm256_slli_epi32(offs, 5)));
+      }
+    }
+  }
+  StoreTile<R, C>(acc, y, ys);
+}
+
 using TileImpl = void (*)(int64_t, const char*, size_t, const char*, size_t, float*, int64_t);
 
 // Dispatch table over (nr, nc) for one tile template.
@@ -201,6 +751,30 @@ struct Bf16Tile {
 template <int R, int C>
 struct Q8Tile {
   static constexpr TileImpl Fn = &TileQ8<R, C>;
+};
+template <int R, int C>
+struct Q4_0Tile {
+  static constexpr TileImpl Fn = &TileQ4_0<R, C>;
+};
+template <int R, int C>
+struct Q2KTile {
+  static constexpr TileImpl Fn = &TileQ2_K<R, C>;
+};
+template <int R, int C>
+struct Q3KTile {
+  static constexpr TileImpl Fn = &TileQ3_K<R, C>;
+};
+template <int R, int C>
+struct Q4KTile {
+  static constexpr TileImpl Fn = &TileQ45K<R, C, false, BlockQ4_K>;
+};
+template <int R, int C>
+struct Q5KTile {
+  static constexpr TileImpl Fn = &TileQ45K<R, C, true, BlockQ5_K>;
+};
+template <int R, int C>
+struct Q6KTile {
+  static constexpr TileImpl Fn = &TileQ6_K<R, C>;
 };
 
 // ---- row conversions ------------------------------------------------------------------------
@@ -309,6 +883,66 @@ void DequantizeQ8_0(const BlockQ8_0* x, float* y, int64_t n) {
       _mm256_storeu_ps(y + b * kQ8_0BlockSize + 8 * j,
                        _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8))));
     }
+  }
+}
+
+// Bit-exact with QuantizeRow<BlockQ8_K>: the same largest-magnitude value (the first on ties),
+// the same f32 iscale = -127 / max, products iscale * x rounded to nearest even by cvtps (the
+// default MXCSR mode, as nearbyint), clamped to 127; bsums summed exactly in int32.
+void QuantizeQ8_K(const float* x, BlockQ8_K* y, int64_t n) {
+  const __m256 sign_mask = _mm256_set1_ps(-0.f);
+  const __m256i max_q = _mm256_set1_epi32(127);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const float* xb = x + b * kQK;
+    BlockQ8_K& yb = y[b];
+    __m256 amax = _mm256_setzero_ps();
+    for (int j = 0; j < kQK; j += 8) {
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign_mask, _mm256_loadu_ps(xb + j)));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float am = _mm_cvtss_f32(m);
+    if (am == 0.f) {
+      std::memset(&yb, 0, sizeof(yb));
+      continue;
+    }
+    int first = 0;
+    const __m256 vam = _mm256_set1_ps(am);
+    for (int j = 0; j < kQK; j += 8) {
+      const __m256 a = _mm256_andnot_ps(sign_mask, _mm256_loadu_ps(xb + j));
+      const int mask = _mm256_movemask_ps(_mm256_cmp_ps(a, vam, _CMP_EQ_OQ));
+      if (mask != 0) {
+        first = j + __builtin_ctz(static_cast<unsigned>(mask));
+        break;
+      }
+    }
+    const float iscale = -127.f / xb[first];
+    const __m256 vis = _mm256_set1_ps(iscale);
+    __m128i sums[4];
+    for (int g = 0; g < 4; ++g) {  // 64 weights: sub-blocks 4g .. 4g+3
+      __m256i q[8];
+      for (int j = 0; j < 8; ++j) {
+        const __m256 s = _mm256_mul_ps(vis, _mm256_loadu_ps(xb + 64 * g + 8 * j));
+        q[j] = _mm256_min_epi32(_mm256_cvtps_epi32(s), max_q);
+      }
+      for (int h = 0; h < 2; ++h) {
+        const __m256i* qq = q + 4 * h;
+        const __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(qq[0], qq[1]),
+                                              _mm256_packs_epi32(qq[2], qq[3]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(yb.qs + 64 * g + 32 * h),
+                            _mm256_permutevar8x32_epi32(q8, order));
+      }
+      // Sub-block sums: two vectors each, then a horizontal-add transpose.
+      const __m256i s0 = _mm256_add_epi32(q[0], q[1]), s1 = _mm256_add_epi32(q[2], q[3]);
+      const __m256i s2 = _mm256_add_epi32(q[4], q[5]), s3 = _mm256_add_epi32(q[6], q[7]);
+      const __m256i hh = _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(s2, s3));
+      sums[g] = _mm_add_epi32(_mm256_castsi256_si128(hh), _mm256_extracti128_si256(hh, 1));
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(yb.bsums), _mm_packs_epi32(sums[0], sums[1]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(yb.bsums + 8), _mm_packs_epi32(sums[2], sums[3]));
+    yb.d = 1.f / iscale;
   }
 }
 
@@ -441,16 +1075,33 @@ double ExpSubSum(const float* x, float m, float* y, int64_t n) {
   return s;
 }
 
+// Q5_0 weights (x Q8_0 activations): one row dot per tile element (DotQ5_0Q8_0Avx2).
+void GemmQ5_0(int64_t k, const void* w, size_t w_stride, int nr, const void* x, size_t x_stride,
+              int nc, float* y, int64_t y_stride) {
+  const char* wb = static_cast<const char*>(w);
+  const char* xb = static_cast<const char*>(x);
+  for (int c = 0; c < nc; ++c) {
+    for (int r = 0; r < nr; ++r) {
+      y[c * y_stride + r] =
+          DotQ5_0Q8_0Avx2(reinterpret_cast<const BlockQ5_0*>(wb + r * w_stride),
+                          reinterpret_cast<const BlockQ8_0*>(xb + c * x_stride), k);
+    }
+  }
+}
+
 constexpr Kernels kAvx2 = {
     .name = "avx2",
     .gemm = {&TileTable<F32Tile>::Gemm, &TileTable<F16Tile>::Gemm, &TileTable<Bf16Tile>::Gemm,
-             &TileTable<Q8Tile>::Gemm},
+             &TileTable<Q8Tile>::Gemm, &TileTable<Q4_0Tile>::Gemm, &TileTable<Q2KTile>::Gemm,
+             &TileTable<Q3KTile>::Gemm, &TileTable<Q4KTile>::Gemm, &TileTable<Q5KTile>::Gemm,
+             &TileTable<Q6KTile>::Gemm, &GemmQ5_0},
     .f32_to_f16 = &F32ToF16,
     .f16_to_f32 = &F16ToF32,
     .f32_to_bf16 = &F32ToBf16,
     .bf16_to_f32 = &Bf16ToF32,
     .quantize_q8_0 = &QuantizeQ8_0,
     .dequantize_q8_0 = &DequantizeQ8_0,
+    .quantize_q8_k = &QuantizeQ8_K,
     .dot_f32 = &DotF32,
     .dot_f16_f32 = &DotF16F32,
     .axpy_f32 = &AxpyF32,

@@ -9,7 +9,9 @@
 #include <limits>
 
 #include "engine/backend/cpu/kernels.h"
+#include "engine/quant/q5_0.h"
 #include "engine/quant/fp16.h"
+#include "engine/quant/k_quants.h"
 #include "engine/quant/q8_0.h"
 
 namespace pd::engine::cpu {
@@ -58,16 +60,149 @@ float DotQ8_0(const BlockQ8_0* a, const BlockQ8_0* b, int64_t n) {
   return sum;
 }
 
-// Row dots over a tile; `RowDot` takes typed row pointers.
-template <typename T, float (*RowDot)(const T*, const T*, int64_t)>
+// ---- Q4_0 and the k-quants -------------------------------------------------------------------
+// Integer products are summed exactly in int32 per sub-block, scaled by the sub-block's integer
+// scale and summed in int32 per block (per 256-weight super-block for the k-quants), and only then
+// multiplied by the float scales d_w * d_x and added to the F32 result, block after block; this is
+// the order of ggml's dot products up to the order of the F32 additions. Formats with mins (Q2_K,
+// Q4_K, Q5_K) subtract (dmin_w * d_x) * sum_i(m_i * bsum_i), the activations' bsums standing for
+// the sums of their codes over each 16 weights. Flop counts below are per weight-activation pair
+// of blocks (integer multiply-adds as "ops"); bytes are what one block pair reads.
+//
+// No int32 sum can overflow: the largest, Q6_K's, is at most 256 * 32 * 127 * 128 < 2^28. The
+// conversion to float is exact up to 2^24 and rounds once above (Q4_K/Q5_K/Q6_K extremes).
+
+// Per block of 32: 32 multiply-adds + 3 flops; 18 + 34 bytes.
+float DotQ4_0(const BlockQ4_0* w, const BlockQ8_0* x, int64_t n) {
+  float sum = 0.f;
+  for (int64_t b = 0; b < n / BlockQ4_0::kWeights; ++b) {
+    int32_t isum = 0;
+    for (int j = 0; j < 16; ++j) {
+      isum += ((w[b].qs[j] & 0x0F) - 8) * int32_t{x[b].qs[j]};
+      isum += ((w[b].qs[j] >> 4) - 8) * int32_t{x[b].qs[j + 16]};
+    }
+    sum += static_cast<float>(isum) * (F16ToF32(w[b].d) * F16ToF32(x[b].d));
+  }
+  return sum;
+}
+
+// Per super-block: 256 + 16 + 16 multiply-adds + 6 flops; 84 + 292 bytes.
+float DotQ2_K(const BlockQ2_K* w, const BlockQ8_K* x, int64_t n) {
+  float sum = 0.f;
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const BlockQ2_K& wb = w[b];
+    const BlockQ8_K& xb = x[b];
+    int32_t isum = 0, imin = 0;
+    for (int i = 0; i < 16; ++i) {  // sub-blocks of 16
+      int32_t s = 0;
+      for (int l = 0; l < 16; ++l) {
+        const int wi = 16 * i + l;  // = 128h + 32k + l'
+        const int q = (wb.qs[32 * (wi / 128) + wi % 32] >> (2 * ((wi % 128) / 32))) & 3;
+        s += q * int32_t{xb.qs[wi]};
+      }
+      isum += (wb.scales[i] & 0x0F) * s;
+      imin += (wb.scales[i] >> 4) * int32_t{xb.bsums[i]};
+    }
+    const float d = F16ToF32(wb.d) * xb.d, dmin = F16ToF32(wb.dmin) * xb.d;
+    sum += d * static_cast<float>(isum) - dmin * static_cast<float>(imin);
+  }
+  return sum;
+}
+
+// Per super-block: 256 + 16 multiply-adds + 3 flops; 110 + 292 bytes.
+float DotQ3_K(const BlockQ3_K* w, const BlockQ8_K* x, int64_t n) {
+  float sum = 0.f;
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const BlockQ3_K& wb = w[b];
+    const BlockQ8_K& xb = x[b];
+    int32_t isum = 0;
+    for (int i = 0; i < 16; ++i) {
+      int32_t s = 0;
+      for (int l = 0; l < 16; ++l) {
+        const int wi = 16 * i + l;
+        const int low = (wb.qs[32 * (wi / 128) + wi % 32] >> (2 * ((wi % 128) / 32))) & 3;
+        const int high = (wb.hmask[wi % 32] >> (wi / 32)) & 1;
+        s += (low - (high ? 0 : 4)) * int32_t{xb.qs[wi]};
+      }
+      isum += (GetScaleQ3K(i, wb.scales) - 32) * s;
+    }
+    sum += (F16ToF32(wb.d) * xb.d) * static_cast<float>(isum);
+  }
+  return sum;
+}
+
+// Q4_K and Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins; qh == nullptr for Q4_K.
+// Per super-block: 256 + 8 + 8 multiply-adds + 6 flops; 144 (Q5_K: 176) + 292 bytes.
+float DotQ45KBlock(uint16_t d16, uint16_t dmin16, const uint8_t* scales, const uint8_t* qh,
+                   const uint8_t* qs, const BlockQ8_K& xb) {
+  int32_t isum = 0, imin = 0;
+  for (int j = 0; j < 8; ++j) {
+    int sc, m;
+    GetScaleMinK4(j, scales, &sc, &m);
+    int32_t s = 0;
+    for (int l = 0; l < 32; ++l) {
+      int q = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
+      if (qh != nullptr) q |= ((qh[l] >> j) & 1) << 4;
+      s += q * int32_t{xb.qs[32 * j + l]};
+    }
+    isum += sc * s;
+    imin += m * (int32_t{xb.bsums[2 * j]} + int32_t{xb.bsums[2 * j + 1]});
+  }
+  const float d = F16ToF32(d16) * xb.d, dmin = F16ToF32(dmin16) * xb.d;
+  return d * static_cast<float>(isum) - dmin * static_cast<float>(imin);
+}
+
+float DotQ4_K(const BlockQ4_K* w, const BlockQ8_K* x, int64_t n) {
+  float sum = 0.f;
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    sum += DotQ45KBlock(w[b].d, w[b].dmin, w[b].scales, nullptr, w[b].qs, x[b]);
+  }
+  return sum;
+}
+
+float DotQ5_K(const BlockQ5_K* w, const BlockQ8_K* x, int64_t n) {
+  float sum = 0.f;
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    sum += DotQ45KBlock(w[b].d, w[b].dmin, w[b].scales, w[b].qh, w[b].qs, x[b]);
+  }
+  return sum;
+}
+
+// Per super-block: 256 + 16 multiply-adds + 3 flops; 210 + 292 bytes.
+float DotQ6_K(const BlockQ6_K* w, const BlockQ8_K* x, int64_t n) {
+  float sum = 0.f;
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const BlockQ6_K& wb = w[b];
+    const BlockQ8_K& xb = x[b];
+    int32_t isum = 0;
+    for (int i = 0; i < 16; ++i) {
+      int32_t s = 0;
+      for (int l = 0; l < 16; ++l) {
+        const int wi = 16 * i + l;
+        const int h = wi / 128, k = (wi % 128) / 32, lo = wi % 32;
+        const int low = (wb.ql[64 * h + 32 * (k & 1) + lo] >> (4 * (k / 2))) & 0x0F;
+        const int high = (wb.qh[32 * h + lo] >> (2 * k)) & 3;
+        s += ((low | high << 4) - 32) * int32_t{xb.qs[wi]};
+      }
+      isum += int32_t{wb.scales[i]} * s;
+    }
+    sum += (F16ToF32(wb.d) * xb.d) * static_cast<float>(isum);
+  }
+  return sum;
+}
+
+void QuantizeQ8_K(const float* x, BlockQ8_K* y, int64_t n) { QuantizeRow(x, y, n); }
+
+// Row dots over a tile; `RowDot` takes typed row pointers (weights W, activations X).
+template <typename W, typename X, float (*RowDot)(const W*, const X*, int64_t)>
 void GemmTile(int64_t k, const void* w, size_t w_stride, int nr, const void* x, size_t x_stride,
               int nc, float* y, int64_t y_stride) {
   const char* wb = static_cast<const char*>(w);
   const char* xb = static_cast<const char*>(x);
   for (int c = 0; c < nc; ++c) {
     for (int r = 0; r < nr; ++r) {
-      y[c * y_stride + r] = RowDot(reinterpret_cast<const T*>(wb + r * w_stride),
-                                   reinterpret_cast<const T*>(xb + c * x_stride), k);
+      y[c * y_stride + r] = RowDot(reinterpret_cast<const W*>(wb + r * w_stride),
+                                   reinterpret_cast<const X*>(xb + c * x_stride), k);
     }
   }
 }
@@ -127,14 +262,19 @@ double ExpSubSum(const float* x, float m, float* y, int64_t n) {
 
 constexpr Kernels kScalar = {
     .name = "scalar",
-    .gemm = {&GemmTile<float, DotF32>, &GemmTile<uint16_t, DotF16>, &GemmTile<uint16_t, DotBf16>,
-             &GemmTile<BlockQ8_0, DotQ8_0>},
+    .gemm = {&GemmTile<float, float, DotF32>, &GemmTile<uint16_t, uint16_t, DotF16>,
+             &GemmTile<uint16_t, uint16_t, DotBf16>, &GemmTile<BlockQ8_0, BlockQ8_0, DotQ8_0>,
+             &GemmTile<BlockQ4_0, BlockQ8_0, DotQ4_0>, &GemmTile<BlockQ2_K, BlockQ8_K, DotQ2_K>,
+             &GemmTile<BlockQ3_K, BlockQ8_K, DotQ3_K>, &GemmTile<BlockQ4_K, BlockQ8_K, DotQ4_K>,
+             &GemmTile<BlockQ5_K, BlockQ8_K, DotQ5_K>, &GemmTile<BlockQ6_K, BlockQ8_K, DotQ6_K>,
+             &GemmTile<BlockQ5_0, BlockQ8_0, DotQ5_0Q8_0>},
     .f32_to_f16 = &F32ToF16Row,
     .f16_to_f32 = &F16ToF32Row,
     .f32_to_bf16 = &F32ToBf16Row,
     .bf16_to_f32 = &Bf16ToF32Row,
     .quantize_q8_0 = &QuantizeRowQ8_0,
     .dequantize_q8_0 = &DequantizeRowQ8_0,
+    .quantize_q8_k = &QuantizeQ8_K,
     .dot_f32 = &DotF32,
     .dot_f16_f32 = &DotF16F32,
     .axpy_f32 = &AxpyF32,

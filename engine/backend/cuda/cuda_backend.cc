@@ -294,6 +294,10 @@ class CudaBackend final : public Backend {
   absl::Status SwiGlu(const Tensor&, const Tensor&, Tensor&) override {
     return Unimplemented("SwiGlu");
   }
+  absl::Status GeGlu(const Tensor&, const Tensor&, Tensor&) override {
+    return Unimplemented("GeGlu");
+  }
+  absl::Status Scale(const Tensor&, float, Tensor&) override { return Unimplemented("Scale"); }
   absl::Status Softmax(Tensor&) override { return Unimplemented("Softmax"); }
   absl::Status StoreKv(const Tensor&, const Tensor&, Tensor&, Tensor&, const KvBatch&) override {
     return Unimplemented("StoreKv");

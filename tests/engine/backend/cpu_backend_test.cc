@@ -26,6 +26,7 @@
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu/thread_pool.h"
 #include "engine/quant/fp16.h"
+#include "engine/quant/k_quants.h"
 #include "engine/quant/q8_0.h"
 
 namespace pd::engine {
@@ -86,6 +87,17 @@ HostTensor MakeWeights(DType type, int64_t rows, int64_t cols, const std::vector
       case DType::kQ8_0:
         QuantizeRowQ8_0(src, reinterpret_cast<BlockQ8_0*>(dst), cols);
         DequantizeRowQ8_0(reinterpret_cast<BlockQ8_0*>(dst), tmp.data(), cols);
+        break;
+      case DType::kQ4_0:
+      case DType::kQ2_K:
+      case DType::kQ3_K:
+      case DType::kQ4_K:
+      case DType::kQ5_K:
+      case DType::kQ6_K:
+      case DType::kQ8_K:
+        // The scalar references of k_quants.h (MatMul of these types: k_quant_kernels_test.cc).
+        QuantizeRow(type, src, dst, cols);
+        DequantizeRow(type, dst, tmp.data(), cols);
         break;
     }
     for (int64_t c = 0; c < cols; ++c) (*exact)[r * cols + c] = tmp[c];
@@ -216,8 +228,12 @@ TEST_P(CpuBackendTest, MatMulValidation) {
   HostTensor x_f16(DType::kF16, 2, 64);
   EXPECT_THAT(be_->MatMul(w.t, x_f16.t, y.t), StatusIs(absl::StatusCode::kUnimplemented));
   Tensor w_q4 = w.t;
-  w_q4.type = static_cast<DType>(2);  // ggml q4_0: not supported
-  EXPECT_THAT(be_->MatMul(w_q4, x.t, y.t), StatusIs(absl::StatusCode::kUnimplemented, "q4_0"));
+  w_q4.type = static_cast<DType>(3);  // ggml q4_1: not supported
+  EXPECT_THAT(be_->MatMul(w_q4, x.t, y.t), StatusIs(absl::StatusCode::kUnimplemented, "q4_1"));
+  Tensor w_q8k = w.t;
+  w_q8k.type = DType::kQ8_K;  // activations only: no matmul
+  w_q8k.cols = 256;
+  EXPECT_THAT(be_->MatMul(w_q8k, x.t, y.t), StatusIs(absl::StatusCode::kUnimplemented, "q8_K"));
   Tensor w_cols = w.t;
   w_cols.cols = 48;  // not a whole number of Q8_0 blocks
   Tensor x48 = x.t;
@@ -709,8 +725,13 @@ TEST_P(CpuBackendTest, MapWeightsIsAView) {
   EXPECT_EQ(mapped->rows, 3);
   EXPECT_EQ(mapped->cols, 64);
   EXPECT_EQ(buf, nullptr);
+  Tensor q4k = w.t;
+  q4k.type = DType::kQ4_K;  // every matmul weight type maps
+  q4k.cols = 256;
+  EXPECT_THAT(be_->MapWeights(q4k, &buf), IsOk());
   Tensor bad = w.t;
-  bad.type = static_cast<DType>(12);  // q4_K
+  bad.type = DType::kQ8_K;  // activations only
+  bad.cols = 256;
   EXPECT_THAT(be_->MapWeights(bad, &buf), StatusIs(absl::StatusCode::kUnimplemented));
   bad = w.t;
   bad.cols = 40;

@@ -671,8 +671,8 @@ TEST(GgufMalformedTest, UnknownTensorTypeIsNamed) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "tensor 'blk.0.ffn_up.weight' has type iq4_nl, which this engine does not "
                        "support"));
-  EXPECT_THAT(ParseBytes(GgufBuilder().Tensor("t", {32}, 6).Build()),
-              StatusIs(absl::StatusCode::kInvalidArgument, "has type q5_0"));
+  EXPECT_THAT(ParseBytes(GgufBuilder().Tensor("t", {32}, 7).Build()),
+              StatusIs(absl::StatusCode::kInvalidArgument, "has type q5_1"));
   EXPECT_THAT(ParseBytes(GgufBuilder().Tensor("t", {32}, 200).Build()),
               StatusIs(absl::StatusCode::kInvalidArgument, "has type type 200"));
 }

@@ -106,7 +106,7 @@ TEST(KQuantsLayoutTest, SizesAndOffsetsMatchGgml) {
     EXPECT_EQ(RowBytes(w.t, 4096), 4096 / w.block * w.bytes);
   }
   EXPECT_FALSE(DTypeFromGgml(3).has_value());   // q4_1
-  EXPECT_FALSE(DTypeFromGgml(6).has_value());   // q5_0
+  EXPECT_FALSE(DTypeFromGgml(7).has_value());   // q5_1
   EXPECT_FALSE(DTypeFromGgml(20).has_value());  // iq4_nl
 }
 

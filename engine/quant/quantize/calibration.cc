@@ -1,0 +1,125 @@
+#include "engine/quant/quantize/calibration.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/status.h"
+#include "engine/kv/kv_cache.h"
+
+namespace pd::engine::quantize {
+
+std::vector<std::vector<int32_t>> MakeCalibrationChunks(const Tokenizer& tokenizer,
+                                                        std::string_view text, int chunk_tokens,
+                                                        int64_t max_tokens) {
+  const std::vector<int32_t> ids = tokenizer.Encode(text, /*add_special=*/false,
+                                                    /*parse_special=*/false);
+  const bool bos = tokenizer.add_bos() && tokenizer.bos() != kNoToken;
+  const int64_t body = std::max(1, chunk_tokens - (bos ? 1 : 0));
+  std::vector<std::pair<int64_t, int64_t>> spans;  // [begin, end) into ids
+  for (int64_t b = 0; b < static_cast<int64_t>(ids.size()); b += body) {
+    const int64_t e = std::min<int64_t>(b + body, ids.size());
+    if (e - b < 16 && !spans.empty()) break;
+    spans.emplace_back(b, e);
+  }
+  const int64_t want = std::max<int64_t>(1, max_tokens / std::max(1, chunk_tokens));
+  std::vector<std::vector<int32_t>> chunks;
+  const int64_t n = static_cast<int64_t>(spans.size());
+  const int64_t take = std::min(n, want);
+  for (int64_t k = 0; k < take; ++k) {
+    const auto [b, e] = spans[k * n / take];  // evenly spaced over the text
+    std::vector<int32_t> c;
+    c.reserve(static_cast<size_t>(e - b) + 1);
+    if (bos) c.push_back(tokenizer.bos());
+    for (int64_t k = b; k < e; ++k) c.push_back(ids[k]);
+    chunks.push_back(std::move(c));
+  }
+  return chunks;
+}
+
+ActivationCollector::ActivationCollector(HessianFilter filter, int threads)
+    : filter_(std::move(filter)), threads_(threads) {}
+
+void ActivationCollector::Observe(std::string_view weight, const float* x, int64_t rows,
+                                  int64_t cols) {
+  auto known = leader_.find(weight);
+  const bool same_input = !last_leader_.empty() && rows == last_rows_ && cols == last_cols_ &&
+                          std::memcmp(x, last_x_.data(), sizeof(float) * rows * cols) == 0;
+  if (same_input) {
+    // The previous matmul's input again: this weight belongs to that group.
+    if (known == leader_.end()) known = leader_.emplace(std::string(weight), last_leader_).first;
+    if (known->second == last_leader_) return;
+  }
+  if (known == leader_.end()) {
+    known = leader_.emplace(std::string(weight), std::string(weight)).first;
+  }
+  const std::string& leader = known->second;
+  auto it = stats_.find(leader);
+  if (it == stats_.end()) {
+    const bool full = filter_ && filter_(leader, cols);
+    it = stats_.emplace(leader, std::make_unique<InputStats>(cols, full)).first;
+  }
+  if (it->second->cols() == cols) it->second->Add(x, rows, threads_);
+  last_x_.assign(x, x + rows * cols);
+  last_rows_ = rows;
+  last_cols_ = cols;
+  last_leader_ = leader;
+}
+
+const InputStats* ActivationCollector::Find(std::string_view weight) const {
+  auto l = leader_.find(weight);
+  if (l == leader_.end()) return nullptr;
+  auto it = stats_.find(l->second);
+  return it == stats_.end() ? nullptr : it->second.get();
+}
+
+std::string_view ActivationCollector::LeaderOf(std::string_view weight) const {
+  auto l = leader_.find(weight);
+  return l == leader_.end() ? std::string_view() : std::string_view(l->second);
+}
+
+std::vector<std::string> ActivationCollector::Leaders() const {
+  std::vector<std::string> out;
+  for (const auto& [name, s] : stats_) out.push_back(name);
+  return out;
+}
+
+absl::Status RunCalibration(Model& model, const std::vector<std::vector<int32_t>>& chunks,
+                            int head_stride, MatMulObserver& observer, Progress& progress,
+                            std::string_view stage) {
+  size_t longest = 0;
+  int64_t total = 0;
+  for (const auto& c : chunks) {
+    longest = std::max(longest, c.size());
+    total += static_cast<int64_t>(c.size());
+  }
+  constexpr int kBlock = 16;
+  const int n_blocks = static_cast<int>((longest + kBlock - 1) / kBlock);
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> kv,
+                      KvCache::Create(model.KvOptions(std::max(1, n_blocks), DType::kF16, kBlock),
+                                      model.backend()));
+  head_stride = std::max(1, head_stride);
+  progress.Start(stage, total, "tokens");
+  model.set_observer(&observer);
+  int64_t done = 0;
+  absl::Status status;
+  std::vector<float> logits;
+  for (const auto& c : chunks) {
+    status = kv->Reserve(0, static_cast<int>(c.size()));
+    if (!status.ok()) break;
+    Batch batch;
+    for (size_t i = 0; i < c.size(); ++i) {
+      const bool head = (i + 1) % head_stride == 0 || i + 1 == c.size();
+      batch.Add(c[i], static_cast<int32_t>(i), 0, head);
+    }
+    status = model.Forward(batch, *kv, &logits);
+    kv->Free(0);
+    if (!status.ok()) break;
+    done += static_cast<int64_t>(c.size());
+    progress.Update(done);
+  }
+  model.set_observer(nullptr);
+  progress.Finish();
+  return status;
+}
+
+}  // namespace pd::engine::quantize

@@ -1,0 +1,548 @@
+#include "engine/quant/quantize/quantize_model.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_format.h"
+#include "common/status.h"
+#include "common/strings.h"
+#include "engine/backend/backend.h"
+#include "engine/model/gguf.h"
+#include "engine/quant/block_grid.h"
+#include "engine/quant/k_quants.h"
+#include "engine/quant/matrix_quant.h"
+#include "engine/quant/quantize/calibration.h"
+#include "engine/quant/quantize/gguf_writer.h"
+#include "engine/quant/quantize/policy.h"
+#include "engine/quant/quantize/texts.h"
+#include "engine/runtime/model.h"
+#include "engine/tokenizer/tokenizer.h"
+
+namespace pd::engine::quantize {
+namespace {
+
+constexpr uint32_t kQuantizationVersion = 2;  // ggml's GGML_QNT_VERSION
+constexpr uint64_t kAlignment = 32;
+
+bool IsFloat(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+// Weight matrices are quantized; norms, biases, rope factors and other 1-D tensors are copied.
+bool IsWeightMatrix(const GgufTensorInfo& t) {
+  const std::string_view n = t.name;
+  constexpr std::string_view kSuffix = ".weight";
+  if (t.shape.size() < 2 || n.size() < kSuffix.size()) return false;
+  if (n.substr(n.size() - kSuffix.size()) != kSuffix) return false;
+  return n.find("norm") == std::string_view::npos;
+}
+
+int LayerOf(std::string_view name) {
+  static const std::regex kRe(R"(^blk\.(\d+)\..*)");
+  std::cmatch m;
+  if (!std::regex_match(name.data(), name.data() + name.size(), m, kRe)) return -1;
+  return std::stoi(m[1].str());
+}
+
+uint32_t DefaultFileType(DType base) {
+  switch (base) {
+    case DType::kQ2_K:
+      return 10;
+    case DType::kQ3_K:
+      return 12;
+    case DType::kQ4_K:
+      return 15;
+    case DType::kQ5_K:
+      return 17;
+    case DType::kQ6_K:
+      return 18;
+    case DType::kQ4_0:
+      return 2;
+    case DType::kQ8_0:
+      return 7;
+    default:
+      return 0;
+  }
+}
+
+absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(pd::StrCat("cannot read calibration text '", path, "'"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (!in.good() && !in.eof()) {
+    return absl::NotFoundError(pd::StrCat("cannot read calibration text '", path, "'"));
+  }
+  return ss.str();
+}
+
+// What happens to one tensor of the input.
+struct Plan {
+  const GgufTensorInfo* src = nullptr;
+  DType type = DType::kF32;
+  bool quantize = false;  // false: copy the bytes
+  int64_t rows = 0, cols = 0;
+  size_t out_index = 0;
+  std::string note;
+  bool done = false;
+};
+
+// Everything one run holds.
+class Job {
+ public:
+  Job(const QuantizeOptions& o, Progress& p) : o_(o), progress_(p) {}
+
+  absl::StatusOr<QuantizeReport> Run();
+
+ private:
+  absl::Status PlanTensors();
+  absl::Status Calibrate();
+  // Quantizes one planned tensor and writes it. `h`: the group's H (GPTQ factor `factor` when
+  // the method is gptq), or nullptr; `mean_sq`: mean x^2 of its inputs, or nullptr.
+  absl::Status QuantizeOne(Plan& plan, const GptqFactor* factor, const std::vector<double>* h,
+                           const std::vector<float>* mean_sq);
+  const std::vector<float>* MeanSq(std::string_view weight) const {
+    auto it = mean_sq_.find(weight);
+    return it == mean_sq_.end() ? nullptr : &it->second;
+  }
+  absl::Status CopyOne(Plan& plan);
+  void Warn(std::string line) {
+    progress_.Note(pd::StrCat("warning: ", line));
+    report_.warnings.push_back(std::move(line));
+  }
+  int64_t PendingElements() const {
+    int64_t n = 0;
+    for (const Plan& p : plans_) n += p.done ? 0 : p.rows * p.cols;
+    return n;
+  }
+  void Advance(const Plan& p) {
+    done_elements_ += p.rows * p.cols;
+    progress_.Update(done_elements_, p.src->name);
+  }
+
+  const QuantizeOptions& o_;
+  Progress& progress_;
+  QuantizeReport report_;
+  Policy policy_;
+  std::vector<TensorOverride> overrides_;
+  std::shared_ptr<const GgufFile> file_;
+  std::vector<Plan> plans_;
+  std::unique_ptr<GgufWriter> writer_;
+  int64_t done_elements_ = 0;
+  // Calibration results that outlive a pass: mean x^2 per weight (by weight name).
+  std::map<std::string, std::vector<float>, std::less<>> mean_sq_;
+};
+
+absl::Status Job::PlanTensors() {
+  const GgufFile& f = *file_;
+  int n_layers = 0;
+  bool has_output = false, has_embd = false;
+  for (const GgufTensorInfo& t : f.tensors()) {
+    n_layers = std::max(n_layers, LayerOf(t.name) + 1);
+    has_output |= t.name == "output.weight";
+    has_embd |= t.name == "token_embd.weight";
+  }
+  const bool tied = has_embd && !has_output;
+  bool dequantized_input = false;
+  for (const GgufTensorInfo& t : f.tensors()) {
+    Plan p;
+    p.src = &t;
+    p.type = t.type;
+    p.cols = t.shape[0];
+    p.rows = t.rows();
+    if (IsWeightMatrix(t)) {
+      const TypeChoice c = ChooseType(policy_, o_.type, overrides_,
+                                      TensorPlace{t.name, LayerOf(t.name), n_layers, tied});
+      p.note = c.why;
+      const std::optional<DType> fits = FallbackForRow(c.type, p.cols);
+      if (!fits) {
+        p.note =
+            pd::StrCat(p.note.empty() ? "" : p.note + "; ", "kept ", Traits(t.type).name,
+                       ": row of ", p.cols, " is not a multiple of ", Traits(c.type).block_size);
+      } else {
+        if (*fits != c.type) {
+          p.note = pd::StrCat(p.note.empty() ? "" : p.note + "; ", Traits(c.type).name,
+                              " needs rows of 256 (has ", p.cols, "): ", Traits(*fits).name);
+        }
+        p.type = *fits;
+        p.quantize = p.type != t.type || !IsFloat(t.type);
+        if (!IsFloat(t.type)) dequantized_input = true;
+      }
+    }
+    plans_.push_back(std::move(p));
+  }
+  if (dequantized_input) {
+    std::set<std::string> types;
+    for (const Plan& p : plans_) {
+      if (p.quantize && !IsFloat(p.src->type)) types.insert(std::string(Traits(p.src->type).name));
+    }
+    std::string list;
+    for (const std::string& s : types) list += pd::StrCat(list.empty() ? "" : ", ", s);
+    Warn(pd::StrCat("the input is already quantized (", list,
+                    "): its weights are dequantized and quantized again, so both errors add up; "
+                    "quantize from the F32/F16/BF16 model when you have it"));
+  }
+
+  // The output file's layout: every key copied, then the quantization keys.
+  writer_ = std::make_unique<GgufWriter>(kAlignment);
+  if (const GgufValue* arch = f.Find("general.architecture")) {
+    PD_RETURN_IF_ERROR(writer_->CopyKv("general.architecture", *arch));
+  }
+  for (const auto& [key, value] : f.metadata()) {
+    if (key == "general.architecture") continue;
+    if (key == "general.alignment") {
+      writer_->SetU32(key, static_cast<uint32_t>(kAlignment));
+      continue;
+    }
+    absl::Status s = writer_->CopyKv(key, value);
+    if (absl::IsUnimplemented(s)) {
+      Warn(pd::StrCat("metadata key '", key, "' (an array of arrays) is not copied"));
+    } else if (!s.ok()) {
+      return s;
+    }
+  }
+  auto ft = policy_.file_type.find(o_.type);
+  report_.file_type = ft != policy_.file_type.end() ? ft->second : DefaultFileType(o_.type);
+  writer_->SetU32("general.file_type", report_.file_type);
+  writer_->SetU32("general.quantization_version", kQuantizationVersion);
+  for (Plan& p : plans_) p.out_index = writer_->AddTensor(p.src->name, p.type, p.src->shape);
+  return absl::OkStatus();
+}
+
+absl::Status Job::CopyOne(Plan& p) {
+  PD_RETURN_IF_ERROR(writer_->WriteTensor(p.out_index, p.src->data, p.src->nbytes));
+  TensorReport& r = report_.tensors[&p - plans_.data()];
+  r.method = "copy";
+  p.done = true;
+  return absl::OkStatus();
+}
+
+absl::Status Job::QuantizeOne(Plan& p, const GptqFactor* factor, const std::vector<double>* h,
+                              const std::vector<float>* mean_sq) {
+  const GgufTensorInfo& t = *p.src;
+  const int64_t rows = p.rows, cols = p.cols, n = rows * cols;
+  TensorReport& r = report_.tensors[&p - plans_.data()];
+  if (mean_sq != nullptr && static_cast<int64_t>(mean_sq->size()) != cols) mean_sq = nullptr;
+  if (h != nullptr && h->size() != static_cast<size_t>(cols * cols)) h = nullptr, factor = nullptr;
+  // The input as F32.
+  std::vector<float> deq_in;
+  const float* w = nullptr;
+  if (t.type == DType::kF32) {
+    w = reinterpret_cast<const float*>(t.data);
+  } else {
+    deq_in.resize(n);
+    DequantizeMatrix(t.type, t.data, rows, cols, o_.threads, deq_in.data());
+    w = deq_in.data();
+  }
+  for (int64_t k = 0; k < n; ++k) {
+    if (!std::isfinite(w[k])) {
+      return absl::InvalidArgumentError(
+          pd::StrCat("tensor '", t.name, "' holds a non-finite value at element ", k));
+    }
+  }
+  // Importance: mean x^2 plus a small floor, so that inputs calibration never exercised still
+  // count a little.
+  std::vector<float> importance;
+  if (mean_sq != nullptr) {
+    const double mean = std::accumulate(mean_sq->begin(), mean_sq->end(), 0.0) / cols;
+    importance.resize(cols);
+    for (int64_t j = 0; j < cols; ++j) {
+      importance[j] = (*mean_sq)[j] + static_cast<float>(1e-2 * mean);
+    }
+  }
+  std::vector<uint8_t> out(writer_->TensorBytes(p.out_index));
+  if (IsFloat(p.type)) {
+    QuantizeMatrix(p.type, w, rows, cols, nullptr, o_.threads, out.data());
+    r.method = "convert";
+  } else if (o_.method == Method::kGptq && factor != nullptr && HasGrid(p.type)) {
+    GptqOptions go = o_.gptq;
+    go.threads = o_.threads;
+    PD_RETURN_IF_ERROR(GptqQuantize(p.type, w, rows, cols, *factor, go, out.data()));
+    r.method = "gptq";
+  } else if (o_.method != Method::kRtn && !importance.empty()) {
+    QuantizeMatrix(p.type, w, rows, cols, importance.data(), o_.threads, out.data());
+    r.method = "importance";
+  } else {
+    QuantizeMatrix(p.type, w, rows, cols, nullptr, o_.threads, out.data());
+    r.method = "rtn";
+  }
+  PD_RETURN_IF_ERROR(writer_->WriteTensor(p.out_index, out.data(), out.size()));
+  // Errors, measured on what was written.
+  std::vector<float> q(n);
+  DequantizeMatrix(p.type, out.data(), rows, cols, o_.threads, q.data());
+  r.w_err = RelativeError(w, q.data(), n);
+  if (h != nullptr) {
+    r.x_err = OutputRelativeError(w, q.data(), rows, cols, h->data(), o_.threads);
+    r.x_err_exact = true;
+  } else if (mean_sq != nullptr) {
+    r.x_err = WeightedRelativeError(w, q.data(), rows, cols, mean_sq->data());
+  }
+  p.done = true;
+  return absl::OkStatus();
+}
+
+absl::Status Job::Calibrate() {
+  // The text.
+  std::string text;
+  if (o_.calib_file.empty()) {
+    PD_ASSIGN_OR_RETURN(text, BuiltinText(TextKind::kCalibration));
+    report_.calib_source = "built-in calibration text (Debian fortunes, testdata/texts)";
+  } else {
+    PD_ASSIGN_OR_RETURN(text, ReadTextFile(o_.calib_file));
+    report_.calib_source = o_.calib_file;
+  }
+  if (text.empty()) {
+    return absl::InvalidArgumentError(
+        pd::StrCat("calibration text '", o_.calib_file, "' is empty"));
+  }
+  // The engine.
+  const std::string why =
+      pd::StrCat("--method ", MethodName(o_.method), " runs the model on calibration text, but ");
+  CpuBackendOptions bo;
+  bo.threads = o_.threads;
+  std::unique_ptr<Backend> backend = CreateCpuBackend(bo);
+  auto model = Model::Load(file_, *backend);
+  if (!model.ok()) {
+    return absl::FailedPreconditionError(
+        pd::StrCat(why, "pdserve cannot run this model: ", model.status().message()));
+  }
+  auto tokenizer = Tokenizer::FromGguf(*file_);
+  if (!tokenizer.ok()) {
+    return absl::FailedPreconditionError(
+        pd::StrCat(why, "its tokenizer cannot be loaded: ", tokenizer.status().message()));
+  }
+  int chunk = std::max(16, o_.chunk_tokens);
+  if ((*model)->config().n_ctx_train > 0) chunk = std::min(chunk, (*model)->config().n_ctx_train);
+  const auto chunks = MakeCalibrationChunks(**tokenizer, text, chunk, o_.calib_tokens);
+  if (chunks.empty()) return absl::InvalidArgumentError("the calibration text yields no tokens");
+  for (const auto& c : chunks) report_.calib_tokens += static_cast<int64_t>(c.size());
+
+  const bool want_h = o_.method == Method::kGptq || o_.eval_hessian;
+  std::set<std::string, std::less<>> done_leaders;
+  for (int pass = 1;; ++pass) {
+    // X^T X for as many pending groups as the budget holds (at least one: progress).
+    uint64_t budget = o_.hessian_budget_bytes;
+    bool any_full = false;
+    auto filter = [&](std::string_view leader, int64_t cols) {
+      if (!want_h || done_leaders.count(leader)) return false;
+      const uint64_t bytes = static_cast<uint64_t>(cols) * cols * sizeof(double);
+      if (any_full && bytes > budget) return false;
+      budget -= std::min(budget, bytes);
+      any_full = true;
+      return true;
+    };
+    ActivationCollector collector(filter, o_.threads);
+    PD_RETURN_IF_ERROR(RunCalibration(
+        **model, chunks, o_.head_stride, collector, progress_,
+        pass == 1 ? std::string("calibration") : pd::StrCat("calibration pass ", pass)));
+    report_.calib_passes = pass;
+    if (pass == 1) {
+      for (const Plan& p : plans_) {
+        if (const InputStats* s = collector.Find(p.src->name)) {
+          mean_sq_[p.src->name] = s->MeanSquare();
+        }
+      }
+    }
+    // Quantize every pending weight whose group got X^T X in this pass, one H and one GPTQ
+    // factorization per group.
+    std::map<std::string, std::vector<Plan*>> ready;  // by leader
+    for (Plan& p : plans_) {
+      if (p.done || !p.quantize) continue;
+      const InputStats* s = collector.Find(p.src->name);
+      if (s == nullptr || !s->full() || s->samples() == 0 || s->cols() != p.cols) continue;
+      ready[std::string(collector.LeaderOf(p.src->name))].push_back(&p);
+    }
+    if (ready.empty()) break;
+    progress_.Start(pass == 1 ? std::string("quantizing") : pd::StrCat("quantizing, pass ", pass),
+                    done_elements_ + PendingElements(), "weights");
+    progress_.Update(done_elements_);
+    for (auto& [leader, group] : ready) {
+      done_leaders.insert(leader);
+      const std::vector<double> h = collector.Find(leader)->Hessian();
+      std::unique_ptr<GptqFactor> factor;
+      for (Plan* p : group) {
+        if (o_.method == Method::kGptq && HasGrid(p->type) && !factor) {
+          GptqOptions go = o_.gptq;
+          go.threads = o_.threads;
+          PD_ASSIGN_OR_RETURN(factor, GptqFactor::Create(h, p->cols, go));
+        }
+        PD_RETURN_IF_ERROR(QuantizeOne(*p, factor.get(), &h, MeanSq(p->src->name)));
+        Advance(*p);
+      }
+    }
+    progress_.Finish();
+    // Another pass only if groups that want X^T X are still pending.
+    bool more = false;
+    for (const Plan& p : plans_) {
+      if (p.done || !p.quantize || !want_h) continue;
+      const std::string_view leader = collector.LeaderOf(p.src->name);
+      if (!leader.empty() && !done_leaders.count(leader)) more = true;
+    }
+    if (!more) break;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<QuantizeReport> Job::Run() {
+  const auto t0 = std::chrono::steady_clock::now();
+  report_.input = o_.input;
+  report_.output = o_.output;
+  report_.base = o_.type;
+  report_.method = o_.method;
+  if (std::find(QuantTypes().begin(), QuantTypes().end(), o_.type) == QuantTypes().end()) {
+    return absl::InvalidArgumentError(
+        pd::StrCat("--type ", Traits(o_.type).name, " is not a quantized type"));
+  }
+  PD_ASSIGN_OR_RETURN(policy_, Policy::Load(o_.policy));
+  report_.policy = policy_.name;
+  for (const std::string& spec : o_.overrides) {
+    PD_ASSIGN_OR_RETURN(TensorOverride ov, ParseOverride(spec));
+    overrides_.push_back(std::move(ov));
+  }
+  auto opened = GgufFile::Open(o_.input);
+  if (!opened.ok()) {
+    const absl::Status& s = opened.status();
+    const bool named = s.message().find(o_.input) != absl::string_view::npos;
+    return absl::Status(s.code(),
+                        named ? pd::StrCat("cannot read input: ", s.message())
+                              : pd::StrCat("cannot read input '", o_.input, "': ", s.message()));
+  }
+  file_ = std::shared_ptr<const GgufFile>(std::move(*opened));
+  PD_RETURN_IF_ERROR(PlanTensors());
+  for (const Plan& p : plans_) {
+    TensorReport r;
+    r.name = p.src->name;
+    r.shape = p.src->shape;
+    r.src_type = p.src->type;
+    r.type = p.type;
+    r.quantized = p.quantize;
+    r.bytes = writer_->TensorBytes(p.out_index);
+    r.note = p.note;
+    report_.tensors.push_back(std::move(r));
+  }
+  // Fail early (before calibration) when the output cannot be created.
+  PD_RETURN_IF_ERROR(writer_->Open(o_.output));
+  for (Plan& p : plans_) {
+    if (!p.quantize) PD_RETURN_IF_ERROR(CopyOne(p));
+  }
+  const bool calibrate = o_.method != Method::kRtn || !o_.calib_file.empty() || o_.eval_hessian;
+  if (calibrate) PD_RETURN_IF_ERROR(Calibrate());
+  // Whatever is left: no X^T X (rtn, importance, weights calibration never reached such as an
+  // untied token_embd, or tensors whose type has no grid).
+  if (PendingElements() > 0) {
+    progress_.Start("quantizing", done_elements_ + PendingElements(), "weights");
+    progress_.Update(done_elements_);
+    for (Plan& p : plans_) {
+      if (p.done) continue;
+      PD_RETURN_IF_ERROR(QuantizeOne(p, nullptr, nullptr, MeanSq(p.src->name)));
+      Advance(p);
+    }
+    progress_.Finish();
+  }
+  PD_RETURN_IF_ERROR(writer_->Commit());
+
+  report_.file_bytes = writer_->FileSize();
+  uint64_t bits = 0, qbits = 0;
+  int64_t qn = 0;
+  for (const TensorReport& r : report_.tensors) {
+    int64_t n = 1;
+    for (int64_t d : r.shape) n *= d;
+    report_.n_elements += n;
+    bits += uint64_t{r.bytes} * 8;
+    if (r.quantized) qbits += uint64_t{r.bytes} * 8, qn += n;
+  }
+  report_.bpw = report_.n_elements > 0 ? double(bits) / report_.n_elements : 0;
+  report_.bpw_quantized = qn > 0 ? double(qbits) / qn : 0;
+  report_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return report_;
+}
+
+}  // namespace
+
+absl::StatusOr<Method> ParseMethod(std::string_view name) {
+  if (name == "rtn") return Method::kRtn;
+  if (name == "importance") return Method::kImportance;
+  if (name == "gptq") return Method::kGptq;
+  return absl::InvalidArgumentError(
+      pd::StrCat("unknown method '", name, "' (one of: rtn, importance, gptq)"));
+}
+
+std::string_view MethodName(Method m) {
+  switch (m) {
+    case Method::kRtn:
+      return "rtn";
+    case Method::kImportance:
+      return "importance";
+    case Method::kGptq:
+      return "gptq";
+  }
+  return "?";
+}
+
+std::string FileTypeName(uint32_t ft) {
+  static const std::map<uint32_t, std::string> kNames = {
+      {0, "F32"},     {1, "F16"},     {2, "Q4_0"},    {7, "Q8_0"},    {10, "Q2_K"},
+      {11, "Q3_K_S"}, {12, "Q3_K_M"}, {13, "Q3_K_L"}, {14, "Q4_K_S"}, {15, "Q4_K_M"},
+      {16, "Q5_K_S"}, {17, "Q5_K_M"}, {18, "Q6_K"},   {21, "Q2_K_S"}, {32, "BF16"}};
+  auto it = kNames.find(ft);
+  return it != kNames.end() ? it->second : pd::StrCat("type ", ft);
+}
+
+absl::StatusOr<QuantizeReport> QuantizeModel(const QuantizeOptions& options, Progress& progress) {
+  Job job(options, progress);
+  return job.Run();
+}
+
+std::string FormatReport(const QuantizeReport& r) {
+  auto shape_str = [](const std::vector<int64_t>& s) {
+    std::string out;
+    for (size_t i = 0; i < s.size(); ++i) out += pd::StrCat(i ? "x" : "", s[i]);
+    return out;
+  };
+  size_t name_w = 6;
+  for (const TensorReport& t : r.tensors) name_w = std::max(name_w, t.name.size());
+  std::string out;
+  char line[512];
+  std::snprintf(line, sizeof(line), "%-*s %-12s %-5s %5s %9s %9s  %-10s %s\n",
+                static_cast<int>(name_w), "tensor", "shape", "type", "bpw", "w_err", "x_err",
+                "method", "note");
+  out += line;
+  bool any_approx = false;
+  for (const TensorReport& t : r.tensors) {
+    std::string w_err = t.w_err >= 0 ? pd::StrCat(absl::StrFormat("%.5f", t.w_err)) : "-";
+    std::string x_err = "-";
+    if (t.x_err >= 0) {
+      x_err = absl::StrFormat("%.5f%s", t.x_err, t.x_err_exact ? "" : "~");
+      any_approx |= !t.x_err_exact;
+    }
+    std::snprintf(line, sizeof(line), "%-*s %-12s %-5s %5.2f %9s %9s  %-10s %s\n",
+                  static_cast<int>(name_w), t.name.c_str(), shape_str(t.shape).c_str(),
+                  std::string(Traits(t.type).name).c_str(), BitsPerWeight(t.type), w_err.c_str(),
+                  x_err.c_str(), t.method.c_str(), t.note.c_str());
+    out += line;
+  }
+  out += "\n";
+  out += absl::StrFormat(
+      "%s: %.2f MiB, %.3f bits per weight over %d weights (quantized tensors: %.3f); "
+      "file_type %u (%s), base %s, policy %s, method %s\n",
+      r.output, r.file_bytes / 1048576.0, r.bpw, r.n_elements, r.bpw_quantized, r.file_type,
+      FileTypeName(r.file_type), std::string(Traits(r.base).name), r.policy,
+      std::string(MethodName(r.method)));
+  if (r.calib_passes > 0) {
+    out += absl::StrFormat("calibration: %d tokens from %s, %d pass%s\n", r.calib_tokens,
+                           r.calib_source, r.calib_passes, r.calib_passes > 1 ? "es" : "");
+  }
+  out += "w_err = ||W - Q|| / ||W||; x_err = ||X (W - Q)^T|| / ||X W^T|| on the calibration inputs";
+  out += any_approx ? " (~: diagonal approximation, inputs taken as uncorrelated)\n" : "\n";
+  out += absl::StrFormat("done in %.1f s\n", r.seconds);
+  return out;
+}
+
+}  // namespace pd::engine::quantize

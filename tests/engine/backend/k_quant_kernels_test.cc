@@ -1,0 +1,580 @@
+// MatMul kernels for Q4_0 (x Q8_0) and the k-quants Q2_K .. Q6_K (x Q8_K): the AVX2 tiles against
+// their scalar twins and both against double-precision references, plus the Q8_K activation
+// quantizer and MatMul through the CPU backend.
+//
+// References: weights expanded by the scalar DequantizeRow (k_quants.h), activations by
+// DequantizeRow of their Q8_0 / Q8_K blocks, products summed in double. So the tests check what
+// backend.h promises: a dot of the dequantized weights with the dequantized companion
+// activations.
+//
+// Tolerances:
+//  - Unit scales (every f16 d / dmin = 1, activation d = 1): all values are small integers, the
+//    kernels' integer parts are exact and, with the absolute sum T < 2^24 (asserted), every F32
+//    operation is exact too, so scalar, AVX2 and the reference must be EQUAL.
+//  - Otherwise |y - ref| <= (n_blocks + 16) * 2^-24 * T, with T = sum_i (|d sc_i q_i| + |dmin
+//    m_i|) |x_i|, the sum of the magnitudes of every term before cancellation (for formats
+//    without mins simply sum |w_i x_i|). The kernels round once per block product and once per
+//    F32 addition of a block term (sequentially in the scalar kernel, over 8 lanes in AVX2), the
+//    reference's dequantization rounds each weight by a few ulps of its terms; each is bounded by
+//    2^-24 T. A wrong scale, code or sub-block changes the result by ~T / (number of sub-blocks)
+//    and fails by orders of magnitude.
+//  - Q8_K quantization: bit-exact between the tables (codes, bsums, d).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/status_matchers.h"
+#include "engine/backend/backend.h"
+#include "engine/backend/cpu/kernels.h"
+#include "engine/quant/dtype.h"
+#include "engine/quant/fp16.h"
+#include "engine/quant/k_quants.h"
+#include "engine/quant/q8_0.h"
+
+namespace pd::engine::cpu {
+namespace {
+
+using ::pd::testing::IsOk;
+
+struct Format {
+  DType type;
+  GemmType gemm;
+  DType act;  // companion activation type
+};
+
+const Format kFormats[] = {
+    {DType::kQ4_0, GemmType::kQ4_0, DType::kQ8_0}, {DType::kQ2_K, GemmType::kQ2_K, DType::kQ8_K},
+    {DType::kQ3_K, GemmType::kQ3_K, DType::kQ8_K}, {DType::kQ4_K, GemmType::kQ4_K, DType::kQ8_K},
+    {DType::kQ5_K, GemmType::kQ5_K, DType::kQ8_K}, {DType::kQ6_K, GemmType::kQ6_K, DType::kQ8_K},
+};
+
+std::string Name(DType t) { return std::string(Traits(t).name); }
+
+// Byte offsets of the f16 super-scales of a block: d first, then dmin (-1 when absent).
+struct ScaleFields {
+  int d, dmin;
+};
+ScaleFields FieldsOf(DType t) {
+  switch (t) {
+    case DType::kQ4_0: return {0, -1};
+    case DType::kQ2_K: return {80, 82};
+    case DType::kQ3_K: return {108, -1};
+    case DType::kQ4_K: return {0, 2};
+    case DType::kQ5_K: return {0, 2};
+    case DType::kQ6_K: return {208, -1};
+    case DType::kQ8_0: return {0, -1};
+    default: break;
+  }
+  ADD_FAILURE() << "no scale fields for " << Name(t);
+  return {0, -1};
+}
+
+void PutF16(char* p, uint16_t h) { std::memcpy(p, &h, 2); }
+uint16_t GetF16(const char* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return h;
+}
+
+// Rows of one type: raw bytes, their dequantized values, and per element the magnitude of the
+// terms that make it up (|d sc q| + |dmin m|), for the tolerance.
+struct Rows {
+  DType type;
+  int rows = 0;
+  int64_t k = 0;
+  size_t stride = 0;
+  std::vector<char> bytes;
+  std::vector<double> values, magnitude;  // [rows, k]
+
+  char* row(int r) { return bytes.data() + r * stride; }
+  const char* row(int r) const { return bytes.data() + r * stride; }
+};
+
+Rows MakeEmpty(DType type, int rows, int64_t k) {
+  Rows r;
+  r.type = type;
+  r.rows = rows;
+  r.k = k;
+  r.stride = RowBytes(type, k);
+  r.bytes.assign(r.stride * rows + 64, 0);
+  return r;
+}
+
+// Fills values/magnitude from the bytes, through the scalar reference dequantizer.
+void Expand(Rows& r) {
+  r.values.assign(r.rows * r.k, 0.0);
+  r.magnitude.assign(r.rows * r.k, 0.0);
+  std::vector<float> tmp(r.k);
+  const DTypeTraits& tr = Traits(r.type);
+  const bool has_min = r.type != DType::kQ8_K && FieldsOf(r.type).dmin >= 0;
+  std::vector<char> abs_row(r.stride);
+  for (int i = 0; i < r.rows; ++i) {
+    DequantizeRow(r.type, r.row(i), tmp.data(), r.k);
+    for (int64_t j = 0; j < r.k; ++j) r.values[i * r.k + j] = tmp[j];
+    if (has_min) {
+      // d := |d|, dmin := -|dmin| turns d sc q - dmin m into |d| sc q + |dmin| m.
+      std::memcpy(abs_row.data(), r.row(i), r.stride);
+      const ScaleFields f = FieldsOf(r.type);
+      for (size_t b = 0; b < r.stride; b += tr.block_bytes) {
+        char* blk = abs_row.data() + b;
+        PutF16(blk + f.d, GetF16(blk + f.d) & 0x7fff);
+        PutF16(blk + f.dmin, GetF16(blk + f.dmin) | 0x8000);
+      }
+      DequantizeRow(r.type, abs_row.data(), tmp.data(), r.k);
+      for (int64_t j = 0; j < r.k; ++j) r.magnitude[i * r.k + j] = std::fabs(tmp[j]);
+    } else {
+      for (int64_t j = 0; j < r.k; ++j) r.magnitude[i * r.k + j] = std::fabs(r.values[i * r.k + j]);
+    }
+  }
+}
+
+enum class Scales { kUnit, kRandom };
+
+// Weight rows with uniformly random bytes (every bit pattern of codes and sub-block scales is
+// valid) and super-scales either 1 or random finite f16 of either sign.
+Rows RandomWeights(DType type, int rows, int64_t k, Scales scales, std::mt19937& rng) {
+  Rows r = MakeEmpty(type, rows, k);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> log_mag(-12.f, 2.f);
+  std::bernoulli_distribution neg(0.25);
+  for (char& c : r.bytes) c = static_cast<char>(byte(rng));
+  const ScaleFields f = FieldsOf(type);
+  const size_t bb = Traits(type).block_bytes;
+  auto scale = [&] {
+    if (scales == Scales::kUnit) return uint16_t{0x3c00};
+    return F32ToF16((neg(rng) ? -1.f : 1.f) * std::exp2(log_mag(rng)));
+  };
+  for (int i = 0; i < rows; ++i) {
+    for (size_t b = 0; b < r.stride; b += bb) {
+      PutF16(r.row(i) + b + f.d, scale());
+      if (f.dmin >= 0) PutF16(r.row(i) + b + f.dmin, scale());
+    }
+  }
+  Expand(r);
+  return r;
+}
+
+// Sets bsums from the codes (the Q8_K contract every kernel relies on).
+void FixBsums(BlockQ8_K& b) {
+  for (int i = 0; i < 16; ++i) {
+    int s = 0;
+    for (int l = 0; l < 16; ++l) s += b.qs[16 * i + l];
+    b.bsums[i] = static_cast<int16_t>(s);
+  }
+}
+
+// Activation rows of `act` (Q8_0 or Q8_K) with codes drawn from [lo, hi] and scales 1 or random.
+Rows RandomActivations(DType act, int rows, int64_t k, int lo, int hi, Scales scales,
+                       std::mt19937& rng) {
+  Rows r = MakeEmpty(act, rows, k);
+  std::uniform_int_distribution<int> code(lo, hi);
+  std::uniform_real_distribution<float> log_mag(-10.f, 3.f);
+  for (int i = 0; i < rows; ++i) {
+    if (act == DType::kQ8_K) {
+      BlockQ8_K* b = reinterpret_cast<BlockQ8_K*>(r.row(i));
+      for (int64_t j = 0; j < k / kQK; ++j) {
+        for (int8_t& q : b[j].qs) q = static_cast<int8_t>(code(rng));
+        FixBsums(b[j]);
+        b[j].d = scales == Scales::kUnit ? 1.f : std::exp2(log_mag(rng));
+      }
+    } else {
+      BlockQ8_0* b = reinterpret_cast<BlockQ8_0*>(r.row(i));
+      for (int64_t j = 0; j < k / kQ8_0BlockSize; ++j) {
+        for (int8_t& q : b[j].qs) q = static_cast<int8_t>(code(rng));
+        b[j].d = scales == Scales::kUnit ? uint16_t{0x3c00} : F32ToF16(std::exp2(log_mag(rng)));
+      }
+    }
+  }
+  Expand(r);
+  return r;
+}
+
+// Activations as MatMul makes them: the scalar reference quantizer on random floats.
+Rows QuantizedActivations(DType act, int rows, int64_t k, std::mt19937& rng) {
+  Rows r = MakeEmpty(act, rows, k);
+  std::normal_distribution<float> normal(0.f, 2.f);
+  std::vector<float> x(k);
+  for (int i = 0; i < rows; ++i) {
+    for (float& v : x) v = normal(rng);
+    for (int64_t j = 0; j < k; j += 97) x[j] *= 20.f;  // outliers: uneven block scales
+    QuantizeRow(act, x.data(), r.row(i), k);
+  }
+  Expand(r);
+  return r;
+}
+
+int64_t NumBlocks(DType t, int64_t k) { return k / Traits(t).block_size; }
+
+class KQuantKernelsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    avx2_ = Avx2Kernels();
+    if (avx2_ == nullptr || &SelectKernels(false) != avx2_) {
+      GTEST_SKIP() << "AVX2 kernels not available on this build/CPU";
+    }
+  }
+
+  // Runs every tile shape of both tables on w x a and checks every output.
+  void CheckTiles(const Format& f, const Rows& w, const Rows& a, bool exact,
+                  const std::string& what) {
+    ASSERT_EQ(w.k, a.k);
+    const int64_t k = w.k;
+    const int64_t nb = NumBlocks(f.type, k);
+    for (int nr = 1; nr <= std::min(kGemmTileW, w.rows); ++nr) {
+      for (int nc = 1; nc <= std::min(kGemmTileX, a.rows); ++nc) {
+        const int64_t ys = 6;  // y stride larger than the tile
+        std::vector<float> ya(nc * ys, -999.f), yb(nc * ys, -999.f);
+        const int g = static_cast<int>(f.gemm);
+        s_.gemm[g](k, w.bytes.data(), w.stride, nr, a.bytes.data(), a.stride, nc, ya.data(), ys);
+        avx2_->gemm[g](k, w.bytes.data(), w.stride, nr, a.bytes.data(), a.stride, nc, yb.data(),
+                       ys);
+        for (int c = 0; c < nc; ++c) {
+          for (int r = 0; r < ys; ++r) {
+            if (r >= nr) {  // outside the tile: untouched
+              ASSERT_EQ(ya[c * ys + r], -999.f);
+              ASSERT_EQ(yb[c * ys + r], -999.f);
+              continue;
+            }
+            double ref = 0, t = 0;
+            for (int64_t j = 0; j < k; ++j) {
+              ref += w.values[r * k + j] * a.values[c * k + j];
+              t += w.magnitude[r * k + j] * std::fabs(a.values[c * k + j]);
+            }
+            SCOPED_TRACE(::testing::Message() << Name(f.type) << " " << what << " k " << k
+                                              << " tile " << nr << "x" << nc << " y[" << c
+                                              << "," << r << "] ref " << ref << " T " << t);
+            if (exact) {
+              ASSERT_LT(t, 0x1p24);  // every partial sum is an exact float
+              ASSERT_EQ(ya[c * ys + r], ref);
+              ASSERT_EQ(yb[c * ys + r], ref);
+            } else {
+              const double tol = (nb + 16) * 0x1p-24 * t + 1e-30;
+              ASSERT_NEAR(ya[c * ys + r], ref, tol);
+              ASSERT_NEAR(yb[c * ys + r], ref, tol);
+              ASSERT_NEAR(yb[c * ys + r], ya[c * ys + r], tol);
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // Block counts: 1, 2, 3 (odd, and a Q4_0 pair plus a single), 9.
+  static std::vector<int64_t> Ks(const Format& f) {
+    const int64_t bs = Traits(f.type).block_size;
+    return {bs, 2 * bs, 3 * bs, 9 * bs};
+  }
+
+  const Kernels& s_ = ScalarKernels();
+  const Kernels* avx2_ = nullptr;
+  std::mt19937 rng_{77};
+};
+
+TEST_F(KQuantKernelsTest, UnitScalesAreExact) {
+  // Random codes and sub-block scales over their whole ranges; activations limited to [-12, 12]
+  // so that T < 2^24 and every F32 step is exact.
+  for (const Format& f : kFormats) {
+    for (int64_t k : Ks(f)) {
+      for (int rep = 0; rep < 3; ++rep) {
+        const Rows w = RandomWeights(f.type, kGemmTileW, k, Scales::kUnit, rng_);
+        const Rows a = RandomActivations(f.act, kGemmTileX, k, -12, 12, Scales::kUnit, rng_);
+        CheckTiles(f, w, a, /*exact=*/true, "unit scales");
+      }
+    }
+  }
+}
+
+TEST_F(KQuantKernelsTest, RandomBlocksMatchReference) {
+  for (const Format& f : kFormats) {
+    for (int64_t k : Ks(f)) {
+      for (int rep = 0; rep < 3; ++rep) {
+        const Rows w = RandomWeights(f.type, kGemmTileW, k, Scales::kRandom, rng_);
+        const Rows raw = RandomActivations(f.act, kGemmTileX, k, -128, 127, Scales::kRandom, rng_);
+        CheckTiles(f, w, raw, false, "raw activations");
+        const Rows q = QuantizedActivations(f.act, kGemmTileX, k, rng_);
+        CheckTiles(f, w, q, false, "quantized activations");
+      }
+    }
+  }
+}
+
+TEST_F(KQuantKernelsTest, ExtremeBlocks) {
+  // Every code at its maximum or minimum, every scale byte at its extremes, activations at
+  // 127 / -128 / alternating: the int16 and int32 intermediate ranges at their limits.
+  const std::vector<uint8_t> fills = {0x00, 0xff, 0x55, 0xaa, 0x0f, 0xf0};
+  for (const Format& f : kFormats) {
+    for (int64_t k : {Traits(f.type).block_size, 3 * Traits(f.type).block_size}) {
+      for (uint8_t fill : fills) {
+        for (Scales sc : {Scales::kUnit, Scales::kRandom}) {
+          Rows w = RandomWeights(f.type, kGemmTileW, k, sc, rng_);
+          // Row 0: all bytes but the super-scales = fill; row 1: codes = fill, scale bytes
+          // complemented; rows 2-3 random.
+          const ScaleFields fl = FieldsOf(f.type);
+          const size_t bb = Traits(f.type).block_bytes;
+          for (int row = 0; row < 2; ++row) {
+            for (size_t b = 0; b < w.stride; b += bb) {
+              char* blk = w.row(row) + b;
+              const uint16_t d = GetF16(blk + fl.d);
+              const uint16_t dmin = fl.dmin >= 0 ? GetF16(blk + fl.dmin) : 0;
+              std::memset(blk, fill, bb);
+              if (row == 1) {
+                // Sub-block scale bytes: Q2_K bytes 0-15, Q3_K 96-107, Q4_K/Q5_K 4-15, Q6_K
+                // 192-207; Q4_0 has none.
+                int lo = 0, hi = 0;
+                switch (f.type) {
+                  case DType::kQ2_K: lo = 0, hi = 16; break;
+                  case DType::kQ3_K: lo = 96, hi = 108; break;
+                  case DType::kQ4_K:
+                  case DType::kQ5_K: lo = 4, hi = 16; break;
+                  case DType::kQ6_K: lo = 192, hi = 208; break;
+                  default: break;
+                }
+                for (int i = lo; i < hi; ++i) blk[i] = static_cast<char>(~fill);
+              }
+              PutF16(blk + fl.d, d);
+              if (fl.dmin >= 0) PutF16(blk + fl.dmin, dmin);
+            }
+          }
+          Expand(w);
+          for (int mode = 0; mode < 3; ++mode) {
+            Rows a = RandomActivations(f.act, kGemmTileX, k, -128, 127, sc, rng_);
+            for (int row = 0; row < 3; ++row) {  // rows 0-2 extreme, row 3 random
+              const int64_t nblk = NumBlocks(f.act, k);
+              for (int64_t j = 0; j < nblk; ++j) {
+                int8_t* qs = f.act == DType::kQ8_K
+                                 ? reinterpret_cast<BlockQ8_K*>(a.row(row))[j].qs
+                                 : reinterpret_cast<BlockQ8_0*>(a.row(row))[j].qs;
+                const int n = f.act == DType::kQ8_K ? kQK : kQ8_0BlockSize;
+                for (int l = 0; l < n; ++l) {
+                  const int v = row == 0 ? (mode == 0 ? 127 : -128)
+                                : row == 1 ? (l % 2 ? 127 : -128)
+                                           : (mode == 2 ? -128 : 127);
+                  qs[l] = static_cast<int8_t>(v);
+                }
+                if (f.act == DType::kQ8_K) FixBsums(reinterpret_cast<BlockQ8_K*>(a.row(row))[j]);
+              }
+            }
+            Expand(a);
+            CheckTiles(f, w, a, false,
+                       "extreme fill " + std::to_string(fill) + " mode " + std::to_string(mode));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(KQuantKernelsTest, ExtremeSuperScales) {
+  // f16 super-scales at the largest finite value, the smallest subnormal and normal, and -0.
+  const uint16_t kScales[] = {0x7bff, 0xfbff, 0x0001, 0x0400, 0x8000};
+  for (const Format& f : kFormats) {
+    const int64_t k = 3 * Traits(f.type).block_size;
+    const ScaleFields fl = FieldsOf(f.type);
+    const size_t bb = Traits(f.type).block_bytes;
+    for (uint16_t d : kScales) {
+      Rows w = RandomWeights(f.type, kGemmTileW, k, Scales::kRandom, rng_);
+      for (int row = 0; row < w.rows; ++row) {
+        for (size_t b = 0; b < w.stride; b += bb) {
+          PutF16(w.row(row) + b + fl.d, d);
+          if (fl.dmin >= 0 && row % 2 == 0) PutF16(w.row(row) + b + fl.dmin, d);
+        }
+      }
+      Expand(w);
+      const Rows a = RandomActivations(f.act, kGemmTileX, k, -128, 127, Scales::kRandom, rng_);
+      CheckTiles(f, w, a, false, "super-scale " + std::to_string(d));
+    }
+  }
+}
+
+TEST_F(KQuantKernelsTest, ZeroActivationBlocks) {
+  // An all-zero input row quantizes to d = 0 blocks; the dot must be exactly 0.
+  for (const Format& f : kFormats) {
+    const int64_t k = 2 * Traits(f.type).block_size;
+    const Rows w = RandomWeights(f.type, 4, k, Scales::kRandom, rng_);
+    std::vector<float> zeros(k, 0.f);
+    Rows a = MakeEmpty(f.act, 1, k);
+    QuantizeRow(f.act, zeros.data(), a.row(0), k);
+    float ys[4], ya[4];
+    const int g = static_cast<int>(f.gemm);
+    s_.gemm[g](k, w.bytes.data(), w.stride, 4, a.bytes.data(), a.stride, 1, ys, 4);
+    avx2_->gemm[g](k, w.bytes.data(), w.stride, 4, a.bytes.data(), a.stride, 1, ya, 4);
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_EQ(ys[r], 0.f) << Name(f.type);
+      EXPECT_EQ(ya[r], 0.f) << Name(f.type);
+    }
+  }
+}
+
+TEST_F(KQuantKernelsTest, Q8KQuantizeBitExact) {
+  const int kBlocks = 2000;
+  std::vector<float> x;
+  std::uniform_real_distribution<float> log_scale(-30.f, 30.f);
+  std::normal_distribution<float> normal;
+  for (int b = 0; b < kBlocks; ++b) {
+    const float scale = std::exp2(log_scale(rng_));
+    std::vector<float> v(kQK);
+    for (float& f : v) f = normal(rng_) * scale;
+    if (b % 3 == 0) {
+      // Ties: max -127 makes iscale exactly 1, so k + 0.5 lands halfway (rounds to even).
+      v[7] = -127.f;
+      for (int j = 0; j < kQK; ++j) {
+        if (j != 7) v[j] = std::clamp(std::round(v[j]) + (j % 2 ? 0.5f : -0.5f), -126.5f, 126.5f);
+      }
+    }
+    if (b % 5 == 0) {  // largest magnitude twice with opposite signs: the first one wins
+      v[200] = 1e3f * scale;
+      v[31] = -1e3f * scale;
+    }
+    if (b % 7 == 0) std::fill(v.begin(), v.end(), 0.f);
+    if (b % 11 == 0) v[5] = -0.f;
+    if (b % 13 == 0) std::fill(v.begin(), v.end(), -3.f);
+    x.insert(x.end(), v.begin(), v.end());
+  }
+  std::vector<BlockQ8_K> qs(kBlocks), qa(kBlocks);
+  s_.quantize_q8_k(x.data(), qs.data(), x.size());
+  avx2_->quantize_q8_k(x.data(), qa.data(), x.size());
+  for (int b = 0; b < kBlocks; ++b) {
+    ASSERT_EQ(BitsFromFp32(qs[b].d), BitsFromFp32(qa[b].d)) << b;
+    for (int j = 0; j < kQK; ++j) ASSERT_EQ(qs[b].qs[j], qa[b].qs[j]) << b << "," << j;
+    for (int i = 0; i < 16; ++i) ASSERT_EQ(qs[b].bsums[i], qa[b].bsums[i]) << b << "," << i;
+  }
+  // The scalar table is the k_quants.h reference itself; tie blocks round to even.
+  std::vector<BlockQ8_K> ref(kBlocks);
+  QuantizeRow(x.data(), ref.data(), x.size());
+  ASSERT_EQ(std::memcmp(ref.data(), qs.data(), ref.size() * sizeof(BlockQ8_K)), 0);
+  EXPECT_EQ(qs[3].d, 1.f);  // max -127: iscale = 1
+  EXPECT_EQ(qs[5].qs[31], -127);  // the first of +-1e3 sets the sign of the scale
+  EXPECT_EQ(qs[5].qs[200], 127);
+}
+
+// ---- MatMul through the backend --------------------------------------------------------------
+
+struct Config {
+  bool force_scalar;
+  int threads;
+};
+
+class KQuantMatMulTest : public ::testing::TestWithParam<Config> {
+ protected:
+  std::unique_ptr<Backend> be_ =
+      CreateCpuBackend({.threads = GetParam().threads, .force_scalar = GetParam().force_scalar});
+  std::mt19937 rng_{2024};
+};
+
+INSTANTIATE_TEST_SUITE_P(Kernels, KQuantMatMulTest,
+                         ::testing::Values(Config{false, 3}, Config{true, 2}, Config{false, 1}),
+                         [](const auto& info) {
+                           return std::string(info.param.force_scalar ? "Scalar" : "Best") +
+                                  std::to_string(info.param.threads) + "Threads";
+                         });
+
+// y = x w^T through MatMul vs double products of DequantizeRow(w) and the dequantized reference
+// quantization of x.
+void CheckMatMul(Backend& be, std::mt19937& rng, const Format& f, int64_t n, int64_t m,
+                 int64_t k) {
+  SCOPED_TRACE(::testing::Message() << Name(f.type) << " n " << n << " m " << m << " k " << k);
+  std::normal_distribution<float> normal;
+  std::vector<float> xf(n * k);
+  for (float& v : xf) v = 3.f * normal(rng);
+  // Random blocks (fast to make; quantized weights are used in CloseToUnquantizedProduct).
+  Rows w = RandomWeights(f.type, static_cast<int>(m), k, Scales::kRandom, rng);
+  Rows xq = MakeEmpty(f.act, static_cast<int>(n), k);
+  for (int64_t r = 0; r < n; ++r) QuantizeRow(f.act, xf.data() + r * k, xq.row(r), k);
+  Expand(xq);
+
+  Tensor wt{f.type, k, m, w.bytes.data()};
+  Tensor xt{DType::kF32, k, n, xf.data()};
+  std::vector<float> yv(n * m, NAN);
+  Tensor yt{DType::kF32, m, n, yv.data()};
+  ASSERT_THAT(be.MatMul(wt, xt, yt), IsOk());
+  const int64_t nb = NumBlocks(f.type, k);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < m; ++j) {
+      double ref = 0, t = 0;
+      for (int64_t l = 0; l < k; ++l) {
+        ref += w.values[j * k + l] * xq.values[i * k + l];
+        t += w.magnitude[j * k + l] * std::fabs(xq.values[i * k + l]);
+      }
+      ASSERT_NEAR(yv[i * m + j], ref, (nb + 16) * 0x1p-24 * t + 1e-30)
+          << "y[" << i << ", " << j << "]";
+    }
+  }
+}
+
+TEST_P(KQuantMatMulTest, AllFormatsAndShapes) {
+  for (const Format& f : kFormats) {
+    const int64_t bs = Traits(f.type).block_size;
+    // Decode (n = 1) and prefill batches, m not a multiple of the 4-row tile, odd block counts.
+    const std::vector<std::vector<int64_t>> cases = {
+        {1, 1, bs},  {1, 37, 2 * bs}, {3, 5, 3 * bs},   {5, 9, bs},
+        {4, 8, 5 * bs}, {17, 33, 256}, {1, 300, 4096}, {9, 130, 9 * bs}};
+    for (const auto& c : cases) CheckMatMul(*be_, rng_, f, c[0], c[1], c[2]);
+  }
+}
+
+TEST_P(KQuantMatMulTest, CloseToUnquantizedProduct) {
+  // Guards against a reference that shares a bug with the kernels: the result must stay near the
+  // F32 product of the original values. The relative RMS error over all outputs is about the
+  // relative RMS quantization error of the weights (measured: Q2_K 0.24, Q3_K 0.14, Q4_0 0.074,
+  // Q4_K 0.063, Q5_K 0.029, Q6_K 0.015 on normal data); wrong codes or scales give ~1.4.
+  const int64_t n = 4, m = 64, k = 1024;
+  std::normal_distribution<float> normal;
+  std::vector<float> wf(m * k), xf(n * k);
+  for (float& v : wf) v = normal(rng_);
+  for (float& v : xf) v = normal(rng_);
+  std::vector<double> ref(n * m, 0.0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < m; ++j)
+      for (int64_t l = 0; l < k; ++l) ref[i * m + j] += double{wf[j * k + l]} * xf[i * k + l];
+  for (const Format& f : kFormats) {
+    std::vector<char> wb(RowBytes(f.type, k) * m);
+    for (int64_t r = 0; r < m; ++r) {
+      QuantizeRow(f.type, wf.data() + r * k, wb.data() + r * RowBytes(f.type, k), k);
+    }
+    Tensor wt{f.type, k, m, wb.data()}, xt{DType::kF32, k, n, xf.data()};
+    std::vector<float> yv(n * m);
+    Tensor yt{DType::kF32, m, n, yv.data()};
+    ASSERT_THAT(be_->MatMul(wt, xt, yt), IsOk());
+    double err2 = 0, ref2 = 0;
+    for (int64_t i = 0; i < n * m; ++i) {
+      err2 += (yv[i] - ref[i]) * (yv[i] - ref[i]);
+      ref2 += ref[i] * ref[i];
+    }
+    const double rel = std::sqrt(err2 / ref2);
+    const double bound = f.type == DType::kQ2_K   ? 0.45
+                         : f.type == DType::kQ3_K ? 0.25
+                         : f.type == DType::kQ4_0 ? 0.15
+                         : f.type == DType::kQ4_K ? 0.12
+                         : f.type == DType::kQ5_K ? 0.06
+                                                  : 0.035;
+    EXPECT_LT(rel, bound) << Name(f.type);
+    std::printf("%s: relative RMS error vs F32 product %.4f\n", Name(f.type).c_str(), rel);
+  }
+}
+
+TEST(KQuantMatMulThreadsTest, BitIdenticalAcrossThreadCounts) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  const int64_t n = 6, m = 1001, k = 1024;
+  std::vector<float> xf(n * k);
+  for (float& v : xf) v = normal(rng);
+  for (const Format& f : kFormats) {
+    Rows w = RandomWeights(f.type, static_cast<int>(m), k, Scales::kRandom, rng);
+    Tensor wt{f.type, k, m, w.bytes.data()}, xt{DType::kF32, k, n, xf.data()};
+    std::vector<float> y1(n * m), y4(n * m);
+    Tensor t1{DType::kF32, m, n, y1.data()}, t4{DType::kF32, m, n, y4.data()};
+    ASSERT_THAT(CreateCpuBackend({.threads = 1})->MatMul(wt, xt, t1), IsOk());
+    ASSERT_THAT(CreateCpuBackend({.threads = 4})->MatMul(wt, xt, t4), IsOk());
+    EXPECT_EQ(std::memcmp(y1.data(), y4.data(), y1.size() * sizeof(float)), 0) << Name(f.type);
+  }
+}
+
+}  // namespace
+}  // namespace pd::engine::cpu

@@ -1,0 +1,158 @@
+#include "tools/pdctl/quantize_cmd.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+#include "common/strings.h"
+#include "engine/quant/quantize/policy.h"
+#include "engine/quant/quantize/progress.h"
+#include "engine/quant/quantize/quantize_model.h"
+#include "engine/quant/quantize/texts.h"
+
+namespace pd::tools {
+namespace {
+
+namespace q = engine::quantize;
+
+// OUT.tmp, removed if the process is interrupted (the writer removes it on every other failure).
+char g_tmp_path[4096];
+
+void RemoveTmpAndDie(int sig) {
+  if (g_tmp_path[0] != '\0') ::unlink(g_tmp_path);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+int FailQuantize(const absl::Status& s) {
+  std::fprintf(stderr, "pdctl quantize: error: %s\n", std::string(s.message()).c_str());
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kUnimplemented:
+    case absl::StatusCode::kOutOfRange:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+}  // namespace
+
+CLI::App* AddQuantizeCommand(CLI::App& app, QuantizeFlags* f) {
+  CLI::App* c = app.add_subcommand(
+      "quantize",
+      "quantize a GGUF model (F32/F16/BF16, or an already quantized one) to q8_0, q4_0, q2_K, "
+      "q3_K, q4_K, q5_K or q6_K with a mixed-precision policy; prints a per-tensor table");
+  c->add_option("input", f->input, "input GGUF model")->required();
+  c->add_option("output", f->output, "output GGUF file (written to OUTPUT.tmp, then renamed)")
+      ->required();
+  c->add_option("--type", f->type, "base type: q8_0, q4_0, q2_K, q3_K, q4_K, q5_K, q6_K")
+      ->required();
+  c->add_option("--method", f->method,
+                "rtn (round to nearest), importance (scale search weighted by calibration "
+                "activations), gptq (error compensation through the calibration Hessian)");
+  c->add_option("--policy", f->policy,
+                "mixed-precision policy: S, M, L (built in, docs/quantization.md) or a YAML file");
+  c->add_option("--override", f->overrides,
+                "REGEX=TYPE: tensors whose whole name matches get TYPE (repeatable, first match "
+                "wins, before the policy), e.g. 'blk\\.[0-3]\\..*=q6_K'");
+  c->add_option("--calib", f->calib,
+                "calibration text file (default for importance/gptq: the built-in text)");
+  c->add_option("--calib-tokens", f->calib_tokens, "calibration tokens in total")
+      ->check(CLI::PositiveNumber);
+  c->add_option("--chunk", f->chunk_tokens, "calibration tokens per forward pass")
+      ->check(CLI::Range(16, 1 << 16));
+  c->add_flag("--eval-hessian", f->eval_hessian,
+              "collect X^T X also for rtn/importance so that x_err is exact (comparisons)");
+  c->add_option("--hessian-mib", f->hessian_mib,
+                "memory for X^T X held at once; more groups take more calibration passes")
+      ->check(CLI::PositiveNumber);
+  c->add_option("-t,--threads", f->threads, "threads (0 = all cores)");
+  c->add_option("--damp", f->damp, "GPTQ dampening, relative to mean(diag H)")
+      ->check(CLI::Range(0.0, 10.0));
+  c->add_option("--gptq-block", f->gptq_block, "GPTQ lazy-update batch (columns)")
+      ->check(CLI::Range(1, 1 << 20));
+  c->add_flag("--no-act-order", f->no_act_order, "GPTQ: keep the column order");
+  return c;
+}
+
+int RunQuantize(const QuantizeFlags& f) {
+  q::QuantizeOptions o;
+  o.input = f.input;
+  o.output = f.output;
+  auto type = q::ParseTypeName(f.type);
+  if (!type.ok()) return FailQuantize(type.status());
+  o.type = *type;
+  auto method = q::ParseMethod(f.method);
+  if (!method.ok()) return FailQuantize(method.status());
+  o.method = *method;
+  o.policy = f.policy;
+  o.overrides = f.overrides;
+  o.calib_file = f.calib;
+  o.calib_tokens = f.calib_tokens;
+  o.chunk_tokens = f.chunk_tokens;
+  o.eval_hessian = f.eval_hessian;
+  o.hessian_budget_bytes = static_cast<uint64_t>(f.hessian_mib) << 20;
+  o.threads = f.threads;
+  o.gptq.damp = f.damp;
+  o.gptq.block_size = f.gptq_block;
+  o.gptq.act_order = !f.no_act_order;
+  if (o.method == q::Method::kRtn && !o.calib_file.empty()) {
+    std::fprintf(stderr, "pdctl quantize: note: --method rtn uses --calib only to report x_err\n");
+  }
+
+  const std::string tmp = f.output + ".tmp";
+  if (tmp.size() < sizeof(g_tmp_path)) std::memcpy(g_tmp_path, tmp.c_str(), tmp.size() + 1);
+  ::signal(SIGINT, RemoveTmpAndDie);
+  ::signal(SIGTERM, RemoveTmpAndDie);
+  std::unique_ptr<q::Progress> progress = q::MakeStderrProgress();
+  auto report = q::QuantizeModel(o, *progress);
+  ::signal(SIGINT, SIG_DFL);
+  ::signal(SIGTERM, SIG_DFL);
+  g_tmp_path[0] = '\0';
+  if (!report.ok()) return FailQuantize(report.status());
+  const std::string table = q::FormatReport(*report);
+  std::fwrite(table.data(), 1, table.size(), stdout);
+  std::fflush(stdout);
+  return 0;
+}
+
+CLI::App* AddTextsCommand(CLI::App& app, TextsFlags* f) {
+  CLI::App* c = app.add_subcommand(
+      "texts",
+      "write the built-in calibration or evaluation text (Debian fortunes, pinned by "
+      "testdata/texts/manifest.json)");
+  c->add_option("kind", f->kind, "calibration or evaluation")
+      ->required()
+      ->check(CLI::IsMember({"calibration", "evaluation"}));
+  c->add_option("-o,--out", f->out, "output file (default: stdout)");
+  return c;
+}
+
+int RunTexts(const TextsFlags& f) {
+  auto text = q::BuiltinText(f.kind == "calibration" ? q::TextKind::kCalibration
+                                                     : q::TextKind::kEvaluation);
+  if (!text.ok()) {
+    std::fprintf(stderr, "pdctl texts: error: %s\n", std::string(text.status().message()).c_str());
+    return 2;
+  }
+  if (f.out.empty()) {
+    std::fwrite(text->data(), 1, text->size(), stdout);
+    return 0;
+  }
+  std::ofstream out(f.out, std::ios::binary);
+  out.write(text->data(), static_cast<std::streamsize>(text->size()));
+  if (!out) {
+    std::fprintf(stderr, "pdctl texts: error: cannot write '%s'\n", f.out.c_str());
+    return 2;
+  }
+  return 0;
+}
+
+}  // namespace pd::tools

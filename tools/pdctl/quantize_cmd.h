@@ -1,0 +1,40 @@
+// `pdctl quantize` (engine/quant/quantize) and `pdctl texts` (the built-in calibration and
+// evaluation texts): flags, validation, exit codes. Kept apart from main.cc so that the other
+// subcommands stay as they are.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+
+namespace pd::tools {
+
+struct QuantizeFlags {
+  std::string input, output, type, method = "rtn", policy = "M", calib;
+  std::vector<std::string> overrides;
+  int64_t calib_tokens = 16384;
+  int chunk_tokens = 512;
+  bool eval_hessian = false;
+  int64_t hessian_mib = 4096;
+  int threads = 0;
+  double damp = 0.01;
+  int gptq_block = 128;
+  bool no_act_order = false;
+};
+
+// Declares the subcommand on `app`; RunQuantize runs it once parsed. Exit codes: 0 success;
+// 2 bad arguments (type, method, policy, override), unreadable input or calibration text, a
+// model the engine cannot run when calibration needs it, an output that cannot be written;
+// 1 any other failure. No file is left at OUTPUT on failure.
+CLI::App* AddQuantizeCommand(CLI::App& app, QuantizeFlags* flags);
+int RunQuantize(const QuantizeFlags& flags);
+
+struct TextsFlags {
+  std::string kind;  // calibration | evaluation
+  std::string out;   // file; empty = stdout
+};
+CLI::App* AddTextsCommand(CLI::App& app, TextsFlags* flags);
+int RunTexts(const TextsFlags& flags);
+
+}  // namespace pd::tools
