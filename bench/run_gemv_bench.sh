@@ -5,6 +5,7 @@
 #   bench/run_gemv_bench.sh                  # build dir ./build, configured if needed
 #   BUILD_DIR=build-kk MIN_TIME=0.5 bench/run_gemv_bench.sh
 #   NOTES=path/to/notes.md bench/run_gemv_bench.sh   # appended to the results file
+#   RESULTS=/tmp/gemv.md bench/run_gemv_bench.sh     # write the results elsewhere
 #
 # About 2 minutes on 2 cores. Other load on the machine skews the figures: the load average at
 # the start and the end goes into the results file.
@@ -28,7 +29,7 @@ LOAD_BEFORE="$(cut -d' ' -f1-3 /proc/loadavg)"
   --benchmark_out="$JSON" --benchmark_out_format=json >/dev/null
 LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg)"
 
-OUT="bench/results/gemv_$(date +%Y-%m-%d).md"
+OUT="${RESULTS:-bench/results/gemv_$(date +%Y-%m-%d).md}"
 python3 - "$JSON" "$OUT" "$LOAD_BEFORE" "$LOAD_AFTER" "${NOTES:-}" <<'PY'
 import json, subprocess, sys
 
@@ -59,8 +60,9 @@ def sh(cmd):
         return ""
 
 lscpu = sh("lscpu")
-keep = ("Model name", "CPU(s):", "Thread(s) per core", "Core(s) per socket", "Socket(s)",
-        "L1d cache", "L2 cache", "L3 cache", "CPU max MHz", "Hypervisor vendor")
+keep = ("Model name", "CPU family", "Model:", "BogoMIPS", "CPU(s):", "Thread(s) per core",
+        "Core(s) per socket", "Socket(s)", "L1d cache", "L2 cache", "L3 cache", "CPU max MHz",
+        "Hypervisor vendor")
 machine = [l for l in lscpu.splitlines() if l.startswith(keep)]
 mem = sh("free -g | sed -n 2p | awk '{print $2\" GiB total, \"$7\" GiB available\"}'")
 flags = sh("grep -o -w -E 'avx2|fma|f16c|avx512f|avx512_vnni|avx_vnni' /proc/cpuinfo | sort -u | tr '\\n' ' '")
@@ -79,7 +81,7 @@ print("\n".join(header + [""] + body))
 with open(out_path, "w") as f:
     f.write("# GEMV (decode) throughput of the CPU backend vs DRAM bandwidth\n\n")
     f.write("`bench/run_gemv_bench.sh` (bench/gemv_bench.cc): Backend::MatMul of one F32 activation "
-            "row against 8192 x 8192 weights; GB/s counts weight bytes.\n\n")
+            "row\nagainst 8192 x 8192 weights; GB/s counts weight bytes.\n\n")
     f.write("## Machine\n\n```\n" + "\n".join(machine) + f"\nMemory: {mem}\nFlags: {flags}\n```\n\n")
     f.write("## Results\n\n" + "\n".join(header) + "\n\n" + "\n".join(body) + "\n")
     if notes:

@@ -89,13 +89,15 @@ HostTensor MakeWeights(DType type, int64_t rows, int64_t cols, const std::vector
         DequantizeRowQ8_0(reinterpret_cast<BlockQ8_0*>(dst), tmp.data(), cols);
         break;
       case DType::kQ4_0:
+      case DType::kQ5_0:
       case DType::kQ2_K:
       case DType::kQ3_K:
       case DType::kQ4_K:
       case DType::kQ5_K:
       case DType::kQ6_K:
       case DType::kQ8_K:
-        // The scalar references of k_quants.h (MatMul of these types: k_quant_kernels_test.cc).
+        // The scalar reference conversions by DType (k_quants.h); their MatMul is tested in
+        // k_quant_kernels_test.cc.
         QuantizeRow(type, src, dst, cols);
         DequantizeRow(type, dst, tmp.data(), cols);
         break;

@@ -191,6 +191,7 @@ Rows MakeRows(GemmType type, const std::vector<float>& src, int rows, int64_t k)
         s.dequantize_q8_0(reinterpret_cast<BlockQ8_0*>(dst), tmp.data(), k);
         break;
       case GemmType::kQ4_0:  // weight and activation types differ: k_quant_kernels_test.cc
+      case GemmType::kQ5_0:
       case GemmType::kQ2_K:
       case GemmType::kQ3_K:
       case GemmType::kQ4_K:
