@@ -563,15 +563,21 @@ absl::Status CpuBackend::Rope(Tensor& x, int n_heads, absl::Span<const int32_t> 
 }
 
 // ---- elementwise ---------------------------------------------------------------------------
-// Add / SwiGlu treat their operands as flat arrays (identical shapes, contiguous rows).
+// Add / SwiGlu / GeGlu treat their operands as flat arrays (identical shapes, contiguous rows).
 constexpr int64_t kElementwiseGrain = 16384;
 
+// Three F32 operands of one shape (the binary elementwise ops).
+absl::Status CheckBinary(const Tensor& a, const Tensor& b, const Tensor& y, const char* op) {
+  // Messages name the op only: building "op a" strings would cost an allocation on every call.
+  PD_RETURN_IF_ERROR(CheckF32(a, op));
+  PD_RETURN_IF_ERROR(CheckF32(b, op));
+  PD_RETURN_IF_ERROR(CheckF32(y, op));
+  PD_RETURN_IF_ERROR(CheckSameShape(a, b, op));
+  return CheckSameShape(a, y, op);
+}
+
 absl::Status CpuBackend::Add(const Tensor& a, const Tensor& b, Tensor& y) {
-  PD_RETURN_IF_ERROR(CheckF32(a, "Add a"));
-  PD_RETURN_IF_ERROR(CheckF32(b, "Add b"));
-  PD_RETURN_IF_ERROR(CheckF32(y, "Add y"));
-  PD_RETURN_IF_ERROR(CheckSameShape(a, b, "Add"));
-  PD_RETURN_IF_ERROR(CheckSameShape(a, y, "Add"));
+  PD_RETURN_IF_ERROR(CheckBinary(a, b, y, "Add"));
   const float* pa = static_cast<const float*>(a.data);
   const float* pb = static_cast<const float*>(b.data);
   float* py = static_cast<float*>(y.data);
@@ -603,11 +609,7 @@ absl::Status CpuBackend::AddBias(const Tensor& x, const Tensor& bias, Tensor& y)
 }
 
 absl::Status CpuBackend::SwiGlu(const Tensor& gate, const Tensor& up, Tensor& y) {
-  PD_RETURN_IF_ERROR(CheckF32(gate, "SwiGlu gate"));
-  PD_RETURN_IF_ERROR(CheckF32(up, "SwiGlu up"));
-  PD_RETURN_IF_ERROR(CheckF32(y, "SwiGlu y"));
-  PD_RETURN_IF_ERROR(CheckSameShape(gate, up, "SwiGlu"));
-  PD_RETURN_IF_ERROR(CheckSameShape(gate, y, "SwiGlu"));
+  PD_RETURN_IF_ERROR(CheckBinary(gate, up, y, "SwiGlu"));
   const float* pg = static_cast<const float*>(gate.data);
   const float* pu = static_cast<const float*>(up.data);
   float* py = static_cast<float*>(y.data);
@@ -637,11 +639,7 @@ const uint16_t* GeluF16Table() {
 }  // namespace
 
 absl::Status CpuBackend::GeGlu(const Tensor& gate, const Tensor& up, Tensor& y) {
-  PD_RETURN_IF_ERROR(CheckF32(gate, "GeGlu gate"));
-  PD_RETURN_IF_ERROR(CheckF32(up, "GeGlu up"));
-  PD_RETURN_IF_ERROR(CheckF32(y, "GeGlu y"));
-  PD_RETURN_IF_ERROR(CheckSameShape(gate, up, "GeGlu"));
-  PD_RETURN_IF_ERROR(CheckSameShape(gate, y, "GeGlu"));
+  PD_RETURN_IF_ERROR(CheckBinary(gate, up, y, "GeGlu"));
   const float* pg = static_cast<const float*>(gate.data);
   const float* pu = static_cast<const float*>(up.data);
   float* py = static_cast<float*>(y.data);
