@@ -24,7 +24,7 @@ constexpr uint32_t kMaxArrayDepth = 4;
 constexpr uint64_t kMinKvBytes = 8 + 4 + 1;
 constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;
 
-size_t ScalarSize(GgufValueType t) {
+size_t ScalarSizeImpl(GgufValueType t) {
   switch (t) {
     case GgufValueType::kUint8:
     case GgufValueType::kInt8:
@@ -146,7 +146,7 @@ absl::Status ReadValue(Reader& r, GgufValueType type, std::string_view key, uint
   }
   out.elem_type = static_cast<GgufValueType>(et);
   PD_ASSIGN_OR_RETURN(out.count, r.Read<uint64_t>(key));
-  const size_t es = ScalarSize(out.elem_type);
+  const size_t es = ScalarSizeImpl(out.elem_type);
   if (es > 0) {
     if (out.count > r.remaining() / es) {
       return absl::DataLossError(pd::StrCat("GGUF key '", key, "': array of ", out.count,
@@ -190,6 +190,8 @@ absl::Status WrongType(std::string_view key, const GgufValue& v, std::string_vie
 }
 
 }  // namespace
+
+size_t GgufScalarSize(GgufValueType t) { return ScalarSizeImpl(t); }
 
 std::string_view GgufValueTypeName(GgufValueType t) {
   static const char* kNames[] = {"uint8", "int8",  "uint16", "int16",  "uint32", "int32", "float32",
@@ -455,7 +457,7 @@ T LoadAt(const uint8_t* p, size_t i) {
 absl::StatusOr<std::vector<float>> GgufFile::GetFloatArray(std::string_view key) const {
   const GgufValue* v = Find(key);
   if (!v) return Missing(key);
-  if (v->type != GgufValueType::kArray || ScalarSize(v->elem_type) == 0 ||
+  if (v->type != GgufValueType::kArray || ScalarSizeImpl(v->elem_type) == 0 ||
       v->elem_type == GgufValueType::kBool) {
     return WrongType(key, *v, "array of numbers");
   }

@@ -24,6 +24,8 @@ enum class GgufValueType : uint32_t {
   kBool = 7, kString = 8, kArray = 9, kUint64 = 10, kInt64 = 11, kFloat64 = 12,
 };
 std::string_view GgufValueTypeName(GgufValueType t);
+// Bytes of one scalar of type `t`; 0 for string and array.
+size_t GgufScalarSize(GgufValueType t);
 
 // One metadata value. Scalars are widened on parse; arrays keep their element type.
 struct GgufValue {

@@ -25,27 +25,6 @@ namespace {
     if (!(cond)) __builtin_trap(); \
   } while (0)
 
-size_t ElemSize(GgufValueType t) {
-  switch (t) {
-    case GgufValueType::kUint8:
-    case GgufValueType::kInt8:
-    case GgufValueType::kBool:
-      return 1;
-    case GgufValueType::kUint16:
-    case GgufValueType::kInt16:
-      return 2;
-    case GgufValueType::kUint32:
-    case GgufValueType::kInt32:
-    case GgufValueType::kFloat32:
-      return 4;
-    case GgufValueType::kUint64:
-    case GgufValueType::kInt64:
-    case GgufValueType::kFloat64:
-      return 8;
-    default:
-      return 0;
-  }
-}
 
 // Sums `n` bytes at `p`, which must lie inside [begin, end).
 uint64_t SumBytes(const uint8_t* p, size_t n, const uint8_t* begin, const uint8_t* end) {
@@ -66,7 +45,7 @@ uint64_t Walk(const GgufFile& f, const uint8_t* begin, const uint8_t* end) {
     sink += key.size() + static_cast<uint32_t>(v.type) + v.i + v.u + (v.f != 0);
     sink += SumBytes(reinterpret_cast<const uint8_t*>(v.str.data()), v.str.size(), begin, end);
     if (v.type == GgufValueType::kArray) {
-      const size_t es = ElemSize(v.elem_type);
+      const size_t es = GgufScalarSize(v.elem_type);
       if (es > 0) {
         FUZZ_CHECK(v.count <= static_cast<size_t>(end - begin) / es);
         sink += SumBytes(v.raw, v.count * es, begin, end);

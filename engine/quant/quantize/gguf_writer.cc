@@ -25,27 +25,6 @@ void AppendStr(std::string* s, std::string_view v) {
   s->append(v.data(), v.size());
 }
 
-size_t ScalarBytes(GgufValueType t) {
-  switch (t) {
-    case GgufValueType::kUint8:
-    case GgufValueType::kInt8:
-    case GgufValueType::kBool:
-      return 1;
-    case GgufValueType::kUint16:
-    case GgufValueType::kInt16:
-      return 2;
-    case GgufValueType::kUint32:
-    case GgufValueType::kInt32:
-    case GgufValueType::kFloat32:
-      return 4;
-    case GgufValueType::kUint64:
-    case GgufValueType::kInt64:
-    case GgufValueType::kFloat64:
-      return 8;
-    default:
-      return 0;
-  }
-}
 
 // The payload bytes of a scalar as GgufFile widened it (exact: every narrowing below inverts a
 // widening).
@@ -138,7 +117,7 @@ absl::Status GgufWriter::CopyKv(std::string_view key, const GgufValue& v) {
     Append<uint64_t>(&p, v.count);
     if (v.elem_type == GgufValueType::kString) {
       for (std::string_view s : v.strings) AppendStr(&p, s);
-    } else if (const size_t es = ScalarBytes(v.elem_type); es > 0) {
+    } else if (const size_t es = GgufScalarSize(v.elem_type); es > 0) {
       p.append(reinterpret_cast<const char*>(v.raw), v.count * es);
     } else {
       return absl::UnimplementedError(
