@@ -1,0 +1,80 @@
+// The API-independent half of the public front end, shared by the gRPC service and the
+// OpenAI-compatible HTTP server (and, in the cluster, by pd-router): validates a request, applies
+// the chat template, tokenizes, submits to a GenerationEngine, and turns the token stream back
+// into UTF-8 text deltas with stop strings applied.
+//
+// Thread safety: Frontend is thread safe (one per process, shared by all handler threads).
+// A Stream belongs to the handler thread that started it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/sched/engine_api.h"
+#include "engine/tokenizer/chat_template.h"
+
+namespace pd::router {
+
+// One request as both APIs express it; unset optionals take FrontendOptions defaults.
+struct ApiRequest {
+  std::string model;                                 // "" = the served model
+  std::vector<engine::ChatMessage> messages;         // chat (exactly one of messages / prompt)
+  std::optional<std::string> prompt;                 // raw completion
+  std::optional<float> temperature, top_p, min_p, repetition_penalty;
+  std::optional<int32_t> top_k;
+  std::optional<uint64_t> seed;
+  std::optional<int32_t> max_tokens;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  int32_t priority = 0;
+  std::string request_id;                            // "" = generate one
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+// One step of a stream: a text delta, or the end.
+struct ApiChunk {
+  std::string text;                 // UTF-8, never splits a character
+  std::vector<int32_t> token_ids;   // tokens whose text is (or is being held back) in `text`
+  bool finished = false;            // last chunk: the fields below are set
+  std::string finish_reason;        // "stop" | "length" (OpenAI's names)
+  absl::Status status;              // non-OK: the request failed after it was accepted
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  engine::RequestTiming timing;
+};
+
+// A running request. Next() blocks until the next chunk or `deadline`; destroying the Stream
+// (or calling Cancel) before the end cancels the request and frees its KV.
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  virtual const std::string& request_id() const = 0;
+  // false on timeout (chunk untouched); true with a chunk otherwise. After the finished chunk,
+  // returns false at once.
+  virtual bool Next(ApiChunk* chunk, absl::Time deadline) = 0;
+  virtual void Cancel() = 0;
+};
+
+struct ModelCard {
+  std::string id;            // name clients use
+  std::string architecture;
+  int context_length = 0;
+  int64_t parameters = 0;
+  std::string quantization;
+};
+
+class Frontend {
+ public:
+  virtual ~Frontend() = default;
+  // Validates and starts `request`. Errors: INVALID_ARGUMENT naming the field, NOT_FOUND for an
+  // unknown model, and whatever GenerationEngine::Submit returns (RESOURCE_EXHAUSTED, ...).
+  virtual absl::StatusOr<std::unique_ptr<Stream>> Start(const ApiRequest& request) = 0;
+  virtual std::vector<ModelCard> Models() const = 0;
+};
+
+}  // namespace pd::router
