@@ -12,7 +12,9 @@
 //   case dram: enough distinct matrices, called in turn, that together they hold >= 1 GiB: every
 //              call reads its weights from DRAM.
 // Weights hold random codes with finite, normal super-scales (every bit pattern of a code or a
-// sub-block scale is valid): kernel speed does not depend on the values.
+// sub-block scale is valid; W8A8 codes avoid -128): kernel speed does not depend on the values.
+// W8A8 (pdserve's INT8 weights x per-token INT8 activations) and W4A16 (INT4 groups of 128 x F32
+// activations) have rows of their own: see engine/quant/w8a8.h and w4a16.h.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -139,6 +141,7 @@ std::vector<int> ScaleOffsets(DType t) {
     case DType::kQ4_K:
     case DType::kQ5_K: return {0, 2};
     case DType::kQ6_K: return {208};
+    case DType::kW4A16: return {0};
     default: return {};
   }
 }
@@ -167,6 +170,19 @@ void FillWeights(DType t, char* p, size_t bytes, uint64_t seed) {
       std::memcpy(&h, p + i, 2);
       h = static_cast<uint16_t>((h & ~exp_mask) | exp_one);
       std::memcpy(p + i, &h, 2);
+    }
+    return;
+  }
+  if (t == DType::kW8A8) {
+    // Rows of a 16-byte header (f32 scale, zero padding) and int8 codes; -128 is no valid code.
+    const size_t rb = RowBytes(t, kCols);
+    for (size_t r = 0; r + rb <= bytes; r += rb) {
+      const float d = std::exp2(-10.f + static_cast<float>(rng.Next() >> 60) / 4.f);
+      std::memset(p + r, 0, 16);
+      std::memcpy(p + r, &d, 4);
+      for (size_t j = 16; j < rb; ++j) {
+        if (static_cast<uint8_t>(p[r + j]) == 0x80) p[r + j] = static_cast<char>(0x81);
+      }
     }
     return;
   }
@@ -246,7 +262,8 @@ void RegisterAll() {
         ->Unit(benchmark::kMillisecond);
   }
   const DType types[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0, DType::kQ4_0,
-                         DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+                         DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,
+                         DType::kW8A8, DType::kW4A16};
   for (DType t : types) {
     for (bool dram : {false, true}) {
       for (int threads : {1, 2}) {

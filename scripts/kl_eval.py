@@ -34,19 +34,25 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
 
-def model_logits(path: Path, chunks: list[list[int]], ctx: int, threads: int) -> list[np.ndarray]:
-    """Logits [len(chunk), n_vocab] of every chunk, each run from an empty context."""
+def iter_logits(path: Path, chunks: list[list[int]], ctx: int, threads: int):
+    """Yields the logits [len(chunk), n_vocab] of each chunk in turn, each run from an empty
+    context (one model load; for large vocabularies, where all chunks at once do not fit)."""
     import llama_cpp
 
     m = llama_cpp.Llama(str(path), n_ctx=ctx, n_batch=ctx, logits_all=True, verbose=False,
                         n_threads=threads)
-    out = []
-    for c in chunks:
-        m.reset()
-        m.eval(c)
-        out.append(np.array(m.scores[: len(c)], dtype=np.float32))
-    del m
-    return out
+    try:
+        for c in chunks:
+            m.reset()
+            m.eval(c)
+            yield np.array(m.scores[: len(c)], dtype=np.float32)
+    finally:
+        del m
+
+
+def model_logits(path: Path, chunks: list[list[int]], ctx: int, threads: int) -> list[np.ndarray]:
+    """Logits [len(chunk), n_vocab] of every chunk, each run from an empty context."""
+    return list(iter_logits(path, chunks, ctx, threads))
 
 
 def tokenize(path: Path, text: bytes) -> list[int]:

@@ -8,6 +8,7 @@
 #include "common/status.h"
 #include "engine/quant/fp16.h"
 #include "engine/quant/q5_0.h"
+#include "engine/quant/w4a16.h"
 
 namespace pd::engine {
 namespace {
@@ -49,6 +50,7 @@ bool HasGrid(DType t) {
     case DType::kQ4_K:
     case DType::kQ5_K:
     case DType::kQ6_K:
+    case DType::kW4A16:
       return true;
     default:
       return false;
@@ -125,6 +127,12 @@ void ReadGrid(DType t, const void* block, BlockGrid* g) {
       }
       return;
     }
+    case DType::kW4A16: {
+      const float d = F16ToF32(static_cast<const BlockW4A16*>(block)->d);
+      g->n = kW4A16BlockSize, g->qmin = -8, g->qmax = 7;
+      for (int w = 0; w < g->n; ++w) g->scale[w] = d, g->offset[w] = 0.f;
+      return;
+    }
     default:
       PD_CHECK_MSG(false, "ReadGrid: type without a grid");
   }
@@ -167,6 +175,10 @@ int GetCode(DType t, const void* block, int w) {
       const int low = (b->ql[Q6LowByte(w)] >> Q6LowShift(w)) & 15;
       const int high = (b->qh[Plane2Byte(w)] >> Plane2Shift(w)) & 3;
       return (low | high << 4) - 32;
+    }
+    case DType::kW4A16: {
+      const auto* b = static_cast<const BlockW4A16*>(block);
+      return ((w < 64 ? b->qs[w] : b->qs[w - 64] >> 4) & 15) - 8;
     }
     default:
       PD_CHECK_MSG(false, "GetCode: type without a grid");
@@ -234,6 +246,16 @@ void SetCode(DType t, void* block, int w, int q) {
       const int u = q + 32;
       SetBits(&b->ql[Q6LowByte(w)], Q6LowShift(w), 4, u & 15);
       SetBits(&b->qh[Plane2Byte(w)], Plane2Shift(w), 2, u >> 4);
+      return;
+    }
+    case DType::kW4A16: {
+      PD_CHECK(q >= -8 && q <= 7);
+      auto* b = static_cast<BlockW4A16*>(block);
+      if (w < 64) {
+        SetBits(&b->qs[w], 0, 4, q + 8);
+      } else {
+        SetBits(&b->qs[w - 64], 4, 4, q + 8);
+      }
       return;
     }
     default:

@@ -16,6 +16,7 @@
 //   Q4_K  scale = d * sc_j,      offset = dmin * m_j, q = code       (0..15)
 //   Q5_K  scale = d * sc_j,      offset = dmin * m_j, q = code       (0..31)
 //   Q6_K  scale = d * sc_i,      offset = 0,          q = code - 32  (-32..31)
+//   W4A16 scale = d,             offset = 0,          q = code - 8   (-8..7), 128 weights
 // (Q8_0 files may hold -128; this grid stays symmetric, as ggml's reference quantizer does.)
 //
 // All functions are pure and thread-safe.
@@ -29,7 +30,7 @@
 namespace pd::engine {
 
 struct BlockGrid {
-  int n = 0;  // weights in the block (Traits(t).block_size: 32 or 256)
+  int n = 0;  // weights in the block (Traits(t).block_size: 32, 128 or 256)
   int qmin = 0, qmax = 0;
   float scale[kQK] = {};
   float offset[kQK] = {};
@@ -41,7 +42,8 @@ struct BlockGrid {
   int Nearest(int w, float v) const;
 };
 
-// True for the block types a grid describes: Q8_0, Q4_0, Q5_0, Q2_K ... Q6_K.
+// True for the block types a grid describes: Q8_0, Q4_0, Q5_0, Q2_K ... Q6_K, W4A16 (not W8A8:
+// its one scale per row lives in a row header, not in blocks).
 bool HasGrid(DType t);
 
 // Reads the grid of one encoded block of type t. PD_CHECKs HasGrid(t).

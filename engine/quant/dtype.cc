@@ -21,6 +21,8 @@ const DTypeTraits& Traits(DType t) {
   static const DTypeTraits kQ5_K{"q5_K", 256, 176};  // 2 x f16 + 12 + 32 + 128
   static const DTypeTraits kQ6_K{"q6_K", 256, 210};  // 128 + 64 + 16 + f16
   static const DTypeTraits kQ8_K{"q8_K", 256, 292};  // f32 + 256 + 16 x int16
+  static const DTypeTraits kW8A8{"w8a8", 32, 32, 16};  // 16-byte row header (f32 scale) + int8
+  static const DTypeTraits kW4A16{"w4a16", 128, 66};   // f16 d + 64 bytes of nibbles
   switch (t) {
     case DType::kF32: return kF32;
     case DType::kF16: return kF16;
@@ -34,6 +36,8 @@ const DTypeTraits& Traits(DType t) {
     case DType::kQ5_K: return kQ5_K;
     case DType::kQ6_K: return kQ6_K;
     case DType::kQ8_K: return kQ8_K;
+    case DType::kW8A8: return kW8A8;
+    case DType::kW4A16: return kW4A16;
   }
   PD_CHECK_MSG(false, "unsupported DType");
 }
@@ -52,6 +56,8 @@ std::optional<DType> DTypeFromGgml(uint32_t v) {
     case 14: return DType::kQ6_K;
     case 15: return DType::kQ8_K;
     case 30: return DType::kBF16;
+    case static_cast<uint32_t>(DType::kW8A8): return DType::kW8A8;
+    case static_cast<uint32_t>(DType::kW4A16): return DType::kW4A16;
     default: return std::nullopt;
   }
 }
@@ -64,6 +70,8 @@ std::string RawGgmlTypeName(uint32_t v) {
                                  "iq2_s", "iq4_xs", "i8", "i16", "i32", "i64", "f64", "iq1_m",
                                  "bf16"};
   if (v < sizeof(kNames) / sizeof(kNames[0])) return kNames[v];
+  if (v == static_cast<uint32_t>(DType::kW8A8)) return "w8a8";
+  if (v == static_cast<uint32_t>(DType::kW4A16)) return "w4a16";
   return pd::StrCat("type ", v);
 }
 

@@ -17,7 +17,8 @@ constexpr int64_t kTile = 4;
 
 }  // namespace
 
-InputStats::InputStats(int64_t cols, bool full) : cols_(cols), full_(full), sum_sq_(cols, 0.0) {
+InputStats::InputStats(int64_t cols, bool full)
+    : cols_(cols), full_(full), sum_sq_(cols, 0.0), abs_max_(cols, 0.f) {
   PD_CHECK(cols > 0);
   if (full_) xtx_.assign(static_cast<size_t>(cols) * cols, 0.0);
 }
@@ -38,8 +39,13 @@ void InputStats::Add(const float* x, int64_t rows, int threads) {
     for (int64_t i = 0; i < c; ++i) {
       const float* xi = &xt_[i * m];
       double s = 0;
-      for (int64_t r = 0; r < m; ++r) s += double{xi[r]} * xi[r];
+      float amax = abs_max_[i];
+      for (int64_t r = 0; r < m; ++r) {
+        s += double{xi[r]} * xi[r];
+        amax = std::max(amax, std::fabs(xi[r]));
+      }
       sum_sq_[i] += s;
+      abs_max_[i] = amax;
     }
     if (full_) {
       // Upper triangle by 4 x 4 tiles; rows of tiles are spread over threads (later tile rows are

@@ -1,6 +1,7 @@
 // Second-moment statistics of a weight matrix's inputs, gathered during calibration:
 //   H = 2/n X^T X      ([cols, cols], the Hessian of ||X W^T - X Q^T||^2 / n in each row of W)
 //   a = mean x^2       ([cols], diag(H) / 2: what importance-weighted rounding weighs errors by)
+//   m = max |x|        ([cols], what SmoothQuant's migration factors are computed from)
 // over the n input rows (tokens) seen.
 //
 // Thread safety: not thread safe; one accumulator is fed by one thread (the calibration loop),
@@ -28,6 +29,8 @@ class InputStats {
 
   // mean x^2 per column ([cols]); zeros before any sample.
   std::vector<float> MeanSquare() const;
+  // max |x| per column ([cols]) over the finite inputs seen; zeros before any sample.
+  const std::vector<float>& AbsMax() const { return abs_max_; }
   // H = 2/n X^T X as a full symmetric row-major [cols, cols] matrix. Precondition: full().
   std::vector<double> Hessian() const;
 
@@ -36,6 +39,7 @@ class InputStats {
   bool full_;
   int64_t n_ = 0;
   std::vector<double> sum_sq_;  // [cols]
+  std::vector<float> abs_max_;  // [cols]
   std::vector<double> xtx_;     // [cols, cols], upper triangle (j >= i) filled
   std::vector<float> xt_;       // scratch: a transposed slab of rows
 };

@@ -5,6 +5,8 @@
 #include "engine/quant/k_quants.h"
 
 #include "engine/quant/q5_0.h"
+#include "engine/quant/w4a16.h"
+#include "engine/quant/w8a8.h"
 
 #include <cstring>
 
@@ -166,6 +168,10 @@ void DequantizeRow(DType t, const void* x, float* y, int64_t n) {
       return DequantizeRow(static_cast<const BlockQ6_K*>(x), y, n);
     case DType::kQ8_K:
       return DequantizeRow(static_cast<const BlockQ8_K*>(x), y, n);
+    case DType::kW8A8:
+      return DequantizeRowW8A8(x, y, n);
+    case DType::kW4A16:
+      return DequantizeRowW4A16(static_cast<const BlockW4A16*>(x), y, n);
   }
   PD_CHECK_MSG(false, "unsupported DType");
 }
@@ -198,6 +204,10 @@ void QuantizeRow(DType t, const float* x, void* y, int64_t n, const float* impor
       return QuantizeRow(x, static_cast<BlockQ6_K*>(y), n, importance);
     case DType::kQ8_K:
       return QuantizeRow(x, static_cast<BlockQ8_K*>(y), n, importance);
+    case DType::kW8A8:
+      return QuantizeRowW8A8(x, y, n);  // importance not used (one scale per row)
+    case DType::kW4A16:
+      return QuantizeRowW4A16(x, static_cast<BlockW4A16*>(y), n, importance);
   }
   PD_CHECK_MSG(false, "unsupported DType");
 }

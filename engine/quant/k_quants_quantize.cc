@@ -8,7 +8,12 @@
 // - k-quants: the f16 super-scales come from the data by a fixed rule (below); given them, each
 //   sub-block tries EVERY integer scale (and the min nearest to its smallest weight, and that
 //   min's two neighbours) and keeps the one of smallest weighted squared error. Three candidate
-//   super-scales (kPinOvershoot) are tried; the best total error wins.
+//   super-scales (kPinOvershoot) are tried, and a fourth (with its own dmin) from the
+//   sub-blocks' weighted least-squares scales and mins (FitSymmetricScale, FitAffine: the
+//   largest maps to the extreme integer scale, as llama.cpp does; no weight pinned, mins
+//   searched around the fitted ones). The best total error wins. The fourth finds the grid of
+//   weights that llama.cpp quantized (and that were dequantized since) again, which the pinned
+//   rule below does not.
 // - No weight is stored more than kMaxClipSteps steps of its grid away from its input, so the
 //   search may clip outliers, but only a little.
 // - Idempotence: quantizing dequantized values again gives the same values. The super-scales
@@ -156,18 +161,20 @@ struct SymmetricCode {
 
 // Best scale of sub-block x[0..sub) for super-scale d: its error, and its scale and codes.
 // `pin` >= 0: the scale is fixed to scmin and weight `pin` to qmin.
+// `strict`: no second pass; kInf when every scale clips too far (or by more than r_cap).
 double EncodeSymmetricSub(const SymmetricFormat& f, const float* x, const float* w, float d,
-                          int pin, int* sc_out, int* l_out) {
+                          int pin, int* sc_out, int* l_out, bool strict = false,
+                          double r_cap = kInf) {
   double best = kInf;
   const int sc_hi = pin >= 0 ? f.scmin : f.scmax;
   int l[32];
   // The pinned sub-block is not limited (its one candidate clips by at most 1 + overshoot steps);
   // should every other candidate clip too far, the second pass takes the best regardless.
-  for (int pass = 0; pass < 2 && best == kInf; ++pass) {
+  for (int pass = 0; pass < (strict ? 1 : 2) && best == kInf; ++pass) {
     const bool limit_clip = pass == 0 && pin < 0;
     for (int sc = f.scmin; sc <= sc_hi; ++sc) {
       const float dl = d * static_cast<float>(sc);
-      const double max_r = kMaxClipSteps * std::fabs(dl != 0.f ? dl : d);
+      const double max_r = std::min(r_cap, double{kMaxClipSteps * std::fabs(dl != 0.f ? dl : d)});
       double err = 0;
       for (int j = 0; j < f.sub && err < best; ++j) {
         l[j] = dl != 0.f ? Clamp(Nearest(x[j] / dl), f.qmin, f.qmax) : 0;
@@ -187,7 +194,85 @@ double EncodeSymmetricSub(const SymmetricFormat& f, const float* x, const float*
   return best;
 }
 
-void EncodeSymmetric(const SymmetricFormat& f, const float* x, const float* w, SymmetricCode* out) {
+// The weighted least-squares scale s of sub-block x[0..n) for codes qmin..qmax (x ~ s * l):
+// codes from 19 trial scales around amax / qmin, each refit; the best fit's scale.
+float FitSymmetricScale(const float* x, const float* w, int n, int qmin, int qmax) {
+  const float xm = x[ArgMaxAbs(x, n)];
+  if (xm == 0.f) return 0.f;
+  double best = 0;
+  float scale = xm / static_cast<float>(qmin);
+  for (int is = -9; is <= 9; ++is) {
+    const float iscale = (static_cast<float>(qmin) + 0.1f * static_cast<float>(is)) / xm;
+    double sxl = 0, sll = 0;
+    for (int j = 0; j < n; ++j) {
+      const int l = Clamp(Nearest(iscale * x[j]), qmin, qmax);
+      sxl += double{w[j]} * x[j] * l;
+      sll += double{w[j]} * l * l;
+    }
+    // Error of the refit: sum w x^2 - sxl^2 / sll; the largest sxl^2 / sll wins.
+    if (sll > 0 && sxl * sxl > best * sll) {
+      best = sxl * sxl / sll;
+      scale = static_cast<float>(sxl / sll);
+    }
+  }
+  // And the largest weight at every integer level of either sign (on-grid input: its own).
+  for (int k = 1; k <= std::max(-qmin, qmax); ++k) {
+    for (const int sign : {-1, 1}) {
+      const float iscale = static_cast<float>(sign * k) / xm;
+      double sxl = 0, sll = 0;
+      for (int j = 0; j < n; ++j) {
+        const int l = Clamp(Nearest(iscale * x[j]), qmin, qmax);
+        sxl += double{w[j]} * x[j] * l;
+        sll += double{w[j]} * l * l;
+      }
+      if (sll > 0 && sxl * sxl > best * sll) {
+        best = sxl * sxl / sll;
+        scale = static_cast<float>(sxl / sll);
+      }
+    }
+  }
+  return scale;
+}
+
+// The super-scale for sub-block scales s[0..n) stored as integers of magnitude <= kmax: among
+// s_ref / k for k = kmax, kmax - 1, ..., kmax / 2 (s_ref the scale of largest magnitude), the one
+// whose integer multiples come closest to all of them. On scales that are exact multiples of
+// one super-scale (weights dequantized from such a grid) it finds that super-scale.
+float BestSuperScale(const float* s, int n, int kmax) {
+  float s_ref = 0.f;
+  for (int i = 0; i < n; ++i) {
+    if (std::fabs(s[i]) > std::fabs(s_ref)) s_ref = s[i];
+  }
+  if (s_ref == 0.f) return 0.f;
+  float best_d = s_ref / static_cast<float>(kmax);
+  double best = kInf;
+  for (int k = kmax; k >= kmax / 2; --k) {
+    const float d = s_ref / static_cast<float>(k);
+    double err = 0;
+    for (int i = 0; i < n; ++i) {
+      const double r = s[i] - d * std::nearbyint(s[i] / d);
+      err += r * r;
+    }
+    if (err < best * (1 - 1e-9)) {
+      best = err;
+      best_d = d;
+    }
+  }
+  return best_d;
+}
+
+// The values a symmetric code stores, as the dequantizer computes them.
+void SymmetricValues(const SymmetricFormat& f, const SymmetricCode& c, float* y) {
+  const float d = F16ToF32(c.d);
+  for (int k = 0; k < kQK; ++k) {
+    y[k] = d * static_cast<float>(c.sc[k / f.sub]) * static_cast<float>(c.l[k]);
+  }
+}
+
+// `verify`: the fitted candidate (below) is taken only if quantizing the values it stores gives
+// those values again (so that quantization stays idempotent); the check itself runs with false.
+void EncodeSymmetric(const SymmetricFormat& f, const float* x, const float* w, SymmetricCode* out,
+                     bool verify = true) {
   const int n_sub = kQK / f.sub;
   const int am = ArgMaxAbs(x, kQK);
   *out = SymmetricCode{};
@@ -209,6 +294,35 @@ void EncodeSymmetric(const SymmetricFormat& f, const float* x, const float* w, S
       *out = cand;
     }
   }
+  // One more super-scale, from the sub-blocks' own least-squares scales: the one of largest
+  // magnitude gets the extreme integer scale scmin (no weight pinned). On weights that already
+  // lie on a grid of this format made that way (llama.cpp's rule), it finds that grid again.
+  // Taken only when no sub-block clips a weight by more than kMaxClipSteps.
+  float s_fit[16];
+  for (int i = 0; i < n_sub; ++i) {
+    // Magnitudes: the sign of a sub-block scale is the search's choice.
+    s_fit[i] = std::fabs(FitSymmetricScale(x + i * f.sub, w + i * f.sub, f.sub, f.qmin, f.qmax));
+  }
+  // Its grid steps may exceed the natural step h; no weight is clipped by more than 2 h.
+  const double h = std::fabs(x[am]) / static_cast<double>(-f.qmin);
+  cand.d = ToF16Saturated(-BestSuperScale(s_fit, n_sub, -f.scmin));
+  const float d = F16ToF32(cand.d);
+  if (d == 0.f) return;
+  double total = 0;
+  for (int i = 0; i < n_sub && total < best_total; ++i) {
+    total += EncodeSymmetricSub(f, x + i * f.sub, w + i * f.sub, d, -1, &cand.sc[i],
+                                cand.l + i * f.sub, /*strict=*/true, kMaxClipSteps * h);
+  }
+  if (!(total < best_total)) return;
+  if (verify) {
+    float y[kQK], y2[kQK];
+    SymmetricValues(f, cand, y);
+    SymmetricCode again;
+    EncodeSymmetric(f, y, w, &again, /*verify=*/false);
+    SymmetricValues(f, again, y2);
+    if (std::memcmp(y, y2, sizeof(y)) != 0) return;
+  }
+  *out = cand;
 }
 
 // ---- k-quants with mins (Q2_K, Q4_K, Q5_K) ---------------------------------------------------
@@ -229,31 +343,38 @@ struct AffineCode {
 // codes. The min is the nearest one to -min(x) or a neighbour (`m_fixed` >= 0: exactly that);
 // with a nonzero min the smallest weight `jmin` takes code 0. `jmax` >= 0 pins the scale to smax
 // and weight jmax to code qmax.
+//
+// `m_center` >= 0 (the unpinned search): mins around m_center instead, and no weight pinned to
+// code 0; with `strict`, no second pass (kInf when every candidate clips too far, or by more
+// than r_cap).
 double EncodeAffineSub(const AffineFormat& f, const float* x, const float* w, float d, float dmin,
-                       int jmin, int jmax, int m_fixed, int* sc_out, int* m_out, int* l_out) {
+                       int jmin, int jmax, int m_fixed, int* sc_out, int* m_out, int* l_out,
+                       float m_center = -1.f, bool strict = false, double r_cap = kInf) {
   double best = kInf;
   int m_lo = 0, m_hi = 0;
+  const bool pin_min = m_center < 0.f;
   if (m_fixed >= 0) {
     m_lo = m_hi = m_fixed;
   } else if (dmin > 0.f) {
-    const int m0 = Clamp(Nearest(std::max(0.f, -x[jmin]) / dmin), 0, f.smax);
+    const int m0 = Clamp(Nearest(pin_min ? std::max(0.f, -x[jmin]) / dmin : m_center / dmin), 0,
+                         f.smax);
     m_lo = std::max(0, m0 - 1);
     m_hi = std::min(f.smax, m0 + 1);
   }
   const int sc_lo = jmax >= 0 ? f.smax : 0;
   int l[32];
   // As in EncodeSymmetricSub: the sub-block pinned by its maximum is not limited.
-  for (int pass = 0; pass < 2 && best == kInf; ++pass) {
+  for (int pass = 0; pass < (strict ? 1 : 2) && best == kInf; ++pass) {
     const bool limit_clip = pass == 0 && jmax < 0;
     for (int m = m_lo; m <= m_hi; ++m) {
       const float ml = dmin * static_cast<float>(m);
       for (int sc = sc_lo; sc <= f.smax; ++sc) {
         const float dl = d * static_cast<float>(sc);
-        const double max_r = kMaxClipSteps * (dl != 0.f ? dl : d);
+        const double max_r = std::min(r_cap, kMaxClipSteps * double{dl != 0.f ? dl : d});
         double err = 0;
         for (int j = 0; j < f.sub && err < best; ++j) {
           l[j] = dl != 0.f ? Clamp(Nearest((x[j] + ml) / dl), 0, f.qmax) : 0;
-          if (m > 0 && j == jmin) l[j] = 0;
+          if (pin_min && m > 0 && j == jmin) l[j] = 0;
           if (j == jmax) l[j] = f.qmax;
           const double r = x[j] - (dl * static_cast<float>(l[j]) - ml);
           err += w[j] * r * r;
@@ -271,7 +392,81 @@ double EncodeAffineSub(const AffineFormat& f, const float* x, const float* w, fl
   return best;
 }
 
-void EncodeAffine(const AffineFormat& f, const float* x, const float* w, AffineCode* out) {
+// The weighted least-squares scale and min of sub-block x[0..n) for codes 0..qmax
+// (x ~ s * l - m, m >= 0): codes from 21 trial scales across the range, each refit; the best.
+void FitAffine(const float* x, const float* w, int n, int qmax, float* s_out, float* m_out) {
+  float lo = x[0], hi = x[0];
+  for (int j = 1; j < n; ++j) {
+    lo = std::min(lo, x[j]);
+    hi = std::max(hi, x[j]);
+  }
+  lo = std::min(lo, 0.f);
+  *s_out = hi > lo ? (hi - lo) / static_cast<float>(qmax) : 0.f;
+  *m_out = -lo;
+  if (!(hi > lo)) return;
+  double best = kInf;
+  int l[32];
+  for (int is = 0; is <= 20; ++is) {
+    const float iscale = (static_cast<float>(qmax) - 1.f + 0.1f * static_cast<float>(is)) /
+                         (hi - lo);
+    double sw = 0, sl = 0, sll = 0, sx = 0, sxl = 0;
+    for (int j = 0; j < n; ++j) {
+      l[j] = Clamp(Nearest(iscale * (x[j] - lo)), 0, qmax);
+      sw += w[j];
+      sl += double{w[j]} * l[j];
+      sll += double{w[j]} * l[j] * l[j];
+      sx += double{w[j]} * x[j];
+      sxl += double{w[j]} * x[j] * l[j];
+    }
+    const double det = sw * sll - sl * sl;
+    if (det <= 0) continue;
+    double s = (sw * sxl - sx * sl) / det, b = (sll * sx - sl * sxl) / det;  // x ~ s l + b
+    if (b > 0) {  // the min must not be negative: b = 0
+      b = 0;
+      s = sll > 0 ? sxl / sll : 0;
+    }
+    if (s <= 0) continue;
+    double err = 0;
+    for (int j = 0; j < n; ++j) {
+      const double r = s * l[j] + b - x[j];
+      err += w[j] * r * r;
+    }
+    if (err < best) {
+      best = err;
+      *s_out = static_cast<float>(s);
+      *m_out = static_cast<float>(-b);
+    }
+  }
+  // On-grid input: the range spans an integer number k of steps, the smallest weight at code 0.
+  for (int k = 1; k <= qmax; ++k) {
+    const float step = (hi - lo) / static_cast<float>(k);
+    double err = 0;
+    for (int j = 0; j < n; ++j) {
+      const float r = x[j] - (lo + step * static_cast<float>(Clamp(Nearest((x[j] - lo) / step),
+                                                                      0, qmax)));
+      err += double{w[j]} * r * r;
+    }
+    if (err < best) {
+      best = err;
+      *s_out = step;
+      *m_out = -lo;
+    }
+  }
+}
+
+// The values an affine code stores, as the dequantizer computes them.
+void AffineValues(const AffineFormat& f, const AffineCode& c, float* y) {
+  const float d = F16ToF32(c.d), dmin = F16ToF32(c.dmin);
+  for (int k = 0; k < kQK; ++k) {
+    const int i = k / f.sub;
+    const float dl = d * static_cast<float>(c.sc[i]), ml = dmin * static_cast<float>(c.m[i]);
+    y[k] = dl * static_cast<float>(c.l[k]) - ml;
+  }
+}
+
+// `verify`: as in EncodeSymmetric.
+void EncodeAffine(const AffineFormat& f, const float* x, const float* w, AffineCode* out,
+                  bool verify = true) {
   const int n_sub = kQK / f.sub;
   int jmin[16], jmax[16];
   int k_range = 0, k_min = 0;  // sub-blocks of the largest range and of the minimum
@@ -312,6 +507,37 @@ void EncodeAffine(const AffineFormat& f, const float* x, const float* w, AffineC
       *out = cand;
     }
   }
+  // One more pair of super-scales, from the sub-blocks' own least-squares scales and mins (as
+  // in EncodeSymmetric): d maps the largest to scale smax, dmin the largest min to smax; mins
+  // are searched around each sub-block's fitted min, nothing pinned.
+  float s_fit[16], m_fit[16];
+  for (int i = 0; i < n_sub; ++i) {
+    FitAffine(x + i * f.sub, w + i * f.sub, f.sub, f.qmax, &s_fit[i], &m_fit[i]);
+  }
+  // Its grid steps may exceed the natural step h; no weight is clipped by more than 2 h.
+  const double h =
+      (std::max(double{*std::max_element(x, x + kQK)}, 0.0) - std::min(double{x_min}, 0.0)) /
+      f.qmax;
+  cand.d = ToF16Saturated(BestSuperScale(s_fit, n_sub, f.smax));
+  cand.dmin = ToF16Saturated(BestSuperScale(m_fit, n_sub, f.smax));
+  const float d2 = F16ToF32(cand.d), dmin2 = F16ToF32(cand.dmin);
+  if (d2 == 0.f) return;
+  double total = 0;
+  for (int i = 0; i < n_sub && total < best_total; ++i) {
+    total += EncodeAffineSub(f, x + i * f.sub, w + i * f.sub, d2, dmin2, jmin[i], -1, -1,
+                             &cand.sc[i], &cand.m[i], cand.l + i * f.sub, m_fit[i],
+                             /*strict=*/true, kMaxClipSteps * h);
+  }
+  if (!(total < best_total)) return;
+  if (verify) {
+    float y[kQK], y2[kQK];
+    AffineValues(f, cand, y);
+    AffineCode again;
+    EncodeAffine(f, y, w, &again, /*verify=*/false);
+    AffineValues(f, again, y2);
+    if (std::memcmp(y, y2, sizeof(y)) != 0) return;
+  }
+  *out = cand;
 }
 
 // ---- Bit packing -------------------------------------------------------------------------------

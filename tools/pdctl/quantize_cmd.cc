@@ -48,11 +48,14 @@ CLI::App* AddQuantizeCommand(CLI::App& app, QuantizeFlags* f) {
   CLI::App* c = app.add_subcommand(
       "quantize",
       "quantize a GGUF model (F32/F16/BF16, or an already quantized one) to q8_0, q4_0, q2_K, "
-      "q3_K, q4_K, q5_K or q6_K with a mixed-precision policy; prints a per-tensor table");
+      "q3_K, q4_K, q5_K, q6_K, or pdserve's own w8a8 / w4a16, with a mixed-precision policy; "
+      "prints a per-tensor table");
   c->add_option("input", f->input, "input GGUF model")->required();
   c->add_option("output", f->output, "output GGUF file (written to OUTPUT.tmp, then renamed)")
       ->required();
-  c->add_option("--type", f->type, "base type: q8_0, q4_0, q2_K, q3_K, q4_K, q5_K, q6_K")
+  c->add_option("--type", f->type,
+                "base type: q8_0, q4_0, q2_K, q3_K, q4_K, q5_K, q6_K, w8a8 (INT8 weights and "
+                "per-token INT8 activations), w4a16 (INT4 groups of 128, float activations)")
       ->required();
   c->add_option("--method", f->method,
                 "rtn (round to nearest), importance (scale search weighted by calibration "
@@ -79,6 +82,11 @@ CLI::App* AddQuantizeCommand(CLI::App& app, QuantizeFlags* f) {
   c->add_option("--gptq-block", f->gptq_block, "GPTQ lazy-update batch (columns)")
       ->check(CLI::Range(1, 1 << 20));
   c->add_flag("--no-act-order", f->no_act_order, "GPTQ: keep the column order");
+  c->add_option("--smooth-alpha", f->smooth_alpha,
+                "w8a8 SmoothQuant strength in [0, 1]: s = max|X|^a / max|W|^(1-a) per input "
+                "channel");
+  c->add_flag("--no-smooth", f->no_smooth,
+              "w8a8: no SmoothQuant migration (and no calibration run for it)");
   return c;
 }
 
@@ -103,6 +111,8 @@ int RunQuantize(const QuantizeFlags& f) {
   o.gptq.damp = f.damp;
   o.gptq.block_size = f.gptq_block;
   o.gptq.act_order = !f.no_act_order;
+  o.smooth = !f.no_smooth;
+  o.smooth_alpha = f.smooth_alpha;
   if (o.method == q::Method::kRtn && !o.calib_file.empty()) {
     std::fprintf(stderr, "pdctl quantize: note: --method rtn uses --calib only to report x_err\n");
   }

@@ -21,6 +21,8 @@ struct QuantizeFlags {
   double damp = 0.01;
   int gptq_block = 128;
   bool no_act_order = false;
+  bool no_smooth = false;     // w8a8: skip SmoothQuant
+  float smooth_alpha = 0.5f;  // w8a8: migration strength
 };
 
 // Declares the subcommand on `app`; RunQuantize runs it once parsed. Exit codes: 0 success;

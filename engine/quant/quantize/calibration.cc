@@ -94,9 +94,10 @@ absl::Status RunCalibration(Model& model, const std::vector<std::vector<int32_t>
   }
   constexpr int kBlock = 16;
   const int n_blocks = static_cast<int>((longest + kBlock - 1) / kBlock);
-  PD_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> kv,
-                      KvCache::Create(model.KvOptions(std::max(1, n_blocks), DType::kF16, kBlock),
-                                      model.backend()));
+  PD_ASSIGN_OR_RETURN(
+      std::unique_ptr<KvCache> kv,
+      KvCache::Create(model.KvOptions(std::max(1, n_blocks), KvDType::kF16, kBlock),
+                      model.backend()));
   head_stride = std::max(1, head_stride);
   progress.Start(stage, total, "tokens");
   model.set_observer(&observer);

@@ -85,8 +85,9 @@ TypeChoice ChooseType(const Policy& policy, DType base,
 
 // The type a row of `cols` weights can actually take when `t` needs blocks that do not divide
 // it: k-quants (256) fall back to a 32-weight type of about as many bits or more: q2_K, q3_K ->
-// q4_0 (4.5 bpw); q4_K, q5_K -> q5_0 (5.5); q6_K -> q8_0 (8.5). 32-weight types that do not fit
-// give nullopt (the tensor stays in its float type). Returns `t` itself when it fits.
+// q4_0 (4.5 bpw); q4_K, q5_K -> q5_0 (5.5); q6_K -> q8_0 (8.5); w4a16 (128) -> q4_0. 32-weight
+// types that do not fit (w8a8 included) give nullopt (the tensor stays in its float type).
+// Returns `t` itself when it fits.
 std::optional<DType> FallbackForRow(DType t, int64_t cols);
 
 }  // namespace pd::engine::quantize

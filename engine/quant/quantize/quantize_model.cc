@@ -24,6 +24,7 @@
 #include "engine/quant/quantize/gguf_writer.h"
 #include "engine/quant/quantize/policy.h"
 #include "engine/quant/quantize/texts.h"
+#include "engine/quant/w8a8.h"
 #include "engine/runtime/model.h"
 #include "engine/tokenizer/tokenizer.h"
 
@@ -67,6 +68,9 @@ uint32_t DefaultFileType(DType base) {
       return 2;
     case DType::kQ8_0:
       return 7;
+    case DType::kW8A8:  // pdserve's own types: their type numbers (no llama.cpp file type)
+    case DType::kW4A16:
+      return static_cast<uint32_t>(base);
     default:
       return 0;
   }
@@ -138,7 +142,119 @@ class Job {
   int64_t done_elements_ = 0;
   // Calibration results that outlive a pass: mean x^2 per weight (by weight name).
   std::map<std::string, std::vector<float>, std::less<>> mean_sq_;
+
+  // ---- W8A8 smoothing (QuantizeOptions::smooth) ----
+  // One norm and the matrices that read its output.
+  struct SmoothGroup {
+    Plan* norm = nullptr;
+    std::vector<Plan*> members;
+  };
+  // Groups with at least one w8a8 member (their norms are written after calibration).
+  std::vector<SmoothGroup> SmoothGroups();
+  // Computes s for every group from the calibration statistics; fills smooth_.
+  absl::Status ComputeSmoothing(const ActivationCollector& collector);
+  // Writes every deferred norm: divided by s when its group was smoothed, else copied.
+  absl::Status WriteNorms();
+  const std::vector<float>* SmoothOf(std::string_view weight) const {
+    auto it = smooth_.find(weight);
+    return it == smooth_.end() ? nullptr : &it->second;
+  }
+  bool deferred_norms_ = false;
+  // s per smoothed matrix and per smoothed norm (by tensor name).
+  std::map<std::string, std::vector<float>, std::less<>> smooth_;
 };
+
+// Loads a tensor as F32 (dequantizing when needed).
+std::vector<float> ToF32(const GgufTensorInfo& t, int threads) {
+  const int64_t cols = t.shape[0], rows = t.rows();
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  DequantizeMatrix(t.type, t.data, rows, cols, threads, out.data());
+  return out;
+}
+
+std::vector<Job::SmoothGroup> Job::SmoothGroups() {
+  std::map<std::string, Plan*, std::less<>> by_name;
+  for (Plan& p : plans_) by_name[p.src->name] = &p;
+  auto find = [&](const std::string& n) -> Plan* {
+    auto it = by_name.find(n);
+    return it == by_name.end() ? nullptr : it->second;
+  };
+  std::vector<SmoothGroup> groups;
+  auto add = [&](const std::string& norm, std::initializer_list<std::string> members) {
+    SmoothGroup g;
+    g.norm = find(norm);
+    if (g.norm == nullptr || g.norm->src->type != DType::kF32 || g.norm->src->shape.size() != 1) {
+      return;
+    }
+    bool any_w8a8 = false;
+    for (const std::string& m : members) {
+      Plan* p = find(m);
+      // Every reader of the norm must take the migration (or the model would change).
+      if (p == nullptr || p->cols != g.norm->cols || !p->quantize) return;
+      any_w8a8 |= p->type == DType::kW8A8;
+      g.members.push_back(p);
+    }
+    if (any_w8a8) groups.push_back(std::move(g));
+  };
+  int n_layers = 0;
+  for (const Plan& p : plans_) n_layers = std::max(n_layers, LayerOf(p.src->name) + 1);
+  for (int i = 0; i < n_layers; ++i) {
+    const std::string b = pd::StrCat("blk.", i, ".");
+    add(b + "attn_norm.weight", {b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"});
+    add(b + "ffn_norm.weight", {b + "ffn_gate.weight", b + "ffn_up.weight"});
+  }
+  // The head, only when it is its own matrix (a tied embedding is also a lookup table whose
+  // columns must not change).
+  add("output_norm.weight", {"output.weight"});
+  return groups;
+}
+
+absl::Status Job::ComputeSmoothing(const ActivationCollector& collector) {
+  for (const SmoothGroup& g : SmoothGroups()) {
+    const InputStats* stats = collector.Find(g.members[0]->src->name);
+    if (stats == nullptr || stats->samples() == 0 || stats->cols() != g.norm->cols) {
+      Warn(pd::StrCat("no calibration inputs reached ", g.members[0]->src->name,
+                      ": its group is not smoothed"));
+      continue;
+    }
+    std::vector<float> w_absmax(g.norm->cols, 0.f);
+    for (const Plan* p : g.members) {
+      const std::vector<float> w = ToF32(*p->src, o_.threads);
+      for (int64_t r = 0; r < p->rows; ++r) {
+        for (int64_t j = 0; j < p->cols; ++j) {
+          w_absmax[j] = std::max(w_absmax[j], std::fabs(w[r * p->cols + j]));
+        }
+      }
+    }
+    std::vector<float> s = SmoothingFactors(stats->AbsMax(), w_absmax, o_.smooth_alpha);
+    for (const Plan* p : g.members) smooth_[p->src->name] = s;
+    smooth_[g.norm->src->name] = std::move(s);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Job::WriteNorms() {
+  for (const SmoothGroup& g : SmoothGroups()) {
+    Plan& p = *g.norm;
+    if (p.done) continue;
+    const std::vector<float>* s = SmoothOf(p.src->name);
+    if (s == nullptr) {
+      PD_RETURN_IF_ERROR(CopyOne(p));
+      continue;
+    }
+    const float* w = reinterpret_cast<const float*>(p.src->data);
+    std::vector<float> out(p.cols);
+    for (int64_t j = 0; j < p.cols; ++j) out[j] = w[j] / (*s)[j];
+    PD_RETURN_IF_ERROR(writer_->WriteTensor(p.out_index, out.data(), out.size() * sizeof(float)));
+    TensorReport& r = report_.tensors[&p - plans_.data()];
+    r.method = "smooth";
+    const auto [lo, hi] = std::minmax_element(s->begin(), s->end());
+    r.smooth_range = *hi / *lo;
+    r.note = pd::StrCat(r.note.empty() ? "" : r.note + "; ", "divided by the SmoothQuant s");
+    p.done = true;
+  }
+  return absl::OkStatus();
+}
 
 absl::Status Job::PlanTensors() {
   const GgufFile& f = *file_;
@@ -169,7 +285,8 @@ absl::Status Job::PlanTensors() {
       } else {
         if (*fits != c.type) {
           p.note = pd::StrCat(p.note.empty() ? "" : p.note + "; ", Traits(c.type).name,
-                              " needs rows of 256 (has ", p.cols, "): ", Traits(*fits).name);
+                              " needs rows of ", Traits(c.type).block_size, " (has ", p.cols,
+                              "): ", Traits(*fits).name);
         }
         p.type = *fits;
         p.quantize = p.type != t.type || !IsFloat(t.type);
@@ -247,6 +364,32 @@ absl::Status Job::QuantizeOne(Plan& p, const GptqFactor* factor, const std::vect
           pd::StrCat("tensor '", t.name, "' holds a non-finite value at element ", k));
     }
   }
+  // W8A8 smoothing: the matrix quantized is W diag(s), whose inputs are X diag(1/s); errors are
+  // measured on the effective weights Q diag(1/s) against W, in the original inputs' basis.
+  const std::vector<float>* smooth = SmoothOf(t.name);
+  if (smooth != nullptr && static_cast<int64_t>(smooth->size()) != cols) smooth = nullptr;
+  const float* w_orig = w;
+  std::vector<float> w_smooth;
+  std::vector<float> mean_sq_smooth;
+  if (smooth != nullptr) {
+    w_smooth.resize(n);
+    for (int64_t r0 = 0; r0 < rows; ++r0) {
+      for (int64_t j = 0; j < cols; ++j) w_smooth[r0 * cols + j] = w[r0 * cols + j] * (*smooth)[j];
+    }
+    w = w_smooth.data();
+    if (mean_sq != nullptr) {
+      mean_sq_smooth = *mean_sq;
+      for (int64_t j = 0; j < cols; ++j) mean_sq_smooth[j] /= (*smooth)[j] * (*smooth)[j];
+    }
+    const auto [lo, hi] = std::minmax_element(smooth->begin(), smooth->end());
+    r.smooth_range = *hi / *lo;
+    if (r.note.find("smoothed") == std::string::npos) {
+      r.note = pd::StrCat(r.note.empty() ? "" : r.note + "; ",
+                          absl::StrFormat("smoothed (s max/min %.3g)", r.smooth_range));
+    }
+  }
+  const std::vector<float>* mean_sq_orig = mean_sq;
+  if (smooth != nullptr && mean_sq != nullptr) mean_sq = &mean_sq_smooth;
   // Importance: mean x^2 plus a small floor, so that inputs calibration never exercised still
   // count a little.
   std::vector<float> importance;
@@ -266,7 +409,8 @@ absl::Status Job::QuantizeOne(Plan& p, const GptqFactor* factor, const std::vect
     go.threads = o_.threads;
     PD_RETURN_IF_ERROR(GptqQuantize(p.type, w, rows, cols, *factor, go, out.data()));
     r.method = "gptq";
-  } else if (o_.method != Method::kRtn && !importance.empty()) {
+  } else if (o_.method != Method::kRtn && !importance.empty() && p.type != DType::kW8A8) {
+    // (W8A8 has one scale per row taken from its largest weight: nothing to weigh.)
     QuantizeMatrix(p.type, w, rows, cols, importance.data(), o_.threads, out.data());
     r.method = "importance";
   } else {
@@ -274,9 +418,16 @@ absl::Status Job::QuantizeOne(Plan& p, const GptqFactor* factor, const std::vect
     r.method = "rtn";
   }
   PD_RETURN_IF_ERROR(writer_->WriteTensor(p.out_index, out.data(), out.size()));
-  // Errors, measured on what was written.
+  // Errors, measured on what was written (for a smoothed matrix, on Q diag(1/s) against W).
   std::vector<float> q(n);
   DequantizeMatrix(p.type, out.data(), rows, cols, o_.threads, q.data());
+  if (smooth != nullptr) {
+    for (int64_t r0 = 0; r0 < rows; ++r0) {
+      for (int64_t j = 0; j < cols; ++j) q[r0 * cols + j] /= (*smooth)[j];
+    }
+  }
+  w = w_orig;
+  mean_sq = mean_sq_orig;
   r.w_err = RelativeError(w, q.data(), n);
   if (h != nullptr) {
     r.x_err = OutputRelativeError(w, q.data(), rows, cols, h->data(), o_.threads);
@@ -304,7 +455,11 @@ absl::Status Job::Calibrate() {
   }
   // The engine.
   const std::string why =
-      pd::StrCat("--method ", MethodName(o_.method), " runs the model on calibration text, but ");
+      o_.method == Method::kRtn && deferred_norms_ && o_.calib_file.empty() && !o_.eval_hessian
+          ? std::string("w8a8 smoothing runs the model on calibration text (--no-smooth skips "
+                        "it), but ")
+          : pd::StrCat("--method ", MethodName(o_.method),
+                       " runs the model on calibration text, but ");
   CpuBackendOptions bo;
   bo.threads = o_.threads;
   std::unique_ptr<Backend> backend = CreateCpuBackend(bo);
@@ -349,6 +504,10 @@ absl::Status Job::Calibrate() {
           mean_sq_[p.src->name] = s->MeanSquare();
         }
       }
+      if (deferred_norms_) {
+        PD_RETURN_IF_ERROR(ComputeSmoothing(collector));
+        PD_RETURN_IF_ERROR(WriteNorms());
+      }
     }
     // Quantize every pending weight whose group got X^T X in this pass, one H and one GPTQ
     // factorization per group.
@@ -371,7 +530,19 @@ absl::Status Job::Calibrate() {
         if (o_.method == Method::kGptq && HasGrid(p->type) && !factor) {
           GptqOptions go = o_.gptq;
           go.threads = o_.threads;
-          PD_ASSIGN_OR_RETURN(factor, GptqFactor::Create(h, p->cols, go));
+          if (const std::vector<float>* s = SmoothOf(p->src->name)) {
+            // The smoothed matrix's inputs are X diag(1/s): H' = diag(1/s) H diag(1/s). Every
+            // member of a group shares the input, hence s and this factor.
+            std::vector<double> hs = h;
+            for (int64_t i = 0; i < p->cols; ++i) {
+              for (int64_t j = 0; j < p->cols; ++j) {
+                hs[i * p->cols + j] /= double{(*s)[i]} * (*s)[j];
+              }
+            }
+            PD_ASSIGN_OR_RETURN(factor, GptqFactor::Create(hs, p->cols, go));
+          } else {
+            PD_ASSIGN_OR_RETURN(factor, GptqFactor::Create(h, p->cols, go));
+          }
         }
         PD_RETURN_IF_ERROR(QuantizeOne(*p, factor.get(), &h, MeanSq(p->src->name)));
         Advance(*p);
@@ -396,6 +567,10 @@ absl::StatusOr<QuantizeReport> Job::Run() {
   report_.output = o_.output;
   report_.base = o_.type;
   report_.method = o_.method;
+  if (!(o_.smooth_alpha >= 0.f && o_.smooth_alpha <= 1.f)) {
+    return absl::InvalidArgumentError(
+        pd::StrCat("smoothing alpha ", o_.smooth_alpha, " is not in [0, 1]"));
+  }
   if (std::find(QuantTypes().begin(), QuantTypes().end(), o_.type) == QuantTypes().end()) {
     return absl::InvalidArgumentError(
         pd::StrCat("--type ", Traits(o_.type).name, " is not a quantized type"));
@@ -429,11 +604,27 @@ absl::StatusOr<QuantizeReport> Job::Run() {
   }
   // Fail early (before calibration) when the output cannot be created.
   PD_RETURN_IF_ERROR(writer_->Open(o_.output));
-  for (Plan& p : plans_) {
-    if (!p.quantize) PD_RETURN_IF_ERROR(CopyOne(p));
+  // Norms that W8A8 smoothing may divide wait for calibration.
+  std::set<const Plan*> deferred;
+  if (o_.smooth) {
+    for (const SmoothGroup& g : SmoothGroups()) deferred.insert(g.norm);
   }
-  const bool calibrate = o_.method != Method::kRtn || !o_.calib_file.empty() || o_.eval_hessian;
-  if (calibrate) PD_RETURN_IF_ERROR(Calibrate());
+  deferred_norms_ = !deferred.empty();
+  for (Plan& p : plans_) {
+    if (!p.quantize && !deferred.count(&p)) PD_RETURN_IF_ERROR(CopyOne(p));
+  }
+  const bool needs_calibration =
+      o_.method != Method::kRtn || !o_.calib_file.empty() || o_.eval_hessian;
+  if (needs_calibration || deferred_norms_) {
+    absl::Status s = Calibrate();
+    if (absl::IsFailedPrecondition(s) && !needs_calibration) {
+      // Only smoothing wanted the model run, and rtn never requires it: quantize unsmoothed.
+      Warn(pd::StrCat(s.message(), "; w8a8 weights are quantized without smoothing"));
+    } else if (!s.ok()) {
+      return s;
+    }
+  }
+  if (deferred_norms_) PD_RETURN_IF_ERROR(WriteNorms());  // no-op when calibration wrote them
   // Whatever is left: no X^T X (rtn, importance, weights calibration never reached such as an
   // untied token_embd, or tensors whose type has no grid).
   if (PendingElements() > 0) {
@@ -490,7 +681,9 @@ std::string FileTypeName(uint32_t ft) {
   static const std::map<uint32_t, std::string> kNames = {
       {0, "F32"},     {1, "F16"},     {2, "Q4_0"},    {7, "Q8_0"},    {10, "Q2_K"},
       {11, "Q3_K_S"}, {12, "Q3_K_M"}, {13, "Q3_K_L"}, {14, "Q4_K_S"}, {15, "Q4_K_M"},
-      {16, "Q5_K_S"}, {17, "Q5_K_M"}, {18, "Q6_K"},   {21, "Q2_K_S"}, {32, "BF16"}};
+      {16, "Q5_K_S"}, {17, "Q5_K_M"}, {18, "Q6_K"},   {21, "Q2_K_S"}, {32, "BF16"},
+      {static_cast<uint32_t>(DType::kW8A8), "PD_W8A8"},
+      {static_cast<uint32_t>(DType::kW4A16), "PD_W4A16"}};
   auto it = kNames.find(ft);
   return it != kNames.end() ? it->second : pd::StrCat("type ", ft);
 }

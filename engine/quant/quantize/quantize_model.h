@@ -47,6 +47,13 @@ struct QuantizeOptions {
   uint64_t hessian_budget_bytes = uint64_t{4} << 30;  // X^T X held at once (doubles)
   int threads = 0;                                    // 0 = every core
   GptqOptions gptq;
+  // SmoothQuant for W8A8 (w8a8.h): when any matrix reading an RMSNorm's output (attn_q/k/v,
+  // ffn_gate/up, an untied output head) is w8a8, the input's per-channel range is migrated
+  // into the weights with s_j = max|X_j|^alpha / max|W_j|^(1 - alpha) from the calibration
+  // activations (calibration runs for every method then): every matrix of the group gets its
+  // columns multiplied by s, and the norm's weight is divided by s. alpha in [0, 1].
+  bool smooth = true;
+  float smooth_alpha = 0.5f;
 };
 
 struct TensorReport {
@@ -61,6 +68,9 @@ struct TensorReport {
   double x_err = -1;         // relative output error on the calibration inputs; -1 without stats
   bool x_err_exact = false;  // from the full X^T X (else the diagonal approximation)
   std::string note;          // policy rule / override / fallback
+  // W8A8 smoothing: max s / min s over the input channels for smoothed matrices (0 when not
+  // smoothed), and for a norm whose weight was divided by s.
+  double smooth_range = 0;
 };
 
 struct QuantizeReport {

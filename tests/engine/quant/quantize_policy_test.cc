@@ -30,7 +30,10 @@ TEST(PolicyTest, TypeNames) {
   EXPECT_EQ(*ParseTypeName("q5_0", /*allow_float=*/true), DType::kQ5_0);  // overrides, rules
   EXPECT_THAT(ParseTypeName("f16"), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_EQ(*ParseTypeName("f16", /*allow_float=*/true), DType::kF16);
-  EXPECT_EQ(QuantTypes().size(), 7u);
+  EXPECT_EQ(QuantTypes().size(), 9u);  // + pdserve's w4a16 and w8a8
+  EXPECT_EQ(*ParseTypeName("w8a8"), DType::kW8A8);
+  EXPECT_EQ(*ParseTypeName("W4A16"), DType::kW4A16);
+  EXPECT_DOUBLE_EQ(BitsPerWeight(DType::kW4A16), 4.125);
   EXPECT_DOUBLE_EQ(BitsPerWeight(DType::kQ4_K), 4.5);
   EXPECT_DOUBLE_EQ(BitsPerWeight(DType::kQ6_K), 6.5625);
 }
@@ -46,7 +49,7 @@ TEST(PolicyTest, BuiltInPoliciesGiveSensitiveTensorsMoreBits) {
       // Output head (and a tied embedding) never below the base; above it unless at the top.
       EXPECT_GE(BitsPerWeight(Choose(*p, base, "output.weight").type), b);
       EXPECT_GE(BitsPerWeight(Choose(*p, base, "token_embd.weight", -1, 8, true).type), b);
-      if (base != DType::kQ8_0) {
+      if (base != DType::kQ8_0 && base != DType::kW8A8) {  // the tops of their ladders
         EXPECT_GT(BitsPerWeight(Choose(*p, base, "output.weight").type), b);
         EXPECT_GT(BitsPerWeight(Choose(*p, base, "blk.0.attn_v.weight", 0).type), b);
         EXPECT_GT(BitsPerWeight(Choose(*p, base, "blk.0.ffn_down.weight", 0).type), b);
