@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "engine/backend/kv_layout.h"
 #include "engine/quant/dtype.h"
 
 namespace pd::engine {
@@ -119,7 +120,8 @@ class Backend {
   // y[n, m] = x[n, k] * w[m, k]^T. w: any supported type; x, y: F32. Like ggml, quantized and
   // half weights are dotted against activations converted to the weight's companion type
   // (Q8_0 for Q8_0 and Q4_0, Q8_K for Q2_K .. Q6_K, F16 for F16, BF16 for BF16), F32 weights
-  // against F32 activations.
+  // against F32 activations. pdserve's W8A8 weights take activations quantized to INT8 per token
+  // (w8a8.h), W4A16 weights F32 activations (w4a16.h).
   virtual absl::Status MatMul(const Tensor& w, const Tensor& x, Tensor& y) = 0;
   // out[i, :] = dequant(table[ids[i], :]) (embedding lookup). out: F32 [ids.size(), table.cols].
   virtual absl::Status GetRows(const Tensor& table, absl::Span<const int32_t> ids, Tensor& out) = 0;
@@ -143,14 +145,17 @@ class Backend {
   virtual absl::Status Scale(const Tensor& x, float s, Tensor& y) = 0;
   // In-place numerically stable softmax over each row.
   virtual absl::Status Softmax(Tensor& x) = 0;
-  // Writes k, v [n_tokens, n_kv_heads * head_dim] (F32) into the caches (F32 or F16, rows =
-  // n_blocks * block_size, cols = n_kv_heads * head_dim) at the slots `kv` gives each token.
-  virtual absl::Status StoreKv(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
-                               const KvBatch& kv) = 0;
+  // Writes k, v [n_tokens, n_kv_heads * head_dim] (F32) into the caches (layout: kv_layout.h;
+  // F32, F16 or INT8, block_size == kv.block_size) at the slots `kv` gives each token. F16 rounds
+  // to nearest even; INT8 quantizes each token's head symmetrically with its own scale.
+  virtual absl::Status StoreKv(const Tensor& k, const Tensor& v, KvTensor& k_cache,
+                               KvTensor& v_cache, const KvBatch& kv) = 0;
   // out [n_tokens, n_heads * head_dim] = softmax(scale * q k^T) v over each token's visible
   // positions (see KvBatch), grouped-query: head h reads kv head h / (n_heads / n_kv_heads).
-  virtual absl::Status Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                                 const KvBatch& kv, const AttentionParams& p, Tensor& out) = 0;
+  // INT8 caches are dequantized on the fly (scale * q).
+  virtual absl::Status Attention(const Tensor& q, const KvTensor& k_cache,
+                                 const KvTensor& v_cache, const KvBatch& kv,
+                                 const AttentionParams& p, Tensor& out) = 0;
 };
 
 struct CpuBackendOptions {

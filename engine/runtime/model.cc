@@ -23,7 +23,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(std::shared_ptr<const GgufFil
   return m;
 }
 
-KvCacheOptions Model::KvOptions(int n_blocks, DType dtype, int block_size) const {
+KvCacheOptions Model::KvOptions(int n_blocks, KvDType dtype, int block_size) const {
   KvCacheOptions o;
   o.n_layer = config_.n_layer;
   o.n_kv_heads = config_.n_head_kv;

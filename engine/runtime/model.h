@@ -57,7 +57,7 @@ class Model {
   Backend& backend() { return backend_; }
 
   // KV-cache options matching this model.
-  KvCacheOptions KvOptions(int n_blocks, DType dtype, int block_size = 16) const;
+  KvCacheOptions KvOptions(int n_blocks, KvDType dtype, int block_size = 16) const;
 
   // Runs `batch`. Preconditions (checked, INVALID_ARGUMENT): token ids < n_vocab, positions >= 0,
   // each sequence's KV capacity covers its positions (KvCache::Reserve first). On success

@@ -7,7 +7,8 @@
 // thread-safe; none allocates.
 //
 // Pointers need no particular alignment. Lengths are element counts; Q8_0 and Q4_0 lengths must
-// be multiples of 32, k-quant and Q8_K lengths multiples of 256 (callers check).
+// be multiples of 32, k-quant and Q8_K lengths multiples of 256, W8A8 of 32 (rows carry a 16-byte
+// header) and W4A16 of 128 (callers check).
 #pragma once
 
 #include <cstddef>
@@ -16,6 +17,8 @@
 #include "engine/quant/k_quants.h"
 #include "engine/quant/q5_0.h"
 #include "engine/quant/q8_0.h"
+#include "engine/quant/w4a16.h"
+#include "engine/quant/w8a8.h"
 
 namespace pd::engine::cpu {
 
@@ -34,8 +37,10 @@ enum class GemmType : int {
   kQ5_K = 8,
   kQ6_K = 9,
   kQ5_0 = 10,  // x: BlockQ8_0
+  kW8A8 = 11,   // x: W8A8 rows (per-token INT8, w8a8.h)
+  kW4A16 = 12,  // x: F32
 };
-inline constexpr int kNumGemmTypes = 11;
+inline constexpr int kNumGemmTypes = 13;
 
 // The largest tile a GemmTileFn computes: kGemmTileW weight rows x kGemmTileX activation rows.
 inline constexpr int kGemmTileW = 4;
@@ -55,6 +60,15 @@ using GemmTileFn = void (*)(int64_t k, const void* w, size_t w_stride, int nr, c
 // CPU has AVX2 + FMA + F16C.
 float DotQ5_0Q8_0Avx2(const BlockQ5_0* w, const BlockQ8_0* x, int64_t n);
 
+// AVX2 kernels of pdserve's own formats (w8a8_w4a16_avx2.cc); only called when the CPU has
+// AVX2 + FMA + F16C. GemmTileFn contracts; see the table entries below for their numerics.
+void GemmW8A8Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
+                  size_t x_stride, int nc, float* y, int64_t y_stride);
+void GemmW4A16Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
+                   size_t x_stride, int nc, float* y, int64_t y_stride);
+// Bit-exact with QuantizeRowW8A8.
+void QuantizeRowW8A8Avx2(const float* x, void* y, int64_t n);
+
 struct Kernels {
   const char* name;  // "scalar", "avx2"
 
@@ -64,6 +78,10 @@ struct Kernels {
   // int32 dot (and, for Q2_K/Q4_K/Q5_K, an int32 sum of sub-block min times the activations'
   // bsums), then times d_w * d_x (and dmin_w * d_x), accumulated in F32 (see kernels_scalar.cc).
   // The tables differ only in the order of the F32 additions, never in the integer parts.
+  // W8A8 (x W8A8 activation rows): the whole row's exact integer dot times f32(d_w * d_x), so
+  // every table gives the same bits (k <= kW8A8MaxCols). W4A16 (x F32): dequantized weights
+  // (float(u - 8) * d) times f32 activations, summed in F32; tables differ in summation order
+  // (measured bound in tests/engine/backend/pd_format_kernels_test.cc).
   GemmTileFn gemm[kNumGemmTypes];
 
   // Row conversions (used to convert activations once per MatMul, for GetRows and the KV cache).
@@ -78,6 +96,8 @@ struct Kernels {
   // Activations for k-quant weights: bit-exact with QuantizeRow<BlockQ8_K> (k_quants.h) in every
   // table, bsums included.
   void (*quantize_q8_k)(const float* x, BlockQ8_K* y, int64_t n);
+  // Activations for W8A8 weights, one row per token: bit-exact with QuantizeRowW8A8 (w8a8.h).
+  void (*quantize_w8a8)(const float* x, void* y, int64_t n);
 
   // Attention inner loops: dot of an F32 query with an F32 / F16 key row, and y += a * v for an
   // F32 / F16 value row.
@@ -85,6 +105,14 @@ struct Kernels {
   float (*dot_f16_f32)(const uint16_t* a, const float* b, int64_t n);
   void (*axpy_f32)(float a, const float* x, float* y, int64_t n);
   void (*axpy_f16)(float a, const uint16_t* x, float* y, int64_t n);
+  // INT8 KV cache (engine/backend/kv_layout.h). quantize_kv_i8 quantizes one token's head of n
+  // finite values: returns scale = max|x| / 127 and writes q = round_half_even(x * (1 / scale)),
+  // clamped to [-127, 127] (all zeros when scale is 0); bit-exact in every table. dot_i8_f32 is
+  // the unscaled dot of int8 key values with an F32 query (the caller multiplies by the key's
+  // scale); axpy_i8 is y += a * q (the caller folds the value's scale into a).
+  float (*quantize_kv_i8)(const float* x, int8_t* q, int64_t n);
+  float (*dot_i8_f32)(const int8_t* a, const float* b, int64_t n);
+  void (*axpy_i8)(float a, const int8_t* x, float* y, int64_t n);
 
   // Elementwise row ops (y may alias an input).
   double (*sum_squares)(const float* x, int64_t n);  // products in F32, summed in F64 (ggml)

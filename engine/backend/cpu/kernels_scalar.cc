@@ -193,6 +193,9 @@ float DotQ6_K(const BlockQ6_K* w, const BlockQ8_K* x, int64_t n) {
 
 void QuantizeQ8_K(const float* x, BlockQ8_K* y, int64_t n) { QuantizeRow(x, y, n); }
 
+// W8A8 rows are untyped bytes (a header, then int8 codes).
+float DotW8A8Rows(const char* w, const char* x, int64_t n) { return DotW8A8(w, x, n); }
+
 // Row dots over a tile; `RowDot` takes typed row pointers (weights W, activations X).
 template <typename W, typename X, float (*RowDot)(const W*, const X*, int64_t)>
 void GemmTile(int64_t k, const void* w, size_t w_stride, int nr, const void* x, size_t x_stride,
@@ -221,6 +224,30 @@ void AxpyF32(float a, const float* x, float* y, int64_t n) {
 void AxpyF16(float a, const uint16_t* x, float* y, int64_t n) {
   const float* f16 = F16Table();
   for (int64_t i = 0; i < n; ++i) y[i] += a * f16[x[i]];
+}
+
+// Per element: 3 flops, 4 bytes read, 1 written (two passes over x: max, then quantize).
+float QuantizeKvI8(const float* x, int8_t* q, int64_t n) {
+  float amax = 0.f;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float d = amax / 127.f;
+  const float id = d != 0.f ? 1.f / d : 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float r = std::nearbyint(x[i] * id);  // round half to even, as cvtps2dq
+    q[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, r)));
+  }
+  return d;
+}
+
+// Per element: 2 flops, 1 + 4 bytes.
+float DotI8F32(const int8_t* a, const float* b, int64_t n) {
+  float sum = 0.f;
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<float>(a[i]) * b[i];
+  return sum;
+}
+
+void AxpyI8(float a, const int8_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * static_cast<float>(x[i]);
 }
 
 double SumSquares(const float* x, int64_t n) {
@@ -267,7 +294,8 @@ constexpr Kernels kScalar = {
              &GemmTile<BlockQ4_0, BlockQ8_0, DotQ4_0>, &GemmTile<BlockQ2_K, BlockQ8_K, DotQ2_K>,
              &GemmTile<BlockQ3_K, BlockQ8_K, DotQ3_K>, &GemmTile<BlockQ4_K, BlockQ8_K, DotQ4_K>,
              &GemmTile<BlockQ5_K, BlockQ8_K, DotQ5_K>, &GemmTile<BlockQ6_K, BlockQ8_K, DotQ6_K>,
-             &GemmTile<BlockQ5_0, BlockQ8_0, DotQ5_0Q8_0>},
+             &GemmTile<BlockQ5_0, BlockQ8_0, DotQ5_0Q8_0>, &GemmTile<char, char, DotW8A8Rows>,
+             &GemmTile<BlockW4A16, float, DotW4A16F32>},
     .f32_to_f16 = &F32ToF16Row,
     .f16_to_f32 = &F16ToF32Row,
     .f32_to_bf16 = &F32ToBf16Row,
@@ -275,10 +303,14 @@ constexpr Kernels kScalar = {
     .quantize_q8_0 = &QuantizeRowQ8_0,
     .dequantize_q8_0 = &DequantizeRowQ8_0,
     .quantize_q8_k = &QuantizeQ8_K,
+    .quantize_w8a8 = &QuantizeRowW8A8,
     .dot_f32 = &DotF32,
     .dot_f16_f32 = &DotF16F32,
     .axpy_f32 = &AxpyF32,
     .axpy_f16 = &AxpyF16,
+    .quantize_kv_i8 = &QuantizeKvI8,
+    .dot_i8_f32 = &DotI8F32,
+    .axpy_i8 = &AxpyI8,
     .sum_squares = &SumSquares,
     .scale = &Scale,
     .scale_mul = &ScaleMul,

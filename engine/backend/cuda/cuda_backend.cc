@@ -101,6 +101,15 @@ absl::Status Unimplemented(std::string_view op) {
 
 std::string_view TypeName(DType t) { return Traits(t).name; }
 
+// "Attention on an int8 KV cache (no int8 KV kernels on CUDA)" / "StoreKv on an f16 KV cache".
+std::string KvOp(std::string_view op, const KvTensor& cache) {
+  if (cache.type == KvDType::kI8) {
+    return pd::StrCat(op, " on an int8 KV cache (no int8 KV quantize/dequantize kernels on CUDA; "
+                      "use --kv-type f16 or the CPU backend)");
+  }
+  return pd::StrCat(op, " on an ", KvDTypeName(cache.type), " KV cache");
+}
+
 std::string ShapeString(const Tensor& t) {
   return pd::StrCat(TypeName(t.type), "[", t.rows, ", ", t.cols, "]");
 }
@@ -299,12 +308,15 @@ class CudaBackend final : public Backend {
   }
   absl::Status Scale(const Tensor&, float, Tensor&) override { return Unimplemented("Scale"); }
   absl::Status Softmax(Tensor&) override { return Unimplemented("Softmax"); }
-  absl::Status StoreKv(const Tensor&, const Tensor&, Tensor&, Tensor&, const KvBatch&) override {
-    return Unimplemented("StoreKv");
+  // No KV kernels yet, for any KV type; INT8 caches say so by name, since a caller choosing INT8 KV
+  // (the CPU backend runs it) should learn that the type, not only the op, is missing here.
+  absl::Status StoreKv(const Tensor&, const Tensor&, KvTensor& k_cache, KvTensor&,
+                       const KvBatch&) override {
+    return Unimplemented(KvOp("StoreKv", k_cache));
   }
-  absl::Status Attention(const Tensor&, const Tensor&, const Tensor&, const KvBatch&,
+  absl::Status Attention(const Tensor&, const KvTensor& k_cache, const KvTensor&, const KvBatch&,
                          const AttentionParams&, Tensor&) override {
-    return Unimplemented("Attention");
+    return Unimplemented(KvOp("Attention", k_cache));
   }
 
  private:

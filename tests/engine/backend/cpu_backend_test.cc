@@ -8,7 +8,9 @@
 //  - RmsNorm / Softmax / SwiGlu / Add: 1e-6 relative (a few ulps; exp within 2 ulps).
 //  - Rope: 2e-6 + |theta| * 1e-6 per element (times |x|): angles are built in F32 by repeated
 //    multiplication like ggml, so their error grows with the position.
-//  - Attention: 2e-5 absolute on O(1) outputs (F32 dots of head_dim terms, F32 softmax).
+//  - Attention: 2e-5 absolute on O(1) outputs (F32 dots of head_dim terms, F32 softmax), against
+//    a reference over the values the cache holds (dequantized for INT8); AVX2 vs scalar on INT8
+//    KV: 1e-5.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -96,8 +98,10 @@ HostTensor MakeWeights(DType type, int64_t rows, int64_t cols, const std::vector
       case DType::kQ5_K:
       case DType::kQ6_K:
       case DType::kQ8_K:
+      case DType::kW8A8:
+      case DType::kW4A16:
         // The scalar reference conversions by DType (k_quants.h); their MatMul is tested in
-        // k_quant_kernels_test.cc.
+        // k_quant_kernels_test.cc (w8a8 / w4a16: pd_format_kernels_test.cc).
         QuantizeRow(type, src, dst, cols);
         DequantizeRow(type, dst, tmp.data(), cols);
         break;
@@ -446,6 +450,30 @@ TEST_P(CpuBackendTest, AddAddBiasSwiGlu) {
   EXPECT_THAT(be_->Add(a.t, h.t, a.t), StatusIs(absl::StatusCode::kUnimplemented));
 }
 
+TEST_P(CpuBackendTest, GeGluMatchesTheF16Table) {
+  // ggml's GELU: x narrowed to f16, looked up in a table of f16 results; 0 below -10, x above 10.
+  auto ref = [](float g) {
+    if (g <= -10.f) return 0.f;
+    if (g >= 10.f) return g;
+    const float x = F16ToF32(F32ToF16(g));
+    const float v =
+        0.5f * x * (1.f + std::tanh(0.79788456080286535588f * x * (1.f + 0.044715f * x * x)));
+    return F16ToF32(F32ToF16(v));
+  };
+  for (int64_t cols : {1, 9, 300, 40000}) {
+    const int64_t rows = 3;
+    std::vector<float> gv = RandomVec(rng_, rows * cols, 12.f);
+    const std::vector<float> uv = RandomVec(rng_, rows * cols, 2.f);
+    gv[0] = -10.f, gv[rows * cols - 1] = 10.f;
+    HostTensor g = F32(rows, cols, gv), u = F32(rows, cols, uv);
+    HostTensor y(DType::kF32, rows, cols);
+    ASSERT_THAT(be_->GeGlu(g.t, u.t, y.t), IsOk());
+    for (int64_t i = 0; i < rows * cols; ++i) ASSERT_EQ(y.f()[i], ref(gv[i]) * uv[i]) << gv[i];
+    ASSERT_THAT(be_->GeGlu(g.t, u.t, g.t), IsOk());  // y aliasing the gate
+    for (int64_t i = 0; i < rows * cols; ++i) ASSERT_EQ(g.f()[i], y.f()[i]);
+  }
+}
+
 TEST_P(CpuBackendTest, SoftmaxStableAndMasked) {
   for (int64_t cols : {1, 5, 8, 100, 1025}) {
     const int64_t rows = 4;
@@ -475,44 +503,97 @@ TEST_P(CpuBackendTest, SoftmaxStableAndMasked) {
 
 // ---- KV cache and attention ----------------------------------------------------------------
 
-float RoundTo(DType t, float v) { return t == DType::kF16 ? F16ToF32(F32ToF16(v)) : v; }
+// Host storage for one layer's K or V cache (kv_layout.h).
+struct HostKv {
+  std::vector<char> bytes;
+  KvTensor t;
+  HostKv(KvDType type, int n_blocks, int block_size, int n_kv_heads, int head_dim) {
+    t.type = type;
+    t.n_kv_heads = n_kv_heads;
+    t.head_dim = head_dim;
+    t.block_size = block_size;
+    t.n_blocks = n_blocks;
+    bytes.resize(t.bytes());
+    t.data = bytes.data();
+  }
+  float Scale(int64_t slot, int head) const {
+    float d;
+    std::memcpy(&d, t.scale(slot, head), sizeof d);
+    return d;
+  }
+  // The value the cache holds for element `col` (head-major) of `slot`, dequantized.
+  float At(int64_t slot, int64_t col) const {
+    const int head = static_cast<int>(col / t.head_dim);
+    const int64_t d = col % t.head_dim;
+    const char* p = t.values(slot, head);
+    switch (t.type) {
+      case KvDType::kF32: return reinterpret_cast<const float*>(p)[d];
+      case KvDType::kF16: return F16ToF32(reinterpret_cast<const uint16_t*>(p)[d]);
+      case KvDType::kI8: return Scale(slot, head) * reinterpret_cast<const int8_t*>(p)[d];
+    }
+    return NAN;
+  }
+};
 
-float CacheAt(const HostTensor& c, int64_t row, int64_t col) {
-  if (c.t.type == DType::kF32) return static_cast<const float*>(c.t.data)[row * c.t.cols + col];
-  return F16ToF32(static_cast<const uint16_t*>(c.t.data)[row * c.t.cols + col]);
+// What StoreKv must write for one head of `n` values: the exact INT8 quantization of kv_layout.h
+// (scale = max|x| / 127, q = round half to even of x * (1 / scale)), written out independently
+// of the kernels.
+float ReferenceQuantizeI8(const float* x, int64_t n, int8_t* q) {
+  float amax = 0.f;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float d = amax / 127.f;
+  const float id = d == 0.f ? 0.f : 1.f / d;
+  for (int64_t i = 0; i < n; ++i) q[i] = static_cast<int8_t>(std::nearbyint(x[i] * id));
+  return d;
 }
 
 TEST_P(CpuBackendTest, StoreKvSlotMapping) {
-  for (DType ct : {DType::kF32, DType::kF16}) {
-    const int64_t kv_dim = 12, bs = 4, n_blocks = 6;
-    HostTensor kc(ct, n_blocks * bs, kv_dim), vc(ct, n_blocks * bs, kv_dim);
-    std::memset(kc.t.data, 0, kc.t.bytes());
-    std::memset(vc.t.data, 0, vc.t.bytes());
+  for (KvDType ct : {KvDType::kF32, KvDType::kF16, KvDType::kI8}) {
+    SCOPED_TRACE(KvDTypeName(ct));
+    const int heads = 3, hd = 4, kv_dim = heads * hd, bs = 4, n_blocks = 6;
+    HostKv kc(ct, n_blocks, bs, heads, hd), vc(ct, n_blocks, bs, heads, hd);
     // Sequence 0 owns blocks {5, 1}, sequence 1 owns {2, 0, 4}.
     const std::vector<int32_t> t0 = {5, 1}, t1 = {2, 0, 4};
     const std::vector<int32_t> pos = {0, 3, 4, 6, 9};
     const std::vector<int32_t> seq = {0, 0, 0, 1, 1};
-    KvBatch kv{pos, seq, {t0, t1}, static_cast<int>(bs)};
+    KvBatch kv{pos, seq, {t0, t1}, bs};
     const int64_t n = pos.size();
     std::vector<float> kvals = RandomVec(rng_, n * kv_dim), vvals = RandomVec(rng_, n * kv_dim);
+    std::fill(kvals.begin() + 4 * kv_dim + hd, kvals.begin() + 4 * kv_dim + 2 * hd, 0.f);
     HostTensor k = F32(n, kv_dim, kvals), v = F32(n, kv_dim, vvals);
     ASSERT_THAT(be_->StoreKv(k.t, v.t, kc.t, vc.t, kv), IsOk());
     const std::vector<int64_t> want_slot = {5 * 4 + 0, 5 * 4 + 3, 1 * 4 + 0, 0 * 4 + 2, 4 * 4 + 1};
     std::vector<bool> written(n_blocks * bs, false);
     for (int64_t t = 0; t < n; ++t) {
       written[want_slot[t]] = true;
-      for (int64_t c = 0; c < kv_dim; ++c) {
-        ASSERT_EQ(CacheAt(kc, want_slot[t], c), RoundTo(ct, kvals[t * kv_dim + c]));
-        ASSERT_EQ(CacheAt(vc, want_slot[t], c), RoundTo(ct, vvals[t * kv_dim + c]));
+      for (const auto& [vals, cache] : {std::pair{&kvals, &kc}, std::pair{&vvals, &vc}}) {
+        for (int h = 0; h < heads; ++h) {
+          const float* x = vals->data() + t * kv_dim + h * hd;
+          if (ct == KvDType::kI8) {
+            int8_t q[hd];
+            const float d = ReferenceQuantizeI8(x, hd, q);
+            ASSERT_EQ(cache->Scale(want_slot[t], h), d);
+            ASSERT_EQ(std::memcmp(cache->t.values(want_slot[t], h), q, hd), 0);
+          }
+          for (int e = 0; e < hd; ++e) {
+            const float want = ct == KvDType::kF16 ? F16ToF32(F32ToF16(x[e])) : x[e];
+            // INT8: within half a quantization step.
+            const float tol = ct == KvDType::kI8 ? cache->Scale(want_slot[t], h) * 0.5f * 1.0001f
+                                                 : 0.f;
+            ASSERT_NEAR(cache->At(want_slot[t], h * hd + e), want, tol) << t << " " << h << " " << e;
+          }
+        }
       }
     }
+    // The all-zero head quantizes to scale 0 and zeros.
+    ASSERT_EQ(kc.Scale(want_slot[4], 1) == 0.f, ct == KvDType::kI8);
     for (int64_t s = 0; s < n_blocks * bs; ++s) {
       if (written[s]) continue;
-      for (int64_t c = 0; c < kv_dim; ++c) ASSERT_EQ(CacheAt(kc, s, c), 0.f) << "slot " << s;
+      for (int64_t c = 0; c < kv_dim; ++c) ASSERT_EQ(kc.At(s, c), 0.f) << "slot " << s;
     }
 
     // Errors: position past the block table, unknown sequence, block outside the cache,
-    // mismatched span sizes, bad cache type.
+    // mismatched span sizes, bad cache type, block size differing from the batch's, wide rows.
     const std::vector<int32_t> far = {0, 3, 4, 6, 12};
     KvBatch bad = kv;
     bad.pos = far;
@@ -532,7 +613,12 @@ TEST_P(CpuBackendTest, StoreKvSlotMapping) {
     bad.pos = absl::MakeConstSpan(pos).subspan(1);
     EXPECT_THAT(be_->StoreKv(k.t, v.t, kc.t, vc.t, bad),
                 StatusIs(absl::StatusCode::kInvalidArgument));
-    HostTensor kq(DType::kQ8_0, n_blocks * bs, 32);
+    bad = kv;
+    bad.block_size = 2;
+    EXPECT_THAT(be_->StoreKv(k.t, v.t, kc.t, vc.t, bad),
+                StatusIs(absl::StatusCode::kInvalidArgument));
+    HostKv kq(ct, n_blocks, bs, heads, hd);
+    kq.t.type = static_cast<KvDType>(7);
     EXPECT_THAT(be_->StoreKv(k.t, v.t, kq.t, vc.t, kv), StatusIs(absl::StatusCode::kUnimplemented));
     HostTensor k_wide(DType::kF32, n, kv_dim + 1);
     EXPECT_THAT(be_->StoreKv(k_wide.t, v.t, kc.t, vc.t, kv),
@@ -540,9 +626,10 @@ TEST_P(CpuBackendTest, StoreKvSlotMapping) {
   }
 }
 
-// Naive attention over the visible positions of each token, in double.
-std::vector<double> AttentionReference(const std::vector<float>& q, const HostTensor& kc,
-                                       const HostTensor& vc, const KvBatch& kv,
+// Naive attention over the visible positions of each token, in double, over the values the
+// caches hold (dequantized for INT8).
+std::vector<double> AttentionReference(const std::vector<float>& q, const HostKv& kc,
+                                       const HostKv& vc, const KvBatch& kv,
                                        const AttentionParams& p) {
   const int64_t n = kv.pos.size(), hd = p.head_dim, group = p.n_heads / p.n_kv_heads;
   std::vector<double> out(n * p.n_heads * hd, 0.0);
@@ -558,7 +645,7 @@ std::vector<double> AttentionReference(const std::vector<float>& q, const HostTe
             pp % kv.block_size;
         double s = 0;
         for (int64_t d = 0; d < hd; ++d)
-          s += double{q[(t * p.n_heads + h) * hd + d]} * CacheAt(kc, slot, kvh * hd + d);
+          s += double{q[(t * p.n_heads + h) * hd + d]} * kc.At(slot, kvh * hd + d);
         s *= p.scale;
         if (p.softcap > 0) s = p.softcap * std::tanh(s / p.softcap);
         logits.push_back(s);
@@ -569,62 +656,154 @@ std::vector<double> AttentionReference(const std::vector<float>& q, const HostTe
       for (double& l : logits) sum += l = std::exp(l - m);
       for (size_t j = 0; j < slots.size(); ++j)
         for (int64_t d = 0; d < hd; ++d)
-          out[(t * p.n_heads + h) * hd + d] +=
-              logits[j] / sum * CacheAt(vc, slots[j], kvh * hd + d);
+          out[(t * p.n_heads + h) * hd + d] += logits[j] / sum * vc.At(slots[j], kvh * hd + d);
     }
   }
   return out;
 }
 
+struct AttentionVariant {
+  KvDType cache;
+  int head_dim, n_heads, n_kv_heads, window;
+  float softcap;
+};
+
+// Odd head counts (3 kv heads, groups of 3), GQA and MHA, head_dims that leave SIMD tails.
+const std::vector<AttentionVariant>& AttentionVariants() {
+  static const std::vector<AttentionVariant> variants = {
+      {KvDType::kF32, 16, 4, 2, 0, 0.f}, {KvDType::kF16, 16, 4, 2, 0, 0.f},
+      {KvDType::kF32, 20, 6, 2, 3, 0.f}, {KvDType::kF16, 20, 6, 3, 3, 5.f},
+      {KvDType::kF32, 64, 8, 1, 0, 2.f}, {KvDType::kF32, 8, 2, 2, 1, 0.f},
+      {KvDType::kI8, 16, 4, 2, 0, 0.f},  {KvDType::kI8, 20, 9, 3, 3, 5.f},
+      {KvDType::kI8, 64, 8, 1, 0, 2.f},  {KvDType::kI8, 40, 3, 3, 0, 0.f},
+      {KvDType::kI8, 8, 2, 2, 1, 0.f},
+  };
+  return variants;
+}
+
+// Runs a two-step workload (a prefill of sequence 1, then a mixed batch) on `be`; returns the
+// attention output of the mixed batch and leaves the caches in *kc, *vc.
+std::vector<float> RunAttention(Backend& be, const AttentionVariant& var, uint32_t seed,
+                                std::unique_ptr<HostKv>* kc, std::unique_ptr<HostKv>* vc,
+                                std::vector<float>* qv_out, std::vector<int32_t>* pos_out,
+                                std::vector<int32_t>* seq_out) {
+  std::mt19937 rng(seed);
+  AttentionParams p{var.n_heads,  var.n_kv_heads,
+                    var.head_dim, 1.f / std::sqrt(float(var.head_dim)),
+                    var.window,   var.softcap};
+  const int64_t kv_dim = int64_t{p.n_kv_heads} * p.head_dim;
+  const int bs = 4, n_blocks = 8;
+  *kc = std::make_unique<HostKv>(var.cache, n_blocks, bs, p.n_kv_heads, p.head_dim);
+  *vc = std::make_unique<HostKv>(var.cache, n_blocks, bs, p.n_kv_heads, p.head_dim);
+  // Garbage in unwritten slots must not be read (as INT8 scales, 0x7f7f7f7f is 3.4e38).
+  std::memset((*kc)->bytes.data(), 0x7f, (*kc)->bytes.size());
+  std::memset((*vc)->bytes.data(), 0x7f, (*vc)->bytes.size());
+  // Sequence 0: blocks {6, 2}; sequence 1: blocks {1, 7, 3}.
+  static const std::vector<int32_t> t0 = {6, 2}, t1 = {1, 7, 3};
+  // Step 1: a prefill of sequence 1 positions 0..8 (stored, no attention checked).
+  std::vector<int32_t> pre_pos, pre_seq;
+  for (int i = 0; i < 9; ++i) pre_pos.push_back(i), pre_seq.push_back(1);
+  KvBatch pre{pre_pos, pre_seq, {t0, t1}, bs};
+  HostTensor pk = F32(9, kv_dim, RandomVec(rng, 9 * kv_dim, 2.f));
+  HostTensor pv = F32(9, kv_dim, RandomVec(rng, 9 * kv_dim));
+  EXPECT_THAT(be.StoreKv(pk.t, pv.t, (*kc)->t, (*vc)->t, pre), IsOk());
+  // Step 2: a mixed batch: sequence 0 prefills positions 0..5, sequence 1 decodes 9 and 10.
+  *pos_out = {0, 1, 2, 9, 3, 4, 10, 5};
+  *seq_out = {0, 0, 0, 1, 0, 0, 1, 0};
+  KvBatch kv{*pos_out, *seq_out, {t0, t1}, bs};
+  const int64_t n = pos_out->size();
+  HostTensor k = F32(n, kv_dim, RandomVec(rng, n * kv_dim, 2.f));
+  HostTensor v = F32(n, kv_dim, RandomVec(rng, n * kv_dim));
+  EXPECT_THAT(be.StoreKv(k.t, v.t, (*kc)->t, (*vc)->t, kv), IsOk());
+  *qv_out = RandomVec(rng, n * p.n_heads * p.head_dim, 2.f);
+  HostTensor q = F32(n, int64_t{p.n_heads} * p.head_dim, *qv_out);
+  HostTensor out(DType::kF32, n, q.t.cols);
+  EXPECT_THAT(be.Attention(q.t, (*kc)->t, (*vc)->t, kv, p, out.t), IsOk());
+  // out may alias q.
+  EXPECT_THAT(be.Attention(q.t, (*kc)->t, (*vc)->t, kv, p, q.t), IsOk());
+  EXPECT_EQ(std::memcmp(q.t.data, out.t.data, out.t.bytes()), 0);
+  return std::vector<float>(out.f(), out.f() + out.t.numel());
+}
+
 TEST_P(CpuBackendTest, AttentionGqaTwoSequencesWindowSoftcap) {
-  struct Variant {
-    DType cache;
-    int head_dim, n_heads, n_kv_heads, window;
-    float softcap;
-  };
-  const std::vector<Variant> variants = {
-      {DType::kF32, 16, 4, 2, 0, 0.f}, {DType::kF16, 16, 4, 2, 0, 0.f},
-      {DType::kF32, 20, 6, 2, 3, 0.f}, {DType::kF16, 20, 6, 3, 3, 5.f},
-      {DType::kF32, 64, 8, 1, 0, 2.f}, {DType::kF32, 8, 2, 2, 1, 0.f},
-  };
-  for (const Variant& var : variants) {
-    SCOPED_TRACE(::testing::Message() << "cache " << int(var.cache) << " hd " << var.head_dim
-                                      << " heads " << var.n_heads << "/" << var.n_kv_heads
-                                      << " window " << var.window << " softcap " << var.softcap);
+  uint32_t seed = 1;
+  for (const AttentionVariant& var : AttentionVariants()) {
+    SCOPED_TRACE(::testing::Message() << "cache " << KvDTypeName(var.cache) << " hd "
+                                      << var.head_dim << " heads " << var.n_heads << "/"
+                                      << var.n_kv_heads << " window " << var.window << " softcap "
+                                      << var.softcap);
+    std::unique_ptr<HostKv> kc, vc;
+    std::vector<float> qv;
+    std::vector<int32_t> pos, seq;
+    const std::vector<float> out = RunAttention(*be_, var, seed++, &kc, &vc, &qv, &pos, &seq);
+    const std::vector<int32_t> t0 = {6, 2}, t1 = {1, 7, 3};
+    KvBatch kv{pos, seq, {t0, t1}, 4};
     AttentionParams p{var.n_heads,  var.n_kv_heads,
                       var.head_dim, 1.f / std::sqrt(float(var.head_dim)),
                       var.window,   var.softcap};
-    const int64_t kv_dim = int64_t{p.n_kv_heads} * p.head_dim;
-    const int bs = 4, n_blocks = 8;
-    HostTensor kc(var.cache, n_blocks * bs, kv_dim), vc(var.cache, n_blocks * bs, kv_dim);
-    std::memset(kc.t.data, 0x7f, kc.t.bytes());  // garbage in unwritten slots must not be read
-    std::memset(vc.t.data, 0x7f, vc.t.bytes());
-    // Sequence 0: blocks {6, 2}; sequence 1: blocks {1, 7, 3}.
-    const std::vector<int32_t> t0 = {6, 2}, t1 = {1, 7, 3};
-    // Step 1: a prefill of sequence 1 positions 0..8 (stored, no attention checked).
-    std::vector<int32_t> pre_pos, pre_seq;
-    for (int i = 0; i < 9; ++i) pre_pos.push_back(i), pre_seq.push_back(1);
-    KvBatch pre{pre_pos, pre_seq, {t0, t1}, bs};
-    HostTensor pk = F32(9, kv_dim, RandomVec(rng_, 9 * kv_dim, 2.f));
-    HostTensor pv = F32(9, kv_dim, RandomVec(rng_, 9 * kv_dim));
-    ASSERT_THAT(be_->StoreKv(pk.t, pv.t, kc.t, vc.t, pre), IsOk());
-    // Step 2: a mixed batch: sequence 0 prefills positions 0..5, sequence 1 decodes 9 and 10.
-    const std::vector<int32_t> pos = {0, 1, 2, 9, 3, 4, 10, 5};
-    const std::vector<int32_t> seq = {0, 0, 0, 1, 0, 0, 1, 0};
-    KvBatch kv{pos, seq, {t0, t1}, bs};
-    const int64_t n = pos.size();
-    HostTensor k = F32(n, kv_dim, RandomVec(rng_, n * kv_dim, 2.f));
-    HostTensor v = F32(n, kv_dim, RandomVec(rng_, n * kv_dim));
-    ASSERT_THAT(be_->StoreKv(k.t, v.t, kc.t, vc.t, kv), IsOk());
-    const std::vector<float> qv = RandomVec(rng_, n * p.n_heads * p.head_dim, 2.f);
-    HostTensor q = F32(n, int64_t{p.n_heads} * p.head_dim, qv);
-    HostTensor out(DType::kF32, n, q.t.cols);
-    ASSERT_THAT(be_->Attention(q.t, kc.t, vc.t, kv, p, out.t), IsOk());
-    const std::vector<double> ref = AttentionReference(qv, kc, vc, kv, p);
-    for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(out.f()[i], ref[i], 2e-5) << "i=" << i;
-    // out may alias q.
-    ASSERT_THAT(be_->Attention(q.t, kc.t, vc.t, kv, p, q.t), IsOk());
-    ASSERT_EQ(std::memcmp(q.t.data, out.t.data, out.t.bytes()), 0);
+    const std::vector<double> ref = AttentionReference(qv, *kc, *vc, kv, p);
+    ASSERT_EQ(ref.size(), out.size());
+    for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(out[i], ref[i], 2e-5) << "i=" << i;
+  }
+}
+
+// The AVX2 and the scalar kernel tables on the same INT8 workload: the stored caches are
+// bit-identical (quantization is exact in both) and the outputs agree to F32 rounding.
+TEST(CpuBackendInt8Test, SimdMatchesScalarOnInt8Kv) {
+  auto best = CreateCpuBackend({.threads = 2});
+  auto scalar = CreateCpuBackend({.threads = 2, .force_scalar = true});
+  int checked = 0;
+  uint32_t seed = 100;
+  for (const AttentionVariant& var : AttentionVariants()) {
+    if (var.cache != KvDType::kI8) continue;
+    SCOPED_TRACE(::testing::Message() << "hd " << var.head_dim << " heads " << var.n_heads << "/"
+                                      << var.n_kv_heads);
+    std::unique_ptr<HostKv> kc_a, vc_a, kc_b, vc_b;
+    std::vector<float> qv;
+    std::vector<int32_t> pos, seq;
+    const std::vector<float> a = RunAttention(*best, var, seed, &kc_a, &vc_a, &qv, &pos, &seq);
+    const std::vector<float> b = RunAttention(*scalar, var, seed, &kc_b, &vc_b, &qv, &pos, &seq);
+    ++seed;
+    ASSERT_EQ(kc_a->bytes, kc_b->bytes);
+    ASSERT_EQ(vc_a->bytes, vc_b->bytes);
+    ASSERT_EQ(a.size(), b.size());
+    double max_abs = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_NEAR(a[i], b[i], 1e-5) << "i=" << i;
+      max_abs = std::max<double>(max_abs, std::fabs(a[i]));
+    }
+    EXPECT_GT(max_abs, 0.1);  // not trivially zero
+    ++checked;
+  }
+  EXPECT_EQ(checked, 5);
+}
+
+// INT8 attention against F32 attention on the same K/V: the quantization error of the cache,
+// not a broken dequantization, is the only difference. Bounds from the step size: keys/values
+// ~N(0, s) over head_dim 64 have max|x| ~ 2.5 s, so each element is off by <= 2.5 s / 254
+// (~1%), and the outputs (convex sums of V) move by about that.
+TEST(CpuBackendInt8Test, Int8AttentionCloseToF32) {
+  auto be = CreateCpuBackend({.threads = 2});
+  for (int hd : {64, 256}) {
+    SCOPED_TRACE(hd);
+    AttentionVariant f32{KvDType::kF32, hd, 8, 2, 0, 0.f};
+    AttentionVariant i8 = f32;
+    i8.cache = KvDType::kI8;
+    std::unique_ptr<HostKv> kc, vc;
+    std::vector<float> qv;
+    std::vector<int32_t> pos, seq;
+    const std::vector<float> a = RunAttention(*be, f32, 7, &kc, &vc, &qv, &pos, &seq);
+    const std::vector<float> b = RunAttention(*be, i8, 7, &kc, &vc, &qv, &pos, &seq);
+    double num = 0, den = 0, max_err = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      num += double(a[i] - b[i]) * (a[i] - b[i]);
+      den += double(a[i]) * a[i];
+      max_err = std::max<double>(max_err, std::fabs(a[i] - b[i]));
+    }
+    const double rel = std::sqrt(num / den);
+    EXPECT_GT(rel, 1e-5) << "int8 cache gives f32 results: not quantized?";
+    EXPECT_LT(rel, 0.03);
+    EXPECT_LT(max_err, 0.1);
   }
 }
 
@@ -632,7 +811,7 @@ TEST_P(CpuBackendTest, AttentionWindowAndSoftcapChangeResults) {
   // The same inputs with and without window/softcap must differ (the options are not ignored).
   AttentionParams p{2, 1, 8, 1.f, 0, 0.f};
   const int bs = 4;
-  HostTensor kc(DType::kF32, 8, 8), vc(DType::kF32, 8, 8);
+  HostKv kc(KvDType::kF32, 2, bs, 1, 8), vc(KvDType::kF32, 2, bs, 1, 8);
   const std::vector<int32_t> table = {0, 1};
   std::vector<int32_t> pos(6), seq(6, 0);
   for (int i = 0; i < 6; ++i) pos[i] = i;
@@ -666,8 +845,8 @@ TEST_P(CpuBackendTest, AttentionWindowAndSoftcapChangeResults) {
 
 TEST_P(CpuBackendTest, AttentionValidation) {
   AttentionParams p{4, 2, 8, 0.3f, 0, 0.f};
-  HostTensor kc(DType::kF32, 8, 16), vc(DType::kF32, 8, 16), q(DType::kF32, 1, 32),
-      out(DType::kF32, 1, 32);
+  HostKv kc(KvDType::kF32, 2, 4, 2, 8), vc(KvDType::kF32, 2, 4, 2, 8);
+  HostTensor q(DType::kF32, 1, 32), out(DType::kF32, 1, 32);
   const std::vector<int32_t> table = {0, 1}, pos = {5}, seq = {0};
   KvBatch kv{pos, seq, {table}, 4};
   EXPECT_THAT(be_->Attention(q.t, kc.t, vc.t, kv, p, out.t), IsOk());
@@ -683,13 +862,21 @@ TEST_P(CpuBackendTest, AttentionValidation) {
   KvBatch kv_far{far, seq, {table}, 4};
   EXPECT_THAT(be_->Attention(q.t, kc.t, vc.t, kv_far, p, out.t),
               StatusIs(absl::StatusCode::kInvalidArgument));
-  const std::vector<int32_t> table_out = {0, 2};  // block 2 is past the 8-row cache
+  const std::vector<int32_t> table_out = {0, 2};  // block 2 is past the 2-block cache
   KvBatch kv_out{pos, seq, {table_out}, 4};
   EXPECT_THAT(be_->Attention(q.t, kc.t, vc.t, kv_out, p, out.t),
               StatusIs(absl::StatusCode::kInvalidArgument));
-  HostTensor kb(DType::kBF16, 8, 16);
+  KvBatch kv_bs = kv;
+  kv_bs.block_size = 8;
+  EXPECT_THAT(be_->Attention(q.t, kc.t, vc.t, kv_bs, p, out.t),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  HostKv kb(KvDType::kF32, 2, 4, 2, 8);
+  kb.t.type = static_cast<KvDType>(9);
   EXPECT_THAT(be_->Attention(q.t, kb.t, vc.t, kv, p, out.t),
               StatusIs(absl::StatusCode::kUnimplemented));
+  HostKv k8(KvDType::kI8, 2, 4, 1, 16);  // same bytes per row, other head shape
+  EXPECT_THAT(be_->Attention(q.t, k8.t, vc.t, kv, p, out.t),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   HostTensor out_bad(DType::kF32, 2, 32);
   EXPECT_THAT(be_->Attention(q.t, kc.t, vc.t, kv, p, out_bad.t),
               StatusIs(absl::StatusCode::kInvalidArgument));

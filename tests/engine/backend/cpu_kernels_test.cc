@@ -10,7 +10,9 @@
 // within 2 ulps, plus division and product).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -197,6 +199,8 @@ Rows MakeRows(GemmType type, const std::vector<float>& src, int rows, int64_t k)
       case GemmType::kQ4_K:
       case GemmType::kQ5_K:
       case GemmType::kQ6_K:
+      case GemmType::kW8A8:  // pd_format_kernels_test.cc
+      case GemmType::kW4A16:
         ADD_FAILURE() << "MakeRows handles the same-type tiles only";
         break;
     }
@@ -307,6 +311,81 @@ TEST_F(KernelsTest, AttentionRowKernels) {
       ASSERT_NEAR(ya[i], r, t) << n << " " << i;
       ASSERT_NEAR(yhs[i], rh, th) << n << " " << i;
       ASSERT_NEAR(yha[i], rh, th) << n << " " << i;
+    }
+  }
+}
+
+// INT8 KV quantization (kernels.h, engine/backend/kv_layout.h): bit-exact between the tables, and
+// a round trip within half a step: |x - scale * q| <= scale / 2 (ties go to even, so equality is
+// possible; the 1.0001 allows the rounding of x * (1 / scale)). A million values over lengths with
+// SIMD tails, magnitudes from 1e-30 to 1e30, all-zero heads, and one huge outlier per head.
+TEST_F(KernelsTest, QuantizeKvI8BitExactAndRoundTrip) {
+  int64_t values = 0;
+  std::uniform_real_distribution<float> log_mag(-30.f, 30.f);
+  while (values < 1000000) {
+    for (int64_t n : kLengths) {
+      if (n == 0) continue;
+      std::vector<float> x = Random(n, std::pow(10.f, log_mag(rng_)));
+      if (values % 7 == 0) x[values % n] *= 1000.f;  // an outlier sets the scale
+      if (values % 11 == 0) std::fill(x.begin(), x.end(), 0.f);
+      std::vector<int8_t> qs(n), qa(n);
+      const float ds = s_.quantize_kv_i8(x.data(), qs.data(), n);
+      const float da = avx2_->quantize_kv_i8(x.data(), qa.data(), n);
+      ASSERT_EQ(BitsFromFp32(ds), BitsFromFp32(da)) << n;
+      ASSERT_EQ(qs, qa) << n;
+      float amax = 0.f;
+      for (float v : x) amax = std::max(amax, std::fabs(v));
+      ASSERT_EQ(ds, amax / 127.f);
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_GE(qs[i], -127);
+        ASSERT_NEAR(double{ds} * qs[i], x[i], 0.5 * double{ds} * 1.0001) << n << " " << i;
+      }
+      if (amax > 0.f) {
+        // The largest magnitude maps to +-127 exactly.
+        const int64_t arg = std::max_element(x.begin(), x.end(), [](float a, float b) {
+                              return std::fabs(a) < std::fabs(b);
+                            }) - x.begin();
+        ASSERT_EQ(std::abs(int{qs[arg]}), 127);
+      } else {
+        ASSERT_EQ(qs, std::vector<int8_t>(n, 0));
+      }
+      values += n;
+    }
+  }
+  // Ties round half to even in both tables: 0.5, 1.5, 2.5 steps -> 0, 2, 2.
+  std::vector<float> ties = {127.f, 0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 3.f};
+  ties.resize(40, 0.25f);
+  std::vector<int8_t> qs(ties.size()), qa(ties.size());
+  EXPECT_EQ(s_.quantize_kv_i8(ties.data(), qs.data(), ties.size()), 1.f);
+  EXPECT_EQ(avx2_->quantize_kv_i8(ties.data(), qa.data(), ties.size()), 1.f);
+  EXPECT_EQ(qs, qa);
+  EXPECT_EQ(std::vector<int8_t>(qs.begin(), qs.begin() + 8),
+            (std::vector<int8_t>{127, 0, 2, 2, 0, -2, -2, 3}));
+}
+
+TEST_F(KernelsTest, Int8AttentionRowKernels) {
+  std::uniform_int_distribution<int> qd(-127, 127);
+  for (int64_t n : kLengths) {
+    std::vector<int8_t> a(n);
+    for (int8_t& v : a) v = static_cast<int8_t>(qd(rng_));
+    std::vector<float> b = Random(n);
+    double ref = 0, abs_sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      ref += static_cast<double>(a[i]) * b[i];
+      abs_sum += std::fabs(static_cast<double>(a[i]) * b[i]);
+    }
+    const double tol = 8 * std::sqrt(double(n)) * 0x1p-24 * abs_sum + 1e-30;
+    EXPECT_NEAR(s_.dot_i8_f32(a.data(), b.data(), n), ref, tol) << n;
+    EXPECT_NEAR(avx2_->dot_i8_f32(a.data(), b.data(), n), ref, tol) << n;
+    const float alpha = 0.0037f;
+    std::vector<float> ys = b, ya = b;
+    s_.axpy_i8(alpha, a.data(), ys.data(), n);
+    avx2_->axpy_i8(alpha, a.data(), ya.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      const double r = b[i] + double{alpha} * a[i];
+      const double t = 0x1p-23 * (std::fabs(b[i]) + std::fabs(alpha * a[i])) + 1e-38;
+      ASSERT_NEAR(ys[i], r, t) << n << " " << i;
+      ASSERT_NEAR(ya[i], r, t) << n << " " << i;
     }
   }
 }

@@ -367,6 +367,25 @@ TEST_F(CudaBackendTest, UnimplementedOpsSayUnimplemented) {
   PD_EXPECT_OK(cuda_->Synchronize());
 }
 
+// No KV kernels yet: StoreKv and Attention refuse every cache type, and name INT8 when asked
+// for it (the CPU backend runs INT8 KV; a caller should learn the type is what is missing here).
+TEST_F(CudaBackendTest, KvOpsSayUnimplementedAndNameInt8) {
+  Owned q = Put(*cuda_, DType::kF32, 1, 64, nullptr);
+  Owned kv = Put(*cuda_, DType::kF32, 1, 64, nullptr);
+  Owned out = Put(*cuda_, DType::kF32, 1, 64, nullptr);
+  auto cache = cuda_->Allocate(4096);
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  KvTensor c{KvDType::kI8, 1, 64, 4, 2, (*cache)->data()};
+  const std::vector<int32_t> table = {0}, pos = {0}, seq = {0};
+  KvBatch b{pos, seq, {table}, 4};
+  AttentionParams p{1, 1, 64, 0.125f, 0, 0.f};
+  constexpr absl::StatusCode kUnimplemented = absl::StatusCode::kUnimplemented;
+  EXPECT_THAT(cuda_->StoreKv(kv.t, kv.t, c, c, b), StatusIs(kUnimplemented, "int8 KV"));
+  EXPECT_THAT(cuda_->Attention(q.t, c, c, b, p, out.t), StatusIs(kUnimplemented, "int8 KV"));
+  c.type = KvDType::kF16;
+  EXPECT_THAT(cuda_->Attention(q.t, c, c, b, p, out.t), StatusIs(kUnimplemented, "Attention"));
+}
+
 // ---- timing (only with PD_CUDA_BENCH=1) --------------------------------------------------------
 
 // Host wall time per op, averaged over `iters` ops enqueued back to back and one Synchronize():

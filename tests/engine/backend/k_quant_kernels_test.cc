@@ -1,4 +1,4 @@
-// MatMul kernels for Q4_0 (x Q8_0) and the k-quants Q2_K .. Q6_K (x Q8_K): the AVX2 tiles against
+// MatMul kernels for Q4_0 and Q5_0 (x Q8_0) and the k-quants Q2_K .. Q6_K (x Q8_K): the AVX2 tiles against
 // their scalar twins and both against double-precision references, plus the Q8_K activation
 // quantizer and MatMul through the CPU backend.
 //
@@ -53,6 +53,7 @@ const Format kFormats[] = {
     {DType::kQ4_0, GemmType::kQ4_0, DType::kQ8_0}, {DType::kQ2_K, GemmType::kQ2_K, DType::kQ8_K},
     {DType::kQ3_K, GemmType::kQ3_K, DType::kQ8_K}, {DType::kQ4_K, GemmType::kQ4_K, DType::kQ8_K},
     {DType::kQ5_K, GemmType::kQ5_K, DType::kQ8_K}, {DType::kQ6_K, GemmType::kQ6_K, DType::kQ8_K},
+    {DType::kQ5_0, GemmType::kQ5_0, DType::kQ8_0},
 };
 
 std::string Name(DType t) { return std::string(Traits(t).name); }
@@ -64,6 +65,7 @@ struct ScaleFields {
 ScaleFields FieldsOf(DType t) {
   switch (t) {
     case DType::kQ4_0: return {0, -1};
+    case DType::kQ5_0: return {0, -1};
     case DType::kQ2_K: return {80, 82};
     case DType::kQ3_K: return {108, -1};
     case DType::kQ4_K: return {0, 2};
@@ -551,6 +553,7 @@ TEST_P(KQuantMatMulTest, CloseToUnquantizedProduct) {
     const double bound = f.type == DType::kQ2_K   ? 0.45
                          : f.type == DType::kQ3_K ? 0.25
                          : f.type == DType::kQ4_0 ? 0.15
+                         : f.type == DType::kQ5_0 ? 0.08
                          : f.type == DType::kQ4_K ? 0.12
                          : f.type == DType::kQ5_K ? 0.06
                                                   : 0.035;

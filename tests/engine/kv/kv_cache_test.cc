@@ -1,8 +1,11 @@
 #include "engine/kv/kv_cache.h"
 
-#include <set>
-
 #include <gtest/gtest.h>
+
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "common/status_matchers.h"
 
@@ -18,7 +21,7 @@ KvCacheOptions Small(int blocks) {
   o.head_dim = 8;
   o.block_size = 4;
   o.n_blocks = blocks;
-  o.dtype = DType::kF16;
+  o.dtype = KvDType::kF16;
   return o;
 }
 
@@ -66,13 +69,139 @@ TEST(KvCacheTest, SizesAndValidation) {
   EXPECT_EQ(KvCache::BytesFor(o), 2u * 2 * 8 * 4 * 16 * 2);
   auto kv = KvCache::Create(o, *backend);
   PD_ASSERT_OK(kv);
-  EXPECT_EQ((*kv)->k(1).rows, 32);
-  EXPECT_EQ((*kv)->k(1).cols, 16);
+  EXPECT_EQ((*kv)->k(1).slots(), 32);
+  EXPECT_EQ((*kv)->k(1).row_elems(), 16);
+  EXPECT_EQ((*kv)->k(1).bytes(), 8u * 4 * 16 * 2);
   o.n_blocks = 0;
   EXPECT_THAT(KvCache::Create(o, *backend), StatusIs(absl::StatusCode::kInvalidArgument));
   o = Small(8);
-  o.dtype = DType::kQ8_0;
+  o.dtype = static_cast<KvDType>(5);
   EXPECT_THAT(KvCache::Create(o, *backend), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// The byte counts of kv_layout.h, and the ratio docs/kv_cache.md states: INT8 with an F32 scale
+// per token and head is (head_dim + 4) / (2 * head_dim) of F16.
+TEST(KvCacheTest, BlockBytesPerType) {
+  KvCacheOptions o = Small(8);  // 4 slots x 2 heads x 8
+  o.dtype = KvDType::kF32;
+  EXPECT_EQ(KvCache::BlockBytesFor(o).values, 4u * 2 * 8 * 4);
+  EXPECT_EQ(KvCache::BlockBytesFor(o).scales, 0u);
+  o.dtype = KvDType::kF16;
+  EXPECT_EQ(KvCache::BlockBytesFor(o).span(), 4u * 2 * 8 * 2);
+  o.dtype = KvDType::kI8;
+  EXPECT_EQ(KvCache::BlockBytesFor(o).values, 4u * 2 * 8);
+  EXPECT_EQ(KvCache::BlockBytesFor(o).scales, 4u * 2 * 4);
+  EXPECT_EQ(KvCache::BlockBytesFor(o).per_layer(), 2u * (64 + 32));
+  EXPECT_EQ(KvCache::BytesFor(o), 2u * 8 * 2 * (64 + 32));
+
+  // Gemma 3 270M: 1 kv head of 256, blocks of 16.
+  KvCacheOptions g{.n_layer = 18,
+                   .n_kv_heads = 1,
+                   .head_dim = 256,
+                   .block_size = 16,
+                   .n_blocks = 256,
+                   .dtype = KvDType::kF16};
+  const size_t f16 = KvCache::BytesFor(g);
+  g.dtype = KvDType::kI8;
+  const size_t i8 = KvCache::BytesFor(g);
+  EXPECT_EQ(i8 * 512, f16 * 260);  // 0.508
+  EXPECT_EQ(KvCache::BlockBytesFor(g).span(), 16u * (256 + 4));
+}
+
+// Host memory of a given size filled with a recognizable pattern.
+std::vector<uint8_t> Pattern(size_t n, int seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(i * 31 + seed * 7 + 1);
+  return v;
+}
+
+TEST(KvCacheTest, ExportSpansNameEachBlockOfTheSequence) {
+  for (KvDType t : {KvDType::kF16, KvDType::kF32, KvDType::kI8}) {
+    SCOPED_TRACE(KvDTypeName(t));
+    auto backend = CreateCpuBackend();
+    KvCacheOptions o = Small(8);
+    o.dtype = t;
+    auto kv = KvCache::Create(o, *backend);
+    PD_ASSERT_OK(kv);
+    KvCache& c = **kv;
+    PD_ASSERT_OK(c.Reserve(3, 4));  // block 7
+    PD_ASSERT_OK(c.Reserve(9, 9));  // blocks 6, 5, 4
+    const size_t span = c.BlockBytes().span();
+    auto spans = c.ExportSpans(9, 1);
+    PD_ASSERT_OK(spans);
+    ASSERT_EQ(spans->size(), 6u);
+    for (size_t i = 0; i < spans->size(); ++i) {
+      const KvSpan& s = (*spans)[i];
+      EXPECT_EQ(s.layer, 1);
+      EXPECT_EQ(s.block_index, static_cast<int>(i / 2));
+      EXPECT_EQ(s.part, i % 2 == 0 ? KvPart::kK : KvPart::kV);
+      EXPECT_EQ(s.bytes, span);
+      const KvTensor& lt = s.part == KvPart::kK ? c.k(1) : c.v(1);
+      const int32_t block = c.BlockTable(9)[s.block_index];
+      EXPECT_EQ(s.data, static_cast<char*>(lt.data) + block * span);
+      // The span holds the block's values and, for INT8, its scales.
+      EXPECT_EQ(s.data, lt.values(int64_t{block} * o.block_size, 0));
+      if (t == KvDType::kI8) {
+        EXPECT_EQ(lt.scale(int64_t{block} * o.block_size + o.block_size - 1, o.n_kv_heads - 1) +
+                      sizeof(float),
+                  static_cast<char*>(s.data) + span);
+      }
+    }
+    // Export copies exactly those bytes; Import writes them.
+    const std::vector<uint8_t> data = Pattern(span, 1);
+    PD_ASSERT_OK(c.Import(9, 1, 2, KvPart::kV, data.data(), data.size()));
+    EXPECT_EQ(std::memcmp((*spans)[5].data, data.data(), span), 0);
+    std::vector<uint8_t> back(span);
+    PD_ASSERT_OK(c.Export(9, 1, 2, KvPart::kV, back.data(), back.size()));
+    EXPECT_EQ(back, data);
+    // Nothing else changed: the K block and other layers are still zero.
+    PD_ASSERT_OK(c.Export(9, 1, 2, KvPart::kK, back.data(), back.size()));
+    EXPECT_EQ(back, std::vector<uint8_t>(span, 0));
+    PD_ASSERT_OK(c.Export(9, 0, 2, KvPart::kV, back.data(), back.size()));
+    EXPECT_EQ(back, std::vector<uint8_t>(span, 0));
+  }
+}
+
+TEST(KvCacheTest, ExportImportErrors) {
+  auto backend = CreateCpuBackend();
+  KvCacheOptions o = Small(8);
+  o.dtype = KvDType::kI8;
+  auto kv = KvCache::Create(o, *backend);
+  PD_ASSERT_OK(kv);
+  KvCache& c = **kv;
+  PD_ASSERT_OK(c.Reserve(1, 8));  // 2 blocks
+  const size_t span = c.BlockBytes().span();
+  std::vector<uint8_t> buf(span + 1);
+  EXPECT_THAT(c.ExportSpans(2, 0), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(c.ExportSpans(1, 2), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(c.ExportSpans(1, -1), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(c.Import(2, 0, 0, KvPart::kK, buf.data(), span),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(c.Import(1, 0, 2, KvPart::kK, buf.data(), span),
+              StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(c.Import(1, 0, -1, KvPart::kK, buf.data(), span),
+              StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(c.Import(1, 2, 0, KvPart::kK, buf.data(), span),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  // A size mismatch names both sizes: an F16 block (no scales) sent to an INT8 cache.
+  const absl::Status wrong = c.Import(1, 0, 0, KvPart::kV, buf.data(), span + 1);
+  EXPECT_THAT(wrong, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_NE(std::string(wrong.message()).find(std::to_string(span + 1)), std::string::npos)
+      << wrong;
+  EXPECT_NE(std::string(wrong.message()).find(std::to_string(span)), std::string::npos) << wrong;
+  EXPECT_THAT(c.Import(1, 0, 0, KvPart::kV, buf.data(), 4 * 2 * 8 * 2),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(c.Export(1, 0, 0, KvPart::kV, buf.data(), span - 1),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(c.Import(1, 0, 0, KvPart::kV, nullptr, span),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  // After Free the sequence is unknown and its blocks are back on the free list.
+  EXPECT_EQ(c.free_blocks(), 6);
+  c.Free(1);
+  EXPECT_EQ(c.free_blocks(), 8);
+  EXPECT_THAT(c.ExportSpans(1, 0), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(c.Import(1, 0, 0, KvPart::kK, buf.data(), span),
+              StatusIs(absl::StatusCode::kNotFound));
 }
 
 }  // namespace

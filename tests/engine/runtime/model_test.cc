@@ -28,7 +28,7 @@ struct Fixture {
   std::unique_ptr<KvCache> kv;
 };
 
-std::unique_ptr<Fixture> Make(const TinyModelSpec& spec, DType kv_type = DType::kF32,
+std::unique_ptr<Fixture> Make(const TinyModelSpec& spec, KvDType kv_type = KvDType::kF32,
                               int blocks = 64) {
   auto f = std::make_unique<Fixture>();
   f->bytes = testing::TinyModel(spec);
@@ -182,7 +182,7 @@ TEST(ModelErrorsTest, BadBatchesAreRefused) {
 }
 
 TEST(ModelErrorsTest, GenerateRefusesOversizedRequestAndKeepsNoBlocks) {
-  auto f = Make(TinyModelSpec{}, DType::kF16, /*blocks=*/4);  // 16 tokens
+  auto f = Make(TinyModelSpec{}, KvDType::kF16, /*blocks=*/4);  // 16 tokens
   GenerateOptions o;
   o.max_tokens = 10;
   o.sampling = SamplingParams::Greedy();
