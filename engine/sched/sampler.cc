@@ -40,16 +40,38 @@ SamplingParams SamplingParams::Greedy() {
   return p;
 }
 
+int32_t ArgMax(absl::Span<const float> logits) {
+  constexpr int kLanes = 16;  // independent maxima: the compiler keeps them in vector registers
+  float m[kLanes];
+  for (float& v : m) v = -std::numeric_limits<float>::infinity();
+  const size_t n = logits.size();
+  const float* x = logits.data();
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) m[j] = x[i + j] > m[j] ? x[i + j] : m[j];
+  }
+  float best = -std::numeric_limits<float>::infinity();
+  for (; i < n; ++i) best = x[i] > best ? x[i] : best;
+  for (float v : m) best = v > best ? v : best;
+  for (size_t j = 0; j < n; ++j) {
+    if (x[j] == best) return static_cast<int32_t>(j);
+  }
+  return 0;
+}
+
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
 
 int32_t Sampler::Sample(absl::Span<const float> logits, absl::Span<const int32_t> history) {
   PD_CHECK(!logits.empty());
   const int32_t n_vocab = static_cast<int32_t>(logits.size());
+  const bool penalize =
+      params_.repetition_penalty != 1.0f && params_.penalty_last_n > 0 && !history.empty();
+  if (params_.temperature <= 0 && !penalize) return ArgMax(logits);  // greedy, no copies
   cand_.resize(logits.size());
   for (int32_t i = 0; i < n_vocab; ++i) cand_[i] = {i, logits[i]};
 
   // Repetition penalty (CTRL-style): positive logits divided, negative multiplied.
-  if (params_.repetition_penalty != 1.0f && params_.penalty_last_n > 0 && !history.empty()) {
+  if (penalize) {
     const size_t n = std::min<size_t>(history.size(), params_.penalty_last_n);
     std::unordered_set<int32_t> seen(history.end() - n, history.end());
     for (int32_t id : seen) {

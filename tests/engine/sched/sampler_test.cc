@@ -23,6 +23,21 @@ TEST(SamplerTest, GreedyPicksArgmaxAndLowestIdOnTies) {
   EXPECT_EQ(s.Sample(l2, {}), 2);
 }
 
+TEST(SamplerTest, ArgMaxMatchesAScanAtEveryLengthAndPosition) {
+  // Lengths around the 16-lane blocks; the maximum (twice, for ties) anywhere.
+  for (int n = 1; n <= 70; ++n) {
+    for (int at = 0; at < n; ++at) {
+      std::vector<float> x(n);
+      for (int i = 0; i < n; ++i) x[i] = std::sin(0.7f * i) - 2.f;
+      x[at] = 5.f;
+      if (at + 17 < n) x[at + 17] = 5.f;  // a tie in another lane: the lower index wins
+      ASSERT_EQ(ArgMax(x), at) << n << " " << at;
+    }
+  }
+  EXPECT_EQ(ArgMax(Logits({-INFINITY, -INFINITY})), 0);
+  EXPECT_EQ(ArgMax(Logits({NAN, 1.f, NAN})), 1);
+}
+
 TEST(SamplerTest, RepetitionPenaltyChangesGreedyChoice) {
   SamplingParams p = SamplingParams::Greedy();
   p.repetition_penalty = 2.0f;

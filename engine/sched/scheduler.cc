@@ -1,0 +1,716 @@
+#include "engine/sched/scheduler.h"
+
+#include <algorithm>
+#include <climits>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "common/strings.h"
+
+namespace pd::engine {
+
+// A request inside the engine. Owned by waiting_ or running_; touched by the engine thread only.
+struct Scheduler::Sequence {
+  Sequence(Incoming in, int64_t kv_seq)
+      : id(std::move(in.request.id)),
+        kv_id(kv_seq),
+        sink(std::move(in.sink)),
+        tokens(std::move(in.request.prompt)),
+        n_prompt(static_cast<int>(tokens.size())),
+        max_tokens(in.request.max_tokens),
+        stop(std::move(in.request.stop_token_ids)),
+        priority(in.request.priority),
+        deadline(in.request.deadline),
+        arrival_order(in.arrival_order),
+        sampler(in.request.sampling) {
+    timing.arrival = in.arrival;
+    timing.first_scheduled = absl::InfinitePast();
+    timing.first_token = absl::InfinitePast();
+    timing.finished = absl::InfinitePast();
+  }
+
+  int remaining() const { return static_cast<int>(tokens.size()) - n_computed; }
+  // Its next work is one decode token (as opposed to a prompt or recompute chunk).
+  bool decoding() const { return n_generated > 0 && remaining() == 1; }
+
+  const std::string id;
+  const int64_t kv_id;  // sequence id in the KvCache
+  const std::shared_ptr<GenerationSink> sink;
+  std::vector<int32_t> tokens;  // prompt + generated: the sampler's history, the recompute input
+  const int n_prompt;
+  const int max_tokens;
+  const absl::flat_hash_set<int32_t> stop;
+  const int priority;
+  const absl::Time deadline;
+  const int64_t arrival_order;
+  Sampler sampler;  // keeps its RNG state across preemptions
+  RequestTiming timing;
+
+  int n_generated = 0;
+  int n_computed = 0;      // tokens whose K/V are in the cache
+  bool running = false;    // holds KV (in running_)
+  bool importing = false;  // holds KV (in importing_), its prompt's K/V arriving from outside
+  int64_t admission = -1;  // order of its latest admission
+  int64_t preempted_step = -1;
+  int planned = 0;  // tokens in the batch being built
+  bool planned_prefill = false;
+};
+
+struct Scheduler::Event {
+  std::shared_ptr<GenerationSink> sink;
+  std::vector<int32_t> tokens;  // OnTokens unless finish
+  bool finish = false;
+  FinishInfo info;
+};
+
+absl::Status SchedulerOptions::Validate() const {
+  auto bad = [](const char* field, auto value, const char* want) {
+    return absl::InvalidArgumentError(
+        pd::StrCat("SchedulerOptions.", field, " must be ", want, ", got ", value));
+  };
+  if (kv_blocks < 0) return bad("kv_blocks", kv_blocks, ">= 0");
+  if (kv_blocks == 0 && kv_bytes <= 0) return bad("kv_bytes", kv_bytes, "> 0 when kv_blocks is 0");
+  if (block_size < 1) return bad("block_size", block_size, ">= 1");
+  if (max_running_seqs < 1) return bad("max_running_seqs", max_running_seqs, ">= 1");
+  if (max_waiting < 1) return bad("max_waiting", max_waiting, ">= 1");
+  if (max_total_tokens < 0) return bad("max_total_tokens", max_total_tokens, ">= 0");
+  if (token_budget < max_running_seqs) {
+    return bad("token_budget", token_budget, ">= max_running_seqs");
+  }
+  if (prefill_chunk < 1) return bad("prefill_chunk", prefill_chunk, ">= 1");
+  if (max_context < 0) return bad("max_context", max_context, ">= 0");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(Model& model,
+                                                             const SchedulerOptions& options) {
+  return CreateImpl(model, nullptr, options);
+}
+
+absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(std::unique_ptr<Model> model,
+                                                             const SchedulerOptions& options) {
+  if (model == nullptr) return absl::InvalidArgumentError("Scheduler::Create: model is null");
+  Model& ref = *model;
+  return CreateImpl(ref, std::move(model), options);
+}
+
+absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::CreateImpl(Model& model,
+                                                                 std::unique_ptr<Model> owned,
+                                                                 const SchedulerOptions& options) {
+  PD_RETURN_IF_ERROR(options.Validate());
+  KvCacheOptions kvo = model.KvOptions(1, options.kv_dtype, options.block_size);
+  int64_t n_blocks = options.kv_blocks;
+  if (n_blocks == 0) {
+    const size_t per_block = KvCache::BytesFor(kvo);
+    n_blocks = std::min<int64_t>(options.kv_bytes / static_cast<int64_t>(per_block), INT_MAX);
+    if (n_blocks < 1) {
+      return absl::InvalidArgumentError(pd::StrCat("SchedulerOptions.kv_bytes (", options.kv_bytes,
+                                                   ") is below one KV block (", per_block,
+                                                   " bytes)"));
+    }
+  }
+  kvo.n_blocks = static_cast<int>(n_blocks);
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> kv, KvCache::Create(kvo, model.backend()));
+  const int64_t capacity = int64_t{kvo.n_blocks} * kvo.block_size;
+  int64_t context = options.max_context > 0 ? options.max_context : model.config().n_ctx_train;
+  if (context <= 0) context = capacity;
+  context = std::min({context, capacity, int64_t{INT_MAX}});
+  if (options.max_total_tokens > 0 && options.max_total_tokens < context) {
+    return absl::InvalidArgumentError(pd::StrCat(
+        "SchedulerOptions.max_total_tokens (", options.max_total_tokens, ") is below the context (",
+        context, " tokens): a full-length request could never run"));
+  }
+  std::unique_ptr<Scheduler> s(
+      new Scheduler(model, std::move(owned), options, std::move(kv), static_cast<int>(context)));
+  if (options.run_thread) s->thread_ = std::thread([p = s.get()] { p->Loop(); });
+  return s;
+}
+
+Scheduler::Scheduler(Model& model, std::unique_ptr<Model> owned, const SchedulerOptions& options,
+                     std::unique_ptr<KvCache> kv, int max_context)
+    : model_(model),
+      owned_model_(std::move(owned)),
+      options_(options),
+      max_context_(max_context),
+      n_vocab_(model.config().n_vocab),
+      kv_blocks_total_(kv->total_blocks()),
+      block_size_(kv->options().block_size),
+      kv_(std::move(kv)) {
+  absl::MutexLock l(&mu_);
+  engine_load_.kv_blocks_total = kv_blocks_total_;
+  engine_load_.kv_blocks_free = kv_->free_blocks();
+  engine_load_.kv_block_size = block_size_;
+}
+
+Scheduler::~Scheduler() { Shutdown(); }
+
+absl::Status Scheduler::ValidateRequest(const GenerationRequest& r,
+                                        const GenerationSink* sink) const {
+  if (sink == nullptr) return absl::InvalidArgumentError("sink must not be null");
+  if (r.id.empty()) return absl::InvalidArgumentError("id must not be empty");
+  if (r.prompt.empty()) return absl::InvalidArgumentError("prompt must not be empty");
+  for (size_t i = 0; i < r.prompt.size(); ++i) {
+    if (r.prompt[i] < 0 || r.prompt[i] >= n_vocab_) {
+      return absl::InvalidArgumentError(pd::StrCat("prompt[", i, "] = ", r.prompt[i],
+                                                   " is outside the vocabulary of ", n_vocab_,
+                                                   " tokens"));
+    }
+  }
+  if (r.max_tokens < 1) {
+    return absl::InvalidArgumentError(pd::StrCat("max_tokens must be >= 1, got ", r.max_tokens));
+  }
+  if (static_cast<int64_t>(r.prompt.size()) + r.max_tokens > max_context_) {
+    return absl::InvalidArgumentError(
+        pd::StrCat("prompt (", r.prompt.size(), " tokens) + max_tokens (", r.max_tokens,
+                   ") exceeds the context of ", max_context_, " tokens"));
+  }
+  absl::Status s = r.sampling.Validate();
+  if (!s.ok()) return absl::InvalidArgumentError(pd::StrCat("sampling.", s.message()));
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::Submit(GenerationRequest request, std::shared_ptr<GenerationSink> sink) {
+  return Accept(std::move(request), std::move(sink), nullptr);
+}
+
+absl::Status Scheduler::SubmitImport(GenerationRequest request,
+                                     std::shared_ptr<GenerationSink> sink,
+                                     ImportReserved on_reserved) {
+  if (!on_reserved) return absl::InvalidArgumentError("on_reserved: must not be empty");
+  return Accept(std::move(request), std::move(sink), std::move(on_reserved));
+}
+
+void Scheduler::PostImport(const std::string& id, ImportTask task) {
+  absl::MutexLock l(&mu_);
+  import_tasks_.emplace_back(id, std::move(task));
+  wake_.Signal();
+}
+
+void Scheduler::CompleteImport(const std::string& id, absl::StatusOr<int32_t> first_token) {
+  absl::MutexLock l(&mu_);
+  import_done_.emplace_back(id, std::move(first_token));
+  wake_.Signal();
+}
+
+absl::Status Scheduler::Accept(GenerationRequest request, std::shared_ptr<GenerationSink> sink,
+                               ImportReserved on_reserved) {
+  PD_RETURN_IF_ERROR(ValidateRequest(request, sink.get()));
+  const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.max_tokens;
+  absl::MutexLock l(&mu_);
+  if (!accepting_) return absl::UnavailableError("the engine is shutting down");
+  if (live_.contains(request.id)) {
+    return absl::InvalidArgumentError(
+        pd::StrCat("id \"", request.id, "\" is already in use by a live request"));
+  }
+  const int64_t waiting = engine_load_.waiting + static_cast<int64_t>(incoming_.size());
+  if (waiting >= options_.max_waiting) {
+    return absl::ResourceExhaustedError(
+        pd::StrCat("the waiting queue is full (", waiting, " requests)"));
+  }
+  if (options_.max_total_tokens > 0 && live_tokens_ + total > options_.max_total_tokens) {
+    return absl::ResourceExhaustedError(pd::StrCat(
+        "total-token limit: live requests hold ", live_tokens_, " of ", options_.max_total_tokens,
+        " tokens (prompt + max_tokens), this one needs ", total));
+  }
+  live_.emplace(request.id, total);
+  live_tokens_ += total;
+  incoming_prompt_tokens_ += static_cast<int64_t>(request.prompt.size());
+  incoming_.push_back(Incoming{std::move(request), std::move(sink), absl::Now(), next_arrival_++,
+                               std::move(on_reserved)});
+  wake_.Signal();
+  return absl::OkStatus();
+}
+
+void Scheduler::Cancel(const std::string& id, FinishReason reason) {
+  absl::MutexLock l(&mu_);
+  if (!live_.contains(id)) return;
+  cancels_.emplace_back(id, reason);
+  wake_.Signal();
+}
+
+EngineLoad Scheduler::Load() const {
+  absl::MutexLock l(&mu_);
+  EngineLoad load = engine_load_;
+  load.waiting += static_cast<int>(incoming_.size());
+  load.pending_prefill_tokens += incoming_prompt_tokens_;
+  return load;
+}
+
+void Scheduler::Shutdown() {
+  absl::MutexLock serial(&shutdown_mu_);
+  {
+    absl::MutexLock l(&mu_);
+    if (shut_down_) return;
+    accepting_ = false;
+    stop_ = true;
+    wake_.Signal();
+  }
+  if (thread_.joinable()) {
+    PD_CHECK_MSG(thread_.get_id() != std::this_thread::get_id(),
+                 "Scheduler::Shutdown called from a sink (the engine thread)");
+    thread_.join();
+  }
+  FinishAllUnavailable();
+  absl::MutexLock l(&mu_);
+  shut_down_ = true;
+}
+
+StepStats Scheduler::Step() {
+  PD_CHECK_MSG(!options_.run_thread, "Scheduler::Step needs SchedulerOptions.run_thread = false");
+  {
+    absl::MutexLock l(&mu_);
+    if (stop_) return StepStats{};
+  }
+  return RunStep();
+}
+
+void Scheduler::Loop() {
+  while (true) {
+    {
+      absl::MutexLock l(&mu_);
+      while (!stop_ && incoming_.empty() && cancels_.empty() && import_tasks_.empty() &&
+             import_done_.empty() && !engine_busy_) {
+        wake_.Wait(&mu_);
+      }
+      if (stop_) return;
+    }
+    const StepStats stats = RunStep();
+    if (stats.batch.empty()) {
+      // Live sequences that could not run (should not happen: the first in order can always
+      // take blocks from the others). Wait a little rather than spin.
+      absl::MutexLock l(&mu_);
+      if (!stop_ && incoming_.empty() && cancels_.empty() && import_tasks_.empty() &&
+          import_done_.empty()) {
+        wake_.WaitWithTimeout(&mu_, absl::Milliseconds(1));
+      }
+    }
+  }
+}
+
+void Scheduler::PullLocked(std::deque<Incoming>* arrived,
+                           std::vector<std::pair<std::string, FinishReason>>* cancels) {
+  // They stay counted as waiting / pending while the engine thread turns them into Sequences.
+  engine_load_.waiting += static_cast<int>(incoming_.size());
+  engine_load_.pending_prefill_tokens += incoming_prompt_tokens_;
+  incoming_prompt_tokens_ = 0;
+  arrived->swap(incoming_);
+  cancels->swap(cancels_);
+}
+
+void Scheduler::Pull(std::vector<std::pair<std::string, FinishReason>>* cancels) {
+  std::deque<Incoming> arrived;
+  {
+    absl::MutexLock l(&mu_);
+    PullLocked(&arrived, cancels);
+  }
+  for (Incoming& in : arrived) {
+    ImportReserved on_reserved = std::move(in.on_reserved);
+    auto seq = std::make_unique<Sequence>(std::move(in), next_seq_id_++);
+    if (on_reserved) {
+      if (kv_->Reserve(seq->kv_id, seq->n_prompt).ok()) {
+        seq->importing = true;
+        const int64_t kv_seq = seq->kv_id;
+        importing_.push_back(std::move(seq));
+        on_reserved(kv_seq);
+        continue;
+      }
+      kv_->Free(seq->kv_id);
+      on_reserved(absl::ResourceExhaustedError(
+          pd::StrCat("no free KV blocks for ", seq->n_prompt, " imported tokens now")));
+    }
+    InsertWaiting(std::move(seq));
+  }
+}
+
+bool Scheduler::Before(const Sequence& a, const Sequence& b) const {
+  if (options_.enable_priority && a.priority != b.priority) return a.priority > b.priority;
+  return a.arrival_order < b.arrival_order;
+}
+
+void Scheduler::InsertWaiting(std::unique_ptr<Sequence> seq) {
+  auto it = std::upper_bound(waiting_.begin(), waiting_.end(), seq,
+                             [this](const std::unique_ptr<Sequence>& a,
+                                    const std::unique_ptr<Sequence>& b) { return Before(*a, *b); });
+  waiting_.insert(it, std::move(seq));
+}
+
+namespace {
+
+// Removes `seq` from `list` and returns its owner (nullptr if absent).
+template <typename T>
+std::unique_ptr<T> Take(std::vector<std::unique_ptr<T>>& list, const T* seq) {
+  for (auto it = list.begin(); it != list.end(); ++it) {
+    if (it->get() == seq) {
+      std::unique_ptr<T> owned = std::move(*it);
+      list.erase(it);
+      return owned;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+void Scheduler::Finish(std::unique_ptr<Sequence> seq, FinishReason reason, absl::Status status) {
+  kv_->Free(seq->kv_id);
+  seq->timing.finished = absl::Now();
+  Event e;
+  e.sink = seq->sink;
+  e.finish = true;
+  e.info.reason = reason;
+  e.info.status = std::move(status);
+  e.info.prompt_tokens = seq->n_prompt;
+  e.info.completion_tokens = seq->n_generated;
+  e.info.timing = seq->timing;
+  events_.push_back(std::move(e));
+  finished_ids_.push_back(seq->id);
+}
+
+// The running sequence to preempt first: lowest priority (when enabled), then the most recently
+// admitted.
+Scheduler::Sequence* Scheduler::PickVictim() {
+  Sequence* victim = nullptr;
+  for (const auto& s : running_) {
+    if (victim == nullptr) {
+      victim = s.get();
+      continue;
+    }
+    const bool lower = options_.enable_priority && s->priority != victim->priority
+                           ? s->priority < victim->priority
+                           : s->admission > victim->admission;
+    if (lower) victim = s.get();
+  }
+  return victim;
+}
+
+void Scheduler::Preempt(Sequence* victim, StepPlan& plan) {
+  std::unique_ptr<Sequence> owned = Take(running_, victim);
+  PD_CHECK(owned != nullptr);
+  kv_->Free(victim->kv_id);
+  plan.budget += victim->planned;  // it leaves the batch being built, if it was in it
+  victim->n_computed = 0;
+  victim->running = false;
+  victim->admission = -1;
+  victim->planned = 0;
+  victim->preempted_step = step_no_;
+  ++victim->timing.preemptions;
+  ++plan.preemptions;
+  InsertWaiting(std::move(owned));
+}
+
+std::unique_ptr<Scheduler::Sequence> Scheduler::Remove(Sequence* seq) {
+  std::unique_ptr<Sequence> owned = seq->importing ? Take(importing_, seq)
+                                    : seq->running ? Take(running_, seq)
+                                                   : Take(waiting_, seq);
+  PD_CHECK(owned != nullptr);
+  return owned;
+}
+
+void Scheduler::Intake() {
+  std::vector<std::pair<std::string, FinishReason>> cancels;
+  Pull(&cancels);
+  for (const auto& [id, reason] : cancels) {
+    Sequence* found = nullptr;
+    for (const auto* list : {&running_, &waiting_, &importing_}) {
+      for (const auto& s : *list) {
+        if (s->id == id) found = s.get();
+      }
+    }
+    // Absent: it finished in an earlier step after the Cancel was queued.
+    if (found != nullptr) Finish(Remove(found), reason, absl::OkStatus());
+  }
+  const absl::Time now = absl::Now();
+  std::vector<Sequence*> expired;
+  for (const auto* list : {&running_, &waiting_, &importing_}) {
+    for (const auto& s : *list) {
+      if (now >= s->deadline) expired.push_back(s.get());
+    }
+  }
+  for (Sequence* s : expired) Finish(Remove(s), FinishReason::kDeadline, absl::OkStatus());
+  RunImports();
+}
+
+void Scheduler::AbortImport(Sequence* seq, const absl::Status& why) {
+  std::unique_ptr<Sequence> owned = Take(importing_, seq);
+  PD_CHECK(owned != nullptr);
+  PD_LOG(kWarning, "request ", seq->id, ": KV import failed, prefilling locally: ", why.ToString());
+  kv_->Free(seq->kv_id);
+  seq->importing = false;
+  seq->n_computed = 0;
+  InsertWaiting(std::move(owned));
+}
+
+void Scheduler::RunImports() {
+  std::vector<std::pair<std::string, ImportTask>> tasks;
+  std::vector<std::pair<std::string, absl::StatusOr<int32_t>>> done;
+  {
+    absl::MutexLock l(&mu_);
+    tasks.swap(import_tasks_);
+    done.swap(import_done_);
+  }
+  auto find = [this](const std::string& id) -> Sequence* {
+    for (const auto& s : importing_) {
+      if (s->id == id) return s.get();
+    }
+    return nullptr;
+  };
+  for (auto& [id, task] : tasks) {
+    Sequence* s = find(id);
+    if (s == nullptr) continue;
+    if (absl::Status st = task(*kv_, s->kv_id); !st.ok()) AbortImport(s, st);
+  }
+  const absl::Time now = absl::Now();
+  for (auto& [id, first] : done) {
+    Sequence* s = find(id);
+    if (s == nullptr) continue;
+    if (!first.ok()) {
+      AbortImport(s, first.status());
+      continue;
+    }
+    std::unique_ptr<Sequence> owned = Take(importing_, s);
+    s->importing = false;
+    s->n_computed = s->n_prompt;
+    s->timing.first_scheduled = now;
+    const int32_t token = *first;
+    if (token < 0 || token >= n_vocab_) {
+      Finish(std::move(owned), FinishReason::kError,
+             absl::InvalidArgumentError(pd::StrCat("first_token: ", token, " is outside the ",
+                                                   n_vocab_, "-token vocabulary")));
+      continue;
+    }
+    if (s->stop.contains(token)) {
+      Finish(std::move(owned), FinishReason::kStop, absl::OkStatus());
+      continue;
+    }
+    s->tokens.push_back(token);
+    ++s->n_generated;
+    s->timing.first_token = now;
+    events_.push_back(Event{s->sink, {token}, false, {}});
+    if (s->n_generated >= s->max_tokens) {
+      Finish(std::move(owned), FinishReason::kLength, absl::OkStatus());
+      continue;
+    }
+    // Joins the running batch; its next work is one decode token (the cache may briefly hold
+    // more than max_running_seqs sequences: the blocks are already its own).
+    s->running = true;
+    s->admission = next_admission_++;
+    running_.push_back(std::move(owned));
+  }
+}
+
+void Scheduler::PlanDecode(StepPlan& plan) {
+  std::vector<Sequence*> order;
+  for (const auto& s : running_) order.push_back(s.get());
+  std::sort(order.begin(), order.end(),
+            [this](const Sequence* a, const Sequence* b) { return Before(*a, *b); });
+  for (Sequence* s : order) {
+    if (!s->running || !s->decoding()) continue;
+    // Best first: when the cache is full the victim (possibly `s` itself) gives up its KV.
+    while (!kv_->Reserve(s->kv_id, s->n_computed + 1).ok()) {
+      Sequence* victim = PickVictim();
+      Preempt(victim, plan);
+      if (victim == s) break;
+    }
+    if (!s->running) continue;
+    s->planned = 1;
+    s->planned_prefill = false;
+    plan.budget -= 1;
+    plan.decode.push_back(s);
+  }
+}
+
+void Scheduler::PlanPrefill(StepPlan& plan) {
+  std::vector<Sequence*> candidates;
+  for (const auto& s : running_) {
+    if (s->planned == 0 && s->remaining() > 0) candidates.push_back(s.get());
+  }
+  for (const auto& s : waiting_) {
+    if (s->preempted_step != step_no_) candidates.push_back(s.get());
+  }
+  std::sort(candidates.begin(), candidates.end(),
+            [this](const Sequence* a, const Sequence* b) { return Before(*a, *b); });
+  bool any_prefill = false;
+  bool admit_blocked = false;  // a waiting sequence did not fit: later ones may not overtake it
+  const absl::Time now = absl::Now();
+  for (Sequence* s : candidates) {
+    const bool admitted = s->running;
+    if (!admitted && (admit_blocked || s->preempted_step == step_no_)) continue;  // or preempted
+    if (admitted && s->planned > 0) continue;
+    if (!admitted && static_cast<int>(running_.size()) >= options_.max_running_seqs) continue;
+    int want = s->remaining();
+    if (options_.chunked_prefill) {
+      want = std::min({want, options_.prefill_chunk, plan.budget});
+    } else if (want > plan.budget && any_prefill) {
+      want = 0;  // the whole prompt in a later step, alone if need be
+    }
+    auto room = [&] {  // tokens it can compute with its blocks and the free ones
+      return kv_->Capacity(s->kv_id) + kv_->free_blocks() * block_size_ - s->n_computed;
+    };
+    if (admitted && want > 0) {
+      // A running sequence that cannot grow at all takes blocks from one ordered after it, so
+      // that half-prefilled sequences never wait on each other forever.
+      while (room() <= 0) {
+        Sequence* victim = PickVictim();
+        if (victim == s) break;
+        Preempt(victim, plan);
+      }
+    }
+    if (want > 0) {
+      want = options_.chunked_prefill ? std::min(want, room()) : (room() >= want ? want : 0);
+    }
+    if (want <= 0) {
+      if (!admitted) admit_blocked = true;
+      continue;
+    }
+    PD_CHECK_OK(kv_->Reserve(s->kv_id, s->n_computed + want));
+    if (!admitted) {
+      running_.push_back(Take(waiting_, s));
+      s->running = true;
+      s->admission = next_admission_++;
+      if (s->timing.first_scheduled == absl::InfinitePast()) s->timing.first_scheduled = now;
+    }
+    s->planned = want;
+    s->planned_prefill = true;
+    plan.budget -= want;
+    any_prefill = true;
+    plan.prefill.push_back(s);
+  }
+}
+
+void Scheduler::Execute(const StepPlan& plan, StepStats& stats) {
+  Batch batch;
+  std::vector<Sequence*> in_batch;
+  std::vector<Sequence*> rows;  // logits row i belongs to rows[i]
+  for (const std::vector<Sequence*>* list : {&plan.decode, &plan.prefill}) {
+    for (Sequence* s : *list) {
+      if (!s->running || s->planned == 0) continue;  // preempted after it was planned
+      in_batch.push_back(s);
+      for (int i = 0; i < s->planned; ++i) {
+        const int pos = s->n_computed + i;
+        const bool want_logits = pos + 1 == static_cast<int>(s->tokens.size());
+        batch.Add(s->tokens[pos], pos, s->kv_id, want_logits);
+        if (want_logits) rows.push_back(s);
+      }
+      stats.batch.push_back(StepSequence{s->id, s->planned, s->planned_prefill});
+      (s->planned_prefill ? stats.prefill_tokens : stats.decode_tokens) += s->planned;
+    }
+  }
+  if (batch.size() == 0) return;
+
+  const absl::Status st = model_.Forward(batch, *kv_, &logits_);
+  if (!st.ok()) {
+    // A bug or a resource problem (requests were validated): fail this batch, keep serving.
+    PD_LOG(kError, "forward of ", batch.size(), " tokens failed, failing its ", in_batch.size(),
+           " sequences: ", st.ToString());
+    for (Sequence* s : in_batch) Finish(Take(running_, s), FinishReason::kError, st);
+    return;
+  }
+  for (Sequence* s : in_batch) {
+    s->n_computed += s->planned;
+    s->planned = 0;
+  }
+  const absl::Time emitted = absl::Now();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Sequence* s = rows[i];
+    const int32_t token = s->sampler.Sample(
+        absl::MakeConstSpan(logits_.data() + i * static_cast<size_t>(n_vocab_), n_vocab_),
+        s->tokens);
+    if (s->stop.contains(token)) {
+      Finish(Take(running_, s), FinishReason::kStop, absl::OkStatus());
+      continue;
+    }
+    s->tokens.push_back(token);
+    ++s->n_generated;
+    if (s->timing.first_token == absl::InfinitePast()) s->timing.first_token = emitted;
+    events_.push_back(Event{s->sink, {token}, false, {}});
+    if (s->n_generated >= s->max_tokens) {
+      Finish(Take(running_, s), FinishReason::kLength, absl::OkStatus());
+    }
+  }
+}
+
+StepStats Scheduler::RunStep() {
+  const absl::Time t0 = absl::Now();
+  ++step_no_;
+  Intake();  // cancellations and deadlines free their KV before anything is scheduled
+  StepPlan plan;
+  plan.budget = options_.token_budget;
+  PlanDecode(plan);
+  PlanPrefill(plan);
+  StepStats stats;
+  stats.preemptions = plan.preemptions;
+  Execute(plan, stats);
+  stats.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  Publish(&stats);
+  if (!stats.batch.empty() && options_.step_observer) options_.step_observer(stats);
+  Deliver();
+  return stats;
+}
+
+void Scheduler::Publish(StepStats* stats) {
+  EngineLoad load;
+  load.running = static_cast<int>(running_.size());
+  load.waiting = static_cast<int>(waiting_.size());
+  load.kv_blocks_total = kv_blocks_total_;
+  load.kv_blocks_free = kv_->free_blocks();
+  load.kv_block_size = block_size_;
+  for (const auto& s : waiting_) load.pending_prefill_tokens += s->remaining();
+  for (const auto& s : running_) {
+    if (!s->decoding()) load.pending_prefill_tokens += s->remaining();
+  }
+  absl::MutexLock l(&mu_);
+  for (const std::string& id : finished_ids_) {
+    auto it = live_.find(id);
+    PD_CHECK(it != live_.end());
+    live_tokens_ -= it->second;
+    live_.erase(it);
+  }
+  finished_ids_.clear();
+  engine_load_ = load;
+  // Importing sequences keep the loop stepping (1 ms idle waits) so that their deadlines run.
+  engine_busy_ = !running_.empty() || !waiting_.empty() || !importing_.empty();
+  if (stats != nullptr) {
+    stats->load = load;
+    stats->load.waiting += static_cast<int>(incoming_.size());
+    stats->load.pending_prefill_tokens += incoming_prompt_tokens_;
+  }
+}
+
+void Scheduler::Deliver() {
+  std::vector<Event> events;
+  events.swap(events_);
+  for (Event& e : events) {
+    if (e.finish) {
+      e.sink->OnFinish(e.info);
+    } else {
+      e.sink->OnTokens(e.tokens);
+    }
+  }
+}
+
+void Scheduler::FinishAllUnavailable() {
+  std::vector<std::pair<std::string, FinishReason>> cancels;  // moot: everything ends
+  Pull(&cancels);
+  const absl::Status unavailable = absl::UnavailableError("the engine is shutting down");
+  while (!running_.empty()) {
+    std::unique_ptr<Sequence> s = std::move(running_.back());
+    running_.pop_back();
+    Finish(std::move(s), FinishReason::kError, unavailable);
+  }
+  while (!waiting_.empty()) {
+    std::unique_ptr<Sequence> s = std::move(waiting_.back());
+    waiting_.pop_back();
+    Finish(std::move(s), FinishReason::kError, unavailable);
+  }
+  while (!importing_.empty()) {
+    std::unique_ptr<Sequence> s = std::move(importing_.back());
+    importing_.pop_back();
+    Finish(std::move(s), FinishReason::kError, unavailable);
+  }
+  Publish(nullptr);
+  Deliver();
+}
+
+}  // namespace pd::engine

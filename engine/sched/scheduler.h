@@ -1,0 +1,249 @@
+// The engine loop of a node: continuous batching over one Model and one paged KvCache.
+//
+// Each step builds ONE Batch: the next token of every decoding sequence (one each, logits wanted)
+// plus prompt chunks of admitted or waiting sequences filling the rest of the token budget, runs
+// Model::Forward once (weights are read once per step for the whole batch), samples each sequence
+// with its own seeded Sampler, streams the tokens to the sinks and frees the KV of every sequence
+// that finished. docs/scheduler.md describes the policy: admission, chunked prefill, preemption by
+// recompute, limits, options.
+//
+// Ownership: a Scheduler borrows (or owns) the Model, whose Backend must outlive both, and owns
+// its KvCache and its engine thread; Shutdown() (or the destructor) stops and joins the thread.
+// While the Scheduler lives, the Model belongs to its engine thread: run nothing else on it.
+//
+// Thread safety: Submit, Cancel, Load, max_context and Shutdown may be called from any thread,
+// including from a sink (which runs on the engine thread; Shutdown excepted there). Everything
+// the engine loop touches (the cache, the model, the sequences) belongs to the engine thread.
+// Sinks are called on the engine thread, never under a lock; the OnFinish calls of requests
+// still live at Shutdown are made on the thread calling Shutdown, after the engine thread ended.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/runtime/model.h"
+#include "engine/sched/engine_api.h"
+#include "engine/sched/sampler.h"
+
+namespace pd::engine {
+
+// One sequence's share of a step's batch.
+struct StepSequence {
+  std::string id;
+  int tokens = 0;        // tokens of this sequence in the batch
+  bool prefill = false;  // a prompt (or recompute) chunk; false: one decode token
+  bool operator==(const StepSequence&) const = default;
+};
+
+// What one engine step did, for metrics and tests.
+struct StepStats {
+  int prefill_tokens = 0;  // prompt / recompute tokens computed in the step
+  int decode_tokens = 0;   // decode tokens computed in the step (one per decoding sequence)
+  double seconds = 0;      // wall time of the step: intake, scheduling, forward, sampling
+  int preemptions = 0;     // sequences whose KV was dropped in this step
+  std::vector<StepSequence> batch;  // batch composition: decode tokens first, then chunks
+  EngineLoad load;                  // the load after the step
+};
+
+// Called on the engine thread after every step that ran a forward, before that step's tokens and
+// finishes reach the sinks; must not block.
+using StepObserver = std::function<void(const StepStats&)>;
+
+struct SchedulerOptions {
+  // KV memory: `kv_blocks` blocks if > 0, else as many blocks as fit in `kv_bytes`.
+  int64_t kv_bytes = int64_t{256} << 20;  // 256 MiB
+  int kv_blocks = 0;
+  int block_size = 16;               // tokens per KV block
+  KvDType kv_dtype = KvDType::kF16;  // f16, f32 or int8; passed through to KvCacheOptions
+
+  int max_running_seqs = 32;  // sequences holding KV at once
+  int max_waiting = 256;      // accepted requests not running (queued or preempted)
+  // Sum over live requests of prompt + max_tokens; 0 = no limit. Must be >= the context.
+  int64_t max_total_tokens = 0;
+  // Tokens per step (decode tokens + prefill chunks). >= max_running_seqs, so that the decode
+  // tokens of a full running set always fit.
+  int token_budget = 512;
+  // On: prompts are cut into chunks of at most `prefill_chunk` tokens that fill the budget left
+  // by decode tokens. Off: a prompt runs whole in one step (alone if it exceeds the budget).
+  bool chunked_prefill = true;
+  int prefill_chunk = 512;
+  // On: higher GenerationRequest::priority is admitted first and preempted last; off: FCFS.
+  bool enable_priority = true;
+  // Prompt + max_tokens accepted; 0 = the model's trained context. Capped by the KV capacity.
+  int max_context = 0;
+  // Run the engine loop on an own thread (the normal case). false: no thread; the owner drives
+  // the loop by calling Scheduler::Step() (deterministic tests, or a daemon with its own loop).
+  bool run_thread = true;
+  StepObserver step_observer;  // may be empty
+
+  // INVALID_ARGUMENT naming the field.
+  absl::Status Validate() const;
+};
+
+class Scheduler final : public GenerationEngine {
+ public:
+  // Creates the KV cache on the model's backend and (with run_thread) starts the engine thread.
+  // INVALID_ARGUMENT for bad options (or a KV budget below one block), RESOURCE_EXHAUSTED when
+  // the backend cannot hold the cache. `model` (and its backend) must outlive the Scheduler.
+  static absl::StatusOr<std::unique_ptr<Scheduler>> Create(Model& model,
+                                                           const SchedulerOptions& options);
+  // Same, owning the model (its backend must still outlive the Scheduler).
+  static absl::StatusOr<std::unique_ptr<Scheduler>> Create(std::unique_ptr<Model> model,
+                                                           const SchedulerOptions& options);
+  ~Scheduler() override;  // Shutdown()
+
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // GenerationEngine. Submit errors: see engine_api.h.
+  absl::Status Submit(GenerationRequest request, std::shared_ptr<GenerationSink> sink) override;
+  void Cancel(const std::string& id, FinishReason reason = FinishReason::kCancelled) override;
+  EngineLoad Load() const override;
+  int max_context() const override { return max_context_; }
+
+  // ---- Imported KV: the decode side of KV transfer (docs/scheduler.md, "Imported KV") ----
+  // Called on the engine thread with the importing sequence's KvCache id, or RESOURCE_EXHAUSTED
+  // when the prompt's blocks are not free now (the request then prefills locally, as if given to
+  // Submit). Must not block.
+  using ImportReserved = std::function<void(absl::StatusOr<int64_t> kv_seq)>;
+  // Runs on the engine thread with the cache and the importing sequence's KvCache id (e.g.
+  // kvtransfer::ImportLayer); a non-OK status aborts the import (local prefill).
+  using ImportTask = std::function<absl::Status(KvCache& kv, int64_t kv_seq)>;
+  // Accepts `request` like Submit (same checks and errors), but the K/V of its prompt are written
+  // into the cache from outside instead of being computed: at the next step's intake the engine
+  // reserves blocks for the whole prompt and calls `on_reserved` (not null). While importing, the
+  // sequence holds its blocks, takes no part in steps and is never preempted; Cancel and the
+  // deadline end it as usual.
+  absl::Status SubmitImport(GenerationRequest request, std::shared_ptr<GenerationSink> sink,
+                            ImportReserved on_reserved);
+  // Queues `task` for the importing request `id` (run at the next intake, in order). Ignored when
+  // `id` is not importing (any more).
+  void PostImport(const std::string& id, ImportTask task);
+  // Ends request `id`'s import. With the first token (sampled by whoever computed the prompt) the
+  // sequence joins the running batch with its prompt computed: the token is emitted (or ends it:
+  // a stop token, max_tokens 1) and decoding continues from it. With an error its blocks are
+  // freed and it prefills locally. Ignored when `id` is not importing.
+  void CompleteImport(const std::string& id, absl::StatusOr<int32_t> first_token);
+
+  // Stops accepting (Submit answers UNAVAILABLE), lets the step in progress end, joins the engine
+  // thread and finishes every live request with kError / UNAVAILABLE, freeing its KV.
+  // Idempotent. Not from a sink (it would join its own thread).
+  void Shutdown();
+
+  // Runs one step on the calling thread: pulls new requests and cancellations, runs deadlines,
+  // schedules, forwards, samples, streams. Only with options.run_thread == false.
+  StepStats Step();
+
+  const SchedulerOptions& options() const { return options_; }
+  int kv_blocks_total() const { return kv_blocks_total_; }
+
+ private:
+  struct Sequence;
+  struct Incoming {
+    GenerationRequest request;
+    std::shared_ptr<GenerationSink> sink;
+    absl::Time arrival;
+    int64_t arrival_order = 0;
+    ImportReserved on_reserved;  // set: SubmitImport
+  };
+  struct Event;  // sink call queued during a step, delivered at its end
+
+  Scheduler(Model& model, std::unique_ptr<Model> owned, const SchedulerOptions& options,
+            std::unique_ptr<KvCache> kv, int max_context);
+  static absl::StatusOr<std::unique_ptr<Scheduler>> CreateImpl(Model& model,
+                                                               std::unique_ptr<Model> owned,
+                                                               const SchedulerOptions& options);
+  absl::Status ValidateRequest(const GenerationRequest& request, const GenerationSink* sink) const;
+  absl::Status Accept(GenerationRequest request, std::shared_ptr<GenerationSink> sink,
+                      ImportReserved on_reserved);
+  void RunImports();  // posted import tasks and completions (engine thread)
+  void AbortImport(Sequence* seq, const absl::Status& why);
+
+  // The batch being built in a step.
+  struct StepPlan {
+    std::vector<Sequence*> decode;   // one token each
+    std::vector<Sequence*> prefill;  // a chunk each
+    int budget = 0;                  // tokens left
+    int preemptions = 0;
+  };
+
+  void Loop();
+  // Engine-thread work (no lock held unless named *Locked).
+  StepStats RunStep();
+  void PullLocked(std::deque<Incoming>* arrived,
+                  std::vector<std::pair<std::string, FinishReason>>* cancels)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // New requests into waiting_ (built outside the lock), pending cancellations out.
+  void Pull(std::vector<std::pair<std::string, FinishReason>>* cancels);
+  void Intake();                                         // new requests, cancellations, deadlines
+  void PlanDecode(StepPlan& plan);                       // a token for every decoding sequence
+  void PlanPrefill(StepPlan& plan);                      // chunks and admissions in the budget left
+  void Execute(const StepPlan& plan, StepStats& stats);  // forward, sample, finish
+  bool Before(const Sequence& a, const Sequence& b) const;  // scheduling order
+  void InsertWaiting(std::unique_ptr<Sequence> seq);
+  std::unique_ptr<Sequence> Remove(Sequence* seq);  // from running_ or waiting_
+  void Finish(std::unique_ptr<Sequence> seq, FinishReason reason, absl::Status status);
+  Sequence* PickVictim();  // lowest priority (if enabled), then latest admission
+  void Preempt(Sequence* victim, StepPlan& plan);
+  // Publishes the load (and releases finished ids) under the lock; fills stats->load if given.
+  void Publish(StepStats* stats);
+  void Deliver();
+  void FinishAllUnavailable();
+
+  Model& model_;
+  std::unique_ptr<Model> owned_model_;
+  const SchedulerOptions options_;
+  const int max_context_;
+  const int n_vocab_;
+  const int kv_blocks_total_;
+  const int block_size_;
+
+  // Engine-thread state (the thread, or Step()'s caller, or Shutdown() after the join).
+  std::unique_ptr<KvCache> kv_;
+  std::vector<std::unique_ptr<Sequence>> waiting_;    // in scheduling order
+  std::vector<std::unique_ptr<Sequence>> running_;    // in admission order
+  std::vector<std::unique_ptr<Sequence>> importing_;  // holding blocks, K/V arriving from outside
+  std::vector<Event> events_;
+  std::vector<std::string> finished_ids_;  // this step's, released under the lock at Publish
+  std::vector<int64_t> finished_tokens_;
+  std::vector<float> logits_;
+  int64_t next_seq_id_ = 0;
+  int64_t next_admission_ = 0;
+  int64_t step_no_ = 0;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar wake_;
+  bool accepting_ ABSL_GUARDED_BY(mu_) = true;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<Incoming> incoming_ ABSL_GUARDED_BY(mu_);
+  int64_t incoming_prompt_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::pair<std::string, FinishReason>> cancels_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::string, ImportTask>> import_tasks_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::string, absl::StatusOr<int32_t>>> import_done_ ABSL_GUARDED_BY(mu_);
+  // Live request id -> its prompt + max_tokens (for the total-token limit).
+  absl::flat_hash_map<std::string, int64_t> live_ ABSL_GUARDED_BY(mu_);
+  int64_t live_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t next_arrival_ ABSL_GUARDED_BY(mu_) = 0;
+  // The engine's part of the load, published at the end of each step.
+  EngineLoad engine_load_ ABSL_GUARDED_BY(mu_);
+  bool engine_busy_ ABSL_GUARDED_BY(mu_) = false;  // sequences running or waiting
+
+  absl::Mutex shutdown_mu_;  // serializes Shutdown callers
+  std::thread thread_;
+};
+
+}  // namespace pd::engine

@@ -1,0 +1,234 @@
+// The Scheduler's imported-KV admission (SubmitImport / PostImport / CompleteImport): the decode
+// side of KV transfer. The "prefill node" here is a second KvCache filled by Model::Forward in the
+// test; the import copies its blocks with KvCache::Export / Import, as a transport would.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "engine/sched/scheduler.h"
+#include "tests/testing/tiny_model.h"
+
+namespace pd::engine {
+namespace {
+
+struct Env {
+  std::string bytes;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+};
+
+std::unique_ptr<Env> MakeEnv() {
+  auto env = std::make_unique<Env>();
+  env->bytes = testing::TinyModel(testing::TinyModelSpec{});
+  env->backend = CreateCpuBackend();
+  auto file = GgufFile::Parse(MappedFile::Borrow(env->bytes.data(), env->bytes.size()));
+  PD_CHECK_OK(file.status());
+  auto model = Model::Load(std::shared_ptr<const GgufFile>(std::move(*file)), *env->backend);
+  PD_CHECK_OK(model.status());
+  env->model = std::move(*model);
+  return env;
+}
+
+class Sink : public GenerationSink {
+ public:
+  void OnTokens(const std::vector<int32_t>& t) override {
+    absl::MutexLock l(&mu);
+    tokens.insert(tokens.end(), t.begin(), t.end());
+  }
+  void OnFinish(const FinishInfo& i) override {
+    absl::MutexLock l(&mu);
+    info = i;
+  }
+  absl::Mutex mu;
+  std::vector<int32_t> tokens;
+  std::optional<FinishInfo> info;
+};
+
+GenerationRequest Req(const std::string& id, int max_tokens) {
+  GenerationRequest r;
+  r.id = id;
+  r.prompt = {5, 17, 42, 3, 88, 61, 9, 70, 33, 12, 1, 54, 27, 90, 8, 66, 45, 2, 77, 31};  // 20
+  r.max_tokens = max_tokens;
+  r.sampling = SamplingParams::Greedy();
+  return r;
+}
+
+std::unique_ptr<Scheduler> MakeScheduler(Env& env) {
+  SchedulerOptions o;
+  o.kv_blocks = 16;
+  o.block_size = 16;
+  o.max_running_seqs = 4;
+  o.token_budget = 64;
+  o.run_thread = false;
+  auto s = Scheduler::Create(*env.model, o);
+  PD_CHECK_OK(s.status());
+  return std::move(*s);
+}
+
+void RunUntilDone(Scheduler& s, Sink& sink) {
+  for (int i = 0; i < 200; ++i) {
+    {
+      absl::MutexLock l(&sink.mu);
+      if (sink.info.has_value()) return;
+    }
+    s.Step();
+  }
+}
+
+// The prompt computed elsewhere: its K/V in `src` (sequence 0) and its greedy first token.
+struct Prefilled {
+  std::unique_ptr<KvCache> src;
+  int32_t first_token = -1;
+};
+
+Prefilled PrefillElsewhere(Env& env, const std::vector<int32_t>& prompt) {
+  Prefilled p;
+  auto kv = KvCache::Create(env.model->KvOptions(16, KvDType::kF16, 16), *env.backend);
+  PD_CHECK_OK(kv.status());
+  p.src = std::move(*kv);
+  PD_CHECK_OK(p.src->Reserve(0, static_cast<int>(prompt.size())));
+  Batch batch;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    batch.Add(prompt[i], static_cast<int32_t>(i), 0, i + 1 == prompt.size());
+  }
+  std::vector<float> logits;
+  PD_CHECK_OK(env.model->Forward(batch, *p.src, &logits));
+  p.first_token = ArgMax(logits);
+  return p;
+}
+
+// What a transport's on_layer does, for every layer at once.
+Scheduler::ImportTask CopyFrom(KvCache& src) {
+  return [&src](KvCache& dst, int64_t seq) -> absl::Status {
+    const size_t span = src.BlockBytes().span();
+    std::vector<uint8_t> buf(span);
+    const int n_blocks = static_cast<int>(src.BlockTable(0).size());
+    for (int layer = 0; layer < src.options().n_layer; ++layer) {
+      for (int b = 0; b < n_blocks; ++b) {
+        for (KvPart part : {KvPart::kK, KvPart::kV}) {
+          PD_RETURN_IF_ERROR(src.Export(0, layer, b, part, buf.data(), span));
+          PD_RETURN_IF_ERROR(dst.Import(seq, layer, b, part, buf.data(), span));
+        }
+      }
+    }
+    return absl::OkStatus();
+  };
+}
+
+std::vector<int32_t> LocalRun(Env& env, int max_tokens) {
+  auto s = MakeScheduler(env);
+  auto sink = std::make_shared<Sink>();
+  PD_CHECK_OK(s->Submit(Req("local", max_tokens), sink));
+  RunUntilDone(*s, *sink);
+  return sink->tokens;
+}
+
+TEST(SchedulerImportTest, ImportedPromptThenDecodeEqualsALocalRun) {
+  auto env = MakeEnv();
+  const std::vector<int32_t> want = LocalRun(*env, 12);
+  ASSERT_EQ(want.size(), 12u);
+  Prefilled p = PrefillElsewhere(*env, Req("x", 1).prompt);
+  EXPECT_EQ(p.first_token, want[0]);
+
+  auto s = MakeScheduler(*env);
+  auto sink = std::make_shared<Sink>();
+  std::optional<absl::StatusOr<int64_t>> reserved;
+  ASSERT_TRUE(s->SubmitImport(Req("imp", 12), sink, [&](absl::StatusOr<int64_t> kv_seq) {
+                 reserved = kv_seq;
+               }).ok());
+  StepStats st = s->Step();  // intake: blocks for the 20-token prompt reserved
+  ASSERT_TRUE(reserved.has_value());
+  ASSERT_TRUE(reserved->ok()) << reserved->status();
+  EXPECT_TRUE(st.batch.empty());  // importing: not part of any step
+  EXPECT_EQ(s->Load().kv_blocks_free, 16 - 2);
+  s->Step();
+  EXPECT_TRUE(sink->tokens.empty());
+
+  s->PostImport("imp", CopyFrom(*p.src));
+  s->CompleteImport("imp", p.first_token);
+  RunUntilDone(*s, *sink);
+  ASSERT_TRUE(sink->info.has_value());
+  EXPECT_EQ(sink->info->reason, FinishReason::kLength);
+  EXPECT_EQ(sink->info->completion_tokens, 12);
+  EXPECT_EQ(sink->tokens, want);  // decoding continued from the imported K/V
+  EXPECT_EQ(s->Load().kv_blocks_free, 16);
+}
+
+TEST(SchedulerImportTest, AFailedImportPrefillsLocally) {
+  auto env = MakeEnv();
+  const std::vector<int32_t> want = LocalRun(*env, 8);
+  auto s = MakeScheduler(*env);
+  auto sink = std::make_shared<Sink>();
+  ASSERT_TRUE(s->SubmitImport(Req("imp", 8), sink, [](absl::StatusOr<int64_t>) {}).ok());
+  s->Step();
+  s->CompleteImport("imp", absl::UnavailableError("the prefill node died"));
+  RunUntilDone(*s, *sink);
+  ASSERT_TRUE(sink->info.has_value());
+  EXPECT_EQ(sink->info->reason, FinishReason::kLength);
+  EXPECT_EQ(sink->tokens, want);
+  EXPECT_EQ(s->Load().kv_blocks_free, 16);
+}
+
+TEST(SchedulerImportTest, AFailingImportTaskPrefillsLocally) {
+  auto env = MakeEnv();
+  const std::vector<int32_t> want = LocalRun(*env, 8);
+  auto s = MakeScheduler(*env);
+  auto sink = std::make_shared<Sink>();
+  ASSERT_TRUE(s->SubmitImport(Req("imp", 8), sink, [](absl::StatusOr<int64_t>) {}).ok());
+  s->Step();
+  s->PostImport("imp", [](KvCache&, int64_t) { return absl::DataLossError("checksum"); });
+  s->CompleteImport("imp", 7);  // ignored: the import was already aborted
+  RunUntilDone(*s, *sink);
+  EXPECT_EQ(sink->tokens, want);
+  EXPECT_EQ(s->Load().kv_blocks_free, 16);
+}
+
+TEST(SchedulerImportTest, CancellingAnImportFreesItsBlocks) {
+  auto env = MakeEnv();
+  auto s = MakeScheduler(*env);
+  auto sink = std::make_shared<Sink>();
+  ASSERT_TRUE(s->SubmitImport(Req("imp", 8), sink, [](absl::StatusOr<int64_t>) {}).ok());
+  s->Step();
+  EXPECT_EQ(s->Load().kv_blocks_free, 14);
+  s->Cancel("imp");
+  s->Step();
+  ASSERT_TRUE(sink->info.has_value());
+  EXPECT_EQ(sink->info->reason, FinishReason::kCancelled);
+  EXPECT_EQ(s->Load().kv_blocks_free, 16);
+}
+
+TEST(SchedulerImportTest, NoRoomForTheImportMeansLocalPrefill) {
+  auto env = MakeEnv();
+  auto s = MakeScheduler(*env);
+  GenerationRequest big = Req("big", 8);
+  big.prompt.resize(16 * 16 + 1 - 8, 5);  // more than the whole cache can hold at once: refused
+  auto sink = std::make_shared<Sink>();
+  std::optional<absl::StatusOr<int64_t>> reserved;
+  absl::Status submitted =
+      s->SubmitImport(big, sink, [&](absl::StatusOr<int64_t> r) { reserved = r; });
+  EXPECT_FALSE(submitted.ok());  // prompt + max_tokens beyond the context: INVALID_ARGUMENT
+
+  // A running request holds 15 of the 16 blocks; the import needs 2.
+  auto hog = std::make_shared<Sink>();
+  GenerationRequest h = Req("hog", 2);
+  h.prompt.resize(15 * 16 - 1, 5);
+  ASSERT_TRUE(s->Submit(h, hog).ok());
+  for (int i = 0; i < 20 && hog->tokens.empty(); ++i) s->Step();  // its prompt, in chunks
+  ASSERT_EQ(hog->tokens.size(), 1u);
+  ASSERT_EQ(s->Load().kv_blocks_free, 1);
+  ASSERT_TRUE(
+      s->SubmitImport(Req("imp", 4), sink, [&](absl::StatusOr<int64_t> r) { reserved = r; }).ok());
+  s->Step();
+  ASSERT_TRUE(reserved.has_value());
+  EXPECT_EQ(reserved->status().code(), absl::StatusCode::kResourceExhausted);
+  RunUntilDone(*s, *sink);  // it was queued for local prefill instead
+  ASSERT_TRUE(sink->info.has_value());
+  EXPECT_EQ(sink->info->reason, FinishReason::kLength);
+}
+
+}  // namespace
+}  // namespace pd::engine

@@ -1,0 +1,883 @@
+// Scheduler tests on a tiny random Llama-style model. Results are compared with single-sequence
+// engine::Generate runs; step-by-step behaviour (batch composition, admission, preemption) is
+// checked with run_thread = false, where the test drives the loop with Step().
+#include "engine/sched/scheduler.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "common/status_matchers.h"
+#include "engine/sched/generate.h"
+#include "tests/testing/tiny_model.h"
+
+namespace pd::engine {
+namespace {
+
+using ::pd::testing::StatusIs;
+using ::testing::ElementsAre;
+
+constexpr int kVocab = 96;  // TinyModelSpec's n_vocab
+
+struct Env {
+  std::string bytes;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+};
+
+std::unique_ptr<Env> MakeEnv() {
+  auto env = std::make_unique<Env>();
+  env->bytes = testing::TinyModel(testing::TinyModelSpec{});
+  env->backend = CreateCpuBackend();
+  auto file = GgufFile::Parse(MappedFile::Borrow(env->bytes.data(), env->bytes.size()));
+  PD_CHECK_OK(file.status());
+  auto model = Model::Load(std::shared_ptr<const GgufFile>(std::move(*file)), *env->backend);
+  PD_CHECK_OK(model.status());
+  env->model = std::move(*model);
+  return env;
+}
+
+std::vector<int32_t> Prompt(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> p(n);
+  for (int32_t& t : p) t = static_cast<int32_t>(rng() % kVocab);
+  return p;
+}
+
+GenerationRequest Req(std::string id, std::vector<int32_t> prompt, int max_tokens,
+                      int priority = 0) {
+  GenerationRequest r;
+  r.id = std::move(id);
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.sampling = SamplingParams::Greedy();
+  r.priority = priority;
+  return r;
+}
+
+// The request run alone with engine::Generate (what batching must not change).
+std::vector<int32_t> Reference(Env& env, const GenerationRequest& r,
+                               KvDType kv_type = KvDType::kF16) {
+  auto kv = KvCache::Create(env.model->KvOptions(64, kv_type, 16), *env.backend);
+  PD_CHECK_OK(kv.status());
+  GenerateOptions o;
+  o.max_tokens = r.max_tokens;
+  o.sampling = r.sampling;
+  o.eog_tokens = r.stop_token_ids;
+  auto result = Generate(*env.model, **kv, 0, r.prompt, o, nullptr);
+  PD_CHECK_OK(result.status());
+  return result->tokens;
+}
+
+// Records one request's stream; checks the sink contract (OnFinish exactly once, last).
+class RecordingSink : public GenerationSink {
+ public:
+  // Runs on the engine thread after each OnTokens, with the number of tokens so far.
+  std::function<void(int)> on_tokens;
+  // Runs on the engine thread in OnFinish.
+  std::function<void(const FinishInfo&)> on_finish;
+
+  void OnTokens(const std::vector<int32_t>& tokens) override {
+    int n;
+    {
+      absl::MutexLock l(&mu_);
+      EXPECT_FALSE(finished_) << "OnTokens after OnFinish";
+      EXPECT_EQ(tokens.size(), 1u);
+      tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+      n = static_cast<int>(tokens_.size());
+    }
+    if (on_tokens) on_tokens(n);
+  }
+  void OnFinish(const FinishInfo& info) override {
+    {
+      absl::MutexLock l(&mu_);
+      EXPECT_FALSE(finished_) << "OnFinish twice";
+      EXPECT_EQ(info.completion_tokens, static_cast<int>(tokens_.size()));
+      finished_ = true;
+      info_ = info;
+    }
+    if (on_finish) on_finish(info);
+  }
+  bool WaitFinished(absl::Duration timeout = absl::Seconds(60)) {
+    absl::MutexLock l(&mu_);
+    return mu_.AwaitWithTimeout(absl::Condition(&finished_), timeout);
+  }
+  bool finished() {
+    absl::MutexLock l(&mu_);
+    return finished_;
+  }
+  std::vector<int32_t> tokens() {
+    absl::MutexLock l(&mu_);
+    return tokens_;
+  }
+  int n_tokens() {
+    absl::MutexLock l(&mu_);
+    return static_cast<int>(tokens_.size());
+  }
+  FinishInfo info() {
+    absl::MutexLock l(&mu_);
+    return info_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<int32_t> tokens_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  FinishInfo info_ ABSL_GUARDED_BY(mu_);
+};
+
+SchedulerOptions Small(bool threaded = true) {
+  SchedulerOptions o;
+  o.kv_blocks = 64;
+  o.max_running_seqs = 8;
+  o.token_budget = 64;
+  o.prefill_chunk = 16;
+  o.run_thread = threaded;
+  return o;
+}
+
+std::unique_ptr<Scheduler> MakeScheduler(Env& env, const SchedulerOptions& o) {
+  auto s = Scheduler::Create(*env.model, o);
+  PD_CHECK_OK(s.status());
+  return std::move(*s);
+}
+
+// Steps until nothing is live (manual mode).
+void RunToIdle(Scheduler& s, int max_steps = 2000) {
+  for (int i = 0; i < max_steps; ++i) {
+    const EngineLoad load = s.Load();
+    if (load.running == 0 && load.waiting == 0) return;
+    s.Step();
+  }
+  FAIL() << "scheduler did not become idle in " << max_steps << " steps";
+}
+
+void ExpectAllBlocksFree(const Scheduler& s) {
+  const EngineLoad load = s.Load();
+  EXPECT_EQ(load.kv_blocks_free, load.kv_blocks_total);
+  EXPECT_EQ(load.kv_blocks_total, s.kv_blocks_total());
+  EXPECT_EQ(load.running, 0);
+  EXPECT_EQ(load.waiting, 0);
+  EXPECT_EQ(load.pending_prefill_tokens, 0);
+}
+
+TEST(SchedulerOptionsTest, ValidateNamesTheField) {
+  EXPECT_TRUE(SchedulerOptions{}.Validate().ok());
+  auto with = [](auto edit) {
+    SchedulerOptions o;
+    edit(o);
+    return o.Validate();
+  };
+  EXPECT_THAT(with([](auto& o) { o.kv_blocks = -1; }),
+              StatusIs(absl::StatusCode::kInvalidArgument, "kv_blocks"));
+  EXPECT_THAT(with([](auto& o) { o.kv_bytes = 0; }),
+              StatusIs(absl::StatusCode::kInvalidArgument, "kv_bytes"));
+  EXPECT_THAT(with([](auto& o) { o.block_size = 0; }),
+              StatusIs(absl::StatusCode::kInvalidArgument, "block_size"));
+  EXPECT_THAT(with([](auto& o) { o.max_running_seqs = 0; }),
+              StatusIs(absl::StatusCode::kInvalidArgument, "max_running_seqs"));
+  EXPECT_THAT(with([](auto& o) { o.max_waiting = 0; }),
+              StatusIs(absl::StatusCode::kInvalidArgument, "max_waiting"));
+  EXPECT_THAT(with([](auto& o) { o.max_total_tokens = -5; }),
+              StatusIs(absl::StatusCode::kInvalidArgument, "max_total_tokens"));
+  EXPECT_THAT(with([](auto& o) { o.token_budget = 16; }),  // < max_running_seqs (32)
+              StatusIs(absl::StatusCode::kInvalidArgument, "token_budget"));
+  EXPECT_THAT(with([](auto& o) { o.prefill_chunk = 0; }),
+              StatusIs(absl::StatusCode::kInvalidArgument, "prefill_chunk"));
+  EXPECT_THAT(with([](auto& o) { o.max_context = -1; }),
+              StatusIs(absl::StatusCode::kInvalidArgument, "max_context"));
+}
+
+TEST(SchedulerCreateTest, SizesKvFromBytesAndContextFromModelAndCache) {
+  auto env = MakeEnv();
+  SchedulerOptions o = Small();
+  o.kv_blocks = 0;
+  const size_t per_block = KvCache::BytesFor(env->model->KvOptions(1, KvDType::kF16, 16));
+  o.kv_bytes = static_cast<int64_t>(per_block) * 7 + per_block / 2;
+  auto s = MakeScheduler(*env, o);
+  EXPECT_EQ(s->kv_blocks_total(), 7);
+  EXPECT_EQ(s->Load().kv_blocks_free, 7);
+  EXPECT_EQ(s->Load().kv_block_size, 16);
+  EXPECT_EQ(s->max_context(), 7 * 16);  // the cache is smaller than the trained context (256)
+
+  // The KV type is passed through: INT8 blocks (values + scales) are smaller, so more fit.
+  o.kv_dtype = KvDType::kI8;
+  const size_t per_i8_block = KvCache::BytesFor(env->model->KvOptions(1, KvDType::kI8, 16));
+  ASSERT_LT(per_i8_block, per_block);
+  EXPECT_EQ(MakeScheduler(*env, o)->kv_blocks_total(), o.kv_bytes / per_i8_block);
+  o.kv_dtype = KvDType::kF16;
+
+  o.kv_blocks = 64;
+  EXPECT_EQ(MakeScheduler(*env, o)->max_context(), 256);  // the model's trained context
+  o.max_context = 100;
+  EXPECT_EQ(MakeScheduler(*env, o)->max_context(), 100);
+
+  o.kv_blocks = 0;
+  o.kv_bytes = static_cast<int64_t>(per_block) - 1;
+  EXPECT_THAT(Scheduler::Create(*env->model, o),
+              StatusIs(absl::StatusCode::kInvalidArgument, "below one KV block"));
+  o.kv_blocks = 64;
+  o.max_total_tokens = 99;  // < max_context 100: a full-length request could never run
+  EXPECT_THAT(Scheduler::Create(*env->model, o),
+              StatusIs(absl::StatusCode::kInvalidArgument, "max_total_tokens"));
+}
+
+TEST(SchedulerCreateTest, OwnsTheModelWhenGivenOne) {
+  auto env = MakeEnv();
+  auto file = GgufFile::Parse(MappedFile::Borrow(env->bytes.data(), env->bytes.size()));
+  PD_ASSERT_OK(file);
+  auto model = Model::Load(std::shared_ptr<const GgufFile>(std::move(*file)), *env->backend);
+  PD_ASSERT_OK(model);
+  const GenerationRequest r = Req("own", Prompt(6, 5), 5);
+  const auto expected = Reference(*env, r);
+  auto sched = Scheduler::Create(std::move(*model), Small());
+  PD_ASSERT_OK(sched);
+  auto sink = std::make_shared<RecordingSink>();
+  PD_ASSERT_OK((*sched)->Submit(r, sink));
+  ASSERT_TRUE(sink->WaitFinished());
+  EXPECT_EQ(sink->tokens(), expected);
+  EXPECT_THAT(Scheduler::Create(std::unique_ptr<Model>(), Small()),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// The KV type is passed through: with INT8 KV (values quantized per token and head), batching
+// still changes nothing, so the streams equal Generate on an INT8 cache.
+TEST(SchedulerTest, Int8KvStreamsMatchGenerateOnInt8Cache) {
+  auto env = MakeEnv();
+  std::vector<GenerationRequest> reqs = {Req("i0", Prompt(9, 90), 14), Req("i1", Prompt(33, 91), 9),
+                                         Req("i2", Prompt(2, 92), 20)};
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& r : reqs) expected.push_back(Reference(*env, r, KvDType::kI8));
+  SchedulerOptions o = Small();
+  o.kv_dtype = KvDType::kI8;
+  auto sched = MakeScheduler(*env, o);
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (const auto& r : reqs) {
+    sinks.push_back(std::make_shared<RecordingSink>());
+    PD_ASSERT_OK(sched->Submit(r, sinks.back()));
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE(sinks[i]->WaitFinished());
+    EXPECT_EQ(sinks[i]->tokens(), expected[i]) << reqs[i].id;
+  }
+  ExpectAllBlocksFree(*sched);
+}
+
+TEST(SchedulerTest, ConcurrentSequencesMatchGenerateAlone) {
+  auto env = MakeEnv();
+  std::vector<GenerationRequest> reqs;
+  const int lens[] = {3, 40, 17, 1, 25, 9};
+  const int max_tokens[] = {20, 12, 30, 8, 16, 24};
+  for (int i = 0; i < 6; ++i) {
+    reqs.push_back(Req("r" + std::to_string(i), Prompt(lens[i], 100 + i), max_tokens[i]));
+  }
+  // One seeded sampling request: its own sampler must give what it gives alone.
+  reqs[4].sampling = SamplingParams{};
+  reqs[4].sampling.seed = 1234;
+  reqs[4].sampling.temperature = 1.0f;
+  // A repetition penalty: the history must be prompt + output, as in Generate.
+  reqs[2].sampling.repetition_penalty = 1.5f;
+  reqs[2].sampling.penalty_last_n = 16;
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& r : reqs) expected.push_back(Reference(*env, r));
+
+  std::vector<StepStats> steps;
+  absl::Mutex steps_mu;
+  SchedulerOptions o = Small();
+  o.step_observer = [&](const StepStats& s) {
+    absl::MutexLock l(&steps_mu);
+    steps.push_back(s);
+  };
+  auto sched = MakeScheduler(*env, o);
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (const auto& r : reqs) {
+    sinks.push_back(std::make_shared<RecordingSink>());
+    PD_ASSERT_OK(sched->Submit(r, sinks.back()));
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE(sinks[i]->WaitFinished()) << reqs[i].id;
+    EXPECT_EQ(sinks[i]->tokens(), expected[i]) << reqs[i].id;
+    const FinishInfo info = sinks[i]->info();
+    EXPECT_EQ(info.reason, FinishReason::kLength);
+    PD_EXPECT_OK(info.status);
+    EXPECT_EQ(info.prompt_tokens, lens[i]);
+    EXPECT_EQ(info.completion_tokens, max_tokens[i]);
+    EXPECT_GE(info.timing.first_scheduled, info.timing.arrival);
+    EXPECT_GE(info.timing.first_token, info.timing.first_scheduled);
+    EXPECT_GE(info.timing.finished, info.timing.first_token);
+    EXPECT_EQ(info.timing.preemptions, 0);
+  }
+  ExpectAllBlocksFree(*sched);
+
+  // Every token was computed exactly once: prompt + (max_tokens - 1) per request.
+  absl::MutexLock l(&steps_mu);
+  int64_t computed = 0, expected_computed = 0;
+  bool batched = false;
+  for (const StepStats& s : steps) {
+    computed += s.prefill_tokens + s.decode_tokens;
+    EXPECT_LE(s.prefill_tokens + s.decode_tokens, o.token_budget);
+    batched |= s.batch.size() > 1;
+  }
+  for (int i = 0; i < 6; ++i) expected_computed += lens[i] + max_tokens[i] - 1;
+  EXPECT_EQ(computed, expected_computed);
+  EXPECT_TRUE(batched) << "no step held more than one sequence";
+  ASSERT_FALSE(steps.empty());
+  EXPECT_EQ(steps.back().load.running, 0);
+  EXPECT_EQ(steps.back().load.kv_blocks_free, steps.back().load.kv_blocks_total);
+}
+
+// Expected state after each Step(), TensorRT-LLM style.
+struct StepRow {
+  std::vector<StepSequence> batch;
+  int prefill_tokens;
+  int decode_tokens;
+  std::vector<int> tokens_so_far;  // per request, in submission order
+};
+
+void RunTable(Scheduler& sched, const std::vector<std::shared_ptr<RecordingSink>>& sinks,
+              const std::vector<StepRow>& table,
+              const std::function<void(int step)>& before_step = nullptr) {
+  for (size_t i = 0; i < table.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "step " << i + 1);
+    if (before_step) before_step(static_cast<int>(i + 1));
+    const StepStats s = sched.Step();
+    EXPECT_EQ(s.batch, table[i].batch);
+    EXPECT_EQ(s.prefill_tokens, table[i].prefill_tokens);
+    EXPECT_EQ(s.decode_tokens, table[i].decode_tokens);
+    std::vector<int> got;
+    for (size_t k = 0; k < table[i].tokens_so_far.size(); ++k) got.push_back(sinks[k]->n_tokens());
+    EXPECT_EQ(got, table[i].tokens_so_far);
+  }
+}
+
+TEST(SchedulerTest, ChunkedPrefillNeverStallsRunningStreams) {
+  auto env = MakeEnv();
+  const GenerationRequest a = Req("A", Prompt(3, 1), 6);
+  const GenerationRequest b = Req("B", Prompt(20, 2), 3);
+  const auto ref_a = Reference(*env, a), ref_b = Reference(*env, b);
+  SchedulerOptions o = Small(/*threaded=*/false);
+  o.max_running_seqs = 4;
+  o.token_budget = 8;
+  o.prefill_chunk = 8;
+  auto sched = MakeScheduler(*env, o);
+  std::vector<std::shared_ptr<RecordingSink>> sinks = {std::make_shared<RecordingSink>(),
+                                                       std::make_shared<RecordingSink>()};
+  PD_ASSERT_OK(sched->Submit(a, sinks[0]));
+  // B arrives after A's first step; its 20-token prompt is cut to the 7 tokens A's decode leaves.
+  const std::vector<StepRow> table = {
+      {{{"A", 3, true}}, 3, 0, {1, 0}},
+      {{{"A", 1, false}, {"B", 7, true}}, 7, 1, {2, 0}},
+      {{{"A", 1, false}, {"B", 7, true}}, 7, 1, {3, 0}},
+      {{{"A", 1, false}, {"B", 6, true}}, 6, 1, {4, 1}},
+      {{{"A", 1, false}, {"B", 1, false}}, 0, 2, {5, 2}},
+      {{{"A", 1, false}, {"B", 1, false}}, 0, 2, {6, 3}},
+      {{}, 0, 0, {6, 3}},
+  };
+  RunTable(*sched, sinks, table, [&](int step) {
+    if (step == 2) {
+      PD_EXPECT_OK(sched->Submit(b, sinks[1]));
+    }
+  });
+  EXPECT_EQ(sinks[0]->tokens(), ref_a);
+  EXPECT_EQ(sinks[1]->tokens(), ref_b);
+  EXPECT_TRUE(sinks[0]->finished() && sinks[1]->finished());
+  ExpectAllBlocksFree(*sched);
+}
+
+TEST(SchedulerTest, PrefillChunkSplitsPromptsAcrossSequences) {
+  auto env = MakeEnv();
+  SchedulerOptions o = Small(/*threaded=*/false);
+  o.max_running_seqs = 4;
+  o.token_budget = 8;
+  o.prefill_chunk = 4;
+  auto sched = MakeScheduler(*env, o);
+  std::vector<std::shared_ptr<RecordingSink>> sinks = {std::make_shared<RecordingSink>(),
+                                                       std::make_shared<RecordingSink>(),
+                                                       std::make_shared<RecordingSink>()};
+  PD_ASSERT_OK(sched->Submit(Req("C", Prompt(6, 3), 2), sinks[0]));
+  PD_ASSERT_OK(sched->Submit(Req("D", Prompt(6, 4), 2), sinks[1]));
+  PD_ASSERT_OK(sched->Submit(Req("E", Prompt(2, 5), 1), sinks[2]));
+  const std::vector<StepRow> table = {
+      // Budget 8 = two chunks of 4: E waits (FCFS) although it is short.
+      {{{"C", 4, true}, {"D", 4, true}}, 8, 0, {0, 0, 0}},
+      {{{"C", 2, true}, {"D", 2, true}, {"E", 2, true}}, 6, 0, {1, 1, 1}},
+      {{{"C", 1, false}, {"D", 1, false}}, 0, 2, {2, 2, 1}},
+      {{}, 0, 0, {2, 2, 1}},
+  };
+  RunTable(*sched, sinks, table);
+  for (auto& s : sinks) EXPECT_EQ(s->info().reason, FinishReason::kLength);
+  ExpectAllBlocksFree(*sched);
+}
+
+TEST(SchedulerTest, WithoutChunkingAPromptRunsWholeBesideDecodes) {
+  auto env = MakeEnv();
+  const GenerationRequest a = Req("A", Prompt(3, 1), 4);
+  const GenerationRequest b = Req("B", Prompt(20, 2), 2);
+  const GenerationRequest c = Req("C", Prompt(5, 6), 1);
+  SchedulerOptions o = Small(/*threaded=*/false);
+  o.max_running_seqs = 4;
+  o.token_budget = 8;
+  o.chunked_prefill = false;
+  auto sched = MakeScheduler(*env, o);
+  std::vector<std::shared_ptr<RecordingSink>> sinks = {std::make_shared<RecordingSink>(),
+                                                       std::make_shared<RecordingSink>(),
+                                                       std::make_shared<RecordingSink>()};
+  PD_ASSERT_OK(sched->Submit(a, sinks[0]));
+  const std::vector<StepRow> table = {
+      {{{"A", 3, true}}, 3, 0, {1, 0, 0}},
+      // B's 20 tokens exceed the budget and run whole; C does not fit beside it and waits.
+      {{{"A", 1, false}, {"B", 20, true}}, 20, 1, {2, 1, 0}},
+      {{{"A", 1, false}, {"B", 1, false}, {"C", 5, true}}, 5, 2, {3, 2, 1}},
+      {{{"A", 1, false}}, 0, 1, {4, 2, 1}},
+      {{}, 0, 0, {4, 2, 1}},
+  };
+  RunTable(*sched, sinks, table, [&](int step) {
+    if (step == 2) {
+      PD_EXPECT_OK(sched->Submit(b, sinks[1]));
+      PD_EXPECT_OK(sched->Submit(c, sinks[2]));
+    }
+  });
+  EXPECT_EQ(sinks[1]->tokens(), Reference(*env, b));
+  ExpectAllBlocksFree(*sched);
+}
+
+TEST(SchedulerTest, PreemptionByRecomputeKeepsTokensAndReturnsBlocks) {
+  auto env = MakeEnv();
+  std::vector<GenerationRequest> reqs = {Req("P0", Prompt(10, 7), 30), Req("P1", Prompt(11, 8), 30),
+                                         Req("P2", Prompt(12, 9), 30)};
+  reqs[2].sampling = SamplingParams{};  // a seeded sampler must continue across the recompute
+  reqs[2].sampling.seed = 99;
+  reqs[1].sampling.repetition_penalty = 1.5f;  // the recompute keeps the history too
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& r : reqs) expected.push_back(Reference(*env, r));
+
+  SchedulerOptions o = Small(/*threaded=*/false);
+  o.kv_blocks = 5;  // 80 tokens; the three need 3 blocks each
+  int preemptions = 0;
+  int min_free = 5;
+  o.step_observer = [&](const StepStats& s) {
+    preemptions += s.preemptions;
+    min_free = std::min(min_free, s.load.kv_blocks_free);
+  };
+  auto sched = MakeScheduler(*env, o);
+  EXPECT_EQ(sched->max_context(), 80);
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (const auto& r : reqs) {
+    sinks.push_back(std::make_shared<RecordingSink>());
+    PD_ASSERT_OK(sched->Submit(r, sinks.back()));
+  }
+  RunToIdle(*sched);
+  int recorded = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE(sinks[i]->finished());
+    EXPECT_EQ(sinks[i]->tokens(), expected[i]) << reqs[i].id;  // none lost, none re-emitted
+    EXPECT_EQ(sinks[i]->info().reason, FinishReason::kLength);
+    recorded += sinks[i]->info().timing.preemptions;
+  }
+  EXPECT_GT(preemptions, 0);
+  EXPECT_EQ(recorded, preemptions);
+  EXPECT_EQ(min_free, 0);
+  // The earliest admitted sequence is never the victim.
+  EXPECT_EQ(sinks[0]->info().timing.preemptions, 0);
+  ExpectAllBlocksFree(*sched);
+}
+
+TEST(SchedulerTest, HigherPriorityIsAdmittedFirst) {
+  auto env = MakeEnv();
+  for (bool priority : {true, false}) {
+    SCOPED_TRACE(priority ? "priority" : "fcfs");
+    SchedulerOptions o = Small(/*threaded=*/false);
+    o.max_running_seqs = 1;
+    o.enable_priority = priority;
+    auto sched = MakeScheduler(*env, o);
+    std::vector<std::string> order;
+    std::vector<std::shared_ptr<RecordingSink>> sinks;
+    const std::vector<std::pair<std::string, int>> reqs = {
+        {"low", 0}, {"mid", 1}, {"high", 5}, {"low2", 0}};
+    for (const auto& [id, prio] : reqs) {
+      sinks.push_back(std::make_shared<RecordingSink>());
+      sinks.back()->on_finish = [&order, id = id](const FinishInfo&) { order.push_back(id); };
+      PD_ASSERT_OK(sched->Submit(Req(id, Prompt(4, prio + 20), 2, prio), sinks.back()));
+    }
+    RunToIdle(*sched);
+    if (priority) {
+      EXPECT_THAT(order, ElementsAre("high", "mid", "low", "low2"));
+    } else {
+      EXPECT_THAT(order, ElementsAre("low", "mid", "high", "low2"));
+    }
+    ExpectAllBlocksFree(*sched);
+  }
+}
+
+TEST(SchedulerTest, LowerPriorityIsPreemptedFirst) {
+  auto env = MakeEnv();
+  const GenerationRequest low = Req("low", Prompt(10, 30), 38, 0);
+  const GenerationRequest high = Req("high", Prompt(10, 31), 38, 9);
+  const auto ref_low = Reference(*env, low), ref_high = Reference(*env, high);
+  SchedulerOptions o = Small(/*threaded=*/false);
+  o.kv_blocks = 4;  // 64 tokens; each needs 48 (3 blocks)
+  auto sched = MakeScheduler(*env, o);
+  auto s_low = std::make_shared<RecordingSink>(), s_high = std::make_shared<RecordingSink>();
+  PD_ASSERT_OK(sched->Submit(low, s_low));
+  sched->Step();                              // low is admitted first...
+  PD_ASSERT_OK(sched->Submit(high, s_high));  // ...yet high, admitted later, keeps its KV
+  RunToIdle(*sched);
+  EXPECT_EQ(s_high->info().timing.preemptions, 0);
+  EXPECT_GE(s_low->info().timing.preemptions, 1);
+  EXPECT_EQ(s_low->tokens(), ref_low);
+  EXPECT_EQ(s_high->tokens(), ref_high);
+  ExpectAllBlocksFree(*sched);
+}
+
+TEST(SchedulerTest, CancelMidStreamFreesAtOnce) {
+  auto env = MakeEnv();
+  const GenerationRequest other = Req("other", Prompt(8, 41), 40);
+  const auto ref_other = Reference(*env, other);
+  auto sched = MakeScheduler(*env, Small());
+  absl::Notification third_token, cancelled;
+  auto victim = std::make_shared<RecordingSink>();
+  victim->on_tokens = [&](int n) {
+    if (n == 3) {
+      third_token.Notify();
+      cancelled.WaitForNotification();  // hold the engine until the other thread cancelled
+    }
+  };
+  int free_at_finish = -1;
+  victim->on_finish = [&](const FinishInfo&) { free_at_finish = sched->Load().kv_blocks_free; };
+  // A stream that cancels itself from its sink (the engine thread), as a stop-string match does.
+  auto self = std::make_shared<RecordingSink>();
+  self->on_tokens = [&](int n) {
+    if (n == 2) sched->Cancel("self", FinishReason::kStop);
+  };
+  auto other_sink = std::make_shared<RecordingSink>();
+  PD_ASSERT_OK(sched->Submit(Req("victim", Prompt(100, 40), 150), victim));
+  PD_ASSERT_OK(sched->Submit(Req("self", Prompt(5, 42), 200), self));
+  PD_ASSERT_OK(sched->Submit(other, other_sink));
+  ASSERT_TRUE(third_token.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  sched->Cancel("victim");
+  sched->Cancel("no-such-request");  // no-op
+  cancelled.Notify();
+  ASSERT_TRUE(victim->WaitFinished());
+  EXPECT_EQ(victim->info().reason, FinishReason::kCancelled);
+  EXPECT_EQ(victim->info().completion_tokens, 3);
+  ASSERT_TRUE(self->WaitFinished());
+  EXPECT_EQ(self->info().reason, FinishReason::kStop);
+  EXPECT_EQ(self->info().completion_tokens, 2);
+  ASSERT_TRUE(other_sink->WaitFinished());
+  EXPECT_EQ(other_sink->tokens(), ref_other);
+  // The victim's 7 blocks were back before its OnFinish; only "other" (at most 3 blocks) and
+  // "self" (1) could still hold some then.
+  EXPECT_GE(free_at_finish, sched->kv_blocks_total() - 4);
+  ExpectAllBlocksFree(*sched);
+}
+
+TEST(SchedulerTest, CancelWhileWaiting) {
+  auto env = MakeEnv();
+  SchedulerOptions o = Small(/*threaded=*/false);
+  o.max_running_seqs = 1;
+  auto sched = MakeScheduler(*env, o);
+  auto a = std::make_shared<RecordingSink>(), b = std::make_shared<RecordingSink>();
+  PD_ASSERT_OK(sched->Submit(Req("a", Prompt(4, 1), 10), a));
+  PD_ASSERT_OK(sched->Submit(Req("b", Prompt(4, 2), 10), b));
+  sched->Step();
+  EXPECT_EQ(sched->Load().running, 1);
+  EXPECT_EQ(sched->Load().waiting, 1);
+  sched->Cancel("b");
+  const StepStats s = sched->Step();
+  ASSERT_TRUE(b->finished());
+  EXPECT_EQ(b->info().reason, FinishReason::kCancelled);
+  EXPECT_EQ(b->info().completion_tokens, 0);
+  EXPECT_EQ(s.load.waiting, 0);
+  // The id is free again once finished.
+  auto b2 = std::make_shared<RecordingSink>();
+  PD_EXPECT_OK(sched->Submit(Req("b", Prompt(4, 2), 1), b2));
+  RunToIdle(*sched);
+  EXPECT_EQ(a->info().reason, FinishReason::kLength);
+  EXPECT_EQ(b2->info().reason, FinishReason::kLength);
+  ExpectAllBlocksFree(*sched);
+}
+
+TEST(SchedulerTest, DeadlinesEndRequestsAndFreeKv) {
+  auto env = MakeEnv();
+  auto sched = MakeScheduler(*env, Small());
+  GenerationRequest past = Req("past", Prompt(6, 50), 50);
+  past.deadline = absl::Now() - absl::Seconds(1);
+  GenerationRequest soon = Req("soon", Prompt(6, 51), 200);
+  soon.deadline = absl::Now() + absl::Seconds(1);
+  auto s_past = std::make_shared<RecordingSink>(), s_soon = std::make_shared<RecordingSink>();
+  s_soon->on_tokens = [&](int n) {
+    if (n == 1) absl::SleepFor(soon.deadline - absl::Now() + absl::Milliseconds(20));
+  };
+  PD_ASSERT_OK(sched->Submit(past, s_past));
+  PD_ASSERT_OK(sched->Submit(soon, s_soon));
+  ASSERT_TRUE(s_past->WaitFinished());
+  ASSERT_TRUE(s_soon->WaitFinished());
+  EXPECT_EQ(s_past->info().reason, FinishReason::kDeadline);
+  EXPECT_EQ(s_past->info().completion_tokens, 0);
+  EXPECT_EQ(s_soon->info().reason, FinishReason::kDeadline);
+  EXPECT_EQ(s_soon->info().completion_tokens, 1);  // checked at the start of every step
+  EXPECT_GE(s_soon->info().timing.finished, soon.deadline);
+  ExpectAllBlocksFree(*sched);
+}
+
+TEST(SchedulerTest, QueueFullIsResourceExhausted) {
+  auto env = MakeEnv();
+  SchedulerOptions o = Small(/*threaded=*/false);
+  o.max_waiting = 2;
+  o.max_running_seqs = 1;
+  auto sched = MakeScheduler(*env, o);
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (int i = 0; i < 3; ++i) sinks.push_back(std::make_shared<RecordingSink>());
+  PD_ASSERT_OK(sched->Submit(Req("q0", Prompt(4, 1), 3), sinks[0]));
+  PD_ASSERT_OK(sched->Submit(Req("q1", Prompt(4, 2), 3), sinks[1]));
+  EXPECT_THAT(sched->Submit(Req("q2", Prompt(4, 3), 3), sinks[2]),
+              StatusIs(absl::StatusCode::kResourceExhausted, "waiting queue is full"));
+  EXPECT_EQ(sched->Load().waiting, 2);
+  sched->Step();  // q0 runs, q1 waits (one running slot): room for one more
+  EXPECT_EQ(sched->Load().waiting, 1);
+  PD_EXPECT_OK(sched->Submit(Req("q2", Prompt(4, 3), 3), sinks[2]));
+  EXPECT_THAT(sched->Submit(Req("q3", Prompt(4, 4), 3), std::make_shared<RecordingSink>()),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  RunToIdle(*sched);
+  for (auto& s : sinks) EXPECT_EQ(s->info().reason, FinishReason::kLength);
+  ExpectAllBlocksFree(*sched);
+}
+
+TEST(SchedulerTest, TotalTokenLimitIsResourceExhausted) {
+  auto env = MakeEnv();
+  SchedulerOptions o = Small(/*threaded=*/false);
+  o.max_context = 64;
+  o.max_total_tokens = 100;
+  auto sched = MakeScheduler(*env, o);
+  auto a = std::make_shared<RecordingSink>(), b = std::make_shared<RecordingSink>();
+  PD_ASSERT_OK(sched->Submit(Req("a", Prompt(40, 1), 20), a));  // 60 of 100
+  EXPECT_THAT(sched->Submit(Req("b", Prompt(30, 2), 20), b),    // 60 + 50 > 100
+              StatusIs(absl::StatusCode::kResourceExhausted, "total-token limit"));
+  PD_EXPECT_OK(sched->Submit(Req("c", Prompt(20, 3), 20), std::make_shared<RecordingSink>()));
+  RunToIdle(*sched);
+  EXPECT_TRUE(a->finished());
+  EXPECT_FALSE(b->finished());  // a refused request's sink is never called
+  PD_EXPECT_OK(sched->Submit(Req("b", Prompt(30, 2), 20), b));  // the tokens were released
+  RunToIdle(*sched);
+  EXPECT_EQ(b->info().reason, FinishReason::kLength);
+  ExpectAllBlocksFree(*sched);
+}
+
+TEST(SchedulerTest, BadRequestsAreInvalidWhileOthersRunUnharmed) {
+  auto env = MakeEnv();
+  const GenerationRequest good = Req("good", Prompt(12, 60), 30);
+  const auto ref = Reference(*env, good);
+  auto sched = MakeScheduler(*env, Small());
+  absl::Notification started, submitted;
+  auto good_sink = std::make_shared<RecordingSink>();
+  good_sink->on_tokens = [&](int n) {
+    if (n == 1) {
+      started.Notify();
+      submitted.WaitForNotification();  // keep "good" live while the bad ones arrive
+    }
+  };
+  PD_ASSERT_OK(sched->Submit(good, good_sink));
+  ASSERT_TRUE(started.WaitForNotificationWithTimeout(absl::Seconds(60)));
+
+  auto bad_sink = std::make_shared<RecordingSink>();
+  auto expect_invalid = [&](GenerationRequest r, const char* field,
+                            std::shared_ptr<GenerationSink> sink) {
+    EXPECT_THAT(sched->Submit(std::move(r), std::move(sink)),
+                StatusIs(absl::StatusCode::kInvalidArgument, field));
+  };
+  auto r = [&] { return Req("bad", Prompt(4, 61), 4); };
+  {
+    auto x = r();
+    x.id = "";
+    expect_invalid(x, "id", bad_sink);
+  }
+  {
+    auto x = r();
+    x.prompt.clear();
+    expect_invalid(x, "prompt", bad_sink);
+  }
+  {
+    auto x = r();
+    x.prompt[1] = kVocab;
+    expect_invalid(x, "prompt[1]", bad_sink);
+    x.prompt[1] = -3;
+    expect_invalid(x, "prompt[1]", bad_sink);
+  }
+  {
+    auto x = r();
+    x.max_tokens = 0;
+    expect_invalid(x, "max_tokens", bad_sink);
+  }
+  {
+    auto x = r();
+    x.max_tokens = sched->max_context();  // + 4 prompt tokens
+    expect_invalid(x, "exceeds the context", bad_sink);
+  }
+  {
+    auto x = r();
+    x.sampling.temperature = -1;
+    expect_invalid(x, "sampling.temperature", bad_sink);
+    x = r();
+    x.sampling.top_p = 0;
+    expect_invalid(x, "sampling.top_p", bad_sink);
+  }
+  expect_invalid(r(), "sink", nullptr);
+  {
+    auto x = r();
+    x.id = "good";
+    expect_invalid(x, "already in use", bad_sink);
+  }
+  submitted.Notify();
+  ASSERT_TRUE(good_sink->WaitFinished());
+  EXPECT_EQ(good_sink->tokens(), ref);
+  EXPECT_EQ(good_sink->info().reason, FinishReason::kLength);
+  EXPECT_EQ(bad_sink->n_tokens(), 0);
+  EXPECT_FALSE(bad_sink->finished());
+  ExpectAllBlocksFree(*sched);
+}
+
+TEST(SchedulerTest, StopTokenEndsWithoutEmittingIt) {
+  auto env = MakeEnv();
+  GenerationRequest r = Req("s", Prompt(7, 70), 20);
+  const auto full = Reference(*env, r);
+  ASSERT_GE(full.size(), 6u);
+  r.stop_token_ids = {full[5]};
+  const auto expected = Reference(*env, r);  // stops at the first occurrence of full[5]
+  ASSERT_LE(expected.size(), 5u);
+  auto sched = MakeScheduler(*env, Small());
+  auto sink = std::make_shared<RecordingSink>();
+  PD_ASSERT_OK(sched->Submit(r, sink));
+  ASSERT_TRUE(sink->WaitFinished());
+  EXPECT_EQ(sink->info().reason, FinishReason::kStop);
+  EXPECT_EQ(sink->tokens(), expected);
+  ExpectAllBlocksFree(*sched);
+}
+
+TEST(SchedulerTest, ShutdownFinishesLiveRequests) {
+  auto env = MakeEnv();
+  SchedulerOptions o = Small();
+  o.max_running_seqs = 2;
+  auto sched = MakeScheduler(*env, o);
+  absl::Notification first;
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (int i = 0; i < 3; ++i) sinks.push_back(std::make_shared<RecordingSink>());
+  sinks[0]->on_tokens = [&](int n) {
+    if (n == 1) {
+      first.Notify();
+      absl::SleepFor(absl::Milliseconds(50));  // Shutdown arrives while this step runs
+    }
+  };
+  for (int i = 0; i < 3; ++i) {
+    PD_ASSERT_OK(sched->Submit(Req("s" + std::to_string(i), Prompt(5, 80 + i), 200), sinks[i]));
+  }
+  ASSERT_TRUE(first.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  sched->Shutdown();
+  for (auto& s : sinks) {
+    ASSERT_TRUE(s->finished());  // before Shutdown returned
+    EXPECT_EQ(s->info().reason, FinishReason::kError);
+    EXPECT_THAT(s->info().status, StatusIs(absl::StatusCode::kUnavailable));
+  }
+  EXPECT_GE(sinks[0]->n_tokens(), 1);
+  EXPECT_EQ(sinks[2]->n_tokens(), 0);  // was waiting for a running slot
+  EXPECT_THAT(sched->Submit(Req("late", Prompt(3, 1), 3), std::make_shared<RecordingSink>()),
+              StatusIs(absl::StatusCode::kUnavailable));
+  ExpectAllBlocksFree(*sched);
+  sched->Shutdown();  // idempotent; the destructor calls it again
+}
+
+TEST(SchedulerTest, ShutdownWithoutThreadFinishesRunningAndWaiting) {
+  auto env = MakeEnv();
+  SchedulerOptions o = Small(/*threaded=*/false);
+  o.max_running_seqs = 1;
+  auto sched = MakeScheduler(*env, o);
+  auto a = std::make_shared<RecordingSink>(), b = std::make_shared<RecordingSink>(),
+       c = std::make_shared<RecordingSink>();
+  PD_ASSERT_OK(sched->Submit(Req("a", Prompt(5, 1), 9), a));
+  PD_ASSERT_OK(sched->Submit(Req("b", Prompt(5, 2), 9), b));
+  sched->Step();
+  PD_ASSERT_OK(sched->Submit(Req("c", Prompt(5, 3), 9), c));  // never pulled by a step
+  EXPECT_LT(sched->Load().kv_blocks_free, sched->kv_blocks_total());
+  sched->Shutdown();
+  for (auto* s : {a.get(), b.get(), c.get()}) {
+    ASSERT_TRUE(s->finished());
+    EXPECT_THAT(s->info().status, StatusIs(absl::StatusCode::kUnavailable));
+  }
+  EXPECT_EQ(a->n_tokens(), 1);
+  ExpectAllBlocksFree(*sched);
+  EXPECT_TRUE(sched->Step().batch.empty());
+}
+
+TEST(SchedulerTest, LoadCountsWaitingAndPendingPrefill) {
+  auto env = MakeEnv();
+  SchedulerOptions o = Small(/*threaded=*/false);
+  o.max_running_seqs = 1;
+  o.token_budget = 8;
+  o.prefill_chunk = 8;
+  auto sched = MakeScheduler(*env, o);
+  PD_ASSERT_OK(sched->Submit(Req("a", Prompt(20, 1), 2), std::make_shared<RecordingSink>()));
+  PD_ASSERT_OK(sched->Submit(Req("b", Prompt(5, 2), 2), std::make_shared<RecordingSink>()));
+  EngineLoad load = sched->Load();
+  EXPECT_EQ(load.waiting, 2);
+  EXPECT_EQ(load.running, 0);
+  EXPECT_EQ(load.pending_prefill_tokens, 25);
+  const StepStats s = sched->Step();  // a's first chunk of 8
+  EXPECT_EQ(s.load.running, 1);
+  EXPECT_EQ(s.load.waiting, 1);
+  EXPECT_EQ(s.load.pending_prefill_tokens, 17);
+  EXPECT_EQ(s.load.kv_blocks_free, s.load.kv_blocks_total - 1);
+  load = sched->Load();
+  EXPECT_EQ(load.pending_prefill_tokens, 17);
+  EXPECT_EQ(load.kv_blocks_free, s.load.kv_blocks_free);
+  RunToIdle(*sched);
+  ExpectAllBlocksFree(*sched);
+}
+
+TEST(SchedulerTest, ManyThreadsSubmitAndCancelConcurrently) {
+  auto env = MakeEnv();
+  SchedulerOptions o = Small();
+  o.kv_blocks = 12;  // tight: preemptions happen too
+  auto sched = MakeScheduler(*env, o);
+  constexpr int kThreads = 4, kPerThread = 6;
+  std::vector<std::shared_ptr<RecordingSink>> sinks(kThreads * kPerThread);
+  for (auto& s : sinks) s = std::make_shared<RecordingSink>();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        const int k = t * kPerThread + i;
+        const std::string id = "t" + std::to_string(k);
+        PD_EXPECT_OK(sched->Submit(Req(id, Prompt(5 + k % 20, k), 10 + k % 30), sinks[k]));
+        if (k % 3 == 0) sched->Cancel(id);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int k = 0; k < kThreads * kPerThread; ++k) {
+    ASSERT_TRUE(sinks[k]->WaitFinished()) << k;
+    const FinishReason r = sinks[k]->info().reason;
+    EXPECT_TRUE(r == FinishReason::kLength || (k % 3 == 0 && r == FinishReason::kCancelled))
+        << k << " " << FinishReasonName(r);
+  }
+  ExpectAllBlocksFree(*sched);
+}
+
+TEST(FinishReasonTest, Names) {
+  EXPECT_STREQ(FinishReasonName(FinishReason::kStop), "stop");
+  EXPECT_STREQ(FinishReasonName(FinishReason::kLength), "length");
+  EXPECT_STREQ(FinishReasonName(FinishReason::kCancelled), "cancelled");
+  EXPECT_STREQ(FinishReasonName(FinishReason::kDeadline), "deadline");
+  EXPECT_STREQ(FinishReasonName(FinishReason::kError), "error");
+}
+
+}  // namespace
+}  // namespace pd::engine
