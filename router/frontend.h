@@ -11,11 +11,13 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "engine/sched/engine_api.h"
+#include "engine/sched/sampler.h"
 #include "engine/tokenizer/chat_template.h"
 
 namespace pd::router {
@@ -76,5 +78,38 @@ class Frontend {
   virtual absl::StatusOr<std::unique_ptr<Stream>> Start(const ApiRequest& request) = 0;
   virtual std::vector<ModelCard> Models() const = 0;
 };
+
+}  // namespace pd::router
+
+// ---- the local front end: one engine in this process (pd-serve) ------------------------------
+
+namespace pd::engine {
+class Tokenizer;
+}  // namespace pd::engine
+
+namespace pd::router {
+
+class ServingMetrics;
+
+struct FrontendOptions {
+  // Sampling values a request leaves unset (engine::SamplingParams' defaults otherwise).
+  engine::SamplingParams default_sampling;
+  int default_max_tokens = 256;  // max_tokens when unset (lowered to what the context leaves)
+  int max_tokens_limit = 4096;   // larger max_tokens: INVALID_ARGUMENT
+  int max_stop = 8;              // stop strings per request
+  int max_stop_bytes = 256;      // bytes per stop string
+};
+
+// A Frontend over `engine` in this process. Borrows engine, tokenizer and metrics (nullable),
+// which must outlive it and every Stream it returns. `model` describes the one served model;
+// requests naming another model get NOT_FOUND.
+std::unique_ptr<Frontend> MakeLocalFrontend(FrontendOptions options,
+                                            engine::GenerationEngine& engine,
+                                            const engine::Tokenizer& tokenizer,
+                                            engine::ChatTemplateKind chat_template, ModelCard model,
+                                            ServingMetrics* metrics);
+
+// True when `s` is well-formed UTF-8 (no overlongs, surrogates or code points past U+10FFFF).
+bool IsValidUtf8(std::string_view s);
 
 }  // namespace pd::router

@@ -1,0 +1,354 @@
+#include "common/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_split.h"
+#include "common/status.h"
+#include "common/strings.h"
+
+namespace pd {
+namespace {
+
+// Reads one YAML mapping into fields, remembering which keys were used so that the rest can be
+// reported as unknown. yaml-cpp throws; every call here converts that into the first error.
+class MapReader {
+ public:
+  MapReader(const YAML::Node& node, std::string path) : node_(node), path_(std::move(path)) {
+    if (node_ && !node_.IsNull() && !node_.IsMap()) {
+      Fail(Where(), "expected a mapping");
+    }
+  }
+
+  absl::Status status() const { return status_; }
+
+  template <typename T>
+  void Get(const char* key, T* out) {
+    used_.push_back(key);
+    if (!status_.ok() || !IsMap()) return;
+    const YAML::Node v = node_[key];
+    if (!v || v.IsNull()) return;  // keep the default
+    const std::string where = Join(key);
+    if (!v.IsScalar()) return Fail(where, "expected a single value");
+    if constexpr (std::is_same_v<T, std::string>) {
+      *out = v.Scalar();
+    } else if constexpr (std::is_same_v<T, bool>) {
+      bool b = false;
+      if (!YAML::convert<bool>::decode(v, b)) {
+        return Fail(where, StrCat("expected true or false, got '", v.Scalar(), "'"));
+      }
+      *out = b;
+    } else if constexpr (std::is_integral_v<T>) {
+      int64_t x = 0;
+      if (!YAML::convert<int64_t>::decode(v, x) || x < std::numeric_limits<T>::min() ||
+          x > std::numeric_limits<T>::max()) {
+        return Fail(where, StrCat("expected an integer, got '", v.Scalar(), "'"));
+      }
+      *out = static_cast<T>(x);
+    } else {
+      static_assert(std::is_floating_point_v<T>);
+      double x = 0;
+      if (!YAML::convert<double>::decode(v, x) || !std::isfinite(x)) {
+        return Fail(where, StrCat("expected a number, got '", v.Scalar(), "'"));
+      }
+      *out = static_cast<T>(x);
+    }
+  }
+
+  // A list of mappings; `read` fills one element from its reader (whose keys are checked).
+  template <typename T, typename F>
+  void GetList(const char* key, std::vector<T>* out, F read) {
+    used_.push_back(key);
+    if (!status_.ok() || !IsMap()) return;
+    const YAML::Node v = node_[key];
+    if (!v || v.IsNull()) return;
+    const std::string where = Join(key);
+    if (!v.IsSequence()) return Fail(where, "expected a list");
+    out->clear();
+    for (size_t i = 0; i < v.size(); ++i) {
+      MapReader r(v[i], StrCat(where, "[", i, "]"));
+      T item;
+      read(r, &item);
+      Merge(r);
+      if (!status_.ok()) return;
+      out->push_back(std::move(item));
+    }
+  }
+
+  void GetStrings(const char* key, std::vector<std::string>* out) {
+    used_.push_back(key);
+    if (!status_.ok() || !IsMap()) return;
+    const YAML::Node v = node_[key];
+    if (!v || v.IsNull()) return;
+    const std::string where = Join(key);
+    if (!v.IsSequence()) return Fail(where, "expected a list of strings");
+    out->clear();
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (!v[i].IsScalar()) return Fail(StrCat(where, "[", i, "]"), "expected a string");
+      out->push_back(v[i].Scalar());
+    }
+  }
+
+  // A nested mapping; its own unknown keys are checked by its Finish().
+  MapReader Child(const char* key) {
+    used_.push_back(key);
+    YAML::Node v;
+    if (status_.ok() && IsMap()) v = node_[key];
+    return MapReader(v, Join(key));
+  }
+
+  // Merges a child's status and reports keys nobody asked for.
+  void Merge(const MapReader& child) {
+    if (status_.ok()) status_ = child.Finish();
+  }
+
+  absl::Status Finish() const {
+    PD_RETURN_IF_ERROR(status_);
+    if (!IsMap()) return absl::OkStatus();
+    for (auto it = node_.begin(); it != node_.end(); ++it) {
+      const std::string key = it->first.Scalar();
+      bool known = false;
+      for (const std::string& u : used_) known = known || u == key;
+      if (!known) {
+        std::string valid;
+        for (const std::string& u : used_) valid += StrCat(valid.empty() ? "" : ", ", u);
+        return absl::InvalidArgumentError(StrCat(Join(key), ": unknown key (line ",
+                                                 it->first.Mark().line + 1, "; valid keys: ", valid,
+                                                 ")"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  bool IsMap() const { return node_ && node_.IsMap(); }
+  std::string Join(std::string_view key) const {
+    return path_.empty() ? std::string(key) : StrCat(path_, ".", key);
+  }
+  std::string Where() const { return path_.empty() ? "(top level)" : path_; }
+  void Fail(const std::string& where, const std::string& what) {
+    if (status_.ok()) status_ = absl::InvalidArgumentError(StrCat(where, ": ", what));
+  }
+
+  YAML::Node node_;
+  std::string path_;
+  std::vector<std::string> used_;
+  absl::Status status_;
+};
+
+void ReadListen(MapReader& parent, const char* key, ListenOptions* o) {
+  MapReader r = parent.Child(key);
+  r.Get("enabled", &o->enabled);
+  r.Get("host", &o->host);
+  r.Get("port", &o->port);
+  parent.Merge(r);
+}
+
+absl::Status Check(bool ok, std::string_view field, std::string_view rule, const auto& value) {
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(StrCat(field, ": ", rule, " (got ", value, ")"));
+}
+
+}  // namespace
+
+absl::Status ServeOptions::Validate() const {
+  if (!model.chat_template.empty() && model.chat_template != "gemma" &&
+      model.chat_template != "chatml" && model.chat_template != "llama3" &&
+      model.chat_template != "llama2") {
+    return absl::InvalidArgumentError(
+        StrCat("model.chat_template: must be gemma, chatml, llama3, llama2 or empty (got '",
+               model.chat_template, "')"));
+  }
+  if (model.backend != "cpu" && model.backend != "cuda") {
+    return absl::InvalidArgumentError(
+        StrCat("model.backend: must be cpu or cuda (got '", model.backend, "')"));
+  }
+  PD_RETURN_IF_ERROR(Check(model.context >= 0, "model.context", "must be >= 0", model.context));
+  PD_RETURN_IF_ERROR(Check(threads >= 0, "threads", "must be >= 0", threads));
+  for (const auto& [name, l] :
+       {std::pair<const char*, const ListenOptions*>{"grpc", &grpc}, {"http", &http}}) {
+    PD_RETURN_IF_ERROR(Check(l->port >= 0 && l->port <= 65535, StrCat(name, ".port"),
+                             "must be in [0, 65535]", l->port));
+    if (l->enabled && l->host.empty()) {
+      return absl::InvalidArgumentError(StrCat(name, ".host: must not be empty"));
+    }
+  }
+  for (size_t i = 0; i < api_keys.size(); ++i) {
+    if (api_keys[i].empty()) {
+      return absl::InvalidArgumentError(StrCat("api_keys[", i, "]: must not be empty"));
+    }
+  }
+  const SchedulerConfigOptions& s = scheduler;
+  PD_RETURN_IF_ERROR(Check(s.max_running_seqs >= 1, "scheduler.max_running_seqs", "must be >= 1",
+                           s.max_running_seqs));
+  PD_RETURN_IF_ERROR(
+      Check(s.max_waiting >= 0, "scheduler.max_waiting", "must be >= 0", s.max_waiting));
+  PD_RETURN_IF_ERROR(Check(s.max_total_tokens >= 0, "scheduler.max_total_tokens", "must be >= 0",
+                           s.max_total_tokens));
+  PD_RETURN_IF_ERROR(Check(s.token_budget >= s.max_running_seqs, "scheduler.token_budget",
+                           StrCat("must be >= scheduler.max_running_seqs (", s.max_running_seqs,
+                                  ") so that every running sequence decodes each step"),
+                           s.token_budget));
+  PD_RETURN_IF_ERROR(
+      Check(s.prefill_chunk >= 1, "scheduler.prefill_chunk", "must be >= 1", s.prefill_chunk));
+  if (kv.dtype != "f16" && kv.dtype != "int8" && kv.dtype != "f32") {
+    return absl::InvalidArgumentError(
+        StrCat("kv.dtype: must be f16, int8 or f32 (got '", kv.dtype, "')"));
+  }
+  PD_RETURN_IF_ERROR(Check(kv.memory_mib >= 1, "kv.memory_mib", "must be >= 1", kv.memory_mib));
+  PD_RETURN_IF_ERROR(Check(kv.block_size >= 1 && kv.block_size <= 1024, "kv.block_size",
+                           "must be in [1, 1024]", kv.block_size));
+  PD_RETURN_IF_ERROR(Check(limits.default_max_tokens >= 1, "limits.default_max_tokens",
+                           "must be >= 1", limits.default_max_tokens));
+  PD_RETURN_IF_ERROR(
+      Check(limits.max_tokens >= limits.default_max_tokens, "limits.max_tokens",
+            StrCat("must be >= limits.default_max_tokens (", limits.default_max_tokens, ")"),
+            limits.max_tokens));
+  PD_RETURN_IF_ERROR(Check(limits.max_body_bytes >= 1024, "limits.max_body_bytes",
+                           "must be >= 1024", limits.max_body_bytes));
+  PD_RETURN_IF_ERROR(Check(limits.max_stop >= 0 && limits.max_stop <= 64, "limits.max_stop",
+                           "must be in [0, 64]", limits.max_stop));
+  PD_RETURN_IF_ERROR(
+      Check(shutdown_grace_s >= 0, "shutdown_grace_s", "must be >= 0", shutdown_grace_s));
+  const RouterOptions& r = router;
+  for (size_t i = 0; i < r.nodes.size(); ++i) {
+    const NodeOptions& n = r.nodes[i];
+    const std::string at = StrCat("router.nodes[", i, "]");
+    if (n.name.empty()) return absl::InvalidArgumentError(StrCat(at, ".name: must not be empty"));
+    if (n.role != "prefill" && n.role != "decode") {
+      return absl::InvalidArgumentError(
+          StrCat(at, ".role: must be prefill or decode (got '", n.role, "')"));
+    }
+    if (n.address.empty() || n.address.find(':') == std::string::npos) {
+      return absl::InvalidArgumentError(
+          StrCat(at, ".address: must be host:port (got '", n.address, "')"));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (r.nodes[j].name == n.name) {
+        return absl::InvalidArgumentError(StrCat(at, ".name: '", n.name, "' is used twice"));
+      }
+    }
+  }
+  PD_RETURN_IF_ERROR(Check(r.health_interval_ms >= 10, "router.health_interval_ms", "must be >= 10",
+                           r.health_interval_ms));
+  PD_RETURN_IF_ERROR(Check(r.health_timeout_ms >= 10, "router.health_timeout_ms", "must be >= 10",
+                           r.health_timeout_ms));
+  PD_RETURN_IF_ERROR(Check(r.unhealthy_after >= 1, "router.unhealthy_after", "must be >= 1",
+                           r.unhealthy_after));
+  if (r.decode_policy != "least_loaded" && r.decode_policy != "round_robin") {
+    return absl::InvalidArgumentError(StrCat(
+        "router.decode_policy: must be least_loaded or round_robin (got '", r.decode_policy, "')"));
+  }
+  if (r.prefill_policy != "fewest_pending_tokens" && r.prefill_policy != "round_robin") {
+    return absl::InvalidArgumentError(
+        StrCat("router.prefill_policy: must be fewest_pending_tokens or round_robin (got '",
+               r.prefill_policy, "')"));
+  }
+  PD_RETURN_IF_ERROR(
+      Check(r.max_retries >= 0, "router.max_retries", "must be >= 0", r.max_retries));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ServeOptions> ParseServeOptions(std::string_view yaml, std::string_view source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(StrCat(source, ":", e.mark.line + 1, ":", e.mark.column + 1,
+                                             ": YAML syntax error: ", e.msg));
+  }
+  ServeOptions o;
+  absl::Status status;
+  try {
+    MapReader top(root, "");
+    {
+      MapReader m = top.Child("model");
+      m.Get("path", &o.model.path);
+      m.Get("id", &o.model.id);
+      m.Get("chat_template", &o.model.chat_template);
+      m.Get("context", &o.model.context);
+      m.Get("backend", &o.model.backend);
+      top.Merge(m);
+    }
+    top.Get("threads", &o.threads);
+    ReadListen(top, "grpc", &o.grpc);
+    ReadListen(top, "http", &o.http);
+    top.GetStrings("api_keys", &o.api_keys);
+    {
+      MapReader s = top.Child("scheduler");
+      s.Get("max_running_seqs", &o.scheduler.max_running_seqs);
+      s.Get("max_waiting", &o.scheduler.max_waiting);
+      s.Get("max_total_tokens", &o.scheduler.max_total_tokens);
+      s.Get("token_budget", &o.scheduler.token_budget);
+      s.Get("chunked_prefill", &o.scheduler.chunked_prefill);
+      s.Get("prefill_chunk", &o.scheduler.prefill_chunk);
+      s.Get("priority", &o.scheduler.priority);
+      top.Merge(s);
+    }
+    {
+      MapReader k = top.Child("kv");
+      k.Get("dtype", &o.kv.dtype);
+      k.Get("memory_mib", &o.kv.memory_mib);
+      k.Get("block_size", &o.kv.block_size);
+      top.Merge(k);
+    }
+    {
+      MapReader l = top.Child("limits");
+      l.Get("default_max_tokens", &o.limits.default_max_tokens);
+      l.Get("max_tokens", &o.limits.max_tokens);
+      l.Get("max_body_bytes", &o.limits.max_body_bytes);
+      l.Get("max_stop", &o.limits.max_stop);
+      top.Merge(l);
+    }
+    top.Get("shutdown_grace_s", &o.shutdown_grace_s);
+    {
+      MapReader r = top.Child("router");
+      r.GetList("nodes", &o.router.nodes, [](MapReader& n, NodeOptions* node) {
+        n.Get("name", &node->name);
+        n.Get("role", &node->role);
+        n.Get("address", &node->address);
+      });
+      r.Get("health_interval_ms", &o.router.health_interval_ms);
+      r.Get("health_timeout_ms", &o.router.health_timeout_ms);
+      r.Get("unhealthy_after", &o.router.unhealthy_after);
+      r.Get("decode_policy", &o.router.decode_policy);
+      r.Get("prefill_policy", &o.router.prefill_policy);
+      r.Get("max_retries", &o.router.max_retries);
+      top.Merge(r);
+    }
+    status = top.Finish();
+  } catch (const YAML::Exception& e) {
+    status = absl::InvalidArgumentError(
+        StrCat("line ", e.mark.line + 1, ", column ", e.mark.column + 1, ": ", e.msg));
+  }
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(StrCat(source, ": ", status.message()));
+  }
+  if (absl::Status v = o.Validate(); !v.ok()) {
+    return absl::InvalidArgumentError(StrCat(source, ": ", v.message()));
+  }
+  return o;
+}
+
+absl::StatusOr<ServeOptions> LoadServeOptions(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(StrCat("cannot read config file '", path, "'"));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ParseServeOptions(ss.str(), path);
+}
+
+void AddApiKeys(std::string_view comma_separated, std::vector<std::string>* keys) {
+  for (absl::string_view k : absl::StrSplit(ToAbsl(comma_separated), ',')) {
+    k = absl::StripAsciiWhitespace(k);
+    if (!k.empty()) keys->emplace_back(k);
+  }
+}
+
+}  // namespace pd

@@ -1,0 +1,102 @@
+// The serving configuration: one YAML file (configs/*.yaml, every field in docs/config.md) parsed
+// once into plain Options structs with documented defaults. Components never see YAML: the
+// daemon's main turns these structs into each component's own options.
+//
+// Parsing is strict: an unknown key is INVALID_ARGUMENT naming its full path
+// ("scheduler.token_budget"), and so is a value of the wrong type or out of range (Validate()).
+// Every field is optional; a missing field keeps its default. Thread safety: plain values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace pd {
+
+struct ModelConfigOptions {
+  std::string path;             // GGUF file; "" = the default model (`pdctl models`)
+  std::string id;               // name clients pass as `model`; "" = the file name without .gguf
+  std::string chat_template;    // gemma | chatml | llama3 | llama2; "" = detected from the file
+  int context = 0;              // prompt + max_tokens accepted; 0 = min(training context, 4096)
+  std::string backend = "cpu";  // cpu | cuda
+};
+
+struct ListenOptions {
+  bool enabled = true;
+  std::string host = "127.0.0.1";
+  int port = 0;  // 0 = pick a free port (printed when ready)
+};
+
+struct SchedulerConfigOptions {
+  int max_running_seqs = 32;     // sequences holding KV at once
+  int max_waiting = 256;         // accepted requests not running; beyond: RESOURCE_EXHAUSTED
+  int64_t max_total_tokens = 0;  // sum of prompt + max_tokens over live requests; 0 = no limit
+  int token_budget = 512;        // tokens per engine step (decode tokens + prefill chunks)
+  bool chunked_prefill = true;   // cut prompts into chunks mixed with decode steps
+  int prefill_chunk = 512;       // tokens per prefill chunk
+  bool priority = true;          // honour GenerateRequest.priority (else FCFS)
+};
+
+struct KvConfigOptions {
+  std::string dtype = "f16";  // f16 | int8 | f32
+  int64_t memory_mib = 256;   // KV cache memory budget
+  int block_size = 16;        // tokens per KV block
+};
+
+struct LimitsOptions {
+  int default_max_tokens = 256;      // max_tokens when a request leaves it unset
+  int max_tokens = 4096;             // largest max_tokens a request may ask for
+  int64_t max_body_bytes = 1 << 20;  // largest request body (HTTP) / message (gRPC)
+  int max_stop = 8;                  // stop strings per request
+};
+
+// One node the router sends work to (pd-router; configs/cluster-local.yaml).
+struct NodeOptions {
+  std::string name;     // unique; labels metrics and logs
+  std::string role;     // prefill | decode
+  std::string address;  // host:port of the node's gRPC server
+};
+
+// pd-router: the node registry, health checks and placement (docs/config.md, "router").
+struct RouterOptions {
+  std::vector<NodeOptions> nodes;
+  int health_interval_ms = 250;  // Node.Load poll per node
+  int health_timeout_ms = 400;   // deadline of one poll
+  int unhealthy_after = 2;       // consecutive failed polls before a node stops receiving work
+  std::string decode_policy = "least_loaded";            // least_loaded | round_robin
+  std::string prefill_policy = "fewest_pending_tokens";  // fewest_pending_tokens | round_robin
+  int max_retries = 2;  // other decode nodes tried when one fails (also mid-stream)
+};
+
+struct ServeOptions {
+  ModelConfigOptions model;
+  int threads = 0;  // CPU backend threads; 0 = all cores
+  ListenOptions grpc{true, "127.0.0.1", 50051};
+  ListenOptions http{true, "127.0.0.1", 8080};
+  // Accepted API keys ("authorization: Bearer KEY" or "x-api-key: KEY"); empty = no auth.
+  // PDSERVE_API_KEYS (comma-separated) adds to these.
+  std::vector<std::string> api_keys;
+  SchedulerConfigOptions scheduler;
+  KvConfigOptions kv;
+  LimitsOptions limits;
+  double shutdown_grace_s = 10;  // on SIGINT/SIGTERM, time streams get to finish before cancel
+  RouterOptions router;          // pd-router only; the other daemons ignore it
+
+  // INVALID_ARGUMENT naming the field (full path) and the bad value.
+  absl::Status Validate() const;
+};
+
+// Parses YAML text. `source` names it in error messages (a file name). INVALID_ARGUMENT for YAML
+// syntax errors (with line and column), unknown keys, wrong types; then runs Validate().
+absl::StatusOr<ServeOptions> ParseServeOptions(std::string_view yaml, std::string_view source);
+// Reads and parses a file. NOT_FOUND when it cannot be read.
+absl::StatusOr<ServeOptions> LoadServeOptions(const std::string& path);
+
+// Appends the keys of PDSERVE_API_KEYS-style text ("k1,k2", blanks trimmed, empties dropped).
+void AddApiKeys(std::string_view comma_separated, std::vector<std::string>* keys);
+
+}  // namespace pd

@@ -1,0 +1,290 @@
+#include "router/node_registry.h"
+
+#include <algorithm>
+#include <tuple>
+
+#include "common/log.h"
+#include "common/strings.h"
+
+namespace pd::router {
+namespace nv1 = ::pdserve::node::v1;
+
+struct NodeRegistry::Entry {
+  Node node;
+  NodeStatus status;  // guarded by NodeRegistry::mu_
+};
+
+NodeRegistry::NodeRegistry(const RouterOptions& options, MetricsRegistry* metrics)
+    : options_(options) {
+  if (metrics != nullptr) {
+    healthy_gauge_ = &metrics->AddGauge(
+        "pdserve_router_node_healthy", "1 while the node receives work, else 0.", {"node", "role"});
+    load_gauge_ = &metrics->AddGauge(
+        "pdserve_router_node_load",
+        "The node's load from its last health poll (field: running, waiting, kv_blocks_total, "
+        "kv_blocks_free, pending_prefill_tokens) and the router's streams on it (active).",
+        {"node", "role", "field"});
+    evictions_ = &metrics->AddCounter("pdserve_router_node_evictions_total",
+                                      "Times a node stopped receiving work (failed health checks "
+                                      "or a failed request).",
+                                      {"node"});
+  }
+}
+
+absl::StatusOr<std::unique_ptr<NodeRegistry>> NodeRegistry::Create(const RouterOptions& options,
+                                                                   MetricsRegistry* metrics) {
+  std::unique_ptr<NodeRegistry> r(new NodeRegistry(options, metrics));
+  for (const NodeOptions& n : options.nodes) {
+    auto e = std::make_unique<Entry>();
+    e->node.options = n;
+    grpc::ChannelArguments args;
+    // Reconnect quickly after a node restarts (gRPC's default backoff grows to minutes).
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
+    args.SetMaxReceiveMessageSize(64 << 20);
+    e->node.channel =
+        grpc::CreateCustomChannel(n.address, grpc::InsecureChannelCredentials(), args);
+    e->node.decode = nv1::Decode::NewStub(e->node.channel);
+    e->node.prefill = nv1::Prefill::NewStub(e->node.channel);
+    e->node.node = nv1::Node::NewStub(e->node.channel);
+    e->status.name = n.name;
+    e->status.role = n.role;
+    e->status.address = n.address;
+    r->entries_.push_back(std::move(e));
+  }
+  {
+    absl::MutexLock lock(&r->mu_);
+    for (auto& e : r->entries_) r->Publish(*e);
+  }
+  for (auto& e : r->entries_) {
+    Entry* p = e.get();
+    NodeRegistry* self = r.get();
+    r->threads_.emplace_back([self, p] { self->HealthLoop(p); });
+  }
+  return r;
+}
+
+NodeRegistry::~NodeRegistry() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  for (std::thread& t : threads_) t.join();
+}
+
+void NodeRegistry::Publish(const Entry& e) {
+  const NodeStatus& s = e.status;
+  if (healthy_gauge_ != nullptr) healthy_gauge_->WithLabels({s.name, s.role}).Set(s.healthy);
+  if (load_gauge_ != nullptr) {
+    auto set = [&](const char* field, double v) {
+      load_gauge_->WithLabels({s.name, s.role, field}).Set(v);
+    };
+    set("running", s.load.running);
+    set("waiting", s.load.waiting);
+    set("kv_blocks_total", s.load.kv_blocks_total);
+    set("kv_blocks_free", s.load.kv_blocks_free);
+    set("pending_prefill_tokens", static_cast<double>(s.load.pending_prefill_tokens));
+    set("active", s.active);
+  }
+}
+
+void NodeRegistry::HealthLoop(Entry* e) {
+  const absl::Duration interval = absl::Milliseconds(options_.health_interval_ms);
+  const absl::Duration timeout = absl::Milliseconds(options_.health_timeout_ms);
+  while (true) {
+    const absl::Time start = absl::Now();
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(start + timeout));
+    nv1::EngineLoad l;
+    const grpc::Status s = e->node.node->Load(&ctx, nv1::LoadRequest(), &l);
+    bool turned_unhealthy = false;
+    std::string why;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return;
+      NodeStatus& st = e->status;
+      if (s.ok() && l.role() != st.role) {
+        why = StrCat("serves role '", l.role(), "', configured as '", st.role, "'");
+      } else if (s.ok()) {
+        if (!st.healthy && !l.draining()) {
+          PD_LOG(kInfo, "node ", st.name, " (", st.address, ") is healthy");
+        }
+        st.consecutive_failures = 0;
+        st.draining = l.draining();
+        turned_unhealthy = st.healthy && l.draining();
+        st.healthy = !l.draining();
+        if (turned_unhealthy) why = "draining";
+        st.load.running = l.running();
+        st.load.waiting = l.waiting();
+        st.load.kv_blocks_total = l.kv_blocks_total();
+        st.load.kv_blocks_free = l.kv_blocks_free();
+        st.load.kv_block_size = l.kv_block_size();
+        st.load.pending_prefill_tokens = l.pending_prefill_tokens();
+        st.max_context = l.max_context();
+      } else {
+        why = StrCat(s.error_code(), " ", s.error_message());
+      }
+      if (!s.ok() || !why.empty()) {
+        if (!turned_unhealthy) {
+          ++st.consecutive_failures;
+          if (st.healthy && st.consecutive_failures >= options_.unhealthy_after) {
+            st.healthy = false;
+            turned_unhealthy = true;
+          }
+        }
+      }
+      Publish(*e);
+    }
+    if (turned_unhealthy) MarkUnhealthy(e, StrCat("health check: ", why));
+    absl::MutexLock lock(&mu_);
+    auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+    mu_.AwaitWithDeadline(absl::Condition(&stopped), start + interval);
+    if (stop_) return;
+  }
+}
+
+// Called without the lock once a node turned unhealthy: logs, counts, tells the listeners.
+void NodeRegistry::MarkUnhealthy(Entry* e, const std::string& why) {
+  std::vector<std::function<void(const Node*)>> listeners;
+  {
+    absl::MutexLock lock(&mu_);
+    listeners = listeners_;
+  }
+  PD_LOG(kWarning, "node ", e->node.options.name, " (", e->node.options.address,
+         ") stops receiving work: ", why);
+  if (evictions_ != nullptr) evictions_->WithLabels({e->node.options.name}).Increment();
+  for (auto& l : listeners) l(&e->node);
+}
+
+void NodeRegistry::ReportFailure(const Node* node, const std::string& why) {
+  for (auto& e : entries_) {
+    if (&e->node != node) continue;
+    bool was_healthy = false;
+    {
+      absl::MutexLock lock(&mu_);
+      was_healthy = e->status.healthy;
+      e->status.healthy = false;
+      e->status.consecutive_failures = std::max(e->status.consecutive_failures, 1);
+      Publish(*e);
+    }
+    if (was_healthy) MarkUnhealthy(e.get(), StrCat("request failed: ", why));
+  }
+}
+
+void NodeRegistry::AddActive(const Node* node, int delta, int64_t tokens) {
+  absl::MutexLock lock(&mu_);
+  for (auto& e : entries_) {
+    if (&e->node != node) continue;
+    e->status.active += delta;
+    e->status.active_tokens += delta * tokens;
+    Publish(*e);
+  }
+}
+
+void NodeRegistry::OnUnhealthy(std::function<void(const Node*)> listener) {
+  absl::MutexLock lock(&mu_);
+  listeners_.push_back(std::move(listener));
+}
+
+const NodeRegistry::Node* NodeRegistry::PickDecode(int64_t tokens,
+                                                   const std::vector<const Node*>& exclude) {
+  return Pick("decode", tokens, exclude);
+}
+
+const NodeRegistry::Node* NodeRegistry::PickPrefill(int64_t tokens,
+                                                    const std::vector<const Node*>& exclude) {
+  return Pick("prefill", tokens, exclude);
+}
+
+const NodeRegistry::Node* NodeRegistry::Pick(const std::string& role, int64_t tokens,
+                                             const std::vector<const Node*>& exclude) {
+  absl::MutexLock lock(&mu_);
+  std::vector<Entry*> candidates;
+  for (auto& e : entries_) {
+    const NodeStatus& s = e->status;
+    if (s.role != role || !s.healthy) continue;
+    if (std::find(exclude.begin(), exclude.end(), &e->node) != exclude.end()) continue;
+    if (role == "decode") {
+      // Never a node whose whole cache (or context) cannot hold the request.
+      const int64_t capacity = int64_t{s.load.kv_blocks_total} * s.load.kv_block_size;
+      if (capacity < tokens || (s.max_context > 0 && s.max_context < tokens)) continue;
+    }
+    candidates.push_back(e.get());
+  }
+  if (candidates.empty()) return nullptr;
+  const std::string& policy = role == "decode" ? options_.decode_policy : options_.prefill_policy;
+  Entry* best = nullptr;
+  if (policy == "round_robin") {
+    best = candidates[round_robin_++ % candidates.size()];
+  } else if (role == "decode") {
+    auto key = [tokens](const Entry* e) {
+      const NodeStatus& s = e->status;
+      const int64_t block = std::max(1, s.load.kv_block_size);
+      const int64_t free_tokens = int64_t{s.load.kv_blocks_free} * block - s.active_tokens;
+      const int seqs = std::max(s.load.running + s.load.waiting, s.active);
+      return std::make_tuple(free_tokens >= tokens ? 0 : 1, seqs, -free_tokens);
+    };
+    best = *std::min_element(candidates.begin(), candidates.end(),
+                             [&](const Entry* a, const Entry* b) { return key(a) < key(b); });
+  } else {
+    auto key = [](const Entry* e) {
+      return e->status.load.pending_prefill_tokens + e->status.active_tokens;
+    };
+    best = *std::min_element(candidates.begin(), candidates.end(),
+                             [&](const Entry* a, const Entry* b) { return key(a) < key(b); });
+  }
+  return &best->node;
+}
+
+std::vector<NodeStatus> NodeRegistry::Snapshot() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<NodeStatus> out;
+  for (const auto& e : entries_) out.push_back(e->status);
+  return out;
+}
+
+int NodeRegistry::HealthyCount(const std::string& role) const {
+  absl::MutexLock lock(&mu_);
+  int n = 0;
+  for (const auto& e : entries_) n += e->status.role == role && e->status.healthy;
+  return n;
+}
+
+int NodeRegistry::DecodeContext() const {
+  absl::MutexLock lock(&mu_);
+  int ctx = 0;
+  for (const auto& e : entries_) {
+    const NodeStatus& s = e->status;
+    if (s.role != "decode" || s.max_context <= 0) continue;
+    ctx = ctx == 0 ? s.max_context : std::min(ctx, s.max_context);
+  }
+  return ctx;
+}
+
+engine::EngineLoad NodeRegistry::DecodeLoad() const {
+  absl::MutexLock lock(&mu_);
+  engine::EngineLoad sum;
+  for (const auto& e : entries_) {
+    const NodeStatus& s = e->status;
+    if (s.role != "decode" || !s.healthy) continue;
+    sum.running += s.load.running;
+    sum.waiting += s.load.waiting;
+    sum.kv_blocks_total += s.load.kv_blocks_total;
+    sum.kv_blocks_free += s.load.kv_blocks_free;
+    sum.kv_block_size = s.load.kv_block_size;
+    sum.pending_prefill_tokens += s.load.pending_prefill_tokens;
+  }
+  return sum;
+}
+
+bool NodeRegistry::WaitForDecodeNodes(int n_decode, absl::Duration timeout) const {
+  const absl::Time end = absl::Now() + timeout;
+  while (HealthyCount("decode") < n_decode) {
+    if (absl::Now() >= end) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
+}  // namespace pd::router

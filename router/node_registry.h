@@ -1,0 +1,118 @@
+// pd-router's view of the cluster: the nodes named in the config (router.nodes), each polled with
+// Node.Load by its own health thread, and the placement policies that pick a node for a request.
+//
+// Health: a node receives work while its last poll succeeded and it is not draining. After
+// `unhealthy_after` consecutive failed polls (each with a `health_timeout_ms` deadline, one every
+// `health_interval_ms`), or at once when a request to it fails at the transport level
+// (ReportFailure), it stops receiving work; the listeners given to OnUnhealthy are told (the
+// RemoteEngine moves that node's streams elsewhere). With the defaults (250 ms, 400 ms, 2) a dead
+// node is out within ~1.3 s; a node returns with its next successful poll.
+//
+// Placement (named in config, router.decode_policy / router.prefill_policy):
+//   decode  least_loaded: among healthy decode nodes whose KV cache can hold the request at all
+//           (kv_blocks_total * block_size >= tokens), those with enough free blocks first, then
+//           the fewest sequences (the node's running + waiting, or the router's own streams on it
+//           if more: they are fresher than the last poll), then the most free blocks.
+//           round_robin: the next healthy node that can hold the request.
+//   prefill fewest_pending_tokens: the healthy prefill node with the fewest pending prompt tokens
+//           (last poll plus the router's own in-flight prompt tokens); round_robin.
+//
+// Ownership: owns the channels, the stubs and the health threads (joined by the destructor).
+// Thread safety: every method may be called from any thread; Node pointers stay valid for the
+// registry's lifetime.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/config.h"
+#include "common/metrics.h"
+#include "engine/sched/engine_api.h"
+#include "pdserve/node/v1/node.grpc.pb.h"
+
+namespace pd::router {
+
+struct NodeStatus {
+  std::string name, role, address;
+  bool healthy = false;
+  bool draining = false;
+  int consecutive_failures = 0;
+  engine::EngineLoad load;  // from the last successful poll
+  int max_context = 0;
+  int active = 0;             // the router's requests on the node now
+  int64_t active_tokens = 0;  // their prompt tokens (prefill) or KV tokens (decode)
+};
+
+class NodeRegistry {
+ public:
+  struct Node {
+    NodeOptions options;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<pdserve::node::v1::Decode::Stub> decode;
+    std::unique_ptr<pdserve::node::v1::Prefill::Stub> prefill;
+    std::unique_ptr<pdserve::node::v1::Node::Stub> node;
+  };
+
+  // Starts one health thread per node. `metrics` (nullable) must outlive the registry: it gets
+  // pdserve_router_node_* gauges and pdserve_router_node_evictions_total.
+  static absl::StatusOr<std::unique_ptr<NodeRegistry>> Create(const RouterOptions& options,
+                                                              MetricsRegistry* metrics);
+  ~NodeRegistry();  // stops and joins the health threads
+
+  // nullptr when no healthy node can take the request (`tokens`: prompt + max_tokens for decode,
+  // prompt tokens for prefill). `exclude`: nodes already tried for this request.
+  const Node* PickDecode(int64_t tokens, const std::vector<const Node*>& exclude);
+  const Node* PickPrefill(int64_t tokens, const std::vector<const Node*>& exclude);
+
+  // A request to `node` failed at the transport level: it stops receiving work until a poll
+  // succeeds.
+  void ReportFailure(const Node* node, const std::string& why);
+  // The router's own in-flight requests on a node (placement counts them).
+  void AddActive(const Node* node, int delta, int64_t tokens);
+
+  // Called (on a health thread, or the ReportFailure caller) when a node turns unhealthy.
+  void OnUnhealthy(std::function<void(const Node*)> listener);
+
+  std::vector<NodeStatus> Snapshot() const;
+  int HealthyCount(const std::string& role) const;
+  // The smallest max_context reported by a decode node; 0 before any poll succeeded.
+  int DecodeContext() const;
+  // Sum of the healthy decode nodes' loads.
+  engine::EngineLoad DecodeLoad() const;
+  // Waits until `n_decode` decode nodes are healthy, or `timeout`; true if they are.
+  bool WaitForDecodeNodes(int n_decode, absl::Duration timeout) const;
+
+ private:
+  struct Entry;
+  NodeRegistry(const RouterOptions& options, MetricsRegistry* metrics);
+  void HealthLoop(Entry* e);
+  void MarkUnhealthy(Entry* e, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
+  const Node* Pick(const std::string& role, int64_t tokens,
+                   const std::vector<const Node*>& exclude);
+  void Publish(const Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const RouterOptions options_;
+  std::vector<std::unique_ptr<Entry>> entries_;  // fixed after Create
+  std::vector<std::thread> threads_;
+
+  mutable absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::function<void(const Node*)>> listeners_ ABSL_GUARDED_BY(mu_);
+  uint64_t round_robin_ ABSL_GUARDED_BY(mu_) = 0;
+
+  Family<Gauge>* healthy_gauge_ = nullptr;
+  Family<Gauge>* load_gauge_ = nullptr;  // {node, role, field}
+  Family<Counter>* evictions_ = nullptr;
+};
+
+}  // namespace pd::router

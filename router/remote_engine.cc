@@ -1,0 +1,288 @@
+#include "router/remote_engine.h"
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "common/strings.h"
+#include "pdserve/node/v1/node.grpc.pb.h"
+
+namespace pd::router {
+namespace nv1 = ::pdserve::node::v1;
+using engine::FinishReason;
+
+struct RemoteEngine::Call {
+  engine::GenerationRequest request;
+  std::shared_ptr<engine::GenerationSink> sink;
+  absl::Time arrival;
+  std::thread thread;
+
+  absl::Mutex mu;
+  grpc::ClientContext* context ABSL_GUARDED_BY(mu) = nullptr;  // the attempt in flight
+  const NodeRegistry::Node* node ABSL_GUARDED_BY(mu) = nullptr;
+  bool cancelled ABSL_GUARDED_BY(mu) = false;
+  FinishReason cancel_reason ABSL_GUARDED_BY(mu) = FinishReason::kCancelled;
+  bool node_failed ABSL_GUARDED_BY(mu) = false;  // the registry evicted the node mid-call
+};
+
+RemoteEngine::RemoteEngine(NodeRegistry& registry, const RemoteEngineOptions& options,
+                           MetricsRegistry* metrics)
+    : registry_(registry), options_(options) {
+  if (metrics != nullptr) {
+    placements_ =
+        &metrics->AddCounter("pdserve_router_placements_total",
+                             "Requests (and retries) placed on a node.", {"node", "role"});
+    retries_ = &metrics->AddCounter(
+        "pdserve_router_retries_total",
+        "Requests re-run on another node (reason: node_failed, unavailable, exhausted).",
+        {"reason"});
+  }
+  registry_.OnUnhealthy([this](const NodeRegistry::Node* node) { NodeFailed(node); });
+}
+
+RemoteEngine::~RemoteEngine() { Shutdown(); }
+
+int RemoteEngine::max_context() const {
+  const int ctx = registry_.DecodeContext();
+  return ctx > 0 ? ctx : options_.default_context;
+}
+
+engine::EngineLoad RemoteEngine::Load() const { return registry_.DecodeLoad(); }
+
+absl::Status RemoteEngine::Submit(engine::GenerationRequest request,
+                                  std::shared_ptr<engine::GenerationSink> sink) {
+  if (sink == nullptr) return absl::InvalidArgumentError("sink: must not be null");
+  if (request.id.empty()) return absl::InvalidArgumentError("id: must not be empty");
+  if (request.prompt.empty()) return absl::InvalidArgumentError("prompt: must not be empty");
+  if (request.max_tokens < 1) {
+    return absl::InvalidArgumentError(StrCat("max_tokens: must be >= 1, got ", request.max_tokens));
+  }
+  PD_RETURN_IF_ERROR(request.sampling.Validate());
+  Reap();
+  const int64_t tokens = static_cast<int64_t>(request.prompt.size()) + request.max_tokens;
+  if (registry_.PickDecode(tokens, {}) == nullptr) {
+    return absl::UnavailableError(
+        StrCat("no healthy decode node can hold this request (", tokens, " tokens)"));
+  }
+  auto call = std::make_shared<Call>();
+  call->request = std::move(request);
+  call->sink = std::move(sink);
+  call->arrival = absl::Now();
+  absl::MutexLock lock(&mu_);
+  if (!accepting_) return absl::UnavailableError("the router is shutting down");
+  if (calls_.contains(call->request.id)) {
+    return absl::InvalidArgumentError(
+        StrCat("id: '", call->request.id, "' is already used by a live request"));
+  }
+  calls_[call->request.id] = call;
+  call->thread = std::thread([this, call] { Run(call); });
+  return absl::OkStatus();
+}
+
+void RemoteEngine::Cancel(const std::string& id, FinishReason reason) {
+  std::shared_ptr<Call> call;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = calls_.find(id);
+    if (it == calls_.end()) return;
+    call = it->second;
+  }
+  absl::MutexLock lock(&call->mu);
+  if (call->cancelled) return;
+  call->cancelled = true;
+  call->cancel_reason = reason;
+  if (call->context != nullptr) call->context->TryCancel();
+}
+
+void RemoteEngine::NodeFailed(const NodeRegistry::Node* node) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, call] : calls_) {
+    absl::MutexLock call_lock(&call->mu);
+    if (call->node != node || call->context == nullptr) continue;
+    call->node_failed = true;
+    call->context->TryCancel();
+  }
+}
+
+void RemoteEngine::Reap() {
+  std::vector<std::thread> done;
+  {
+    absl::MutexLock lock(&mu_);
+    done.swap(finished_);
+  }
+  for (std::thread& t : done) t.join();
+}
+
+void RemoteEngine::Shutdown() {
+  std::vector<std::string> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    accepting_ = false;
+    for (auto& [id, call] : calls_) ids.push_back(id);
+  }
+  for (const std::string& id : ids) Cancel(id, FinishReason::kCancelled);
+  while (true) {
+    Reap();
+    {
+      absl::MutexLock lock(&mu_);
+      if (calls_.empty() && finished_.empty()) break;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
+namespace {
+
+void ToProtoSampling(const engine::SamplingParams& s, nv1::Sampling* out) {
+  out->set_temperature(s.temperature);
+  out->set_top_k(s.top_k);
+  out->set_top_p(s.top_p);
+  out->set_min_p(s.min_p);
+  out->set_repetition_penalty(s.repetition_penalty);
+  out->set_penalty_last_n(s.penalty_last_n);
+  out->set_seed(s.seed);
+}
+
+FinishReason ReasonFromName(const std::string& name) {
+  if (name == "length") return FinishReason::kLength;
+  if (name == "cancelled") return FinishReason::kCancelled;
+  if (name == "deadline") return FinishReason::kDeadline;
+  if (name == "error") return FinishReason::kError;
+  return FinishReason::kStop;
+}
+
+}  // namespace
+
+void RemoteEngine::Run(std::shared_ptr<Call> call) {
+  const engine::GenerationRequest& req = call->request;
+  std::vector<int32_t> sent;  // tokens already given to the sink
+  std::vector<const NodeRegistry::Node*> tried;
+  engine::FinishInfo info;
+  info.prompt_tokens = static_cast<int>(req.prompt.size());
+  info.timing.arrival = call->arrival;
+  info.timing.first_scheduled = absl::InfinitePast();
+  info.timing.first_token = absl::InfinitePast();
+  int attempt = 0;
+  bool done = false;
+  while (!done) {
+    const int remaining = req.max_tokens - static_cast<int>(sent.size());
+    const int64_t tokens = static_cast<int64_t>(req.prompt.size() + sent.size()) + remaining;
+    const NodeRegistry::Node* node = registry_.PickDecode(tokens, tried);
+    if (node == nullptr && !tried.empty()) {
+      // Every untried node is gone: a node tried earlier may be healthy again.
+      node = registry_.PickDecode(tokens, {});
+    }
+    if (node == nullptr) {
+      info.reason = FinishReason::kError;
+      info.status = absl::UnavailableError(StrCat("no healthy decode node can take the request (",
+                                                  tokens, " tokens; ", sent.size(),
+                                                  " tokens were sent before the failure)"));
+      break;
+    }
+    tried.push_back(node);
+    nv1::GenerateRequest nreq;
+    nreq.set_request_id(attempt == 0 ? req.id : StrCat(req.id, "#retry", attempt));
+    nreq.mutable_prompt()->Add(req.prompt.begin(), req.prompt.end());
+    nreq.mutable_prompt()->Add(sent.begin(), sent.end());
+    ToProtoSampling(req.sampling, nreq.mutable_sampling());
+    nreq.set_max_tokens(remaining);
+    for (int32_t t : req.stop_token_ids) nreq.add_stop_token_ids(t);
+    nreq.set_priority(req.priority);
+
+    grpc::ClientContext ctx;
+    if (req.deadline != absl::InfiniteFuture()) ctx.set_deadline(absl::ToChronoTime(req.deadline));
+    {
+      absl::MutexLock lock(&call->mu);
+      if (call->cancelled) {
+        info.reason = call->cancel_reason;
+        break;
+      }
+      call->context = &ctx;
+      call->node = node;
+      call->node_failed = false;
+    }
+    if (placements_ != nullptr) {
+      placements_->WithLabels({node->options.name, node->options.role}).Increment();
+    }
+    registry_.AddActive(node, 1, tokens);
+    std::unique_ptr<grpc::ClientReader<nv1::GenerateResponse>> reader =
+        node->decode->Generate(&ctx, nreq);
+    nv1::GenerateResponse resp;
+    std::optional<nv1::Finish> finish;
+    while (reader->Read(&resp)) {
+      if (!resp.tokens().empty()) {
+        std::vector<int32_t> t(resp.tokens().begin(), resp.tokens().end());
+        if (info.timing.first_token == absl::InfinitePast()) info.timing.first_token = absl::Now();
+        sent.insert(sent.end(), t.begin(), t.end());
+        call->sink->OnTokens(t);
+      }
+      if (resp.has_finish()) finish = resp.finish();
+    }
+    const grpc::Status status = reader->Finish();
+    registry_.AddActive(node, -1, tokens);
+    bool cancelled, node_failed;
+    FinishReason cancel_reason;
+    {
+      absl::MutexLock lock(&call->mu);
+      call->context = nullptr;
+      cancelled = call->cancelled;
+      cancel_reason = call->cancel_reason;
+      node_failed = call->node_failed;
+    }
+    if (finish && status.ok()) {
+      info.reason = ReasonFromName(finish->reason());
+      info.timing.preemptions += finish->preemptions();
+      break;
+    }
+    if (cancelled) {
+      info.reason = cancel_reason;
+      break;
+    }
+    if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+        (req.deadline != absl::InfiniteFuture() && absl::Now() >= req.deadline)) {
+      info.reason = FinishReason::kDeadline;
+      break;
+    }
+    if (static_cast<int>(sent.size()) >= req.max_tokens) {
+      // Every token arrived; only the finish was lost with the node.
+      info.reason = FinishReason::kLength;
+      break;
+    }
+    // Which failures another node can fix.
+    const grpc::StatusCode code = status.error_code();
+    std::string reason;
+    if (node_failed) {
+      reason = "node_failed";
+    } else if (code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::CANCELLED ||
+               code == grpc::StatusCode::UNKNOWN || code == grpc::StatusCode::INTERNAL ||
+               code == grpc::StatusCode::ABORTED || (status.ok() && !finish)) {
+      reason = "unavailable";
+      registry_.ReportFailure(node, StrCat(static_cast<int>(code), " ", status.error_message()));
+    } else if (code == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      reason = "exhausted";
+    }
+    if (reason.empty() || attempt >= options_.max_retries) {
+      info.reason = FinishReason::kError;
+      info.status = status.ok() ? absl::UnavailableError("the decode node ended the stream early")
+                                : absl::Status(static_cast<absl::StatusCode>(code),
+                                               StrCat("decode node ", node->options.name, ": ",
+                                                      status.error_message()));
+      break;
+    }
+    ++attempt;
+    if (retries_ != nullptr) retries_->WithLabels({reason}).Increment();
+    PD_LOG(kWarning, "request ", req.id, ": decode node ", node->options.name, " failed (",
+           static_cast<int>(code), " ", status.error_message(), ") after ", sent.size(),
+           " tokens; retry ", attempt, " on another node");
+  }
+  info.completion_tokens = static_cast<int>(sent.size());
+  info.timing.finished = absl::Now();
+  call->sink->OnFinish(info);
+  absl::MutexLock lock(&mu_);
+  calls_.erase(req.id);
+  finished_.push_back(std::move(call->thread));
+}
+
+}  // namespace pd::router

@@ -1,0 +1,214 @@
+// pd-router: the public APIs of a pdserve cluster (gRPC pdserve.v1.Chat + health + reflection,
+// OpenAI-compatible HTTP + /metrics), unchanged from pd-serve's, over a RemoteEngine that places
+// requests on the decode nodes of router.nodes (docs/cluster.md). Wiring only.
+//
+//   pd-router --config configs/cluster-local.yaml [--model PATH] [--grpc-port N] [--http-port M]
+//             [--node NAME=ROLE@HOST:PORT ...]
+//
+// The model file is read for its tokenizer, chat template and model card only (no weights are
+// loaded). Ready line on stdout:
+//   pd-router ready: grpc=127.0.0.1:PORT http=http://127.0.0.1:PORT model=ID nodes=N
+// SIGINT / SIGTERM: stop accepting, give running streams shutdown_grace_s, cancel the rest, exit 0.
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "common/config.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/status.h"
+#include "common/strings.h"
+#include "engine/model/gguf.h"
+#include "engine/model/model_finder.h"
+#include "engine/tokenizer/chat_template.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "router/frontend.h"
+#include "router/grpc_service.h"
+#include "router/http_server.h"
+#include "router/model_card.h"
+#include "router/node_registry.h"
+#include "router/remote_engine.h"
+#include "router/serving_metrics.h"
+
+namespace pd::router {
+namespace {
+
+absl::Status Route(const ServeOptions& o, sigset_t signals, double wait_ready_s) {
+  std::string model_path = o.model.path;
+  if (model_path.empty()) {
+    PD_ASSIGN_OR_RETURN(model_path, engine::FindDefaultModel());
+  }
+  PD_ASSIGN_OR_RETURN(std::shared_ptr<engine::GgufFile> file, engine::GgufFile::Open(model_path));
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<engine::Tokenizer> tokenizer,
+                      engine::Tokenizer::FromGguf(*file));
+  absl::StatusOr<engine::ChatTemplateKind> chat_template =
+      o.model.chat_template.empty() ? engine::DetectChatTemplate(*file)
+                                    : engine::ParseChatTemplateName(o.model.chat_template);
+  PD_RETURN_IF_ERROR(chat_template.status());
+  ModelCard card = ModelCardFromGguf(*file, model_path, o.model.id);
+
+  MetricsRegistry registry;
+  ServingMetrics metrics(registry);
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<NodeRegistry> nodes,
+                      NodeRegistry::Create(o.router, &registry));
+  RemoteEngineOptions ro;
+  ro.max_retries = o.router.max_retries;
+  absl::StatusOr<uint64_t> n_ctx = file->GetUint(StrCat(card.architecture, ".context_length"));
+  ro.default_context = o.model.context > 0
+                           ? o.model.context
+                           : std::min<int>(n_ctx.ok() ? static_cast<int>(*n_ctx) : 4096, 4096);
+  RemoteEngine engine(*nodes, ro, &registry);
+  int n_decode = 0, n_prefill = 0;
+  for (const NodeOptions& n : o.router.nodes) (n.role == "decode" ? n_decode : n_prefill)++;
+  if (wait_ready_s > 0 && !nodes->WaitForDecodeNodes(n_decode, absl::Seconds(wait_ready_s))) {
+    PD_LOG(kWarning, "not every decode node is healthy after ", wait_ready_s, " s; serving with ",
+           nodes->HealthyCount("decode"));
+  }
+  if (n_prefill > 0) {
+    PD_LOG(kInfo, n_prefill,
+           " prefill node(s) registered and health-checked; KV transfer is not built yet, so "
+           "decode nodes prefill every request themselves");
+  }
+  card.context_length = engine.max_context();
+
+  FrontendOptions fo;
+  fo.default_max_tokens = o.limits.default_max_tokens;
+  fo.max_tokens_limit = o.limits.max_tokens;
+  fo.max_stop = o.limits.max_stop;
+  std::unique_ptr<Frontend> frontend =
+      MakeLocalFrontend(fo, engine, *tokenizer, *chat_template, card, &metrics);
+
+  std::unique_ptr<GrpcServer> grpc;
+  if (o.grpc.enabled) {
+    GrpcServerOptions go;
+    go.host = o.grpc.host;
+    go.port = o.grpc.port;
+    go.api_keys = o.api_keys;
+    go.max_message_bytes = static_cast<int>(std::min<int64_t>(o.limits.max_body_bytes, INT32_MAX));
+    PD_ASSIGN_OR_RETURN(grpc, GrpcServer::Start(*frontend, go, &metrics));
+  }
+  std::unique_ptr<HttpServer> http;
+  int http_port = 0;
+  if (o.http.enabled) {
+    HttpServerOptions ho;
+    ho.max_body_bytes = static_cast<size_t>(o.limits.max_body_bytes);
+    ho.api_keys = o.api_keys;
+    ho.refresh_metrics = [&engine, &metrics] { metrics.Load(engine.Load()); };
+    http = std::make_unique<HttpServer>(ho, *frontend, registry, &metrics);
+    PD_ASSIGN_OR_RETURN(http_port, http->Start(o.http.host, o.http.port));
+  }
+  const bool v6 = o.http.host.find(':') != std::string::npos;
+  std::printf(
+      "pd-router ready: grpc=%s http=%s model=%s nodes=%zu\n",
+      grpc ? grpc->address().c_str() : "off",
+      http ? StrCat("http://", v6 ? "[" : "", o.http.host, v6 ? "]" : "", ":", http_port).c_str()
+           : "off",
+      card.id.c_str(), o.router.nodes.size());
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  PD_LOG(kInfo, "pd-router: signal ", sig, ": shutting down (grace ", o.shutdown_grace_s, " s)");
+  const absl::Duration grace = absl::Seconds(o.shutdown_grace_s);
+  std::thread grpc_stop([&grpc, grace] {
+    if (grpc) grpc->Shutdown(grace);
+  });
+  if (http) http->Stop();
+  grpc_stop.join();
+  engine.Shutdown();
+  PD_LOG(kInfo, "pd-router: stopped");
+  return absl::OkStatus();
+}
+
+// "NAME=ROLE@HOST:PORT"
+absl::StatusOr<NodeOptions> ParseNodeFlag(const std::string& s) {
+  const size_t eq = s.find('='), at = s.find('@');
+  if (eq == std::string::npos || at == std::string::npos || at < eq) {
+    return absl::InvalidArgumentError(
+        StrCat("--node: expected NAME=ROLE@HOST:PORT, got '", s, "'"));
+  }
+  NodeOptions n;
+  n.name = s.substr(0, eq);
+  n.role = s.substr(eq + 1, at - eq - 1);
+  n.address = s.substr(at + 1);
+  return n;
+}
+
+int Main(int argc, char** argv) {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  CLI::App app{"pd-router: the public APIs of a pdserve cluster, placing requests on nodes"};
+  std::string config, model, model_id, grpc_host, http_host;
+  int grpc_port = 0, http_port = 0;
+  double grace = 0, wait_ready = 10;
+  std::vector<std::string> node_flags, api_keys;
+  app.add_option("--config", config, "YAML config file (configs/cluster-local.yaml)");
+  auto* o_model = app.add_option("-m,--model", model, "GGUF model file (tokenizer and template)");
+  auto* o_id = app.add_option("--model-id", model_id, "name clients use (default: file name)");
+  auto* o_grpc_host = app.add_option("--grpc-host", grpc_host, "gRPC listen address");
+  auto* o_grpc_port = app.add_option("--grpc-port", grpc_port, "gRPC port (0 = a free one)");
+  auto* o_http_host = app.add_option("--http-host", http_host, "HTTP listen address");
+  auto* o_http_port = app.add_option("--http-port", http_port, "HTTP port (0 = a free one)");
+  app.add_option("--node", node_flags, "NAME=ROLE@HOST:PORT (repeatable; adds to router.nodes)");
+  app.add_option("--api-key", api_keys, "accepted API key (repeatable)");
+  app.add_option("--wait-ready", wait_ready,
+                 "seconds to wait for every decode node before the ready line (0: do not wait)");
+  auto* o_grace = app.add_option("--shutdown-grace", grace, "seconds streams get on SIGTERM");
+  CLI11_PARSE(app, argc, argv);
+
+  absl::StatusOr<ServeOptions> loaded =
+      config.empty() ? ParseServeOptions("", "defaults") : LoadServeOptions(config);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "pd-router: error: %s\n", std::string(loaded.status().message()).c_str());
+    return 2;
+  }
+  ServeOptions o = *std::move(loaded);
+  if (o_model->count()) o.model.path = model;
+  if (o_id->count()) o.model.id = model_id;
+  if (o_grpc_host->count()) o.grpc.host = grpc_host;
+  if (o_grpc_port->count()) o.grpc.port = grpc_port;
+  if (o_http_host->count()) o.http.host = http_host;
+  if (o_http_port->count()) o.http.port = http_port;
+  if (o_grace->count()) o.shutdown_grace_s = grace;
+  o.api_keys.insert(o.api_keys.end(), api_keys.begin(), api_keys.end());
+  if (const char* env = std::getenv("PDSERVE_API_KEYS")) AddApiKeys(env, &o.api_keys);
+  for (const std::string& f : node_flags) {
+    absl::StatusOr<NodeOptions> n = ParseNodeFlag(f);
+    if (!n.ok()) {
+      std::fprintf(stderr, "pd-router: error: %s\n", std::string(n.status().message()).c_str());
+      return 2;
+    }
+    o.router.nodes.push_back(*n);
+  }
+  if (absl::Status v = o.Validate(); !v.ok()) {
+    std::fprintf(stderr, "pd-router: error: %s\n", std::string(v.message()).c_str());
+    return 2;
+  }
+  bool any_decode = false;
+  for (const NodeOptions& n : o.router.nodes) any_decode |= n.role == "decode";
+  if (!any_decode) {
+    std::fprintf(stderr,
+                 "pd-router: error: router.nodes: no decode node configured (every request runs "
+                 "on a decode node; add one in the config or with --node NAME=decode@HOST:PORT)\n");
+    return 2;
+  }
+  if (absl::Status s = Route(o, signals, wait_ready); !s.ok()) {
+    std::fprintf(stderr, "pd-router: error: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace pd::router
+
+int main(int argc, char** argv) { return pd::router::Main(argc, argv); }

@@ -1,0 +1,192 @@
+#include "common/config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "common/status_matchers.h"
+
+namespace pd {
+namespace {
+
+using ::pd::testing::StatusIs;
+using ::testing::HasSubstr;
+
+// Every file in configs/ must load and validate (tests run in the source root).
+TEST(ConfigTest, EveryFileInConfigsLoads) {
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("configs")) {
+    const std::string ext = entry.path().extension().string();
+    if (ext != ".yaml" && ext != ".yml") continue;
+    SCOPED_TRACE(entry.path().string());
+    absl::StatusOr<ServeOptions> o = LoadServeOptions(entry.path().string());
+    EXPECT_TRUE(o.ok()) << o.status();
+    ++n;
+  }
+  EXPECT_GE(n, 1);
+}
+
+// configs/serve.yaml documents the defaults: it must parse to exactly what an empty file gives.
+TEST(ConfigTest, ServeYamlShowsTheDefaults) {
+  absl::StatusOr<ServeOptions> file = LoadServeOptions("configs/serve.yaml");
+  ASSERT_TRUE(file.ok()) << file.status();
+  absl::StatusOr<ServeOptions> empty = ParseServeOptions("", "empty");
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  const ServeOptions& a = *file;
+  const ServeOptions& b = *empty;
+  EXPECT_EQ(a.model.path, b.model.path);
+  EXPECT_EQ(a.model.id, b.model.id);
+  EXPECT_EQ(a.model.chat_template, b.model.chat_template);
+  EXPECT_EQ(a.model.context, b.model.context);
+  EXPECT_EQ(a.model.backend, b.model.backend);
+  EXPECT_EQ(a.threads, b.threads);
+  EXPECT_EQ(a.grpc.enabled, b.grpc.enabled);
+  EXPECT_EQ(a.grpc.host, b.grpc.host);
+  EXPECT_EQ(a.grpc.port, b.grpc.port);
+  EXPECT_EQ(a.http.enabled, b.http.enabled);
+  EXPECT_EQ(a.http.host, b.http.host);
+  EXPECT_EQ(a.http.port, b.http.port);
+  EXPECT_EQ(a.api_keys, b.api_keys);
+  EXPECT_EQ(a.scheduler.max_running_seqs, b.scheduler.max_running_seqs);
+  EXPECT_EQ(a.scheduler.max_waiting, b.scheduler.max_waiting);
+  EXPECT_EQ(a.scheduler.max_total_tokens, b.scheduler.max_total_tokens);
+  EXPECT_EQ(a.scheduler.token_budget, b.scheduler.token_budget);
+  EXPECT_EQ(a.scheduler.chunked_prefill, b.scheduler.chunked_prefill);
+  EXPECT_EQ(a.scheduler.prefill_chunk, b.scheduler.prefill_chunk);
+  EXPECT_EQ(a.scheduler.priority, b.scheduler.priority);
+  EXPECT_EQ(a.kv.dtype, b.kv.dtype);
+  EXPECT_EQ(a.kv.memory_mib, b.kv.memory_mib);
+  EXPECT_EQ(a.kv.block_size, b.kv.block_size);
+  EXPECT_EQ(a.limits.default_max_tokens, b.limits.default_max_tokens);
+  EXPECT_EQ(a.limits.max_tokens, b.limits.max_tokens);
+  EXPECT_EQ(a.limits.max_body_bytes, b.limits.max_body_bytes);
+  EXPECT_EQ(a.limits.max_stop, b.limits.max_stop);
+  EXPECT_EQ(a.shutdown_grace_s, b.shutdown_grace_s);
+  EXPECT_EQ(a.router.nodes.size(), b.router.nodes.size());
+  EXPECT_EQ(a.router.health_interval_ms, b.router.health_interval_ms);
+  EXPECT_EQ(a.router.health_timeout_ms, b.router.health_timeout_ms);
+  EXPECT_EQ(a.router.unhealthy_after, b.router.unhealthy_after);
+  EXPECT_EQ(a.router.decode_policy, b.router.decode_policy);
+  EXPECT_EQ(a.router.prefill_policy, b.router.prefill_policy);
+  EXPECT_EQ(a.router.max_retries, b.router.max_retries);
+}
+
+TEST(ConfigTest, ParsesEveryField) {
+  absl::StatusOr<ServeOptions> o = ParseServeOptions(R"(
+model: {path: /m.gguf, id: tiny, chat_template: chatml, context: 2048, backend: cuda}
+threads: 3
+grpc: {enabled: false, host: 0.0.0.0, port: 0}
+http: {host: ::1, port: 9000}
+api_keys: [a, b]
+scheduler:
+  max_running_seqs: 4
+  max_waiting: 9
+  max_total_tokens: 10000
+  token_budget: 64
+  chunked_prefill: no
+  prefill_chunk: 32
+  priority: false
+kv: {dtype: int8, memory_mib: 64, block_size: 32}
+limits: {default_max_tokens: 16, max_tokens: 128, max_body_bytes: 4096, max_stop: 2}
+shutdown_grace_s: 0.5
+)",
+                                                     "inline");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->model.path, "/m.gguf");
+  EXPECT_EQ(o->model.id, "tiny");
+  EXPECT_EQ(o->model.chat_template, "chatml");
+  EXPECT_EQ(o->model.context, 2048);
+  EXPECT_EQ(o->model.backend, "cuda");
+  EXPECT_EQ(o->threads, 3);
+  EXPECT_FALSE(o->grpc.enabled);
+  EXPECT_EQ(o->grpc.host, "0.0.0.0");
+  EXPECT_EQ(o->grpc.port, 0);
+  EXPECT_TRUE(o->http.enabled);
+  EXPECT_EQ(o->http.host, "::1");
+  EXPECT_EQ(o->http.port, 9000);
+  EXPECT_EQ(o->api_keys, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(o->scheduler.max_running_seqs, 4);
+  EXPECT_EQ(o->scheduler.max_waiting, 9);
+  EXPECT_EQ(o->scheduler.max_total_tokens, 10000);
+  EXPECT_EQ(o->scheduler.token_budget, 64);
+  EXPECT_FALSE(o->scheduler.chunked_prefill);
+  EXPECT_EQ(o->scheduler.prefill_chunk, 32);
+  EXPECT_FALSE(o->scheduler.priority);
+  EXPECT_EQ(o->kv.dtype, "int8");
+  EXPECT_EQ(o->kv.memory_mib, 64);
+  EXPECT_EQ(o->kv.block_size, 32);
+  EXPECT_EQ(o->limits.default_max_tokens, 16);
+  EXPECT_EQ(o->limits.max_tokens, 128);
+  EXPECT_EQ(o->limits.max_body_bytes, 4096);
+  EXPECT_EQ(o->limits.max_stop, 2);
+  EXPECT_DOUBLE_EQ(o->shutdown_grace_s, 0.5);
+}
+
+TEST(ConfigTest, UnknownKeysAreRejectedWithTheirFullPath) {
+  EXPECT_THAT(ParseServeOptions("scheduler:\n  token_budgt: 5\n", "f.yaml"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "f.yaml: scheduler.token_budgt: unknown key (line 2"));
+  EXPECT_THAT(ParseServeOptions("modle: {}\n", "f.yaml"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "modle: unknown key"));
+  EXPECT_THAT(ParseServeOptions("grpc: {porrt: 1}\n", "f.yaml"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "grpc.porrt: unknown key"));
+}
+
+TEST(ConfigTest, WrongTypesNameTheField) {
+  EXPECT_THAT(ParseServeOptions("scheduler: {token_budget: lots}\n", "f"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "scheduler.token_budget: expected an integer, got 'lots'"));
+  EXPECT_THAT(ParseServeOptions("scheduler: {chunked_prefill: maybe}\n", "f"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "scheduler.chunked_prefill"));
+  EXPECT_THAT(ParseServeOptions("grpc: {port: 99999999999}\n", "f"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "grpc.port: expected an integer"));
+  EXPECT_THAT(ParseServeOptions("api_keys: abc\n", "f"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "api_keys: expected a list"));
+  EXPECT_THAT(ParseServeOptions("kv: 5\n", "f"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "kv: expected a mapping"));
+  EXPECT_THAT(ParseServeOptions("model: {path: [a]}\n", "f"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "model.path: expected a single value"));
+}
+
+TEST(ConfigTest, SyntaxErrorsGiveTheLine) {
+  EXPECT_THAT(ParseServeOptions("a: b\n  c: [d\n", "bad.yaml"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "bad.yaml:"));
+}
+
+TEST(ConfigTest, ValidateNamesTheField) {
+  auto bad = [](const char* yaml, const char* field) {
+    EXPECT_THAT(ParseServeOptions(yaml, "f"),
+                StatusIs(absl::StatusCode::kInvalidArgument, std::string("f: ") + field))
+        << yaml;
+  };
+  bad("kv: {dtype: q4}", "kv.dtype");
+  bad("kv: {memory_mib: 0}", "kv.memory_mib");
+  bad("kv: {block_size: 0}", "kv.block_size");
+  bad("scheduler: {max_running_seqs: 0}", "scheduler.max_running_seqs");
+  bad("scheduler: {max_running_seqs: 8, token_budget: 4}", "scheduler.token_budget");
+  bad("scheduler: {prefill_chunk: 0}", "scheduler.prefill_chunk");
+  bad("scheduler: {max_waiting: -1}", "scheduler.max_waiting");
+  bad("limits: {default_max_tokens: 0}", "limits.default_max_tokens");
+  bad("limits: {default_max_tokens: 100, max_tokens: 10}", "limits.max_tokens");
+  bad("limits: {max_stop: 100}", "limits.max_stop");
+  bad("grpc: {port: 70000}", "grpc.port");
+  bad("model: {chat_template: jinja}", "model.chat_template");
+  bad("model: {backend: tpu}", "model.backend");
+  bad("api_keys: ['']", "api_keys[0]");
+  bad("threads: -2", "threads");
+}
+
+TEST(ConfigTest, MissingFileIsNotFound) {
+  EXPECT_THAT(LoadServeOptions("/nonexistent/serve.yaml"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST(ConfigTest, ApiKeysFromCommaSeparatedText) {
+  std::vector<std::string> keys = {"x"};
+  AddApiKeys(" a, b ,,c ", &keys);
+  EXPECT_EQ(keys, (std::vector<std::string>{"x", "a", "b", "c"}));
+}
+
+}  // namespace
+}  // namespace pd

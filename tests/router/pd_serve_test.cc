@@ -1,0 +1,213 @@
+// The real pd-serve binary on loopback: started with a tiny model on port 0, driven over gRPC,
+// stopped with SIGTERM.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "pdserve/v1/chat.grpc.pb.h"
+#include "tests/router/serving_testing.h"
+
+namespace pd::router {
+namespace {
+
+using ::testing::HasSubstr;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = ::testing::TempDir() + "pd_serve_test.XXXXXX";
+    PD_CHECK(mkdtemp(tmpl.data()) != nullptr);
+    path_ = tmpl;
+  }
+  ~TempDir() { std::system(("rm -rf '" + path_ + "'").c_str()); }
+  std::string Write(const std::string& name, const std::string& bytes) const {
+    const std::string p = path_ + "/" + name;
+    std::ofstream(p, std::ios::binary) << bytes;
+    return p;
+  }
+
+ private:
+  std::string path_;
+};
+
+// A child process with stdout and stderr captured through pipes.
+class Process {
+ public:
+  explicit Process(const std::vector<std::string>& args) {
+    int out[2], err[2];
+    PD_CHECK(pipe(out) == 0 && pipe(err) == 0);
+    pid_ = fork();
+    PD_CHECK(pid_ >= 0);
+    if (pid_ == 0) {
+      dup2(out[1], 1);
+      dup2(err[1], 2);
+      close(out[0]);
+      close(err[0]);
+      std::vector<char*> argv;
+      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(out[1]);
+    close(err[1]);
+    out_ = out[0];
+    err_ = err[0];
+  }
+  ~Process() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    close(out_);
+    close(err_);
+  }
+
+  // Reads stdout until a line matches `re` or `timeout` passes; returns the line or "".
+  std::string WaitForLine(const std::regex& re, absl::Duration timeout) {
+    const absl::Time end = absl::Now() + timeout;
+    while (absl::Now() < end) {
+      size_t nl;
+      while ((nl = out_buf_.find('\n')) != std::string::npos) {
+        std::string line = out_buf_.substr(0, nl);
+        out_buf_.erase(0, nl + 1);
+        if (std::regex_search(line, re)) return line;
+      }
+      pollfd p{out_, POLLIN, 0};
+      if (poll(&p, 1, 50) > 0) {
+        char buf[4096];
+        const ssize_t n = read(out_, buf, sizeof buf);
+        if (n <= 0) return "";
+        out_buf_.append(buf, n);
+      }
+    }
+    return "";
+  }
+
+  // Waits for the exit; returns the exit code, or -1 on timeout / abnormal end.
+  int Wait(absl::Duration timeout) {
+    const absl::Time end = absl::Now() + timeout;
+    while (absl::Now() < end) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return -1;
+  }
+
+  std::string Stderr() {
+    std::string s;
+    char buf[4096];
+    fcntl(err_, F_SETFL, O_NONBLOCK);
+    ssize_t n;
+    while ((n = read(err_, buf, sizeof buf)) > 0) s.append(buf, n);
+    return s;
+  }
+
+  void Signal(int sig) { kill(pid_, sig); }
+
+ private:
+  pid_t pid_ = -1;
+  int out_ = -1, err_ = -1;
+  std::string out_buf_;
+};
+
+TEST(PdServeTest, ServesGrpcOnAFreePortAndStopsOnSigterm) {
+  TempDir dir;
+  const std::string model = dir.Write("tiny.gguf", testing::ServingModelGguf());
+  const std::string config = dir.Write("serve.yaml", R"(
+model: {id: tiny, chat_template: chatml}
+kv: {memory_mib: 8}
+scheduler: {max_running_seqs: 4, token_budget: 64}
+shutdown_grace_s: 0.2
+)");
+  Process p({PD_SERVE_BINARY, "--config", config, "--model", model, "--grpc-port", "0",
+             "--http-port", "0", "--threads", "1"});
+  const std::string ready = p.WaitForLine(std::regex("^pd-serve ready: "), absl::Seconds(30));
+  ASSERT_FALSE(ready.empty()) << p.Stderr();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      ready, m, std::regex(R"(grpc=(127\.0\.0\.1:\d+) http=http://127\.0\.0\.1:\d+ model=tiny$)")))
+      << ready;
+  auto channel = grpc::CreateChannel(m[1].str(), grpc::InsecureChannelCredentials());
+  auto stub = pdserve::v1::Chat::NewStub(channel);
+
+  {
+    grpc::ClientContext ctx;
+    pdserve::v1::ListModelsResponse resp;
+    ASSERT_TRUE(stub->ListModels(&ctx, {}, &resp).ok());
+    ASSERT_EQ(resp.models_size(), 1);
+    EXPECT_EQ(resp.models(0).id(), "tiny");
+    EXPECT_EQ(resp.models(0).context_length(), 256);
+    EXPECT_GT(resp.models(0).parameters(), 10000);
+  }
+  pdserve::v1::GenerateRequest req;
+  auto* msg = req.mutable_messages()->add_messages();
+  msg->set_role("user");
+  msg->set_content("hello world");
+  req.set_max_tokens(16);
+  req.set_ignore_eos(true);
+  {
+    grpc::ClientContext ctx;
+    auto reader = stub->Generate(&ctx, req);
+    pdserve::v1::GenerateResponse r;
+    int deltas = 0;
+    std::optional<pdserve::v1::Finish> finish;
+    while (reader->Read(&r)) {
+      if (r.has_delta()) ++deltas;
+      if (r.has_finish()) finish = r.finish();
+    }
+    ASSERT_TRUE(reader->Finish().ok());
+    ASSERT_TRUE(finish.has_value());
+    EXPECT_EQ(finish->reason(), "length");
+    EXPECT_EQ(finish->usage().completion_tokens(), 16);
+    EXPECT_GE(deltas, 1);
+  }
+  {
+    grpc::ClientContext ctx;
+    req.set_max_tokens(-1);
+    auto reader = stub->Generate(&ctx, req);
+    pdserve::v1::GenerateResponse r;
+    EXPECT_FALSE(reader->Read(&r));
+    grpc::Status s = reader->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("max_tokens"));
+  }
+  p.Signal(SIGTERM);
+  EXPECT_EQ(p.Wait(absl::Seconds(10)), 0) << p.Stderr();
+}
+
+TEST(PdServeTest, BadConfigExitsNamingTheKey) {
+  TempDir dir;
+  const std::string config = dir.Write("bad.yaml", "scheduler:\n  token_budjet: 5\n");
+  Process p({PD_SERVE_BINARY, "--config", config});
+  EXPECT_EQ(p.Wait(absl::Seconds(10)), 2);
+  EXPECT_THAT(p.Stderr(), HasSubstr("scheduler.token_budjet: unknown key"));
+}
+
+TEST(PdServeTest, MissingModelFileFails) {
+  Process p({PD_SERVE_BINARY, "--model", "/nonexistent/model.gguf", "--grpc-port", "0",
+             "--http-port", "0"});
+  EXPECT_EQ(p.Wait(absl::Seconds(10)), 1);
+  EXPECT_THAT(p.Stderr(), HasSubstr("/nonexistent/model.gguf"));
+}
+
+}  // namespace
+}  // namespace pd::router
