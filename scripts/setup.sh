@@ -10,6 +10,8 @@ APT_PACKAGES=(
   libspdlog-dev libfmt-dev libpcre2-dev libyaml-cpp-dev
   fortunes  # calibration/evaluation texts of pdctl quantize (testdata/texts/manifest.json)
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev libucx-dev libcpp-httplib-dev
+  ucx-utils  # ucx_perftest / ucx_info: bench/kv_transfer/run.sh compares the KV transport with it
+  prometheus  # promtool and a server for tests/python/test_openai_api.py (they start their own)
   python3 python3-venv
 )
 
@@ -23,6 +25,11 @@ if ((${#missing[@]})); then
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # The tests run prometheus themselves on a free port; the Debian service (scraping :9090 and a
+  # node exporter) is not wanted on a development machine.
+  if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
+  fi
 else
   echo "setup: Debian packages present"
 fi

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,6 +22,8 @@ struct TinyModelSpec {
   bool tied = false, qkv_bias = false;
   DType type = DType::kF32;
   uint32_t seed = 1;
+  // Extra metadata written after the model's own keys (e.g. a tokenizer.ggml.* vocabulary).
+  std::function<void(GgufBuilder&)> metadata;
 };
 
 // Encodes F32 values as `type` rows of `row` elements.
@@ -66,6 +69,7 @@ inline std::string TinyModel(const TinyModelSpec& s) {
   b.U32(a + ".attention.head_count_kv", s.n_head_kv);
   b.F32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
   b.F32(a + ".rope.freq_base", 10000.f);
+  if (s.metadata) s.metadata(b);
   const float w = 1.0f / std::sqrt(float(E));
   add("token_embd.weight", {E, uint64_t(s.n_vocab)}, 1.f, false, s.type);
   add("output_norm.weight", {E}, 0, true, DType::kF32);

@@ -1,13 +1,17 @@
-// pdctl: the pdserve command line. Subcommands: generate, tokenize, logits, quantize, texts.
+// pdctl: the pdserve command line. Subcommands: generate, chat, tokenize, logits, models, bench,
+// quantize, texts.
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -28,6 +32,7 @@
 #include "engine/sched/stop.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "tools/pdctl/quantize_cmd.h"
+#include "tools/pdctl/up_cmd.h"
 
 namespace pd::tools {
 namespace {
@@ -82,8 +87,9 @@ struct EngineFlags {
     app->add_option("-m,--model", model,
                     "GGUF model file (default: the default model, see `pdctl models`)");
     app->add_option("-t,--threads", threads, "CPU threads (0 = all cores)");
-    app->add_option("--kv-type", kv_type, "KV cache element type: f16 or f32")
-        ->check(CLI::IsMember({"f16", "f32"}));
+    app->add_option("--kv-type", kv_type,
+                    "KV cache element type: f16, f32, or int8 (per token and head scales)")
+        ->check(CLI::IsMember({"f16", "f32", "int8"}));
     app->add_option("-c,--ctx", ctx, "context size in tokens (0 = min(training context, 4096))");
     app->add_option("--backend", backend, "compute backend: cpu or cuda")
         ->check(CLI::IsMember({"cpu", "cuda"}));
@@ -120,10 +126,10 @@ absl::StatusOr<Engine> LoadEngine(EngineFlags& f) {
   int ctx = f.ctx > 0 ? f.ctx : std::min(e.model->config().n_ctx_train, 4096);
   const int block = 16;
   const int n_blocks = (ctx + block - 1) / block;
-  PD_ASSIGN_OR_RETURN(e.kv, engine::KvCache::Create(
-                                e.model->KvOptions(n_blocks, f.kv_type == "f32" ? DType::kF32
-                                                                                : DType::kF16),
-                                *e.backend));
+  const std::optional<engine::KvDType> kv_type = engine::ParseKvDType(f.kv_type);
+  if (!kv_type) return absl::InvalidArgumentError(pd::StrCat("unknown --kv-type ", f.kv_type));
+  PD_ASSIGN_OR_RETURN(e.kv, engine::KvCache::Create(e.model->KvOptions(n_blocks, *kv_type),
+                                                    *e.backend));
   return e;
 }
 
@@ -383,6 +389,110 @@ int RunChat(GenerateFlags& g, const std::string& system, const std::string& temp
   return 0;
 }
 
+// ---- bench -------------------------------------------------------------------------------------
+// llama-bench's two figures on one model: pp (one forward of a `pp`-token prompt from an empty
+// cache, logits of the last position only) and tg (`tg` single-token forwards from an empty
+// cache, full logits each step, greedy argmax over them). Token ids are synthetic (BOS, then
+// BenchToken(i)); bench/cpu_vs_llamacpp/run.py feeds llama.cpp the same ids. Also times the
+// model load and the first forward after it (cold or warm page cache: the caller decides), and
+// reports peak RSS split into file-backed (the mmapped weights) and anonymous memory. Prints
+// one JSON object on stdout.
+int32_t BenchToken(int i) {
+  return i == 0 ? 2 : 1000 + static_cast<int32_t>((i * 7919LL) % 100000);
+}
+
+double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double CpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// kB value of a "Name:   123 kB" line of /proc/self/status, in MiB; -1 when missing.
+double ProcStatusMiB(const char* name) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  const std::string key = pd::StrCat(name, ":");
+  while (std::getline(in, line)) {
+    if (line.rfind(key, 0) == 0) return std::strtod(line.c_str() + key.size(), nullptr) / 1024.0;
+  }
+  return -1;
+}
+
+int RunBench(EngineFlags& f, int pp, int tg, int reps) {
+  const double t0 = NowSeconds();
+  auto e = LoadEngine(f);
+  if (!e.ok()) return Fail(e.status());
+  const double load_s = NowSeconds() - t0;
+  engine::Model& model = *e->model;
+  engine::KvCache& kv = *e->kv;
+  const int n_vocab = model.config().n_vocab;
+  if (std::max(pp, tg) > kv.total_blocks() * kv.options().block_size) {
+    return Fail(absl::InvalidArgumentError("pp/tg larger than the context (raise --ctx)"));
+  }
+  std::vector<float> logits;
+  auto prompt = [&](int n) -> absl::Status {
+    kv.Free(0);
+    PD_RETURN_IF_ERROR(kv.Reserve(0, n));
+    engine::Batch batch;
+    for (int i = 0; i < n; ++i) batch.Add(BenchToken(i), i, 0, i + 1 == n);
+    return model.Forward(batch, kv, &logits);
+  };
+  auto decode = [&](int n) -> absl::Status {
+    kv.Free(0);
+    int32_t token = BenchToken(0);
+    for (int i = 0; i < n; ++i) {
+      PD_RETURN_IF_ERROR(kv.Reserve(0, i + 1));
+      engine::Batch batch;
+      batch.Add(token, i, 0, true);
+      PD_RETURN_IF_ERROR(model.Forward(batch, kv, &logits));
+      token = engine::ArgMax(absl::MakeConstSpan(logits.data(), n_vocab));
+    }
+    return absl::OkStatus();
+  };
+  // First token after the load: an 8-token prompt (touches every weight page).
+  const double t1 = NowSeconds();
+  if (auto s = prompt(8); !s.ok()) return Fail(s);
+  const double first_s = NowSeconds() - t1;
+  // Warm-up: caches, thread pool, scratch sized for the largest batch.
+  if (auto s = prompt(pp); !s.ok()) return Fail(s);
+  if (auto s = decode(std::min(tg, 16)); !s.ok()) return Fail(s);
+  // Rates per wall second, and per second of this process's CPU time (all threads): on a
+  // machine shared with other work the latter moves less for single-threaded runs.
+  std::vector<double> pp_rates, tg_rates, pp_cpu, tg_cpu;
+  for (int r = 0; r < reps; ++r) {
+    double t = NowSeconds(), c = CpuSeconds();
+    if (auto s = prompt(pp); !s.ok()) return Fail(s);
+    pp_rates.push_back(pp / (NowSeconds() - t));
+    pp_cpu.push_back(pp / (CpuSeconds() - c));
+    t = NowSeconds(), c = CpuSeconds();
+    if (auto s = decode(tg); !s.ok()) return Fail(s);
+    tg_rates.push_back(tg / (NowSeconds() - t));
+    tg_cpu.push_back(tg / (CpuSeconds() - c));
+  }
+  auto list = [](const std::vector<double>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += pd::StrCat(i ? ", " : "", v[i]);
+    return s + "]";
+  };
+  const int threads =
+      f.threads > 0 ? f.threads : static_cast<int>(std::thread::hardware_concurrency());
+  std::printf(
+      "{\"system\": \"pdserve\", \"model\": \"%s\", \"threads\": %d, \"kv_type\": \"%s\", "
+      "\"pp\": %d, \"tg\": %d, \"load_s\": %.4f, \"first_token_s\": %.4f, \"pp_tok_s\": %s, "
+      "\"tg_tok_s\": %s, \"pp_tok_per_cpu_s\": %s, \"tg_tok_per_cpu_s\": %s, \"peak_rss_mib\": "
+      "%.1f, \"rss_file_mib\": %.1f, \"rss_anon_mib\": %.1f, "
+      "\"weights_bytes\": %zu}\n",
+      f.model.c_str(), threads, f.kv_type.c_str(), pp, tg, load_s, first_s, list(pp_rates).c_str(),
+      list(tg_rates).c_str(), list(pp_cpu).c_str(), list(tg_cpu).c_str(), PeakRssMiB(),
+      ProcStatusMiB("RssFile"), ProcStatusMiB("RssAnon"),
+      static_cast<size_t>(model.weights().total_bytes));
+  return 0;
+}
+
 }  // namespace
 }  // namespace pd::tools
 
@@ -393,15 +503,18 @@ int main(int argc, char** argv) {
   app.option_defaults()->always_capture_default();
 
   GenerateFlags g;
-  CLI::App* gen = app.add_subcommand("generate", "generate text from a prompt, streamed to stdout; "
-                                                 "speed and memory figures go to stderr");
+  CLI::App* gen = app.add_subcommand("generate",
+                                     "generate text from a prompt, streamed to stdout; "
+                                     "speed and memory figures go to stderr");
   g.engine.Add(gen);
   auto* p_opt = gen->add_option("-p,--prompt", g.prompt, "prompt text");
   auto* f_opt = gen->add_option("-f,--file", g.prompt_file, "read the prompt from a file");
-  auto* i_opt = gen->add_option("--prompt-ids", g.prompt_ids, "prompt as space-separated token ids");
+  auto* i_opt =
+      gen->add_option("--prompt-ids", g.prompt_ids, "prompt as space-separated token ids");
   p_opt->excludes(f_opt)->excludes(i_opt);
   f_opt->excludes(i_opt);
-  gen->add_option("-n,--n-predict", g.n_predict, "tokens to generate")->check(CLI::NonNegativeNumber);
+  gen->add_option("-n,--n-predict", g.n_predict, "tokens to generate")
+      ->check(CLI::NonNegativeNumber);
   gen->add_option("--temperature,--temp", g.temperature, "sampling temperature; 0 = greedy");
   gen->add_option("--top-k", g.top_k, "keep the k most likely tokens (0 = off)");
   gen->add_option("--top-p", g.top_p, "nucleus sampling mass (1 = off)");
@@ -457,15 +570,29 @@ int main(int argc, char** argv) {
   chat->add_option("--seed", cg.seed, "RNG seed (-1 = random)");
   chat->add_option("--stop", cg.stop, "stop string (repeatable)");
 
+  EngineFlags bf;
+  int bench_pp = 512, bench_tg = 128, bench_reps = 3;
+  CLI::App* bench = app.add_subcommand(
+      "bench", "time prompt processing (pp) and decoding (tg) like llama-bench; prints JSON");
+  bf.Add(bench);
+  bench->add_option("--pp", bench_pp, "prompt tokens")->check(CLI::PositiveNumber);
+  bench->add_option("--tg", bench_tg, "generated tokens")->check(CLI::PositiveNumber);
+  bench->add_option("-r,--reps", bench_reps, "repetitions")->check(CLI::PositiveNumber);
+
   QuantizeFlags qf;
   CLI::App* qz = AddQuantizeCommand(app, &qf);
   TextsFlags txf;
   CLI::App* tx = AddTextsCommand(app, &txf);
 
+  UpFlags uf;
+  CLI::App* up = AddUpCommand(app, &uf);
+
   CLI11_PARSE(app, argc, argv);
+  if (up->parsed()) return RunUp(uf);
   if (qz->parsed()) return RunQuantize(qf);
   if (tx->parsed()) return RunTexts(txf);
   if (models->parsed()) return RunModels();
+  if (bench->parsed()) return RunBench(bf, bench_pp, bench_tg, bench_reps);
   if (chat->parsed()) return RunChat(cg, chat_system, chat_template);
   if (gen->parsed()) {
     if (g.prompt.empty() && g.prompt_file.empty() && g.prompt_ids.empty()) {

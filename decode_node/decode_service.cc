@@ -1,0 +1,158 @@
+#include "decode_node/decode_service.h"
+
+#include <utility>
+
+#include "common/strings.h"
+
+namespace pd::node {
+namespace nv1 = ::pdserve::node::v1;
+
+void QueueSink::OnTokens(const std::vector<int32_t>& tokens) {
+  absl::MutexLock lock(&mu_);
+  tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+}
+
+void QueueSink::OnFinish(const engine::FinishInfo& info) {
+  absl::MutexLock lock(&mu_);
+  finish_ = info;
+}
+
+bool QueueSink::Wait(absl::Time deadline, std::vector<int32_t>* tokens,
+                     std::optional<engine::FinishInfo>* finish) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !tokens_.empty() || finish_.has_value();
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+  if (!ready()) return false;
+  tokens->insert(tokens->end(), tokens_.begin(), tokens_.end());
+  tokens_.clear();
+  if (finish_) *finish = finish_;
+  return true;
+}
+
+engine::SamplingParams FromProto(const nv1::Sampling& s) {
+  engine::SamplingParams p;
+  p.temperature = s.temperature();
+  p.top_k = s.top_k();
+  p.top_p = s.top_p();
+  p.min_p = s.min_p();
+  p.repetition_penalty = s.repetition_penalty();
+  p.penalty_last_n = s.penalty_last_n();
+  p.seed = s.seed();
+  return p;
+}
+
+void ToProto(const engine::SamplingParams& s, nv1::Sampling* out) {
+  out->set_temperature(s.temperature);
+  out->set_top_k(s.top_k);
+  out->set_top_p(s.top_p);
+  out->set_min_p(s.min_p);
+  out->set_repetition_penalty(s.repetition_penalty);
+  out->set_penalty_last_n(s.penalty_last_n);
+  out->set_seed(s.seed);
+}
+
+namespace {
+
+double Since(absl::Time from, absl::Time to) {
+  if (from == absl::InfinitePast() || to == absl::InfinitePast()) return -1;
+  return absl::ToDoubleSeconds(to - from);
+}
+
+// Counts the call in NodeState::active() for the drain.
+class ActiveCall {
+ public:
+  explicit ActiveCall(NodeState& s) : s_(s) { s_.active().fetch_add(1); }
+  ~ActiveCall() { s_.active().fetch_sub(1); }
+
+ private:
+  NodeState& s_;
+};
+
+}  // namespace
+
+grpc::Status DecodeService::Reserve(grpc::ServerContext*, const nv1::ReserveRequest*,
+                                    nv1::ReserveResponse*) {
+  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                      "Decode.Reserve: KV transfer is not built into pd-decode yet (kvtransfer/ "
+                      "is not wired into Scheduler::SubmitImport); use Decode.Generate without a "
+                      "reservation");
+}
+
+grpc::Status DecodeService::Generate(grpc::ServerContext* context,
+                                     const nv1::GenerateRequest* request,
+                                     grpc::ServerWriter<nv1::GenerateResponse>* writer) {
+  ActiveCall active(state_);
+  if (state_.draining()) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode node is draining (shutting down)");
+  }
+  if (request->reservation() != 0) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                        "reservation: receiving KV from a prefill node is not built yet "
+                        "(pd-decode does not wire kvtransfer/ into Scheduler::SubmitImport "
+                        "yet); send the request without a reservation and this node prefills "
+                        "it");
+  }
+  engine::GenerationRequest g;
+  g.id = request->request_id();
+  g.prompt.assign(request->prompt().begin(), request->prompt().end());
+  g.sampling = FromProto(request->sampling());
+  g.max_tokens = request->max_tokens();
+  g.stop_token_ids.insert(request->stop_token_ids().begin(), request->stop_token_ids().end());
+  g.priority = request->priority();
+  if (context->deadline() != std::chrono::system_clock::time_point::max()) {
+    g.deadline = absl::FromChrono(context->deadline());
+  }
+  const std::string id = g.id;
+  auto sink = std::make_shared<QueueSink>();
+  engine::GenerationEngine& engine = state_.engine();
+  if (absl::Status s = engine.Submit(std::move(g), sink); !s.ok()) return ToGrpc(s);
+
+  bool cancelled = false;
+  while (true) {
+    std::vector<int32_t> tokens;
+    std::optional<engine::FinishInfo> finish;
+    sink->Wait(absl::Now() + absl::Milliseconds(20), &tokens, &finish);
+    if (!cancelled && context->IsCancelled()) {
+      // The router went away (or gave up on this node): free the KV now.
+      engine.Cancel(id, engine::FinishReason::kCancelled);
+      cancelled = true;
+    }
+    if (tokens.empty() && !finish) continue;
+    if (finish && finish->reason == engine::FinishReason::kError) {
+      if (!tokens.empty() && !cancelled) {
+        nv1::GenerateResponse r;
+        r.mutable_tokens()->Add(tokens.begin(), tokens.end());
+        writer->Write(r);
+      }
+      return ToGrpc(finish->status);
+    }
+    if (cancelled) {
+      if (finish) return grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled");
+      continue;
+    }
+    nv1::GenerateResponse r;
+    r.mutable_tokens()->Add(tokens.begin(), tokens.end());
+    if (finish) {
+      nv1::Finish* f = r.mutable_finish();
+      f->set_reason(engine::FinishReasonName(finish->reason));
+      f->set_prompt_tokens(finish->prompt_tokens);
+      f->set_completion_tokens(finish->completion_tokens);
+      f->set_time_to_first_token_s(Since(finish->timing.arrival, finish->timing.first_token));
+      f->set_queue_s(Since(finish->timing.arrival, finish->timing.first_scheduled));
+      f->set_preemptions(finish->timing.preemptions);
+    }
+    if (!writer->Write(r)) {
+      if (!finish) {
+        engine.Cancel(id, engine::FinishReason::kCancelled);
+        cancelled = true;
+        continue;
+      }
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the router went away");
+    }
+    if (finish) return grpc::Status::OK;
+  }
+}
+
+}  // namespace pd::node

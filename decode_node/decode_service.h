@@ -1,0 +1,65 @@
+// pdserve.node.v1.Decode over a GenerationEngine (a Scheduler): pd-decode's service.
+//
+// Generate runs one request on the engine and streams its token ids back; the last message carries
+// the finish. Without a KV transfer descriptor the node prefills the prompt itself (the colocated
+// fallback, and the path a router takes on retries: prompt + tokens already sent). Reserve, and
+// Generate with a reservation, answer UNIMPLEMENTED: receiving KV from a prefill node needs
+// kvtransfer/'s KvTransport wired into Scheduler::SubmitImport / PostImport / CompleteImport
+// (which exist and are tested), not done yet.
+//
+// Ownership: borrows the NodeState (and through it the engine), which must outlive it. Thread
+// safety: one gRPC sync-server thread per call; the engine's sinks only fill a per-call queue.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "decode_node/node_server.h"
+#include "engine/sched/engine_api.h"
+#include "pdserve/node/v1/node.grpc.pb.h"
+
+namespace pd::node {
+
+// A GenerationSink that hands tokens and the finish to the RPC thread waiting on it.
+class QueueSink final : public engine::GenerationSink {
+ public:
+  void OnTokens(const std::vector<int32_t>& tokens) override;
+  void OnFinish(const engine::FinishInfo& info) override;
+  // Waits until tokens or the finish are there, or `deadline`; moves the tokens out. Returns
+  // true when something arrived.
+  bool Wait(absl::Time deadline, std::vector<int32_t>* tokens,
+            std::optional<engine::FinishInfo>* finish);
+
+ private:
+  absl::Mutex mu_;
+  std::vector<int32_t> tokens_ ABSL_GUARDED_BY(mu_);
+  std::optional<engine::FinishInfo> finish_ ABSL_GUARDED_BY(mu_);
+};
+
+engine::SamplingParams FromProto(const ::pdserve::node::v1::Sampling& s);
+void ToProto(const engine::SamplingParams& s, ::pdserve::node::v1::Sampling* out);
+
+class DecodeService final : public ::pdserve::node::v1::Decode::Service {
+ public:
+  explicit DecodeService(NodeState& state) : state_(state) {}
+
+  // UNIMPLEMENTED until KV transfer is built (the message says what is missing).
+  grpc::Status Reserve(grpc::ServerContext* context,
+                       const ::pdserve::node::v1::ReserveRequest* request,
+                       ::pdserve::node::v1::ReserveResponse* response) override;
+
+  // UNAVAILABLE while draining; the engine's Submit errors; UNIMPLEMENTED with a reservation.
+  // A request that fails after it started ends with its status instead of a finish.
+  grpc::Status Generate(grpc::ServerContext* context,
+                        const ::pdserve::node::v1::GenerateRequest* request,
+                        grpc::ServerWriter<::pdserve::node::v1::GenerateResponse>* writer) override;
+
+ private:
+  NodeState& state_;
+};
+
+}  // namespace pd::node

@@ -1,0 +1,81 @@
+// The wire format of one layer and its conversions: packing a sequence's exported KV spans into a
+// layer payload (copy, or INT8 compression), the payload checksum, and importing a payload into a
+// KvCache (copy, or INT8 expansion / compression to the cache's dtype).
+//
+// A layer payload is the layer's blocks in KvCache::ExportSpans order (block 0 K, block 0 V,
+// block 1 K, ...), each one block span in the wire dtype, in the format of
+// engine/backend/kv_layout.h (INT8: values [block_size][n_kv_heads][head_dim] int8, then F32 scales
+// [block_size][n_kv_heads]). INT8 uses the engine's INT8 KV scheme (scale = max|x| / 127 per token
+// and head, q = round_half_even(x / scale)), through the same CPU kernels, so compressing on the
+// wire gives the bytes an INT8 cache would have stored for the same values.
+//
+// All functions are pure (thread-safe) except ImportLayer, which writes the caller's KvCache and so
+// runs on its owner's thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "engine/kv/kv_cache.h"
+#include "kvtransfer/kv_transport.h"
+
+namespace pd::kvtransfer {
+
+// XXH64 (seed 0) of `n` bytes: the per-layer checksum (64-bit, ~10+ GB/s on one core).
+uint64_t Checksum64(const void* data, size_t n);
+
+// The same hash over data given in pieces: Digest() after Update(a), Update(b) equals
+// Checksum64 of a followed by b. Lets PackLayer hash each block while it is still in L1.
+class Checksum64Stream {
+ public:
+  void Update(const void* data, size_t n);
+  uint64_t Digest() const;
+
+ private:
+  uint64_t v_[4] = {11400714785074694791ULL + 14029467366897019727ULL, 14029467366897019727ULL, 0,
+                    0 - 11400714785074694791ULL};
+  uint8_t buf_[32] = {};
+  size_t buf_len_ = 0;
+  uint64_t total_ = 0;
+};
+
+// Converts one block span of `block_size * n_kv_heads` token-heads of `head_dim` values from
+// dtype `from` (at `src`) to dtype `to` (at `dst`, which holds the `to` span size). Same dtype:
+// a copy. To INT8: scale = max|x| / 127, q = round_half_even(x / scale) (engine's scheme). From
+// INT8: x = scale * q, rounded to f16 (nearest even) for F16. f16 <-> f32 is exact one way and
+// rounds to nearest even the other. src and dst must not overlap.
+void ConvertBlock(KvDType from, const void* src, KvDType to, void* dst, int block_size,
+                  int n_kv_heads, int head_dim);
+
+// The two conversions the wire uses, named for tests and callers.
+inline void CompressBlockF16ToI8(const void* src, void* dst, int block_size, int n_kv_heads,
+                                 int head_dim) {
+  ConvertBlock(KvDType::kF16, src, KvDType::kI8, dst, block_size, n_kv_heads, head_dim);
+}
+inline void ExpandBlockI8ToF16(const void* src, void* dst, int block_size, int n_kv_heads,
+                               int head_dim) {
+  ConvertBlock(KvDType::kI8, src, KvDType::kF16, dst, block_size, n_kv_heads, head_dim);
+}
+
+// Packs the first g.n_blocks() blocks of `spans` (one layer's KvCache::ExportSpans, host memory,
+// from a cache of dtype `source`) into `out` (g.LayerBytes() bytes) in g.wire_dtype.
+// INVALID_ARGUMENT when spans are too few, out of order, of another layer than `layer`, of the
+// wrong size for `source`, null, or `out` is not LayerBytes() long.
+// With `checksum`, also stores Checksum64 of `out` (computed block by block as it is written,
+// so the payload is not read a second time).
+absl::Status PackLayer(const TransferGeometry& g, KvDType source, int layer,
+                       absl::Span<const engine::KvSpan> spans, absl::Span<uint8_t> out,
+                       uint64_t* checksum = nullptr);
+
+// Writes a verified layer payload into `seq`'s reserved blocks of `cache`, converting wire dtype
+// to the cache's dtype. Runs on the cache owner's thread. FAILED_PRECONDITION when the cache's
+// shape or dtype differs from the payload's geometry (receiver_dtype) or `seq` holds fewer than
+// n_tokens positions; INVALID_ARGUMENT for a payload of the wrong size; KvCache::Import's errors.
+absl::Status ImportLayer(const LayerPayload& payload, engine::KvCache& cache, int64_t seq);
+// The same from raw parts.
+absl::Status ImportLayer(const TransferGeometry& g, int layer, absl::Span<const uint8_t> payload,
+                         engine::KvCache& cache, int64_t seq);
+
+}  // namespace pd::kvtransfer

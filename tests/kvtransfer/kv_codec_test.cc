@@ -1,0 +1,242 @@
+// The wire codec: checksum, f16 <-> int8 block conversion, packing and importing layers, and the
+// descriptor's byte format.
+#include "kvtransfer/kv_codec.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/status_matchers.h"
+#include "engine/quant/fp16.h"
+#include "tests/kvtransfer/kv_test_util.h"
+
+namespace pd::kvtransfer {
+namespace {
+
+using ::pd::testing::StatusIs;
+using testing::BlockBytes;
+using testing::CacheOptions;
+using testing::FillRandom;
+
+TEST(Checksum64, MatchesXxh64ReferenceVectors) {
+  EXPECT_EQ(Checksum64("", 0), 0xEF46DB3751D8E999ull);
+  EXPECT_EQ(Checksum64("abc", 3), 0x44BC2CF5AD770999ull);
+  const std::string s = "Nobody inspects the spammish repetition";  // 39 bytes: stripes + tail
+  EXPECT_EQ(Checksum64(s.data(), s.size()), 0xFBCEA83C8A378BF1ull);
+}
+
+TEST(Checksum64, StreamingInPiecesEqualsOneShot) {
+  std::vector<uint8_t> d(3000);
+  std::mt19937 rng(3);
+  for (auto& b : d) b = static_cast<uint8_t>(rng());
+  for (size_t n : {0, 1, 3, 31, 32, 33, 64, 100, 2999, 3000}) {
+    for (size_t piece : {1, 5, 32, 48, 1000}) {
+      Checksum64Stream s;
+      for (size_t i = 0; i < n; i += piece) s.Update(d.data() + i, std::min(piece, n - i));
+      ASSERT_EQ(s.Digest(), Checksum64(d.data(), n)) << n << " in pieces of " << piece;
+    }
+  }
+}
+
+TEST(Checksum64, EverySingleBitFlipChangesIt) {
+  std::vector<uint8_t> d(1000);
+  for (size_t i = 0; i < d.size(); ++i) d[i] = static_cast<uint8_t>(i * 7 + 3);
+  const uint64_t ref = Checksum64(d.data(), d.size());
+  for (size_t i = 0; i < d.size(); i += 37) {
+    for (int bit = 0; bit < 8; ++bit) {
+      d[i] ^= static_cast<uint8_t>(1 << bit);
+      EXPECT_NE(Checksum64(d.data(), d.size()), ref) << "byte " << i << " bit " << bit;
+      d[i] ^= static_cast<uint8_t>(1 << bit);
+    }
+  }
+  EXPECT_EQ(Checksum64(d.data(), d.size() - 1) == ref, false);
+}
+
+// Independent scalar reference of the engine's INT8 KV scheme (docs/kv_cache.md).
+float RefQuantize(const float* x, int8_t* q, int n) {
+  float amax = 0.f;
+  for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float d = amax / 127.f;
+  const float id = d != 0.f ? 1.f / d : 0.f;
+  for (int i = 0; i < n; ++i) {
+    q[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, std::nearbyint(x[i] * id))));
+  }
+  return d;
+}
+
+struct Shape {
+  int block_size, heads, head_dim;
+};
+
+class ConvertTest : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(ConvertTest, F16ToInt8MatchesEngineSchemeAndExpandsWithinBound) {
+  const Shape sh = GetParam();
+  const int rows = sh.block_size * sh.heads, hd = sh.head_dim;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.f, 2.f);
+  std::vector<uint16_t> f16(static_cast<size_t>(rows) * hd);
+  for (size_t i = 0; i < f16.size(); ++i)
+    f16[i] = engine::F32ToF16(nd(rng) * (i % 50 == 0 ? 30 : 1));
+  for (int i = 0; i < hd; ++i) f16[i] = 0;  // an all-zero head: scale 0
+  const size_t i8_bytes = static_cast<size_t>(rows) * hd + rows * 4;
+  std::vector<uint8_t> i8(i8_bytes);
+  CompressBlockF16ToI8(f16.data(), i8.data(), sh.block_size, sh.heads, hd);
+
+  std::vector<float> x(hd);
+  std::vector<int8_t> q(hd);
+  for (int r = 0; r < rows; ++r) {
+    for (int i = 0; i < hd; ++i) x[i] = engine::F16ToF32(f16[static_cast<size_t>(r) * hd + i]);
+    const float d = RefQuantize(x.data(), q.data(), hd);
+    float got_d;
+    std::memcpy(&got_d, i8.data() + static_cast<size_t>(rows) * hd + r * 4, 4);
+    ASSERT_EQ(got_d, d) << "row " << r;
+    ASSERT_EQ(std::memcmp(i8.data() + static_cast<size_t>(r) * hd, q.data(), hd), 0) << "row " << r;
+  }
+
+  std::vector<uint16_t> back(f16.size());
+  ExpandBlockI8ToF16(i8.data(), back.data(), sh.block_size, sh.heads, hd);
+  for (int r = 0; r < rows; ++r) {
+    float amax = 0.f;
+    for (int i = 0; i < hd; ++i) {
+      amax = std::max(amax, std::fabs(engine::F16ToF32(f16[static_cast<size_t>(r) * hd + i])));
+    }
+    const float scale = amax / 127.f;
+    for (int i = 0; i < hd; ++i) {
+      const size_t k = static_cast<size_t>(r) * hd + i;
+      const float a = engine::F16ToF32(f16[k]), b = engine::F16ToF32(back[k]);
+      // INT8 rounding (scale / 2) plus the f16 rounding of the result (2^-11 relative).
+      ASSERT_LE(std::fabs(a - b), scale / 2 * 1.0001f + std::fabs(b) * 0x1p-11f)
+          << "row " << r << " i " << i;
+    }
+  }
+}
+
+TEST_P(ConvertTest, F16F32RoundTripIsExactAndSameTypeIsACopy) {
+  const Shape sh = GetParam();
+  const size_t n = static_cast<size_t>(sh.block_size) * sh.heads * sh.head_dim;
+  std::vector<uint16_t> f16(n), back(n);
+  for (size_t i = 0; i < n; ++i) f16[i] = static_cast<uint16_t>((i * 2654435761u) & 0x7bff);
+  std::vector<float> f32(n);
+  ConvertBlock(KvDType::kF16, f16.data(), KvDType::kF32, f32.data(), sh.block_size, sh.heads,
+               sh.head_dim);
+  ConvertBlock(KvDType::kF32, f32.data(), KvDType::kF16, back.data(), sh.block_size, sh.heads,
+               sh.head_dim);
+  EXPECT_EQ(f16, back);
+  std::vector<uint16_t> copy(n);
+  ConvertBlock(KvDType::kF16, f16.data(), KvDType::kF16, copy.data(), sh.block_size, sh.heads,
+               sh.head_dim);
+  EXPECT_EQ(f16, copy);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, ConvertTest,
+                         ::testing::Values(Shape{16, 1, 256}, Shape{16, 2, 64}, Shape{4, 3, 33},
+                                           Shape{1, 1, 1}));
+
+TEST(PackLayer, RejectsBadSpans) {
+  auto backend = engine::CreateCpuBackend({1});
+  auto kv = *engine::KvCache::Create(CacheOptions(KvDType::kF16), *backend);
+  PD_ASSERT_OK(FillRandom(*kv, 1, 40, 1));  // 3 blocks
+  const TransferGeometry g = TransferGeometry::ForCache(kv->options(), 40, KvDType::kF16);
+  std::vector<uint8_t> out(g.LayerBytes());
+  auto spans = *kv->ExportSpans(1, 2);
+  uint64_t sum = 0;
+  PD_EXPECT_OK(PackLayer(g, KvDType::kF16, 2, spans, absl::MakeSpan(out), &sum));
+  EXPECT_EQ(sum, Checksum64(out.data(), out.size()));
+  EXPECT_THAT(PackLayer(g, KvDType::kF16, 1, spans, absl::MakeSpan(out)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "expected (layer 1"));
+  EXPECT_THAT(
+      PackLayer(g, KvDType::kF16, 2, absl::MakeSpan(spans).subspan(0, 5), absl::MakeSpan(out)),
+      StatusIs(absl::StatusCode::kInvalidArgument, "has 5 spans"));
+  auto swapped = spans;
+  std::swap(swapped[0], swapped[1]);
+  EXPECT_THAT(PackLayer(g, KvDType::kF16, 2, swapped, absl::MakeSpan(out)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "span 0"));
+  EXPECT_THAT(PackLayer(g, KvDType::kF32, 2, spans, absl::MakeSpan(out)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "expected"));
+  EXPECT_THAT(PackLayer(g, KvDType::kF16, 2, spans, absl::MakeSpan(out).subspan(1)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "output holds"));
+}
+
+TEST(ImportLayer, PackThenImportCopiesEveryBlockAndChecksTheCache) {
+  auto backend = engine::CreateCpuBackend({1});
+  auto src = *engine::KvCache::Create(CacheOptions(KvDType::kF16), *backend);
+  auto dst = *engine::KvCache::Create(CacheOptions(KvDType::kF16), *backend);
+  PD_ASSERT_OK(FillRandom(*src, 1, 70, 2));
+  PD_ASSERT_OK(dst->Reserve(99, 33));  // other block ids
+  PD_ASSERT_OK(dst->Reserve(5, 70));
+  const TransferGeometry g = TransferGeometry::ForCache(dst->options(), 70, KvDType::kF16);
+  std::vector<uint8_t> payload(g.LayerBytes());
+  for (int l = 0; l < g.n_layer; ++l) {
+    PD_ASSERT_OK(PackLayer(g, KvDType::kF16, l, *src->ExportSpans(1, l), absl::MakeSpan(payload)));
+    PD_ASSERT_OK(ImportLayer(g, l, payload, *dst, 5));
+  }
+  for (int l = 0; l < g.n_layer; ++l) {
+    for (int b = 0; b < g.n_blocks(); ++b) {
+      for (auto part : {engine::KvPart::kK, engine::KvPart::kV}) {
+        EXPECT_EQ(BlockBytes(*src, 1, l, b, part), BlockBytes(*dst, 5, l, b, part));
+      }
+    }
+  }
+  EXPECT_THAT(ImportLayer(g, 0, payload, *dst, 6),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "Reserve first"));
+  EXPECT_THAT(ImportLayer(g, 0, absl::MakeSpan(payload).subspan(2), *dst, 5),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  auto i8 = *engine::KvCache::Create(CacheOptions(KvDType::kI8), *backend);
+  EXPECT_THAT(ImportLayer(g, 0, payload, *i8, 5),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "dtype"));
+  auto other = *engine::KvCache::Create(CacheOptions(KvDType::kF16, 4, 1, 128), *backend);
+  EXPECT_THAT(ImportLayer(g, 0, payload, *other, 5),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "n_kv_heads"));
+}
+
+TEST(TransferDescriptor, RoundTripsAndRejectsGarbage) {
+  TransferDescriptor d;
+  d.transport = "ucx";
+  d.address = std::string("\0\1\2binary\xff", 10);
+  d.transfer_id = 0x123456789;
+  d.geometry = {18, 1, 256, 16, 4000, KvDType::kF16, KvDType::kI8};
+  d.deadline = absl::FromUnixMicros(1790000000123456);
+  const std::string bytes = d.Serialize();
+  auto back = TransferDescriptor::Parse(bytes);
+  PD_ASSERT_OK(back);
+  EXPECT_EQ(back->transport, d.transport);
+  EXPECT_EQ(back->address, d.address);
+  EXPECT_EQ(back->transfer_id, d.transfer_id);
+  EXPECT_EQ(back->geometry, d.geometry);
+  EXPECT_EQ(back->deadline, d.deadline);
+  d.deadline = absl::InfiniteFuture();
+  EXPECT_EQ(TransferDescriptor::Parse(d.Serialize())->deadline, absl::InfiniteFuture());
+
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_THAT(TransferDescriptor::Parse(bytes.substr(0, n)),
+                StatusIs(absl::StatusCode::kInvalidArgument))
+        << n;
+  }
+  EXPECT_THAT(TransferDescriptor::Parse(bytes + "x"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "trailing"));
+  std::string bad = bytes;
+  bad[0] ^= 1;
+  EXPECT_THAT(TransferDescriptor::Parse(bad),
+              StatusIs(absl::StatusCode::kInvalidArgument, "magic"));
+  d.geometry.head_dim = 0;
+  EXPECT_THAT(TransferDescriptor::Parse(d.Serialize()),
+              StatusIs(absl::StatusCode::kInvalidArgument, "head_dim"));
+}
+
+TEST(TransferGeometry, SizesFollowTheKvLayout) {
+  TransferGeometry g{18, 1, 256, 16, 1000, KvDType::kF16, KvDType::kF16};
+  EXPECT_EQ(g.n_blocks(), 63);
+  EXPECT_EQ(g.SpanBytes(KvDType::kF16), 16u * 256 * 2);
+  EXPECT_EQ(g.SpanBytes(KvDType::kI8), 16u * 256 + 16 * 4);
+  EXPECT_EQ(g.LayerBytes(), 63u * 2 * 8192);
+  engine::KvCacheOptions o = CacheOptions(KvDType::kI8, 18, 1, 256);
+  EXPECT_EQ(g.SpanBytes(KvDType::kI8), engine::KvCache::BlockBytesFor(o).span());
+}
+
+}  // namespace
+}  // namespace pd::kvtransfer

@@ -1,0 +1,559 @@
+// Both transports (in-process and UCX over loopback) on real KvCache blocks: byte-exact multi-layer
+// transfers into other block ids, INT8 on the wire, and every failure path (checksum mismatch,
+// short transfer, deadline, aborts from either side, a dying sender or receiver), each of which
+// must end the transfer on both sides with a clear status and fire the callbacks exactly once.
+#include "kvtransfer/kv_transport.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "common/status_matchers.h"
+#include "engine/quant/fp16.h"
+#include "tests/kvtransfer/kv_test_util.h"
+
+namespace pd::kvtransfer {
+namespace {
+
+using engine::KvPart;
+using ::pd::testing::StatusIs;
+using testing::BlockBytes;
+using testing::CacheOptions;
+using testing::FillRandom;
+using testing::Owner;
+
+constexpr absl::Duration kLong = absl::Seconds(20);
+
+struct Outcome {
+  absl::Status recv, send, send_done;
+  int recv_done_calls = 0, send_done_calls = 0;
+  std::vector<int> layers;
+};
+
+class TransportTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    backend_ = engine::CreateCpuBackend({1});
+    auto probe = Make();
+    if (!probe.ok() && IsUcx()) {
+      GTEST_SKIP() << "UCX cannot create a context here: " << probe.status();
+    }
+    PD_ASSERT_OK(probe);
+    rx_ = std::move(*probe);
+  }
+
+  // "ucx_shm": UCX without peer-failure detection, so that it may use shared memory + CMA.
+  TransportOptions Options() const {
+    TransportOptions o;
+    o.kind = GetParam() == "inproc" ? "inproc" : "ucx";
+    o.ucx_peer_failure = GetParam() != "ucx_shm";
+    return o;
+  }
+  absl::StatusOr<std::unique_ptr<KvTransport>> Make(FaultOptions faults = {}) {
+    TransportOptions o = Options();
+    o.faults = faults;
+    return KvTransport::Create(o);
+  }
+  bool IsUcx() const { return GetParam() != "inproc"; }
+
+  std::unique_ptr<engine::KvCache> Cache(KvDType dtype, int n_layer = 4) {
+    return *engine::KvCache::Create(CacheOptions(dtype, n_layer), *backend_);
+  }
+
+  // Runs one transfer: a sender thread connects, runs `script` (default: push every layer, then
+  // Complete) and waits; this thread plays the receiver's engine loop, importing into dst.
+  Outcome Transfer(KvTransport& tx, engine::KvCache& src, int64_t src_seq, engine::KvCache* dst,
+                   int64_t dst_seq, int n_tokens, KvDType wire, absl::Duration deadline = kLong,
+                   std::function<void(KvSendStream&, const TransferDescriptor&)> script = nullptr) {
+    Outcome out;
+    Owner owner;
+    const TransferGeometry g =
+        TransferGeometry::ForCache(dst ? dst->options() : src.options(), n_tokens, wire);
+    auto d = rx_->Reserve(g, absl::Now() + deadline, owner.Callbacks());
+    PD_CHECK_OK(d.status());
+    // The descriptor travels as bytes (the router's job).
+    auto parsed = TransferDescriptor::Parse(d->Serialize());
+    PD_CHECK_OK(parsed.status());
+    // The done callback may run on the sender's delivery thread after Wait returned: shared state.
+    struct Done {
+      absl::Mutex mu;
+      absl::Status status;
+      int calls = 0;
+    };
+    auto done = std::make_shared<Done>();
+    std::thread sender([&] {
+      auto s = tx.Connect(*parsed, src.options().dtype, [done](absl::Status st) {
+        absl::MutexLock lock(&done->mu);
+        done->status = st;
+        ++done->calls;
+      });
+      if (!s.ok()) {
+        out.send = s.status();
+        return;
+      }
+      if (script) {
+        script(**s, *parsed);
+      } else {
+        for (int l = 0; l < g.n_layer; ++l) {
+          auto spans = src.ExportSpans(src_seq, l);
+          PD_CHECK_OK(spans.status());
+          absl::Status st = (*s)->Push(l, *spans);
+          if (!st.ok()) break;
+        }
+        (void)(*s)->Complete();
+      }
+      out.send = (*s)->Wait(kLong);
+    });
+    out.recv = owner.Run(dst, dst_seq, kLong);
+    sender.join();
+    absl::SleepFor(absl::Milliseconds(50));  // a second (wrong) callback would land by now
+    out.recv_done_calls = owner.done_calls();
+    out.layers = owner.layers_seen();
+    absl::MutexLock lock(&done->mu);
+    out.send_done = done->status;
+    out.send_done_calls = done->calls;
+    return out;
+  }
+
+  void ExpectBytesEqual(engine::KvCache& a, int64_t sa, engine::KvCache& b, int64_t sb,
+                        int n_blocks) {
+    for (int l = 0; l < a.options().n_layer; ++l) {
+      for (int blk = 0; blk < n_blocks; ++blk) {
+        for (auto part : {KvPart::kK, KvPart::kV}) {
+          ASSERT_EQ(BlockBytes(a, sa, l, blk, part), BlockBytes(b, sb, l, blk, part))
+              << "layer " << l << " block " << blk;
+        }
+      }
+    }
+  }
+
+  std::unique_ptr<engine::Backend> backend_;
+  std::unique_ptr<KvTransport> rx_;
+};
+
+TEST_P(TransportTest, MultiLayerF16TransferIsByteExactIntoOtherBlocks) {
+  auto tx = *Make();
+  auto src = Cache(KvDType::kF16), dst = Cache(KvDType::kF16);
+  PD_ASSERT_OK(FillRandom(*src, 1, 200, 11));  // 13 blocks, the last one partial
+  PD_ASSERT_OK(dst->Reserve(77, 100));         // so that seq 2 gets other block ids
+  PD_ASSERT_OK(dst->Reserve(2, 200));
+  ASSERT_NE(src->BlockTable(1), dst->BlockTable(2));
+  Outcome o = Transfer(*tx, *src, 1, dst.get(), 2, 200, KvDType::kF16);
+  PD_EXPECT_OK(o.recv);
+  PD_EXPECT_OK(o.send);
+  PD_EXPECT_OK(o.send_done);
+  EXPECT_EQ(o.recv_done_calls, 1);
+  EXPECT_EQ(o.send_done_calls, 1);
+  EXPECT_EQ(o.layers.size(), 4u);
+  ExpectBytesEqual(*src, 1, *dst, 2, 13);
+  EXPECT_EQ(rx_->active_transfers(), 0);
+  EXPECT_EQ(tx->active_transfers(), 0);
+}
+
+TEST_P(TransportTest, Int8WireIntoF16ReceiverIsWithinTheQuantizationBound) {
+  auto tx = *Make();
+  auto src = Cache(KvDType::kF16), dst = Cache(KvDType::kF16);
+  PD_ASSERT_OK(FillRandom(*src, 1, 64, 12));
+  PD_ASSERT_OK(dst->Reserve(2, 64));
+  Outcome o = Transfer(*tx, *src, 1, dst.get(), 2, 64, KvDType::kI8);
+  PD_ASSERT_OK(o.recv);
+  PD_EXPECT_OK(o.send);
+  const auto& opt = src->options();
+  const int hd = opt.head_dim;
+  double max_err_over_scale = 0;
+  for (int l = 0; l < opt.n_layer; ++l) {
+    for (int b = 0; b < 4; ++b) {
+      for (auto part : {KvPart::kK, KvPart::kV}) {
+        auto a = BlockBytes(*src, 1, l, b, part), r = BlockBytes(*dst, 2, l, b, part);
+        ASSERT_NE(a, r);  // it did go through INT8
+        const uint16_t* x = reinterpret_cast<const uint16_t*>(a.data());
+        const uint16_t* y = reinterpret_cast<const uint16_t*>(r.data());
+        for (int row = 0; row < opt.block_size * opt.n_kv_heads; ++row) {
+          float amax = 0;
+          for (int i = 0; i < hd; ++i)
+            amax = std::max(amax, std::fabs(engine::F16ToF32(x[row * hd + i])));
+          const float scale = amax / 127.f;
+          for (int i = 0; i < hd; ++i) {
+            const float u = engine::F16ToF32(x[row * hd + i]),
+                        v = engine::F16ToF32(y[row * hd + i]);
+            ASSERT_LE(std::fabs(u - v), scale / 2 * 1.0001f + std::fabs(v) * 0x1p-11f);
+            if (scale > 0)
+              max_err_over_scale = std::max<double>(max_err_over_scale, std::fabs(u - v) / scale);
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(max_err_over_scale, 0.3);  // the bound is tight, not vacuous
+}
+
+TEST_P(TransportTest, Int8WireIntoInt8ReceiverIsBitExactWithCompressingAtTheSender) {
+  auto tx = *Make();
+  auto src = Cache(KvDType::kF16), dst = Cache(KvDType::kI8);
+  PD_ASSERT_OK(FillRandom(*src, 1, 48, 13));
+  PD_ASSERT_OK(dst->Reserve(9, 16));
+  PD_ASSERT_OK(dst->Reserve(2, 48));
+  Outcome o = Transfer(*tx, *src, 1, dst.get(), 2, 48, KvDType::kI8);
+  PD_ASSERT_OK(o.recv);
+  const auto& opt = src->options();
+  std::vector<uint8_t> expect(dst->BlockBytes().span());
+  for (int l = 0; l < opt.n_layer; ++l) {
+    for (int b = 0; b < 3; ++b) {
+      for (auto part : {KvPart::kK, KvPart::kV}) {
+        auto a = BlockBytes(*src, 1, l, b, part);
+        CompressBlockF16ToI8(a.data(), expect.data(), opt.block_size, opt.n_kv_heads, opt.head_dim);
+        ASSERT_EQ(BlockBytes(*dst, 2, l, b, part), expect) << "layer " << l << " block " << b;
+      }
+    }
+  }
+}
+
+TEST_P(TransportTest, Int8CacheToInt8CacheIsACopy) {
+  auto tx = *Make();
+  auto src = Cache(KvDType::kI8), dst = Cache(KvDType::kI8);
+  PD_ASSERT_OK(FillRandom(*src, 1, 33, 14));
+  PD_ASSERT_OK(dst->Reserve(2, 33));
+  Outcome o = Transfer(*tx, *src, 1, dst.get(), 2, 33, KvDType::kI8);
+  PD_ASSERT_OK(o.recv);
+  ExpectBytesEqual(*src, 1, *dst, 2, 3);
+}
+
+TEST_P(TransportTest, ChecksumMismatchAbortsBothSides) {
+  FaultOptions f;
+  f.corrupt_layer = 2;
+  auto tx = *Make(f);
+  auto src = Cache(KvDType::kF16), dst = Cache(KvDType::kF16);
+  PD_ASSERT_OK(FillRandom(*src, 1, 64, 15));
+  PD_ASSERT_OK(dst->Reserve(2, 64));
+  Outcome o = Transfer(*tx, *src, 1, dst.get(), 2, 64, KvDType::kF16);
+  EXPECT_THAT(o.recv, StatusIs(absl::StatusCode::kDataLoss, "checksum mismatch in layer 2"));
+  EXPECT_THAT(o.send, StatusIs(absl::StatusCode::kDataLoss, "checksum mismatch in layer 2"));
+  EXPECT_EQ(o.recv_done_calls, 1);
+  EXPECT_EQ(o.send_done_calls, 1);
+  for (int l : o.layers) EXPECT_NE(l, 2);  // the corrupt layer never reaches the owner
+  EXPECT_EQ(rx_->active_transfers(), 0);
+}
+
+TEST_P(TransportTest, TruncatedLayerIsAShortTransfer) {
+  FaultOptions f;
+  f.truncate_layer = 1;
+  auto tx = *Make(f);
+  auto src = Cache(KvDType::kF16);
+  PD_ASSERT_OK(FillRandom(*src, 1, 64, 16));
+  Outcome o = Transfer(*tx, *src, 1, nullptr, 0, 64, KvDType::kF16);
+  EXPECT_THAT(o.recv, StatusIs(absl::StatusCode::kDataLoss, "short transfer: layer 1"));
+  EXPECT_THAT(o.send, StatusIs(absl::StatusCode::kDataLoss, "short transfer"));
+  EXPECT_EQ(o.recv_done_calls, 1);
+  EXPECT_EQ(o.send_done_calls, 1);
+}
+
+TEST_P(TransportTest, CompletingWithMissingLayersIsAShortTransfer) {
+  auto tx = *Make();
+  auto src = Cache(KvDType::kF16);
+  PD_ASSERT_OK(FillRandom(*src, 1, 64, 17));
+  Outcome o = Transfer(*tx, *src, 1, nullptr, 0, 64, KvDType::kF16, kLong,
+                       [&](KvSendStream& s, const TransferDescriptor&) {
+                         for (int l = 0; l < 2; ++l)
+                           PD_CHECK_OK(s.Push(l, *src->ExportSpans(1, l)));
+                         PD_CHECK_OK(s.Complete());
+                       });
+  EXPECT_THAT(o.recv, StatusIs(absl::StatusCode::kDataLoss, "after 2 of 4 layers"));
+  EXPECT_THAT(o.send, StatusIs(absl::StatusCode::kDataLoss, "after 2 of 4 layers"));
+  EXPECT_EQ(o.recv_done_calls, 1);
+  EXPECT_EQ(o.send_done_calls, 1);
+}
+
+TEST_P(TransportTest, DeadlineOverrunAbortsBothSides) {
+  FaultOptions f;
+  f.stall_after_layers = 2;  // layers 2 and 3 are accepted but never sent
+  auto tx = *Make(f);
+  auto src = Cache(KvDType::kF16);
+  PD_ASSERT_OK(FillRandom(*src, 1, 64, 18));
+  const absl::Time t0 = absl::Now();
+  Outcome o = Transfer(*tx, *src, 1, nullptr, 0, 64, KvDType::kF16, absl::Milliseconds(400));
+  EXPECT_THAT(o.recv, StatusIs(absl::StatusCode::kDeadlineExceeded, "2 of 4 layers delivered"));
+  EXPECT_THAT(o.send, StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(3));
+  EXPECT_EQ(o.recv_done_calls, 1);
+  EXPECT_EQ(o.send_done_calls, 1);
+}
+
+TEST_P(TransportTest, SenderAbortReachesTheReceiver) {
+  auto tx = *Make();
+  auto src = Cache(KvDType::kF16);
+  PD_ASSERT_OK(FillRandom(*src, 1, 64, 19));
+  Outcome o = Transfer(*tx, *src, 1, nullptr, 0, 64, KvDType::kF16, kLong,
+                       [&](KvSendStream& s, const TransferDescriptor&) {
+                         PD_CHECK_OK(s.Push(0, *src->ExportSpans(1, 0)));
+                         s.Abort(absl::CancelledError("prefill cancelled by the client"));
+                         // Pushing after the end reports the end.
+                         PD_CHECK(!s.Wait(kLong).ok());
+                         PD_CHECK(!s.Push(1, *src->ExportSpans(1, 1)).ok());
+                       });
+  EXPECT_THAT(o.recv, StatusIs(absl::StatusCode::kCancelled, "prefill cancelled by the client"));
+  EXPECT_THAT(o.send, StatusIs(absl::StatusCode::kCancelled));
+  EXPECT_EQ(o.recv_done_calls, 1);
+  EXPECT_EQ(o.send_done_calls, 1);
+}
+
+TEST_P(TransportTest, ReceiverAbortReachesTheSender) {
+  auto tx = *Make();
+  auto src = Cache(KvDType::kF16);
+  PD_ASSERT_OK(FillRandom(*src, 1, 64, 20));
+  Owner owner;
+  const TransferGeometry g = TransferGeometry::ForCache(src->options(), 64, KvDType::kF16);
+  auto d = *rx_->Reserve(g, absl::Now() + kLong, owner.Callbacks());
+  std::atomic<int> done_calls{0};
+  auto s = *tx->Connect(d, KvDType::kF16, [&](absl::Status) { ++done_calls; });
+  PD_ASSERT_OK(s->Push(0, *src->ExportSpans(1, 0)));
+  // The decode node gives up (say its client went away): it releases the blocks, tells the sender.
+  rx_->AbortReceive(d.transfer_id, absl::AbortedError("decode node cancelled the request"));
+  EXPECT_THAT(owner.Run(nullptr, 0), StatusIs(absl::StatusCode::kAborted, "decode node cancelled"));
+  EXPECT_THAT(s->Wait(kLong), StatusIs(absl::StatusCode::kAborted, "decode node cancelled"));
+  EXPECT_THAT(s->Push(1, *src->ExportSpans(1, 1)), StatusIs(absl::StatusCode::kAborted));
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(owner.done_calls(), 1);
+  EXPECT_EQ(done_calls.load(), 1);
+  rx_->AbortReceive(d.transfer_id, absl::AbortedError("again"));  // no-op once ended
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(owner.done_calls(), 1);
+}
+
+TEST_P(TransportTest, SenderDeathMidTransferIsUnavailableOnTheReceiver) {
+  TransportOptions o = Options();
+  // Without peer-failure detection (shared memory) a dead sender is only noticed at the deadline.
+  const bool detects = GetParam() != "ucx_shm";
+  if (GetParam() == "ucx") o.ucx_tls = "tcp";  // a dead in-process worker is visible over TCP
+  auto tx = *KvTransport::Create(o);
+  if (GetParam() == "ucx") rx_ = *KvTransport::Create(o);
+  auto src = Cache(KvDType::kF16);
+  PD_ASSERT_OK(FillRandom(*src, 1, 64, 21));
+  Owner owner;
+  const TransferGeometry g = TransferGeometry::ForCache(src->options(), 64, KvDType::kF16);
+  auto d = *rx_->Reserve(g, absl::Now() + (detects ? absl::Seconds(10) : absl::Seconds(2)),
+                         owner.Callbacks());
+  std::atomic<int> done_calls{0};
+  absl::Status send_final;
+  auto s = *tx->Connect(d, KvDType::kF16, [&](absl::Status st) {
+    send_final = st;
+    ++done_calls;
+  });
+  PD_ASSERT_OK(s->Push(0, *src->ExportSpans(1, 0)));
+  PD_ASSERT_OK(s->Push(1, *src->ExportSpans(1, 1)));
+  ASSERT_TRUE(owner.WaitForLayers(2, absl::Seconds(10)));  // the first layers land
+  tx->CrashForTest();                                      // the prefill node dies: no goodbye
+  const absl::Time t0 = absl::Now();
+  if (detects) {
+    EXPECT_THAT(owner.Run(nullptr, 0), StatusIs(absl::StatusCode::kUnavailable, "sender"));
+  } else {
+    EXPECT_THAT(owner.Run(nullptr, 0),
+                StatusIs(absl::StatusCode::kDeadlineExceeded, "2 of 4 layers delivered"));
+  }
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
+  EXPECT_EQ(owner.layers_seen().size(), 2u);
+  // The dead side's own stream ended too, once, and refuses more work.
+  EXPECT_THAT(s->Wait(kLong), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(s->Push(2, *src->ExportSpans(1, 2)), StatusIs(absl::StatusCode::kUnavailable));
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(owner.done_calls(), 1);
+  EXPECT_EQ(done_calls.load(), 1);
+  EXPECT_EQ(rx_->active_transfers(), 0);
+}
+
+TEST_P(TransportTest, ReceiverShutdownIsUnavailableOnTheSender) {
+  auto tx = *Make();
+  auto src = Cache(KvDType::kF16);
+  PD_ASSERT_OK(FillRandom(*src, 1, 64, 22));
+  Owner owner;
+  const TransferGeometry g = TransferGeometry::ForCache(src->options(), 64, KvDType::kF16);
+  auto d = *rx_->Reserve(g, absl::Now() + kLong, owner.Callbacks());
+  auto s = *tx->Connect(d, KvDType::kF16);
+  PD_ASSERT_OK(s->Push(0, *src->ExportSpans(1, 0)));
+  ASSERT_TRUE(owner.WaitForLayers(1, absl::Seconds(10)));  // the sender is known
+  rx_.reset();  // the decode node shuts down
+  EXPECT_THAT(owner.Run(nullptr, 0), StatusIs(absl::StatusCode::kUnavailable, "shut down"));
+  EXPECT_THAT(s->Wait(absl::Seconds(10)), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(owner.done_calls(), 1);
+}
+
+TEST_P(TransportTest, UnknownTransferIsNotFoundAndExpiredDescriptorIsRefused) {
+  auto tx = *Make();
+  TransferDescriptor d;
+  d.transport = IsUcx() ? "ucx" : "inproc";
+  d.address = rx_->address();
+  d.transfer_id = 424242;
+  d.geometry = {4, 2, 64, 16, 64, KvDType::kF16, KvDType::kF16};
+  auto s = *tx->Connect(d, KvDType::kF16);
+  EXPECT_THAT(s->Wait(absl::Seconds(10)), StatusIs(absl::StatusCode::kNotFound, "no KV transfer"));
+  d.deadline = absl::Now() - absl::Seconds(1);
+  EXPECT_THAT(tx->Connect(d, KvDType::kF16), StatusIs(absl::StatusCode::kDeadlineExceeded));
+  d.transport = IsUcx() ? "inproc" : "ucx";
+  d.deadline = absl::InfiniteFuture();
+  EXPECT_THAT(tx->Connect(d, KvDType::kF16), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST_P(TransportTest, ConcurrentTransfersFromManySenders) {
+  constexpr int kN = 6;
+  std::vector<std::unique_ptr<KvTransport>> txs;
+  std::vector<std::unique_ptr<engine::KvCache>> srcs;
+  auto dst = *engine::KvCache::Create(CacheOptions(KvDType::kF16, 4, 2, 64, 16, 256), *backend_);
+  std::vector<Owner> owners(kN);
+  std::vector<TransferDescriptor> ds;
+  for (int i = 0; i < kN; ++i) {
+    txs.push_back(*Make());
+    srcs.push_back(Cache(KvDType::kF16));
+    PD_ASSERT_OK(FillRandom(*srcs[i], 1, 100 + 10 * i, 100 + i));
+    PD_ASSERT_OK(dst->Reserve(10 + i, 100 + 10 * i));
+    const TransferGeometry g =
+        TransferGeometry::ForCache(dst->options(), 100 + 10 * i, KvDType::kF16);
+    ds.push_back(*rx_->Reserve(g, absl::Now() + kLong, owners[i].Callbacks()));
+  }
+  std::vector<std::thread> senders;
+  std::vector<absl::Status> send_status(kN);
+  for (int i = 0; i < kN; ++i) {
+    senders.emplace_back([&, i] {
+      auto s = *txs[i % 2 == 0 ? i : 0]->Connect(ds[i], KvDType::kF16);  // some share a sender
+      for (int l = 3; l >= 0; --l) PD_CHECK_OK(s->Push(l, *srcs[i]->ExportSpans(1, l)));
+      PD_CHECK_OK(s->Complete());
+      send_status[i] = s->Wait(kLong);
+    });
+  }
+  // One engine loop imports for every transfer.
+  for (int i = 0; i < kN; ++i) PD_EXPECT_OK(owners[i].Run(dst.get(), 10 + i));
+  for (auto& t : senders) t.join();
+  for (int i = 0; i < kN; ++i) {
+    PD_EXPECT_OK(send_status[i]);
+    ExpectBytesEqual(*srcs[i], 1, *dst, 10 + i, (100 + 10 * i + 15) / 16);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, TransportTest, ::testing::Values("inproc", "ucx", "ucx_shm"),
+                         [](const auto& info) { return info.param; });
+
+// UCX between two processes: a forked child is the prefill node.
+class UcxProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    TransportOptions o;
+    o.kind = "ucx";
+    auto t = KvTransport::Create(o);
+    if (!t.ok()) GTEST_SKIP() << "UCX cannot create a context here: " << t.status();
+  }
+};
+
+// Child: reads a descriptor from `in`, fills a cache like the parent does, pushes `n_push` layers
+// (then completes if it pushed all), waits; exits 0 on OK. With `hang`, it stops after pushing
+// and waits to be killed.
+[[noreturn]] void ChildSender(int in, int n_push, bool hang, bool peer_failure = true) {
+  std::string bytes;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(in, buf, sizeof(buf))) > 0) bytes.append(buf, static_cast<size_t>(n));
+  auto d = TransferDescriptor::Parse(bytes);
+  if (!d.ok()) _exit(2);
+  auto backend = engine::CreateCpuBackend({1});
+  auto src = *engine::KvCache::Create(CacheOptions(KvDType::kF16), *backend);
+  if (!FillRandom(*src, 1, 200, 31).ok()) _exit(3);
+  TransportOptions o;
+  o.kind = "ucx";
+  o.ucx_peer_failure = peer_failure;
+  auto tx = KvTransport::Create(o);
+  if (!tx.ok()) _exit(4);
+  auto s = (*tx)->Connect(*d, KvDType::kF16);
+  if (!s.ok()) _exit(5);
+  for (int l = 0; l < n_push; ++l) {
+    if (!(*s)->Push(l, *src->ExportSpans(1, l)).ok()) _exit(6);
+  }
+  if (hang) {
+    for (;;) ::pause();
+  }
+  if (!(*s)->Complete().ok()) _exit(7);
+  _exit((*s)->Wait(absl::Seconds(20)).ok() ? 0 : 8);
+}
+
+class UcxProcessModeTest : public UcxProcessTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(UcxProcessModeTest, TransferFromAForkedChildIsByteExact) {
+  const bool peer_failure = GetParam();
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(fds[1]);
+    ChildSender(fds[0], 4, false, peer_failure);
+  }
+  ::close(fds[0]);
+  auto backend = engine::CreateCpuBackend({1});
+  auto src = *engine::KvCache::Create(CacheOptions(KvDType::kF16), *backend);
+  PD_ASSERT_OK(FillRandom(*src, 1, 200, 31));  // what the child sends
+  auto dst = *engine::KvCache::Create(CacheOptions(KvDType::kF16), *backend);
+  PD_ASSERT_OK(dst->Reserve(3, 50));
+  PD_ASSERT_OK(dst->Reserve(4, 200));
+  TransportOptions o;
+  o.kind = "ucx";
+  o.ucx_peer_failure = peer_failure;
+  auto rx = *KvTransport::Create(o);
+  Owner owner;
+  auto d = *rx->Reserve(TransferGeometry::ForCache(dst->options(), 200, KvDType::kF16),
+                        absl::Now() + kLong, owner.Callbacks());
+  const std::string bytes = d.Serialize();
+  ASSERT_EQ(::write(fds[1], bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  ::close(fds[1]);
+  PD_EXPECT_OK(owner.Run(dst.get(), 4));
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);
+  EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "child status " << wstatus;
+  for (int l = 0; l < 4; ++l) {
+    for (int b = 0; b < 13; ++b) {
+      for (auto part : {KvPart::kK, KvPart::kV}) {
+        ASSERT_EQ(BlockBytes(*src, 1, l, b, part), BlockBytes(*dst, 4, l, b, part));
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(PeerFailure, UcxProcessModeTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Detected" : "SharedMemory"; });
+
+TEST_F(UcxProcessTest, KilledSenderProcessIsUnavailableOnTheReceiver) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(fds[1]);
+    ChildSender(fds[0], 2, /*hang=*/true);
+  }
+  ::close(fds[0]);
+  TransportOptions o;
+  o.kind = "ucx";
+  auto rx = *KvTransport::Create(o);
+  Owner owner;
+  auto d = *rx->Reserve({4, 2, 64, 16, 200, KvDType::kF16, KvDType::kF16},
+                        absl::Now() + absl::Seconds(30), owner.Callbacks());
+  const std::string bytes = d.Serialize();
+  ASSERT_EQ(::write(fds[1], bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  ::close(fds[1]);
+  // The two layers land; then the prefill node dies.
+  ASSERT_TRUE(owner.WaitForLayers(2, absl::Seconds(10)));
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  const absl::Time t0 = absl::Now();
+  absl::Status st = owner.Run(nullptr, 0, absl::Seconds(25));
+  EXPECT_THAT(st, StatusIs(absl::StatusCode::kUnavailable, "sender"));
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(10));  // keepalive (1 s), not the 30 s deadline
+  EXPECT_EQ(owner.layers_seen().size(), 2u);
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(owner.done_calls(), 1);
+}
+
+}  // namespace
+}  // namespace pd::kvtransfer

@@ -1,0 +1,36 @@
+// `pdctl up`: a local pdserve cluster on loopback. Starts N pd-prefill and M pd-decode nodes and a
+// pd-router in front of them as child processes (found next to pdctl, or in $PD_BIN_DIR), waits
+// until every one printed its ready line and the router sees the decode nodes healthy, prints the
+// endpoints, and stops everything on SIGINT / SIGTERM: SIGTERM to the router, then to the nodes,
+// SIGKILL after a grace, every child waited for. Children also get SIGTERM if pdctl dies
+// (PR_SET_PDEATHSIG), so no daemon outlives it. With --chat it sends one chat message through the
+// router's gRPC API, prints the streamed answer and shuts down.
+//
+// Exit codes: 0 (stopped by a signal, or --chat answered); 1 a daemon failed to start or the chat
+// request failed; 2 bad flags.
+#pragma once
+
+#include <string>
+
+#include "CLI/CLI.hpp"
+
+namespace pd::tools {
+
+struct UpFlags {
+  int prefill = 1;
+  int decode = 1;
+  std::string config;  // passed to every daemon
+  std::string model;   // passed to every daemon
+  int grpc_port = -1;  // router; -1 = the config's (0 with --chat)
+  int http_port = -1;
+  int threads = 0;   // per node; 0 = the config's
+  std::string chat;  // one message, then shut down
+  int max_tokens = 128;
+  std::string log_dir;  // daemons' stderr; "" = a new directory under $TMPDIR
+  double start_timeout_s = 180;
+};
+
+CLI::App* AddUpCommand(CLI::App& app, UpFlags* flags);
+int RunUp(const UpFlags& flags);
+
+}  // namespace pd::tools
