@@ -12,7 +12,7 @@ FUZZ_SECONDS ?= 60
 .PHONY: help setup build test unit pytest fuzz run demo clean
 
 help:
-	@echo "make run    - set up, build, and answer a chat prompt with the default model (Gemma 3 270M)"
+	@echo "make run    - set up, build, start a local cluster (router, prefill, decode) with the default model, answer one chat prompt through it, stop"
 	@echo "make demo   - generate text with the synthetic demo model (random weights)"
 	@echo "make test   - set up, build, and run every test (ctest, pytest, 60 s GGUF fuzzing)"
 	@echo "make setup  - install Debian packages and the Python venv (.venv); idempotent"
@@ -45,7 +45,7 @@ $(DEMO_MODEL): scripts/synth_models.py
 
 run: build
 	@echo "> $(CHAT_PROMPT)"
-	@echo "$(CHAT_PROMPT)" | $(PDCTL) chat -m $(DEFAULT_MODEL) -n 120 --temperature 0 --repeat-penalty 1.2
+	@$(PDCTL) up --prefill 1 --decode 1 -m $(DEFAULT_MODEL) --chat "$(CHAT_PROMPT)" -n 120
 
 demo: build $(DEMO_MODEL)
 	$(PDCTL) generate -m $(DEMO_MODEL) -p "Once upon a time" -n 64 --seed 42

@@ -178,6 +178,7 @@ int Chat(const std::string& address, const std::string& message, int max_tokens)
     }
   }
   std::fputs("\n", stdout);
+  std::fflush(stdout);
   const grpc::Status s = reader->Finish();
   if (!s.ok()) {
     std::fprintf(stderr, "pdctl up: chat failed: %d %s\n", s.error_code(),
