@@ -25,6 +25,21 @@ void QuantizeRowQ8_0(const float* x, BlockQ8_0* y, int64_t n) {
   }
 }
 
+void QuantizeRowQ8_0Act(const float* x, BlockQ8_0* y, int64_t n) {
+  PD_CHECK(n % kQ8_0BlockSize == 0);
+  const int64_t nb = n / kQ8_0BlockSize;
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* xb = x + b * kQ8_0BlockSize;
+    float amax = 0.f;
+    for (int j = 0; j < kQ8_0BlockSize; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    y[b].d = F32ToF16(amax / 127.f);
+    const float id = amax != 0.f ? 127.f / amax : 0.f;
+    for (int j = 0; j < kQ8_0BlockSize; ++j) {
+      y[b].qs[j] = static_cast<int8_t>(std::nearbyint(xb[j] * id));  // half to even
+    }
+  }
+}
+
 void DequantizeRowQ8_0(const BlockQ8_0* x, float* y, int64_t n) {
   PD_CHECK(n % kQ8_0BlockSize == 0);
   const int64_t nb = n / kQ8_0BlockSize;

@@ -2,9 +2,9 @@
 //
 // Q8_0 is bit-exact with GGUF/ggml's block_q8_0: 32 weights share one f16 scale d, and each
 // weight is stored as an int8 q with x ~= d * q. Quantization follows ggml's reference
-// quantizer: d = amax / 127, q = roundf(x * (1 / d)) (round half away from zero), so that
-// activations quantize exactly like llama.cpp's reference path and a row quantized here
-// reproduces the bytes llama-quantize writes.
+// quantizer: d = amax / 127, q = roundf(x * (1 / d)) (round half away from zero), so that a row
+// quantized here reproduces the bytes llama-quantize writes. Matmul activations use
+// QuantizeRowQ8_0Act instead (ggml-cpu's x86 activation quantizer; see below).
 //
 // These functions are the portable reference; SIMD versions live in engine/backend/cpu and are
 // tested against them. All functions are pure and thread-safe.
@@ -24,6 +24,12 @@ static_assert(sizeof(BlockQ8_0) == 34, "BlockQ8_0 must match ggml's block_q8_0 (
 
 // Quantizes n floats (n % 32 == 0, PD_CHECKed) into n / 32 blocks.
 void QuantizeRowQ8_0(const float* x, BlockQ8_0* y, int64_t n);
+// Matmul activations (the CPU backend's quantize_q8_0 in every kernel table): the quantizer of
+// ggml-cpu's x86 quantize_row_q8_0 (ggml/src/ggml-cpu/arch/x86/quants.c, AVX/AVX2 branch), which
+// llama.cpp uses for activations, not the reference above: amax as above, d = amax / 127 stored
+// as f16, but q = x * id with id = 127 / amax (not 1 / d) rounded half to even (_mm256_round_ps
+// _MM_ROUND_NEAREST), so that activation codes match llama.cpp's exactly.
+void QuantizeRowQ8_0Act(const float* x, BlockQ8_0* y, int64_t n);
 // Expands n / 32 blocks into n floats: y = f32(d) * q.
 void DequantizeRowQ8_0(const BlockQ8_0* x, float* y, int64_t n);
 

@@ -85,8 +85,8 @@ struct Kernels {
   GemmTileFn gemm[kNumGemmTypes];
 
   // Row conversions (used to convert activations once per MatMul, for GetRows and the KV cache).
-  // Narrowing conversions round to nearest even; Q8_0 quantization is QuantizeRowQ8_0's
-  // (bit-exact in every table).
+  // Narrowing conversions round to nearest even; Q8_0 quantization is QuantizeRowQ8_0Act's
+  // (ggml-cpu x86's activation quantizer; bit-exact in every table).
   void (*f32_to_f16)(const float* x, uint16_t* y, int64_t n);
   void (*f16_to_f32)(const uint16_t* x, float* y, int64_t n);
   void (*f32_to_bf16)(const float* x, uint16_t* y, int64_t n);

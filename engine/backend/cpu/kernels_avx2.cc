@@ -930,12 +930,10 @@ void Bf16ToF32(const uint16_t* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = BfloatToFloat(x[i]);
 }
 
-// Bit-exact with QuantizeRowQ8_0: same amax, same f32 reciprocal, x * id rounded half away from
-// zero (truncate, then step away from zero when the dropped fraction is >= 0.5; both exact).
+// Bit-exact with QuantizeRowQ8_0Act (ggml-cpu x86 quantize_row_q8_0): same amax, id = 127 / amax
+// in f32, x * id rounded half to even by _mm256_round_ps.
 void QuantizeQ8_0(const float* x, BlockQ8_0* y, int64_t n) {
   const __m256 sign_mask = _mm256_set1_ps(-0.f);
-  const __m256 half = _mm256_set1_ps(0.5f);
-  const __m256 one = _mm256_set1_ps(1.f);
   for (int64_t b = 0; b < n / kQ8_0BlockSize; ++b) {
     const float* xb = x + b * kQ8_0BlockSize;
     __m256 v[4];
@@ -947,17 +945,13 @@ void QuantizeQ8_0(const float* x, BlockQ8_0* y, int64_t n) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    const float d = _mm_cvtss_f32(m) / 127.f;
-    const float id = d != 0.f ? 1.f / d : 0.f;
-    y[b].d = FloatToHalf(d);
-    const __m256 vid = _mm256_set1_ps(id);
+    const float am = _mm_cvtss_f32(m);
+    y[b].d = FloatToHalf(am / 127.f);
+    const __m256 vid = _mm256_set1_ps(am != 0.f ? 127.f / am : 0.f);
     __m256i q[4];
     for (int j = 0; j < 4; ++j) {
-      const __m256 s = _mm256_mul_ps(v[j], vid);
-      const __m256 t = _mm256_round_ps(s, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-      const __m256 frac = _mm256_andnot_ps(sign_mask, _mm256_sub_ps(s, t));
-      const __m256 step = _mm256_or_ps(_mm256_and_ps(s, sign_mask), one);  // +-1
-      const __m256 r = _mm256_add_ps(t, _mm256_and_ps(step, _mm256_cmp_ps(frac, half, _CMP_GE_OQ)));
+      const __m256 r = _mm256_round_ps(_mm256_mul_ps(v[j], vid),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       q[j] = _mm256_cvtps_epi32(r);
     }
     // int32 -> int8 with in-lane packs, then restore element order.

@@ -3,7 +3,8 @@
 //
 // Tolerances (see also cpu_kernels_test.cc):
 //  - MatMul: the reference converts activations exactly as the documented method does (F16/BF16
-//    rounding, Q8_0 quantization via the scalar QuantizeRowQ8_0, tested in q8_0_test) and sums in
+//    rounding, Q8_0 activations via the scalar QuantizeRowQ8_0Act (ggml-cpu x86's activation
+//    quantizer; Q8_0 weights via QuantizeRowQ8_0, tested in q8_0_test)) and sums in
 //    double; |err| <= 8 * sqrt(k) * 2^-24 * sum|w_i x_i| (F32 summation in another order).
 //  - RmsNorm / Softmax / SwiGlu / Add: 1e-6 relative (a few ulps; exp within 2 ulps).
 //  - Rope: 2e-6 + |theta| * 1e-6 per element (times |x|): angles are built in F32 by repeated
@@ -64,9 +65,11 @@ std::vector<float> RandomVec(std::mt19937& rng, int64_t n, float scale = 1.f) {
   return v;
 }
 
-// Weight tensor of `type` from F32 values, and the exact values it holds.
+// Weight tensor of `type` from F32 values, and the exact values it holds. `activation`: Q8_0 rows
+// as the backend quantizes matmul activations (QuantizeRowQ8_0Act: id = 127 / amax, ties to
+// even, as ggml-cpu's x86 quantize_row_q8_0), not as weights are quantized.
 HostTensor MakeWeights(DType type, int64_t rows, int64_t cols, const std::vector<float>& v,
-                       std::vector<double>* exact) {
+                       std::vector<double>* exact, bool activation = false) {
   HostTensor h(type, rows, cols);
   exact->resize(rows * cols);
   std::vector<float> tmp(cols);
@@ -87,7 +90,11 @@ HostTensor MakeWeights(DType type, int64_t rows, int64_t cols, const std::vector
         Bf16ToF32Row(reinterpret_cast<uint16_t*>(dst), tmp.data(), cols);
         break;
       case DType::kQ8_0:
-        QuantizeRowQ8_0(src, reinterpret_cast<BlockQ8_0*>(dst), cols);
+        if (activation) {
+          QuantizeRowQ8_0Act(src, reinterpret_cast<BlockQ8_0*>(dst), cols);
+        } else {
+          QuantizeRowQ8_0(src, reinterpret_cast<BlockQ8_0*>(dst), cols);
+        }
         DequantizeRowQ8_0(reinterpret_cast<BlockQ8_0*>(dst), tmp.data(), cols);
         break;
       case DType::kQ4_0:
@@ -158,7 +165,7 @@ void CheckMatMul(Backend& be, std::mt19937& rng, const MatMulCase& c) {
   if (c.type == DType::kF32) {
     x_conv.assign(xv.begin(), xv.end());
   } else {
-    MakeWeights(c.type, c.n, c.k, xv, &x_conv);
+    MakeWeights(c.type, c.n, c.k, xv, &x_conv, /*activation=*/true);
   }
   for (int64_t i = 0; i < c.n; ++i) {
     for (int64_t j = 0; j < c.m; ++j) {
