@@ -71,7 +71,8 @@ absl::Status Model::Linear(const Tensor& w, const char* name, int layer, const T
   return backend_.MatMul(w, x, y);
 }
 
-absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>* logits) {
+absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>* logits,
+                            const LayerHook& after_kv_store) {
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(batch.size());
   if (n == 0) return absl::InvalidArgumentError("empty batch");
@@ -168,6 +169,10 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
     PD_RETURN_IF_ERROR(b.Rope(k, c.n_head_kv, pos, rope));
     if (c.attention_scale > 0) PD_RETURN_IF_ERROR(b.Scale(q, c.attention_scale, q));
     PD_RETURN_IF_ERROR(b.StoreKv(k, v, kv.k(l), kv.v(l), kvb));
+    if (after_kv_store) {
+      PD_RETURN_IF_ERROR(b.Synchronize());
+      after_kv_store(l);
+    }
     PD_RETURN_IF_ERROR(b.Attention(q, kv.k(l), kv.v(l), kvb, ap, attn));
     PD_RETURN_IF_ERROR(Linear(w.wo, "attn_output", l, attn, o));
     if (c.post_norms) PD_RETURN_IF_ERROR(b.RmsNorm(o, w.post_attn_norm, c.rms_eps, o));

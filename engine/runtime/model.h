@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -62,7 +63,15 @@ class Model {
   // Runs `batch`. Preconditions (checked, INVALID_ARGUMENT): token ids < n_vocab, positions >= 0,
   // each sequence's KV capacity covers its positions (KvCache::Reserve first). On success
   // `logits` holds logits_rows.size() rows of n_vocab floats, in logits_rows order.
-  absl::Status Forward(const Batch& batch, KvCache& kv, std::vector<float>* logits);
+  //
+  // `after_kv_store` (may be empty) runs once per layer, right after that layer's K/V of the
+  // batch were written to `kv` and the backend synchronized, before its attention: the KV of
+  // layer l is final from then on, so a KV transfer can send it while the later layers compute
+  // (DESIGN.md, request flow step 4). It runs on the calling thread and must not touch `kv`'s
+  // block tables.
+  using LayerHook = std::function<void(int layer)>;
+  absl::Status Forward(const Batch& batch, KvCache& kv, std::vector<float>* logits,
+                       const LayerHook& after_kv_store = nullptr);
 
   // Observer of matmul inputs (nullptr = none, the default). Not owned; must outlive its use.
   void set_observer(MatMulObserver* observer) { observer_ = observer; }

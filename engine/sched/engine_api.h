@@ -47,6 +47,7 @@ struct RequestTiming {
   absl::Time first_token;      // first generated token emitted (TTFT = first_token - arrival)
   absl::Time finished;
   int preemptions = 0;         // times its KV was dropped and recomputed
+  bool kv_imported = false;    // its prompt's K/V came from outside (Scheduler::CompleteImport)
 };
 
 struct FinishInfo {

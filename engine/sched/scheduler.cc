@@ -24,6 +24,7 @@ struct Scheduler::Sequence {
         priority(in.request.priority),
         deadline(in.request.deadline),
         arrival_order(in.arrival_order),
+        export_layer(std::move(in.export_layer)),
         sampler(in.request.sampling) {
     timing.arrival = in.arrival;
     timing.first_scheduled = absl::InfinitePast();
@@ -45,6 +46,7 @@ struct Scheduler::Sequence {
   const int priority;
   const absl::Time deadline;
   const int64_t arrival_order;
+  const ExportLayer export_layer;  // SubmitExport's hook, or empty
   Sampler sampler;  // keeps its RNG state across preemptions
   RequestTiming timing;
 
@@ -137,6 +139,7 @@ Scheduler::Scheduler(Model& model, std::unique_ptr<Model> owned, const Scheduler
       n_vocab_(model.config().n_vocab),
       kv_blocks_total_(kv->total_blocks()),
       block_size_(kv->options().block_size),
+      kv_options_(kv->options()),
       kv_(std::move(kv)) {
   absl::MutexLock l(&mu_);
   engine_load_.kv_blocks_total = kv_blocks_total_;
@@ -194,8 +197,14 @@ void Scheduler::CompleteImport(const std::string& id, absl::StatusOr<int32_t> fi
   wake_.Signal();
 }
 
+absl::Status Scheduler::SubmitExport(GenerationRequest request,
+                                     std::shared_ptr<GenerationSink> sink, ExportLayer on_layer) {
+  if (!on_layer) return absl::InvalidArgumentError("on_layer: must not be empty");
+  return Accept(std::move(request), std::move(sink), nullptr, std::move(on_layer));
+}
+
 absl::Status Scheduler::Accept(GenerationRequest request, std::shared_ptr<GenerationSink> sink,
-                               ImportReserved on_reserved) {
+                               ImportReserved on_reserved, ExportLayer export_layer) {
   PD_RETURN_IF_ERROR(ValidateRequest(request, sink.get()));
   const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.max_tokens;
   absl::MutexLock l(&mu_);
@@ -218,7 +227,7 @@ absl::Status Scheduler::Accept(GenerationRequest request, std::shared_ptr<Genera
   live_tokens_ += total;
   incoming_prompt_tokens_ += static_cast<int64_t>(request.prompt.size());
   incoming_.push_back(Incoming{std::move(request), std::move(sink), absl::Now(), next_arrival_++,
-                               std::move(on_reserved)});
+                               std::move(on_reserved), std::move(export_layer)});
   wake_.Signal();
   return absl::OkStatus();
 }
@@ -473,6 +482,7 @@ void Scheduler::RunImports() {
     s->importing = false;
     s->n_computed = s->n_prompt;
     s->timing.first_scheduled = now;
+    s->timing.kv_imported = true;
     const int32_t token = *first;
     if (token < 0 || token >= n_vocab_) {
       Finish(std::move(owned), FinishReason::kError,
@@ -599,7 +609,21 @@ void Scheduler::Execute(const StepPlan& plan, StepStats& stats) {
   }
   if (batch.size() == 0) return;
 
-  const absl::Status st = model_.Forward(batch, *kv_, &logits_);
+  // Sequences whose prompt's last chunk is in this batch and whose K/V leave the node.
+  std::vector<Sequence*> exporting;
+  for (Sequence* s : in_batch) {
+    if (s->export_layer && s->planned_prefill && s->n_generated == 0 &&
+        s->n_computed + s->planned == s->n_prompt) {
+      exporting.push_back(s);
+    }
+  }
+  Model::LayerHook hook;
+  if (!exporting.empty()) {
+    hook = [this, &exporting](int layer) {
+      for (Sequence* s : exporting) s->export_layer(*kv_, s->kv_id, layer);
+    };
+  }
+  const absl::Status st = model_.Forward(batch, *kv_, &logits_, hook);
   if (!st.ok()) {
     // A bug or a resource problem (requests were validated): fail this batch, keep serving.
     PD_LOG(kError, "forward of ", batch.size(), " tokens failed, failing its ", in_batch.size(),

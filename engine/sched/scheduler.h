@@ -138,6 +138,17 @@ class Scheduler final : public GenerationEngine {
   // freed and it prefills locally. Ignored when `id` is not importing.
   void CompleteImport(const std::string& id, absl::StatusOr<int32_t> first_token);
 
+  // ---- Exported KV: the prefill side of KV transfer (docs/scheduler.md, "Exported KV") ----
+  // Runs on the engine thread inside Model::Forward, once per layer of the step that computes the
+  // last chunk of the request's prompt, right after that layer's K/V were stored: the cache holds
+  // the whole prompt's K/V of `layer` for sequence `kv_seq` (KvCache::ExportSpans). Must not block
+  // for long and must not change the cache.
+  using ExportLayer = std::function<void(const KvCache& kv, int64_t kv_seq, int layer)>;
+  // Accepts `request` like Submit; `on_layer` (not empty) sees each layer of its prompt's K/V as
+  // soon as it is computed (a prompt recomputed after a preemption is exported again).
+  absl::Status SubmitExport(GenerationRequest request, std::shared_ptr<GenerationSink> sink,
+                            ExportLayer on_layer);
+
   // Stops accepting (Submit answers UNAVAILABLE), lets the step in progress end, joins the engine
   // thread and finishes every live request with kError / UNAVAILABLE, freeing its KV.
   // Idempotent. Not from a sink (it would join its own thread).
@@ -149,6 +160,8 @@ class Scheduler final : public GenerationEngine {
 
   const SchedulerOptions& options() const { return options_; }
   int kv_blocks_total() const { return kv_blocks_total_; }
+  // The KV cache's shape and dtype (fixed at Create; any thread): what a KV transfer checks.
+  const KvCacheOptions& kv_options() const { return kv_options_; }
 
  private:
   struct Sequence;
@@ -158,6 +171,7 @@ class Scheduler final : public GenerationEngine {
     absl::Time arrival;
     int64_t arrival_order = 0;
     ImportReserved on_reserved;  // set: SubmitImport
+    ExportLayer export_layer;    // set: SubmitExport
   };
   struct Event;  // sink call queued during a step, delivered at its end
 
@@ -168,7 +182,7 @@ class Scheduler final : public GenerationEngine {
                                                                const SchedulerOptions& options);
   absl::Status ValidateRequest(const GenerationRequest& request, const GenerationSink* sink) const;
   absl::Status Accept(GenerationRequest request, std::shared_ptr<GenerationSink> sink,
-                      ImportReserved on_reserved);
+                      ImportReserved on_reserved, ExportLayer export_layer = nullptr);
   void RunImports();  // posted import tasks and completions (engine thread)
   void AbortImport(Sequence* seq, const absl::Status& why);
 
@@ -210,6 +224,7 @@ class Scheduler final : public GenerationEngine {
   const int n_vocab_;
   const int kv_blocks_total_;
   const int block_size_;
+  const KvCacheOptions kv_options_;
 
   // Engine-thread state (the thread, or Step()'s caller, or Shutdown() after the join).
   std::unique_ptr<KvCache> kv_;

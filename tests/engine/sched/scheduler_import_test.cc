@@ -232,3 +232,84 @@ TEST(SchedulerImportTest, NoRoomForTheImportMeansLocalPrefill) {
 
 }  // namespace
 }  // namespace pd::engine
+
+namespace pd::engine {
+namespace {
+
+// The prefill side: SubmitExport's hook sees every layer once, in order, in the step of the
+// prompt's last chunk, with the whole prompt's K/V already stored; copying what it sees into a
+// decode scheduler's import gives the same tokens as a local run.
+TEST(SchedulerExportTest, ExportedLayersImportedElsewhereEqualALocalRun) {
+  auto env = MakeEnv();
+  const std::vector<int32_t> want = LocalRun(*env, 10);
+
+  SchedulerOptions po;
+  po.kv_blocks = 16;
+  po.block_size = 16;
+  po.max_running_seqs = 4;
+  po.token_budget = 8;  // the 20-token prompt runs in chunks of 8, 8, 4
+  po.prefill_chunk = 8;
+  po.run_thread = false;
+  auto prefill = Scheduler::Create(*env->model, po);
+  ASSERT_TRUE(prefill.ok()) << prefill.status();
+
+  // The "wire": each exported layer's spans copied out as bytes, tagged with the step.
+  const int n_layer = env->model->config().n_layer;
+  std::vector<int> layers_seen;
+  std::vector<std::vector<std::vector<uint8_t>>> wire(n_layer);
+  int64_t step = 0;
+  std::vector<int64_t> layer_step;
+  auto psink = std::make_shared<Sink>();
+  GenerationRequest pr = Req("p", 1);
+  ASSERT_TRUE((*prefill)
+                  ->SubmitExport(pr, psink,
+                                 [&](const KvCache& kv, int64_t seq, int layer) {
+                                   layers_seen.push_back(layer);
+                                   layer_step.push_back(step);
+                                   auto spans = kv.ExportSpans(seq, layer);
+                                   ASSERT_TRUE(spans.ok());
+                                   for (const KvSpan& s : *spans) {
+                                     const auto* p = static_cast<const uint8_t*>(s.data);
+                                     wire[layer].emplace_back(p, p + s.bytes);
+                                   }
+                                 })
+                  .ok());
+  for (step = 0; step < 10 && !psink->info.has_value(); ++step) (*prefill)->Step();
+  ASSERT_TRUE(psink->info.has_value());
+  ASSERT_EQ(psink->tokens.size(), 1u);
+  EXPECT_EQ(psink->tokens[0], want[0]);
+  std::vector<int> all(n_layer);
+  for (int l = 0; l < n_layer; ++l) all[l] = l;
+  EXPECT_EQ(layers_seen, all);  // once each, in order
+  for (int64_t s : layer_step) EXPECT_EQ(s, 2);  // the third step: the last chunk
+  EXPECT_EQ((*prefill)->Load().kv_blocks_free, 16);  // freed after the first token
+
+  auto decode = MakeScheduler(*env);
+  auto dsink = std::make_shared<Sink>();
+  ASSERT_TRUE(decode->SubmitImport(Req("d", 10), dsink, [](absl::StatusOr<int64_t>) {}).ok());
+  decode->Step();
+  decode->PostImport("d", [&](KvCache& kv, int64_t seq) -> absl::Status {
+    for (int l = 0; l < n_layer; ++l) {
+      // ExportSpans order: block 0 K, block 0 V, block 1 K, ...
+      for (size_t i = 0; i < wire[l].size(); ++i) {
+        const int block = static_cast<int>(i / 2);
+        const KvPart part = i % 2 == 0 ? KvPart::kK : KvPart::kV;
+        PD_RETURN_IF_ERROR(kv.Import(seq, l, block, part, wire[l][i].data(), wire[l][i].size()));
+      }
+    }
+    return absl::OkStatus();
+  });
+  decode->CompleteImport("d", psink->tokens[0]);
+  RunUntilDone(*decode, *dsink);
+  EXPECT_EQ(dsink->tokens, want);
+}
+
+TEST(SchedulerExportTest, EmptyHookIsRejected) {
+  auto env = MakeEnv();
+  auto s = MakeScheduler(*env);
+  EXPECT_EQ(s->SubmitExport(Req("x", 1), std::make_shared<Sink>(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pd::engine
