@@ -9,7 +9,7 @@ DEFAULT_MODEL := models/gemma-3-270m-q4_k_m.gguf
 CHAT_PROMPT ?= Explain in two sentences why the sky is blue.
 FUZZ_SECONDS ?= 60
 
-.PHONY: help setup build test unit pytest fuzz run demo clean
+.PHONY: help setup build test unit pytest fuzz run demo clean bench-pd-vs-colocated
 
 help:
 	@echo "make run    - set up, build, start a local cluster (router, prefill, decode) with the default model, answer one chat prompt through it, stop"
@@ -18,6 +18,7 @@ help:
 	@echo "make setup  - install Debian packages and the Python venv (.venv); idempotent"
 	@echo "make build  - configure and build into $(BUILD)/ (CMAKE_FLAGS=... to add options)"
 	@echo "make unit | pytest | fuzz - one part of the test suite"
+	@echo "make bench-pd-vs-colocated - P/D cluster (pinned cores) vs pd-serve, several rates (<= 15 min; BENCH_ARGS=--quick: ~3 min)"
 
 setup:
 	@scripts/setup.sh
@@ -49,6 +50,9 @@ run: build
 
 demo: build $(DEMO_MODEL)
 	$(PDCTL) generate -m $(DEMO_MODEL) -p "Once upon a time" -n 64 --seed 42
+
+bench-pd-vs-colocated: build
+	$(PY) bench/pd_vs_colocated/run.py --bin-dir $(BUILD)/bin $(BENCH_ARGS)
 
 clean:
 	rm -rf $(BUILD) build-fuzz

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -44,7 +45,20 @@ std::string BinDir() {
   return ec ? "." : self.parent_path().string();
 }
 
-bool Spawn(Child& c, const std::vector<std::string>& args) {
+// The CPUs this process may run on, in increasing order.
+std::vector<int> AllowedCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return cpus;
+  for (int i = 0; i < CPU_SETSIZE; ++i) {
+    if (CPU_ISSET(i, &set)) cpus.push_back(i);
+  }
+  return cpus;
+}
+
+// Starts args[0] as c; with cpu >= 0 the child is pinned to that CPU before exec.
+bool Spawn(Child& c, const std::vector<std::string>& args, int cpu = -1) {
   int out[2];
   if (pipe(out) != 0) return false;
   const int log = open(c.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -64,6 +78,15 @@ bool Spawn(Child& c, const std::vector<std::string>& args) {
     dup2(out[1], 1);
     dup2(log, 2);
     close(out[0]);
+    if (cpu >= 0) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(cpu, &set);
+      if (sched_setaffinity(0, sizeof set, &set) != 0) {
+        std::fprintf(stderr, "cannot pin %s to CPU %d\n", args[0].c_str(), cpu);
+        _exit(126);
+      }
+    }
     std::vector<char*> argv;
     for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
@@ -203,7 +226,11 @@ CLI::App* AddUpCommand(CLI::App& app, UpFlags* f) {
   up->add_option("-m,--model", f->model, "GGUF model (default: the default model)");
   up->add_option("--grpc-port", f->grpc_port, "router gRPC port (0 = a free one)");
   up->add_option("--http-port", f->http_port, "router HTTP port (0 = a free one)");
-  up->add_option("-t,--threads", f->threads, "CPU threads per node (0 = the config's)");
+  up->add_option("-t,--threads", f->threads,
+                 "CPU threads per node (0 = the config's; 1 with --pin-cores)");
+  up->add_flag("--pin-cores", f->pin_cores,
+               "pin each node to one CPU of those pdctl may use, round robin, prefill nodes "
+               "first (sched_setaffinity); the router is not pinned");
   up->add_option("--chat", f->chat, "send this message through the router, print the answer, stop");
   up->add_option("-n,--max-tokens", f->max_tokens, "--chat: most tokens of the answer");
   up->add_option("--log-dir", f->log_dir, "where the daemons' logs go (default: a new temp dir)");
@@ -259,12 +286,28 @@ int RunUp(const UpFlags& f) {
     StopAll(children, absl::Seconds(2));
     return 1;
   };
-  for (Child& c : children) {
+  const std::vector<int> cpus = f.pin_cores ? AllowedCpus() : std::vector<int>();
+  if (f.pin_cores && cpus.empty()) {
+    std::fprintf(stderr, "pdctl up: --pin-cores: cannot read the allowed CPUs\n");
+    return 1;
+  }
+  if (f.pin_cores && children.size() > cpus.size()) {
+    std::fprintf(stderr, "pdctl up: --pin-cores: %zu nodes on %zu CPUs; some share a CPU\n",
+                 children.size(), cpus.size());
+  }
+  const int threads = f.threads > 0 ? f.threads : (f.pin_cores ? 1 : 0);
+  for (size_t i = 0; i < children.size(); ++i) {
+    Child& c = children[i];
     std::vector<std::string> args = {StrCat(bin, "/pd-", c.role)};
     args.insert(args.end(), common.begin(), common.end());
     args.insert(args.end(), {"--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-port", "0"});
-    if (f.threads > 0) args.insert(args.end(), {"--threads", StrCat(f.threads)});
-    if (!Spawn(c, args)) return fail(c, "could not be started");
+    if (threads > 0) args.insert(args.end(), {"--threads", StrCat(threads)});
+    const int cpu = f.pin_cores ? cpus[i % cpus.size()] : -1;
+    if (!Spawn(c, args, cpu)) return fail(c, "could not be started");
+    if (cpu >= 0) {
+      std::fprintf(stderr, "pdctl up: %s (%s, pid %d) pinned to CPU %d, %d thread(s)\n",
+                   c.name.c_str(), c.role.c_str(), c.pid, cpu, threads);
+    }
   }
   const absl::Time deadline = absl::Now() + absl::Seconds(f.start_timeout_s);
   for (Child& c : children) {
