@@ -422,7 +422,7 @@ double ProcStatusMiB(const char* name) {
   return -1;
 }
 
-int RunBench(EngineFlags& f, int pp, int tg, int reps) {
+int RunBench(EngineFlags& f, int pp, int tg, int reps, int batch_seqs) {
   const double t0 = NowSeconds();
   auto e = LoadEngine(f);
   if (!e.ok()) return Fail(e.status());
@@ -432,6 +432,12 @@ int RunBench(EngineFlags& f, int pp, int tg, int reps) {
   const int n_vocab = model.config().n_vocab;
   if (std::max(pp, tg) > kv.total_blocks() * kv.options().block_size) {
     return Fail(absl::InvalidArgumentError("pp/tg larger than the context (raise --ctx)"));
+  }
+  const int tg_blocks = (tg + kv.options().block_size - 1) / kv.options().block_size;
+  if (batch_seqs > 1 && int64_t{batch_seqs} * tg_blocks > kv.total_blocks()) {
+    return Fail(absl::InvalidArgumentError(pd::StrCat(
+        "--batch ", batch_seqs, " sequences of ", tg, " tokens need ", batch_seqs * tg_blocks,
+        " KV blocks, the cache has ", kv.total_blocks(), " (raise --ctx or lower --tg)")));
   }
   std::vector<float> logits;
   auto prompt = [&](int n) -> absl::Status {
@@ -453,6 +459,26 @@ int RunBench(EngineFlags& f, int pp, int tg, int reps) {
     }
     return absl::OkStatus();
   };
+  // Batched decode: `batch_seqs` sequences (ids 1..B) each take one token per step, as a
+  // continuous-batching engine's decode steps do; full logits for every row.
+  auto decode_batch = [&](int n) -> absl::Status {
+    std::vector<int32_t> tokens(batch_seqs, BenchToken(0));
+    for (int s = 1; s <= batch_seqs; ++s) kv.Free(s);
+    for (int i = 0; i < n; ++i) {
+      engine::Batch batch;
+      for (int s = 0; s < batch_seqs; ++s) {
+        PD_RETURN_IF_ERROR(kv.Reserve(s + 1, i + 1));
+        batch.Add(tokens[s] + (i == 0 ? s : 0), i, s + 1, true);
+      }
+      PD_RETURN_IF_ERROR(model.Forward(batch, kv, &logits));
+      for (int s = 0; s < batch_seqs; ++s) {
+        tokens[s] = engine::ArgMax(
+            absl::MakeConstSpan(logits.data() + static_cast<size_t>(s) * n_vocab, n_vocab));
+      }
+    }
+    for (int s = 1; s <= batch_seqs; ++s) kv.Free(s);
+    return absl::OkStatus();
+  };
   // First token after the load: an 8-token prompt (touches every weight page).
   const double t1 = NowSeconds();
   if (auto s = prompt(8); !s.ok()) return Fail(s);
@@ -462,7 +488,10 @@ int RunBench(EngineFlags& f, int pp, int tg, int reps) {
   if (auto s = decode(std::min(tg, 16)); !s.ok()) return Fail(s);
   // Rates per wall second, and per second of this process's CPU time (all threads): on a
   // machine shared with other work the latter moves less for single-threaded runs.
-  std::vector<double> pp_rates, tg_rates, pp_cpu, tg_cpu;
+  std::vector<double> pp_rates, tg_rates, pp_cpu, tg_cpu, tgb_rates, tgb_cpu;
+  if (batch_seqs > 1) {
+    if (auto s = decode_batch(std::min(tg, 4)); !s.ok()) return Fail(s);
+  }
   for (int r = 0; r < reps; ++r) {
     double t = NowSeconds(), c = CpuSeconds();
     if (auto s = prompt(pp); !s.ok()) return Fail(s);
@@ -472,6 +501,12 @@ int RunBench(EngineFlags& f, int pp, int tg, int reps) {
     if (auto s = decode(tg); !s.ok()) return Fail(s);
     tg_rates.push_back(tg / (NowSeconds() - t));
     tg_cpu.push_back(tg / (CpuSeconds() - c));
+    if (batch_seqs > 1) {
+      t = NowSeconds(), c = CpuSeconds();
+      if (auto s = decode_batch(tg); !s.ok()) return Fail(s);
+      tgb_rates.push_back(static_cast<double>(tg) * batch_seqs / (NowSeconds() - t));
+      tgb_cpu.push_back(static_cast<double>(tg) * batch_seqs / (CpuSeconds() - c));
+    }
   }
   auto list = [](const std::vector<double>& v) {
     std::string s = "[";
@@ -485,11 +520,12 @@ int RunBench(EngineFlags& f, int pp, int tg, int reps) {
       "\"pp\": %d, \"tg\": %d, \"load_s\": %.4f, \"first_token_s\": %.4f, \"pp_tok_s\": %s, "
       "\"tg_tok_s\": %s, \"pp_tok_per_cpu_s\": %s, \"tg_tok_per_cpu_s\": %s, \"peak_rss_mib\": "
       "%.1f, \"rss_file_mib\": %.1f, \"rss_anon_mib\": %.1f, "
-      "\"weights_bytes\": %zu}\n",
+      "\"weights_bytes\": %zu, \"batch\": %d, \"tg_batch_tok_s\": %s, \"tg_batch_tok_per_cpu_s\": %s}\n",
       f.model.c_str(), threads, f.kv_type.c_str(), pp, tg, load_s, first_s, list(pp_rates).c_str(),
       list(tg_rates).c_str(), list(pp_cpu).c_str(), list(tg_cpu).c_str(), PeakRssMiB(),
       ProcStatusMiB("RssFile"), ProcStatusMiB("RssAnon"),
-      static_cast<size_t>(model.weights().total_bytes));
+      static_cast<size_t>(model.weights().total_bytes), batch_seqs, list(tgb_rates).c_str(),
+      list(tgb_cpu).c_str());
   return 0;
 }
 
@@ -571,13 +607,17 @@ int main(int argc, char** argv) {
   chat->add_option("--stop", cg.stop, "stop string (repeatable)");
 
   EngineFlags bf;
-  int bench_pp = 512, bench_tg = 128, bench_reps = 3;
+  int bench_pp = 512, bench_tg = 128, bench_reps = 3, bench_batch = 1;
   CLI::App* bench = app.add_subcommand(
       "bench", "time prompt processing (pp) and decoding (tg) like llama-bench; prints JSON");
   bf.Add(bench);
   bench->add_option("--pp", bench_pp, "prompt tokens")->check(CLI::PositiveNumber);
   bench->add_option("--tg", bench_tg, "generated tokens")->check(CLI::PositiveNumber);
   bench->add_option("-r,--reps", bench_reps, "repetitions")->check(CLI::PositiveNumber);
+  bench->add_option("--batch", bench_batch,
+                    "also time batched decoding: this many sequences take one token per step "
+                    "(tg_batch_tok_s: all sequences' tokens per second)")
+      ->check(CLI::PositiveNumber);
 
   QuantizeFlags qf;
   CLI::App* qz = AddQuantizeCommand(app, &qf);
@@ -592,7 +632,7 @@ int main(int argc, char** argv) {
   if (qz->parsed()) return RunQuantize(qf);
   if (tx->parsed()) return RunTexts(txf);
   if (models->parsed()) return RunModels();
-  if (bench->parsed()) return RunBench(bf, bench_pp, bench_tg, bench_reps);
+  if (bench->parsed()) return RunBench(bf, bench_pp, bench_tg, bench_reps, bench_batch);
   if (chat->parsed()) return RunChat(cg, chat_system, chat_template);
   if (gen->parsed()) {
     if (g.prompt.empty() && g.prompt_file.empty() && g.prompt_ids.empty()) {

@@ -10,6 +10,8 @@
 // within 2 ulps, plus division and product).
 #include <gtest/gtest.h>
 
+#include <bit>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -276,6 +278,42 @@ TEST_F(KernelsTest, Q8_0DotHandlesMinus128Weights) {
   const float want = 2 * (-128.f * 127.f * 2);  // per block: 17 * 127 - 15 * 127 = 2 * 127
   EXPECT_EQ(ys, want);
   EXPECT_EQ(ya, want);
+}
+
+// The AVX512-VNNI Q8_0 tile gives the AVX2 tile's bits (same int32 lanes, same F32 order), on
+// random codes (weights over the whole int8 range, -128 included; activations in [-127, 127], as
+// the activation quantizer writes them) and every tile shape.
+TEST(Q8_0VnniTest, BitIdenticalToTheAvx2Tile) {
+  const GemmTileFn vnni = Q8_0TileVnni();
+  if (vnni == nullptr || Avx2Kernels() == nullptr) {
+    GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_NO_VNNI is set)";
+  }
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> wcode(-128, 127), xcode(-127, 127), scale(0x2000, 0x4000);
+  for (int64_t k : {32, 640, 4096}) {
+    const int64_t nb = k / 32;
+    std::vector<BlockQ8_0> w(4 * nb), x(4 * nb);
+    for (auto* v : {&w, &x}) {
+      for (BlockQ8_0& b : *v) {
+        b.d = static_cast<uint16_t>(scale(rng));
+        for (int8_t& q : b.qs) q = static_cast<int8_t>(v == &w ? wcode(rng) : xcode(rng));
+      }
+    }
+    const size_t stride = nb * sizeof(BlockQ8_0);
+    for (int nr = 1; nr <= kGemmTileW; ++nr) {
+      for (int nc = 1; nc <= kGemmTileX; ++nc) {
+        float ya[16], yv[16];
+        GemmQ8_0Avx2(k, w.data(), stride, nr, x.data(), stride, nc, ya, 4);
+        vnni(k, w.data(), stride, nr, x.data(), stride, nc, yv, 4);
+        for (int c = 0; c < nc; ++c) {
+          for (int r = 0; r < nr; ++r) {
+            EXPECT_EQ(std::bit_cast<uint32_t>(ya[c * 4 + r]), std::bit_cast<uint32_t>(yv[c * 4 + r]))
+                << "k " << k << " tile " << nr << "x" << nc << " at " << r << "," << c;
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST_F(KernelsTest, AttentionRowKernels) {
