@@ -155,6 +155,32 @@ absl::Status Check(bool ok, std::string_view field, std::string_view rule, const
   return absl::InvalidArgumentError(StrCat(field, ": ", rule, " (got ", value, ")"));
 }
 
+absl::Status ValidateEtcd(const EtcdOptions& etcd) {
+  for (size_t i = 0; i < etcd.endpoints.size(); ++i) {
+    const std::string& e = etcd.endpoints[i];
+    // The gateway is reached with plain HTTP; the port is required (etcd's default is 2379).
+    if (e.rfind("http://", 0) != 0 || e.find('/', 7) != std::string::npos ||
+        e.find(':', 7) == std::string::npos || e.back() == ':') {
+      return absl::InvalidArgumentError(
+          StrCat("etcd.endpoints[", i, "]: must be http://host:port (got '", e, "')"));
+    }
+  }
+  if (etcd.prefix.empty() || etcd.prefix.back() != '/') {
+    return absl::InvalidArgumentError(
+        StrCat("etcd.prefix: must end with '/' (got '", etcd.prefix, "')"));
+  }
+  // etcd raises TTLs below its minimum (1.5 s with its default timings) to 2 s.
+  PD_RETURN_IF_ERROR(Check(etcd.lease_ttl_s >= 2 && etcd.lease_ttl_s <= 3600, "etcd.lease_ttl_s",
+                           "must be in [2, 3600]", etcd.lease_ttl_s));
+  PD_RETURN_IF_ERROR(Check(etcd.poll_interval_ms >= 10, "etcd.poll_interval_ms", "must be >= 10",
+                           etcd.poll_interval_ms));
+  if (etcd.node_name.find('/') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        StrCat("etcd.node_name: must not contain '/' (got '", etcd.node_name, "')"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ServeOptions::Validate() const {
@@ -252,6 +278,17 @@ absl::Status ServeOptions::Validate() const {
   }
   PD_RETURN_IF_ERROR(
       Check(r.max_retries >= 0, "router.max_retries", "must be >= 0", r.max_retries));
+  if (r.kv_wire != "f16" && r.kv_wire != "int8") {
+    return absl::InvalidArgumentError(
+        StrCat("router.kv_wire: must be f16 or int8 (got '", r.kv_wire, "')"));
+  }
+  PD_RETURN_IF_ERROR(Check(r.kv_transfer_timeout_ms >= 10, "router.kv_transfer_timeout_ms",
+                           "must be >= 10", r.kv_transfer_timeout_ms));
+  PD_RETURN_IF_ERROR(Check(r.disaggregate_min_prompt >= 0, "router.disaggregate_min_prompt",
+                           "must be >= 0", r.disaggregate_min_prompt));
+  PD_RETURN_IF_ERROR(Check(kv_transfer.staging_mib >= 1, "kv_transfer.staging_mib",
+                           "must be >= 1", kv_transfer.staging_mib));
+  PD_RETURN_IF_ERROR(ValidateEtcd(etcd));
   return absl::OkStatus();
 }
 
@@ -320,7 +357,28 @@ absl::StatusOr<ServeOptions> ParseServeOptions(std::string_view yaml, std::strin
       r.Get("decode_policy", &o.router.decode_policy);
       r.Get("prefill_policy", &o.router.prefill_policy);
       r.Get("max_retries", &o.router.max_retries);
+      r.Get("disaggregate", &o.router.disaggregate);
+      r.Get("kv_wire", &o.router.kv_wire);
+      r.Get("kv_transfer_timeout_ms", &o.router.kv_transfer_timeout_ms);
+      r.Get("disaggregate_min_prompt", &o.router.disaggregate_min_prompt);
       top.Merge(r);
+    }
+    {
+      MapReader t = top.Child("kv_transfer");
+      t.Get("enabled", &o.kv_transfer.enabled);
+      t.Get("ucx_tls", &o.kv_transfer.ucx_tls);
+      t.Get("peer_failure", &o.kv_transfer.peer_failure);
+      t.Get("staging_mib", &o.kv_transfer.staging_mib);
+      top.Merge(t);
+    }
+    {
+      MapReader e = top.Child("etcd");
+      e.GetStrings("endpoints", &o.etcd.endpoints);
+      e.Get("prefix", &o.etcd.prefix);
+      e.Get("lease_ttl_s", &o.etcd.lease_ttl_s);
+      e.Get("poll_interval_ms", &o.etcd.poll_interval_ms);
+      e.Get("node_name", &o.etcd.node_name);
+      top.Merge(e);
     }
     status = top.Finish();
   } catch (const YAML::Exception& e) {

@@ -54,6 +54,16 @@ struct LimitsOptions {
   int max_stop = 8;                  // stop strings per request
 };
 
+// KV transfer between prefill and decode nodes (pd-prefill sends, pd-decode receives; UCX).
+struct KvTransferOptions {
+  bool enabled = true;       // open a UCX transport; off: pd-decode prefills every request itself
+  std::string ucx_tls;       // UCX_TLS for this node's UCX context; "" = UCX's own choice
+  // Ask UCX for peer failure detection (TCP only); off allows shared memory between processes on
+  // one host (faster). A dead sender is noticed by the router either way.
+  bool peer_failure = false;
+  int64_t staging_mib = 256;  // idle staging buffers kept for reuse
+};
+
 // One node the router sends work to (pd-router; configs/cluster-local.yaml).
 struct NodeOptions {
   std::string name;     // unique; labels metrics and logs
@@ -70,6 +80,24 @@ struct RouterOptions {
   std::string decode_policy = "least_loaded";            // least_loaded | round_robin
   std::string prefill_policy = "fewest_pending_tokens";  // fewest_pending_tokens | round_robin
   int max_retries = 2;  // other decode nodes tried when one fails (also mid-stream)
+  // Disaggregated path: prompts run on a prefill node and their KV is pushed to the decode node.
+  // Off (or no healthy prefill node): decode nodes prefill themselves (colocated fallback).
+  bool disaggregate = true;
+  std::string kv_wire = "f16";         // f16 | int8: what KV travels as (int8: half the bytes)
+  int kv_transfer_timeout_ms = 30000;  // reserve -> every layer landed; then local prefill
+  // Prompts shorter than this run on the decode node itself (a transfer costs more than it saves).
+  int disaggregate_min_prompt = 0;
+};
+
+// Dynamic cluster membership through etcd (docs/cluster.md, "etcd membership"): nodes register
+// `<prefix>nodes/<role>/<name>` under a lease; the router watches the prefix. Off when
+// `endpoints` is empty; router.nodes keeps working either way.
+struct EtcdOptions {
+  std::vector<std::string> endpoints;  // etcd v3 gateways, "http://host:port"; empty = off
+  std::string prefix = "/pdserve/";    // key prefix shared by the nodes and the router; ends in /
+  int lease_ttl_s = 3;                 // node lease; a dead node is dropped this long after it died
+  int poll_interval_ms = 250;          // router: how often it reads the prefix
+  std::string node_name;               // nodes: the name registered; "" = <role>-<host>-<port>
 };
 
 struct ServeOptions {
@@ -83,8 +111,10 @@ struct ServeOptions {
   SchedulerConfigOptions scheduler;
   KvConfigOptions kv;
   LimitsOptions limits;
+  KvTransferOptions kv_transfer;  // pd-prefill / pd-decode
   double shutdown_grace_s = 10;  // on SIGINT/SIGTERM, time streams get to finish before cancel
   RouterOptions router;          // pd-router only; the other daemons ignore it
+  EtcdOptions etcd;              // pd-router, pd-decode, pd-prefill
 
   // INVALID_ARGUMENT naming the field (full path) and the bad value.
   absl::Status Validate() const;

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "common/strings.h"
+#include "decode_node/kv_receiver.h"
 
 namespace pd::node {
 namespace nv1 = ::pdserve::node::v1;
@@ -72,43 +73,103 @@ class ActiveCall {
 
 }  // namespace
 
-grpc::Status DecodeService::Reserve(grpc::ServerContext*, const nv1::ReserveRequest*,
-                                    nv1::ReserveResponse*) {
-  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                      "Decode.Reserve: KV transfer is not built into pd-decode yet (kvtransfer/ "
-                      "is not wired into Scheduler::SubmitImport); use Decode.Generate without a "
-                      "reservation");
+grpc::Status DecodeService::Reserve(grpc::ServerContext* context,
+                                    const nv1::ReserveRequest* request,
+                                    nv1::ReserveResponse* response) {
+  ActiveCall active(state_);
+  if (state_.draining()) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode node is draining (shutting down)");
+  }
+  KvReceiver* receiver = state_.receiver();
+  if (receiver == nullptr) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "this decode node receives no KV (kv_transfer.enabled is off); send "
+                        "Decode.Generate without a reservation");
+  }
+  if (request->request().reservation() != 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "request.reservation: must be unset in Decode.Reserve");
+  }
+  if (!(request->deadline_s() > 0) || request->deadline_s() > 3600) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        StrCat("deadline_s: must be in (0, 3600], got ", request->deadline_s()));
+  }
+  engine::GenerationRequest g = ToEngine(*request);
+  (void)context;
+  auto sink = std::make_shared<QueueSink>();
+  const engine::KvDType wire =
+      request->int8_wire() ? engine::KvDType::kI8 : state_.scheduler()->kv_options().dtype;
+  absl::StatusOr<KvReceiver::Reserved> r = receiver->Reserve(
+      std::move(g), sink, wire, absl::Now() + absl::Seconds(request->deadline_s()));
+  if (!r.ok()) return ToGrpc(r.status());
+  response->set_reservation(r->reservation);
+  if (!r->descriptor.empty()) response->mutable_kv()->set_transport(r->descriptor);
+  return grpc::Status::OK;
+}
+
+grpc::Status DecodeService::Release(grpc::ServerContext*, const nv1::ReleaseRequest* request,
+                                    nv1::ReleaseResponse*) {
+  KvReceiver* receiver = state_.receiver();
+  if (receiver == nullptr) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "this decode node receives no KV (kv_transfer.enabled is off)");
+  }
+  receiver->Drop(request->reservation());
+  return grpc::Status::OK;
+}
+
+engine::GenerationRequest DecodeService::ToEngine(const nv1::ReserveRequest& reserve) {
+  const nv1::GenerateRequest& request = reserve.request();
+  engine::GenerationRequest g;
+  g.id = request.request_id();
+  g.prompt.assign(request.prompt().begin(), request.prompt().end());
+  g.sampling = node::FromProto(request.sampling());
+  g.max_tokens = request.max_tokens();
+  g.stop_token_ids.insert(request.stop_token_ids().begin(), request.stop_token_ids().end());
+  g.priority = request.priority();
+  return g;
 }
 
 grpc::Status DecodeService::Generate(grpc::ServerContext* context,
                                      const nv1::GenerateRequest* request,
                                      grpc::ServerWriter<nv1::GenerateResponse>* writer) {
   ActiveCall active(state_);
+  if (request->reservation() != 0) {
+    // Attaching to a request accepted by Reserve: allowed while draining (it is live here).
+    KvReceiver* receiver = state_.receiver();
+    if (receiver == nullptr) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "reservation: this decode node receives no KV (kv_transfer.enabled is "
+                          "off)");
+    }
+    std::optional<int32_t> first;
+    if (request->has_first_token()) first = request->first_token();
+    absl::StatusOr<KvReceiver::Attached> a = receiver->Attach(request->reservation(), first);
+    if (!a.ok()) return ToGrpc(a.status());
+    const grpc::Status st = Stream(context, a->request_id,
+                                   std::static_pointer_cast<QueueSink>(a->sink), writer);
+    receiver->Release(request->reservation());
+    return st;
+  }
   if (state_.draining()) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode node is draining (shutting down)");
   }
-  if (request->reservation() != 0) {
-    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                        "reservation: receiving KV from a prefill node is not built yet "
-                        "(pd-decode does not wire kvtransfer/ into Scheduler::SubmitImport "
-                        "yet); send the request without a reservation and this node prefills "
-                        "it");
-  }
-  engine::GenerationRequest g;
-  g.id = request->request_id();
-  g.prompt.assign(request->prompt().begin(), request->prompt().end());
-  g.sampling = FromProto(request->sampling());
-  g.max_tokens = request->max_tokens();
-  g.stop_token_ids.insert(request->stop_token_ids().begin(), request->stop_token_ids().end());
-  g.priority = request->priority();
+  nv1::ReserveRequest as_reserve;
+  *as_reserve.mutable_request() = *request;
+  engine::GenerationRequest g = ToEngine(as_reserve);
   if (context->deadline() != std::chrono::system_clock::time_point::max()) {
     g.deadline = absl::FromChrono(context->deadline());
   }
   const std::string id = g.id;
   auto sink = std::make_shared<QueueSink>();
-  engine::GenerationEngine& engine = state_.engine();
-  if (absl::Status s = engine.Submit(std::move(g), sink); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = state_.engine().Submit(std::move(g), sink); !s.ok()) return ToGrpc(s);
+  return Stream(context, id, sink, writer);
+}
 
+grpc::Status DecodeService::Stream(grpc::ServerContext* context, const std::string& id,
+                                   const std::shared_ptr<QueueSink>& sink,
+                                   grpc::ServerWriter<nv1::GenerateResponse>* writer) {
+  engine::GenerationEngine& engine = state_.engine();
   bool cancelled = false;
   while (true) {
     std::vector<int32_t> tokens;
@@ -142,6 +203,7 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
       f->set_time_to_first_token_s(Since(finish->timing.arrival, finish->timing.first_token));
       f->set_queue_s(Since(finish->timing.arrival, finish->timing.first_scheduled));
       f->set_preemptions(finish->timing.preemptions);
+      f->set_kv_imported(finish->timing.kv_imported);
     }
     if (!writer->Write(r)) {
       if (!finish) {

@@ -1,11 +1,10 @@
-// pdserve.node.v1.Decode over a GenerationEngine (a Scheduler): pd-decode's service.
+// pdserve.node.v1.Decode over a Scheduler: pd-decode's service.
 //
 // Generate runs one request on the engine and streams its token ids back; the last message carries
-// the finish. Without a KV transfer descriptor the node prefills the prompt itself (the colocated
-// fallback, and the path a router takes on retries: prompt + tokens already sent). Reserve, and
-// Generate with a reservation, answer UNIMPLEMENTED: receiving KV from a prefill node needs
-// kvtransfer/'s KvTransport wired into Scheduler::SubmitImport / PostImport / CompleteImport
-// (which exist and are tested), not done yet.
+// the finish. Without a reservation the node prefills the prompt itself (the colocated fallback,
+// and the path a router takes on retries: prompt + tokens already sent). Reserve accepts a request
+// whose prompt's KV a prefill node pushes (KvReceiver); Generate with that reservation attaches to
+// it and streams it (docs/kv_transfer.md, "In the cluster").
 //
 // Ownership: borrows the NodeState (and through it the engine), which must outlive it. Thread
 // safety: one gRPC sync-server thread per call; the engine's sinks only fill a per-call queue.
@@ -47,18 +46,31 @@ class DecodeService final : public ::pdserve::node::v1::Decode::Service {
  public:
   explicit DecodeService(NodeState& state) : state_(state) {}
 
-  // UNIMPLEMENTED until KV transfer is built (the message says what is missing).
+  // FAILED_PRECONDITION when the node receives no KV; INVALID_ARGUMENT for a bad deadline;
+  // otherwise the engine's acceptance errors (KvReceiver::Reserve).
   grpc::Status Reserve(grpc::ServerContext* context,
                        const ::pdserve::node::v1::ReserveRequest* request,
                        ::pdserve::node::v1::ReserveResponse* response) override;
 
-  // UNAVAILABLE while draining; the engine's Submit errors; UNIMPLEMENTED with a reservation.
-  // A request that fails after it started ends with its status instead of a finish.
+  // FAILED_PRECONDITION when the node receives no KV; OK otherwise (KvReceiver::Drop).
+  grpc::Status Release(grpc::ServerContext* context,
+                       const ::pdserve::node::v1::ReleaseRequest* request,
+                       ::pdserve::node::v1::ReleaseResponse* response) override;
+
+  // UNAVAILABLE while draining (unless attaching to a reservation); the engine's Submit errors;
+  // NOT_FOUND for an unknown reservation. A request that fails after it started ends with its
+  // status instead of a finish.
   grpc::Status Generate(grpc::ServerContext* context,
                         const ::pdserve::node::v1::GenerateRequest* request,
                         grpc::ServerWriter<::pdserve::node::v1::GenerateResponse>* writer) override;
 
  private:
+  static engine::GenerationRequest ToEngine(const ::pdserve::node::v1::ReserveRequest& reserve);
+  // Relays request `id`'s tokens and finish from `sink` to `writer`; cancels it when the call is.
+  grpc::Status Stream(grpc::ServerContext* context, const std::string& id,
+                      const std::shared_ptr<QueueSink>& sink,
+                      grpc::ServerWriter<::pdserve::node::v1::GenerateResponse>* writer);
+
   NodeState& state_;
 };
 

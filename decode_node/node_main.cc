@@ -3,14 +3,53 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <string_view>
+#include <utility>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/strings.h"
+#include "decode_node/etcd_registration.h"
+#include "decode_node/kv_receiver.h"
+#include "kvtransfer/kv_transport.h"
 
 namespace pd::node {
 namespace {
+
+// PDSERVE_TEST_KV_FAULTS="corrupt_layer=N,truncate_layer=N,stall_after_layers=N" (any subset):
+// the faults a sender puts on the wire, for the cluster's fault tests.
+absl::StatusOr<kvtransfer::FaultOptions> ParseKvFaults(std::string_view text) {
+  kvtransfer::FaultOptions f;
+  std::string rest(text);
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string item = rest.substr(0, comma);
+    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+    const size_t eq = item.find('=');
+    const std::pair<std::string, std::string> kv{item.substr(0, eq),
+                                                 eq == std::string::npos ? "" : item.substr(eq + 1)};
+    int value = 0;
+    if (!absl::SimpleAtoi(kv.second, &value)) {
+      return absl::InvalidArgumentError(StrCat("PDSERVE_TEST_KV_FAULTS: bad value in '", item,
+                                               "'"));
+    }
+    if (kv.first == "corrupt_layer") {
+      f.corrupt_layer = value;
+    } else if (kv.first == "truncate_layer") {
+      f.truncate_layer = value;
+    } else if (kv.first == "stall_after_layers") {
+      f.stall_after_layers = value;
+    } else {
+      return absl::InvalidArgumentError(StrCat("PDSERVE_TEST_KV_FAULTS: unknown fault '",
+                                               kv.first, "' (corrupt_layer, truncate_layer, "
+                                               "stall_after_layers)"));
+    }
+  }
+  return f;
+}
 
 absl::Status Run(const std::string& name, const std::string& role,
                  const std::function<std::unique_ptr<grpc::Service>(NodeState&)>& make_service,
@@ -18,7 +57,32 @@ absl::Status Run(const std::string& name, const std::string& role,
   MetricsRegistry registry;
   router::ServingMetrics metrics(registry);
   PD_ASSIGN_OR_RETURN(NodeEngine engine, BuildNodeEngine(o, &metrics));
-  NodeState state(role, *engine.scheduler, /*kv_transfer=*/false);
+  NodeState state(role, *engine.scheduler, &registry);
+  // KV transfer: pd-prefill sends, pd-decode receives (docs/kv_transfer.md, "In the cluster").
+  std::unique_ptr<kvtransfer::KvTransport> transport;
+  std::unique_ptr<KvReceiver> receiver;
+  if (o.kv_transfer.enabled) {
+    kvtransfer::TransportOptions to;
+    to.kind = "ucx";
+    to.ucx_tls = o.kv_transfer.ucx_tls;
+    to.ucx_peer_failure = o.kv_transfer.peer_failure;
+    to.pool_bytes = static_cast<size_t>(o.kv_transfer.staging_mib) << 20;
+    if (const char* f = std::getenv("PDSERVE_TEST_KV_FAULTS")) {
+      PD_ASSIGN_OR_RETURN(to.faults, ParseKvFaults(f));
+      PD_LOG(kWarning, name, ": PDSERVE_TEST_KV_FAULTS=", f, ": sending faulty KV (tests only)");
+    }
+    absl::StatusOr<std::unique_ptr<kvtransfer::KvTransport>> t = kvtransfer::KvTransport::Create(to);
+    if (!t.ok()) {
+      // Serving without transfer still works (decode nodes prefill); say why it is off.
+      PD_LOG(kWarning, name, ": KV transfer off: ", t.status().ToString());
+    } else {
+      transport = *std::move(t);
+      if (role == "decode") {
+        receiver = std::make_unique<KvReceiver>(*engine.scheduler, *transport, &registry);
+      }
+      state.SetKvTransfer(transport.get(), receiver.get());
+    }
+  }
   std::unique_ptr<grpc::Service> service = make_service(state);
   NodeServerOptions no;
   no.name = name;
@@ -28,6 +92,8 @@ absl::Status Run(const std::string& name, const std::string& role,
   PD_ASSIGN_OR_RETURN(std::unique_ptr<NodeServer> server,
                       NodeServer::Start(no, state, service.get(), registry,
                                         [sched, &metrics] { metrics.Load(sched->Load()); }));
+  // etcd membership (nullptr when off): routers watching the prefix add this node.
+  std::unique_ptr<EtcdRegistration> etcd = StartEtcdRegistration(o, role, server->grpc_address());
   std::printf("%s\n", server->ReadyLine().c_str());
   std::fflush(stdout);
   PD_LOG(kInfo, name, ": serving ", engine.model_path, " (", role, ", context ",
@@ -35,7 +101,13 @@ absl::Status Run(const std::string& name, const std::string& role,
   int sig = 0;
   sigwait(&signals, &sig);
   PD_LOG(kInfo, name, ": signal ", sig, ": draining (grace ", o.shutdown_grace_s, " s)");
+  etcd.reset();  // revokes the lease: routers drop this node at once
   server->Drain(absl::Seconds(o.shutdown_grace_s));
+  // Reservations first (they reference the transport and the engine), then the transport (its
+  // last callbacks may still reach the receiver), then the engine.
+  if (receiver != nullptr) receiver->Shutdown();
+  transport.reset();
+  receiver.reset();
   engine.scheduler->Shutdown();
   PD_LOG(kInfo, name, ": stopped");
   return absl::OkStatus();
@@ -63,6 +135,8 @@ int NodeMain(const std::string& name, const std::string& role,
   auto* o_ctx = app.add_option("-c,--ctx", ctx, "context per request");
   auto* o_kv_mib = app.add_option("--kv-mib", kv_mib, "KV cache memory budget in MiB");
   auto* o_grace = app.add_option("--shutdown-grace", grace, "seconds requests get on SIGTERM");
+  std::string node_name;
+  auto* o_name = app.add_option("--name", node_name, "name registered in etcd (etcd.node_name)");
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<ServeOptions> loaded =
       config.empty() ? ParseServeOptions("", "defaults") : LoadServeOptions(config);
@@ -81,6 +155,7 @@ int NodeMain(const std::string& name, const std::string& role,
   if (o_ctx->count()) o.model.context = ctx;
   if (o_kv_mib->count()) o.kv.memory_mib = kv_mib;
   if (o_grace->count()) o.shutdown_grace_s = grace;
+  if (o_name->count()) o.etcd.node_name = node_name;
   if (absl::Status v = o.Validate(); !v.ok()) {
     std::fprintf(stderr, "%s: error: %s\n", name.c_str(), std::string(v.message()).c_str());
     return 2;

@@ -3,7 +3,7 @@
 // ready line on stdout, and the drain on SIGINT / SIGTERM (exit 0).
 //
 //   pd-decode [--config FILE] [--model PATH] [--grpc-port N] [--http-port M] [--threads T]
-//             [--kv-mib MIB] [--ctx N] [--shutdown-grace S]
+//             [--kv-mib MIB] [--ctx N] [--shutdown-grace S] [--name NAME]
 //   -> "pd-decode ready: grpc=127.0.0.1:PORT http=http://127.0.0.1:PORT"
 #pragma once
 

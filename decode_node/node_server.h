@@ -32,7 +32,13 @@ namespace httplib {
 class Server;
 }
 
+namespace pd::kvtransfer {
+class KvTransport;
+}
+
 namespace pd::node {
+
+class KvReceiver;
 
 // absl and gRPC share the canonical codes.
 grpc::Status ToGrpc(const absl::Status& status);
@@ -52,14 +58,25 @@ struct NodeEngine {
 // INVALID_ARGUMENT, ...) and the Scheduler's.
 absl::StatusOr<NodeEngine> BuildNodeEngine(const ServeOptions& o, router::ServingMetrics* metrics);
 
-// Node.Load over an engine, plus the draining flag the services share.
+// What a node's services share: the engine (a Scheduler), the KV transport and, on a decode
+// node, the KV receiver (both null when kv_transfer is off), the metrics registry, and the
+// draining flag.
 class NodeState {
  public:
-  NodeState(std::string role, engine::GenerationEngine& engine, bool kv_transfer)
-      : role_(std::move(role)), engine_(engine), kv_transfer_(kv_transfer) {}
+  NodeState(std::string role, engine::Scheduler& scheduler, MetricsRegistry* metrics = nullptr)
+      : role_(std::move(role)), scheduler_(scheduler), metrics_(metrics) {}
   const std::string& role() const { return role_; }
-  engine::GenerationEngine& engine() { return engine_; }
-  bool kv_transfer() const { return kv_transfer_; }
+  engine::GenerationEngine& engine() { return scheduler_; }
+  engine::Scheduler* scheduler() { return &scheduler_; }
+  MetricsRegistry* metrics() { return metrics_; }
+  // Set before the server starts; both outlive the server.
+  void SetKvTransfer(kvtransfer::KvTransport* transport, KvReceiver* receiver) {
+    transport_ = transport;
+    receiver_ = receiver;
+  }
+  kvtransfer::KvTransport* transport() { return transport_; }
+  KvReceiver* receiver() { return receiver_; }
+  bool kv_transfer() const { return transport_ != nullptr; }
   bool draining() const { return draining_.load(); }
   void StartDraining() { draining_.store(true); }
   // Requests in the node's services right now (drain waits for 0).
@@ -67,8 +84,10 @@ class NodeState {
 
  private:
   const std::string role_;
-  engine::GenerationEngine& engine_;
-  const bool kv_transfer_;
+  engine::Scheduler& scheduler_;
+  MetricsRegistry* const metrics_;
+  kvtransfer::KvTransport* transport_ = nullptr;
+  KvReceiver* receiver_ = nullptr;
   std::atomic<bool> draining_{false};
   std::atomic<int> active_{0};
 };

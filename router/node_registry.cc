@@ -4,14 +4,21 @@
 #include <tuple>
 
 #include "common/log.h"
+#include "common/status.h"
 #include "common/strings.h"
 
 namespace pd::router {
 namespace nv1 = ::pdserve::node::v1;
 
 struct NodeRegistry::Entry {
-  Node node;
-  NodeStatus status;  // guarded by NodeRegistry::mu_
+  Node node;  // immutable once added
+  // The fields below are guarded by NodeRegistry::mu_.
+  NodeStatus status;
+  bool removed = false;
+  // Bumped by RemoveNode (and when a removed entry is added again): a health loop started for an
+  // older generation returns.
+  uint64_t generation = 0;
+  std::thread health;  // moved out and joined by RemoveNode or the destructor
 };
 
 NodeRegistry::NodeRegistry(const RouterOptions& options, MetricsRegistry* metrics)
@@ -19,6 +26,11 @@ NodeRegistry::NodeRegistry(const RouterOptions& options, MetricsRegistry* metric
   if (metrics != nullptr) {
     healthy_gauge_ = &metrics->AddGauge(
         "pdserve_router_node_healthy", "1 while the node receives work, else 0.", {"node", "role"});
+    member_gauge_ = &metrics->AddGauge(
+        "pdserve_router_node_member",
+        "1 while the node is in the router's cluster (configured, or registered in etcd), 0 "
+        "after it left.",
+        {"node", "role"});
     load_gauge_ = &metrics->AddGauge(
         "pdserve_router_node_load",
         "The node's load from its last health poll (field: running, waiting, kv_blocks_total, "
@@ -34,8 +46,63 @@ NodeRegistry::NodeRegistry(const RouterOptions& options, MetricsRegistry* metric
 absl::StatusOr<std::unique_ptr<NodeRegistry>> NodeRegistry::Create(const RouterOptions& options,
                                                                    MetricsRegistry* metrics) {
   std::unique_ptr<NodeRegistry> r(new NodeRegistry(options, metrics));
-  for (const NodeOptions& n : options.nodes) {
-    auto e = std::make_unique<Entry>();
+  for (const NodeOptions& n : options.nodes) PD_RETURN_IF_ERROR(r->AddNode(n));
+  return r;
+}
+
+NodeRegistry::~NodeRegistry() {
+  std::vector<std::thread> threads;
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    for (auto& e : entries_) {
+      if (e->health.joinable()) threads.push_back(std::move(e->health));
+    }
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+absl::Status NodeRegistry::AddNode(const NodeOptions& n) {
+  if (n.name.empty()) return absl::InvalidArgumentError("node name: must not be empty");
+  if (n.role != "prefill" && n.role != "decode") {
+    return absl::InvalidArgumentError(
+        StrCat("node ", n.name, ": role must be prefill or decode (got '", n.role, "')"));
+  }
+  if (n.address.empty() || n.address.find(':') == std::string::npos) {
+    return absl::InvalidArgumentError(
+        StrCat("node ", n.name, ": address must be host:port (got '", n.address, "')"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (stop_) return absl::FailedPreconditionError("the registry is shutting down");
+  Entry* e = nullptr;
+  for (auto& x : entries_) {
+    if (!x->removed && x->node.options.address == n.address && x->node.options.name != n.name) {
+      return absl::AlreadyExistsError(StrCat("node ", n.name, ": ", n.address,
+                                             " is already in the cluster as node ",
+                                             x->node.options.name));
+    }
+    if (x->node.options.name != n.name) continue;
+    if (!x->removed) {
+      return absl::AlreadyExistsError(StrCat("node ", n.name, ": already registered (",
+                                             x->node.options.role, "@", x->node.options.address,
+                                             ")"));
+    }
+    if (x->node.options.role == n.role && x->node.options.address == n.address) e = x.get();
+  }
+  if (e != nullptr) {
+    // Back at the same address: reuse the entry (and its channel). The router's own requests
+    // still on it keep their counts.
+    e->removed = false;
+    ++e->generation;
+    NodeStatus& st = e->status;
+    st.healthy = false;
+    st.draining = false;
+    st.consecutive_failures = 0;
+    st.load = engine::EngineLoad();
+    st.max_context = 0;
+  } else {
+    auto owned = std::make_unique<Entry>();
+    e = owned.get();
     e->node.options = n;
     grpc::ChannelArguments args;
     // Reconnect quickly after a node restarts (gRPC's default backoff grows to minutes).
@@ -51,31 +118,49 @@ absl::StatusOr<std::unique_ptr<NodeRegistry>> NodeRegistry::Create(const RouterO
     e->status.name = n.name;
     e->status.role = n.role;
     e->status.address = n.address;
-    r->entries_.push_back(std::move(e));
+    entries_.push_back(std::move(owned));
   }
-  {
-    absl::MutexLock lock(&r->mu_);
-    for (auto& e : r->entries_) r->Publish(*e);
-  }
-  for (auto& e : r->entries_) {
-    Entry* p = e.get();
-    NodeRegistry* self = r.get();
-    r->threads_.emplace_back([self, p] { self->HealthLoop(p); });
-  }
-  return r;
+  Publish(*e);
+  const uint64_t generation = e->generation;
+  e->health = std::thread([this, e, generation] { HealthLoop(e, generation); });
+  return absl::OkStatus();
 }
 
-NodeRegistry::~NodeRegistry() {
+absl::Status NodeRegistry::RemoveNode(const std::string& name) {
+  Entry* e = nullptr;
+  std::thread health;
+  bool was_healthy = false;
   {
     absl::MutexLock lock(&mu_);
-    stop_ = true;
+    for (auto& x : entries_) {
+      if (x->node.options.name == name && !x->removed) e = x.get();
+    }
+    if (e == nullptr) return absl::NotFoundError(StrCat("node ", name, ": not registered"));
+    e->removed = true;
+    ++e->generation;  // the health loop returns at its next wake-up
+    was_healthy = e->status.healthy;
+    e->status.healthy = false;
+    health = std::move(e->health);
+    Publish(*e);
   }
-  for (std::thread& t : threads_) t.join();
+  if (health.joinable()) health.join();
+  PD_LOG(kInfo, "node ", name, " (", e->node.options.role, "@", e->node.options.address,
+         ") removed from the cluster");
+  if (was_healthy) MarkUnhealthy(e, "removed from the cluster");
+  return absl::OkStatus();
+}
+
+NodeRegistry::Entry* NodeRegistry::FindLocked(const Node* node) {
+  for (auto& e : entries_) {
+    if (&e->node == node) return e.get();
+  }
+  return nullptr;
 }
 
 void NodeRegistry::Publish(const Entry& e) {
   const NodeStatus& s = e.status;
   if (healthy_gauge_ != nullptr) healthy_gauge_->WithLabels({s.name, s.role}).Set(s.healthy);
+  if (member_gauge_ != nullptr) member_gauge_->WithLabels({s.name, s.role}).Set(!e.removed);
   if (load_gauge_ != nullptr) {
     auto set = [&](const char* field, double v) {
       load_gauge_->WithLabels({s.name, s.role, field}).Set(v);
@@ -89,7 +174,7 @@ void NodeRegistry::Publish(const Entry& e) {
   }
 }
 
-void NodeRegistry::HealthLoop(Entry* e) {
+void NodeRegistry::HealthLoop(Entry* e, uint64_t generation) {
   const absl::Duration interval = absl::Milliseconds(options_.health_interval_ms);
   const absl::Duration timeout = absl::Milliseconds(options_.health_timeout_ms);
   while (true) {
@@ -102,7 +187,7 @@ void NodeRegistry::HealthLoop(Entry* e) {
     std::string why;
     {
       absl::MutexLock lock(&mu_);
-      if (stop_) return;
+      if (stop_ || e->generation != generation) return;
       NodeStatus& st = e->status;
       if (s.ok() && l.role() != st.role) {
         why = StrCat("serves role '", l.role(), "', configured as '", st.role, "'");
@@ -138,9 +223,11 @@ void NodeRegistry::HealthLoop(Entry* e) {
     }
     if (turned_unhealthy) MarkUnhealthy(e, StrCat("health check: ", why));
     absl::MutexLock lock(&mu_);
-    auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+    auto stopped = [this, e, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stop_ || e->generation != generation;
+    };
     mu_.AwaitWithDeadline(absl::Condition(&stopped), start + interval);
-    if (stop_) return;
+    if (stopped()) return;
   }
 }
 
@@ -158,28 +245,27 @@ void NodeRegistry::MarkUnhealthy(Entry* e, const std::string& why) {
 }
 
 void NodeRegistry::ReportFailure(const Node* node, const std::string& why) {
-  for (auto& e : entries_) {
-    if (&e->node != node) continue;
-    bool was_healthy = false;
-    {
-      absl::MutexLock lock(&mu_);
-      was_healthy = e->status.healthy;
-      e->status.healthy = false;
-      e->status.consecutive_failures = std::max(e->status.consecutive_failures, 1);
-      Publish(*e);
-    }
-    if (was_healthy) MarkUnhealthy(e.get(), StrCat("request failed: ", why));
+  Entry* e = nullptr;
+  bool was_healthy = false;
+  {
+    absl::MutexLock lock(&mu_);
+    e = FindLocked(node);
+    if (e == nullptr) return;
+    was_healthy = e->status.healthy;
+    e->status.healthy = false;
+    e->status.consecutive_failures = std::max(e->status.consecutive_failures, 1);
+    Publish(*e);
   }
+  if (was_healthy) MarkUnhealthy(e, StrCat("request failed: ", why));
 }
 
 void NodeRegistry::AddActive(const Node* node, int delta, int64_t tokens) {
   absl::MutexLock lock(&mu_);
-  for (auto& e : entries_) {
-    if (&e->node != node) continue;
-    e->status.active += delta;
-    e->status.active_tokens += delta * tokens;
-    Publish(*e);
-  }
+  Entry* e = FindLocked(node);
+  if (e == nullptr) return;
+  e->status.active += delta;
+  e->status.active_tokens += delta * tokens;
+  Publish(*e);
 }
 
 void NodeRegistry::OnUnhealthy(std::function<void(const Node*)> listener) {
@@ -203,7 +289,7 @@ const NodeRegistry::Node* NodeRegistry::Pick(const std::string& role, int64_t to
   std::vector<Entry*> candidates;
   for (auto& e : entries_) {
     const NodeStatus& s = e->status;
-    if (s.role != role || !s.healthy) continue;
+    if (e->removed || s.role != role || !s.healthy) continue;
     if (std::find(exclude.begin(), exclude.end(), &e->node) != exclude.end()) continue;
     if (role == "decode") {
       // Never a node whose whole cache (or context) cannot hold the request.
@@ -240,14 +326,16 @@ const NodeRegistry::Node* NodeRegistry::Pick(const std::string& role, int64_t to
 std::vector<NodeStatus> NodeRegistry::Snapshot() const {
   absl::MutexLock lock(&mu_);
   std::vector<NodeStatus> out;
-  for (const auto& e : entries_) out.push_back(e->status);
+  for (const auto& e : entries_) {
+    if (!e->removed) out.push_back(e->status);
+  }
   return out;
 }
 
 int NodeRegistry::HealthyCount(const std::string& role) const {
   absl::MutexLock lock(&mu_);
   int n = 0;
-  for (const auto& e : entries_) n += e->status.role == role && e->status.healthy;
+  for (const auto& e : entries_) n += !e->removed && e->status.role == role && e->status.healthy;
   return n;
 }
 
@@ -256,7 +344,7 @@ int NodeRegistry::DecodeContext() const {
   int ctx = 0;
   for (const auto& e : entries_) {
     const NodeStatus& s = e->status;
-    if (s.role != "decode" || s.max_context <= 0) continue;
+    if (e->removed || s.role != "decode" || s.max_context <= 0) continue;
     ctx = ctx == 0 ? s.max_context : std::min(ctx, s.max_context);
   }
   return ctx;
@@ -267,7 +355,7 @@ engine::EngineLoad NodeRegistry::DecodeLoad() const {
   engine::EngineLoad sum;
   for (const auto& e : entries_) {
     const NodeStatus& s = e->status;
-    if (s.role != "decode" || !s.healthy) continue;
+    if (e->removed || s.role != "decode" || !s.healthy) continue;
     sum.running += s.load.running;
     sum.waiting += s.load.waiting;
     sum.kv_blocks_total += s.load.kv_blocks_total;

@@ -1,5 +1,11 @@
-// pd-router's view of the cluster: the nodes named in the config (router.nodes), each polled with
-// Node.Load by its own health thread, and the placement policies that pick a node for a request.
+// pd-router's view of the cluster: the nodes it places requests on, each polled with Node.Load
+// by its own health thread, and the placement policies that pick a node for a request.
+//
+// Membership: the nodes named in the config (router.nodes) are added by Create; more come and go
+// at run time through AddNode / RemoveNode (the etcd watcher, router/etcd_watcher.h). A removed
+// node is never picked again and its health thread stops, but its Node stays valid (requests
+// still running on it keep their pointer); a node added again under the same name, role and
+// address reuses it.
 //
 // Health: a node receives work while its last poll succeeded and it is not draining. After
 // `unhealthy_after` consecutive failed polls (each with a `health_timeout_ms` deadline, one every
@@ -17,9 +23,9 @@
 //   prefill fewest_pending_tokens: the healthy prefill node with the fewest pending prompt tokens
 //           (last poll plus the router's own in-flight prompt tokens); round_robin.
 //
-// Ownership: owns the channels, the stubs and the health threads (joined by the destructor).
-// Thread safety: every method may be called from any thread; Node pointers stay valid for the
-// registry's lifetime.
+// Ownership: owns the channels, the stubs and the health threads (joined by RemoveNode and the
+// destructor). Thread safety: every method may be called from any thread; Node pointers stay
+// valid for the registry's lifetime, also after RemoveNode.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -63,11 +69,23 @@ class NodeRegistry {
     std::unique_ptr<pdserve::node::v1::Node::Stub> node;
   };
 
-  // Starts one health thread per node. `metrics` (nullable) must outlive the registry: it gets
-  // pdserve_router_node_* gauges and pdserve_router_node_evictions_total.
+  // Adds options.nodes (may be empty) and starts one health thread per node. `metrics`
+  // (nullable) must outlive the registry: it gets pdserve_router_node_* gauges and
+  // pdserve_router_node_evictions_total. INVALID_ARGUMENT / ALREADY_EXISTS as AddNode.
   static absl::StatusOr<std::unique_ptr<NodeRegistry>> Create(const RouterOptions& options,
                                                               MetricsRegistry* metrics);
   ~NodeRegistry();  // stops and joins the health threads
+
+  // Adds a node and starts its health thread; it receives work after its first successful poll.
+  // INVALID_ARGUMENT for an empty name, a role other than prefill / decode or an address without
+  // a port; ALREADY_EXISTS when a node of that name, or another node at that address, is in the
+  // registry (not removed).
+  absl::Status AddNode(const NodeOptions& node) ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes the node named `name`: it is not picked any more, its health thread is stopped and
+  // joined, and if it was healthy the OnUnhealthy listeners are told (so its streams move). Its
+  // Node stays valid. NOT_FOUND when no such node is in the registry. Not to be called from an
+  // OnUnhealthy listener.
+  absl::Status RemoveNode(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_);
 
   // nullptr when no healthy node can take the request (`tokens`: prompt + max_tokens for decode,
   // prompt tokens for prefill). `exclude`: nodes already tried for this request.
@@ -83,6 +101,7 @@ class NodeRegistry {
   // Called (on a health thread, or the ReportFailure caller) when a node turns unhealthy.
   void OnUnhealthy(std::function<void(const Node*)> listener);
 
+  // The nodes in the registry (removed ones left out), in the order they were added.
   std::vector<NodeStatus> Snapshot() const;
   int HealthyCount(const std::string& role) const;
   // The smallest max_context reported by a decode node; 0 before any poll succeeded.
@@ -95,22 +114,26 @@ class NodeRegistry {
  private:
   struct Entry;
   NodeRegistry(const RouterOptions& options, MetricsRegistry* metrics);
-  void HealthLoop(Entry* e);
+  void HealthLoop(Entry* e, uint64_t generation);
   void MarkUnhealthy(Entry* e, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
   const Node* Pick(const std::string& role, int64_t tokens,
                    const std::vector<const Node*>& exclude);
   void Publish(const Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // The entry of `node`, or nullptr.
+  Entry* FindLocked(const Node* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const RouterOptions options_;
-  std::vector<std::unique_ptr<Entry>> entries_;  // fixed after Create
-  std::vector<std::thread> threads_;
 
   mutable absl::Mutex mu_;
+  // Only grows: removed entries stay (marked) so that Node pointers stay valid.
+  std::vector<std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::function<void(const Node*)>> listeners_ ABSL_GUARDED_BY(mu_);
   uint64_t round_robin_ ABSL_GUARDED_BY(mu_) = 0;
 
   Family<Gauge>* healthy_gauge_ = nullptr;
+  Family<Gauge>* member_gauge_ = nullptr;
   Family<Gauge>* load_gauge_ = nullptr;  // {node, role, field}
   Family<Counter>* evictions_ = nullptr;
 };

@@ -39,7 +39,30 @@ RemoteEngine::RemoteEngine(NodeRegistry& registry, const RemoteEngineOptions& op
         "Requests re-run on another node (reason: node_failed, unavailable, exhausted).",
         {"reason"});
   }
+  if (metrics != nullptr) {
+    paths_ = &metrics->AddCounter(
+        "pdserve_router_prefill_path_total",
+        "Where requests were prefilled (path: kv_transfer = on a prefill node with the KV pushed "
+        "to the decode node; decode_local = on the decode node, no prefill node used; "
+        "transfer_fallback = a prefill or KV transfer failed and the decode node prefilled).",
+        {"path"});
+    phases_ = &metrics->AddHistogram(
+        "pdserve_router_ttft_phase_seconds",
+        "Time to first token by phase (prefill_queue, prefill, transfer: the KV transfer's "
+        "un-overlapped tail, first_decode: attach to the first token streamed by the decode "
+        "node; decode_prefill: a decode node's own prefill up to its first token).",
+        {"phase"},
+        {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30});
+  }
   registry_.OnUnhealthy([this](const NodeRegistry::Node* node) { NodeFailed(node); });
+}
+
+void RemoteEngine::Path(const char* path) {
+  if (paths_ != nullptr) paths_->WithLabels({path}).Increment();
+}
+
+void RemoteEngine::Phase(const char* phase, double seconds) {
+  if (phases_ != nullptr && seconds >= 0) phases_->WithLabels({phase}).Observe(seconds);
 }
 
 RemoteEngine::~RemoteEngine() { Shutdown(); }
@@ -155,6 +178,126 @@ FinishReason ReasonFromName(const std::string& name) {
 
 }  // namespace
 
+bool RemoteEngine::Disaggregate(Call& call, const NodeRegistry::Node* decode,
+                                nv1::GenerateRequest& nreq, std::vector<int32_t>& sent,
+                                engine::FinishInfo& info, bool* cancelled) {
+  const engine::GenerationRequest& req = call.request;
+  const int64_t n_prompt = static_cast<int64_t>(req.prompt.size());
+  std::vector<const NodeRegistry::Node*> tried;
+  // At most two prefill nodes: a dead one is retried once elsewhere.
+  for (int prefill_try = 0; prefill_try < 2; ++prefill_try) {
+    const NodeRegistry::Node* pnode = registry_.PickPrefill(n_prompt, tried);
+    if (pnode == nullptr) {
+      if (prefill_try == 0) return false;
+      break;
+    }
+    tried.push_back(pnode);
+    // 1. Reserve on the decode node.
+    nv1::ReserveRequest rreq;
+    *rreq.mutable_request() = nreq;
+    rreq.set_deadline_s(options_.kv_transfer_timeout_s);
+    rreq.set_int8_wire(options_.int8_wire);
+    nv1::ReserveResponse rresp;
+    grpc::Status rst;
+    {
+      grpc::ClientContext rctx;
+      rctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+      rst = decode->decode->Reserve(&rctx, rreq, &rresp);
+    }
+    if (!rst.ok()) {
+      // The decode node cannot take a transfer (kv_transfer off: FAILED_PRECONDITION) or is in
+      // trouble: the plain path handles (and retries) it.
+      if (rst.error_code() != grpc::StatusCode::FAILED_PRECONDITION) {
+        PD_LOG(kWarning, "request ", req.id, ": Decode.Reserve on ", decode->options.name,
+               " failed (", static_cast<int>(rst.error_code()), " ", rst.error_message(), ")");
+      }
+      return false;
+    }
+    nreq.set_reservation(rresp.reservation());
+    if (!rresp.has_kv() || rresp.kv().transport().empty()) {
+      Path("decode_local");  // no blocks for a transfer now: the decode node prefills
+      return true;
+    }
+    // 2. Prefill with the KV pushed to the decode node.
+    nv1::PrefillRequest preq;
+    preq.set_request_id(req.id);
+    preq.mutable_prompt()->Add(req.prompt.begin(), req.prompt.end());
+    ToProtoSampling(req.sampling, preq.mutable_sampling());
+    for (int32_t t : req.stop_token_ids) preq.add_stop_token_ids(t);
+    *preq.mutable_kv() = rresp.kv();
+    nv1::PrefillResponse presp;
+    grpc::ClientContext pctx;
+    absl::Time pdeadline = absl::Now() + absl::Seconds(options_.kv_transfer_timeout_s);
+    if (req.deadline < pdeadline) pdeadline = req.deadline;
+    pctx.set_deadline(absl::ToChronoTime(pdeadline));
+    {
+      absl::MutexLock lock(&call.mu);
+      if (call.cancelled) {
+        *cancelled = true;
+        return true;  // attach-and-cancel is not needed: the caller releases below
+      }
+      call.context = &pctx;
+      call.node = pnode;
+    }
+    if (placements_ != nullptr) {
+      placements_->WithLabels({pnode->options.name, pnode->options.role}).Increment();
+    }
+    registry_.AddActive(pnode, 1, n_prompt);
+    const absl::Time t0 = absl::Now();
+    const grpc::Status pst = pnode->prefill->Prefill(&pctx, preq, &presp);
+    registry_.AddActive(pnode, -1, n_prompt);
+    {
+      absl::MutexLock lock(&call.mu);
+      call.context = nullptr;
+      *cancelled = call.cancelled;
+    }
+    if (*cancelled) return true;
+    if (pst.ok()) {
+      Path("kv_transfer");
+      Phase("prefill_queue", presp.queue_s());
+      Phase("prefill", presp.prefill_s() - presp.queue_s());
+      Phase("transfer", presp.transfer_tail_s());
+      nreq.set_first_token(presp.first_token());
+      if (!presp.stopped()) {
+        // The first token is known now: stream it (TTFT) without waiting for the decode node.
+        const absl::Time now = absl::Now();
+        if (info.timing.first_token == absl::InfinitePast()) info.timing.first_token = now;
+        if (info.timing.first_scheduled == absl::InfinitePast()) {
+          info.timing.first_scheduled = t0 + absl::Seconds(presp.queue_s());
+        }
+        sent.push_back(presp.first_token());
+        call.sink->OnTokens({presp.first_token()});
+      }
+      return true;
+    }
+    const grpc::StatusCode code = pst.error_code();
+    const bool node_down = code == grpc::StatusCode::UNAVAILABLE ||
+                           code == grpc::StatusCode::UNKNOWN ||
+                           code == grpc::StatusCode::INTERNAL;
+    PD_LOG(kWarning, "request ", req.id, ": prefill on ", pnode->options.name, " failed (",
+           static_cast<int>(code), " ", pst.error_message(), ")");
+    if (node_down) registry_.ReportFailure(pnode, StrCat(static_cast<int>(code), " ",
+                                                         pst.error_message()));
+    if (node_down && prefill_try == 0 && registry_.PickPrefill(n_prompt, tried) != nullptr) {
+      // Another prefill node: a fresh reservation (the old transfer may hold pushed layers).
+      if (retries_ != nullptr) retries_->WithLabels({"prefill_failed"}).Increment();
+      grpc::ClientContext xctx;
+      xctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+      nv1::ReleaseRequest x;
+      x.set_reservation(rresp.reservation());
+      nv1::ReleaseResponse xr;
+      (void)decode->decode->Release(&xctx, x, &xr);
+      nreq.clear_reservation();
+      continue;
+    }
+    // The decode node prefills (the reservation's request is already accepted there).
+    Path("transfer_fallback");
+    return true;
+  }
+  Path("transfer_fallback");
+  return true;
+}
+
 void RemoteEngine::Run(std::shared_ptr<Call> call) {
   const engine::GenerationRequest& req = call->request;
   std::vector<int32_t> sent;  // tokens already given to the sink
@@ -191,6 +334,32 @@ void RemoteEngine::Run(std::shared_ptr<Call> call) {
     for (int32_t t : req.stop_token_ids) nreq.add_stop_token_ids(t);
     nreq.set_priority(req.priority);
 
+    // The first attempt may prefill on a prefill node (the disaggregated path).
+    bool disaggregated = false;
+    size_t skip = 0;  // leading tokens of the decode stream the sink already has
+    if (attempt == 0 && options_.disaggregate &&
+        static_cast<int64_t>(req.prompt.size()) >= options_.disaggregate_min_prompt &&
+        registry_.HealthyCount("prefill") > 0) {
+      bool cancelled = false;
+      const size_t before = sent.size();
+      disaggregated = Disaggregate(*call, node, nreq, sent, info, &cancelled);
+      skip = sent.size() - before;
+      if (cancelled) {
+        if (nreq.reservation() != 0) {
+          grpc::ClientContext xctx;
+          xctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+          nv1::ReleaseRequest x;
+          x.set_reservation(nreq.reservation());
+          nv1::ReleaseResponse xr;
+          (void)node->decode->Release(&xctx, x, &xr);
+        }
+        absl::MutexLock lock(&call->mu);
+        info.reason = call->cancel_reason;
+        break;
+      }
+    }
+    if (attempt == 0 && !disaggregated) Path("decode_local");
+
     grpc::ClientContext ctx;
     if (req.deadline != absl::InfiniteFuture()) ctx.set_deadline(absl::ToChronoTime(req.deadline));
     {
@@ -207,13 +376,24 @@ void RemoteEngine::Run(std::shared_ptr<Call> call) {
       placements_->WithLabels({node->options.name, node->options.role}).Increment();
     }
     registry_.AddActive(node, 1, tokens);
+    const absl::Time attached = absl::Now();
     std::unique_ptr<grpc::ClientReader<nv1::GenerateResponse>> reader =
         node->decode->Generate(&ctx, nreq);
     nv1::GenerateResponse resp;
     std::optional<nv1::Finish> finish;
+    bool first_from_node = true;
     while (reader->Read(&resp)) {
-      if (!resp.tokens().empty()) {
-        std::vector<int32_t> t(resp.tokens().begin(), resp.tokens().end());
+      std::vector<int32_t> t(resp.tokens().begin(), resp.tokens().end());
+      if (first_from_node && !t.empty()) {
+        first_from_node = false;
+        Phase(disaggregated && skip > 0 ? "first_decode" : "decode_prefill",
+              absl::ToDoubleSeconds(absl::Now() - attached));
+      }
+      // The decode node streams the prefill node's first token again: drop it once.
+      const size_t drop = std::min(skip, t.size());
+      t.erase(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(drop));
+      skip -= drop;
+      if (!t.empty()) {
         if (info.timing.first_token == absl::InfinitePast()) info.timing.first_token = absl::Now();
         sent.insert(sent.end(), t.begin(), t.end());
         call->sink->OnTokens(t);

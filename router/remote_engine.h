@@ -10,9 +10,18 @@
 // (Greedy output is identical to an uninterrupted run; a sampled one continues with a fresh RNG
 // state.)
 //
-// Not built yet: the disaggregated path (Prefill on a prefill node, KV pushed to the decode node)
-// needs kvtransfer/; until then every decode node prefills its requests itself (the colocated
-// fallback DESIGN.md names) and prefill nodes are health-checked but receive no work.
+// The disaggregated path (DESIGN.md, "One request"; docs/kv_transfer.md, "In the cluster"): on
+// the first attempt, when router.disaggregate is on, the prompt has at least
+// router.disaggregate_min_prompt tokens and a prefill node is healthy, the router reserves the
+// request on the chosen decode node (Decode.Reserve -> descriptor), has the prefill node with the
+// fewest pending prompt tokens run the prompt and push its KV there (Prefill.Prefill -> first
+// token, which goes to the sink at once: that is TTFT), then attaches to the request on the
+// decode node (Decode.Generate with the reservation and the first token) and relays the rest.
+// Failures: a prefill node that is unreachable or draining -> the prefill is retried on another
+// prefill node with a fresh reservation (the old one released); any other prefill or transfer
+// failure, or no second prefill node -> the router attaches without a first token and the decode
+// node prefills the prompt itself; a decode node without KV transfer, or no prefill node at
+// all -> plain Decode.Generate (the colocated fallback).
 //
 // Ownership: borrows the registry (and metrics), which must outlive it; owns the call threads,
 // joined as calls end and by the destructor (which cancels what is still running).
@@ -36,14 +45,19 @@ namespace pd::router {
 
 struct RemoteEngineOptions {
   int max_retries = 2;
+  bool disaggregate = true;        // router.disaggregate
+  int disaggregate_min_prompt = 0;  // router.disaggregate_min_prompt
+  bool int8_wire = false;          // router.kv_wire == "int8"
+  double kv_transfer_timeout_s = 30;
   // Context when no decode node has reported one yet (the nodes' own limit is used once known).
   int default_context = 4096;
 };
 
 class RemoteEngine final : public engine::GenerationEngine {
  public:
-  // `metrics` (nullable) gets pdserve_router_placements_total{node,role} and
-  // pdserve_router_retries_total{reason}.
+  // `metrics` (nullable) gets pdserve_router_placements_total{node,role},
+  // pdserve_router_retries_total{reason}, pdserve_router_prefill_path_total{path} and
+  // pdserve_router_ttft_phase_seconds{phase} (docs/metrics.md).
   RemoteEngine(NodeRegistry& registry, const RemoteEngineOptions& options,
                MetricsRegistry* metrics);
   ~RemoteEngine() override;  // Shutdown()
@@ -65,6 +79,16 @@ class RemoteEngine final : public engine::GenerationEngine {
  private:
   struct Call;
   void Run(std::shared_ptr<Call> call);
+  // The disaggregated prefill for the first attempt on decode node `decode`: on return `nreq`
+  // carries the reservation (and the first token when a prefill node computed it); the first
+  // token, unless a stop token, was given to the sink and appended to `sent`. Returns false when
+  // the request should go the plain way (nreq untouched). Sets *cancelled when the client
+  // cancelled meanwhile.
+  bool Disaggregate(Call& call, const NodeRegistry::Node* decode,
+                    pdserve::node::v1::GenerateRequest& nreq, std::vector<int32_t>& sent,
+                    engine::FinishInfo& info, bool* cancelled);
+  void Path(const char* path);
+  void Phase(const char* phase, double seconds);
   void NodeFailed(const NodeRegistry::Node* node);
   void Reap() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -72,6 +96,8 @@ class RemoteEngine final : public engine::GenerationEngine {
   const RemoteEngineOptions options_;
   Family<Counter>* placements_ = nullptr;
   Family<Counter>* retries_ = nullptr;
+  Family<Counter>* paths_ = nullptr;     // {path}
+  Family<Histogram>* phases_ = nullptr;  // {phase}
 
   mutable absl::Mutex mu_;
   bool accepting_ ABSL_GUARDED_BY(mu_) = true;

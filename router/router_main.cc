@@ -1,6 +1,7 @@
 // pd-router: the public APIs of a pdserve cluster (gRPC pdserve.v1.Chat + health + reflection,
 // OpenAI-compatible HTTP + /metrics), unchanged from pd-serve's, over a RemoteEngine that places
-// requests on the decode nodes of router.nodes (docs/cluster.md). Wiring only.
+// requests on the decode nodes of router.nodes and, with etcd.endpoints set, on those that
+// register in etcd (docs/cluster.md). Wiring only.
 //
 //   pd-router --config configs/cluster-local.yaml [--model PATH] [--grpc-port N] [--http-port M]
 //             [--node NAME=ROLE@HOST:PORT ...]
@@ -27,6 +28,7 @@
 #include "engine/model/model_finder.h"
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "router/etcd_watcher.h"
 #include "router/frontend.h"
 #include "router/grpc_service.h"
 #include "router/http_server.h"
@@ -58,13 +60,29 @@ absl::Status Route(const ServeOptions& o, sigset_t signals, double wait_ready_s)
                       NodeRegistry::Create(o.router, &registry));
   RemoteEngineOptions ro;
   ro.max_retries = o.router.max_retries;
+  ro.disaggregate = o.router.disaggregate;
+  ro.disaggregate_min_prompt = o.router.disaggregate_min_prompt;
+  ro.int8_wire = o.router.kv_wire == "int8";
+  ro.kv_transfer_timeout_s = o.router.kv_transfer_timeout_ms / 1000.0;
   absl::StatusOr<uint64_t> n_ctx = file->GetUint(StrCat(card.architecture, ".context_length"));
   ro.default_context = o.model.context > 0
                            ? o.model.context
                            : std::min<int>(n_ctx.ok() ? static_cast<int>(*n_ctx) : 4096, 4096);
   RemoteEngine engine(*nodes, ro, &registry);
+  // Dynamic membership (docs/cluster.md, "etcd membership"). Declared after the engine: it is
+  // stopped before the engine, whose listener its removals call.
+  std::unique_ptr<EtcdNodeWatcher> etcd;
+  if (!o.etcd.endpoints.empty()) {
+    PD_ASSIGN_OR_RETURN(etcd, EtcdNodeWatcher::Start(o.etcd, *nodes));
+  }
+  // The configured nodes and those registered in etcd now.
+  const std::vector<NodeStatus> known = nodes->Snapshot();
   int n_decode = 0, n_prefill = 0;
-  for (const NodeOptions& n : o.router.nodes) (n.role == "decode" ? n_decode : n_prefill)++;
+  for (const NodeStatus& n : known) (n.role == "decode" ? n_decode : n_prefill)++;
+  if (etcd != nullptr && n_decode == 0) {
+    PD_LOG(kInfo, "no decode node yet: waiting for nodes to register under ",
+           EtcdNodesPrefix(o.etcd), " (requests get UNAVAILABLE until one is healthy)");
+  }
   if (wait_ready_s > 0 && !nodes->WaitForDecodeNodes(n_decode, absl::Seconds(wait_ready_s))) {
     PD_LOG(kWarning, "not every decode node is healthy after ", wait_ready_s, " s; serving with ",
            nodes->HealthyCount("decode"));
@@ -108,7 +126,7 @@ absl::Status Route(const ServeOptions& o, sigset_t signals, double wait_ready_s)
       grpc ? grpc->address().c_str() : "off",
       http ? StrCat("http://", v6 ? "[" : "", o.http.host, v6 ? "]" : "", ":", http_port).c_str()
            : "off",
-      card.id.c_str(), o.router.nodes.size());
+      card.id.c_str(), known.size());
   std::fflush(stdout);
 
   int sig = 0;
@@ -120,6 +138,7 @@ absl::Status Route(const ServeOptions& o, sigset_t signals, double wait_ready_s)
   });
   if (http) http->Stop();
   grpc_stop.join();
+  etcd.reset();  // no membership changes while the engine stops
   engine.Shutdown();
   PD_LOG(kInfo, "pd-router: stopped");
   return absl::OkStatus();
@@ -195,10 +214,11 @@ int Main(int argc, char** argv) {
   }
   bool any_decode = false;
   for (const NodeOptions& n : o.router.nodes) any_decode |= n.role == "decode";
-  if (!any_decode) {
+  if (!any_decode && o.etcd.endpoints.empty()) {
     std::fprintf(stderr,
                  "pd-router: error: router.nodes: no decode node configured (every request runs "
-                 "on a decode node; add one in the config or with --node NAME=decode@HOST:PORT)\n");
+                 "on a decode node; add one in the config or with --node NAME=decode@HOST:PORT, "
+                 "or set etcd.endpoints for nodes that register themselves)\n");
     return 2;
   }
   if (absl::Status s = Route(o, signals, wait_ready); !s.ok()) {

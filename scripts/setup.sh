@@ -12,6 +12,7 @@ APT_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev libucx-dev libcpp-httplib-dev
   ucx-utils  # ucx_perftest / ucx_info: bench/kv_transfer/run.sh compares the KV transport with it
   prometheus  # promtool and a server for tests/python/test_openai_api.py (they start their own)
+  etcd-server  # tests/cluster/etcd_cluster_test.cc starts its own (cluster membership)
   python3 python3-venv
 )
 
@@ -29,6 +30,10 @@ if ((${#missing[@]})); then
   # node exporter) is not wanted on a development machine.
   if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
     $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
+  fi
+  # Likewise etcd's service (a member on :2379 with its data in /var/lib/etcd).
+  if [[ " ${missing[*]} " == *" etcd-server "* ]] && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now etcd >/dev/null 2>&1 || true
   fi
 else
   echo "setup: Debian packages present"

@@ -11,8 +11,10 @@
 #include <optional>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "common/strings.h"
 #include "pdserve/node/v1/node.grpc.pb.h"
 #include "pdserve/v1/chat.grpc.pb.h"
 #include "tests/router/serving_testing.h"
@@ -69,14 +71,23 @@ struct Cluster {
   }
 };
 
+// `extra_config`: YAML appended to kConfig; `env`: NAME=VALUE settings for every daemon.
 std::unique_ptr<Cluster> StartCluster(const TempDir& dir, const std::string& model, int prefill,
-                                      int decode) {
-  const std::string config = dir.Write("cluster.yaml", kConfig);
+                                      int decode, const std::string& extra_config = "",
+                                      const std::vector<std::string>& env = {}) {
+  const std::string config = dir.Write("cluster.yaml", std::string(kConfig) + extra_config);
   auto c = std::make_unique<Cluster>();
-  c->pdctl = std::make_unique<Process>(std::vector<std::string>{
-      PD_BIN_DIR "/pdctl", "up", "--prefill", std::to_string(prefill), "--decode",
-      std::to_string(decode), "--config", config, "--model", model, "--grpc-port", "0",
-      "--http-port", "0", "--log-dir", dir.Write("logs.keep", "") + ".d"});
+  std::vector<std::string> args = {"/usr/bin/env"};
+  args.insert(args.end(), env.begin(), env.end());
+  for (const std::string& a :
+       {std::string(PD_BIN_DIR "/pdctl"), std::string("up"), std::string("--prefill"),
+        std::to_string(prefill), std::string("--decode"), std::to_string(decode),
+        std::string("--config"), config, std::string("--model"), model,
+        std::string("--grpc-port"), std::string("0"), std::string("--http-port"),
+        std::string("0"), std::string("--log-dir"), dir.Write("logs.keep", "") + ".d"}) {
+    args.push_back(a);
+  }
+  c->pdctl = std::make_unique<Process>(args);
   const std::string ready =
       c->pdctl->WaitForLine(std::regex("^pdctl up ready: "), absl::Seconds(60));
   if (ready.empty()) {
@@ -260,6 +271,23 @@ TEST_F(ClusterTest, GreedyOutputThroughTheClusterEqualsPdServe) {
     EXPECT_EQ(got.text, want.text);
     EXPECT_EQ(got.finish->usage().prompt_tokens(), want.finish->usage().prompt_tokens());
   }
+  // Every prompt ran on the prefill node and its KV was pushed to a decode node.
+  EXPECT_THAT(HttpGet(c->http, "/metrics"),
+              HasSubstr("pdserve_router_prefill_path_total{path=\"kv_transfer\"} 3"));
+  const std::string pm = HttpGet(c->nodes[0].http, "/metrics");
+  EXPECT_THAT(pm, HasSubstr("pdserve_kv_transfer_seconds_count 3"));
+  EXPECT_THAT(pm, ::testing::Not(HasSubstr("pdserve_kv_transfer_bytes_total 0\n")));
+  int received = 0;
+  for (const NodeInfo& n : c->nodes) {
+    if (n.role != "decode") continue;
+    std::smatch mm;
+    const std::string dm = HttpGet(n.http, "/metrics");
+    if (std::regex_search(dm, mm,
+                          std::regex(R"re(pdserve_kv_transfer_received_total\{result="ok"\} (\d+))re"))) {
+      received += std::stoi(mm[1].str());
+    }
+  }
+  EXPECT_EQ(received, 3);
   ExpectKvBackToBaseline(*c);
   StopCluster(*c);
   serve.Signal(SIGTERM);
@@ -381,6 +409,174 @@ TEST_F(ClusterTest, DeadDecodeNodeIsEvictedWithinTwoSecondsAndWorkGoesElsewhere)
     ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   }
   ExpectKvBackToBaseline(*c, {"d1"});
+  StopCluster(*c);
+}
+
+// The value of a counter or gauge line `series` ("name{labels}") in a /metrics text; 0 if absent.
+double Metric(const std::string& text, const std::string& series) {
+  const size_t at = ("\n" + text).find("\n" + series + " ");
+  if (at == std::string::npos) return 0;
+  return std::stod(text.substr(at + series.size() + 1));
+}
+
+double SumOverDecodeNodes(const Cluster& c, const std::string& series) {
+  double sum = 0;
+  for (const NodeInfo& n : c.nodes) {
+    if (n.role == "decode") sum += Metric(HttpGet(n.http, "/metrics"), series);
+  }
+  return sum;
+}
+
+// The reference: the same greedy requests on a cluster without prefill nodes (decode nodes
+// prefill themselves; GreedyOutputThroughTheClusterEqualsPdServe ties that to pd-serve).
+std::vector<std::vector<int32_t>> Reference(const TempDir& dir, const std::string& model,
+                                            const std::vector<std::string>& prompts,
+                                            int max_tokens) {
+  std::unique_ptr<Cluster> c = StartCluster(dir, model, 0, 1);
+  std::vector<std::vector<int32_t>> out;
+  if (c == nullptr) return out;
+  for (const std::string& p : prompts) {
+    Result r = Generate(c->grpc, GreedyRequest(p, max_tokens));
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    out.push_back(r.ids);
+  }
+  StopCluster(*c);
+  return out;
+}
+
+// A corrupted layer (checksum mismatch on the decode node) or a truncated one: the transfer
+// fails, the decode node prefills locally, the client sees the same greedy output, no KV leaks.
+TEST_F(ClusterTest, CorruptOrShortKvTransferFallsBackToLocalPrefill) {
+  const std::vector<std::string> prompts = {"hello world", "the cat sat on the mat"};
+  TempDir ref_dir;
+  const auto want = Reference(ref_dir, *tiny_, prompts, 16);
+  ASSERT_EQ(want.size(), prompts.size());
+  for (const char* fault : {"corrupt_layer=1", "truncate_layer=0"}) {
+    SCOPED_TRACE(fault);
+    TempDir dir;
+    std::unique_ptr<Cluster> c =
+        StartCluster(dir, *tiny_, 1, 1, "", {StrCat("PDSERVE_TEST_KV_FAULTS=", fault)});
+    ASSERT_NE(c, nullptr);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const absl::Time t0 = absl::Now();
+      Result r = Generate(c->grpc, GreedyRequest(prompts[i], 16));
+      ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+      EXPECT_EQ(r.ids, want[i]);
+      EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
+    }
+    const std::string rm = HttpGet(c->http, "/metrics");
+    EXPECT_EQ(Metric(rm, "pdserve_router_prefill_path_total{path=\"transfer_fallback\"}"), 2);
+    EXPECT_EQ(Metric(rm, "pdserve_router_prefill_path_total{path=\"kv_transfer\"}"), 0);
+    EXPECT_EQ(SumOverDecodeNodes(*c, "pdserve_kv_transfer_received_total{result=\"ok\"}"), 0);
+    EXPECT_EQ(SumOverDecodeNodes(*c, "pdserve_kv_reservations"), 0);
+    ExpectKvBackToBaseline(*c);
+    StopCluster(*c);
+  }
+}
+
+// A transfer that stalls (the prefill node stops sending after the first layer) ends at its deadline
+// (router.kv_transfer_timeout_ms) and the decode node prefills: the request completes, correct,
+// within the deadline plus a little.
+TEST_F(ClusterTest, StalledKvTransferEndsAtItsDeadlineAndTheDecodeNodePrefills) {
+  TempDir ref_dir;
+  const auto want = Reference(ref_dir, *tiny_, {"a stalled transfer"}, 12);
+  ASSERT_EQ(want.size(), 1u);
+  TempDir dir;
+  std::unique_ptr<Cluster> c =
+      StartCluster(dir, *tiny_, 1, 1, "router: {kv_transfer_timeout_ms: 800}\n",
+                   {"PDSERVE_TEST_KV_FAULTS=stall_after_layers=1"});
+  ASSERT_NE(c, nullptr);
+  const absl::Time t0 = absl::Now();
+  Result r = Generate(c->grpc, GreedyRequest("a stalled transfer", 12));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.ids, want[0]);
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(4));
+  EXPECT_EQ(Metric(HttpGet(c->http, "/metrics"),
+                   "pdserve_router_prefill_path_total{path=\"transfer_fallback\"}"),
+            1);
+  ExpectKvBackToBaseline(*c);
+  StopCluster(*c);
+}
+
+// INT8 on the wire: every transfer succeeds and moves about half the bytes of f16.
+TEST_F(ClusterTest, Int8WireMovesAboutHalfTheBytes) {
+  double bytes[2] = {0, 0};
+  int i = 0;
+  for (const char* wire : {"f16", "int8"}) {
+    SCOPED_TRACE(wire);
+    TempDir dir;
+    std::unique_ptr<Cluster> c =
+        StartCluster(dir, *tiny_, 1, 1, StrCat("router: {kv_wire: ", wire, "}\n"));
+    ASSERT_NE(c, nullptr);
+    Result r = Generate(c->grpc, GreedyRequest("the cat sat on the mat and looked around", 8));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.ids.size(), 8u);
+    EXPECT_EQ(Metric(HttpGet(c->http, "/metrics"),
+                     "pdserve_router_prefill_path_total{path=\"kv_transfer\"}"),
+              1);
+    bytes[i++] = Metric(HttpGet(c->nodes[0].http, "/metrics"), "pdserve_kv_transfer_bytes_total");
+    ExpectKvBackToBaseline(*c);
+    StopCluster(*c);
+  }
+  ASSERT_GT(bytes[0], 0);
+  // INT8 values plus an f32 scale per token and head: (head_dim + 4) / (2 * head_dim), 0.625
+  // for the tiny model's head_dim of 16 (0.508 for Gemma 3's 256).
+  EXPECT_LT(bytes[1] / bytes[0], 0.65);
+  EXPECT_GT(bytes[1] / bytes[0], 0.45);
+}
+
+// kill -9 of the only prefill node while it computes a long prompt: the router attaches to the
+// reservation without a first token and the decode node prefills; the stream is complete and
+// correct, the decode node's KV returns to baseline.
+TEST_F(ClusterTest, PrefillNodeKilledDuringAPromptTheDecodeNodeTakesOver) {
+  std::string prompt;
+  for (int i = 0; i < 11; ++i) prompt += "the cat sat on the mat and ";  // ~220 of 256 tokens
+  TempDir dir;
+  std::unique_ptr<Cluster> c = StartCluster(dir, *slow_, 1, 1);
+  ASSERT_NE(c, nullptr);
+  Result want = Generate(c->grpc, GreedyRequest(prompt, 12));  // through the prefill node
+  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+  ASSERT_EQ(want.ids.size(), 12u);
+
+  Result got;
+  std::thread client([&] { got = Generate(c->grpc, GreedyRequest(prompt, 12)); });
+  const NodeInfo* p0 = c->Find("p0");
+  bool killed = false;
+  for (absl::Time end = absl::Now() + absl::Seconds(10); absl::Now() < end && !killed;) {
+    if (NodeLoad(p0->grpc).pending_prefill_tokens() > 0) {
+      kill(p0->pid, SIGKILL);
+      killed = true;
+    }
+  }
+  const absl::Time killed_at = absl::Now();
+  client.join();
+  ASSERT_TRUE(killed) << "the prefill node never had the prompt pending";
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.ids, want.ids);
+  EXPECT_LT(absl::Now() - killed_at, absl::Seconds(5));
+  EXPECT_GE(Metric(HttpGet(c->http, "/metrics"),
+                   "pdserve_router_prefill_path_total{path=\"transfer_fallback\"}"),
+            1);
+  ExpectKvBackToBaseline(*c);
+  StopCluster(*c);
+}
+
+// A dead prefill node among two: requests that reach it before it is evicted are prefilled on
+// the other one with a fresh reservation; every request completes through a KV transfer.
+TEST_F(ClusterTest, DeadPrefillNodeTheOtherPrefillNodeTakesItsWork) {
+  TempDir dir;
+  std::unique_ptr<Cluster> c = StartCluster(dir, *tiny_, 2, 1);
+  ASSERT_NE(c, nullptr);
+  kill(c->Find("p0")->pid, SIGKILL);
+  for (int i = 0; i < 4; ++i) {
+    Result r = Generate(c->grpc, GreedyRequest("the mat", 10));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.ids.size(), 10u);
+  }
+  EXPECT_EQ(Metric(HttpGet(c->http, "/metrics"),
+                   "pdserve_router_prefill_path_total{path=\"kv_transfer\"}"),
+            4);
+  ExpectKvBackToBaseline(*c);
   StopCluster(*c);
 }
 

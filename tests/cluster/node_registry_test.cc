@@ -26,7 +26,7 @@ struct InProcessNode {
 
   // (Re)starts the node's servers on `port` (0: a free one).
   void Serve(int port) {
-    state = std::make_unique<node::NodeState>("decode", *stack->scheduler, false);
+    state = std::make_unique<node::NodeState>("decode", *stack->scheduler);
     service = std::make_unique<node::DecodeService>(*state);
     node::NodeServerOptions o;
     o.name = "pd-decode";
@@ -178,7 +178,9 @@ TEST(RemoteEngineTest, RunsOnADecodeNodeAndRefusesWhenNoneIsHealthy) {
 }
 
 // What is not built says so: the KV-transfer half of the node API.
-TEST(NodeApiTest, KvTransferPartsAnswerUnimplementedNamingWhatIsMissing) {
+// A decode node without a KV transport (kv_transfer.enabled off, or UCX failed to start) says so
+// to every KV-transfer call; the router then takes the plain path.
+TEST(NodeApiTest, KvTransferCallsOnANodeWithoutTransportAreFailedPrecondition) {
   std::unique_ptr<InProcessNode> d0 = StartNode(64);
   auto channel = grpc::CreateChannel(d0->address(), grpc::InsecureChannelCredentials());
   auto decode = pdserve::node::v1::Decode::NewStub(channel);
@@ -187,8 +189,15 @@ TEST(NodeApiTest, KvTransferPartsAnswerUnimplementedNamingWhatIsMissing) {
     pdserve::node::v1::ReserveRequest req;
     pdserve::node::v1::ReserveResponse resp;
     grpc::Status s = decode->Reserve(&ctx, req, &resp);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED);
-    EXPECT_THAT(s.error_message(), ::testing::HasSubstr("KV transfer is not built"));
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_THAT(s.error_message(), ::testing::HasSubstr("kv_transfer.enabled"));
+  }
+  {
+    grpc::ClientContext ctx;
+    pdserve::node::v1::ReleaseRequest req;
+    pdserve::node::v1::ReleaseResponse resp;
+    EXPECT_EQ(decode->Release(&ctx, req, &resp).error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);
   }
   {
     grpc::ClientContext ctx;
@@ -201,7 +210,7 @@ TEST(NodeApiTest, KvTransferPartsAnswerUnimplementedNamingWhatIsMissing) {
     pdserve::node::v1::GenerateResponse resp;
     EXPECT_FALSE(reader->Read(&resp));
     grpc::Status s = reader->Finish();
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
     EXPECT_THAT(s.error_message(), ::testing::HasSubstr("reservation"));
   }
 }
@@ -210,7 +219,7 @@ TEST(NodeApiTest, KvTransferPartsAnswerUnimplementedNamingWhatIsMissing) {
 // node generates for the same greedy request.
 TEST(NodeApiTest, PrefillReturnsTheFirstToken) {
   auto stack = testing::MakeStack();
-  node::NodeState state("prefill", *stack->scheduler, false);
+  node::NodeState state("prefill", *stack->scheduler);
   node::PrefillService service(state);
   MetricsRegistry registry;
   node::NodeServerOptions o;
@@ -244,6 +253,28 @@ TEST(NodeApiTest, PrefillReturnsTheFirstToken) {
   ASSERT_TRUE(reader->Finish().ok());
   ASSERT_EQ(tokens.size(), 1u);
   EXPECT_EQ(resp.first_token(), tokens[0]);
+  // The first token is a stop token: still returned (the decode node needs it), marked stopped.
+  {
+    grpc::ClientContext sctx;
+    pdserve::node::v1::PrefillRequest stop_req = req;
+    stop_req.set_request_id("s");
+    stop_req.add_stop_token_ids(resp.first_token());
+    pdserve::node::v1::PrefillResponse stop_resp;
+    ASSERT_TRUE(prefill->Prefill(&sctx, stop_req, &stop_resp).ok());
+    EXPECT_TRUE(stop_resp.stopped());
+    EXPECT_EQ(stop_resp.first_token(), resp.first_token());
+  }
+  // A KV descriptor on a node without a transport: FAILED_PRECONDITION, nothing run.
+  {
+    grpc::ClientContext kctx;
+    pdserve::node::v1::PrefillRequest kv_req = req;
+    kv_req.set_request_id("k");
+    kv_req.mutable_kv()->set_transport("descriptor bytes");
+    pdserve::node::v1::PrefillResponse kv_resp;
+    grpc::Status s = prefill->Prefill(&kctx, kv_req, &kv_resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_THAT(s.error_message(), ::testing::HasSubstr("kv_transfer.enabled"));
+  }
   EXPECT_TRUE(stack->WaitIdle(absl::Seconds(2)));
 }
 

@@ -71,6 +71,19 @@ TEST(ConfigTest, ServeYamlShowsTheDefaults) {
   EXPECT_EQ(a.router.decode_policy, b.router.decode_policy);
   EXPECT_EQ(a.router.prefill_policy, b.router.prefill_policy);
   EXPECT_EQ(a.router.max_retries, b.router.max_retries);
+  EXPECT_EQ(a.router.disaggregate, b.router.disaggregate);
+  EXPECT_EQ(a.router.kv_wire, b.router.kv_wire);
+  EXPECT_EQ(a.router.kv_transfer_timeout_ms, b.router.kv_transfer_timeout_ms);
+  EXPECT_EQ(a.router.disaggregate_min_prompt, b.router.disaggregate_min_prompt);
+  EXPECT_EQ(a.kv_transfer.enabled, b.kv_transfer.enabled);
+  EXPECT_EQ(a.kv_transfer.ucx_tls, b.kv_transfer.ucx_tls);
+  EXPECT_EQ(a.kv_transfer.peer_failure, b.kv_transfer.peer_failure);
+  EXPECT_EQ(a.kv_transfer.staging_mib, b.kv_transfer.staging_mib);
+  EXPECT_EQ(a.etcd.endpoints, b.etcd.endpoints);
+  EXPECT_EQ(a.etcd.prefix, b.etcd.prefix);
+  EXPECT_EQ(a.etcd.lease_ttl_s, b.etcd.lease_ttl_s);
+  EXPECT_EQ(a.etcd.poll_interval_ms, b.etcd.poll_interval_ms);
+  EXPECT_EQ(a.etcd.node_name, b.etcd.node_name);
 }
 
 TEST(ConfigTest, ParsesEveryField) {
@@ -176,6 +189,83 @@ TEST(ConfigTest, ValidateNamesTheField) {
   bad("model: {backend: tpu}", "model.backend");
   bad("api_keys: ['']", "api_keys[0]");
   bad("threads: -2", "threads");
+  bad("router: {kv_wire: fp8}", "router.kv_wire");
+  bad("router: {kv_transfer_timeout_ms: 0}", "router.kv_transfer_timeout_ms");
+  bad("router: {disaggregate_min_prompt: -1}", "router.disaggregate_min_prompt");
+  bad("kv_transfer: {staging_mib: 0}", "kv_transfer.staging_mib");
+}
+
+TEST(ConfigTest, KvTransferAndDisaggregationFields) {
+  absl::StatusOr<ServeOptions> o = ParseServeOptions(
+      "kv_transfer: {enabled: false, ucx_tls: 'tcp,self', peer_failure: true, staging_mib: 64}\n"
+      "router: {disaggregate: false, kv_wire: int8, kv_transfer_timeout_ms: 500, "
+      "disaggregate_min_prompt: 32}\n",
+      "f");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->kv_transfer.enabled);
+  EXPECT_EQ(o->kv_transfer.ucx_tls, "tcp,self");
+  EXPECT_TRUE(o->kv_transfer.peer_failure);
+  EXPECT_EQ(o->kv_transfer.staging_mib, 64);
+  EXPECT_FALSE(o->router.disaggregate);
+  EXPECT_EQ(o->router.kv_wire, "int8");
+  EXPECT_EQ(o->router.kv_transfer_timeout_ms, 500);
+  EXPECT_EQ(o->router.disaggregate_min_prompt, 32);
+  EXPECT_THAT(ParseServeOptions("kv_transfer: {enable: true}", "f"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "kv_transfer.enable"));
+}
+
+TEST(ConfigTest, EtcdSection) {
+  absl::StatusOr<ServeOptions> off = ParseServeOptions("", "f");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_TRUE(off->etcd.endpoints.empty());  // membership through etcd is off by default
+  EXPECT_EQ(off->etcd.prefix, "/pdserve/");
+  EXPECT_EQ(off->etcd.lease_ttl_s, 3);
+  EXPECT_EQ(off->etcd.poll_interval_ms, 250);
+  EXPECT_EQ(off->etcd.node_name, "");
+
+  absl::StatusOr<ServeOptions> o = ParseServeOptions(R"(
+etcd:
+  endpoints: [http://127.0.0.1:2379, "http://etcd-1.example:2379"]
+  prefix: /prod/pdserve/
+  lease_ttl_s: 10
+  poll_interval_ms: 100
+  node_name: d7
+)",
+                                                     "f");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->etcd.endpoints,
+            (std::vector<std::string>{"http://127.0.0.1:2379", "http://etcd-1.example:2379"}));
+  EXPECT_EQ(o->etcd.prefix, "/prod/pdserve/");
+  EXPECT_EQ(o->etcd.lease_ttl_s, 10);
+  EXPECT_EQ(o->etcd.poll_interval_ms, 100);
+  EXPECT_EQ(o->etcd.node_name, "d7");
+
+  // Strict like every section: unknown keys with their path, wrong types, bad values.
+  EXPECT_THAT(ParseServeOptions("etcd: {endpoint: [http://a:1]}\n", "f"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "f: etcd.endpoint: unknown key"));
+  EXPECT_THAT(ParseServeOptions("etcd: {endpoints: http://a:1}\n", "f"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "etcd.endpoints: expected a list"));
+  EXPECT_THAT(ParseServeOptions("etcd: {lease_ttl_s: soon}\n", "f"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "etcd.lease_ttl_s: expected an integer, got 'soon'"));
+  EXPECT_THAT(ParseServeOptions("etcd: [a]\n", "f"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "etcd: expected a mapping"));
+  auto bad = [](const char* yaml, const char* field) {
+    EXPECT_THAT(ParseServeOptions(yaml, "f"),
+                StatusIs(absl::StatusCode::kInvalidArgument, std::string("f: ") + field))
+        << yaml;
+  };
+  bad("etcd: {endpoints: ['127.0.0.1:2379']}", "etcd.endpoints[0]: must be http://host:port");
+  bad("etcd: {endpoints: ['http://a:1', 'https://b:2']}", "etcd.endpoints[1]");
+  bad("etcd: {endpoints: ['http://a']}", "etcd.endpoints[0]");
+  bad("etcd: {endpoints: ['http://a:1/v3']}", "etcd.endpoints[0]");
+  bad("etcd: {endpoints: ['http://a:']}", "etcd.endpoints[0]");
+  bad("etcd: {prefix: /pdserve}", "etcd.prefix: must end with '/'");
+  bad("etcd: {prefix: ''}", "etcd.prefix");
+  bad("etcd: {lease_ttl_s: 1}", "etcd.lease_ttl_s: must be in [2, 3600]");
+  bad("etcd: {lease_ttl_s: 4000}", "etcd.lease_ttl_s");
+  bad("etcd: {poll_interval_ms: 0}", "etcd.poll_interval_ms");
+  bad("etcd: {node_name: a/b}", "etcd.node_name");
 }
 
 TEST(ConfigTest, MissingFileIsNotFound) {
