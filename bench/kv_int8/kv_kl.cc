@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "bench/kv_int8/kl_divergence.h"
 #include "common/status.h"
 #include "common/strings.h"
 #include "engine/backend/backend.h"
@@ -51,19 +52,6 @@ struct Stats {
   int64_t positions = 0, agree = 0, targets = 0;
   size_t cache_bytes = 0;
 };
-
-// log_softmax of one row, in F64.
-void LogSoftmax(const float* x, int64_t n, std::vector<double>* out) {
-  out->resize(n);
-  double m = x[0];
-  for (int64_t i = 1; i < n; ++i) m = std::max(m, double{x[i]});
-  double sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += std::exp(double{x[i]} - m);
-  const double lse = m + std::log(sum);
-  for (int64_t i = 0; i < n; ++i) (*out)[i] = double{x[i]} - lse;
-}
-
-int64_t ArgMax(const float* x, int64_t n) { return std::max_element(x, x + n) - x; }
 
 absl::Status Run(const Flags& f) {
   std::string model_path = f.model;
@@ -169,8 +157,7 @@ absl::Status Run(const Flags& f) {
         for (size_t k = 0; k < types.size(); ++k) {
           const float* row = logits[k].data() + i * n_vocab;
           LogSoftmax(row, n_vocab, &lp);
-          double kl = 0;
-          for (int64_t v = 0; v < n_vocab; ++v) kl += std::exp(lp_ref[v]) * (lp_ref[v] - lp[v]);
+          const double kl = KlDivergence(lp_ref, lp);
           Stats& st = stats[k];
           st.kl_sum += kl;
           st.kl_max = std::max(st.kl_max, kl);
