@@ -168,6 +168,17 @@ void ToProtoSampling(const engine::SamplingParams& s, nv1::Sampling* out) {
   out->set_seed(s.seed);
 }
 
+// Decode.Release: the reservation's request ends on the decode node and its blocks are freed.
+// Best effort: a node that does not answer frees them at the reservation's expiry.
+void ReleaseReservation(const NodeRegistry::Node& decode, uint64_t reservation) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  nv1::ReleaseRequest req;
+  req.set_reservation(reservation);
+  nv1::ReleaseResponse resp;
+  (void)decode.decode->Release(&ctx, req, &resp);
+}
+
 FinishReason ReasonFromName(const std::string& name) {
   if (name == "length") return FinishReason::kLength;
   if (name == "cancelled") return FinishReason::kCancelled;
@@ -281,12 +292,7 @@ bool RemoteEngine::Disaggregate(Call& call, const NodeRegistry::Node* decode,
     if (node_down && prefill_try == 0 && registry_.PickPrefill(n_prompt, tried) != nullptr) {
       // Another prefill node: a fresh reservation (the old transfer may hold pushed layers).
       if (retries_ != nullptr) retries_->WithLabels({"prefill_failed"}).Increment();
-      grpc::ClientContext xctx;
-      xctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-      nv1::ReleaseRequest x;
-      x.set_reservation(rresp.reservation());
-      nv1::ReleaseResponse xr;
-      (void)decode->decode->Release(&xctx, x, &xr);
+      ReleaseReservation(*decode, rresp.reservation());
       nreq.clear_reservation();
       continue;
     }
@@ -345,14 +351,7 @@ void RemoteEngine::Run(std::shared_ptr<Call> call) {
       disaggregated = Disaggregate(*call, node, nreq, sent, info, &cancelled);
       skip = sent.size() - before;
       if (cancelled) {
-        if (nreq.reservation() != 0) {
-          grpc::ClientContext xctx;
-          xctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-          nv1::ReleaseRequest x;
-          x.set_reservation(nreq.reservation());
-          nv1::ReleaseResponse xr;
-          (void)node->decode->Release(&xctx, x, &xr);
-        }
+        if (nreq.reservation() != 0) ReleaseReservation(*node, nreq.reservation());
         absl::MutexLock lock(&call->mu);
         info.reason = call->cancel_reason;
         break;
