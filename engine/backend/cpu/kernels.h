@@ -56,12 +56,15 @@ inline constexpr int kGemmTileX = 4;
 using GemmTileFn = void (*)(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                             size_t x_stride, int nc, float* y, int64_t y_stride);
 
-// The AVX512-VNNI Q8_0 x Q8_0 tile (q8_0_vnni.cc), bit-identical to the AVX2 table's; nullptr
-// when the CPU lacks AVX512F/VL/VNNI or PDSERVE_CPU_NO_VNNI is set (non-empty, not "0"). The
-// AVX2 table's Q8_0 entry calls it when present.
+// The AVX512-VNNI Q8_0 and Q5_0 (x Q8_0) tiles (avx512_vnni.cc), bit-identical to the AVX2
+// table's; nullptr when the CPU lacks AVX512F/VL/VNNI or PDSERVE_CPU_NO_VNNI is set (non-empty,
+// not "0"). The AVX2 table's Q8_0 and Q5_0 entries call them when present.
 GemmTileFn Q8_0TileVnni();
-// The AVX2 table's Q8_0 tile without that dispatch (tests compare the two).
+GemmTileFn Q5_0TileVnni();
+// The AVX2 table's Q8_0 and Q5_0 tiles without that dispatch (tests compare the two).
 void GemmQ8_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
+                  size_t x_stride, int nc, float* y, int64_t y_stride);
+void GemmQ5_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                   size_t x_stride, int nc, float* y, int64_t y_stride);
 
 // AVX2 dot of Q5_0 weight blocks with Q8_0 activation blocks (q5_0_avx2.cc); only called when the

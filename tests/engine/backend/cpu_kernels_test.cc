@@ -316,6 +316,45 @@ TEST(Q8_0VnniTest, BitIdenticalToTheAvx2Tile) {
   }
 }
 
+// The AVX512-VNNI Q5_0 tile gives the AVX2 tile's bits, four-block steps and leftover blocks
+// alike (k = 160 and 4128 leave one block over).
+TEST(Q5_0VnniTest, BitIdenticalToTheAvx2Tile) {
+  const GemmTileFn vnni = Q5_0TileVnni();
+  if (vnni == nullptr || Avx2Kernels() == nullptr) {
+    GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_NO_VNNI is set)";
+  }
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<int> byte(0, 255), xcode(-127, 127), scale(0x2000, 0x4000);
+  for (int64_t k : {32, 160, 640, 4128}) {
+    const int64_t nb = k / 32;
+    std::vector<BlockQ5_0> w(4 * nb);
+    std::vector<BlockQ8_0> x(4 * nb);
+    for (BlockQ5_0& b : w) {
+      b.d = static_cast<uint16_t>(scale(rng));
+      for (uint8_t& q : b.qh) q = static_cast<uint8_t>(byte(rng));
+      for (uint8_t& q : b.qs) q = static_cast<uint8_t>(byte(rng));
+    }
+    for (BlockQ8_0& b : x) {
+      b.d = static_cast<uint16_t>(scale(rng));
+      for (int8_t& q : b.qs) q = static_cast<int8_t>(xcode(rng));
+    }
+    const size_t ws = nb * sizeof(BlockQ5_0), xs = nb * sizeof(BlockQ8_0);
+    for (int nr = 1; nr <= kGemmTileW; ++nr) {
+      for (int nc = 1; nc <= kGemmTileX; ++nc) {
+        float ya[16], yv[16];
+        GemmQ5_0Avx2(k, w.data(), ws, nr, x.data(), xs, nc, ya, 4);
+        vnni(k, w.data(), ws, nr, x.data(), xs, nc, yv, 4);
+        for (int c = 0; c < nc; ++c) {
+          for (int r = 0; r < nr; ++r) {
+            EXPECT_EQ(std::bit_cast<uint32_t>(ya[c * 4 + r]), std::bit_cast<uint32_t>(yv[c * 4 + r]))
+                << "k " << k << " tile " << nr << "x" << nc << " at " << r << "," << c;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_F(KernelsTest, AttentionRowKernels) {
   for (int64_t n : kLengths) {
     std::vector<float> a = Random(n), b = Random(n);
