@@ -67,32 +67,58 @@ int32_t Sampler::Sample(absl::Span<const float> logits, absl::Span<const int32_t
   const bool penalize =
       params_.repetition_penalty != 1.0f && params_.penalty_last_n > 0 && !history.empty();
   if (params_.temperature <= 0 && !penalize) return ArgMax(logits);  // greedy, no copies
-  cand_.resize(logits.size());
-  for (int32_t i = 0; i < n_vocab; ++i) cand_[i] = {i, logits[i]};
-
-  // Repetition penalty (CTRL-style): positive logits divided, negative multiplied.
+  auto by_logit = [](const Candidate& a, const Candidate& b) {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+  };
+  // Repetition penalty (CTRL-style): positive logits divided, negative multiplied. The penalized
+  // ids (at most penalty_last_n) are kept aside with their new logits.
+  std::vector<Candidate>& penalized = penalized_;
+  penalized.clear();
   if (penalize) {
     const size_t n = std::min<size_t>(history.size(), params_.penalty_last_n);
     std::unordered_set<int32_t> seen(history.end() - n, history.end());
     for (int32_t id : seen) {
       if (id < 0 || id >= n_vocab) continue;
-      float& l = cand_[id].logit;
-      l = l > 0 ? l / params_.repetition_penalty : l * params_.repetition_penalty;
+      const float l = logits[id];
+      penalized.push_back({id, l > 0 ? l / params_.repetition_penalty
+                                      : l * params_.repetition_penalty});
+    }
+    std::sort(penalized.begin(), penalized.end(),
+              [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
+  }
+  if (params_.temperature <= 0) {  // greedy with a penalty
+    Candidate best{-1, -std::numeric_limits<float>::infinity()};
+    size_t next_pen = 0;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+      Candidate c{i, logits[i]};
+      if (next_pen < penalized.size() && penalized[next_pen].id == i) c = penalized[next_pen++];
+      if (best.id < 0 || by_logit(c, best)) best = c;
+    }
+    return best.id;
+  }
+
+  // Top-k: the k best by (logit desc, id asc) in one pass with a heap whose top is the worst kept
+  // candidate (most logits fail one comparison against it), then sorted: the same candidates in
+  // the same order as sorting everything. Without top-k, every id is a candidate.
+  const size_t k = params_.top_k > 0 ? std::min<size_t>(params_.top_k, n_vocab) : n_vocab;
+  cand_.clear();
+  cand_.reserve(k);
+  size_t next_pen = 0;
+  for (int32_t i = 0; i < n_vocab; ++i) {
+    Candidate c{i, logits[i]};
+    if (next_pen < penalized.size() && penalized[next_pen].id == i) c = penalized[next_pen++];
+    if (k == static_cast<size_t>(n_vocab)) {
+      cand_.push_back(c);  // everything: sorted once below
+    } else if (cand_.size() < k) {
+      cand_.push_back(c);
+      std::push_heap(cand_.begin(), cand_.end(), by_logit);
+    } else if (by_logit(c, cand_.front())) {
+      std::pop_heap(cand_.begin(), cand_.end(), by_logit);
+      cand_.back() = c;
+      std::push_heap(cand_.begin(), cand_.end(), by_logit);
     }
   }
-
-  auto by_logit = [](const Candidate& a, const Candidate& b) {
-    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-  };
-  if (params_.temperature <= 0) {
-    return std::min_element(cand_.begin(), cand_.end(), by_logit)->id;
-  }
-
-  // Top-k (partial sort keeps it O(V log k)); without it, sort everything once.
-  size_t keep = cand_.size();
-  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < keep) keep = params_.top_k;
-  std::partial_sort(cand_.begin(), cand_.begin() + keep, cand_.end(), by_logit);
-  cand_.resize(keep);
+  std::sort(cand_.begin(), cand_.end(), by_logit);
 
   // Probabilities at temperature 1 for the p-filters (softmax over the kept candidates).
   auto softmax = [&](float temp) {

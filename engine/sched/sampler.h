@@ -52,7 +52,8 @@ class Sampler {
   };
   SamplingParams params_;
   std::mt19937_64 rng_;
-  std::vector<Candidate> cand_;  // scratch
+  std::vector<Candidate> cand_;      // scratch
+  std::vector<Candidate> penalized_;  // scratch: ids under the repetition penalty
   std::vector<float> probs_;     // scratch
 };
 

@@ -1,7 +1,10 @@
 #include "engine/sched/sampler.h"
 
 #include <cmath>
+#include <algorithm>
 #include <map>
+#include <random>
+#include <set>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -148,6 +151,105 @@ TEST(SamplerTest, ValidateRejectsBadParams) {
   p.repetition_penalty = 0;
   EXPECT_THAT(p.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, "repetition_penalty"));
   PD_EXPECT_OK(SamplingParams().Validate());
+}
+
+}  // namespace
+}  // namespace pd::engine
+
+namespace pd::engine {
+namespace {
+
+// The sampler's definition, written the plain way: every id a candidate (penalty applied), all
+// sorted by (logit desc, id asc), the first top_k kept, softmax at temperature 1, top-p, min-p,
+// softmax at the temperature, one uniform draw. The Sampler (one-pass top-k heap, penalized ids
+// kept aside) must draw exactly the same ids from the same seed.
+int32_t ReferenceSample(const SamplingParams& p, const std::vector<float>& logits,
+                        const std::vector<int32_t>& history, std::mt19937_64& rng) {
+  struct C {
+    int32_t id;
+    float logit;
+  };
+  std::vector<C> c;
+  for (int32_t i = 0; i < static_cast<int32_t>(logits.size()); ++i) c.push_back({i, logits[i]});
+  if (p.repetition_penalty != 1.0f && p.penalty_last_n > 0 && !history.empty()) {
+    const size_t n = std::min<size_t>(history.size(), p.penalty_last_n);
+    std::set<int32_t> seen(history.end() - n, history.end());
+    for (int32_t id : seen) {
+      float& l = c[id].logit;
+      l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+    }
+  }
+  std::sort(c.begin(), c.end(), [](const C& a, const C& b) {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+  });
+  if (p.temperature <= 0) return c[0].id;
+  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < c.size()) c.resize(p.top_k);
+  std::vector<float> pr;
+  auto softmax = [&](float t) {
+    pr.resize(c.size());
+    double sum = 0;
+    for (size_t i = 0; i < c.size(); ++i) sum += pr[i] = std::exp((c[i].logit - c[0].logit) / t);
+    for (float& x : pr) x = static_cast<float>(x / sum);
+  };
+  softmax(1.0f);
+  if (p.top_p < 1.0f) {
+    double cum = 0;
+    size_t i = 0;
+    for (; i < c.size(); ++i) {
+      cum += pr[i];
+      if (cum >= p.top_p) {
+        ++i;
+        break;
+      }
+    }
+    c.resize(std::max<size_t>(i, 1));
+    pr.resize(c.size());
+  }
+  if (p.min_p > 0) {
+    const float threshold = pr[0] * p.min_p;
+    size_t i = 1;
+    while (i < c.size() && pr[i] >= threshold) ++i;
+    c.resize(i);
+  }
+  softmax(p.temperature);
+  std::uniform_real_distribution<double> uni(0.0, 1.0);
+  double r = uni(rng);
+  for (size_t i = 0; i < c.size(); ++i) {
+    r -= pr[i];
+    if (r <= 0) return c[i].id;
+  }
+  return c.back().id;
+}
+
+TEST(SamplerTest, DrawsWhatTheDefinitionDrawsForEveryFilterMix) {
+  std::mt19937 gen(3);
+  std::normal_distribution<float> logit(0, 3);
+  for (int vocab : {7, 1000, 12000}) {
+    std::vector<float> logits(vocab);
+    for (float& l : logits) l = std::round(logit(gen) * 4) / 4;  // many ties
+    std::vector<int32_t> history;
+    for (int i = 0; i < 80; ++i) history.push_back(static_cast<int32_t>(gen() % vocab));
+    for (int top_k : {0, 1, 5, 40, 100000}) {
+      for (float penalty : {1.0f, 1.3f}) {
+        for (float temperature : {0.0f, 0.7f, 1.5f}) {
+          SamplingParams p;
+          p.top_k = top_k;
+          p.repetition_penalty = penalty;
+          p.temperature = temperature;
+          p.top_p = top_k == 5 ? 1.0f : 0.9f;
+          p.min_p = top_k == 40 ? 0.0f : 0.05f;
+          p.seed = 17;
+          Sampler s(p);
+          std::mt19937_64 rng(p.seed);
+          for (int draw = 0; draw < 8; ++draw) {
+            ASSERT_EQ(s.Sample(logits, history), ReferenceSample(p, logits, history, rng))
+                << "vocab " << vocab << " top_k " << top_k << " penalty " << penalty
+                << " temperature " << temperature << " draw " << draw;
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
