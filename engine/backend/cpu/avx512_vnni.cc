@@ -174,6 +174,104 @@ void TileQ5_0Vnni(int64_t k, const char* w, size_t ws, const char* x, size_t xs,
     for (int c = 0; c < C; ++c) y[c * ys + r] = HSumVnni(acc[r][c]);
 }
 
+// Q5_0 weights unpacked once (one code byte 0..31 per weight, rows of k bytes): what a prompt's
+// MatMul uses, where every weight tile meets n / 4 activation tiles and unpacking it each time
+// cost as much as the dot products. Same integer lanes and F32 order as TileQ5_0Vnni (and so
+// as the AVX2 tile); the scales still come from the blocks.
+void UnpackQ5_0RowsVnni(const void* w, size_t ws, int64_t rows, int64_t k, uint8_t* codes) {
+  const int64_t nb = k / kQ8_0BlockSize;
+  for (int64_t r = 0; r < rows; ++r) {
+    const BlockQ5_0* wb = reinterpret_cast<const BlockQ5_0*>(static_cast<const char*>(w) + r * ws);
+    uint8_t* out = codes + r * k;
+    for (int64_t b = 0; b < nb; ++b) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + b * kQ8_0BlockSize),
+                          UnpackQ5_0Vnni(wb + b));
+    }
+  }
+}
+
+template <int R, int C>
+void TileQ5_0CodesVnni(int64_t k, const uint8_t* codes, size_t cs, const char* w, size_t ws,
+                       const char* x, size_t xs, float* y, int64_t ys) {
+  const int64_t nb = k / kQ8_0BlockSize;
+  const __m256i sixteen = _mm256_set1_epi8(16);
+  const __m256i zero = _mm256_setzero_si256();
+  __m256 acc[R][C];
+  PD_VNNI_UNROLL
+  for (int r = 0; r < R; ++r)
+    PD_VNNI_UNROLL
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b + 4 <= nb; b += 4) {
+    __m256i yv[C][4], start[C][4];
+    __m128 dx[C];
+    PD_VNNI_UNROLL
+    for (int c = 0; c < C; ++c) {
+      const BlockQ8_0* xb = reinterpret_cast<const BlockQ8_0*>(x + c * xs) + b;
+      PD_VNNI_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        yv[c][j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb[j].qs));
+        start[c][j] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, sixteen, yv[c][j]));
+      }
+      dx[c] = QuadScaleVnni(reinterpret_cast<const char*>(&xb->d), sizeof(BlockQ8_0));
+    }
+    PD_VNNI_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const BlockQ5_0* wb = reinterpret_cast<const BlockQ5_0*>(w + r * ws) + b;
+      const __m128 dw = QuadScaleVnni(reinterpret_cast<const char*>(&wb->d), sizeof(BlockQ5_0));
+      const uint8_t* cr = codes + r * cs + b * kQ8_0BlockSize;
+      PD_VNNI_UNROLL
+      for (int c = 0; c < C; ++c) {
+        const __m256 d4 = _mm256_castps128_ps256(_mm_mul_ps(dw, dx[c]));
+        PD_VNNI_UNROLL
+        for (int j = 0; j < 4; ++j) {
+          const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cr + 32 * j));
+          const __m256i dot = _mm256_dpbusd_epi32(start[c][j], u, yv[c][j]);
+          const __m256 d = _mm256_permutevar8x32_ps(d4, _mm256_set1_epi32(j));
+          acc[r][c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), acc[r][c]);
+        }
+      }
+    }
+  }
+  for (; b < nb; ++b) {  // leftover blocks
+    for (int r = 0; r < R; ++r) {
+      const BlockQ5_0* wb = reinterpret_cast<const BlockQ5_0*>(w + r * ws) + b;
+      const __m256i u = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(codes + r * cs + b * kQ8_0BlockSize));
+      const float dw = HalfToFloatVnni(wb->d);
+      PD_VNNI_UNROLL
+      for (int c = 0; c < C; ++c) {
+        const BlockQ8_0* xb = reinterpret_cast<const BlockQ8_0*>(x + c * xs) + b;
+        const __m256i yq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb->qs));
+        const __m256i st = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, sixteen, yq));
+        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * HalfToFloatVnni(xb->d)),
+                                    _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(st, u, yq)),
+                                    acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) y[c * ys + r] = HSumVnni(acc[r][c]);
+}
+
+using CodesTileImpl = void (*)(int64_t, const uint8_t*, size_t, const char*, size_t, const char*,
+                               size_t, float*, int64_t);
+template <int R, int C>
+constexpr CodesTileImpl kCodesTile = &TileQ5_0CodesVnni<R, C>;
+constexpr CodesTileImpl kCodesTiles[4][4] = {
+    {kCodesTile<1, 1>, kCodesTile<1, 2>, kCodesTile<1, 3>, kCodesTile<1, 4>},
+    {kCodesTile<2, 1>, kCodesTile<2, 2>, kCodesTile<2, 3>, kCodesTile<2, 4>},
+    {kCodesTile<3, 1>, kCodesTile<3, 2>, kCodesTile<3, 3>, kCodesTile<3, 4>},
+    {kCodesTile<4, 1>, kCodesTile<4, 2>, kCodesTile<4, 3>, kCodesTile<4, 4>},
+};
+
+void GemmQ5_0CodesVnni(int64_t k, const uint8_t* codes, size_t code_stride, const void* w,
+                       size_t w_stride, int nr, const void* x, size_t x_stride, int nc, float* y,
+                       int64_t y_stride) {
+  kCodesTiles[nr - 1][nc - 1](k, codes, code_stride, static_cast<const char*>(w), w_stride,
+                              static_cast<const char*>(x), x_stride, y, y_stride);
+}
+
 using TileImplVnni = void (*)(int64_t, const char*, size_t, const char*, size_t, float*, int64_t);
 
 // Every R x C instantiation of a tile template, and the GemmTileFn that dispatches on nr, nc.
@@ -228,6 +326,11 @@ bool UseVnni() {
 GemmTileFn Q8_0TileVnni() { return UseVnni() ? &VnniTable<Q8Vnni>::Gemm : nullptr; }
 GemmTileFn Q5_0TileVnni() { return UseVnni() ? &VnniTable<Q5_0Vnni>::Gemm : nullptr; }
 
+const Q5_0CodesKernels* Q5_0CodesVnni() {
+  static constexpr Q5_0CodesKernels kKernels = {&UnpackQ5_0RowsVnni, &GemmQ5_0CodesVnni};
+  return UseVnni() ? &kKernels : nullptr;
+}
+
 }  // namespace pd::engine::cpu
 
 #else
@@ -235,6 +338,7 @@ GemmTileFn Q5_0TileVnni() { return UseVnni() ? &VnniTable<Q5_0Vnni>::Gemm : null
 namespace pd::engine::cpu {
 GemmTileFn Q8_0TileVnni() { return nullptr; }
 GemmTileFn Q5_0TileVnni() { return nullptr; }
+const Q5_0CodesKernels* Q5_0CodesVnni() { return nullptr; }
 }  // namespace pd::engine::cpu
 
 #endif

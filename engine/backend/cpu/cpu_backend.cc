@@ -430,6 +430,31 @@ absl::Status CpuBackend::MatMul(const Tensor& w, const Tensor& x, Tensor& y) {
       cpu::kGemmTileW;
   chunk_rows = std::max<int64_t>(cpu::kGemmTileW, std::min(chunk_rows, balanced_rows));
   const int64_t n_chunks = (m + chunk_rows - 1) / chunk_rows;
+  // Q5_0 for a prompt: each chunk's weights unpacked once to code bytes, then every activation
+  // tile reads the codes (same bits as the Q5_0 tile; AVX512-VNNI only).
+  const cpu::Q5_0CodesKernels* q5 = nullptr;
+  if (w.type == DType::kQ5_0 && n >= 2 * cpu::kGemmTileX && &k_ == cpu::Avx2Kernels()) {
+    q5 = cpu::Q5_0CodesVnni();
+  }
+  if (q5 != nullptr) {
+    pool_.ParallelFor(n_chunks, [&](int64_t c0, int64_t c1) {
+      thread_local std::vector<uint8_t> codes;
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t r_begin = c * chunk_rows, r_end = std::min(m, (c + 1) * chunk_rows);
+        codes.resize(static_cast<size_t>((r_end - r_begin) * k));
+        q5->unpack(wa + r_begin * ws, ws, r_end - r_begin, k, codes.data());
+        for (int64_t i = 0; i < n; i += cpu::kGemmTileX) {
+          const int nc = static_cast<int>(std::min<int64_t>(cpu::kGemmTileX, n - i));
+          for (int64_t r = r_begin; r < r_end; r += cpu::kGemmTileW) {
+            const int nr = static_cast<int>(std::min<int64_t>(cpu::kGemmTileW, r_end - r));
+            q5->tile(k, codes.data() + (r - r_begin) * k, static_cast<size_t>(k), wa + r * ws, ws,
+                     nr, xa + i * xs, xs, nc, ya + i * m + r, m);
+          }
+        }
+      }
+    });
+    return absl::OkStatus();
+  }
   pool_.ParallelFor(n_chunks, [&](int64_t c0, int64_t c1) {
     const int64_t r_begin = c0 * chunk_rows, r_end = std::min(m, c1 * chunk_rows);
     // Activation tiles outer, weight tiles inner: this chunk of weights stays in cache.

@@ -61,6 +61,17 @@ using GemmTileFn = void (*)(int64_t k, const void* w, size_t w_stride, int nr, c
 // not "0"). The AVX2 table's Q8_0 and Q5_0 entries call them when present.
 GemmTileFn Q8_0TileVnni();
 GemmTileFn Q5_0TileVnni();
+// Q5_0 weights for many activation rows (prompts): `unpack` writes one code byte (0..31) per
+// weight, `rows` rows of k bytes; `tile` is the GemmTileFn contract with the weight codes read
+// from `codes` (rows `code_stride` bytes apart) and only the scales from `w`. Same bits as the
+// Q5_0 tile. nullptr when the CPU lacks AVX512-VNNI (or PDSERVE_CPU_NO_VNNI is set).
+struct Q5_0CodesKernels {
+  void (*unpack)(const void* w, size_t w_stride, int64_t rows, int64_t k, uint8_t* codes);
+  void (*tile)(int64_t k, const uint8_t* codes, size_t code_stride, const void* w,
+               size_t w_stride, int nr, const void* x, size_t x_stride, int nc, float* y,
+               int64_t y_stride);
+};
+const Q5_0CodesKernels* Q5_0CodesVnni();
 // The AVX2 table's Q8_0 and Q5_0 tiles without that dispatch (tests compare the two).
 void GemmQ8_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                   size_t x_stride, int nc, float* y, int64_t y_stride);

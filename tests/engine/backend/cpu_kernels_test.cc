@@ -316,8 +316,8 @@ TEST(Q8_0VnniTest, BitIdenticalToTheAvx2Tile) {
   }
 }
 
-// The AVX512-VNNI Q5_0 tile gives the AVX2 tile's bits, four-block steps and leftover blocks
-// alike (k = 160 and 4128 leave one block over).
+// The AVX512-VNNI Q5_0 tile, and its prompt variant over pre-unpacked code bytes, give the AVX2
+// tile's bits, four-block steps and leftover blocks alike (k = 160 and 4128 leave one over).
 TEST(Q5_0VnniTest, BitIdenticalToTheAvx2Tile) {
   const GemmTileFn vnni = Q5_0TileVnni();
   if (vnni == nullptr || Avx2Kernels() == nullptr) {
@@ -341,13 +341,22 @@ TEST(Q5_0VnniTest, BitIdenticalToTheAvx2Tile) {
     const size_t ws = nb * sizeof(BlockQ5_0), xs = nb * sizeof(BlockQ8_0);
     for (int nr = 1; nr <= kGemmTileW; ++nr) {
       for (int nc = 1; nc <= kGemmTileX; ++nc) {
-        float ya[16], yv[16];
+        float ya[16], yv[16], yc[16];
         GemmQ5_0Avx2(k, w.data(), ws, nr, x.data(), xs, nc, ya, 4);
         vnni(k, w.data(), ws, nr, x.data(), xs, nc, yv, 4);
+        // The prompt path: the rows unpacked to code bytes first.
+        const Q5_0CodesKernels* codes = Q5_0CodesVnni();
+        ASSERT_NE(codes, nullptr);
+        std::vector<uint8_t> code_bytes(static_cast<size_t>(4 * k));
+        codes->unpack(w.data(), ws, 4, k, code_bytes.data());
+        codes->tile(k, code_bytes.data(), static_cast<size_t>(k), w.data(), ws, nr, x.data(), xs,
+                    nc, yc, 4);
         for (int c = 0; c < nc; ++c) {
           for (int r = 0; r < nr; ++r) {
             EXPECT_EQ(std::bit_cast<uint32_t>(ya[c * 4 + r]), std::bit_cast<uint32_t>(yv[c * 4 + r]))
                 << "k " << k << " tile " << nr << "x" << nc << " at " << r << "," << c;
+            EXPECT_EQ(std::bit_cast<uint32_t>(ya[c * 4 + r]), std::bit_cast<uint32_t>(yc[c * 4 + r]))
+                << "codes: k " << k << " tile " << nr << "x" << nc << " at " << r << "," << c;
           }
         }
       }
