@@ -336,6 +336,7 @@ class CpuBackend final : public Backend {
   cpu::ThreadPool pool_;
   std::unique_ptr<char, FreeDeleter> scratch_;
   size_t scratch_size_ = 0;
+  std::vector<float> widened_kv_;  // Attention: prompts' F16 K/V widened once (reused)
 };
 
 // ---- MatMul --------------------------------------------------------------------------------
@@ -902,6 +903,57 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
   // prefill).
   const bool widen_k = k_cache.type == KvDType::kF16 && group > 1;
   const bool widen_v = v_cache.type == KvDType::kF16 && group > 1;
+  // A prompt's rows of one sequence read the same keys and values again and again (row t all
+  // the positions before it): sequences with many rows in the batch get their visible K and V
+  // widened to F32 once, [kv head][position][head_dim], and the rows read those (the same F32
+  // kernels on the same values: bit-identical).
+  struct WideSeq {
+    int64_t lo = 0, hi = -1;  // positions widened (hi < lo: none)
+    int64_t rows = 0;         // batch rows of the sequence
+    size_t offset = 0;        // into widened_kv_ (K; V follows after n_kv_heads * span * hd)
+    int64_t span() const { return hi - lo + 1; }
+  };
+  std::vector<WideSeq> wide;
+  if (widen_k && widen_v && n_tokens >= 16) {
+    int32_t n_seq = 0;
+    for (int64_t t = 0; t < n_tokens; ++t) n_seq = std::max(n_seq, kv.seq[t] + 1);
+    wide.resize(static_cast<size_t>(n_seq));
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      WideSeq& w = wide[kv.seq[t]];
+      const int64_t lo = first_visible(t);
+      w.lo = w.rows == 0 ? lo : std::min(w.lo, lo);
+      w.hi = w.rows == 0 ? kv.pos[t] : std::max<int64_t>(w.hi, kv.pos[t]);
+      ++w.rows;
+    }
+    size_t total = 0;
+    std::vector<std::pair<int32_t, int64_t>> jobs;  // (sequence, kv head) to widen
+    for (int32_t sq = 0; sq < n_seq; ++sq) {
+      WideSeq& w = wide[sq];
+      if (w.rows < 8) {
+        w.hi = w.lo - 1;  // few rows: widening per row costs no more
+        continue;
+      }
+      w.offset = total;
+      total += 2 * static_cast<size_t>(p.n_kv_heads * w.span() * hd);
+      for (int64_t h = 0; h < p.n_kv_heads; ++h) jobs.emplace_back(sq, h);
+    }
+    if (widened_kv_.size() < total) widened_kv_.resize(total);
+    pool_.ParallelFor(static_cast<int64_t>(jobs.size()), [&](int64_t j0, int64_t j1) {
+      for (int64_t j = j0; j < j1; ++j) {
+        const auto [sq, h] = jobs[j];
+        const WideSeq& w = wide[sq];
+        float* kd = widened_kv_.data() + w.offset + h * w.span() * hd;
+        float* vd = kd + p.n_kv_heads * w.span() * hd;
+        for (int64_t pos = w.lo; pos <= w.hi; ++pos) {
+          const int64_t slot = SlotOf(kv, sq, pos);
+          k_.f16_to_f32(reinterpret_cast<const uint16_t*>(k_cache.values(slot, static_cast<int>(h))),
+                        kd + (pos - w.lo) * hd, hd);
+          k_.f16_to_f32(reinterpret_cast<const uint16_t*>(v_cache.values(slot, static_cast<int>(h))),
+                        vd + (pos - w.lo) * hd, hd);
+        }
+      }
+    });
+  }
   pool_.ParallelFor(n_tokens * p.n_kv_heads, [&](int64_t w0, int64_t w1) {
     std::vector<float> scores(static_cast<size_t>(group * max_visible));
     std::vector<float> inv_sum(group);
@@ -913,8 +965,23 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
       const int64_t lo = first_visible(t), hi = kv.pos[t];
       const int64_t len = hi - lo + 1;
       const float* qh = RowF32(q, t) + kvh * group * hd;  // the group's first query head
+      // This row's sequence widened above: its K and V rows in F32, indexed by position - w.lo.
+      const float* wk = nullptr;
+      const float* wv = nullptr;
+      if (!wide.empty() && wide[seq].hi >= wide[seq].lo) {
+        const WideSeq& w = wide[seq];
+        wk = widened_kv_.data() + w.offset + (kvh * w.span() + (lo - w.lo)) * hd;
+        wv = wk + p.n_kv_heads * w.span() * hd;
+      }
       // Pass 1: scores.
-      for (int64_t j = 0; j < len; ++j) {
+      for (int64_t j = 0; wk != nullptr && j < len; ++j) {
+        for (int g = 0; g < group; ++g) {
+          float s = k_.dot_f32(wk + j * hd, qh + g * hd, hd) * p.scale;
+          if (p.softcap > 0.f) s = p.softcap * std::tanh(s / p.softcap);
+          scores[g * len + j] = s;
+        }
+      }
+      for (int64_t j = 0; wk == nullptr && j < len; ++j) {
         const int64_t slot = SlotOf(kv, seq, lo + j);
         if (widen_k) {
           k_.f16_to_f32(
@@ -939,7 +1006,12 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
       float* oh = RowF32(out, t) + kvh * group * hd;
       std::memset(oh, 0, static_cast<size_t>(group * hd) * sizeof(float));
       // Pass 2: weighted sum of V.
-      for (int64_t j = 0; j < len; ++j) {
+      for (int64_t j = 0; wv != nullptr && j < len; ++j) {
+        for (int g = 0; g < group; ++g) {
+          k_.axpy_f32(scores[g * len + j], wv + j * hd, oh + g * hd, hd);
+        }
+      }
+      for (int64_t j = 0; wv == nullptr && j < len; ++j) {
         const int64_t slot = SlotOf(kv, seq, lo + j);
         if (widen_v) {
           k_.f16_to_f32(

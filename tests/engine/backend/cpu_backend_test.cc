@@ -754,6 +754,48 @@ TEST_P(CpuBackendTest, AttentionGqaTwoSequencesWindowSoftcap) {
   }
 }
 
+// Prompt batches (>= 16 rows, F16 K/V shared by several query heads) widen each sequence's
+// visible K/V to F32 once instead of per row: the outputs must be bit-identical to running every
+// row alone (which widens per row), with and without a sliding window, for two sequences in one
+// batch (one with too few rows to be widened).
+TEST_P(CpuBackendTest, PromptAttentionEqualsRowByRowBitForBit) {
+  std::mt19937 rng(21);
+  for (int window : {0, 7}) {
+    SCOPED_TRACE(::testing::Message() << "window " << window);
+    AttentionParams p{8, 2, 32, 1.f / std::sqrt(32.f), window, 0.f};
+    const int64_t kv_dim = int64_t{p.n_kv_heads} * p.head_dim;
+    const int bs = 4, n_blocks = 24;
+    HostKv kc(KvDType::kF16, n_blocks, bs, p.n_kv_heads, p.head_dim);
+    HostKv vc(KvDType::kF16, n_blocks, bs, p.n_kv_heads, p.head_dim);
+    // Sequence 0: a 40-token prompt (blocks 0..9); sequence 1: 5 rows (blocks 10..11).
+    std::vector<int32_t> t0, t1 = {10, 11};
+    for (int b = 0; b < 10; ++b) t0.push_back(b);
+    std::vector<int32_t> pos, seq;
+    for (int i = 0; i < 40; ++i) pos.push_back(i), seq.push_back(0);
+    for (int i = 0; i < 5; ++i) pos.push_back(i), seq.push_back(1);
+    const int64_t n = static_cast<int64_t>(pos.size());
+    KvBatch kv{pos, seq, {t0, t1}, bs};
+    HostTensor k = F32(n, kv_dim, RandomVec(rng, n * kv_dim, 2.f));
+    HostTensor v = F32(n, kv_dim, RandomVec(rng, n * kv_dim));
+    ASSERT_THAT(be_->StoreKv(k.t, v.t, kc.t, vc.t, kv), IsOk());
+    const std::vector<float> qv = RandomVec(rng, n * p.n_heads * p.head_dim, 2.f);
+    HostTensor q = F32(n, int64_t{p.n_heads} * p.head_dim, qv);
+    HostTensor all(DType::kF32, n, q.t.cols);
+    ASSERT_THAT(be_->Attention(q.t, kc.t, vc.t, kv, p, all.t), IsOk());
+    for (int64_t t = 0; t < n; ++t) {
+      std::vector<int32_t> p1 = {pos[t]}, s1 = {0};
+      KvBatch one{p1, s1, {seq[t] == 0 ? t0 : t1}, bs};
+      HostTensor q1 = F32(1, q.t.cols,
+                          std::vector<float>(qv.begin() + t * q.t.cols,
+                                             qv.begin() + (t + 1) * q.t.cols));
+      HostTensor o1(DType::kF32, 1, q.t.cols);
+      ASSERT_THAT(be_->Attention(q1.t, kc.t, vc.t, one, p, o1.t), IsOk());
+      ASSERT_EQ(std::memcmp(o1.f(), all.f() + t * q.t.cols, q.t.cols * sizeof(float)), 0)
+          << "row " << t;
+    }
+  }
+}
+
 // The AVX2 and the scalar kernel tables on the same INT8 workload: the stored caches are
 // bit-identical (quantization is exact in both) and the outputs agree to F32 rounding.
 TEST(CpuBackendInt8Test, SimdMatchesScalarOnInt8Kv) {
