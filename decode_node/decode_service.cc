@@ -73,7 +73,7 @@ class ActiveCall {
 
 }  // namespace
 
-grpc::Status DecodeService::Reserve(grpc::ServerContext* context,
+grpc::Status DecodeService::Reserve(grpc::ServerContext* /*context*/,
                                     const nv1::ReserveRequest* request,
                                     nv1::ReserveResponse* response) {
   ActiveCall active(state_);
@@ -95,7 +95,6 @@ grpc::Status DecodeService::Reserve(grpc::ServerContext* context,
                         StrCat("deadline_s: must be in (0, 3600], got ", request->deadline_s()));
   }
   engine::GenerationRequest g = ToEngine(*request);
-  (void)context;
   auto sink = std::make_shared<QueueSink>();
   const engine::KvDType wire =
       request->int8_wire() ? engine::KvDType::kI8 : state_.scheduler()->kv_options().dtype;

@@ -124,7 +124,7 @@ absl::StatusOr<KvReceiver::Reserved> KvReceiver::Reserve(
     } else {
       r.completed = true;  // no blocks now, or no transfer: the Scheduler prefills it
     }
-    cv_.SignalAll();
+    // Reserve's AwaitWithDeadline re-checks r.reserved when mu_ is released.
   };
   if (absl::Status s = scheduler_.SubmitImport(std::move(request), std::move(sink), on_reserved);
       !s.ok()) {

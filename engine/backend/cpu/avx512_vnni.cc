@@ -105,75 +105,6 @@ inline __m256i UnpackQ5_0Vnni(const BlockQ5_0* wb) {
   return _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(hb, bits), sixteen));
 }
 
-// Q5_0 x Q8_0, four blocks per step like the AVX2 tile (one f16 -> f32 conversion for their
-// scales; the weights two tiles ahead prefetched into L2).
-template <int R, int C>
-void TileQ5_0Vnni(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y,
-                  int64_t ys) {
-  const int64_t nb = k / kQ8_0BlockSize;
-  const __m256i sixteen = _mm256_set1_epi8(16);
-  const __m256i zero = _mm256_setzero_si256();
-  __m256 acc[R][C];
-  PD_VNNI_UNROLL
-  for (int r = 0; r < R; ++r)
-    PD_VNNI_UNROLL
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
-  int64_t b = 0;
-  for (; b + 4 <= nb; b += 4) {
-    __m256i yv[C][4], start[C][4];
-    __m128 dx[C];
-    PD_VNNI_UNROLL
-    for (int c = 0; c < C; ++c) {
-      const BlockQ8_0* xb = reinterpret_cast<const BlockQ8_0*>(x + c * xs) + b;
-      PD_VNNI_UNROLL
-      for (int j = 0; j < 4; ++j) {
-        yv[c][j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb[j].qs));
-        start[c][j] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, sixteen, yv[c][j]));
-      }
-      dx[c] = QuadScaleVnni(reinterpret_cast<const char*>(&xb->d), sizeof(BlockQ8_0));
-    }
-    PD_VNNI_UNROLL
-    for (int r = 0; r < R; ++r) {
-      const BlockQ5_0* wb = reinterpret_cast<const BlockQ5_0*>(w + r * ws) + b;
-      const char* ahead = reinterpret_cast<const char*>(wb) + 2 * R * ws;
-      _mm_prefetch(ahead, _MM_HINT_T1);
-      _mm_prefetch(ahead + 64, _MM_HINT_T1);
-      const __m128 dw = QuadScaleVnni(reinterpret_cast<const char*>(&wb->d), sizeof(BlockQ5_0));
-      __m256i u[4];
-      PD_VNNI_UNROLL
-      for (int j = 0; j < 4; ++j) u[j] = UnpackQ5_0Vnni(wb + j);
-      PD_VNNI_UNROLL
-      for (int c = 0; c < C; ++c) {
-        const __m256 d4 = _mm256_castps128_ps256(_mm_mul_ps(dw, dx[c]));
-        PD_VNNI_UNROLL
-        for (int j = 0; j < 4; ++j) {
-          const __m256i dot = _mm256_dpbusd_epi32(start[c][j], u[j], yv[c][j]);
-          const __m256 d = _mm256_permutevar8x32_ps(d4, _mm256_set1_epi32(j));
-          acc[r][c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), acc[r][c]);
-        }
-      }
-    }
-  }
-  for (; b < nb; ++b) {  // leftover blocks
-    for (int r = 0; r < R; ++r) {
-      const BlockQ5_0* wb = reinterpret_cast<const BlockQ5_0*>(w + r * ws) + b;
-      const __m256i u = UnpackQ5_0Vnni(wb);
-      const float dw = HalfToFloatVnni(wb->d);
-      PD_VNNI_UNROLL
-      for (int c = 0; c < C; ++c) {
-        const BlockQ8_0* xb = reinterpret_cast<const BlockQ8_0*>(x + c * xs) + b;
-        const __m256i yq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb->qs));
-        const __m256i st = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, sixteen, yq));
-        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * HalfToFloatVnni(xb->d)),
-                                    _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(st, u, yq)),
-                                    acc[r][c]);
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[c * ys + r] = HSumVnni(acc[r][c]);
-}
-
 // Q5_0 weights unpacked once (one code byte 0..31 per weight, rows of k bytes): what a prompt's
 // MatMul uses, where every weight tile meets n / 4 activation tiles and unpacking it each time
 // cost as much as the dot products. Same integer lanes and F32 order as TileQ5_0Vnni (and so
@@ -190,12 +121,24 @@ void UnpackQ5_0RowsVnni(const void* w, size_t ws, int64_t rows, int64_t k, uint8
   }
 }
 
-template <int R, int C>
-void TileQ5_0CodesVnni(int64_t k, const uint8_t* codes, size_t cs, const char* w, size_t ws,
-                       const char* x, size_t xs, float* y, int64_t ys) {
+// Q5_0 x Q8_0, four blocks per step like the AVX2 tile (one f16 -> f32 conversion for their
+// scales). kCodes: the weight codes come pre-unpacked from `codes` (rows `cs` bytes apart);
+// otherwise each block is unpacked here and the weights two tiles ahead are prefetched into L2.
+// The scales always come from the blocks `w`.
+template <int R, int C, bool kCodes>
+void TileQ5_0VnniImpl(int64_t k, const uint8_t* codes, size_t cs, const char* w, size_t ws,
+                      const char* x, size_t xs, float* y, int64_t ys) {
   const int64_t nb = k / kQ8_0BlockSize;
   const __m256i sixteen = _mm256_set1_epi8(16);
   const __m256i zero = _mm256_setzero_si256();
+  auto code_vec = [&](int r, int64_t block) {
+    if constexpr (kCodes) {
+      return _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(codes + r * cs + block * kQ8_0BlockSize));
+    } else {
+      return UnpackQ5_0Vnni(reinterpret_cast<const BlockQ5_0*>(w + r * ws) + block);
+    }
+  };
   __m256 acc[R][C];
   PD_VNNI_UNROLL
   for (int r = 0; r < R; ++r)
@@ -218,15 +161,21 @@ void TileQ5_0CodesVnni(int64_t k, const uint8_t* codes, size_t cs, const char* w
     PD_VNNI_UNROLL
     for (int r = 0; r < R; ++r) {
       const BlockQ5_0* wb = reinterpret_cast<const BlockQ5_0*>(w + r * ws) + b;
+      if constexpr (!kCodes) {
+        const char* ahead = reinterpret_cast<const char*>(wb) + 2 * R * ws;
+        _mm_prefetch(ahead, _MM_HINT_T1);
+        _mm_prefetch(ahead + 64, _MM_HINT_T1);
+      }
       const __m128 dw = QuadScaleVnni(reinterpret_cast<const char*>(&wb->d), sizeof(BlockQ5_0));
-      const uint8_t* cr = codes + r * cs + b * kQ8_0BlockSize;
+      __m256i u[4];
+      PD_VNNI_UNROLL
+      for (int j = 0; j < 4; ++j) u[j] = code_vec(r, b + j);
       PD_VNNI_UNROLL
       for (int c = 0; c < C; ++c) {
         const __m256 d4 = _mm256_castps128_ps256(_mm_mul_ps(dw, dx[c]));
         PD_VNNI_UNROLL
         for (int j = 0; j < 4; ++j) {
-          const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cr + 32 * j));
-          const __m256i dot = _mm256_dpbusd_epi32(start[c][j], u, yv[c][j]);
+          const __m256i dot = _mm256_dpbusd_epi32(start[c][j], u[j], yv[c][j]);
           const __m256 d = _mm256_permutevar8x32_ps(d4, _mm256_set1_epi32(j));
           acc[r][c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), acc[r][c]);
         }
@@ -236,8 +185,7 @@ void TileQ5_0CodesVnni(int64_t k, const uint8_t* codes, size_t cs, const char* w
   for (; b < nb; ++b) {  // leftover blocks
     for (int r = 0; r < R; ++r) {
       const BlockQ5_0* wb = reinterpret_cast<const BlockQ5_0*>(w + r * ws) + b;
-      const __m256i u = _mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(codes + r * cs + b * kQ8_0BlockSize));
+      const __m256i u = code_vec(r, b);
       const float dw = HalfToFloatVnni(wb->d);
       PD_VNNI_UNROLL
       for (int c = 0; c < C; ++c) {
@@ -252,6 +200,18 @@ void TileQ5_0CodesVnni(int64_t k, const uint8_t* codes, size_t cs, const char* w
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) y[c * ys + r] = HSumVnni(acc[r][c]);
+}
+
+template <int R, int C>
+void TileQ5_0Vnni(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y,
+                  int64_t ys) {
+  TileQ5_0VnniImpl<R, C, false>(k, nullptr, 0, w, ws, x, xs, y, ys);
+}
+
+template <int R, int C>
+void TileQ5_0CodesVnni(int64_t k, const uint8_t* codes, size_t cs, const char* w, size_t ws,
+                       const char* x, size_t xs, float* y, int64_t ys) {
+  TileQ5_0VnniImpl<R, C, true>(k, codes, cs, w, ws, x, xs, y, ys);
 }
 
 using CodesTileImpl = void (*)(int64_t, const uint8_t*, size_t, const char*, size_t, const char*,
