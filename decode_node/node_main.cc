@@ -67,6 +67,9 @@ absl::Status Run(const std::string& name, const std::string& role,
     to.ucx_tls = o.kv_transfer.ucx_tls;
     to.ucx_peer_failure = o.kv_transfer.peer_failure;
     to.pool_bytes = static_cast<size_t>(o.kv_transfer.staging_mib) << 20;
+    // The prefill service holds each prompt's blocks until its transfer ended (SubmitExport
+    // hold_kv), so f16 layers go to the network straight from the cache.
+    to.zero_copy_send = role == "prefill";
     if (const char* f = std::getenv("PDSERVE_TEST_KV_FAULTS")) {
       PD_ASSIGN_OR_RETURN(to.faults, ParseKvFaults(f));
       PD_LOG(kWarning, name, ": PDSERVE_TEST_KV_FAULTS=", f, ": sending faulty KV (tests only)");

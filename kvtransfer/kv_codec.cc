@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "common/status.h"
@@ -11,126 +12,12 @@
 namespace pd::kvtransfer {
 namespace {
 
-constexpr uint64_t kP1 = 11400714785074694791ULL;
-constexpr uint64_t kP2 = 14029467366897019727ULL;
-constexpr uint64_t kP3 = 1609587929392839161ULL;
-constexpr uint64_t kP4 = 9650029242287828579ULL;
-constexpr uint64_t kP5 = 2870177450012600261ULL;
-
-inline uint64_t Rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-inline uint64_t Read64(const uint8_t* p) {
-  uint64_t v;
-  std::memcpy(&v, p, 8);
-  return v;
-}
-inline uint32_t Read32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-inline uint64_t Round(uint64_t acc, uint64_t input) {
-  acc += input * kP2;
-  acc = Rotl(acc, 31);
-  return acc * kP1;
-}
-inline uint64_t MergeRound(uint64_t acc, uint64_t val) {
-  acc ^= Round(0, val);
-  return acc * kP1 + kP4;
-}
-
 const engine::cpu::Kernels& K() {
   static const engine::cpu::Kernels& k = engine::cpu::SelectKernels(/*force_scalar=*/false);
   return k;
 }
 
 }  // namespace
-
-// XXH64 (Yann Collet's xxHash, 64-bit, seed 0), little-endian. Four independent lanes of 8 bytes:
-// one multiply-rotate-multiply per 8 bytes per lane, about 1 byte per cycle per lane.
-namespace {
-
-inline void Stripe(uint64_t v[4], const uint8_t* p) {
-  v[0] = Round(v[0], Read64(p));
-  v[1] = Round(v[1], Read64(p + 8));
-  v[2] = Round(v[2], Read64(p + 16));
-  v[3] = Round(v[3], Read64(p + 24));
-}
-
-// The tail (< 32 bytes) and the avalanche, given the converged accumulator.
-uint64_t Finish(uint64_t h, const uint8_t* p, const uint8_t* end) {
-  while (p + 8 <= end) {
-    h ^= Round(0, Read64(p));
-    h = Rotl(h, 27) * kP1 + kP4;
-    p += 8;
-  }
-  if (p + 4 <= end) {
-    h ^= static_cast<uint64_t>(Read32(p)) * kP1;
-    h = Rotl(h, 23) * kP2 + kP3;
-    p += 4;
-  }
-  while (p < end) {
-    h ^= static_cast<uint64_t>(*p) * kP5;
-    h = Rotl(h, 11) * kP1;
-    ++p;
-  }
-  h ^= h >> 33;
-  h *= kP2;
-  h ^= h >> 29;
-  h *= kP3;
-  h ^= h >> 32;
-  return h;
-}
-
-uint64_t Converge(const uint64_t v[4]) {
-  uint64_t h = Rotl(v[0], 1) + Rotl(v[1], 7) + Rotl(v[2], 12) + Rotl(v[3], 18);
-  for (int i = 0; i < 4; ++i) h = MergeRound(h, v[i]);
-  return h;
-}
-
-}  // namespace
-
-uint64_t Checksum64(const void* data, size_t n) {
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  const uint8_t* const end = p + n;
-  uint64_t h;
-  if (n >= 32) {
-    uint64_t v[4] = {kP1 + kP2, kP2, 0, 0 - kP1};
-    do {
-      Stripe(v, p);
-      p += 32;
-    } while (p + 32 <= end);
-    h = Converge(v);
-  } else {
-    h = kP5;
-  }
-  return Finish(h + static_cast<uint64_t>(n), p, end);
-}
-
-void Checksum64Stream::Update(const void* data, size_t n) {
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  const uint8_t* const end = p + n;
-  total_ += n;
-  if (buf_len_ > 0) {
-    const size_t take = std::min(n, 32 - buf_len_);
-    std::memcpy(buf_ + buf_len_, p, take);
-    buf_len_ += take;
-    p += take;
-    if (buf_len_ < 32) return;
-    Stripe(v_, buf_);
-    buf_len_ = 0;
-  }
-  while (p + 32 <= end) {
-    Stripe(v_, p);
-    p += 32;
-  }
-  std::memcpy(buf_, p, static_cast<size_t>(end - p));
-  buf_len_ = static_cast<size_t>(end - p);
-}
-
-uint64_t Checksum64Stream::Digest() const {
-  const uint64_t h = total_ >= 32 ? Converge(v_) : kP5;
-  return Finish(h + total_, buf_, buf_ + buf_len_);
-}
 
 void ConvertBlock(KvDType from, const void* src, KvDType to, void* dst, int block_size,
                   int n_kv_heads, int head_dim) {
@@ -183,21 +70,19 @@ void ConvertBlock(KvDType from, const void* src, KvDType to, void* dst, int bloc
   }
 }
 
-absl::Status PackLayer(const TransferGeometry& g, KvDType source, int layer,
-                       absl::Span<const engine::KvSpan> spans, absl::Span<uint8_t> out,
-                       uint64_t* checksum) {
-  Checksum64Stream hash;
-  if (out.size() != g.LayerBytes()) {
-    return absl::InvalidArgumentError(pd::StrCat("PackLayer: output holds ", out.size(),
-                                                 " bytes, the layer needs ", g.LayerBytes()));
-  }
+namespace {
+
+// The checks PackLayer and LayerRuns share: `spans` hold at least the layer's n_blocks blocks in
+// ExportSpans order, each a non-null span of `source`'s size.
+absl::Status CheckSpans(const TransferGeometry& g, KvDType source, int layer,
+                        absl::Span<const engine::KvSpan> spans) {
   const size_t n = 2 * static_cast<size_t>(g.n_blocks());
   if (spans.size() < n) {
     return absl::InvalidArgumentError(pd::StrCat(
         "Push: layer ", layer, " has ", spans.size(), " spans, the transfer needs ", n, " (",
         g.n_blocks(), " blocks of ", g.block_size, " for ", g.n_tokens, " tokens, K and V)"));
   }
-  const size_t src_bytes = g.SpanBytes(source), wire_bytes = g.SpanBytes(g.wire_dtype);
+  const size_t src_bytes = g.SpanBytes(source);
   for (size_t i = 0; i < n; ++i) {
     const engine::KvSpan& sp = spans[i];
     const engine::KvPart part = i % 2 == 0 ? engine::KvPart::kK : engine::KvPart::kV;
@@ -213,11 +98,64 @@ absl::Status PackLayer(const TransferGeometry& g, KvDType source, int layer,
           ", expected ", src_bytes, " (", engine::KvDTypeName(source), " block of ", g.block_size,
           " x ", g.n_kv_heads, " x ", g.head_dim, ")"));
     }
-    ConvertBlock(source, sp.data, g.wire_dtype, out.data() + i * wire_bytes, g.block_size,
-                 g.n_kv_heads, g.head_dim);
-    if (checksum != nullptr) hash.Update(out.data() + i * wire_bytes, wire_bytes);
   }
-  if (checksum != nullptr) *checksum = hash.Digest();
+  return absl::OkStatus();
+}
+
+// ExportSpans index of the span at wire position `w` (K blocks first, then V blocks).
+inline size_t SpanOfWire(size_t w, size_t n_blocks) {
+  return w < n_blocks ? 2 * w : 2 * (w - n_blocks) + 1;
+}
+
+}  // namespace
+
+absl::Status PackLayer(const TransferGeometry& g, KvDType source, int layer,
+                       absl::Span<const engine::KvSpan> spans, absl::Span<uint8_t> out,
+                       uint64_t* checksum) {
+  if (out.size() != g.LayerBytes()) {
+    return absl::InvalidArgumentError(pd::StrCat("PackLayer: output holds ", out.size(),
+                                                 " bytes, the layer needs ", g.LayerBytes()));
+  }
+  PD_RETURN_IF_ERROR(CheckSpans(g, source, layer, spans));
+  const size_t nb = static_cast<size_t>(g.n_blocks());
+  const size_t wire_bytes = g.SpanBytes(g.wire_dtype);
+  std::optional<Checksum64Stream> hash;
+  if (checksum != nullptr) hash.emplace();
+  for (size_t w = 0; w < 2 * nb; ++w) {
+    uint8_t* dst = out.data() + w * wire_bytes;
+    ConvertBlock(source, spans[SpanOfWire(w, nb)].data, g.wire_dtype, dst, g.block_size,
+                 g.n_kv_heads, g.head_dim);
+    if (hash) hash->Update(dst, wire_bytes);  // while the block is still in L1
+  }
+  if (hash) *checksum = hash->Digest();
+  return absl::OkStatus();
+}
+
+absl::Status LayerRuns(const TransferGeometry& g, KvDType source, int layer,
+                       absl::Span<const engine::KvSpan> spans, std::vector<ByteRun>* runs,
+                       uint64_t* checksum) {
+  if (source != g.wire_dtype) {
+    return absl::InvalidArgumentError(pd::StrCat(
+        "LayerRuns: the cache holds ", engine::KvDTypeName(source), " but the wire carries ",
+        engine::KvDTypeName(g.wire_dtype), " (only a same-dtype layer can be sent in place)"));
+  }
+  PD_RETURN_IF_ERROR(CheckSpans(g, source, layer, spans));
+  const size_t nb = static_cast<size_t>(g.n_blocks());
+  const size_t bytes = g.SpanBytes(source);
+  runs->clear();
+  for (size_t w = 0; w < 2 * nb; ++w) {
+    const uint8_t* p = static_cast<const uint8_t*>(spans[SpanOfWire(w, nb)].data);
+    if (!runs->empty() && runs->back().data + runs->back().bytes == p) {
+      runs->back().bytes += bytes;
+    } else {
+      runs->push_back(ByteRun{p, bytes});
+    }
+  }
+  if (checksum != nullptr) {
+    Checksum64Stream hash;
+    for (const ByteRun& r : *runs) hash.Update(r.data, r.bytes);
+    *checksum = hash.Digest();
+  }
   return absl::OkStatus();
 }
 
@@ -245,14 +183,16 @@ absl::Status ImportLayer(const TransferGeometry& g, int layer, absl::Span<const 
   }
   const size_t wire_bytes = g.SpanBytes(g.wire_dtype), cache_bytes = cache.BlockBytes().span();
   std::vector<uint8_t> tmp(g.wire_dtype == o.dtype ? 0 : cache_bytes);
-  for (int i = 0; i < 2 * g.n_blocks(); ++i) {
-    const engine::KvPart part = i % 2 == 0 ? engine::KvPart::kK : engine::KvPart::kV;
-    const uint8_t* src = payload.data() + static_cast<size_t>(i) * wire_bytes;
+  const int nb = g.n_blocks();
+  for (int w = 0; w < 2 * nb; ++w) {  // wire order: K of every block, then V
+    const engine::KvPart part = w < nb ? engine::KvPart::kK : engine::KvPart::kV;
+    const int block = w < nb ? w : w - nb;
+    const uint8_t* src = payload.data() + static_cast<size_t>(w) * wire_bytes;
     if (g.wire_dtype == o.dtype) {
-      PD_RETURN_IF_ERROR(cache.Import(seq, layer, i / 2, part, src, wire_bytes));
+      PD_RETURN_IF_ERROR(cache.Import(seq, layer, block, part, src, wire_bytes));
     } else {
       ConvertBlock(g.wire_dtype, src, o.dtype, tmp.data(), g.block_size, g.n_kv_heads, g.head_dim);
-      PD_RETURN_IF_ERROR(cache.Import(seq, layer, i / 2, part, tmp.data(), cache_bytes));
+      PD_RETURN_IF_ERROR(cache.Import(seq, layer, block, part, tmp.data(), cache_bytes));
     }
   }
   return absl::OkStatus();

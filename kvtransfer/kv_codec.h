@@ -2,8 +2,10 @@
 // layer payload (copy, or INT8 compression), the payload checksum, and importing a payload into a
 // KvCache (copy, or INT8 expansion / compression to the cache's dtype).
 //
-// A layer payload is the layer's blocks in KvCache::ExportSpans order (block 0 K, block 0 V,
-// block 1 K, ...), each one block span in the wire dtype, in the format of
+// A layer payload is the layer's K blocks in order, then its V blocks (block 0 K, block 1 K, ...,
+// block 0 V, block 1 V, ...; a sequence's blocks are often consecutive in the cache, so K and V
+// are then two contiguous runs that the sender can hand to the network in place), each one block
+// span in the wire dtype, in the format of
 // engine/backend/kv_layout.h (INT8: values [block_size][n_kv_heads][head_dim] int8, then F32 scales
 // [block_size][n_kv_heads]). INT8 uses the engine's INT8 KV scheme (scale = max|x| / 127 per token
 // and head, q = round_half_even(x / scale)), through the same CPU kernels, so compressing on the
@@ -15,31 +17,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "engine/kv/kv_cache.h"
+#include "kvtransfer/checksum.h"
 #include "kvtransfer/kv_transport.h"
 
 namespace pd::kvtransfer {
-
-// XXH64 (seed 0) of `n` bytes: the per-layer checksum (64-bit, ~10+ GB/s on one core).
-uint64_t Checksum64(const void* data, size_t n);
-
-// The same hash over data given in pieces: Digest() after Update(a), Update(b) equals
-// Checksum64 of a followed by b. Lets PackLayer hash each block while it is still in L1.
-class Checksum64Stream {
- public:
-  void Update(const void* data, size_t n);
-  uint64_t Digest() const;
-
- private:
-  uint64_t v_[4] = {11400714785074694791ULL + 14029467366897019727ULL, 14029467366897019727ULL, 0,
-                    0 - 11400714785074694791ULL};
-  uint8_t buf_[32] = {};
-  size_t buf_len_ = 0;
-  uint64_t total_ = 0;
-};
 
 // Converts one block span of `block_size * n_kv_heads` token-heads of `head_dim` values from
 // dtype `from` (at `src`) to dtype `to` (at `dst`, which holds the `to` span size). Same dtype:
@@ -68,6 +54,20 @@ inline void ExpandBlockI8ToF16(const void* src, void* dst, int block_size, int n
 absl::Status PackLayer(const TransferGeometry& g, KvDType source, int layer,
                        absl::Span<const engine::KvSpan> spans, absl::Span<uint8_t> out,
                        uint64_t* checksum = nullptr);
+
+// A contiguous piece of host memory.
+struct ByteRun {
+  const uint8_t* data = nullptr;
+  size_t bytes = 0;
+};
+
+// The in-place alternative to PackLayer when the cache's dtype is the wire dtype: the layer's
+// payload as it already lies in the cache, as the fewest runs of host memory whose concatenation
+// is the payload (adjacent blocks merged), with the payload's Checksum64. Same span checks as
+// PackLayer; INVALID_ARGUMENT when `source` is not g.wire_dtype.
+absl::Status LayerRuns(const TransferGeometry& g, KvDType source, int layer,
+                       absl::Span<const engine::KvSpan> spans, std::vector<ByteRun>* runs,
+                       uint64_t* checksum);
 
 // Writes a verified layer payload into `seq`'s reserved blocks of `cache`, converting wire dtype
 // to the cache's dtype. Runs on the cache owner's thread. FAILED_PRECONDITION when the cache's

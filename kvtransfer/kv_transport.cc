@@ -5,6 +5,7 @@
 #include <limits>
 #include <new>
 
+#include "common/host_alloc.h"
 #include "common/status.h"
 #include "common/strings.h"
 #include "kvtransfer/buffer_pool.h"
@@ -227,7 +228,7 @@ Buffer BufferPool::Get(size_t n) {
   if (b.data_ == nullptr) {
     b.capacity_ = n == 0 ? 1 : n;
     // 64-byte aligned so that payloads and headers keep SIMD-friendly alignment.
-    b.data_ = static_cast<uint8_t*>(std::aligned_alloc(64, (b.capacity_ + 63) / 64 * 64));
+    b.data_ = static_cast<uint8_t*>(AllocHost(b.capacity_, 64));  // huge pages from 2 MiB
     PD_CHECK_MSG(b.data_ != nullptr, "out of memory for a KV transfer buffer");
   }
   b.size_ = n;

@@ -63,8 +63,8 @@ struct TransferGeometry {
   int n_blocks() const { return block_size > 0 ? (n_tokens + block_size - 1) / block_size : 0; }
   // Bytes of one block's K (or V) in dtype `t` (scales included for kI8).
   size_t SpanBytes(KvDType t) const;
-  // Payload bytes of one layer on the wire: n_blocks * 2 * SpanBytes(wire_dtype), in the order of
-  // KvCache::ExportSpans (block 0 K, block 0 V, block 1 K, ...).
+  // Payload bytes of one layer on the wire: n_blocks * 2 * SpanBytes(wire_dtype): the K spans of
+  // blocks 0..n-1, then their V spans (kv_codec.h).
   size_t LayerBytes() const { return static_cast<size_t>(n_blocks()) * 2 * SpanBytes(wire_dtype); }
   size_t TotalBytes() const { return LayerBytes() * static_cast<size_t>(n_layer); }
   // INVALID_ARGUMENT naming the field when a count is out of range (<= 0, > 1 << 20, layers
@@ -161,6 +161,12 @@ struct TransportOptions {
   // UCX: how often UCX checks that peers are alive (UCX_KEEPALIVE_INTERVAL); sender death over
   // shared memory is noticed after about this long. "" keeps UCX's default.
   std::string ucx_keepalive_interval = "1s";
+  // Send same-dtype layers in place (sender): Push hashes the layer's blocks where they lie and
+  // hands them to the network without a staging copy (UCX: one zero-copy message per contiguous
+  // run of blocks). The caller must then leave the pushed blocks unchanged until the stream has
+  // ended (`done` fired / Wait returned); the prefill node holds the prompt's blocks until then.
+  // Layers that need conversion (INT8 wire) and the test faults always take the staging copy.
+  bool zero_copy_send = false;
   // Bytes of idle staging buffers each transport keeps for reuse.
   size_t pool_bytes = size_t{1} << 30;
   FaultOptions faults;  // tests only
@@ -175,8 +181,10 @@ class KvSendStream {
   // Packs layer `layer` of the sequence into wire format (copy, or INT8 compression), takes its
   // checksum, and queues it; returns without waiting for the network. `spans` are the layer's
   // KvCache::ExportSpans (host memory, i.e. the CPU backend; block 0 K, block 0 V, ...; at least
-  // the descriptor's n_blocks blocks, extra ones are ignored); they are read before Push returns,
-  // so the caller may reuse or free them afterwards.
+  // the descriptor's n_blocks blocks, extra ones are ignored). The span list itself may go away
+  // when Push returns; the blocks it points to are read before Push returns, except with
+  // TransportOptions::zero_copy_send, where a same-dtype layer is read in place by the network
+  // until the stream ends (see there).
   // INVALID_ARGUMENT: layer out of range or pushed twice, spans of the wrong count/size/order.
   // If the transfer already ended: its final status (never OK).
   virtual absl::Status Push(int layer, absl::Span<const engine::KvSpan> spans) = 0;

@@ -17,6 +17,8 @@ constexpr absl::Duration kTombstone = absl::Seconds(30);
 // The receiver owns the deadline (it holds the blocks); the sender's own timer is a backstop for a
 // receiver it cannot hear from, so it fires a little later and the two do not race.
 constexpr absl::Duration kSenderDeadlineGrace = absl::Milliseconds(250);
+// More runs than this in one layer: the staging copy is cheaper than a message per run.
+constexpr size_t kMaxRunsInPlace = 64;
 
 std::string_view KindName(MsgKind k) {
   switch (k) {
@@ -335,7 +337,7 @@ void TransportBase::MaybeCompleteRecv(RecvState& r) {
   }
 }
 
-void TransportBase::OnMessage(Buffer msg) {
+void TransportBase::OnMessage(Buffer msg, std::optional<uint64_t> body_checksum) {
   MsgHeader h;
   if (msg.size() < sizeof(h)) {
     PD_LOG(kWarning, "KV transport: dropped a ", msg.size(), "-byte message (no header)");
@@ -347,13 +349,14 @@ void TransportBase::OnMessage(Buffer msg) {
     return;
   }
   if (ToReceiver(static_cast<MsgKind>(h.kind))) {
-    HandleToReceiver(h, std::move(msg));
+    HandleToReceiver(h, std::move(msg), body_checksum);
   } else {
     HandleToSender(h, std::move(msg));
   }
 }
 
-void TransportBase::HandleToReceiver(const MsgHeader& h, Buffer msg) {
+void TransportBase::HandleToReceiver(const MsgHeader& h, Buffer msg,
+                                     std::optional<uint64_t> body_checksum) {
   const MsgKind kind = static_cast<MsgKind>(h.kind);
   const size_t body = msg.size() - sizeof(MsgHeader);
   auto it = recv_.find(h.transfer_id);
@@ -420,17 +423,18 @@ void TransportBase::HandleToReceiver(const MsgHeader& h, Buffer msg) {
       r.layer_state[layer] = 1;
       auto holder = std::make_shared<Buffer>(std::move(msg));
       const uint64_t expected = h.checksum;
-      Deliver([this, rp, layer, holder, expected] {
+      Deliver([this, rp, layer, holder, expected, body_checksum] {
         if (rp->dead) return;
-        const uint64_t got =
-            Checksum64(holder->data() + sizeof(MsgHeader), holder->size() - sizeof(MsgHeader));
+        const uint64_t got = body_checksum ? *body_checksum
+                                           : Checksum64(holder->data() + sizeof(MsgHeader),
+                                                        holder->size() - sizeof(MsgHeader));
         if (got != expected) {
           rp->dead = true;
           Post([this, rp, layer, got, expected] {
             FinishRecv(*rp,
                        absl::DataLossError(pd::StrCat("KV transfer ", rp->id,
                                                       ": checksum mismatch in layer ", layer,
-                                                      " (xxh64 of the payload ", absl::Hex(got),
+                                                      " (xxh3 of the payload ", absl::Hex(got),
                                                       ", sender's ", absl::Hex(expected), ")")),
                        true);
           });
@@ -534,6 +538,39 @@ absl::Status TransportBase::PushLayer(const std::shared_ptr<SendState>& s, int l
     if (s->completed) return absl::FailedPreconditionError("Push after Complete");
     s->pushed[layer] = true;
   }
+  const FaultOptions& f = options_.faults;
+  const bool faults = f.corrupt_layer >= 0 || f.truncate_layer >= 0 || f.stall_after_layers >= 0;
+  if (options_.zero_copy_send && s->source == g.wire_dtype && !faults) {
+    std::vector<ByteRun> runs;
+    uint64_t checksum = 0;
+    absl::Status found = LayerRuns(g, s->source, layer, spans, &runs, &checksum);
+    if (!found.ok()) {
+      absl::MutexLock lock(&s->mu);
+      s->pushed[layer] = false;
+      return found;
+    }
+    // A badly fragmented layer (blocks scattered over the cache) goes through the staging copy:
+    // one network message per run would cost more than the copy.
+    if (runs.size() <= kMaxRunsInPlace) {
+      Buffer header = pool_->Get(sizeof(MsgHeader));
+      MsgHeader h{};
+      h.magic = kMsgMagic;
+      h.version = kMsgVersion;
+      h.kind = static_cast<uint8_t>(MsgKind::kLayer);
+      h.transfer_id = s->d.transfer_id;
+      h.layer = static_cast<uint32_t>(layer);
+      h.checksum = checksum;
+      h.body_bytes = g.LayerBytes();
+      std::memcpy(header.data(), &h, sizeof(h));
+      auto holder = std::make_shared<Buffer>(std::move(header));
+      Post([this, s, layer, holder, runs = std::move(runs)]() mutable {
+        if (s->ended_loop || s->peer == nullptr || crashed_) return;
+        SendLayerRuns(s->peer, s->d.transfer_id, static_cast<uint32_t>(layer), std::move(*holder),
+                      std::move(runs));
+      });
+      return absl::OkStatus();
+    }
+  }
   size_t body = g.LayerBytes();
   Buffer msg = pool_->Get(sizeof(MsgHeader) + body);
   uint64_t checksum = 0;
@@ -551,7 +588,6 @@ absl::Status TransportBase::PushLayer(const std::shared_ptr<SendState>& s, int l
   h.transfer_id = s->d.transfer_id;
   h.layer = static_cast<uint32_t>(layer);
   h.checksum = checksum;
-  const FaultOptions& f = options_.faults;
   if (f.corrupt_layer == layer) msg.data()[sizeof(MsgHeader) + body / 2] ^= 0x5a;
   if (f.truncate_layer == layer) {
     body -= g.SpanBytes(g.wire_dtype);
@@ -567,6 +603,20 @@ absl::Status TransportBase::PushLayer(const std::shared_ptr<SendState>& s, int l
                 std::move(*holder));
   });
   return absl::OkStatus();
+}
+
+void TransportBase::SendLayerRuns(Peer* peer, uint64_t transfer_id, uint32_t layer, Buffer header,
+                                  std::vector<ByteRun> runs) {
+  size_t body = 0;
+  for (const ByteRun& r : runs) body += r.bytes;
+  Buffer msg = pool_->Get(sizeof(MsgHeader) + body);
+  std::memcpy(msg.data(), header.data(), sizeof(MsgHeader));
+  uint8_t* p = msg.data() + sizeof(MsgHeader);
+  for (const ByteRun& r : runs) {
+    std::memcpy(p, r.data, r.bytes);
+    p += r.bytes;
+  }
+  SendMessage(peer, MsgKind::kLayer, transfer_id, layer, std::move(msg));
 }
 
 absl::Status TransportBase::CompleteSend(const std::shared_ptr<SendState>& s) {

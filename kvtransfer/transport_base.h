@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kvtransfer/buffer_pool.h"
+#include "kvtransfer/kv_codec.h"
 #include "kvtransfer/kv_transport.h"
 
 namespace pd::kvtransfer::internal {
@@ -48,7 +50,7 @@ struct MsgHeader {
   uint32_t layer;        // kLayer: layer index; kComplete: layers pushed
   uint32_t code;         // k*Abort: absl::StatusCode
   uint64_t body_bytes;   // bytes after the header
-  uint64_t checksum;     // kLayer: Checksum64 (XXH64) of the body; else 0
+  uint64_t checksum;     // kLayer: Checksum64 (XXH3-64) of the body; else 0
 };
 static_assert(sizeof(MsgHeader) == 48);
 constexpr uint32_t kMsgMagic = 0x4d4b4450;  // "PDKM"
@@ -95,8 +97,10 @@ class TransportBase : public KvTransport {
   void Stop(bool graceful);
   // Posts `fn` to run on the loop thread.
   void Post(std::function<void()> fn);
-  // Loop thread: a complete message arrived (header + body in `msg`).
-  void OnMessage(Buffer msg);
+  // Loop thread: a complete message arrived (header + body in `msg`). `body_checksum`: the
+  // subclass already hashed the body (Checksum64) as it arrived, while it was in cache; otherwise
+  // the delivery thread hashes a layer before handing it over.
+  void OnMessage(Buffer msg, std::optional<uint64_t> body_checksum = std::nullopt);
   // Loop thread: a message to transfer `transfer_id` (of `kind`) could not be received.
   void OnReceiveFailed(MsgKind kind, uint64_t transfer_id, absl::Status status);
   // Loop thread: `peer` is broken; every transfer using it ends UNAVAILABLE. The subclass may
@@ -111,6 +115,13 @@ class TransportBase : public KvTransport {
   // ownership of `msg`. Failures are reported through OnPeerFailed.
   virtual void SendMessage(Peer* peer, MsgKind kind, uint64_t transfer_id, uint32_t layer,
                            Buffer msg) = 0;
+  // Sends a layer message whose body is not in `header` but in `runs` (host memory that stays
+  // valid until the transfer ends: TransportOptions::zero_copy_send); `header` holds the
+  // MsgHeader only, its body_bytes the runs' total. The receiving side must hand OnMessage the
+  // same bytes as SendMessage(header + runs) would. Default: copies the runs into one buffer
+  // and calls SendMessage.
+  virtual void SendLayerRuns(Peer* peer, uint64_t transfer_id, uint32_t layer, Buffer header,
+                             std::vector<ByteRun> runs);
   // Drives the network once; calls OnMessage / OnReceiveFailed / OnPeerFailed. True if it did work.
   virtual bool Progress() = 0;
   // Blocks up to `timeout` for network activity or Wake().
@@ -131,7 +142,7 @@ class TransportBase : public KvTransport {
   void Deliver(std::function<void()> fn);
   void RunCommands();
   absl::Duration CheckDeadlines();
-  void HandleToReceiver(const MsgHeader& h, Buffer msg);
+  void HandleToReceiver(const MsgHeader& h, Buffer msg, std::optional<uint64_t> body_checksum);
   void HandleToSender(const MsgHeader& h, Buffer msg);
   void FinishRecv(RecvState& r, absl::Status status, bool tell_sender);
   void MaybeCompleteRecv(RecvState& r);

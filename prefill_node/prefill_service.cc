@@ -25,6 +25,7 @@ struct PushTimes {
   absl::Mutex mu;
   absl::Time first = absl::InfinitePast();
   absl::Time last = absl::InfinitePast();
+  int64_t kv_seq = -1;  // the exported sequence, whose blocks the scheduler holds for the send
 };
 
 }  // namespace
@@ -109,6 +110,21 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
   auto sink = std::make_shared<QueueSink>();
   const absl::Time start = absl::Now();
   auto times = std::make_shared<PushTimes>();
+  // The transport reads the prompt's blocks in place until the stream ended: the scheduler holds
+  // them (hold_kv) until this function returns, on every path (the stream has ended or been
+  // aborted by then, and the request has finished).
+  struct ReleaseHeld {
+    engine::Scheduler& sched;
+    const std::shared_ptr<PushTimes>& times;
+    ~ReleaseHeld() {
+      int64_t seq;
+      {
+        absl::MutexLock l(&times->mu);
+        seq = times->kv_seq;
+      }
+      if (seq >= 0) sched.ReleaseExportedKv(seq);
+    }
+  } release_held{sched, times};
   absl::Status submitted;
   if (stream != nullptr) {
     const int n_layer = sched.kv_options().n_layer;
@@ -119,6 +135,7 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
           const absl::Time now = absl::Now();
           {
             absl::MutexLock l(&times->mu);
+            times->kv_seq = seq;
             if (layer == 0) times->first = now;
             if (layer == n_layer - 1) times->last = now;
           }
@@ -128,7 +145,8 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
           }
           // A failed push ends the stream; its final status reaches the RPC thread.
           (void)stream->Push(layer, *spans);
-        });
+        },
+        /*hold_kv=*/true);
   } else {
     submitted = sched.Submit(std::move(g), sink);
   }

@@ -69,6 +69,7 @@ struct Args {
   std::string transport = "ucx";
   std::string tls;
   bool peer_failure = true;
+  bool zero_copy = true;
   int n_layer = 18, n_kv_heads = 1, head_dim = 256, block_size = 16;
   int max_tokens = 0;
 };
@@ -103,6 +104,7 @@ struct Args {
   topt.kind = a.transport;
   topt.ucx_tls = a.tls;
   topt.ucx_peer_failure = a.peer_failure;
+  topt.zero_copy_send = a.zero_copy;
   topt.inproc_name = "bench-sender";
   auto tx = KvTransport::Create(topt);
   if (!tx.ok()) {
@@ -148,6 +150,9 @@ int Main(int argc, char** argv) {
   app.add_option("--tls", a.tls, "UCX_TLS for both sides ('' = UCX default)");
   app.add_flag("!--no-peer-failure", a.peer_failure,
                "UCP_ERR_HANDLING_MODE_NONE: lets UCX use shared memory + CMA (same host)");
+  app.add_flag("!--staged", a.zero_copy,
+               "copy every layer into a staging buffer (default: f16 layers go in place, as the "
+               "prefill node sends them)");
   CLI11_PARSE(app, argc, argv);
 
   if (!model.empty()) {
@@ -179,9 +184,9 @@ int Main(int argc, char** argv) {
   a.max_tokens = *std::max_element(tokens.begin(), tokens.end());
   std::printf(
       "geometry: n_layer=%d n_kv_heads=%d head_dim=%d block_size=%d transport=%s tls=%s "
-      "peer_failure=%d\n",
+      "peer_failure=%d zero_copy=%d\n",
       a.n_layer, a.n_kv_heads, a.head_dim, a.block_size, a.transport.c_str(),
-      a.tls.empty() ? "(default)" : a.tls.c_str(), a.peer_failure ? 1 : 0);
+      a.tls.empty() ? "(default)" : a.tls.c_str(), a.peer_failure ? 1 : 0, a.zero_copy ? 1 : 0);
   std::fflush(stdout);
 
   int p2c[2], c2p[2];

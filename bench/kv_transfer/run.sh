@@ -3,6 +3,8 @@
 #
 #   bench/kv_transfer/run.sh [BUILD_DIR]        (default build dir: build)
 #   MODE=shm|tcp  REPS=5  ROUNDS=3  TOKENS=1024,4096,16384  MODEL=models/gemma-3-270m-q4_k_m.gguf
+#   STAGED=1: copy every layer into a staging buffer (default: f16 goes zero-copy, as pd-prefill
+#   sends it)
 #
 # MODE=shm (default): UCX's default transports with peer-failure detection off, so UCX may use
 #   shared memory + CMA between the two processes; ucx_perftest runs with its defaults.
@@ -10,7 +12,9 @@
 #   for ucx_perftest.
 # For each prompt length and wire dtype the benchmark's layer message size is given to
 # `ucx_perftest -t tag_bw -s SIZE` (a server/client pair on 127.0.0.1), since the transport sends
-# one UCP tag message per layer.
+# one UCP tag message per layer. A second ucx_perftest column moves one message as large as the
+# whole transfer: like the KV cache, its buffers do not stay in the CPU caches between iterations
+# (at the layer size they do, which a transfer of distinct layers cannot reuse).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build}
@@ -24,6 +28,7 @@ command -v ucx_perftest >/dev/null || { echo "ucx_perftest missing: apt-get inst
 
 flags=(--reps "$REPS")
 if [ -f "$MODEL" ]; then flags+=(--model "$MODEL"); fi
+if [ "${STAGED:-0}" = 1 ]; then flags+=(--staged); fi
 perf_env=()
 case "$MODE" in
   shm) flags+=(--no-peer-failure) ;;
@@ -58,7 +63,9 @@ for t in ${TOKENS//,/ }; do
       [ -f "$tmp/geometry" ] || { grep '^geometry' "$tmp/one.txt" | tee "$tmp/geometry"; }
       line=$(grep '^RESULT' "$tmp/one.txt")
       size=$(sed -E 's/.*layer_msg_bytes=([0-9]+).*/\1/' <<<"$line")
-      echo "$line perftest_mbps=$(perftest "$size")" | tee -a "$tmp/joined.txt"
+      total=$(sed -E 's/.* bytes=([0-9]+).*/\1/' <<<"$line")
+      echo "$line perftest_mbps=$(perftest "$size") perftest_total_mbps=$(perftest "$total")" |
+        tee -a "$tmp/joined.txt"
     done
   done
 done
@@ -71,14 +78,17 @@ for line in open(sys.argv[1]):
     kv = dict(f.split("=", 1) for f in line.split()[1:])
     groups.setdefault((int(kv["tokens"]), kv["wire"]), []).append(kv)
 print(f"\nmode: {sys.argv[2]}, medians of {sys.argv[3]} alternating rounds")
-print("| prompt tokens | wire | bytes | layer msg | time | GB/s | ucx_perftest GB/s (tag_bw, same size) | ratio |")
-print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+print("| prompt tokens | wire | bytes | layer msg | time | GB/s | ucx_perftest GB/s (tag_bw, layer size) | ratio | ucx_perftest GB/s (one message of the transfer's size) | ratio |")
+print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for (tokens, wire), rs in groups.items():
     gbps = statistics.median(float(r["gbps"]) for r in rs)
     ms = statistics.median(float(r["median_ms"]) for r in rs)
     pts = [float(r["perftest_mbps"]) * 1048576 / 1e9 for r in rs if r.get("perftest_mbps")]
     pt = statistics.median(pts) if pts else float("nan")
+    tts = [float(r["perftest_total_mbps"]) * 1048576 / 1e9 for r in rs
+           if r.get("perftest_total_mbps")]
+    tt = statistics.median(tts) if tts else float("nan")
     r0 = rs[0]
     print(f"| {tokens} | {wire} | {int(float(r0['bytes'])):,} | {int(r0['layer_msg_bytes']):,} | "
-          f"{ms:.1f} ms | {gbps:.2f} | {pt:.2f} | {gbps / pt:.0%} |")
+          f"{ms:.1f} ms | {gbps:.2f} | {pt:.2f} | {gbps / pt:.0%} | {tt:.2f} | {gbps / tt:.0%} |")
 PY

@@ -25,6 +25,7 @@ struct Scheduler::Sequence {
         deadline(in.request.deadline),
         arrival_order(in.arrival_order),
         export_layer(std::move(in.export_layer)),
+        hold_kv(in.hold_kv),
         sampler(in.request.sampling) {
     timing.arrival = in.arrival;
     timing.first_scheduled = absl::InfinitePast();
@@ -47,6 +48,8 @@ struct Scheduler::Sequence {
   const absl::Time deadline;
   const int64_t arrival_order;
   const ExportLayer export_layer;  // SubmitExport's hook, or empty
+  const bool hold_kv;              // keep the blocks after Finish once exported
+  bool exported = false;           // export_layer ran for its prompt
   Sampler sampler;  // keeps its RNG state across preemptions
   RequestTiming timing;
 
@@ -198,13 +201,41 @@ void Scheduler::CompleteImport(const std::string& id, absl::StatusOr<int32_t> fi
 }
 
 absl::Status Scheduler::SubmitExport(GenerationRequest request,
-                                     std::shared_ptr<GenerationSink> sink, ExportLayer on_layer) {
+                                     std::shared_ptr<GenerationSink> sink, ExportLayer on_layer,
+                                     bool hold_kv) {
   if (!on_layer) return absl::InvalidArgumentError("on_layer: must not be empty");
-  return Accept(std::move(request), std::move(sink), nullptr, std::move(on_layer));
+  if (hold_kv && request.max_tokens != 1) {
+    return absl::InvalidArgumentError(pd::StrCat(
+        "hold_kv: the request must end with its prompt (max_tokens 1), not ", request.max_tokens));
+  }
+  return Accept(std::move(request), std::move(sink), nullptr, std::move(on_layer), hold_kv);
+}
+
+void Scheduler::ReleaseExportedKv(int64_t kv_seq) {
+  absl::MutexLock l(&mu_);
+  releases_.push_back(kv_seq);
+  wake_.Signal();
+}
+
+int Scheduler::held_exports() const {
+  absl::MutexLock l(&mu_);
+  return held_published_;
+}
+
+void Scheduler::ApplyReleases() {
+  std::vector<int64_t> releases;
+  {
+    absl::MutexLock l(&mu_);
+    releases.swap(releases_);
+  }
+  for (int64_t id : releases) {
+    if (held_.erase(id) > 0) kv_->Free(id);
+  }
 }
 
 absl::Status Scheduler::Accept(GenerationRequest request, std::shared_ptr<GenerationSink> sink,
-                               ImportReserved on_reserved, ExportLayer export_layer) {
+                               ImportReserved on_reserved, ExportLayer export_layer,
+                               bool hold_kv) {
   PD_RETURN_IF_ERROR(ValidateRequest(request, sink.get()));
   const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.max_tokens;
   absl::MutexLock l(&mu_);
@@ -227,7 +258,7 @@ absl::Status Scheduler::Accept(GenerationRequest request, std::shared_ptr<Genera
   live_tokens_ += total;
   incoming_prompt_tokens_ += static_cast<int64_t>(request.prompt.size());
   incoming_.push_back(Incoming{std::move(request), std::move(sink), absl::Now(), next_arrival_++,
-                               std::move(on_reserved), std::move(export_layer)});
+                               std::move(on_reserved), std::move(export_layer), hold_kv});
   wake_.Signal();
   return absl::OkStatus();
 }
@@ -280,7 +311,7 @@ void Scheduler::Loop() {
     {
       absl::MutexLock l(&mu_);
       while (!stop_ && incoming_.empty() && cancels_.empty() && import_tasks_.empty() &&
-             import_done_.empty() && !engine_busy_) {
+             import_done_.empty() && releases_.empty() && !engine_busy_) {
         wake_.Wait(&mu_);
       }
       if (stop_) return;
@@ -291,7 +322,7 @@ void Scheduler::Loop() {
       // take blocks from the others). Wait a little rather than spin.
       absl::MutexLock l(&mu_);
       if (!stop_ && incoming_.empty() && cancels_.empty() && import_tasks_.empty() &&
-          import_done_.empty()) {
+          import_done_.empty() && releases_.empty()) {
         wake_.WaitWithTimeout(&mu_, absl::Milliseconds(1));
       }
     }
@@ -363,7 +394,11 @@ std::unique_ptr<T> Take(std::vector<std::unique_ptr<T>>& list, const T* seq) {
 }  // namespace
 
 void Scheduler::Finish(std::unique_ptr<Sequence> seq, FinishReason reason, absl::Status status) {
-  kv_->Free(seq->kv_id);
+  if (seq->hold_kv && seq->exported) {
+    held_.insert(seq->kv_id);  // a transport may still be reading them: ReleaseExportedKv
+  } else {
+    kv_->Free(seq->kv_id);
+  }
   seq->timing.finished = absl::Now();
   Event e;
   e.sink = seq->sink;
@@ -418,6 +453,7 @@ std::unique_ptr<Scheduler::Sequence> Scheduler::Remove(Sequence* seq) {
 }
 
 void Scheduler::Intake() {
+  ApplyReleases();
   std::vector<std::pair<std::string, FinishReason>> cancels;
   Pull(&cancels);
   for (const auto& [id, reason] : cancels) {
@@ -620,7 +656,10 @@ void Scheduler::Execute(const StepPlan& plan, StepStats& stats) {
   Model::LayerHook hook;
   if (!exporting.empty()) {
     hook = [this, &exporting](int layer) {
-      for (Sequence* s : exporting) s->export_layer(*kv_, s->kv_id, layer);
+      for (Sequence* s : exporting) {
+        s->exported = true;  // its owner has now seen kv_id: hold_kv blocks wait for its release
+        s->export_layer(*kv_, s->kv_id, layer);
+      }
     };
   }
   const absl::Status st = model_.Forward(batch, *kv_, &logits_, hook);
@@ -693,6 +732,7 @@ void Scheduler::Publish(StepStats* stats) {
   }
   finished_ids_.clear();
   engine_load_ = load;
+  held_published_ = static_cast<int>(held_.size());
   // Importing sequences keep the loop stepping (1 ms idle waits) so that their deadlines run.
   engine_busy_ = !running_.empty() || !waiting_.empty() || !importing_.empty();
   if (stats != nullptr) {
@@ -733,6 +773,11 @@ void Scheduler::FinishAllUnavailable() {
     importing_.pop_back();
     Finish(std::move(s), FinishReason::kError, unavailable);
   }
+  // Nothing reads held exports any more once the engine is gone (their transports are shut
+  // down before the scheduler).
+  ApplyReleases();
+  for (int64_t id : held_) kv_->Free(id);
+  held_.clear();
   Publish(nullptr);
   Deliver();
 }

@@ -29,6 +29,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -146,8 +147,18 @@ class Scheduler final : public GenerationEngine {
   using ExportLayer = std::function<void(const KvCache& kv, int64_t kv_seq, int layer)>;
   // Accepts `request` like Submit; `on_layer` (not empty) sees each layer of its prompt's K/V as
   // soon as it is computed (a prompt recomputed after a preemption is exported again).
+  // hold_kv: when the request ends after its K/V were exported, its blocks stay allocated
+  // (unchanged) until ReleaseExportedKv(kv_seq), so that a transport can read them in place after
+  // the request finished (KV transfer's zero-copy send). Needs max_tokens 1 (the request ends in
+  // the step that completes its prompt); INVALID_ARGUMENT otherwise.
   absl::Status SubmitExport(GenerationRequest request, std::shared_ptr<GenerationSink> sink,
-                            ExportLayer on_layer);
+                            ExportLayer on_layer, bool hold_kv = false);
+  // Frees the blocks SubmitExport(hold_kv) kept for sequence `kv_seq` (the id its on_layer saw),
+  // at the next intake. Any thread; ignored for a sequence that holds nothing (yet). Every held
+  // sequence must be released (Shutdown frees what is left).
+  void ReleaseExportedKv(int64_t kv_seq);
+  // Sequences whose exported blocks are held (engine thread's count, published each step).
+  int held_exports() const;
 
   // Stops accepting (Submit answers UNAVAILABLE), lets the step in progress end, joins the engine
   // thread and finishes every live request with kError / UNAVAILABLE, freeing its KV.
@@ -172,6 +183,7 @@ class Scheduler final : public GenerationEngine {
     int64_t arrival_order = 0;
     ImportReserved on_reserved;  // set: SubmitImport
     ExportLayer export_layer;    // set: SubmitExport
+    bool hold_kv = false;        // SubmitExport(hold_kv)
   };
   struct Event;  // sink call queued during a step, delivered at its end
 
@@ -182,8 +194,10 @@ class Scheduler final : public GenerationEngine {
                                                                const SchedulerOptions& options);
   absl::Status ValidateRequest(const GenerationRequest& request, const GenerationSink* sink) const;
   absl::Status Accept(GenerationRequest request, std::shared_ptr<GenerationSink> sink,
-                      ImportReserved on_reserved, ExportLayer export_layer = nullptr);
+                      ImportReserved on_reserved, ExportLayer export_layer = nullptr,
+                      bool hold_kv = false);
   void RunImports();  // posted import tasks and completions (engine thread)
+  void ApplyReleases();  // ReleaseExportedKv calls (engine thread)
   void AbortImport(Sequence* seq, const absl::Status& why);
 
   // The batch being built in a step.
@@ -249,6 +263,10 @@ class Scheduler final : public GenerationEngine {
   std::vector<std::pair<std::string, FinishReason>> cancels_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<std::string, ImportTask>> import_tasks_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<std::string, absl::StatusOr<int32_t>>> import_done_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> releases_ ABSL_GUARDED_BY(mu_);  // ReleaseExportedKv, not yet applied
+  int held_published_ ABSL_GUARDED_BY(mu_) = 0;
+  // Engine thread: kv ids of finished exports whose blocks are held (SubmitExport hold_kv).
+  absl::flat_hash_set<int64_t> held_;
   // Live request id -> its prompt + max_tokens (for the total-token limit).
   absl::flat_hash_map<std::string, int64_t> live_ ABSL_GUARDED_BY(mu_);
   int64_t live_tokens_ ABSL_GUARDED_BY(mu_) = 0;

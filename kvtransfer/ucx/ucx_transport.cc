@@ -5,7 +5,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +31,23 @@ uint64_t MakeTag(MsgKind kind, uint64_t transfer_id, uint32_t layer) {
          (transfer_id & ((uint64_t{1} << 40) - 1));
 }
 MsgKind TagKind(uint64_t tag) { return static_cast<MsgKind>(tag >> 56); }
+
+// A layer sent in place (SendLayerRuns) travels as one LAYER_HEAD message, [MsgHeader][uint64
+// number of parts], then that many LAYER_PART messages, each one contiguous run of the payload in
+// order, sent zero-copy from the sender's cache. UCX matches messages from one endpoint in the
+// order they were sent, so a layer's parts are probed after its head; the receiver receives them
+// one after the other into a single buffer and hands it to the protocol as one LAYER message.
+// These two kinds exist only on the UCX wire (outside MsgKind's range).
+// Runs are cut into parts of at most kPartBytes, so that the receiver hashes each part while it
+// is still in L2 right after landing.
+constexpr uint8_t kTagLayerHead = 0x40;
+constexpr size_t kPartBytes = size_t{1} << 20;
+constexpr uint8_t kTagLayerPart = 0x41;
+uint64_t MakeRawTag(uint8_t kind, uint64_t transfer_id, uint32_t layer) {
+  return MakeTag(static_cast<MsgKind>(kind), transfer_id, layer);
+}
+uint8_t RawKind(uint64_t tag) { return static_cast<uint8_t>(tag >> 56); }
+uint32_t TagLayer(uint64_t tag) { return static_cast<uint32_t>((tag >> 40) & 0xffff); }
 uint64_t TagTransfer(uint64_t tag) { return tag & ((uint64_t{1} << 40) - 1); }
 
 class UcxTransport;
@@ -51,6 +70,35 @@ struct RecvReq {
   UcxTransport* t;
   uint64_t tag;
   Buffer msg;
+};
+
+// A layer arriving in parts (LAYER_HEAD + LAYER_PART messages). Each part is hashed as soon as
+// it and the parts before it have landed, while it is still in this core's cache, so the layer
+// is never read a second time from memory for its checksum.
+struct Assembly {
+  uint64_t tag = 0;         // the LAYER tag (kind, layer, transfer) failures are reported under
+  Buffer msg;               // MsgHeader + body, filled part by part
+  size_t filled = 0;        // body bytes received into msg (or posted)
+  uint64_t parts_left = 0;  // parts not yet probed
+  int pending = 0;          // parts posted and not yet received
+  absl::Status failed;      // a part did not fit or failed
+  std::vector<ByteRun> parts;  // posted parts, in order
+  std::vector<bool> landed;
+  size_t hashed = 0;  // parts[0, hashed) are in `hash`
+  Checksum64Stream hash;
+
+  void Landed(size_t i) {
+    landed[i] = true;
+    while (hashed < parts.size() && landed[hashed]) {
+      hash.Update(parts[hashed].data, parts[hashed].bytes);
+      ++hashed;
+    }
+  }
+};
+struct PartReq {
+  UcxTransport* t;
+  std::shared_ptr<Assembly> a;
+  size_t index;
 };
 
 class UcxTransport final : public internal::TransportBase {
@@ -159,13 +207,21 @@ class UcxTransport final : public internal::TransportBase {
     auto* raw = static_cast<UcxPeer*>(p);
     std::shared_ptr<UcxPeer> peer = Find(raw);
     if (!peer || peer->failed) return;
-    auto* req = new SendReq{this, peer, std::move(msg)};
+    const void* data = msg.data();
+    const size_t size = msg.size();
+    Send(peer, MakeTag(kind, transfer_id, layer), data, size, std::move(msg));
+  }
+
+  // Sends `size` bytes at `data` with `tag`; `keep` (the buffer holding them, or empty for memory
+  // the caller keeps valid) lives until the send completes.
+  void Send(const std::shared_ptr<UcxPeer>& peer, uint64_t tag, const void* data, size_t size,
+            Buffer keep) {
+    auto* req = new SendReq{this, peer, std::move(keep)};
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     param.cb.send = &UcxTransport::SendDoneCb;
     param.user_data = req;
-    void* r = ucp_tag_send_nbx(peer->ep.get(), req->msg.data(), req->msg.size(),
-                               MakeTag(kind, transfer_id, layer), &param);
+    void* r = ucp_tag_send_nbx(peer->ep.get(), data, size, tag, &param);
     if (r == nullptr) {
       delete req;  // completed in place
     } else if (UCS_PTR_IS_ERR(r)) {
@@ -173,6 +229,29 @@ class UcxTransport final : public internal::TransportBase {
       delete req;
     } else {
       ++inflight_sends_;
+    }
+  }
+
+  void SendLayerRuns(internal::Peer* p, uint64_t transfer_id, uint32_t layer, Buffer header,
+                     std::vector<ByteRun> runs) override {
+    auto* raw = static_cast<UcxPeer*>(p);
+    std::shared_ptr<UcxPeer> peer = Find(raw);
+    if (!peer || peer->failed) return;
+    Buffer head = pool().Get(sizeof(internal::MsgHeader) + 8);
+    std::memcpy(head.data(), header.data(), sizeof(internal::MsgHeader));
+    uint64_t n_parts = 0;
+    for (const ByteRun& r : runs) n_parts += (r.bytes + kPartBytes - 1) / kPartBytes;
+    std::memcpy(head.data() + sizeof(internal::MsgHeader), &n_parts, 8);
+    const void* head_data = head.data();  // before `head` is moved into the request
+    const size_t head_size = head.size();
+    Send(peer, MakeRawTag(kTagLayerHead, transfer_id, layer), head_data, head_size,
+         std::move(head));
+    for (const ByteRun& r : runs) {
+      for (size_t off = 0; off < r.bytes; off += kPartBytes) {
+        if (peer->failed) return;
+        Send(peer, MakeRawTag(kTagLayerPart, transfer_id, layer), r.data + off,
+             std::min(kPartBytes, r.bytes - off), Buffer());
+      }
     }
   }
 
@@ -185,6 +264,15 @@ class UcxTransport final : public internal::TransportBase {
       ucp_tag_message_h m = ucp_tag_probe_nb(worker_.get(), 0, 0, /*remove=*/1, &info);
       if (m == nullptr) break;
       did = true;
+      const uint8_t raw_kind = RawKind(info.sender_tag);
+      if (raw_kind == kTagLayerHead) {
+        ReceiveHead(m, info);
+        continue;
+      }
+      if (raw_kind == kTagLayerPart) {
+        ReceivePart(m, info);
+        continue;
+      }
       auto* req = new RecvReq{this, info.sender_tag, pool().Get(info.length)};
       ucp_request_param_t param{};
       param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -192,7 +280,7 @@ class UcxTransport final : public internal::TransportBase {
       param.user_data = req;
       void* r = ucp_tag_msg_recv_nbx(worker_.get(), req->msg.data(), req->msg.size(), m, &param);
       if (r == nullptr) {
-        ready_.push_back(std::move(req->msg));
+        ready_.push_back({std::move(req->msg), std::nullopt});
         delete req;
       } else if (UCS_PTR_IS_ERR(r)) {
         recv_failed_.push_back({info.sender_tag, ucx::UcsError(UCS_PTR_STATUS(r), "receive")});
@@ -202,9 +290,9 @@ class UcxTransport final : public internal::TransportBase {
     // Protocol steps run here, outside UCX callbacks.
     while (!ready_.empty() || !recv_failed_.empty() || !failed_peers_.empty()) {
       did = true;
-      std::vector<Buffer> ready;
+      std::vector<std::pair<Buffer, std::optional<uint64_t>>> ready;
       ready.swap(ready_);
-      for (Buffer& b : ready) OnMessage(std::move(b));
+      for (auto& [b, sum] : ready) OnMessage(std::move(b), sum);
       std::vector<std::pair<uint64_t, absl::Status>> rf;
       rf.swap(recv_failed_);
       for (auto& [tag, st] : rf) OnReceiveFailed(TagKind(tag), TagTransfer(tag), st);
@@ -259,10 +347,142 @@ class UcxTransport final : public internal::TransportBase {
       ucp_request_free(r);
     }
     peers_.clear();
+    assemblies_.clear();
     if (!graceful) worker_.reset();  // as if the process died: no goodbyes
   }
 
  private:
+  // Key of a layer in flight: (transfer, layer) as the tag carries them.
+  static uint64_t AssemblyKey(uint64_t tag) { return tag & ((uint64_t{1} << 56) - 1); }
+
+  // Receives a small message synchronously (it is eager: the data is here once probed).
+  absl::StatusOr<Buffer> ReceiveSmall(ucp_tag_message_h m, const ucp_tag_recv_info_t& info) {
+    Buffer b = pool().Get(info.length);
+    ucp_request_param_t param{};
+    void* r = ucp_tag_msg_recv_nbx(worker_.get(), b.data(), b.size(), m, &param);
+    if (r == nullptr) return b;
+    if (UCS_PTR_IS_ERR(r)) return ucx::UcsError(UCS_PTR_STATUS(r), "receive");
+    ucs_status_t st;
+    while ((st = ucp_request_check_status(r)) == UCS_INPROGRESS) ucp_worker_progress(worker_.get());
+    ucp_request_free(r);
+    if (st != UCS_OK) return ucx::UcsError(st, "receive");
+    return b;
+  }
+
+  void ReceiveHead(ucp_tag_message_h m, const ucp_tag_recv_info_t& info) {
+    const uint64_t tag = MakeTag(MsgKind::kLayer, TagTransfer(info.sender_tag),
+                                 TagLayer(info.sender_tag));
+    absl::StatusOr<Buffer> head = ReceiveSmall(m, info);
+    if (!head.ok()) {
+      recv_failed_.push_back({tag, head.status()});
+      return;
+    }
+    internal::MsgHeader h;
+    uint64_t n_parts = 0;
+    if (head->size() != sizeof(h) + 8) {
+      PD_LOG(kWarning, "KV transport: dropped a ", head->size(), "-byte layer head");
+      return;
+    }
+    std::memcpy(&h, head->data(), sizeof(h));
+    std::memcpy(&n_parts, head->data() + sizeof(h), 8);
+    auto a = std::make_shared<Assembly>();
+    a->tag = tag;
+    // The body is bounded by the protocol (a layer payload is at most 4 GiB); a head that claims
+    // more cannot be a layer of any transfer: its parts are received and dropped.
+    if (h.body_bytes > (uint64_t{4} << 30) || n_parts > (uint64_t{1} << 20)) {
+      a->failed = absl::DataLossError(pd::StrCat("layer head claims ", h.body_bytes, " bytes in ",
+                                                 n_parts, " parts"));
+    } else {
+      a->msg = pool().Get(sizeof(h) + h.body_bytes);
+      std::memcpy(a->msg.data(), &h, sizeof(h));
+    }
+    a->parts_left = n_parts;
+    assemblies_[AssemblyKey(tag)] = a;  // a repeated head drops the unfinished one
+    MaybeAssembled(a);
+  }
+
+  void ReceivePart(ucp_tag_message_h m, const ucp_tag_recv_info_t& info) {
+    const uint64_t key = AssemblyKey(MakeTag(MsgKind::kLayer, TagTransfer(info.sender_tag),
+                                             TagLayer(info.sender_tag)));
+    auto it = assemblies_.find(key);
+    std::shared_ptr<Assembly> a = it == assemblies_.end() ? nullptr : it->second;
+    const size_t room = a && a->failed.ok() ? a->msg.size() - sizeof(internal::MsgHeader) - a->filled
+                                            : 0;
+    if (a == nullptr || a->parts_left == 0 || info.length > room) {
+      // No head for it, or more bytes than the head announced: take it off the wire and drop it.
+      if (a != nullptr && a->failed.ok() && a->parts_left > 0) {
+        a->failed = absl::DataLossError(pd::StrCat(
+            "a part of ", info.length, " bytes overflows the layer (", room, " bytes left)"));
+      }
+      if (a != nullptr && a->parts_left > 0) --a->parts_left;
+      auto* req = new RecvReq{this, 0, pool().Get(info.length)};
+      ucp_request_param_t param{};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      param.cb.recv = &UcxTransport::DiscardDoneCb;
+      param.user_data = req;
+      void* r = ucp_tag_msg_recv_nbx(worker_.get(), req->msg.data(), req->msg.size(), m, &param);
+      if (r == nullptr || UCS_PTR_IS_ERR(r)) delete req;
+      if (a != nullptr) MaybeAssembled(a);
+      return;
+    }
+    uint8_t* dst = a->msg.data() + sizeof(internal::MsgHeader) + a->filled;
+    a->filled += info.length;
+    --a->parts_left;
+    const size_t index = a->parts.size();
+    a->parts.push_back(ByteRun{dst, info.length});
+    a->landed.push_back(false);
+    auto* req = new PartReq{this, a, index};
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    param.cb.recv = &UcxTransport::PartDoneCb;
+    param.user_data = req;
+    void* r = ucp_tag_msg_recv_nbx(worker_.get(), dst, info.length, m, &param);
+    if (r == nullptr) {
+      a->Landed(index);
+      delete req;
+    } else if (UCS_PTR_IS_ERR(r)) {
+      if (a->failed.ok()) a->failed = ucx::UcsError(UCS_PTR_STATUS(r), "receiving a layer part");
+      delete req;
+    } else {
+      ++a->pending;
+    }
+    MaybeAssembled(a);
+  }
+
+  // Hands a fully received layer to the protocol (or reports why it failed) once every part
+  // arrived.
+  void MaybeAssembled(const std::shared_ptr<Assembly>& ap) {
+    Assembly& a = *ap;
+    if (a.parts_left > 0 || a.pending > 0) return;
+    auto it = assemblies_.find(AssemblyKey(a.tag));
+    if (it == assemblies_.end() || it->second != ap) return;  // replaced by a repeated head
+    if (!a.failed.ok()) {
+      recv_failed_.push_back({a.tag, a.failed});
+    } else {
+      // Fewer bytes than announced stay visible as a short body (the protocol checks the size).
+      a.msg.set_size(sizeof(internal::MsgHeader) + a.filled);
+      ready_.push_back({std::move(a.msg), a.hash.Digest()});
+    }
+    assemblies_.erase(it);
+  }
+
+  static void PartDoneCb(void* request, ucs_status_t status, const ucp_tag_recv_info_t*,
+                         void* user_data) {
+    auto* req = static_cast<PartReq*>(user_data);
+    Assembly& a = *req->a;
+    --a.pending;
+    if (status != UCS_OK && a.failed.ok()) a.failed = ucx::UcsError(status, "receiving a layer part");
+    if (status == UCS_OK) a.Landed(req->index);
+    req->t->MaybeAssembled(req->a);
+    delete req;
+    ucp_request_free(request);
+  }
+  static void DiscardDoneCb(void* request, ucs_status_t, const ucp_tag_recv_info_t*,
+                            void* user_data) {
+    delete static_cast<RecvReq*>(user_data);
+    ucp_request_free(request);
+  }
+
   static void EpError(void* arg, ucp_ep_h, ucs_status_t status) {
     // Runs inside ucp_worker_progress on the loop thread; handled after it returns.
     auto* raw = static_cast<UcxPeer*>(arg);
@@ -283,7 +503,7 @@ class UcxTransport final : public internal::TransportBase {
     auto* req = static_cast<RecvReq*>(user_data);
     if (status == UCS_OK) {
       req->msg.set_size(info->length);
-      req->t->ready_.push_back(std::move(req->msg));
+      req->t->ready_.push_back({std::move(req->msg), std::nullopt});
     } else {
       req->t->recv_failed_.push_back({req->tag, ucx::UcsError(status, "receive")});
     }
@@ -308,7 +528,8 @@ class UcxTransport final : public internal::TransportBase {
   ucx::Fd wake_fd_, epoll_fd_;
   // Loop thread only.
   std::map<std::string, std::shared_ptr<UcxPeer>> peers_;
-  std::vector<Buffer> ready_;
+  std::vector<std::pair<Buffer, std::optional<uint64_t>>> ready_;  // message, body checksum
+  std::map<uint64_t, std::shared_ptr<Assembly>> assemblies_;
   std::vector<std::pair<uint64_t, absl::Status>> recv_failed_;
   std::vector<std::pair<std::shared_ptr<UcxPeer>, absl::Status>> failed_peers_;
   int inflight_sends_ = 0;

@@ -50,10 +50,13 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
   }
 
   // "ucx_shm": UCX without peer-failure detection, so that it may use shared memory + CMA.
+  // "_zc": same-dtype layers are sent in place (TransportOptions::zero_copy_send).
   TransportOptions Options() const {
+    const std::string& p = GetParam();
     TransportOptions o;
-    o.kind = GetParam() == "inproc" ? "inproc" : "ucx";
-    o.ucx_peer_failure = GetParam() != "ucx_shm";
+    o.kind = p.starts_with("inproc") ? "inproc" : "ucx";
+    o.ucx_peer_failure = !p.starts_with("ucx_shm");
+    o.zero_copy_send = p.ends_with("_zc");
     return o;
   }
   absl::StatusOr<std::unique_ptr<KvTransport>> Make(FaultOptions faults = {}) {
@@ -61,7 +64,7 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
     o.faults = faults;
     return KvTransport::Create(o);
   }
-  bool IsUcx() const { return GetParam() != "inproc"; }
+  bool IsUcx() const { return !GetParam().starts_with("inproc"); }
 
   std::unique_ptr<engine::KvCache> Cache(KvDType dtype, int n_layer = 4) {
     return *engine::KvCache::Create(CacheOptions(dtype, n_layer), *backend_);
@@ -151,6 +154,25 @@ TEST_P(TransportTest, MultiLayerF16TransferIsByteExactIntoOtherBlocks) {
   PD_EXPECT_OK(o.send_done);
   EXPECT_EQ(o.recv_done_calls, 1);
   EXPECT_EQ(o.send_done_calls, 1);
+  EXPECT_EQ(o.layers.size(), 4u);
+  ExpectBytesEqual(*src, 1, *dst, 2, 13);
+  EXPECT_EQ(rx_->active_transfers(), 0);
+  EXPECT_EQ(tx->active_transfers(), 0);
+}
+
+TEST_P(TransportTest, FragmentedSenderBlocksArriveInOrder) {
+  // Sequence 1's first block is apart from the others (sequence 9 sits between them), so each of
+  // its layers is four runs of memory (K: block 0, blocks 1..; V likewise) when sent in place.
+  auto tx = *Make();
+  auto src = Cache(KvDType::kF16), dst = Cache(KvDType::kF16);
+  PD_ASSERT_OK(src->Reserve(1, 16));
+  PD_ASSERT_OK(src->Reserve(9, 16));
+  PD_ASSERT_OK(FillRandom(*src, 1, 200, 12));
+  ASSERT_NE(src->BlockTable(1)[1], src->BlockTable(1)[0] + 1);
+  PD_ASSERT_OK(dst->Reserve(2, 200));
+  Outcome o = Transfer(*tx, *src, 1, dst.get(), 2, 200, KvDType::kF16);
+  PD_EXPECT_OK(o.recv);
+  PD_EXPECT_OK(o.send);
   EXPECT_EQ(o.layers.size(), 4u);
   ExpectBytesEqual(*src, 1, *dst, 2, 13);
   EXPECT_EQ(rx_->active_transfers(), 0);
@@ -329,10 +351,11 @@ TEST_P(TransportTest, ReceiverAbortReachesTheSender) {
 TEST_P(TransportTest, SenderDeathMidTransferIsUnavailableOnTheReceiver) {
   TransportOptions o = Options();
   // Without peer-failure detection (shared memory) a dead sender is only noticed at the deadline.
-  const bool detects = GetParam() != "ucx_shm";
-  if (GetParam() == "ucx") o.ucx_tls = "tcp";  // a dead in-process worker is visible over TCP
+  const bool detects = !GetParam().starts_with("ucx_shm");
+  const bool tcp = IsUcx() && detects;
+  if (tcp) o.ucx_tls = "tcp";  // a dead in-process worker is visible over TCP
   auto tx = *KvTransport::Create(o);
-  if (GetParam() == "ucx") rx_ = *KvTransport::Create(o);
+  if (tcp) rx_ = *KvTransport::Create(o);
   auto src = Cache(KvDType::kF16);
   PD_ASSERT_OK(FillRandom(*src, 1, 64, 21));
   Owner owner;
@@ -434,7 +457,9 @@ TEST_P(TransportTest, ConcurrentTransfersFromManySenders) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, TransportTest, ::testing::Values("inproc", "ucx", "ucx_shm"),
+INSTANTIATE_TEST_SUITE_P(Transports, TransportTest,
+                         ::testing::Values("inproc", "ucx", "ucx_shm", "inproc_zc", "ucx_zc",
+                                           "ucx_shm_zc"),
                          [](const auto& info) { return info.param; });
 
 // UCX between two processes: a forked child is the prefill node.
@@ -451,7 +476,8 @@ class UcxProcessTest : public ::testing::Test {
 // Child: reads a descriptor from `in`, fills a cache like the parent does, pushes `n_push` layers
 // (then completes if it pushed all), waits; exits 0 on OK. With `hang`, it stops after pushing
 // and waits to be killed.
-[[noreturn]] void ChildSender(int in, int n_push, bool hang, bool peer_failure = true) {
+[[noreturn]] void ChildSender(int in, int n_push, bool hang, bool peer_failure = true,
+                              bool zero_copy = false) {
   std::string bytes;
   char buf[4096];
   ssize_t n;
@@ -464,6 +490,7 @@ class UcxProcessTest : public ::testing::Test {
   TransportOptions o;
   o.kind = "ucx";
   o.ucx_peer_failure = peer_failure;
+  o.zero_copy_send = zero_copy;
   auto tx = KvTransport::Create(o);
   if (!tx.ok()) _exit(4);
   auto s = (*tx)->Connect(*d, KvDType::kF16);
@@ -478,17 +505,19 @@ class UcxProcessTest : public ::testing::Test {
   _exit((*s)->Wait(absl::Seconds(20)).ok() ? 0 : 8);
 }
 
-class UcxProcessModeTest : public UcxProcessTest, public ::testing::WithParamInterface<bool> {};
+// (peer-failure detection, zero-copy send)
+class UcxProcessModeTest : public UcxProcessTest,
+                           public ::testing::WithParamInterface<std::tuple<bool, bool>> {};
 
 TEST_P(UcxProcessModeTest, TransferFromAForkedChildIsByteExact) {
-  const bool peer_failure = GetParam();
+  const auto [peer_failure, zero_copy] = GetParam();
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     ::close(fds[1]);
-    ChildSender(fds[0], 4, false, peer_failure);
+    ChildSender(fds[0], 4, false, peer_failure, zero_copy);
   }
   ::close(fds[0]);
   auto backend = engine::CreateCpuBackend({1});
@@ -520,8 +549,13 @@ TEST_P(UcxProcessModeTest, TransferFromAForkedChildIsByteExact) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(PeerFailure, UcxProcessModeTest, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "Detected" : "SharedMemory"; });
+INSTANTIATE_TEST_SUITE_P(PeerFailure, UcxProcessModeTest,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) ? "Detected"
+                                                                      : "SharedMemory") +
+                                  (std::get<1>(info.param) ? "ZeroCopy" : "Staged");
+                         });
 
 TEST_F(UcxProcessTest, KilledSenderProcessIsUnavailableOnTheReceiver) {
   int fds[2];

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/host_alloc.h"
 #include "common/status.h"
 #include "common/strings.h"
 #include "engine/backend/backend.h"
@@ -56,9 +57,7 @@ class HostBuffer final : public Buffer {
 
 // Returns nullptr when out of memory. Always allocates at least one aligned block.
 void* AlignedAlloc(size_t bytes) {
-  if (bytes > std::numeric_limits<size_t>::max() - kAlignment) return nullptr;
-  const size_t rounded = std::max(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
-  return std::aligned_alloc(kAlignment, rounded);
+  return AllocHost(std::max(bytes, kAlignment), kAlignment);  // huge pages from 2 MiB up
 }
 
 bool IsSupported(DType t) { return DTypeFromGgml(static_cast<uint32_t>(t)).has_value(); }

@@ -304,6 +304,79 @@ TEST(SchedulerExportTest, ExportedLayersImportedElsewhereEqualALocalRun) {
   EXPECT_EQ(dsink->tokens, want);
 }
 
+// hold_kv: the finished export keeps its blocks, unchanged, until ReleaseExportedKv; an unknown
+// or repeated release is ignored; Shutdown frees whatever is still held.
+TEST(SchedulerExportTest, HeldExportKeepsItsBlocksUntilReleased) {
+  auto env = MakeEnv();
+  SchedulerOptions po;
+  po.kv_blocks = 16;
+  po.block_size = 16;
+  po.run_thread = false;
+  auto prefill = Scheduler::Create(*env->model, po);
+  ASSERT_TRUE(prefill.ok()) << prefill.status();
+  EXPECT_EQ((*prefill)
+                ->SubmitExport(Req("bad", 2), std::make_shared<Sink>(),
+                               [](const KvCache&, int64_t, int) {}, /*hold_kv=*/true)
+                .code(),
+            absl::StatusCode::kInvalidArgument);  // must end with its prompt
+
+  const KvCache* cache = nullptr;
+  int64_t kv_seq = -1;
+  std::vector<std::vector<uint8_t>> seen;  // layer 0's K/V as exported
+  auto sink = std::make_shared<Sink>();
+  ASSERT_TRUE((*prefill)
+                  ->SubmitExport(Req("p", 1), sink,
+                                 [&](const KvCache& kv, int64_t seq, int layer) {
+                                   cache = &kv;
+                                   kv_seq = seq;
+                                   if (layer != 0) return;
+                                   for (const KvSpan& sp : *kv.ExportSpans(seq, 0)) {
+                                     const auto* p = static_cast<const uint8_t*>(sp.data);
+                                     seen.emplace_back(p, p + sp.bytes);
+                                   }
+                                 },
+                                 /*hold_kv=*/true)
+                  .ok());
+  for (int i = 0; i < 10 && !sink->info.has_value(); ++i) (*prefill)->Step();
+  ASSERT_TRUE(sink->info.has_value());
+  ASSERT_GE(kv_seq, 0);
+  EXPECT_EQ((*prefill)->Load().kv_blocks_free, 16 - 2);  // 20 tokens: 2 blocks still held
+  EXPECT_EQ((*prefill)->held_exports(), 1);
+
+  // Other requests run meanwhile and never get those blocks.
+  auto other = std::make_shared<Sink>();
+  ASSERT_TRUE((*prefill)->Submit(Req("o", 3), other).ok());
+  for (int i = 0; i < 20 && !other->info.has_value(); ++i) (*prefill)->Step();
+  ASSERT_TRUE(other->info.has_value());
+  auto spans = cache->ExportSpans(kv_seq, 0);
+  ASSERT_TRUE(spans.ok());
+  ASSERT_EQ(spans->size(), seen.size());
+  for (size_t i = 0; i < seen.size(); ++i) {
+    const auto* p = static_cast<const uint8_t*>((*spans)[i].data);
+    EXPECT_EQ(std::vector<uint8_t>(p, p + (*spans)[i].bytes), seen[i]) << "span " << i;
+  }
+
+  (*prefill)->ReleaseExportedKv(kv_seq + 1000);  // holds nothing: ignored
+  (*prefill)->Step();
+  EXPECT_EQ((*prefill)->Load().kv_blocks_free, 16 - 2);
+  (*prefill)->ReleaseExportedKv(kv_seq);
+  (*prefill)->ReleaseExportedKv(kv_seq);  // twice: the second is ignored
+  (*prefill)->Step();
+  EXPECT_EQ((*prefill)->Load().kv_blocks_free, 16);
+  EXPECT_EQ((*prefill)->held_exports(), 0);
+
+  // Held at shutdown: freed there.
+  auto again = std::make_shared<Sink>();
+  ASSERT_TRUE((*prefill)
+                  ->SubmitExport(Req("p2", 1), again, [](const KvCache&, int64_t, int) {},
+                                 /*hold_kv=*/true)
+                  .ok());
+  for (int i = 0; i < 10 && !again->info.has_value(); ++i) (*prefill)->Step();
+  EXPECT_EQ((*prefill)->held_exports(), 1);
+  (*prefill)->Shutdown();
+  EXPECT_EQ((*prefill)->Load().kv_blocks_free, 16);
+}
+
 TEST(SchedulerExportTest, EmptyHookIsRejected) {
   auto env = MakeEnv();
   auto s = MakeScheduler(*env);
