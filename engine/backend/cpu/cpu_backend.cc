@@ -41,6 +41,9 @@ constexpr size_t kAlignment = 64;
 // stays in L2 while every activation tile streams past it: weights are read from memory once per
 // call whatever the batch size.
 constexpr size_t kMatMulChunkBytes = 256 << 10;
+// From this many activation rows on, Q8_0 and Q5_0 weights take the grouped 512-bit kernels (16
+// rows per register, so fewer rows leave most lanes empty).
+constexpr int64_t kGroupedMinRows = 4;
 
 // 64-byte aligned host memory. Owns its allocation.
 class HostBuffer final : public Buffer {
@@ -430,27 +433,36 @@ absl::Status CpuBackend::MatMul(const Tensor& w, const Tensor& x, Tensor& y) {
       cpu::kGemmTileW;
   chunk_rows = std::max<int64_t>(cpu::kGemmTileW, std::min(chunk_rows, balanced_rows));
   const int64_t n_chunks = (m + chunk_rows - 1) / chunk_rows;
-  // Q5_0 for a prompt: each chunk's weights unpacked once to code bytes, then every activation
-  // tile reads the codes (same bits as the Q5_0 tile; AVX512-VNNI only).
-  const cpu::Q5_0CodesKernels* q5 = nullptr;
-  if (w.type == DType::kQ5_0 && n >= 2 * cpu::kGemmTileX && &k_ == cpu::Avx2Kernels()) {
-    q5 = cpu::Q5_0CodesVnni();
+  // Q8_0 and Q5_0 for a batch: activations laid out 16 rows per register once, each chunk's
+  // weights copied (Q8_0) or unpacked (Q5_0) once per call (AVX512-VNNI only; bit-identical to
+  // the scalar kernels).
+  const cpu::Q8_0GroupedKernels* q8 = nullptr;
+  if (&k_ == cpu::Avx2Kernels()) {
+    if (w.type == DType::kQ8_0) q8 = cpu::Q8_0GroupedVnni();
+    if (w.type == DType::kQ5_0) q8 = cpu::Q5_0GroupedVnni();
   }
-  if (q5 != nullptr) {
+  if (q8 != nullptr && n < kGroupedMinRows) {
+    // Decode: the GEMV with the grouped kernel's bits (a sequence's logits do not depend on the
+    // batch it runs in).
     pool_.ParallelFor(n_chunks, [&](int64_t c0, int64_t c1) {
-      thread_local std::vector<uint8_t> codes;
+      const int64_t r_begin = c0 * chunk_rows, r_end = std::min(m, c1 * chunk_rows);
+      q8->gemv(k, wa + r_begin * ws, ws, r_end - r_begin, xa, xs, n, ya + r_begin, m);
+    });
+    return absl::OkStatus();
+  }
+  if (q8 != nullptr) {
+    const size_t xg_bytes = q8->x_bytes(n, k);
+    thread_local std::vector<char> xg_storage;
+    xg_storage.resize(xg_bytes + 64);
+    char* xg = xg_storage.data() + (64 - reinterpret_cast<uintptr_t>(xg_storage.data()) % 64) % 64;
+    q8->pack_x(xa, xs, n, k, xg);
+    pool_.ParallelFor(n_chunks, [&](int64_t c0, int64_t c1) {
+      thread_local std::vector<char> wp;
       for (int64_t c = c0; c < c1; ++c) {
         const int64_t r_begin = c * chunk_rows, r_end = std::min(m, (c + 1) * chunk_rows);
-        codes.resize(static_cast<size_t>((r_end - r_begin) * k));
-        q5->unpack(wa + r_begin * ws, ws, r_end - r_begin, k, codes.data());
-        for (int64_t i = 0; i < n; i += cpu::kGemmTileX) {
-          const int nc = static_cast<int>(std::min<int64_t>(cpu::kGemmTileX, n - i));
-          for (int64_t r = r_begin; r < r_end; r += cpu::kGemmTileW) {
-            const int nr = static_cast<int>(std::min<int64_t>(cpu::kGemmTileW, r_end - r));
-            q5->tile(k, codes.data() + (r - r_begin) * k, static_cast<size_t>(k), wa + r * ws, ws,
-                     nr, xa + i * xs, xs, nc, ya + i * m + r, m);
-          }
-        }
+        wp.resize(q8->w_bytes(r_end - r_begin, k));
+        q8->pack_w(wa + r_begin * ws, ws, r_end - r_begin, k, wp.data());
+        q8->gemm(k, wp.data(), r_end - r_begin, xg, n, ya + r_begin, m);
       }
     });
     return absl::OkStatus();
