@@ -1,20 +1,21 @@
-// AVX512-VNNI kernels for Q8_0 and Q5_0 weights x Q8_0 activations (Q8_0GroupedVnni(),
-// Q5_0GroupedVnni()): a "grouped" GEMM on the 512-bit form of VPDPBUSD for four or more
-// activation rows (batched decode, prompts) and a GEMV on the 256-bit form for one to three
-// (decode). This file alone is compiled with -mavx512f -mavx512vl -mavx512vnni (plus
-// AVX2/FMA/F16C); its kernels run only when CPUID reports those instructions. Like
-// kernels_avx2.cc, it calls no inline function from shared headers.
+// AVX512-VNNI kernels for Q8_0 and Q5_0 weights x Q8_0 activations: tiles on the 256-bit (VL)
+// form of VPDPBUSD (Q8_0TileVnni(), Q5_0TileVnni(): decode, one to three activation rows) and a
+// grouped GEMM on the 512-bit form (Q8_0GroupedVnni(), Q5_0GroupedVnni(): batches and prompts).
+// This file alone is compiled with -mavx512f -mavx512vl -mavx512vnni (plus AVX2/FMA/F16C); its
+// kernels run only when CPUID reports those instructions. Like kernels_avx2.cc, it calls no inline
+// function from shared headers.
 //
 // VPDPBUSD multiplies unsigned by signed bytes and adds each group of four products to an int32
 // lane, starting from the lane's previous value.
-// - Q8_0: weights are signed, so the kernels feed w + 128 (w XOR 0x80) as the unsigned operand
-//   and start each lane at -128 * (sum of its activations), so that the lane holds sum w x
-//   exactly (no overflow: |255 * 127 * 32| < 2^31).
-// - Q5_0: codes u are unsigned (0..31, w = u - 16), so the lanes start at -16 * (sum of their
-//   activations).
-// Both kernels finish each block like the scalar kernel (float(dot) * (d_w * d_x), then an add,
-// in block order), so every batch size gives the scalar table's bits: a sequence's logits do not
-// depend on what else runs in its batch (tests/engine/backend/cpu_kernels_test.cc).
+// - Q8_0: weights are signed, so the kernels feed w + 128 (w XOR 0x80) as the unsigned operand and
+//   start each lane at -128 * (sum of the four activations): lane i = sum_{j<4} (w + 128) x -
+//   128 sum_{j<4} x = sum_{j<4} w x, exactly the int32 lane the AVX2 tile's maddubs + madd
+//   produce (no overflow: |255 * 127 * 4| < 2^31).
+// - Q5_0: codes u are unsigned (0..31, w = u - 16), so the lanes start at -16 * (sum of the four
+//   activations): lane i = sum (u - 16) x, the AVX2 tile's (maddubs(u, x) - maddubs(16, x), madd).
+// The F32 parts (cvt, d_w * d_x, one FMA per lane and block in block order, the final lane sum)
+// are the AVX2 tiles' own, so every kernel here gives the AVX2 tiles' bits, which follow ggml's
+// x86 order (tests/engine/backend/cpu_kernels_test.cc).
 #include "engine/backend/cpu/kernels.h"
 
 #if defined(__x86_64__) && defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__F16C__)
@@ -26,13 +27,70 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <type_traits>
-#include <vector>
 
 namespace pd::engine::cpu {
 namespace {
 
 inline float HalfToFloatVnni(uint16_t h) { return _cvtsh_ss(h); }
+
+inline float HSumVnni(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+#define PD_VNNI_UNROLL _Pragma("GCC unroll 4")
+
+// The loops over R and C are fully unrolled so that the R x C accumulators (and the C activation
+// vectors) live in registers: 16 + 12 of AVX512VL's 32 ymm registers for a 4 x 4 tile.
+template <int R, int C>
+void TileQ8Vnni(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y,
+                int64_t ys) {
+  const int64_t nb = k / kQ8_0BlockSize;
+  const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+  const __m256i zero = _mm256_setzero_si256();
+  __m256 acc[R][C];
+  PD_VNNI_UNROLL
+  for (int r = 0; r < R; ++r)
+    PD_VNNI_UNROLL
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i xq[C], start[C];
+    __m256 dx[C];
+    PD_VNNI_UNROLL
+    for (int c = 0; c < C; ++c) {
+      const BlockQ8_0* xb = reinterpret_cast<const BlockQ8_0*>(x + c * xs) + b;
+      xq[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb->qs));
+      start[c] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, bias, xq[c]));
+      dx[c] = _mm256_set1_ps(HalfToFloatVnni(xb->d));
+    }
+    PD_VNNI_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const BlockQ8_0* wb = reinterpret_cast<const BlockQ8_0*>(w + r * ws) + b;
+      _mm_prefetch(reinterpret_cast<const char*>(wb) + R * ws, _MM_HINT_T1);
+      const __m256i wu = _mm256_xor_si256(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb->qs)), bias);
+      const __m256 dw = _mm256_set1_ps(HalfToFloatVnni(wb->d));
+      PD_VNNI_UNROLL
+      for (int c = 0; c < C; ++c) {
+        const __m256i dot = _mm256_dpbusd_epi32(start[c], wu, xq[c]);
+        acc[r][c] =
+            _mm256_fmadd_ps(_mm256_mul_ps(dw, dx[c]), _mm256_cvtepi32_ps(dot), acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) y[c * ys + r] = HSumVnni(acc[r][c]);
+}
+
+// Four f16 scales at a stride of `stride` bytes, as 4 floats.
+inline __m128 QuadScaleVnni(const char* p, size_t stride) {
+  uint16_t h[4];
+  for (int i = 0; i < 4; ++i) std::memcpy(&h[i], p + i * stride, 2);
+  const uint64_t bits = h[0] | uint64_t{h[1]} << 16 | uint64_t{h[2]} << 32 | uint64_t{h[3]} << 48;
+  return _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(bits)));
+}
 
 // The 32 codes (0..31) of a Q5_0 block in weight order.
 inline __m256i UnpackQ5_0Vnni(const BlockQ5_0* wb) {
@@ -50,41 +108,144 @@ inline __m256i UnpackQ5_0Vnni(const BlockQ5_0* wb) {
   return _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(hb, bits), sixteen));
 }
 
-// ---- Q8_0 x Q8_0 for batches: 16 activation columns per 512-bit register ----------------------
+
+// Q5_0 x Q8_0, four blocks per step like the AVX2 tile (one f16 -> f32 conversion for their
+// scales); each block is unpacked here and the weights two tiles ahead are prefetched into L2.
+template <int R, int C>
+void TileQ5_0Vnni(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y,
+                  int64_t ys) {
+  const int64_t nb = k / kQ8_0BlockSize;
+  const __m256i sixteen = _mm256_set1_epi8(16);
+  const __m256i zero = _mm256_setzero_si256();
+  auto code_vec = [&](int r, int64_t block) {
+    return UnpackQ5_0Vnni(reinterpret_cast<const BlockQ5_0*>(w + r * ws) + block);
+  };
+  __m256 acc[R][C];
+  PD_VNNI_UNROLL
+  for (int r = 0; r < R; ++r)
+    PD_VNNI_UNROLL
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b + 4 <= nb; b += 4) {
+    __m256i yv[C][4], start[C][4];
+    __m128 dx[C];
+    PD_VNNI_UNROLL
+    for (int c = 0; c < C; ++c) {
+      const BlockQ8_0* xb = reinterpret_cast<const BlockQ8_0*>(x + c * xs) + b;
+      PD_VNNI_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        yv[c][j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb[j].qs));
+        start[c][j] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, sixteen, yv[c][j]));
+      }
+      dx[c] = QuadScaleVnni(reinterpret_cast<const char*>(&xb->d), sizeof(BlockQ8_0));
+    }
+    PD_VNNI_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const BlockQ5_0* wb = reinterpret_cast<const BlockQ5_0*>(w + r * ws) + b;
+      const char* ahead = reinterpret_cast<const char*>(wb) + 2 * R * ws;
+      _mm_prefetch(ahead, _MM_HINT_T1);
+      _mm_prefetch(ahead + 64, _MM_HINT_T1);
+      const __m128 dw = QuadScaleVnni(reinterpret_cast<const char*>(&wb->d), sizeof(BlockQ5_0));
+      __m256i u[4];
+      PD_VNNI_UNROLL
+      for (int j = 0; j < 4; ++j) u[j] = code_vec(r, b + j);
+      PD_VNNI_UNROLL
+      for (int c = 0; c < C; ++c) {
+        const __m256 d4 = _mm256_castps128_ps256(_mm_mul_ps(dw, dx[c]));
+        PD_VNNI_UNROLL
+        for (int j = 0; j < 4; ++j) {
+          const __m256i dot = _mm256_dpbusd_epi32(start[c][j], u[j], yv[c][j]);
+          const __m256 d = _mm256_permutevar8x32_ps(d4, _mm256_set1_epi32(j));
+          acc[r][c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), acc[r][c]);
+        }
+      }
+    }
+  }
+  for (; b < nb; ++b) {  // leftover blocks
+    for (int r = 0; r < R; ++r) {
+      const BlockQ5_0* wb = reinterpret_cast<const BlockQ5_0*>(w + r * ws) + b;
+      const __m256i u = code_vec(r, b);
+      const float dw = HalfToFloatVnni(wb->d);
+      PD_VNNI_UNROLL
+      for (int c = 0; c < C; ++c) {
+        const BlockQ8_0* xb = reinterpret_cast<const BlockQ8_0*>(x + c * xs) + b;
+        const __m256i yq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb->qs));
+        const __m256i st = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, sixteen, yq));
+        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * HalfToFloatVnni(xb->d)),
+                                    _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(st, u, yq)),
+                                    acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) y[c * ys + r] = HSumVnni(acc[r][c]);
+}
+
+using TileImplVnni = void (*)(int64_t, const char*, size_t, const char*, size_t, float*, int64_t);
+
+// Every R x C instantiation of a tile template, and the GemmTileFn that dispatches on nr, nc.
+template <template <int, int> class T>
+struct VnniTable {
+  static constexpr TileImplVnni kFns[4][4] = {
+      {T<1, 1>::Fn, T<1, 2>::Fn, T<1, 3>::Fn, T<1, 4>::Fn},
+      {T<2, 1>::Fn, T<2, 2>::Fn, T<2, 3>::Fn, T<2, 4>::Fn},
+      {T<3, 1>::Fn, T<3, 2>::Fn, T<3, 3>::Fn, T<3, 4>::Fn},
+      {T<4, 1>::Fn, T<4, 2>::Fn, T<4, 3>::Fn, T<4, 4>::Fn},
+  };
+  static void Gemm(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
+                   size_t x_stride, int nc, float* y, int64_t y_stride) {
+    kFns[nr - 1][nc - 1](k, static_cast<const char*>(w), w_stride, static_cast<const char*>(x),
+                         x_stride, y, y_stride);
+  }
+};
+static_assert(kGemmTileW == 4 && kGemmTileX == 4, "VnniTable lists 4x4 instantiations");
+
+template <int R, int C>
+struct Q8Vnni {
+  static constexpr TileImplVnni Fn = &TileQ8Vnni<R, C>;
+};
+template <int R, int C>
+struct Q5_0Vnni {
+  static constexpr TileImplVnni Fn = &TileQ5_0Vnni<R, C>;
+};
+
+// ---- Q8_0 / Q5_0 x Q8_0 for batches: 16 activation rows per 512-bit register ------------------
 //
-// The tiles above give each (weight row, activation column) pair its own vector of 8 partial
-// lanes, so every block costs 4 vector ops per pair and a final horizontal sum. For a batch of
-// activation rows (batched decode, prompts) this kernel turns the layout around: one ZMM holds the
-// same four-byte group of one block for 16 activation columns (one int32 lane per column), and
-// each weight row's four bytes are broadcast against it. Eight VPDPBUSD then leave each column's
-// exact int32 block dot in its own lane: no horizontal sums, and 512 multiply-adds per 8
-// instructions. Weights are the unsigned operand (w XOR 0x80, copied once per chunk of rows into a
-// thread-local buffer together with their f32 scales); lanes start at -128 * (sum of the
-// column's 32 block values), as in the tiles.
-//
-// F32 part per block: y += float(dot) * (d_w * d_x), a multiply and an add (no FMA) in block
-// order: the scalar kernel's DotQ8_0 exactly, so this kernel's results equal the scalar table's
-// bit for bit (tests/engine/backend/cpu_kernels_test.cc).
+// The tiles above give each (weight row, activation row) pair its own 256-bit vector: per block,
+// one VPDPBUSD leaves 8 int32 lanes (lane p = the dot of the block's four-byte group p), which are
+// scaled by d_w * d_x and FMA-accumulated per lane, and summed across lanes at the end. For a
+// batch of activation rows (batched decode, prompts) this kernel computes exactly those lanes with
+// the layout turned around: one ZMM holds four-byte group p of one block for 16 activation rows
+// (one int32 lane per row), and each weight row's group p is broadcast against it. The int32
+// results are the tiles' lane p for 16 pairs at once; per group p the kernel keeps a ZMM
+// accumulator (lanes = activation rows) with the tiles' FMA per block, and at the end adds the 8
+// accumulators in the tiles' lane-sum order. So the results are the tiles' bits (and so the AVX2
+// tiles', and ggml's x86 order) for every batch size: a sequence's logits do not depend on its
+// batch, and the 512-bit form does 16 pairs per instruction instead of one.
+// Weights are the unsigned operand: Q8_0 w XOR 0x80 (lanes start at -128 * the group's
+// activation sum), Q5_0 its codes (start -16 * sum); each chunk of weight rows is copied or
+// unpacked once per MatMul into a thread-local buffer with its scales as f32.
 
 constexpr int kLanes = 16;
 
-// Per 16-column group and block: the 8 four-byte groups of 16 columns (8 x 16 int32), the sums
-// of each column's 32 block values (16 int32: the lanes start at -bias * sum) and the columns'
-// scales (16 f32).
+// Per 16-row group of activations and block: group p's four bytes for 16 rows (8 x 16 int32),
+// the lanes' start values for group p (-2^kShift * the sum of its four values; 8 x 16 int32) and
+// the rows' scales (16 f32).
 struct XGroupBlock {
   int32_t q[8][kLanes];
-  int32_t sum[kLanes];
+  int32_t start[8][kLanes];
   float d[kLanes];
 };
-static_assert(sizeof(XGroupBlock) == 640);
+static_assert(sizeof(XGroupBlock) == 1088);
 
 size_t Q8_0GroupedXBytes(int64_t n, int64_t k) {
   return static_cast<size_t>((n + kLanes - 1) / kLanes) * static_cast<size_t>(k / kQ8_0BlockSize) *
          sizeof(XGroupBlock);
 }
 
-void PackQ8_0GroupedX(const void* x, size_t xs, int64_t n, int64_t k, void* out) {
-  const int64_t nb = k / kQ8_0BlockSize, groups = (n + kLanes - 1) / kLanes;
+template <int kShift>
+void PackGroupedX(const void* x, size_t xs, int64_t n, int64_t k, void* out) {
+  const int64_t nb = k / kQ8_0BlockSize;
   auto* g = static_cast<XGroupBlock*>(out);
   std::memset(out, 0, Q8_0GroupedXBytes(n, k));
   for (int64_t c = 0; c < n; ++c) {
@@ -93,16 +254,15 @@ void PackQ8_0GroupedX(const void* x, size_t xs, int64_t n, int64_t k, void* out)
     const int lane = static_cast<int>(c % kLanes);
     for (int64_t b = 0; b < nb; ++b) {
       XGroupBlock& o = g[grp * nb + b];
-      int32_t sum = 0;
       for (int p = 0; p < 8; ++p) {
         std::memcpy(&o.q[p][lane], xb[b].qs + 4 * p, 4);
+        int32_t sum = 0;
         for (int j = 0; j < 4; ++j) sum += xb[b].qs[4 * p + j];
+        o.start[p][lane] = -sum * (1 << kShift);
       }
-      o.sum[lane] = sum;
       o.d[lane] = HalfToFloatVnni(xb[b].d);
     }
   }
-  (void)groups;
 }
 
 size_t Q8_0GroupedWBytes(int64_t rows, int64_t k) {
@@ -110,7 +270,7 @@ size_t Q8_0GroupedWBytes(int64_t rows, int64_t k) {
   return static_cast<size_t>(rows * nb) * (kQ8_0BlockSize + sizeof(float));
 }
 
-// Rows of w + 128 codes (k bytes each), then the rows' block scales as f32 (nb per row).
+// Q8_0: rows of w + 128 codes (k bytes each), then the rows' block scales as f32 (nb per row).
 void PackQ8_0GroupedW(const void* w, size_t ws, int64_t rows, int64_t k, void* out) {
   const int64_t nb = k / kQ8_0BlockSize;
   uint8_t* codes = static_cast<uint8_t*>(out);
@@ -127,7 +287,7 @@ void PackQ8_0GroupedW(const void* w, size_t ws, int64_t rows, int64_t k, void* o
   }
 }
 
-// Q5_0: rows of codes (0..31, k bytes each), then the rows' block scales as f32.
+// Q5_0: rows of codes (0..31), then the scales as f32.
 void PackQ5_0GroupedW(const void* w, size_t ws, int64_t rows, int64_t k, void* out) {
   const int64_t nb = k / kQ8_0BlockSize;
   uint8_t* codes = static_cast<uint8_t*>(out);
@@ -142,187 +302,50 @@ void PackQ5_0GroupedW(const void* w, size_t ws, int64_t rows, int64_t k, void* o
   }
 }
 
-// R weight rows x one group of 16 columns (nc of them real). Weight codes are unsigned with a
-// bias of 2^kShift (Q8_0: w + 128; Q5_0: its codes, w = u - 16). Each row's block dot runs as two
-// independent chains (even and odd four-byte groups) and the R rows interleave, so that the
-// VPDPBUSD latency (5 cycles) hides behind 2R chains instead of stalling one chain of 8.
-template <int R, int kShift>
+// R weight rows x one group of 16 activation rows (nc of them real). 8R accumulators of 16 lanes: R = 2 keeps them, the 8 activation vectors and the
+// temporaries in the 32 ZMM registers.
+template <int R>
 void GroupedRows(int64_t nb, const uint8_t* codes, const float* scales, int64_t k,
                  const XGroupBlock* xg, int nc, float* y, int64_t ys) {
-  constexpr int kRn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  __m512 acc[R];
+  __m512 acc[R][8];
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int p = 0; p < 8; ++p) acc[r][p] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const XGroupBlock& xb = xg[b];
     __m512i xq[8];
 #pragma GCC unroll 8
     for (int p = 0; p < 8; ++p) xq[p] = _mm512_load_si512(xb.q[p]);
-    const __m512i start = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                           _mm512_slli_epi32(_mm512_load_si512(xb.sum), kShift));
     const __m512 dx = _mm512_load_ps(xb.d);
-    __m512i even[R], odd[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      even[r] = start;
-      odd[r] = _mm512_setzero_si512();
-    }
+      const uint8_t* wr = codes + r * k + b * kQ8_0BlockSize;
+      // The tiles' d_w * d_x (the same product in every lane of a pair).
+      const __m512 s = _mm512_mul_ps(_mm512_set1_ps(scales[r * nb + b]), dx);
 #pragma GCC unroll 8
-    for (int p = 0; p < 8; p += 2) {
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        const uint8_t* wr = codes + r * k + b * kQ8_0BlockSize + 4 * p;
-        int32_t w0, w1;
-        std::memcpy(&w0, wr, 4);
-        std::memcpy(&w1, wr + 4, 4);
-        even[r] = _mm512_dpbusd_epi32(even[r], _mm512_set1_epi32(w0), xq[p]);
-        odd[r] = _mm512_dpbusd_epi32(odd[r], _mm512_set1_epi32(w1), xq[p + 1]);
+      for (int p = 0; p < 8; ++p) {
+        int32_t w4;
+        std::memcpy(&w4, wr + 4 * p, 4);
+        const __m512i dot =
+            _mm512_dpbusd_epi32(_mm512_load_si512(xb.start[p]), _mm512_set1_epi32(w4), xq[p]);
+        acc[r][p] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(dot), acc[r][p]);
       }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      // Explicit rounding: the compiler must not fuse these into an FMA (the scalar kernel's
-      // bits are a multiply, then an add). The int32 sum is exact.
-      const __m512i dot = _mm512_add_epi32(even[r], odd[r]);
-      const __m512 s = _mm512_mul_round_ps(_mm512_set1_ps(scales[r * nb + b]), dx, kRn);
-      acc[r] = _mm512_add_round_ps(acc[r], _mm512_mul_round_ps(_mm512_cvtepi32_ps(dot), s, kRn),
-                                   kRn);
     }
   }
   for (int r = 0; r < R; ++r) {
+    // HSumVnni's order: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
+    const __m512 sum = _mm512_add_ps(
+        _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][4]), _mm512_add_ps(acc[r][2], acc[r][6])),
+        _mm512_add_ps(_mm512_add_ps(acc[r][1], acc[r][5]), _mm512_add_ps(acc[r][3], acc[r][7])));
     alignas(64) float lanes[kLanes];
-    _mm512_store_ps(lanes, acc[r]);
+    _mm512_store_ps(lanes, sum);
     for (int c = 0; c < nc; ++c) y[c * ys + r] = lanes[c];
   }
 }
 
-// ---- The same numerics for one to three activation rows (decode) -------------------------------
-//
-// With fewer than 4 activation rows the grouped layout would leave most lanes empty; this GEMV
-// keeps the weights where they are and puts 8 weight rows in the lanes instead: per block, one
-// 256-bit VPDPBUSD per (row, column) gives 8 partial sums, a tree of horizontal adds turns 8 rows'
-// partials into one vector of 8 exact int32 block dots, and the F32 part is the scalar kernel's
-// (multiply by d_w * d_x, then add, in block order). So a sequence's logits do not depend on
-// how many others share its batch: 1, 2, 3 or 40 activation rows all give the scalar bits.
-
-// Per column and block: the lanes' start (-bias * the sum of each lane's 4 activations) and d_x.
-struct XGemvBlock {
-  alignas(32) int32_t start[8];
-  float d;
-};
-
-template <typename W>
-__m256i GemvCodes(const W* wb) {
-  if constexpr (std::is_same_v<W, BlockQ8_0>) {
-    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb->qs)),
-                            _mm256_set1_epi8(static_cast<char>(0x80)));
-  } else {
-    return UnpackQ5_0Vnni(wb);
-  }
-}
-
-// Horizontal sums of 8 vectors of 8 int32: lane i of the result = sum of v[i]'s lanes.
-inline __m256i HSum8x8(const __m256i v[8]) {
-  const __m256i a = _mm256_hadd_epi32(v[0], v[1]), b = _mm256_hadd_epi32(v[2], v[3]);
-  const __m256i c = _mm256_hadd_epi32(v[4], v[5]), d = _mm256_hadd_epi32(v[6], v[7]);
-  const __m256i ab = _mm256_hadd_epi32(a, b), cd = _mm256_hadd_epi32(c, d);
-  // ab = [r0 r1 r2 r3 (low halves) | r0 r1 r2 r3 (high halves)], cd likewise for r4..r7.
-  return _mm256_add_epi32(_mm256_permute2x128_si256(ab, cd, 0x20),
-                          _mm256_permute2x128_si256(ab, cd, 0x31));
-}
-
-// How many 8-row groups ahead the GEMV prefetches (into L2): measured on the default model's
-// decode, 1 and 4 groups were 3-5% slower than 2.
-constexpr int kGemvPrefetchGroups = 2;
-
-template <typename W, int C>
-void Gemv8Rows(int64_t nb, const char* w, size_t ws, const XGemvBlock* xg, const char* x,
-               size_t xs, float* y, int64_t ys) {
-  const __m256i row_offsets = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                                 _mm256_set1_epi32(static_cast<int>(ws)));
-  __m256 acc[C];
-  for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
-  // The 8 rows are 8 * ws contiguous bytes, consumed over nb steps: fetch the bytes of the rows
-  // kGemvPrefetchGroups groups ahead into L2 at the same pace (the hardware prefetcher alone
-  // kept decode ~25% slower).
-  const char* next = w + kGemvPrefetchGroups * 8 * ws;
-  const int64_t lines = static_cast<int64_t>(8 * ws + 63) / 64;
-  const int64_t per_step = (lines + nb - 1) / nb;
-  for (int64_t b = 0; b < nb; ++b) {
-    for (int64_t j = b * per_step; j < std::min(lines, (b + 1) * per_step); ++j) {
-      _mm_prefetch(next + j * 64, _MM_HINT_T1);
-    }
-    __m256i xq[C], st[C];
-    for (int c = 0; c < C; ++c) {
-      const BlockQ8_0* xb = reinterpret_cast<const BlockQ8_0*>(x + c * xs) + b;
-      xq[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb->qs));
-      st[c] = _mm256_load_si256(reinterpret_cast<const __m256i*>(xg[c * nb + b].start));
-    }
-    __m256i v[C][8];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) {
-      const __m256i u = GemvCodes(reinterpret_cast<const W*>(w + i * ws) + b);
-      for (int c = 0; c < C; ++c) v[c][i] = _mm256_dpbusd_epi32(st[c], u, xq[c]);
-    }
-    // The 8 rows' f16 scales of block b (d is the first field of both block types).
-    const __m256i d32 = _mm256_i32gather_epi32(
-        reinterpret_cast<const int*>(w + b * sizeof(W)), row_offsets, 1);
-    const __m256 dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(d32));
-    for (int c = 0; c < C; ++c) {
-      const __m256i dot = HSum8x8(v[c]);
-      const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(xg[c * nb + b].d));
-      __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(dot), s);
-      __asm__("" : "+x"(t));  // keeps the compiler from fusing the multiply into the add (FMA)
-      acc[c] = _mm256_add_ps(acc[c], t);
-    }
-  }
-  for (int c = 0; c < C; ++c) _mm256_storeu_ps(y + c * ys, acc[c]);
-}
-
-// y[c * ys + r] for all `rows` weight rows of `w` and n (1..3) activation rows `x`; rows beyond
-// the last multiple of 8 go through the scalar kernel (the same bits).
-template <typename W, int kShift, int kType>
-void GemvScalarExact(int64_t k, const void* w, size_t ws, int64_t rows, const void* x, size_t xs,
-                     int64_t n, float* y, int64_t ys) {
-  const int64_t nb = k / kQ8_0BlockSize;
-  thread_local std::vector<XGemvBlock> xg;
-  xg.resize(static_cast<size_t>(n * nb));
-  const __m256i bias = _mm256_set1_epi8(static_cast<char>(1 << kShift));
-  for (int64_t c = 0; c < n; ++c) {
-    for (int64_t b = 0; b < nb; ++b) {
-      const BlockQ8_0* xb = reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(x) +
-                                                               c * xs) + b;
-      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb->qs));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(xg[c * nb + b].start),
-                         _mm256_sub_epi32(_mm256_setzero_si256(),
-                                          _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, xq)));
-      xg[c * nb + b].d = HalfToFloatVnni(xb->d);
-    }
-  }
-  const char* wa = static_cast<const char*>(w);
-  const char* xa = static_cast<const char*>(x);
-  const int64_t full = rows / 8 * 8;
-  for (int64_t r = 0; r < full; r += 8) {
-    const char* wr = wa + r * ws;
-    switch (n) {
-      case 1: Gemv8Rows<W, 1>(nb, wr, ws, xg.data(), xa, xs, y + r, ys); break;
-      case 2: Gemv8Rows<W, 2>(nb, wr, ws, xg.data(), xa, xs, y + r, ys); break;
-      default: Gemv8Rows<W, 3>(nb, wr, ws, xg.data(), xa, xs, y + r, ys); break;
-    }
-  }
-  const Kernels& scalar = ScalarKernels();
-  for (int64_t r = full; r < rows; r += kGemmTileW) {
-    for (int64_t c = 0; c < n; c += kGemmTileX) {
-      scalar.gemm[kType](k, wa + r * ws, ws, static_cast<int>(std::min<int64_t>(kGemmTileW, rows - r)),
-                         xa + c * xs, xs, static_cast<int>(std::min<int64_t>(kGemmTileX, n - c)),
-                         y + c * ys + r, ys);
-    }
-  }
-}
-
-// y[c * ys + r] for `rows` packed weight rows and n activation columns (packed with
+// y[c * ys + r] for `rows` packed weight rows and n activation rows (packed with
 // PackQ8_0GroupedX).
-template <int kShift>
 void GemmGrouped(int64_t k, const void* packed_w, int64_t rows, const void* packed_x, int64_t n,
                  float* y, int64_t ys) {
   const int64_t nb = k / kQ8_0BlockSize;
@@ -333,11 +356,11 @@ void GemmGrouped(int64_t k, const void* packed_w, int64_t rows, const void* pack
     const int nc = static_cast<int>(std::min<int64_t>(kLanes, n - g * kLanes));
     float* yg = y + g * kLanes * ys;
     int64_t r = 0;
-    for (; r + 4 <= rows; r += 4) {
-      GroupedRows<4, kShift>(nb, codes + r * k, scales + r * nb, k, xg + g * nb, nc, yg + r, ys);
+    for (; r + 2 <= rows; r += 2) {
+      GroupedRows<2>(nb, codes + r * k, scales + r * nb, k, xg + g * nb, nc, yg + r, ys);
     }
     for (; r < rows; ++r) {
-      GroupedRows<1, kShift>(nb, codes + r * k, scales + r * nb, k, xg + g * nb, nc, yg + r, ys);
+      GroupedRows<1>(nb, codes + r * k, scales + r * nb, k, xg + g * nb, nc, yg + r, ys);
     }
   }
 }
@@ -366,19 +389,20 @@ bool UseVnni() {
 }  // namespace
 
 
+GemmTileFn Q8_0TileVnni() { return UseVnni() ? &VnniTable<Q8Vnni>::Gemm : nullptr; }
+GemmTileFn Q5_0TileVnni() { return UseVnni() ? &VnniTable<Q5_0Vnni>::Gemm : nullptr; }
+
 const Q8_0GroupedKernels* Q8_0GroupedVnni() {
-  static constexpr Q8_0GroupedKernels kKernels = {&Q8_0GroupedXBytes, &PackQ8_0GroupedX,
+  static constexpr Q8_0GroupedKernels kKernels = {&Q8_0GroupedXBytes, &PackGroupedX<7>,
                                                   &Q8_0GroupedWBytes, &PackQ8_0GroupedW,
-                                                  &GemmGrouped<7>,
-                                                  &GemvScalarExact<BlockQ8_0, 7, 3>};
+                                                  &GemmGrouped};
   return UseVnni() ? &kKernels : nullptr;
 }
 
 const Q8_0GroupedKernels* Q5_0GroupedVnni() {
-  static constexpr Q8_0GroupedKernels kKernels = {&Q8_0GroupedXBytes, &PackQ8_0GroupedX,
+  static constexpr Q8_0GroupedKernels kKernels = {&Q8_0GroupedXBytes, &PackGroupedX<4>,
                                                   &Q8_0GroupedWBytes, &PackQ5_0GroupedW,
-                                                  &GemmGrouped<4>,
-                                                  &GemvScalarExact<BlockQ5_0, 4, 10>};
+                                                  &GemmGrouped};
   return UseVnni() ? &kKernels : nullptr;
 }
 
@@ -387,6 +411,8 @@ const Q8_0GroupedKernels* Q5_0GroupedVnni() {
 #else
 
 namespace pd::engine::cpu {
+GemmTileFn Q8_0TileVnni() { return nullptr; }
+GemmTileFn Q5_0TileVnni() { return nullptr; }
 const Q8_0GroupedKernels* Q8_0GroupedVnni() { return nullptr; }
 const Q8_0GroupedKernels* Q5_0GroupedVnni() { return nullptr; }
 }  // namespace pd::engine::cpu

@@ -435,20 +435,11 @@ absl::Status CpuBackend::MatMul(const Tensor& w, const Tensor& x, Tensor& y) {
   const int64_t n_chunks = (m + chunk_rows - 1) / chunk_rows;
   // Q8_0 and Q5_0 for a batch: activations laid out 16 rows per register once, each chunk's
   // weights copied (Q8_0) or unpacked (Q5_0) once per call (AVX512-VNNI only; bit-identical to
-  // the scalar kernels).
+  // the tiles below, so results do not depend on the batch size).
   const cpu::Q8_0GroupedKernels* q8 = nullptr;
-  if (&k_ == cpu::Avx2Kernels()) {
+  if (n >= kGroupedMinRows && &k_ == cpu::Avx2Kernels()) {
     if (w.type == DType::kQ8_0) q8 = cpu::Q8_0GroupedVnni();
     if (w.type == DType::kQ5_0) q8 = cpu::Q5_0GroupedVnni();
-  }
-  if (q8 != nullptr && n < kGroupedMinRows) {
-    // Decode: the GEMV with the grouped kernel's bits (a sequence's logits do not depend on the
-    // batch it runs in).
-    pool_.ParallelFor(n_chunks, [&](int64_t c0, int64_t c1) {
-      const int64_t r_begin = c0 * chunk_rows, r_end = std::min(m, c1 * chunk_rows);
-      q8->gemv(k, wa + r_begin * ws, ws, r_end - r_begin, xa, xs, n, ya + r_begin, m);
-    });
-    return absl::OkStatus();
   }
   if (q8 != nullptr) {
     const size_t xg_bytes = q8->x_bytes(n, k);

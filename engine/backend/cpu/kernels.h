@@ -56,11 +56,16 @@ inline constexpr int kGemmTileX = 4;
 using GemmTileFn = void (*)(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                             size_t x_stride, int nc, float* y, int64_t y_stride);
 
+// The AVX512-VNNI Q8_0 and Q5_0 (x Q8_0) tiles (avx512_vnni.cc), bit-identical to the AVX2
+// table's; nullptr when the CPU lacks AVX512F/VL/VNNI or PDSERVE_CPU_NO_VNNI is set (non-empty,
+// not "0"). The AVX2 table's Q8_0 and Q5_0 entries call them when present.
+GemmTileFn Q8_0TileVnni();
+GemmTileFn Q5_0TileVnni();
 // Q8_0 weights x many Q8_0 activation rows (batched decode, prompts) on 512-bit VPDPBUSD with 16
 // activation rows per register (avx512_vnni.cc): `pack_x` lays out n activation rows once per
 // MatMul (x_bytes(n, k) bytes, 64-byte aligned), `pack_w` a chunk of weight rows (w_bytes(rows,
 // k) bytes), `gemm` writes y[c * y_stride + r] for the chunk's rows r and all n columns c.
-// Results equal the scalar table's Q8_0 tile bit for bit. nullptr without AVX512-VNNI (or with
+// Results equal the AVX2 (and VNNI) Q8_0 tile's bit for bit. nullptr without AVX512-VNNI (or with
 // PDSERVE_CPU_NO_VNNI set).
 struct Q8_0GroupedKernels {
   size_t (*x_bytes)(int64_t n, int64_t k);
@@ -69,15 +74,16 @@ struct Q8_0GroupedKernels {
   void (*pack_w)(const void* w, size_t w_stride, int64_t rows, int64_t k, void* out);
   void (*gemm)(int64_t k, const void* packed_w, int64_t rows, const void* packed_x, int64_t n,
                float* y, int64_t y_stride);
-  // Fewer activation rows (1..3, decode): y[c * y_stride + r] for `rows` weight rows of `w` (raw
-  // blocks) and n activation rows of `x` (Q8_0 blocks), the same bits as `gemm`.
-  void (*gemv)(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* x,
-               size_t x_stride, int64_t n, float* y, int64_t y_stride);
 };
 const Q8_0GroupedKernels* Q8_0GroupedVnni();
 // The same for Q5_0 weights (x Q8_0 activations): `pack_w` unpacks the chunk's codes; results
-// equal the scalar table's Q5_0 tile bit for bit.
+// equal the AVX2 Q5_0 tile's bit for bit.
 const Q8_0GroupedKernels* Q5_0GroupedVnni();
+// The AVX2 table's Q8_0 and Q5_0 tiles without the VNNI dispatch (tests compare the two).
+void GemmQ8_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
+                  size_t x_stride, int nc, float* y, int64_t y_stride);
+void GemmQ5_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
+                  size_t x_stride, int nc, float* y, int64_t y_stride);
 
 // AVX2 dot of Q5_0 weight blocks with Q8_0 activation blocks (q5_0_avx2.cc); only called when the
 // CPU has AVX2 + FMA + F16C.

@@ -1233,12 +1233,26 @@ double ExpSubSum(const float* x, float m, float* y, int64_t n) {
   return s;
 }
 
+// Q8_0 and Q5_0: the AVX512-VNNI tile when the CPU has it (same bits), else the AVX2 one.
+void GemmQ8_0Dispatch(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
+                      size_t x_stride, int nc, float* y, int64_t y_stride) {
+  static const GemmTileFn vnni = Q8_0TileVnni();
+  (vnni != nullptr ? vnni : &TileTable<Q8Tile>::Gemm)(k, w, w_stride, nr, x, x_stride, nc, y,
+                                                       y_stride);
+}
+void GemmQ5_0Dispatch(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
+                      size_t x_stride, int nc, float* y, int64_t y_stride) {
+  static const GemmTileFn vnni = Q5_0TileVnni();
+  (vnni != nullptr ? vnni : &TileTable<Q5_0Tile>::Gemm)(k, w, w_stride, nr, x, x_stride, nc, y,
+                                                         y_stride);
+}
+
 constexpr Kernels kAvx2 = {
     .name = "avx2",
     .gemm = {&TileTable<F32Tile>::Gemm, &TileTable<F16Tile>::Gemm, &TileTable<Bf16Tile>::Gemm,
-             &TileTable<Q8Tile>::Gemm, &TileTable<Q4_0Tile>::Gemm, &TileTable<Q2KTile>::Gemm,
+             &GemmQ8_0Dispatch, &TileTable<Q4_0Tile>::Gemm, &TileTable<Q2KTile>::Gemm,
              &TileTable<Q3KTile>::Gemm, &TileTable<Q4KTile>::Gemm, &TileTable<Q5KTile>::Gemm,
-             &TileTable<Q6KTile>::Gemm, &TileTable<Q5_0Tile>::Gemm, &GemmW8A8Avx2, &GemmW4A16Avx2},
+             &TileTable<Q6KTile>::Gemm, &GemmQ5_0Dispatch, &GemmW8A8Avx2, &GemmW4A16Avx2},
     .f32_to_f16 = &F32ToF16,
     .f16_to_f32 = &F16ToF32,
     .f32_to_bf16 = &F32ToBf16,
@@ -1267,12 +1281,34 @@ constexpr Kernels kAvx2 = {
 
 const Kernels* Avx2Kernels() { return &kAvx2; }
 
+void GemmQ8_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
+                  size_t x_stride, int nc, float* y, int64_t y_stride) {
+  TileTable<Q8Tile>::Gemm(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
+}
+
+void GemmQ5_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
+                  size_t x_stride, int nc, float* y, int64_t y_stride) {
+  TileTable<Q5_0Tile>::Gemm(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
+}
+
+
 }  // namespace pd::engine::cpu
 
 #else  // no AVX2 build
 
 namespace pd::engine::cpu {
 const Kernels* Avx2Kernels() { return nullptr; }
+// No AVX2 table in this build: callers check Avx2Kernels() first; this keeps the symbol.
+void GemmQ8_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
+                  size_t x_stride, int nc, float* y, int64_t y_stride) {
+  ScalarKernels().gemm[static_cast<int>(GemmType::kQ8_0)](k, w, w_stride, nr, x, x_stride, nc, y,
+                                                           y_stride);
+}
+void GemmQ5_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
+                  size_t x_stride, int nc, float* y, int64_t y_stride) {
+  ScalarKernels().gemm[static_cast<int>(GemmType::kQ5_0)](k, w, w_stride, nr, x, x_stride, nc, y,
+                                                           y_stride);
+}
 }  // namespace pd::engine::cpu
 
 #endif
