@@ -224,7 +224,8 @@ struct Q5_0Vnni {
 // batch, and the 512-bit form does 16 pairs per instruction instead of one.
 // Weights are the unsigned operand: Q8_0 w XOR 0x80 (lanes start at -128 * the group's
 // activation sum), Q5_0 its codes (start -16 * sum); each chunk of weight rows is copied or
-// unpacked once per MatMul into a thread-local buffer with its scales as f32.
+// unpacked once per MatMul into a thread-local buffer with its scales as f32 (Q5_0), or read in
+// place (Q8_0: the XOR is one scalar instruction per four-byte group).
 
 constexpr int kLanes = 16;
 
@@ -265,26 +266,10 @@ void PackGroupedX(const void* x, size_t xs, int64_t n, int64_t k, void* out) {
   }
 }
 
+// Q5_0's packed chunk: rows of codes (k bytes each), then the rows' block scales as f32.
 size_t Q8_0GroupedWBytes(int64_t rows, int64_t k) {
   const int64_t nb = k / kQ8_0BlockSize;
   return static_cast<size_t>(rows * nb) * (kQ8_0BlockSize + sizeof(float));
-}
-
-// Q8_0: rows of w + 128 codes (k bytes each), then the rows' block scales as f32 (nb per row).
-void PackQ8_0GroupedW(const void* w, size_t ws, int64_t rows, int64_t k, void* out) {
-  const int64_t nb = k / kQ8_0BlockSize;
-  uint8_t* codes = static_cast<uint8_t*>(out);
-  float* scales = reinterpret_cast<float*>(codes + rows * k);
-  const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
-  for (int64_t r = 0; r < rows; ++r) {
-    const auto* wb = reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(w) + r * ws);
-    for (int64_t b = 0; b < nb; ++b) {
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb[b].qs));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + r * k + b * kQ8_0BlockSize),
-                          _mm256_xor_si256(q, bias));
-      scales[r * nb + b] = HalfToFloatVnni(wb[b].d);
-    }
-  }
 }
 
 // Q5_0: rows of codes (0..31), then the scales as f32.
@@ -304,7 +289,10 @@ void PackQ5_0GroupedW(const void* w, size_t ws, int64_t rows, int64_t k, void* o
 
 // R weight rows x one group of 16 activation rows (nc of them real). 8R accumulators of 16 lanes: R = 2 keeps them, the 8 activation vectors and the
 // temporaries in the 32 ZMM registers.
-template <int R>
+// kRaw: Q8_0 weights read from their blocks (`codes` = the first row's blocks, rows `k` bytes
+// apart; XOR 0x80 and the f16 scale per row and block here, weights two steps ahead prefetched),
+// otherwise packed codes (rows k bytes apart) with f32 `scales`.
+template <int R, bool kRaw>
 void GroupedRows(int64_t nb, const uint8_t* codes, const float* scales, int64_t k,
                  const XGroupBlock* xg, int nc, float* y, int64_t ys) {
   __m512 acc[R][8];
@@ -320,13 +308,24 @@ void GroupedRows(int64_t nb, const uint8_t* codes, const float* scales, int64_t 
     const __m512 dx = _mm512_load_ps(xb.d);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const uint8_t* wr = codes + r * k + b * kQ8_0BlockSize;
+      const uint8_t* wr;
+      float dw;
+      if constexpr (kRaw) {
+        const auto* wb = reinterpret_cast<const BlockQ8_0*>(codes + r * k) + b;
+        _mm_prefetch(reinterpret_cast<const char*>(wb) + 2 * R * k, _MM_HINT_T1);
+        wr = reinterpret_cast<const uint8_t*>(wb->qs);
+        dw = HalfToFloatVnni(wb->d);
+      } else {
+        wr = codes + r * k + b * kQ8_0BlockSize;
+        dw = scales[r * nb + b];
+      }
       // The tiles' d_w * d_x (the same product in every lane of a pair).
-      const __m512 s = _mm512_mul_ps(_mm512_set1_ps(scales[r * nb + b]), dx);
+      const __m512 s = _mm512_mul_ps(_mm512_set1_ps(dw), dx);
 #pragma GCC unroll 8
       for (int p = 0; p < 8; ++p) {
         int32_t w4;
         std::memcpy(&w4, wr + 4 * p, 4);
+        if constexpr (kRaw) w4 ^= static_cast<int32_t>(0x80808080u);
         const __m512i dot =
             _mm512_dpbusd_epi32(_mm512_load_si512(xb.start[p]), _mm512_set1_epi32(w4), xq[p]);
         acc[r][p] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(dot), acc[r][p]);
@@ -344,23 +343,28 @@ void GroupedRows(int64_t nb, const uint8_t* codes, const float* scales, int64_t 
   }
 }
 
-// y[c * ys + r] for `rows` packed weight rows and n activation rows (packed with
-// PackQ8_0GroupedX).
-void GemmGrouped(int64_t k, const void* packed_w, int64_t rows, const void* packed_x, int64_t n,
-                 float* y, int64_t ys) {
+// y[c * ys + r] for `rows` weight rows and n activation rows (packed with PackGroupedX). kRaw:
+// `w` are the Q8_0 blocks themselves, rows `w_stride` bytes apart; otherwise the packed codes and
+// scales of PackQ5_0GroupedW.
+template <bool kRaw>
+void GemmGrouped(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* packed_x,
+                 int64_t n, float* y, int64_t ys) {
   const int64_t nb = k / kQ8_0BlockSize;
-  const uint8_t* codes = static_cast<const uint8_t*>(packed_w);
-  const float* scales = reinterpret_cast<const float*>(codes + rows * k);
+  const uint8_t* codes = static_cast<const uint8_t*>(w);
+  const int64_t stride = kRaw ? static_cast<int64_t>(w_stride) : k;
+  const float* scales = kRaw ? nullptr : reinterpret_cast<const float*>(codes + rows * k);
   const auto* xg = static_cast<const XGroupBlock*>(packed_x);
   for (int64_t g = 0; g * kLanes < n; ++g) {
     const int nc = static_cast<int>(std::min<int64_t>(kLanes, n - g * kLanes));
     float* yg = y + g * kLanes * ys;
     int64_t r = 0;
     for (; r + 2 <= rows; r += 2) {
-      GroupedRows<2>(nb, codes + r * k, scales + r * nb, k, xg + g * nb, nc, yg + r, ys);
+      GroupedRows<2, kRaw>(nb, codes + r * stride, kRaw ? nullptr : scales + r * nb, stride,
+                           xg + g * nb, nc, yg + r, ys);
     }
     for (; r < rows; ++r) {
-      GroupedRows<1>(nb, codes + r * k, scales + r * nb, k, xg + g * nb, nc, yg + r, ys);
+      GroupedRows<1, kRaw>(nb, codes + r * stride, kRaw ? nullptr : scales + r * nb, stride,
+                           xg + g * nb, nc, yg + r, ys);
     }
   }
 }
@@ -394,15 +398,14 @@ GemmTileFn Q5_0TileVnni() { return UseVnni() ? &VnniTable<Q5_0Vnni>::Gemm : null
 
 const Q8_0GroupedKernels* Q8_0GroupedVnni() {
   static constexpr Q8_0GroupedKernels kKernels = {&Q8_0GroupedXBytes, &PackGroupedX<7>,
-                                                  &Q8_0GroupedWBytes, &PackQ8_0GroupedW,
-                                                  &GemmGrouped};
+                                                  nullptr, nullptr, &GemmGrouped<true>};
   return UseVnni() ? &kKernels : nullptr;
 }
 
 const Q8_0GroupedKernels* Q5_0GroupedVnni() {
   static constexpr Q8_0GroupedKernels kKernels = {&Q8_0GroupedXBytes, &PackGroupedX<4>,
                                                   &Q8_0GroupedWBytes, &PackQ5_0GroupedW,
-                                                  &GemmGrouped};
+                                                  &GemmGrouped<false>};
   return UseVnni() ? &kKernels : nullptr;
 }
 

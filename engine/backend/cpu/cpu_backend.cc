@@ -433,9 +433,9 @@ absl::Status CpuBackend::MatMul(const Tensor& w, const Tensor& x, Tensor& y) {
       cpu::kGemmTileW;
   chunk_rows = std::max<int64_t>(cpu::kGemmTileW, std::min(chunk_rows, balanced_rows));
   const int64_t n_chunks = (m + chunk_rows - 1) / chunk_rows;
-  // Q8_0 and Q5_0 for a batch: activations laid out 16 rows per register once, each chunk's
-  // weights copied (Q8_0) or unpacked (Q5_0) once per call (AVX512-VNNI only; bit-identical to
-  // the tiles below, so results do not depend on the batch size).
+  // Q8_0 and Q5_0 for a batch: activations laid out 16 rows per register once; Q8_0 weights read
+  // in place, Q5_0 chunks unpacked once per call (AVX512-VNNI only; bit-identical to the tiles
+  // below, so results do not depend on the batch size).
   const cpu::Q8_0GroupedKernels* q8 = nullptr;
   if (n >= kGroupedMinRows && &k_ == cpu::Avx2Kernels()) {
     if (w.type == DType::kQ8_0) q8 = cpu::Q8_0GroupedVnni();
@@ -451,9 +451,13 @@ absl::Status CpuBackend::MatMul(const Tensor& w, const Tensor& x, Tensor& y) {
       thread_local std::vector<char> wp;
       for (int64_t c = c0; c < c1; ++c) {
         const int64_t r_begin = c * chunk_rows, r_end = std::min(m, (c + 1) * chunk_rows);
+        if (q8->pack_w == nullptr) {
+          q8->gemm(k, wa + r_begin * ws, ws, r_end - r_begin, xg, n, ya + r_begin, m);
+          continue;
+        }
         wp.resize(q8->w_bytes(r_end - r_begin, k));
         q8->pack_w(wa + r_begin * ws, ws, r_end - r_begin, k, wp.data());
-        q8->gemm(k, wp.data(), r_end - r_begin, xg, n, ya + r_begin, m);
+        q8->gemm(k, wp.data(), 0, r_end - r_begin, xg, n, ya + r_begin, m);
       }
     });
     return absl::OkStatus();
