@@ -38,6 +38,19 @@ std::string_view KindName(MsgKind k) {
   return "?";
 }
 
+// The header of a LAYER message.
+MsgHeader LayerHeader(uint64_t transfer_id, int layer, uint64_t checksum, size_t body_bytes) {
+  MsgHeader h{};
+  h.magic = kMsgMagic;
+  h.version = kMsgVersion;
+  h.kind = static_cast<uint8_t>(MsgKind::kLayer);
+  h.transfer_id = transfer_id;
+  h.layer = static_cast<uint32_t>(layer);
+  h.checksum = checksum;
+  h.body_bytes = body_bytes;
+  return h;
+}
+
 absl::Status WithPrefix(const absl::Status& s, std::string_view prefix) {
   return absl::Status(s.code(), pd::StrCat(prefix, s.message()));
 }
@@ -553,14 +566,7 @@ absl::Status TransportBase::PushLayer(const std::shared_ptr<SendState>& s, int l
     // one network message per run would cost more than the copy.
     if (runs.size() <= kMaxRunsInPlace) {
       Buffer header = pool_->Get(sizeof(MsgHeader));
-      MsgHeader h{};
-      h.magic = kMsgMagic;
-      h.version = kMsgVersion;
-      h.kind = static_cast<uint8_t>(MsgKind::kLayer);
-      h.transfer_id = s->d.transfer_id;
-      h.layer = static_cast<uint32_t>(layer);
-      h.checksum = checksum;
-      h.body_bytes = g.LayerBytes();
+      const MsgHeader h = LayerHeader(s->d.transfer_id, layer, checksum, g.LayerBytes());
       std::memcpy(header.data(), &h, sizeof(h));
       auto holder = std::make_shared<Buffer>(std::move(header));
       Post([this, s, layer, holder, runs = std::move(runs)]() mutable {
@@ -581,19 +587,12 @@ absl::Status TransportBase::PushLayer(const std::shared_ptr<SendState>& s, int l
     s->pushed[layer] = false;
     return packed;
   }
-  MsgHeader h{};
-  h.magic = kMsgMagic;
-  h.version = kMsgVersion;
-  h.kind = static_cast<uint8_t>(MsgKind::kLayer);
-  h.transfer_id = s->d.transfer_id;
-  h.layer = static_cast<uint32_t>(layer);
-  h.checksum = checksum;
   if (f.corrupt_layer == layer) msg.data()[sizeof(MsgHeader) + body / 2] ^= 0x5a;
   if (f.truncate_layer == layer) {
     body -= g.SpanBytes(g.wire_dtype);
     msg.set_size(sizeof(MsgHeader) + body);
   }
-  h.body_bytes = body;
+  const MsgHeader h = LayerHeader(s->d.transfer_id, layer, checksum, body);
   std::memcpy(msg.data(), &h, sizeof(h));
   if (f.stall_after_layers >= 0 && layer >= f.stall_after_layers) return absl::OkStatus();
   auto holder = std::make_shared<Buffer>(std::move(msg));
