@@ -68,7 +68,9 @@ void TileQ8Vnni(int64_t k, const char* w, size_t ws, const char* x, size_t xs, f
     PD_VNNI_UNROLL
     for (int r = 0; r < R; ++r) {
       const BlockQ8_0* wb = reinterpret_cast<const BlockQ8_0*>(w + r * ws) + b;
-      _mm_prefetch(reinterpret_cast<const char*>(wb) + R * ws, _MM_HINT_T1);
+      // 16 tiles ahead: the weights stream from memory once per token, and a shorter distance
+      // (1, 4 or 8 tiles) left decode 3-5% slower on the default model.
+      _mm_prefetch(reinterpret_cast<const char*>(wb) + 16 * R * ws, _MM_HINT_T1);
       const __m256i wu = _mm256_xor_si256(
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb->qs)), bias);
       const __m256 dw = _mm256_set1_ps(HalfToFloatVnni(wb->d));
