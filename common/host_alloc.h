@@ -9,14 +9,12 @@
 #pragma once
 
 #include <cstddef>
-#include <cstdlib>
 
 namespace pd {
 
-// At least `bytes` bytes aligned to `alignment` (a power of two <= 4096), or nullptr when out of
-// memory. Allocations of 2 MiB or more are 2 MiB-aligned and advised as huge pages. Free with
-// FreeHost (or std::free).
+// At least `bytes` bytes (one aligned block for 0) aligned to `alignment` (a power of two
+// <= 4096), or nullptr when out of memory. Allocations of 2 MiB or more are 2 MiB-aligned and
+// advised as huge pages. Free with std::free.
 void* AllocHost(size_t bytes, size_t alignment = 64);
-inline void FreeHost(void* p) { std::free(p); }
 
 }  // namespace pd

@@ -1,6 +1,5 @@
 #include "kvtransfer/checksum.h"
 
-#include <cstdlib>
 #include <new>
 
 // The generic build (SSE2 on x86-64) of the same functions.
@@ -30,17 +29,12 @@ const internal::ChecksumImpl& Impl() {
 uint64_t Checksum64(const void* data, size_t n) { return Impl().oneshot(data, n); }
 
 // XXH3_state_t wants 64-byte alignment.
-struct Checksum64Stream::State {
-  void* mem = nullptr;
-  ~State() { ::operator delete(mem, std::align_val_t{64}); }
-};
-
-Checksum64Stream::Checksum64Stream() : s_(std::make_unique<State>()) {
-  s_->mem = ::operator new(Impl().state_bytes, std::align_val_t{64});
-  Impl().reset(s_->mem);
+Checksum64Stream::Checksum64Stream()
+    : state_(::operator new(Impl().state_bytes, std::align_val_t{64})) {
+  Impl().reset(state_);
 }
-Checksum64Stream::~Checksum64Stream() = default;
-void Checksum64Stream::Update(const void* data, size_t n) { Impl().update(s_->mem, data, n); }
-uint64_t Checksum64Stream::Digest() const { return Impl().digest(s_->mem); }
+Checksum64Stream::~Checksum64Stream() { ::operator delete(state_, std::align_val_t{64}); }
+void Checksum64Stream::Update(const void* data, size_t n) { Impl().update(state_, data, n); }
+uint64_t Checksum64Stream::Digest() const { return Impl().digest(state_); }
 
 }  // namespace pd::kvtransfer

@@ -6,7 +6,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 
 namespace pd::kvtransfer {
 
@@ -25,8 +24,7 @@ class Checksum64Stream {
   uint64_t Digest() const;
 
  private:
-  struct State;
-  std::unique_ptr<State> s_;
+  void* state_;  // an XXH3_state_t (64-byte aligned, owned)
 };
 
 // Internal: one implementation per instruction set (checksum.cc picks at run time).

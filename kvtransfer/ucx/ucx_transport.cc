@@ -26,27 +26,26 @@ using internal::MsgKind;
 // Tag: [63:56] message kind, [55:40] layer, [39:0] transfer id (in the destination's namespace).
 // Every message on a worker is taken by a wildcard probe; the tag tells which transfer a failed
 // receive belonged to before its header has arrived.
-uint64_t MakeTag(MsgKind kind, uint64_t transfer_id, uint32_t layer) {
+// `kind` is a MsgKind or one of the UCX-only kinds below.
+uint64_t MakeTag(uint8_t kind, uint64_t transfer_id, uint32_t layer) {
   return (static_cast<uint64_t>(kind) << 56) | ((static_cast<uint64_t>(layer) & 0xffff) << 40) |
          (transfer_id & ((uint64_t{1} << 40) - 1));
 }
-MsgKind TagKind(uint64_t tag) { return static_cast<MsgKind>(tag >> 56); }
+uint64_t MakeTag(MsgKind kind, uint64_t transfer_id, uint32_t layer) {
+  return MakeTag(static_cast<uint8_t>(kind), transfer_id, layer);
+}
+uint8_t TagKind(uint64_t tag) { return static_cast<uint8_t>(tag >> 56); }
 
 // A layer sent in place (SendLayerRuns) travels as one LAYER_HEAD message, [MsgHeader][uint64
 // number of parts], then that many LAYER_PART messages, each one contiguous run of the payload in
 // order, sent zero-copy from the sender's cache. UCX matches messages from one endpoint in the
 // order they were sent, so a layer's parts are probed after its head; the receiver receives them
 // one after the other into a single buffer and hands it to the protocol as one LAYER message.
-// These two kinds exist only on the UCX wire (outside MsgKind's range).
-// Runs are cut into parts of at most kPartBytes, so that the receiver hashes each part while it
-// is still in L2 right after landing.
+// These two kinds exist only on the UCX wire (outside MsgKind's range). Runs are cut into parts
+// of at most kPartBytes, so that the receiver hashes each part while it is still in L2.
 constexpr uint8_t kTagLayerHead = 0x40;
-constexpr size_t kPartBytes = size_t{1} << 20;
 constexpr uint8_t kTagLayerPart = 0x41;
-uint64_t MakeRawTag(uint8_t kind, uint64_t transfer_id, uint32_t layer) {
-  return MakeTag(static_cast<MsgKind>(kind), transfer_id, layer);
-}
-uint8_t RawKind(uint64_t tag) { return static_cast<uint8_t>(tag >> 56); }
+constexpr size_t kPartBytes = size_t{1} << 20;
 uint32_t TagLayer(uint64_t tag) { return static_cast<uint32_t>((tag >> 40) & 0xffff); }
 uint64_t TagTransfer(uint64_t tag) { return tag & ((uint64_t{1} << 40) - 1); }
 
@@ -244,12 +243,12 @@ class UcxTransport final : public internal::TransportBase {
     std::memcpy(head.data() + sizeof(internal::MsgHeader), &n_parts, 8);
     const void* head_data = head.data();  // before `head` is moved into the request
     const size_t head_size = head.size();
-    Send(peer, MakeRawTag(kTagLayerHead, transfer_id, layer), head_data, head_size,
+    Send(peer, MakeTag(kTagLayerHead, transfer_id, layer), head_data, head_size,
          std::move(head));
     for (const ByteRun& r : runs) {
       for (size_t off = 0; off < r.bytes; off += kPartBytes) {
         if (peer->failed) return;
-        Send(peer, MakeRawTag(kTagLayerPart, transfer_id, layer), r.data + off,
+        Send(peer, MakeTag(kTagLayerPart, transfer_id, layer), r.data + off,
              std::min(kPartBytes, r.bytes - off), Buffer());
       }
     }
@@ -264,21 +263,17 @@ class UcxTransport final : public internal::TransportBase {
       ucp_tag_message_h m = ucp_tag_probe_nb(worker_.get(), 0, 0, /*remove=*/1, &info);
       if (m == nullptr) break;
       did = true;
-      const uint8_t raw_kind = RawKind(info.sender_tag);
-      if (raw_kind == kTagLayerHead) {
+      const uint8_t kind = TagKind(info.sender_tag);
+      if (kind == kTagLayerHead) {
         ReceiveHead(m, info);
         continue;
       }
-      if (raw_kind == kTagLayerPart) {
+      if (kind == kTagLayerPart) {
         ReceivePart(m, info);
         continue;
       }
       auto* req = new RecvReq{this, info.sender_tag, pool().Get(info.length)};
-      ucp_request_param_t param{};
-      param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-      param.cb.recv = &UcxTransport::RecvDoneCb;
-      param.user_data = req;
-      void* r = ucp_tag_msg_recv_nbx(worker_.get(), req->msg.data(), req->msg.size(), m, &param);
+      void* r = PostReceive(m, req->msg.data(), req->msg.size(), &UcxTransport::RecvDoneCb, req);
       if (r == nullptr) {
         ready_.push_back({std::move(req->msg), std::nullopt});
         delete req;
@@ -295,7 +290,9 @@ class UcxTransport final : public internal::TransportBase {
       for (auto& [b, sum] : ready) OnMessage(std::move(b), sum);
       std::vector<std::pair<uint64_t, absl::Status>> rf;
       rf.swap(recv_failed_);
-      for (auto& [tag, st] : rf) OnReceiveFailed(TagKind(tag), TagTransfer(tag), st);
+      for (auto& [tag, st] : rf) {
+        OnReceiveFailed(static_cast<MsgKind>(TagKind(tag)), TagTransfer(tag), st);
+      }
       std::vector<std::pair<std::shared_ptr<UcxPeer>, absl::Status>> fp;
       fp.swap(failed_peers_);
       for (auto& [peer, st] : fp) {
@@ -352,6 +349,18 @@ class UcxTransport final : public internal::TransportBase {
   }
 
  private:
+  // Receives probed message `m` into `size` bytes at `dst`; `done(request, status, info,
+  // user_data)` runs when it completes later. Returns ucp_tag_msg_recv_nbx's result (nullptr:
+  // completed in place, `done` will not run).
+  void* PostReceive(ucp_tag_message_h m, void* dst, size_t size, ucp_tag_recv_nbx_callback_t done,
+                    void* user_data) {
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    param.cb.recv = done;
+    param.user_data = user_data;
+    return ucp_tag_msg_recv_nbx(worker_.get(), dst, size, m, &param);
+  }
+
   // Key of a layer in flight: (transfer, layer) as the tag carries them.
   static uint64_t AssemblyKey(uint64_t tag) { return tag & ((uint64_t{1} << 56) - 1); }
 
@@ -416,11 +425,7 @@ class UcxTransport final : public internal::TransportBase {
       }
       if (a != nullptr && a->parts_left > 0) --a->parts_left;
       auto* req = new RecvReq{this, 0, pool().Get(info.length)};
-      ucp_request_param_t param{};
-      param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-      param.cb.recv = &UcxTransport::DiscardDoneCb;
-      param.user_data = req;
-      void* r = ucp_tag_msg_recv_nbx(worker_.get(), req->msg.data(), req->msg.size(), m, &param);
+      void* r = PostReceive(m, req->msg.data(), req->msg.size(), &UcxTransport::DiscardDoneCb, req);
       if (r == nullptr || UCS_PTR_IS_ERR(r)) delete req;
       if (a != nullptr) MaybeAssembled(a);
       return;
@@ -432,11 +437,7 @@ class UcxTransport final : public internal::TransportBase {
     a->parts.push_back(ByteRun{dst, info.length});
     a->landed.push_back(false);
     auto* req = new PartReq{this, a, index};
-    ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    param.cb.recv = &UcxTransport::PartDoneCb;
-    param.user_data = req;
-    void* r = ucp_tag_msg_recv_nbx(worker_.get(), dst, info.length, m, &param);
+    void* r = PostReceive(m, dst, info.length, &UcxTransport::PartDoneCb, req);
     if (r == nullptr) {
       a->Landed(index);
       delete req;

@@ -110,7 +110,6 @@ inline __m256i UnpackQ5_0Vnni(const BlockQ5_0* wb) {
   return _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(hb, bits), sixteen));
 }
 
-
 // Q5_0 x Q8_0, four blocks per step like the AVX2 tile (one f16 -> f32 conversion for their
 // scales); each block is unpacked here and the weights two tiles ahead are prefetched into L2.
 template <int R, int C>
@@ -225,9 +224,9 @@ struct Q5_0Vnni {
 // tiles', and ggml's x86 order) for every batch size: a sequence's logits do not depend on its
 // batch, and the 512-bit form does 16 pairs per instruction instead of one.
 // Weights are the unsigned operand: Q8_0 w XOR 0x80 (lanes start at -128 * the group's
-// activation sum), Q5_0 its codes (start -16 * sum); each chunk of weight rows is copied or
-// unpacked once per MatMul into a thread-local buffer with its scales as f32 (Q5_0), or read in
-// place (Q8_0: the XOR is one scalar instruction per four-byte group).
+// activation sum), Q5_0 its codes (start -16 * sum). Q8_0 weights are read in place (the XOR is
+// one scalar instruction per four-byte group); each chunk of Q5_0 rows is unpacked once per
+// MatMul into a thread-local buffer with its scales as f32.
 
 constexpr int kLanes = 16;
 
@@ -241,7 +240,7 @@ struct XGroupBlock {
 };
 static_assert(sizeof(XGroupBlock) == 1088);
 
-size_t Q8_0GroupedXBytes(int64_t n, int64_t k) {
+size_t GroupedXBytes(int64_t n, int64_t k) {
   return static_cast<size_t>((n + kLanes - 1) / kLanes) * static_cast<size_t>(k / kQ8_0BlockSize) *
          sizeof(XGroupBlock);
 }
@@ -250,7 +249,7 @@ template <int kShift>
 void PackGroupedX(const void* x, size_t xs, int64_t n, int64_t k, void* out) {
   const int64_t nb = k / kQ8_0BlockSize;
   auto* g = static_cast<XGroupBlock*>(out);
-  std::memset(out, 0, Q8_0GroupedXBytes(n, k));
+  std::memset(out, 0, GroupedXBytes(n, k));
   for (int64_t c = 0; c < n; ++c) {
     const auto* xb = reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(x) + c * xs);
     const int64_t grp = c / kLanes;
@@ -268,13 +267,12 @@ void PackGroupedX(const void* x, size_t xs, int64_t n, int64_t k, void* out) {
   }
 }
 
-// Q5_0's packed chunk: rows of codes (k bytes each), then the rows' block scales as f32.
-size_t Q8_0GroupedWBytes(int64_t rows, int64_t k) {
+// Q5_0's packed chunk: rows of codes (0..31, k bytes each), then the rows' block scales as f32.
+size_t Q5_0PackedBytes(int64_t rows, int64_t k) {
   const int64_t nb = k / kQ8_0BlockSize;
   return static_cast<size_t>(rows * nb) * (kQ8_0BlockSize + sizeof(float));
 }
 
-// Q5_0: rows of codes (0..31), then the scales as f32.
 void PackQ5_0GroupedW(const void* w, size_t ws, int64_t rows, int64_t k, void* out) {
   const int64_t nb = k / kQ8_0BlockSize;
   uint8_t* codes = static_cast<uint8_t*>(out);
@@ -289,13 +287,12 @@ void PackQ5_0GroupedW(const void* w, size_t ws, int64_t rows, int64_t k, void* o
   }
 }
 
-// R weight rows x one group of 16 activation rows (nc of them real). 8R accumulators of 16 lanes: R = 2 keeps them, the 8 activation vectors and the
-// temporaries in the 32 ZMM registers.
-// kRaw: Q8_0 weights read from their blocks (`codes` = the first row's blocks, rows `k` bytes
-// apart; XOR 0x80 and the f16 scale per row and block here, weights two steps ahead prefetched),
-// otherwise packed codes (rows k bytes apart) with f32 `scales`.
+// R weight rows x one group of 16 activation rows (nc of them real), rows `stride` bytes apart.
+// 8R accumulators of 16 lanes: R = 2 keeps them, the 8 activation vectors and the temporaries in
+// the 32 ZMM registers. kRaw: Q8_0 blocks (XOR 0x80 and the f16 scale per row and block here,
+// weights two steps ahead prefetched); otherwise packed codes with f32 `scales`.
 template <int R, bool kRaw>
-void GroupedRows(int64_t nb, const uint8_t* codes, const float* scales, int64_t k,
+void GroupedRows(int64_t nb, const uint8_t* codes, const float* scales, int64_t stride,
                  const XGroupBlock* xg, int nc, float* y, int64_t ys) {
   __m512 acc[R][8];
 #pragma GCC unroll 8
@@ -313,12 +310,12 @@ void GroupedRows(int64_t nb, const uint8_t* codes, const float* scales, int64_t 
       const uint8_t* wr;
       float dw;
       if constexpr (kRaw) {
-        const auto* wb = reinterpret_cast<const BlockQ8_0*>(codes + r * k) + b;
-        _mm_prefetch(reinterpret_cast<const char*>(wb) + 2 * R * k, _MM_HINT_T1);
+        const auto* wb = reinterpret_cast<const BlockQ8_0*>(codes + r * stride) + b;
+        _mm_prefetch(reinterpret_cast<const char*>(wb) + 2 * R * stride, _MM_HINT_T1);
         wr = reinterpret_cast<const uint8_t*>(wb->qs);
         dw = HalfToFloatVnni(wb->d);
       } else {
-        wr = codes + r * k + b * kQ8_0BlockSize;
+        wr = codes + r * stride + b * kQ8_0BlockSize;
         dw = scales[r * nb + b];
       }
       // The tiles' d_w * d_x (the same product in every lane of a pair).
@@ -394,19 +391,18 @@ bool UseVnni() {
 
 }  // namespace
 
-
 GemmTileFn Q8_0TileVnni() { return UseVnni() ? &VnniTable<Q8Vnni>::Gemm : nullptr; }
 GemmTileFn Q5_0TileVnni() { return UseVnni() ? &VnniTable<Q5_0Vnni>::Gemm : nullptr; }
 
-const Q8_0GroupedKernels* Q8_0GroupedVnni() {
-  static constexpr Q8_0GroupedKernels kKernels = {&Q8_0GroupedXBytes, &PackGroupedX<7>,
+const GroupedKernels* Q8_0GroupedVnni() {
+  static constexpr GroupedKernels kKernels = {&GroupedXBytes, &PackGroupedX<7>,
                                                   nullptr, nullptr, &GemmGrouped<true>};
   return UseVnni() ? &kKernels : nullptr;
 }
 
-const Q8_0GroupedKernels* Q5_0GroupedVnni() {
-  static constexpr Q8_0GroupedKernels kKernels = {&Q8_0GroupedXBytes, &PackGroupedX<4>,
-                                                  &Q8_0GroupedWBytes, &PackQ5_0GroupedW,
+const GroupedKernels* Q5_0GroupedVnni() {
+  static constexpr GroupedKernels kKernels = {&GroupedXBytes, &PackGroupedX<4>,
+                                                  &Q5_0PackedBytes, &PackQ5_0GroupedW,
                                                   &GemmGrouped<false>};
   return UseVnni() ? &kKernels : nullptr;
 }
@@ -418,8 +414,8 @@ const Q8_0GroupedKernels* Q5_0GroupedVnni() {
 namespace pd::engine::cpu {
 GemmTileFn Q8_0TileVnni() { return nullptr; }
 GemmTileFn Q5_0TileVnni() { return nullptr; }
-const Q8_0GroupedKernels* Q8_0GroupedVnni() { return nullptr; }
-const Q8_0GroupedKernels* Q5_0GroupedVnni() { return nullptr; }
+const GroupedKernels* Q8_0GroupedVnni() { return nullptr; }
+const GroupedKernels* Q5_0GroupedVnni() { return nullptr; }
 }  // namespace pd::engine::cpu
 
 #endif

@@ -58,10 +58,6 @@ class HostBuffer final : public Buffer {
   size_t size_;
 };
 
-// Returns nullptr when out of memory. Always allocates at least one aligned block.
-void* AlignedAlloc(size_t bytes) {
-  return AllocHost(std::max(bytes, kAlignment), kAlignment);  // huge pages from 2 MiB up
-}
 
 bool IsSupported(DType t) { return DTypeFromGgml(static_cast<uint32_t>(t)).has_value(); }
 
@@ -260,7 +256,7 @@ class CpuBackend final : public Backend {
   std::string_view name() const override { return "cpu"; }
 
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override {
-    void* p = AlignedAlloc(bytes);
+    void* p = AllocHost(bytes, kAlignment);
     if (p == nullptr) {
       return absl::ResourceExhaustedError(
           absl::StrCat("cpu: cannot allocate ", bytes, " bytes of host memory"));
@@ -319,7 +315,7 @@ class CpuBackend final : public Backend {
   // Scratch memory for converted activations, grown on demand and kept between calls.
   absl::StatusOr<char*> Scratch(size_t bytes) {
     if (bytes > scratch_size_) {
-      void* p = AlignedAlloc(bytes);
+      void* p = AllocHost(bytes, kAlignment);
       if (p == nullptr) {
         return absl::ResourceExhaustedError(
             absl::StrCat("cpu: cannot allocate ", bytes, " bytes of scratch memory"));
@@ -436,28 +432,28 @@ absl::Status CpuBackend::MatMul(const Tensor& w, const Tensor& x, Tensor& y) {
   // Q8_0 and Q5_0 for a batch: activations laid out 16 rows per register once; Q8_0 weights read
   // in place, Q5_0 chunks unpacked once per call (AVX512-VNNI only; bit-identical to the tiles
   // below, so results do not depend on the batch size).
-  const cpu::Q8_0GroupedKernels* q8 = nullptr;
+  const cpu::GroupedKernels* grouped = nullptr;
   if (n >= kGroupedMinRows && &k_ == cpu::Avx2Kernels()) {
-    if (w.type == DType::kQ8_0) q8 = cpu::Q8_0GroupedVnni();
-    if (w.type == DType::kQ5_0) q8 = cpu::Q5_0GroupedVnni();
+    if (w.type == DType::kQ8_0) grouped = cpu::Q8_0GroupedVnni();
+    if (w.type == DType::kQ5_0) grouped = cpu::Q5_0GroupedVnni();
   }
-  if (q8 != nullptr) {
-    const size_t xg_bytes = q8->x_bytes(n, k);
+  if (grouped != nullptr) {
     thread_local std::vector<char> xg_storage;
-    xg_storage.resize(xg_bytes + 64);
+    xg_storage.resize(grouped->x_bytes(n, k) + 64);
     char* xg = xg_storage.data() + (64 - reinterpret_cast<uintptr_t>(xg_storage.data()) % 64) % 64;
-    q8->pack_x(xa, xs, n, k, xg);
+    grouped->pack_x(xa, xs, n, k, xg);
     pool_.ParallelFor(n_chunks, [&](int64_t c0, int64_t c1) {
       thread_local std::vector<char> wp;
       for (int64_t c = c0; c < c1; ++c) {
-        const int64_t r_begin = c * chunk_rows, r_end = std::min(m, (c + 1) * chunk_rows);
-        if (q8->pack_w == nullptr) {
-          q8->gemm(k, wa + r_begin * ws, ws, r_end - r_begin, xg, n, ya + r_begin, m);
-          continue;
+        const int64_t r_begin = c * chunk_rows, rows = std::min(m, (c + 1) * chunk_rows) - r_begin;
+        const char* wc = wa + r_begin * ws;
+        if (grouped->pack_w == nullptr) {
+          grouped->gemm(k, wc, ws, rows, xg, n, ya + r_begin, m);
+        } else {
+          wp.resize(grouped->w_bytes(rows, k));
+          grouped->pack_w(wc, ws, rows, k, wp.data());
+          grouped->gemm(k, wp.data(), 0, rows, xg, n, ya + r_begin, m);
         }
-        wp.resize(q8->w_bytes(r_end - r_begin, k));
-        q8->pack_w(wa + r_begin * ws, ws, r_end - r_begin, k, wp.data());
-        q8->gemm(k, wp.data(), 0, r_end - r_begin, xg, n, ya + r_begin, m);
       }
     });
     return absl::OkStatus();

@@ -61,27 +61,24 @@ using GemmTileFn = void (*)(int64_t k, const void* w, size_t w_stride, int nr, c
 // not "0"). The AVX2 table's Q8_0 and Q5_0 entries call them when present.
 GemmTileFn Q8_0TileVnni();
 GemmTileFn Q5_0TileVnni();
-// Q8_0 weights x many Q8_0 activation rows (batched decode, prompts) on 512-bit VPDPBUSD with 16
-// activation rows per register (avx512_vnni.cc): `pack_x` lays out n activation rows once per
-// MatMul (x_bytes(n, k) bytes, 64-byte aligned), `pack_w` (Q5_0 only) a chunk of weight rows
-// (w_bytes(rows, k) bytes), `gemm` writes y[c * y_stride + r] for the chunk's rows r and all n
-// columns c.
-// Results equal the AVX2 (and VNNI) Q8_0 tile's bit for bit. nullptr without AVX512-VNNI (or with
-// PDSERVE_CPU_NO_VNNI set).
-struct Q8_0GroupedKernels {
+// Q8_0 or Q5_0 weights x many Q8_0 activation rows (batched decode, prompts) on 512-bit VPDPBUSD
+// with 16 activation rows per register (avx512_vnni.cc): `pack_x` lays out n activation rows once
+// per MatMul (x_bytes(n, k) bytes, 64-byte aligned); `pack_w` (Q5_0 only) unpacks a chunk of
+// weight rows (w_bytes(rows, k) bytes); `gemm` writes y[c * y_stride + r] for the chunk's rows r
+// and all n columns c. Results equal the AVX2 (and VNNI) tiles' bit for bit. nullptr without
+// AVX512-VNNI (or with PDSERVE_CPU_NO_VNNI set).
+struct GroupedKernels {
   size_t (*x_bytes)(int64_t n, int64_t k);
   void (*pack_x)(const void* x, size_t x_stride, int64_t n, int64_t k, void* out);
   // nullptr: `gemm` reads the weight blocks in place (Q8_0).
   size_t (*w_bytes)(int64_t rows, int64_t k);
   void (*pack_w)(const void* w, size_t w_stride, int64_t rows, int64_t k, void* out);
-  // `w`: the packed chunk (w_stride ignored) or, without pack_w, the raw rows.
+  // `w`: the packed chunk (w_stride ignored) or, without pack_w, the rows themselves.
   void (*gemm)(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* packed_x,
                int64_t n, float* y, int64_t y_stride);
 };
-const Q8_0GroupedKernels* Q8_0GroupedVnni();
-// The same for Q5_0 weights (x Q8_0 activations): `pack_w` unpacks the chunk's codes; results
-// equal the AVX2 Q5_0 tile's bit for bit.
-const Q8_0GroupedKernels* Q5_0GroupedVnni();
+const GroupedKernels* Q8_0GroupedVnni();
+const GroupedKernels* Q5_0GroupedVnni();
 // The AVX2 table's Q8_0 and Q5_0 tiles without the VNNI dispatch (tests compare the two).
 void GemmQ8_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                   size_t x_stride, int nc, float* y, int64_t y_stride);

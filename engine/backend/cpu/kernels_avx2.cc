@@ -1291,7 +1291,6 @@ void GemmQ5_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void*
   TileTable<Q5_0Tile>::Gemm(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
 }
 
-
 }  // namespace pd::engine::cpu
 
 #else  // no AVX2 build

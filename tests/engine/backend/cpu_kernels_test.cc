@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <initializer_list>
 #include <random>
 #include <type_traits>
 #include <vector>
@@ -281,69 +282,48 @@ TEST_F(KernelsTest, Q8_0DotHandlesMinus128Weights) {
   EXPECT_EQ(ya, want);
 }
 
-// The AVX512-VNNI Q8_0 tile gives the AVX2 tile's bits (same int32 lanes, same F32 order), on
-// random codes (weights over the whole int8 range, -128 included; activations in [-127, 127], as
-// the activation quantizer writes them) and every tile shape.
-TEST(Q8_0VnniTest, BitIdenticalToTheAvx2Tile) {
-  const GemmTileFn vnni = Q8_0TileVnni();
-  if (vnni == nullptr || Avx2Kernels() == nullptr) {
-    GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_NO_VNNI is set)";
-  }
-  std::mt19937 rng(5);
-  std::uniform_int_distribution<int> wcode(-128, 127), xcode(-127, 127), scale(0x2000, 0x4000);
-  for (int64_t k : {32, 640, 4096}) {
-    const int64_t nb = k / 32;
-    std::vector<BlockQ8_0> w(4 * nb), x(4 * nb);
-    for (auto* v : {&w, &x}) {
-      for (BlockQ8_0& b : *v) {
-        b.d = static_cast<uint16_t>(scale(rng));
-        for (int8_t& q : b.qs) q = static_cast<int8_t>(v == &w ? wcode(rng) : xcode(rng));
-      }
-    }
-    const size_t stride = nb * sizeof(BlockQ8_0);
-    for (int nr = 1; nr <= kGemmTileW; ++nr) {
-      for (int nc = 1; nc <= kGemmTileX; ++nc) {
-        float ya[16], yv[16];
-        GemmQ8_0Avx2(k, w.data(), stride, nr, x.data(), stride, nc, ya, 4);
-        vnni(k, w.data(), stride, nr, x.data(), stride, nc, yv, 4);
-        for (int c = 0; c < nc; ++c) {
-          for (int r = 0; r < nr; ++r) {
-            EXPECT_EQ(std::bit_cast<uint32_t>(ya[c * 4 + r]), std::bit_cast<uint32_t>(yv[c * 4 + r]))
-                << "k " << k << " tile " << nr << "x" << nc << " at " << r << "," << c;
-          }
-        }
-      }
-    }
-  }
-}
-
-// The AVX512-VNNI Q5_0 tile gives the AVX2 tile's bits, four-block steps and leftover blocks
-// alike (k = 160 and 4128 leave one over).
-TEST(Q5_0VnniTest, BitIdenticalToTheAvx2Tile) {
-  const GemmTileFn vnni = Q5_0TileVnni();
-  if (vnni == nullptr || Avx2Kernels() == nullptr) {
-    GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_NO_VNNI is set)";
-  }
-  std::mt19937 rng(9);
-  std::uniform_int_distribution<int> byte(0, 255), xcode(-127, 127), scale(0x2000, 0x4000);
-  for (int64_t k : {32, 160, 640, 4128}) {
-    const int64_t nb = k / 32;
-    std::vector<BlockQ5_0> w(4 * nb);
-    std::vector<BlockQ8_0> x(4 * nb);
-    for (BlockQ5_0& b : w) {
-      b.d = static_cast<uint16_t>(scale(rng));
+// Random blocks for the VNNI tests: weight codes over their whole range (Q8_0: -128 included),
+// activations in [-127, 127] as the activation quantizer writes them, f16 scales in [2^-13, 2].
+template <typename W>
+std::vector<W> RandomWeightBlocks(std::mt19937& rng, size_t count) {
+  std::uniform_int_distribution<int> byte(0, 255), scale(0x2000, 0x4000);
+  std::vector<W> v(count);
+  for (W& b : v) {
+    b.d = static_cast<uint16_t>(scale(rng));
+    if constexpr (std::is_same_v<W, BlockQ8_0>) {
+      for (int8_t& q : b.qs) q = static_cast<int8_t>(byte(rng) - 128);
+    } else {
       for (uint8_t& q : b.qh) q = static_cast<uint8_t>(byte(rng));
       for (uint8_t& q : b.qs) q = static_cast<uint8_t>(byte(rng));
     }
-    for (BlockQ8_0& b : x) {
-      b.d = static_cast<uint16_t>(scale(rng));
-      for (int8_t& q : b.qs) q = static_cast<int8_t>(xcode(rng));
-    }
-    const size_t ws = nb * sizeof(BlockQ5_0), xs = nb * sizeof(BlockQ8_0);
+  }
+  return v;
+}
+std::vector<BlockQ8_0> RandomActivationBlocks(std::mt19937& rng, size_t count) {
+  std::uniform_int_distribution<int> xcode(-127, 127), scale(0x2000, 0x4000);
+  std::vector<BlockQ8_0> v(count);
+  for (BlockQ8_0& b : v) {
+    b.d = static_cast<uint16_t>(scale(rng));
+    for (int8_t& q : b.qs) q = static_cast<int8_t>(xcode(rng));
+  }
+  return v;
+}
+
+// A VNNI tile against the AVX2 one, bit for bit, at every tile shape: 4 weight rows and 4
+// activation rows of k values.
+template <typename W>
+void ExpectTileBitsEqual(GemmTileFn vnni, GemmTileFn avx2, uint32_t seed,
+                         std::initializer_list<int64_t> ks) {
+  std::mt19937 rng(seed);
+  for (int64_t k : ks) {
+    const int64_t nb = k / 32;
+    const std::vector<W> w = RandomWeightBlocks<W>(rng, 4 * nb);
+    const std::vector<BlockQ8_0> x = RandomActivationBlocks(rng, 4 * nb);
+    const size_t ws = nb * sizeof(W), xs = nb * sizeof(BlockQ8_0);
     for (int nr = 1; nr <= kGemmTileW; ++nr) {
       for (int nc = 1; nc <= kGemmTileX; ++nc) {
         float ya[16], yv[16];
-        GemmQ5_0Avx2(k, w.data(), ws, nr, x.data(), xs, nc, ya, 4);
+        avx2(k, w.data(), ws, nr, x.data(), xs, nc, ya, 4);
         vnni(k, w.data(), ws, nr, x.data(), xs, nc, yv, 4);
         for (int c = 0; c < nc; ++c) {
           for (int r = 0; r < nr; ++r) {
@@ -356,43 +336,47 @@ TEST(Q5_0VnniTest, BitIdenticalToTheAvx2Tile) {
   }
 }
 
+// The AVX512-VNNI Q8_0 tile gives the AVX2 tile's bits (same int32 lanes, same F32 order).
+TEST(Q8_0VnniTest, BitIdenticalToTheAvx2Tile) {
+  const GemmTileFn vnni = Q8_0TileVnni();
+  if (vnni == nullptr || Avx2Kernels() == nullptr) {
+    GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_NO_VNNI is set)";
+  }
+  ExpectTileBitsEqual<BlockQ8_0>(vnni, &GemmQ8_0Avx2, 5, {32, 640, 4096});
+}
+
+// The AVX512-VNNI Q5_0 tile gives the AVX2 tile's bits, four-block steps and leftover blocks
+// alike (k = 160 and 4128 leave one over).
+TEST(Q5_0VnniTest, BitIdenticalToTheAvx2Tile) {
+  const GemmTileFn vnni = Q5_0TileVnni();
+  if (vnni == nullptr || Avx2Kernels() == nullptr) {
+    GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_NO_VNNI is set)";
+  }
+  ExpectTileBitsEqual<BlockQ5_0>(vnni, &GemmQ5_0Avx2, 9, {32, 160, 640, 4128});
+}
+
 // The grouped 512-bit kernels (16 activation rows per register) give the AVX2 tiles' bits for
 // Q8_0 and Q5_0 weights (and so the decode path's: a sequence's logits do not depend on its
 // batch): odd and even row counts (the 2-row steps and the tail), activation counts that fill one
 // group, part of one, and several, and k with one or many blocks.
 template <typename W>
-void ExpectGroupedEqualsTiles(const Q8_0GroupedKernels* g, GemmTileFn tiles, uint32_t seed) {
+void ExpectGroupedEqualsTiles(const GroupedKernels* g, GemmTileFn tiles, uint32_t seed) {
   std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> byte(0, 255), wcode(-128, 127), xcode(-127, 127),
-      scale(0x2000, 0x4000);
   for (int64_t k : {32, 640, 2048}) {
     const int64_t nb = k / 32;
     for (int64_t rows : {1, 3, 4, 9}) {
       for (int64_t n : {4, 7, 16, 17, 40}) {
-        std::vector<W> w(rows * nb);
-        for (W& b : w) {
-          b.d = static_cast<uint16_t>(scale(rng));
-          if constexpr (std::is_same_v<W, BlockQ8_0>) {
-            for (int8_t& q : b.qs) q = static_cast<int8_t>(wcode(rng));
-          } else {
-            for (uint8_t& q : b.qh) q = static_cast<uint8_t>(byte(rng));
-            for (uint8_t& q : b.qs) q = static_cast<uint8_t>(byte(rng));
-          }
-        }
-        std::vector<BlockQ8_0> x(n * nb);
-        for (BlockQ8_0& b : x) {
-          b.d = static_cast<uint16_t>(scale(rng));
-          for (int8_t& q : b.qs) q = static_cast<int8_t>(xcode(rng));
-        }
+        const std::vector<W> w = RandomWeightBlocks<W>(rng, rows * nb);
+        const std::vector<BlockQ8_0> x = RandomActivationBlocks(rng, n * nb);
         const size_t ws = nb * sizeof(W), xs = nb * sizeof(BlockQ8_0);
         std::vector<float> want(n * rows), got(n * rows, -1.f);
         for (int64_t c = 0; c < n; c += kGemmTileX) {
           for (int64_t r = 0; r < rows; r += kGemmTileW) {
             tiles(k, reinterpret_cast<const char*>(w.data()) + r * ws, ws,
-                                    static_cast<int>(std::min<int64_t>(kGemmTileW, rows - r)),
-                                    reinterpret_cast<const char*>(x.data()) + c * xs, xs,
-                                    static_cast<int>(std::min<int64_t>(kGemmTileX, n - c)),
-                                    want.data() + c * rows + r, rows);
+                  static_cast<int>(std::min<int64_t>(kGemmTileW, rows - r)),
+                  reinterpret_cast<const char*>(x.data()) + c * xs, xs,
+                  static_cast<int>(std::min<int64_t>(kGemmTileX, n - c)),
+                  want.data() + c * rows + r, rows);
           }
         }
         std::vector<char> xp(g->x_bytes(n, k) + 64);
@@ -419,13 +403,13 @@ void ExpectGroupedEqualsTiles(const Q8_0GroupedKernels* g, GemmTileFn tiles, uin
 }
 
 TEST(GroupedVnniTest, Q8_0BitIdenticalToTheAvx2Tiles) {
-  const Q8_0GroupedKernels* g = Q8_0GroupedVnni();
+  const GroupedKernels* g = Q8_0GroupedVnni();
   if (g == nullptr) GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_NO_VNNI is set)";
   ExpectGroupedEqualsTiles<BlockQ8_0>(g, &GemmQ8_0Avx2, 21);
 }
 
 TEST(GroupedVnniTest, Q5_0BitIdenticalToTheAvx2Tiles) {
-  const Q8_0GroupedKernels* g = Q5_0GroupedVnni();
+  const GroupedKernels* g = Q5_0GroupedVnni();
   if (g == nullptr) GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_NO_VNNI is set)";
   ExpectGroupedEqualsTiles<BlockQ5_0>(g, &GemmQ5_0Avx2, 22);
 }
