@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs the staged CUDA backend test on a GPU machine (see stage.sh), then the same MatMul f16 and
+# RmsNorm shapes through PyTorch on the same GPU as the reference, and prints one table:
+# ours, PyTorch, the ratio, and the physical limit (HBM bytes / bandwidth for the memory-bound
+# shapes, FLOPs / dense F16 tensor peak for the large one).
+#
+#   STAGE/run_staged.sh            # writes $OUT/gpu_checks.log too when OUT is set
+#
+# Exit status: 0 passed; 1 a test failed; 2 no cuBLAS 13 found; 3 no usable GPU.
+set -uo pipefail
+STAGE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if [[ -n "${OUT:-}" ]]; then mkdir -p "$OUT"; exec > >(tee -a "$OUT/gpu_checks.log") 2>&1; fi
+echo "==== machine ($(date -u +%FT%TZ))"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv || true
+nproc; uname -r
+# cuBLAS/cudart of the GPU machine: the toolkit's, else the pip wheels PyTorch ships.
+CUDA_LIBS=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
+         $(python3 -c 'import nvidia,os;print(" ".join(os.path.join(p,"cu13","lib") for p in nvidia.__path__))' 2>/dev/null); do
+  [[ -e "$d/libcublas.so.13" ]] && CUDA_LIBS="$CUDA_LIBS:$d"
+done
+[[ -n "$CUDA_LIBS" ]] || { echo "no libcublas.so.13 on this machine"; exit 2; }
+echo "CUDA libraries from:${CUDA_LIBS//:/ }"
+export LD_LIBRARY_PATH="$STAGE/lib$CUDA_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+echo "==== cuda_backend_test"
+PD_CUDA_BENCH=1 "$STAGE/cuda_backend_test" --gtest_color=no 2>&1 | tee "$STAGE/test.log"
+RC=${PIPESTATUS[0]}
+grep -q "no CUDA backend:" "$STAGE/test.log" && { grep -m1 "no CUDA backend:" "$STAGE/test.log"; exit 3; }
+echo "==== reference (PyTorch) and table"
+python3 "$STAGE/torch_reference.py" "$STAGE/test.log" || echo "(PyTorch reference failed: see above)"
+((RC == 0)) || { echo "cuda_backend_test FAILED (exit $RC)"; exit 1; }
+echo "GPU CHECKS PASSED"
