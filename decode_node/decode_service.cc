@@ -126,6 +126,7 @@ engine::GenerationRequest DecodeService::ToEngine(const nv1::ReserveRequest& res
   g.max_tokens = request.max_tokens();
   g.stop_token_ids.insert(request.stop_token_ids().begin(), request.stop_token_ids().end());
   g.priority = request.priority();
+  g.resumed_tokens = request.resumed_tokens();
   return g;
 }
 

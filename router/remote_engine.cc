@@ -339,6 +339,7 @@ void RemoteEngine::Run(std::shared_ptr<Call> call) {
     nreq.set_max_tokens(remaining);
     for (int32_t t : req.stop_token_ids) nreq.add_stop_token_ids(t);
     nreq.set_priority(req.priority);
+    nreq.set_resumed_tokens(static_cast<int32_t>(sent.size()));
 
     // The first attempt may prefill on a prefill node (the disaggregated path).
     bool disaggregated = false;

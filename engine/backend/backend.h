@@ -82,6 +82,10 @@ struct KvBatch {
   absl::Span<const int32_t> seq;                            // [n_tokens] -> index into tables
   std::vector<absl::Span<const int32_t>> block_tables;      // per sequence: block ids
   int block_size = 16;
+  // Optional (empty, or one per token): kRowOrderAttnWide picks the order Attention sums V rows in
+  // for that token (see Backend::Attention). Empty: a sequence with two or more tokens in the
+  // batch takes it.
+  absl::Span<const uint8_t> row_orders;
 };
 
 struct AttentionParams {
@@ -92,6 +96,14 @@ struct AttentionParams {
   int window = 0;      // sliding window in positions; 0 = full causal attention
   float softcap = 0.f; // if > 0: logits = softcap * tanh(logits / softcap)
 };
+
+// Row-order flags of Backend::MatMulRowOrder (Gemv, Wide) and KvBatch::row_orders (AttnWide):
+// which of llama.cpp's x86 kernels a row would go through. AttnWide: the row is one of a batch of
+// two or more prompt rows, whose V sum llama.cpp does with tinyBLAS; without it, ggml_vec_dot_f32
+// (one row).
+inline constexpr uint8_t kRowOrderGemv = 1;
+inline constexpr uint8_t kRowOrderWide = 2;
+inline constexpr uint8_t kRowOrderAttnWide = 4;
 
 class Backend {
  public:
@@ -123,6 +135,19 @@ class Backend {
   // against F32 activations. pdserve's W8A8 weights take activations quantized to INT8 per token
   // (w8a8.h), W4A16 weights F32 activations (w4a16.h).
   virtual absl::Status MatMul(const Tensor& w, const Tensor& x, Tensor& y) = 0;
+  // MatMul where each row of x names the summation order llama.cpp's x86 CPU backend would give
+  // it: llama.cpp picks kernels per matmul from the rows it multiplies, so a row's rounding depends
+  // on its sequence's rows in the batch. row_orders[r] (row_orders.size() == x.rows) holds flags:
+  //   kRowOrderGemv: Q4_K matrices with a multiple of 8 rows are repacked; llama.cpp multiplies
+  //     rows in full groups of four with its GEMM and the rest with its GEMV. Set: the GEMV order.
+  //   kRowOrderWide: k-quant matrices that are not repacked (Q6_K, Q5_K, other Q4_K) go through
+  //     llama.cpp's tiled kernel for 8 or more rows, its vec_dot below. Set: the tiled order.
+  // Plain MatMul treats the whole batch as one sequence. Backends and weight types without such
+  // orders ignore the flags.
+  virtual absl::Status MatMulRowOrder(const Tensor& w, const Tensor& x, Tensor& y,
+                                      absl::Span<const uint8_t> row_orders) {
+    return MatMul(w, x, y);
+  }
   // out[i, :] = dequant(table[ids[i], :]) (embedding lookup). out: F32 [ids.size(), table.cols].
   virtual absl::Status GetRows(const Tensor& table, absl::Span<const int32_t> ids, Tensor& out) = 0;
   // y = x / sqrt(mean(x^2) + eps) * w, per row. w: F32 [1, cols] (or nullptr data = no weight).

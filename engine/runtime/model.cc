@@ -13,7 +13,41 @@ namespace {
 // Scratch slots, each a [rows, cols] F32 activation buffer.
 enum Slot { kX, kH, kQ, kK, kV, kAttn, kO, kGate, kUp, kOutX, kOutH, kLogits, kNumSlots };
 
+// The summation order llama.cpp gives each row (Backend::MatMulRowOrder), from the `rows`
+// (indices into the batch) of each sequence that a matmul multiplies, in batch order: those past
+// the last full group of four get kRowOrderGemv, and all of them kRowOrderWide when there are 8
+// or more. A sequence's orders depend only on its own rows, so batching sequences together
+// changes none of them.
+void MarkRowOrders(absl::Span<const int32_t> seq, absl::Span<const int32_t> rows,
+                   std::vector<uint8_t>& orders) {
+  std::map<int32_t, int64_t> count, seen;
+  for (int32_t r : rows) ++count[seq[r]];
+  for (int32_t r : rows) {
+    const int64_t c = count[seq[r]];
+    orders[r] = static_cast<uint8_t>((seen[seq[r]]++ >= c - c % 4 ? kRowOrderGemv : 0) |
+                                     (c >= 8 ? kRowOrderWide : 0) |
+                                     (c >= 2 ? kRowOrderAttnWide : 0));
+  }
+}
+
 }  // namespace
+
+// llama.cpp given the whole prompt of prompt_len tokens in one batch: rows past the last full
+// group of four take its GEMV orders, all rows its tiled k-quant order when there are 8 or more
+// and tinyBLAS attention when there are two or more; a generated token is a batch of one. The
+// last layer's feed-forward runs on the output rows only: one row unless every position outputs.
+void Batch::AddOrdered(int32_t token, int32_t position, int64_t seq_id, bool want_logits,
+                       int32_t prompt_len, bool all_logits) {
+  uint8_t o = kRowOrderGemv;
+  if (position < prompt_len) {
+    const int32_t l = prompt_len;
+    o = static_cast<uint8_t>((position >= l - l % 4 ? kRowOrderGemv : 0) |
+                             (l >= 8 ? kRowOrderWide : 0) | (l >= 2 ? kRowOrderAttnWide : 0));
+  }
+  orders.push_back(o);
+  orders_last.push_back(all_logits && position < prompt_len ? o : kRowOrderGemv);
+  Add(token, position, seq_id, want_logits);
+}
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(std::shared_ptr<const GgufFile> file,
                                                    Backend& backend) {
@@ -59,7 +93,7 @@ Tensor Model::Scratch(int index, int64_t cols, int64_t rows) {
 }
 
 absl::Status Model::Linear(const Tensor& w, const char* name, int layer, const Tensor& x,
-                           Tensor& y) {
+                           Tensor& y, absl::Span<const uint8_t> row_orders) {
   if (observer_ != nullptr) {
     observe_buf_.resize(static_cast<size_t>(x.numel()));
     PD_RETURN_IF_ERROR(backend_.Download(observe_buf_.data(), x.data, x.bytes()));
@@ -68,7 +102,17 @@ absl::Status Model::Linear(const Tensor& w, const char* name, int layer, const T
                                         : pd::StrCat(name, ".weight");
     observer_->Observe(full, observe_buf_.data(), x.rows, x.cols);
   }
-  return backend_.MatMul(w, x, y);
+  return backend_.MatMulRowOrder(w, x, y, row_orders);
+}
+
+absl::Status Model::ObserveIntermediate(const char* name, int layer, const Tensor& x) {
+  if (observer_ == nullptr || !observer_->WantsIntermediates()) return absl::OkStatus();
+  observe_buf_.resize(static_cast<size_t>(x.numel()));
+  PD_RETURN_IF_ERROR(backend_.Download(observe_buf_.data(), x.data, x.bytes()));
+  PD_RETURN_IF_ERROR(backend_.Synchronize());
+  observer_->ObserveIntermediate(pd::StrCat("blk.", layer, ".", name), observe_buf_.data(), x.rows,
+                                 x.cols);
+  return absl::OkStatus();
 }
 
 absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>* logits,
@@ -112,6 +156,24 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
   const int64_t n_out = static_cast<int64_t>(batch.logits_rows.size());
   PD_RETURN_IF_ERROR(EnsureScratch(n, n_out));
 
+  // Row orders (MarkRowOrders): every layer's matmuls over the whole batch; llama.cpp runs the
+  // last layer's feed-forward and the output head on the output rows only, so there a row's order
+  // follows its place among its sequence's output rows.
+  std::vector<int32_t> all_rows(n);
+  for (int64_t i = 0; i < n; ++i) all_rows[i] = static_cast<int32_t>(i);
+  std::vector<uint8_t> orders(n), orders_last(n), orders_out(n_out);
+  if (static_cast<int64_t>(batch.orders.size()) == n &&
+      static_cast<int64_t>(batch.orders_last.size()) == n) {
+    orders = batch.orders;
+    orders_last = batch.orders_last;
+  } else {
+    MarkRowOrders(seq_of_token, all_rows, orders);
+    orders_last = orders;
+    if (n_out > 0) MarkRowOrders(seq_of_token, batch.logits_rows, orders_last);
+  }
+  for (int64_t j = 0; j < n_out; ++j) orders_out[j] = orders_last[batch.logits_rows[j]];
+  kvb.row_orders = absl::MakeConstSpan(orders);
+
   Backend& b = backend_;
   const int64_t q_dim = int64_t{c.n_head} * c.head_dim;
   const int64_t kv_dim = int64_t{c.n_head_kv} * c.head_dim;
@@ -153,9 +215,9 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
     // Attention block.  h = norm(x); q,k,v = h W^T (+ b); [qk norm]; rope; store; attend;
     // x += [post norm](attn Wo^T)
     PD_RETURN_IF_ERROR(b.RmsNorm(x, w.attn_norm, c.rms_eps, h));
-    PD_RETURN_IF_ERROR(Linear(w.wq, "attn_q", l, h, q));
-    PD_RETURN_IF_ERROR(Linear(w.wk, "attn_k", l, h, k));
-    PD_RETURN_IF_ERROR(Linear(w.wv, "attn_v", l, h, v));
+    PD_RETURN_IF_ERROR(Linear(w.wq, "attn_q", l, h, q, orders));
+    PD_RETURN_IF_ERROR(Linear(w.wk, "attn_k", l, h, k, orders));
+    PD_RETURN_IF_ERROR(Linear(w.wv, "attn_v", l, h, v, orders));
     if (w.bq.data != nullptr) {
       PD_RETURN_IF_ERROR(b.AddBias(q, w.bq, q));
       PD_RETURN_IF_ERROR(b.AddBias(k, w.bk, k));
@@ -167,6 +229,9 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
     }
     PD_RETURN_IF_ERROR(b.Rope(q, c.n_head, pos, rope));
     PD_RETURN_IF_ERROR(b.Rope(k, c.n_head_kv, pos, rope));
+    PD_RETURN_IF_ERROR(ObserveIntermediate("Qcur", l, q));
+    PD_RETURN_IF_ERROR(ObserveIntermediate("Kcur", l, k));
+    PD_RETURN_IF_ERROR(ObserveIntermediate("Vcur", l, v));
     if (c.attention_scale > 0) PD_RETURN_IF_ERROR(b.Scale(q, c.attention_scale, q));
     PD_RETURN_IF_ERROR(b.StoreKv(k, v, kv.k(l), kv.v(l), kvb));
     if (after_kv_store) {
@@ -174,19 +239,21 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
       after_kv_store(l);
     }
     PD_RETURN_IF_ERROR(b.Attention(q, kv.k(l), kv.v(l), kvb, ap, attn));
-    PD_RETURN_IF_ERROR(Linear(w.wo, "attn_output", l, attn, o));
+    PD_RETURN_IF_ERROR(Linear(w.wo, "attn_output", l, attn, o, orders));
     if (c.post_norms) PD_RETURN_IF_ERROR(b.RmsNorm(o, w.post_attn_norm, c.rms_eps, o));
     PD_RETURN_IF_ERROR(b.Add(x, o, x));
     // Feed-forward block.  x += [post norm]((act(h Wg^T) * (h Wu^T)) Wd^T)
     PD_RETURN_IF_ERROR(b.RmsNorm(x, w.ffn_norm, c.rms_eps, h));
-    PD_RETURN_IF_ERROR(Linear(w.w_gate, "ffn_gate", l, h, gate));
-    PD_RETURN_IF_ERROR(Linear(w.w_up, "ffn_up", l, h, up));
+    const absl::Span<const uint8_t> ffn_orders = l + 1 == c.n_layer ? orders_last : orders;
+    PD_RETURN_IF_ERROR(Linear(w.w_gate, "ffn_gate", l, h, gate, ffn_orders));
+    PD_RETURN_IF_ERROR(Linear(w.w_up, "ffn_up", l, h, up, ffn_orders));
     if (c.ffn_act == FfnActivation::kGeluTanh) {
       PD_RETURN_IF_ERROR(b.GeGlu(gate, up, gate));
     } else {
       PD_RETURN_IF_ERROR(b.SwiGlu(gate, up, gate));
     }
-    PD_RETURN_IF_ERROR(Linear(w.w_down, "ffn_down", l, gate, o));
+    PD_RETURN_IF_ERROR(Linear(w.w_down, "ffn_down", l, gate, o, ffn_orders));
+    PD_RETURN_IF_ERROR(ObserveIntermediate("ffn_out", l, o));
     if (c.post_norms) PD_RETURN_IF_ERROR(b.RmsNorm(o, w.post_ffn_norm, c.rms_eps, o));
     PD_RETURN_IF_ERROR(b.Add(x, o, x));
   }
@@ -201,7 +268,7 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
   PD_RETURN_IF_ERROR(b.GetRows(x, absl::MakeConstSpan(batch.logits_rows), out_x));
   PD_RETURN_IF_ERROR(b.RmsNorm(out_x, weights_->output_norm, c.rms_eps, out_h));
   PD_RETURN_IF_ERROR(Linear(weights_->output, c.tied_output ? "token_embd" : "output", -1, out_h,
-                            out_logits));
+                            out_logits, orders_out));
   logits->resize(static_cast<size_t>(n_out) * c.n_vocab);
   PD_RETURN_IF_ERROR(b.Download(logits->data(), out_logits.data, out_logits.bytes()));
   return b.Synchronize();

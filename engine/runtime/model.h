@@ -27,12 +27,23 @@ struct Batch {
   std::vector<int64_t> seq;          // [n] KV-cache sequence id of each token
   std::vector<int32_t> logits_rows;  // indices into tokens whose next-token logits are wanted
 
+  // Summation orders (Backend::MatMulRowOrder flags) per row, for every layer and for the last
+  // layer's feed-forward and the output head. Filled by AddOrdered for all rows, they make each
+  // row's numerics depend on its place in its own prompt only: chunking a prompt or batching it
+  // with other sequences changes no bit, and a prompt given in one batch gets llama.cpp's orders.
+  // Empty (rows added with Add): the orders follow this batch's rows of each sequence.
+  std::vector<uint8_t> orders, orders_last;
+
   void Add(int32_t token, int32_t position, int64_t seq_id, bool want_logits) {
     if (want_logits) logits_rows.push_back(static_cast<int32_t>(tokens.size()));
     tokens.push_back(token);
     pos.push_back(position);
     seq.push_back(seq_id);
   }
+  // A row of a sequence whose prompt has prompt_len tokens (position >= prompt_len: a generated
+  // token); all_logits: every prompt position of the sequence outputs logits (else only the last).
+  void AddOrdered(int32_t token, int32_t position, int64_t seq_id, bool want_logits,
+                  int32_t prompt_len, bool all_logits = false);
   size_t size() const { return tokens.size(); }
 };
 
@@ -43,6 +54,14 @@ class MatMulObserver {
   virtual ~MatMulObserver() = default;
   // `weight`: the GGUF tensor name ("blk.3.ffn_down.weight"); `x`: [rows, cols] F32 activations.
   virtual void Observe(std::string_view weight, const float* x, int64_t rows, int64_t cols) = 0;
+  // Wants the attention intermediates too (ObserveIntermediate); off by default, so that an
+  // observer that only calibrates costs no extra copies.
+  virtual bool WantsIntermediates() const { return false; }
+  // Q and K after RoPE (before any query scale), V, and the feed-forward output (before its post
+  // norm), per layer: `name` is "blk.L.Qcur", "blk.L.Kcur", "blk.L.Vcur" or "blk.L.ffn_out"; `x`:
+  // [rows, cols] F32.
+  virtual void ObserveIntermediate(std::string_view name, const float* x, int64_t rows,
+                                   int64_t cols) {}
 };
 
 class Model {
@@ -82,7 +101,8 @@ class Model {
   absl::Status EnsureScratch(int64_t n_tokens, int64_t n_out);
   Tensor Scratch(int index, int64_t cols, int64_t rows);
   // MatMul of a named weight; reports the input to the observer first, if any.
-  absl::Status Linear(const Tensor& w, const char* name, int layer, const Tensor& x, Tensor& y);
+  absl::Status Linear(const Tensor& w, const char* name, int layer, const Tensor& x, Tensor& y,
+                      absl::Span<const uint8_t> row_orders);
 
   std::shared_ptr<const GgufFile> file_;
   Backend& backend_;
@@ -92,6 +112,8 @@ class Model {
   int64_t scratch_tokens_ = 0;
   int64_t scratch_out_ = 0;
   MatMulObserver* observer_ = nullptr;
+  // Reports an attention intermediate to the observer when it wants them.
+  absl::Status ObserveIntermediate(const char* name, int layer, const Tensor& x);
   std::vector<float> observe_buf_;
 };
 

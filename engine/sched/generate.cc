@@ -48,7 +48,8 @@ absl::StatusOr<GenerateResult> Generate(Model& model, KvCache& kv, int64_t seq,
     PD_RETURN_IF_ERROR(kv.Reserve(seq, static_cast<int>(end)));
     Batch batch;
     for (size_t i = start; i < end; ++i) {
-      batch.Add(prompt[i], static_cast<int32_t>(i), seq, i + 1 == prompt.size());
+      batch.AddOrdered(prompt[i], static_cast<int32_t>(i), seq, i + 1 == prompt.size(),
+                       static_cast<int32_t>(prompt.size()));
     }
     PD_RETURN_IF_ERROR(model.Forward(batch, kv, &logits));
   }
@@ -72,7 +73,7 @@ absl::StatusOr<GenerateResult> Generate(Model& model, KvCache& kv, int64_t seq,
     const int32_t pos = static_cast<int32_t>(history.size()) - 1;
     PD_RETURN_IF_ERROR(kv.Reserve(seq, pos + 1));
     Batch batch;
-    batch.Add(token, pos, seq, true);
+    batch.AddOrdered(token, pos, seq, true, static_cast<int32_t>(prompt.size()));
     PD_RETURN_IF_ERROR(model.Forward(batch, kv, &logits));
   }
   result.decode_seconds = Now() - t1;

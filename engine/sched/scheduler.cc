@@ -19,6 +19,7 @@ struct Scheduler::Sequence {
         sink(std::move(in.sink)),
         tokens(std::move(in.request.prompt)),
         n_prompt(static_cast<int>(tokens.size())),
+        order_prompt_len(n_prompt - std::clamp(in.request.resumed_tokens, 0, n_prompt - 1)),
         max_tokens(in.request.max_tokens),
         stop(std::move(in.request.stop_token_ids)),
         priority(in.request.priority),
@@ -42,6 +43,9 @@ struct Scheduler::Sequence {
   const std::shared_ptr<GenerationSink> sink;
   std::vector<int32_t> tokens;  // prompt + generated: the sampler's history, the recompute input
   const int n_prompt;
+  // The prompt length that fixes each row's summation orders (Batch::AddOrdered): n_prompt less
+  // the tokens a retried request had already generated elsewhere.
+  const int order_prompt_len;
   const int max_tokens;
   const absl::flat_hash_set<int32_t> stop;
   const int priority;
@@ -636,7 +640,7 @@ void Scheduler::Execute(const StepPlan& plan, StepStats& stats) {
       for (int i = 0; i < s->planned; ++i) {
         const int pos = s->n_computed + i;
         const bool want_logits = pos + 1 == static_cast<int>(s->tokens.size());
-        batch.Add(s->tokens[pos], pos, s->kv_id, want_logits);
+        batch.AddOrdered(s->tokens[pos], pos, s->kv_id, want_logits, s->order_prompt_len);
         if (want_logits) rows.push_back(s);
       }
       stats.batch.push_back(StepSequence{s->id, s->planned, s->planned_prefill});

@@ -1,17 +1,20 @@
 """The default model (Gemma 3 270M, Q4_K_M) against llama.cpp on the same file.
 
-References come from scripts/make_gemma_reference.py (llama.cpp through llama-cpp-python). The
-targets of the Gemma issue are top-1 agreement >= 99% and mean KL(llama.cpp || ours) <= 1e-3 over
-2,048 positions of held-out text, and identical greedy 64-token continuations of the 20 prompts of
-testdata/gemma/prompts.txt (a divergence explained only where llama.cpp's two best logits are
-within 1e-4). They are NOT met yet (the issue stays open): we measure top-1 0.960, mean KL 3.8e-3,
-8/20 identical (0.951, 4.6e-3, 7/20 before Q8_0 activations were quantized like ggml-cpu's x86
-quantize_row_q8_0: id = 127 / amax, ties to even). For scale, llama.cpp against itself on the same file with its repacked kernels
-switched off (use_extra_bufts=false) gives top-1 0.960 and mean KL 5.2e-3 on the same positions:
-the Q4_K_M activation-quantization noise of this small model is of that size, and any kernel that
-rounds in a different order lands there. The assertions below are regression floors at that level
-(a real bug, e.g. a wrong rope base or norm, gives KL > 0.1); the measured figures are printed
-under 'measurements' at the end of the run.
+References come from scripts/make_gemma_reference.py (llama.cpp through llama-cpp-python, built
+natively on an AVX-512 machine). The targets of the Gemma issue are top-1 agreement >= 99% and
+mean KL(llama.cpp || ours) <= 1e-3 over 2,048 positions of held-out text, and identical greedy
+64-token continuations of the 20 prompts of testdata/gemma/prompts.txt (a divergence explained
+only where llama.cpp's two best logits are within 1e-4).
+
+This model amplifies a one-ulp difference anywhere into a different Q8 activation code a few
+layers on (llama.cpp against itself with its repacked kernels off agrees on only 96% of top-1
+tokens), so the targets need the same bits as llama.cpp, not merely close ones. Our CPU backend
+reproduces the summation orders of ggml's x86 kernels (docs/numerics.md; checked tensor by tensor
+with scripts/compare_intermediates.py): measured top-1 1.0000, mean KL 3e-9, 20/20 identical.
+ggml's attention order depends on the vector width it was built for, so the targets are asserted
+where the CPU has what the reference machine had (AVX512F/DQ/VL/VNNI); elsewhere the tests hold
+the regression floors of an unmatched order (a real bug, e.g. a wrong rope base or norm, gives
+KL > 0.1).
 
 KL is computed over llama.cpp's 32 most likely tokens plus one bucket for the rest of the
 vocabulary (both distributions coarsened the same way), which is a lower bound of the full KL by
@@ -30,6 +33,18 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _same_orders_as_reference() -> bool:
+    """The CPU has the instruction sets whose ggml orders the reference was made with."""
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return False
+    return {"avx512f", "avx512dq", "avx512vl", "avx512_vnni", "avx2", "fma"} <= flags
+
+
+SAME_ORDERS = _same_orders_as_reference()
 MODEL = REPO / "models" / "gemma-3-270m-q4_k_m.gguf"
 REF = REPO / "testdata" / "reference" / "gemma3" / "reference.json"
 OUR_TOP = 64
@@ -87,8 +102,12 @@ def test_eval_text_top1_and_kl(pdctl, ref, tmp_path, measurement):
     measurement(f"gemma3 eval: {total} positions, top-1 agreement {top1:.4f}, mean KL {mean_kl:.3e}, "
           f"max KL {max(kls):.3e}, mass outside llama.cpp's top-{k}: {np.mean(uncovered):.3e}")
     assert total >= 2000
-    assert top1 >= 0.94, f"top-1 agreement {top1:.4f} fell below the regression floor"
-    assert mean_kl <= 6e-3, f"mean KL {mean_kl:.3e} rose above the regression floor"
+    if SAME_ORDERS:
+        assert top1 >= 0.99, f"top-1 agreement {top1:.4f} misses the 99% target"
+        assert mean_kl <= 1e-3, f"mean KL {mean_kl:.3e} misses the 1e-3 target"
+    else:
+        assert top1 >= 0.94, f"top-1 agreement {top1:.4f} fell below the regression floor"
+        assert mean_kl <= 6e-3, f"mean KL {mean_kl:.3e} rose above the regression floor"
 
 
 def test_greedy_continuations(pdctl, ref, measurement):
@@ -109,8 +128,10 @@ def test_greedy_continuations(pdctl, ref, measurement):
             measurement(f"gemma3 greedy {g['prompt'][:30]!r}: diverges at step {div} "
                         f"(llama.cpp top-2 margin there {g['margins'][div]:.2e})")
     measurement(f"gemma3 greedy: {exact}/{len(ref['greedy'])} continuations of 64 tokens identical")
-    # Regression floor (target: all 20 identical or explained; see the module docstring).
-    assert exact >= 5, f"only {exact}/20 greedy continuations identical; diverging: {unexplained}"
+    if SAME_ORDERS:  # the target: every continuation identical, or diverging at a near-tie
+        assert not unexplained, f"greedy continuations diverge: {unexplained}"
+    else:  # regression floor of an unmatched order (see the module docstring)
+        assert exact >= 5, f"only {exact}/20 greedy continuations identical; diverging: {unexplained}"
 
 
 def test_tokenization_matches_llamacpp(pdctl, ref, tmp_path, measurement):

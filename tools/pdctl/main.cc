@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -232,8 +233,36 @@ int RunGenerate(GenerateFlags& g) {
 // Without --top: the final position's n_vocab float32 logits. With --top N: for each position
 // (every prompt position with --all, else the last), a record of float32 logsumexp of the full
 // logits, N int32 token ids by decreasing logit, and their N float32 logits.
+// Writes the input of every weight matmul to DIR/<weight name>.f32 ([rows, cols] float32,
+// row-major), and each layer's Q, K (after RoPE) and V to DIR/blk.L.{Q,K,V}cur.f32: for comparing a forward pass with another engine's intermediate tensors
+// (scripts/compare_intermediates.py does it against llama.cpp).
+class MatMulInputDumper final : public engine::MatMulObserver {
+ public:
+  explicit MatMulInputDumper(std::string dir) : dir_(std::move(dir)) {}
+  void Observe(std::string_view weight, const float* x, int64_t rows, int64_t cols) override {
+    Write(weight, x, rows, cols);
+  }
+  bool WantsIntermediates() const override { return true; }
+  void ObserveIntermediate(std::string_view name, const float* x, int64_t rows,
+                           int64_t cols) override {
+    Write(name, x, rows, cols);
+  }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  void Write(std::string_view name, const float* x, int64_t rows, int64_t cols) {
+    const std::string path = pd::StrCat(dir_, "/", name, ".f32");
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(x), static_cast<std::streamsize>(rows * cols * sizeof(float)));
+    if (!out && status_.ok()) status_ = absl::InternalError(pd::StrCat("cannot write '", path, "'"));
+  }
+
+  std::string dir_;
+  absl::Status status_;
+};
+
 int RunLogits(EngineFlags& f, const std::string& prompt_ids, const std::string& out_path,
-              bool all_positions, int top) {
+              bool all_positions, int top, const std::string& dump_dir) {
   auto ids = ParseIds(prompt_ids);
   if (!ids.ok()) return Fail(ids.status());
   if (ids->empty()) return Fail(absl::InvalidArgumentError("--prompt-ids is empty"));
@@ -242,10 +271,24 @@ int RunLogits(EngineFlags& f, const std::string& prompt_ids, const std::string& 
   if (auto s = e->kv->Reserve(0, static_cast<int>(ids->size())); !s.ok()) return Fail(s);
   engine::Batch batch;
   for (size_t i = 0; i < ids->size(); ++i) {
-    batch.Add((*ids)[i], static_cast<int32_t>(i), 0, all_positions || i + 1 == ids->size());
+    batch.AddOrdered((*ids)[i], static_cast<int32_t>(i), 0, all_positions || i + 1 == ids->size(),
+                     static_cast<int32_t>(ids->size()), all_positions);
+  }
+  std::optional<MatMulInputDumper> dumper;
+  if (!dump_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(dump_dir, ec);
+    if (ec) {
+      return Fail(absl::InvalidArgumentError(
+          pd::StrCat("cannot create --dump-matmul-inputs directory '", dump_dir, "': ", ec.message())));
+    }
+    dumper.emplace(dump_dir);
+    e->model->set_observer(&*dumper);
   }
   std::vector<float> logits;
   if (auto s = e->model->Forward(batch, *e->kv, &logits); !s.ok()) return Fail(s);
+  e->model->set_observer(nullptr);
+  if (dumper && !dumper->status().ok()) return Fail(dumper->status());
   std::ofstream out(out_path, std::ios::binary);
   if (top <= 0) {
     out.write(reinterpret_cast<const char*>(logits.data()), logits.size() * sizeof(float));
@@ -576,6 +619,10 @@ int main(int argc, char** argv) {
   lg->add_option("--top", logit_top,
                  "write per position: float32 logsumexp, then the N best ids (int32) and their "
                  "logits (float32); 0 = the final position's full logits");
+  std::string logit_dump;
+  lg->add_option("--dump-matmul-inputs", logit_dump,
+                 "also write the input of every weight matmul to DIR/<weight>.f32 (float32 "
+                 "[tokens, cols]), for comparing intermediates with another engine");
 
   std::string tk_model, tk_file, tk_text;
   bool tk_no_special = false;
@@ -641,7 +688,7 @@ int main(int argc, char** argv) {
     }
     return RunGenerate(g);
   }
-  if (lg->parsed()) return RunLogits(lf, logit_ids, logit_out, logit_all, logit_top);
+  if (lg->parsed()) return RunLogits(lf, logit_ids, logit_out, logit_all, logit_top, logit_dump);
   if (tk->parsed()) {
     if (tk_file.empty() && tt->count() == 0) {
       std::fprintf(stderr, "pdctl tokenize: give --text or --file\n");

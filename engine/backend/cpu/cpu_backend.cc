@@ -5,8 +5,9 @@
 // activation row once per call to the weight's companion type (F16, BF16, Q8_0 for Q8_0/Q4_0,
 // Q8_K for the k-quants) and dots in that type with F32 accumulation; RmsNorm sums squares in
 // F64; Softmax sums exponentials in F64; Rope builds angles in F32 by repeated multiplication.
-// Attention dots queries in F32 against F32 keys (F16 keys are widened, not the query narrowed)
-// and uses a two-pass softmax in F32.
+// Attention follows ggml's order (dot, softmax, weighted sum of V: cpu::AttnKernels), bit-exact
+// with llama.cpp for an F32 K/V cache; F16 keys and values are widened to F32 (llama.cpp instead
+// rounds the query and the probabilities to F16), INT8 ones dequantized on the fly.
 //
 // Thread safety: as backend.h says, one engine thread at a time; ops parallelize internally.
 #include <algorithm>
@@ -204,6 +205,10 @@ absl::Status CheckKvBatch(const KvBatch& kv, int64_t n_tokens) {
   if (kv.block_size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("KvBatch: block_size ", kv.block_size));
   }
+  if (!kv.row_orders.empty() && static_cast<int64_t>(kv.row_orders.size()) != n_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("KvBatch: ", kv.row_orders.size(),
+                                                   " row orders for ", n_tokens, " tokens"));
+  }
   for (int64_t t = 0; t < n_tokens; ++t) {
     if (kv.seq[t] < 0 || static_cast<size_t>(kv.seq[t]) >= kv.block_tables.size()) {
       return absl::InvalidArgumentError(absl::StrCat("KvBatch: token ", t, " has sequence ",
@@ -286,7 +291,19 @@ class CpuBackend final : public Backend {
 
   absl::Status Synchronize() override { return absl::OkStatus(); }
 
-  absl::Status MatMul(const Tensor& w, const Tensor& x, Tensor& y) override;
+  absl::Status MatMul(const Tensor& w, const Tensor& x, Tensor& y) override {
+    return MatMulImpl(w, x, y, {});
+  }
+  absl::Status MatMulRowOrder(const Tensor& w, const Tensor& x, Tensor& y,
+                              absl::Span<const uint8_t> row_orders) override {
+    if (static_cast<int64_t>(row_orders.size()) != x.rows) {
+      return absl::InvalidArgumentError(absl::StrCat("MatMulRowOrder: ", row_orders.size(),
+                                                     " row orders for x ", Describe(x)));
+    }
+    return MatMulImpl(w, x, y, row_orders);
+  }
+  absl::Status MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
+                          absl::Span<const uint8_t> row_orders);
   absl::Status GetRows(const Tensor& table, absl::Span<const int32_t> ids, Tensor& out) override;
   absl::Status RmsNorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) override;
   absl::Status Rope(Tensor& x, int n_heads, absl::Span<const int32_t> pos,
@@ -342,7 +359,8 @@ class CpuBackend final : public Backend {
 // weight chunk a pass over the converted activations (from cache). Flops: 2 * n * m * k.
 // Activations are converted to the weight's companion type (CompanionType: F16, BF16, Q8_0 for
 // Q8_0 and Q4_0, Q8_K for the k-quants) once per call, in parallel over rows.
-absl::Status CpuBackend::MatMul(const Tensor& w, const Tensor& x, Tensor& y) {
+absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
+                                    absl::Span<const uint8_t> row_orders) {
   if (IsSupported(w.type) && !HasMatMul(w.type)) return NoMatMul(w, "MatMul");
   PD_RETURN_IF_ERROR(CheckTensor(w, "MatMul w"));
   PD_RETURN_IF_ERROR(CheckF32(x, "MatMul x"));
@@ -458,15 +476,39 @@ absl::Status CpuBackend::MatMul(const Tensor& w, const Tensor& x, Tensor& y) {
     });
     return absl::OkStatus();
   }
+  // llama.cpp's per-row orders (Backend::MatMulRowOrder): Q4_K matrices it repacks (rows a
+  // multiple of 8) take its repacked GEMM / GEMV orders, other k-quants its tiled order for
+  // sequences of 8+ rows; consecutive rows of one order share tiles.
+  const bool repacked = w.type == DType::kQ4_K && m % 8 == 0;
+  const cpu::GemmTileFn wide_tile = k_.gemm_wide[static_cast<int>(GemmTypeOf(w.type))];
+  auto order_of = [&](int64_t i) -> uint8_t {
+    if (!row_orders.empty()) return row_orders[i];
+    return (i >= n - n % 4 ? kRowOrderGemv : 0) | (n >= 8 ? kRowOrderWide : 0);
+  };
+  auto tile_of = [&](int64_t i) -> cpu::GemmTileFn {
+    const uint8_t o = order_of(i);
+    if (repacked) return (o & kRowOrderGemv) ? k_.q4_k_repack_gemv : k_.q4_k_repack_gemm;
+    if (wide_tile != nullptr && (o & kRowOrderWide)) return wide_tile;
+    return tile;
+  };
+  const bool per_row = repacked || wide_tile != nullptr;
   pool_.ParallelFor(n_chunks, [&](int64_t c0, int64_t c1) {
     const int64_t r_begin = c0 * chunk_rows, r_end = std::min(m, c1 * chunk_rows);
     // Activation tiles outer, weight tiles inner: this chunk of weights stays in cache.
-    for (int64_t i = 0; i < n; i += cpu::kGemmTileX) {
-      const int nc = static_cast<int>(std::min<int64_t>(cpu::kGemmTileX, n - i));
+    for (int64_t i = 0; i < n;) {
+      int nc = static_cast<int>(std::min<int64_t>(cpu::kGemmTileX, n - i));
+      cpu::GemmTileFn fn = tile;
+      if (per_row) {
+        fn = tile_of(i);
+        int same = 1;
+        while (same < nc && tile_of(i + same) == fn) ++same;
+        nc = same;
+      }
       for (int64_t r = r_begin; r < r_end; r += cpu::kGemmTileW) {
         const int nr = static_cast<int>(std::min<int64_t>(cpu::kGemmTileW, r_end - r));
-        tile(k, wa + r * ws, ws, nr, xa + i * xs, xs, nc, ya + i * m + r, m);
+        fn(k, wa + r * ws, ws, nr, xa + i * xs, xs, nc, ya + i * m + r, m);
       }
+      i += nc;
     }
   });
   return absl::OkStatus();
@@ -599,26 +641,22 @@ absl::Status CpuBackend::Rope(Tensor& x, int n_heads, absl::Span<const int32_t> 
   pool_.ParallelFor(
       x.rows,
       [&](int64_t t0, int64_t t1) {
-        std::vector<float> cs(2 * static_cast<size_t>(half));  // cos, sin interleaved
+        std::vector<float> cs(2 * static_cast<size_t>(half));  // cosines, then sines
+        float* cosv = cs.data();
+        float* sinv = cs.data() + half;
         for (int64_t t = t0; t < t1; ++t) {
           float theta_base = static_cast<float>(pos[t]);
           for (int i = 0; i < half; ++i) {
             const float ff = p.freq_factors.empty() ? 1.f : p.freq_factors[i];
             const float theta = p.freq_scale * (theta_base / ff);
-            cs[2 * i] = std::cos(theta);
-            cs[2 * i + 1] = std::sin(theta);
+            cosv[i] = std::cos(theta);
+            sinv[i] = std::sin(theta);
             theta_base *= theta_scale;
           }
           float* row = RowF32(x, t);
           for (int h = 0; h < n_heads; ++h) {
             float* v = row + static_cast<int64_t>(h) * p.head_dim;
-            for (int i = 0; i < half; ++i) {
-              float* a = neox ? v + i : v + 2 * i;
-              float* b = neox ? v + i + half : v + 2 * i + 1;
-              const float x0 = *a, x1 = *b, c = cs[2 * i], s = cs[2 * i + 1];
-              *a = x0 * c - x1 * s;
-              *b = x0 * s + x1 * c;
-            }
+            (neox ? k_.rope_neox : k_.rope_normal)(v, cosv, sinv, half);
           }
         }
       },
@@ -693,7 +731,9 @@ const float* GeluTable() {
     constexpr float kSqrt2OverPi = 0.79788456080286535588f;
     for (uint32_t i = 0; i < 65536; ++i) {
       const float x = F16ToF32(static_cast<uint16_t>(i));
-      const float g = 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x)));
+      // ggml's gelu with the one product GCC fuses in llama.cpp's build: 1 + (a x) x.
+      const float inner = std::fma(0.044715f * x, x, 1.0f);
+      const float g = (0.5f * x) * (1.0f + std::tanh((kSqrt2OverPi * x) * inner));
       t[i] = F16ToF32(F32ToF16(g));
     }
     return t;
@@ -723,8 +763,8 @@ absl::Status CpuBackend::GeGlu(const Tensor& gate, const Tensor& up, Tensor& y) 
           k_.f32_to_f16(pg + b, h, n);
           for (int64_t j = 0; j < n; ++j) {
             const float g = pg[b + j];
-            const float gelu = g <= -10.0f ? 0.0f : g >= 10.0f ? g : table[h[j]];
-            py[b + j] = gelu * pu[b + j];
+            // As ggml: +0 below -10 (not 0 times up, which could be -0).
+            py[b + j] = g <= -10.0f ? 0.0f : (g >= 10.0f ? g : table[h[j]]) * pu[b + j];
           }
         }
       },
@@ -821,7 +861,8 @@ absl::Status CpuBackend::StoreKv(const Tensor& k, const Tensor& v, KvTensor& k_c
 // ---- Attention -----------------------------------------------------------------------------
 // One work item is (token, kv head): its n_heads / n_kv_heads query heads share every K/V row
 // read. Two passes over the visible positions: scores (scale, softcap) into a scratch row per
-// head, then softmax in F32 (F64 sum) and a weighted sum of V rows. Per token and head: 4 *
+// head, then the softmax probabilities and a weighted sum of V rows, all in ggml's order (see
+// the comment before the work loop). Per token and head: 4 *
 // head_dim * L flops over L visible positions; K/V bytes 2 * L * head_dim * elem per kv head
 // (INT8: elem 1, plus 4 bytes of scale per row). INT8 is dequantized on the fly: the key's scale
 // multiplies its unscaled int8 dot, the value's scale folds into the softmax weight.
@@ -956,16 +997,31 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
       }
     });
   }
+  // ggml's order (AttnKernels, kernels.h): positions are grouped by L = ak.lanes from position 0,
+  // as llama.cpp's KV cells are; masked positions count as exact zeros. A row flagged
+  // kRowOrderAttnWide (by default: a sequence with two or more rows in this batch) sums V like
+  // tinyBLAS (L accumulators), the others like ggml_vec_dot_f32 (4L).
+  const cpu::AttnKernels& ak = k_.attn();
+  const int64_t lanes = ak.lanes;
+  std::vector<int32_t> seq_rows;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    if (kv.seq[t] >= static_cast<int32_t>(seq_rows.size())) seq_rows.resize(kv.seq[t] + 1, 0);
+    ++seq_rows[kv.seq[t]];
+  }
+  const int64_t max_span = max_visible + 2 * lanes;
   pool_.ParallelFor(n_tokens * p.n_kv_heads, [&](int64_t w0, int64_t w1) {
-    std::vector<float> scores(static_cast<size_t>(group * max_visible));
-    std::vector<float> inv_sum(group);
-    std::vector<float> widened(widen_k || widen_v ? hd : 0);
+    std::vector<float> scores(static_cast<size_t>(group * max_span));
+    std::vector<float> acc(static_cast<size_t>(group * 4 * lanes * hd));
+    std::vector<float> widened(k_cache.type == KvDType::kF16 || v_cache.type == KvDType::kF16 ? hd : 0);
     for (int64_t item = w0; item < w1; ++item) {
       const int64_t t = item / p.n_kv_heads;
       const int64_t kvh = item % p.n_kv_heads;
       const int32_t seq = kv.seq[t];
       const int64_t lo = first_visible(t), hi = kv.pos[t];
-      const int64_t len = hi - lo + 1;
+      const int64_t a0 = lo - lo % lanes, a1 = (hi + lanes) / lanes * lanes, span = a1 - a0;
+      const bool attn_wide = kv.row_orders.empty() ? seq_rows[seq] > 1
+                                                   : (kv.row_orders[t] & kRowOrderAttnWide) != 0;
+      const int64_t n_acc = attn_wide ? lanes : 4 * lanes;
       const float* qh = RowF32(q, t) + kvh * group * hd;  // the group's first query head
       // This row's sequence widened above: its K and V rows in F32, indexed by position - w.lo.
       const float* wk = nullptr;
@@ -975,58 +1031,71 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
         wk = widened_kv_.data() + w.offset + (kvh * w.span() + (lo - w.lo)) * hd;
         wv = wk + p.n_kv_heads * w.span() * hd;
       }
-      // Pass 1: scores.
-      for (int64_t j = 0; wk != nullptr && j < len; ++j) {
-        for (int g = 0; g < group; ++g) {
-          float s = k_.dot_f32(wk + j * hd, qh + g * hd, hd) * p.scale;
-          if (p.softcap > 0.f) s = p.softcap * std::tanh(s / p.softcap);
-          scores[g * len + j] = s;
-        }
+      // Pass 1: scores, -inf outside [lo, hi].
+      for (int g = 0; g < group; ++g) {
+        float* sg = scores.data() + g * span;
+        std::fill(sg, sg + (lo - a0), -std::numeric_limits<float>::infinity());
+        std::fill(sg + (hi + 1 - a0), sg + span, -std::numeric_limits<float>::infinity());
       }
-      for (int64_t j = 0; wk == nullptr && j < len; ++j) {
-        const int64_t slot = SlotOf(kv, seq, lo + j);
-        if (widen_k) {
-          k_.f16_to_f32(
-              reinterpret_cast<const uint16_t*>(k_cache.values(slot, static_cast<int>(kvh))),
-              widened.data(), hd);
+      for (int64_t pos = lo; pos <= hi; ++pos) {
+        const float* krow = nullptr;  // F32 key row, or nullptr for INT8
+        if (wk != nullptr) {
+          krow = wk + (pos - lo) * hd;
+        } else {
+          const int64_t slot = SlotOf(kv, seq, pos);
+          const char* raw = k_cache.values(slot, static_cast<int>(kvh));
+          if (k_cache.type == KvDType::kF32) {
+            krow = reinterpret_cast<const float*>(raw);
+          } else if (k_cache.type == KvDType::kF16) {
+            k_.f16_to_f32(reinterpret_cast<const uint16_t*>(raw), widened.data(), hd);
+            krow = widened.data();
+          }
         }
         for (int g = 0; g < group; ++g) {
-          float s =
-              widen_k ? k_.dot_f32(widened.data(), qh + g * hd, hd) : dot(slot, kvh, qh + g * hd);
+          float s = krow != nullptr ? ak.dot(krow, qh + g * hd, hd)
+                                    : dot(SlotOf(kv, seq, pos), kvh, qh + g * hd);
           s *= p.scale;
           if (p.softcap > 0.f) s = p.softcap * std::tanh(s / p.softcap);
-          scores[g * len + j] = s;
+          scores[g * span + (pos - a0)] = s;
         }
       }
-      // Softmax (unnormalized; normalized after the V pass). The query is fully read by now, so
-      // out may alias q.
+      // Softmax: exponentials and their F64 sum over whole groups of L positions, then the
+      // probabilities scaled by the F32 reciprocal. The query is fully read by now, so out may
+      // alias q.
       for (int g = 0; g < group; ++g) {
-        float* sg = scores.data() + g * len;
-        const float m = k_.max(sg, len);
-        inv_sum[g] = static_cast<float>(1.0 / k_.exp_sub_sum(sg, m, sg, len));
+        float* sg = scores.data() + g * span;
+        const float m = k_.max(sg + (lo - a0), hi - lo + 1);
+        const float inv = static_cast<float>(1.0 / ak.exp_sum(sg, m, sg, span));
+        for (int64_t j = lo - a0; j <= hi - a0; ++j) sg[j] *= inv;
+      }
+      // Pass 2: position pos adds p * v into accumulator pos % n_acc; then the accumulators are
+      // summed in ggml's tree.
+      std::fill(acc.begin(), acc.begin() + group * n_acc * hd, 0.f);
+      for (int64_t pos = lo; pos <= hi; ++pos) {
+        const int64_t r = pos % n_acc;
+        const float* vrow = nullptr;
+        if (wv != nullptr) {
+          vrow = wv + (pos - lo) * hd;
+        } else if (v_cache.type == KvDType::kF16 && group > 1) {
+          k_.f16_to_f32(reinterpret_cast<const uint16_t*>(
+                            v_cache.values(SlotOf(kv, seq, pos), static_cast<int>(kvh))),
+                        widened.data(), hd);
+          vrow = widened.data();
+        }
+        for (int g = 0; g < group; ++g) {
+          const float pj = scores[g * span + (pos - a0)];
+          float* ar = acc.data() + (g * n_acc + r) * hd;
+          if (vrow != nullptr) {
+            k_.axpy_f32(pj, vrow, ar, hd);
+          } else {
+            axpy(pj, SlotOf(kv, seq, pos), kvh, ar);
+          }
+        }
       }
       float* oh = RowF32(out, t) + kvh * group * hd;
-      std::memset(oh, 0, static_cast<size_t>(group * hd) * sizeof(float));
-      // Pass 2: weighted sum of V.
-      for (int64_t j = 0; wv != nullptr && j < len; ++j) {
-        for (int g = 0; g < group; ++g) {
-          k_.axpy_f32(scores[g * len + j], wv + j * hd, oh + g * hd, hd);
-        }
+      for (int g = 0; g < group; ++g) {
+        ak.reduce(acc.data() + g * n_acc * hd, static_cast<int>(n_acc), hd, hd, oh + g * hd);
       }
-      for (int64_t j = 0; wv == nullptr && j < len; ++j) {
-        const int64_t slot = SlotOf(kv, seq, lo + j);
-        if (widen_v) {
-          k_.f16_to_f32(
-              reinterpret_cast<const uint16_t*>(v_cache.values(slot, static_cast<int>(kvh))),
-              widened.data(), hd);
-          for (int g = 0; g < group; ++g) {
-            k_.axpy_f32(scores[g * len + j], widened.data(), oh + g * hd, hd);
-          }
-          continue;
-        }
-        for (int g = 0; g < group; ++g) axpy(scores[g * len + j], slot, kvh, oh + g * hd);
-      }
-      for (int g = 0; g < group; ++g) k_.scale(oh + g * hd, inv_sum[g], oh + g * hd, hd);
     }
   });
   return absl::OkStatus();

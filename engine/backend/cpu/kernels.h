@@ -98,6 +98,35 @@ void GemmW4A16Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void
 // Bit-exact with QuantizeRowW8A8.
 void QuantizeRowW8A8Avx2(const float* x, void* y, int64_t n);
 
+// Attention in ggml-cpu's order, so that llama.cpp on the same CPU with an F32 K/V cache gives the
+// same bits: ggml_vec_dot_f32 for Q.K, ggml_vec_soft_max_f32 for the exponentials and their F64
+// sum, and for the weighted sum of V either llamafile's tinyBLAS (batches of two or more rows of a
+// sequence) or ggml_vec_dot_f32 (one row). Both of those keep one F32 accumulator per position
+// modulo R and sum the R accumulators at the end in a fixed tree: R = `lanes` for tinyBLAS and
+// 4 * `lanes` for ggml_vec_dot_f32. `lanes` is the width ggml is built with: 16 on CPUs with
+// AVX512F + AVX512DQ, 8 on AVX2 ones.
+struct AttnKernels {
+  int lanes;
+  // ggml_vec_dot_f32(n, a, b): 4 * lanes FMA accumulators (element i feeds accumulator
+  // i % (4 * lanes)), reduced like `reduce`; elements past the last full 4 * lanes step are added
+  // one FMA each.
+  float (*dot)(const float* a, const float* b, int64_t n);
+  // y = exp(x - max) with ggml's vector expf of this width, returning the sum of y in F64, added
+  // one `lanes`-wide group at a time (each group summed in F32 first, in the reduction tree of
+  // ggml_vec_soft_max_f32). n must be a multiple of lanes; x = -inf gives y = 0.
+  double (*exp_sum)(const float* x, float max, float* y, int64_t n);
+  // out[c] = the sum over r < n_rows of rows[r * stride + c] for c < cols, in the order of tinyBLAS's final hsum
+  // (n_rows == lanes) or of ggml_vec_dot_f32's reduction (n_rows == 4 * lanes).
+  void (*reduce)(const float* rows, int n_rows, int64_t stride, int64_t cols, float* out);
+};
+// Portable versions of both widths (the reference the SIMD ones are tested against).
+const AttnKernels& ScalarAttnKernels(int lanes);
+// The AVX2 versions (kernels_avx2.cc; the scalar 8-lane ones in a build without AVX2). Only call
+// their entries where AVX2 + FMA run.
+const AttnKernels& Avx2AttnKernels();
+// The AVX-512 versions (attention_avx512.cc): nullptr unless the CPU has AVX512F and AVX512DQ.
+const AttnKernels* Avx512AttnKernels();
+
 struct Kernels {
   const char* name;  // "scalar", "avx2"
 
@@ -112,6 +141,19 @@ struct Kernels {
   // (float(u - 8) * d) times f32 activations, summed in F32; tables differ in summation order
   // (measured bound in tests/engine/backend/pd_format_kernels_test.cc).
   GemmTileFn gemm[kNumGemmTypes];
+  // k-quants in the order of llama.cpp's tiled kernel (ggml-cpu tiled/), which it uses for 8 or
+  // more activation rows of matrices it does not repack: per super-block the exact integer sums
+  // s1 (scales times dots) and s2 (mins times bsums), r = float(s1) * d_w (- dmin_w * float(s2),
+  // one FMA), acc = fma(r, d_x, acc). nullptr for types without one (Q2_K and Q3_K: not yet; they
+  // keep gemm's order).
+  GemmTileFn gemm_wide[kNumGemmTypes];
+  // Q4_K in the orders of llama.cpp's repacked x86 kernels, which it uses for Q4_K matrices whose
+  // row count is a multiple of 8: the GEMM for activation rows in full groups of four, the GEMV
+  // for the rest (gemm[kQ4_K] is the plain vec_dot order, for the other matrices). Per super-block
+  // the integer parts are gemm[kQ4_K]'s; the F32 steps are spelled out in kernels_scalar.cc
+  // (DotQ4_KRepack), and every table gives the same bits.
+  GemmTileFn q4_k_repack_gemm;
+  GemmTileFn q4_k_repack_gemv;
 
   // Row conversions (used to convert activations once per MatMul, for GetRows and the KV cache).
   // Narrowing conversions round to nearest even; Q8_0 quantization is QuantizeRowQ8_0Act's
@@ -129,7 +171,7 @@ struct Kernels {
   void (*quantize_w8a8)(const float* x, void* y, int64_t n);
 
   // Attention inner loops: dot of an F32 query with an F32 / F16 key row, and y += a * v for an
-  // F32 / F16 value row.
+  // F32 / F16 value row (y = fma(a, v, y) per element).
   float (*dot_f32)(const float* a, const float* b, int64_t n);
   float (*dot_f16_f32)(const uint16_t* a, const float* b, int64_t n);
   void (*axpy_f32)(float a, const float* x, float* y, int64_t n);
@@ -152,6 +194,15 @@ struct Kernels {
   float (*max)(const float* x, int64_t n);                              // -inf when n == 0
   // y = exp(x - m); returns the sum of y in F64.
   double (*exp_sub_sum)(const float* x, float m, float* y, int64_t n);
+  // RoPE rotation of one head by angles with cosines c[i] and sines s[i], i < half, in the
+  // roundings of llama.cpp's build (GCC fuses one product of each output):
+  //   NeoX pairs (i, i + half):   a' = fma(a, c, -(b * s)),  b' = fma(a, s, b * c)
+  //   normal pairs (2i, 2i + 1):  a' = fma(a, c, -(b * s)),  b' = fma(b, c, a * s)
+  void (*rope_neox)(float* v, const float* c, const float* s, int64_t half);
+  void (*rope_normal)(float* v, const float* c, const float* s, int64_t half);
+  // Attention's kernels in ggml's order (AttnKernels above): the scalar table gives the portable
+  // 8-lane version, the AVX2 table the AVX-512 version where the CPU has it, else its AVX2 one.
+  const AttnKernels& (*attn)();
 };
 
 const Kernels& ScalarKernels();

@@ -671,6 +671,13 @@ void TileQ3_K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
   StoreTile<R, C>(acc, y, ys);
 }
 
+PD_ALWAYS_INLINE inline int32_t HSumI32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
+
 // Q4_K / Q5_K scales and mins (k_quants.h): with a0, a1, a2 the little-endian words of bytes
 // 0-3, 4-7, 8-11: sc_0..3 = a0 & 63, m_0..3 = a1 & 63, sc_4..7 = (a2 & 15) | (a0 >> 6) << 4,
 // m_4..7 = (a2 >> 4) | (a1 >> 6) << 4, bytewise. Returns sc_0..7 and m_0..7 as 8 bytes each.
@@ -689,12 +696,15 @@ PD_ALWAYS_INLINE inline void DecodeScalesK4(const uint8_t* s, uint64_t* sc, uint
 // 8 scale shuffles, ~14 scalar and 5 vector ops for scales and mins.
 static_assert(offsetof(BlockQ4_K, dmin) == offsetof(BlockQ4_K, d) + 2);
 static_assert(offsetof(BlockQ5_K, dmin) == offsetof(BlockQ5_K, d) + 2);
-template <int R, int C, bool kHigh, typename Block>
+// kWide: llama.cpp's tiled order (kernels.h, gemm_wide): per super-block the lane sums of isum
+// and of the mins, then r = float(s1) * d_w, r = fma(-dmin_w, float(s2), r), acc = fma(r, d_x, acc).
+template <int R, int C, bool kHigh, typename Block, bool kWide = false>
 void TileQ45K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y,
               int64_t ys) {
   const int64_t nb = k / kQK;
   const __m256i m4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
   __m256 acc[R][C];
+  float wacc[R][C] = {};
   for (int r = 0; r < R; ++r)
     PD_UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
@@ -737,24 +747,111 @@ void TileQ45K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
           }
         });
       });
-      PD_UNROLL for (int c = 0; c < C; ++c) {
-        __m256 d, dmin;
-        BlockScales(&wb->d, ActScales(xb[c]->d), &d, &dmin);
-        AccumulateBlock(acc[r][c], d, isum[c]);
-        AccumulateMins(acc[r][c], dmin, _mm256_madd_epi16(mdup, Load32(xb[c]->bsums)));
+      if constexpr (kWide) {
+        const float dw = HalfToFloat(wb->d), dminw = HalfToFloat(wb->dmin);
+        PD_UNROLL for (int c = 0; c < C; ++c) {
+          const int32_t s1 = HSumI32(isum[c]);
+          const int32_t s2 = HSumI32(_mm256_madd_epi16(mdup, Load32(xb[c]->bsums)));
+          const float res = __builtin_fmaf(-dminw, static_cast<float>(s2),
+                                           static_cast<float>(s1) * dw);
+          wacc[r][c] = __builtin_fmaf(res, xb[c]->d, wacc[r][c]);
+        }
+      } else {
+        PD_UNROLL for (int c = 0; c < C; ++c) {
+          __m256 d, dmin;
+          BlockScales(&wb->d, ActScales(xb[c]->d), &d, &dmin);
+          AccumulateBlock(acc[r][c], d, isum[c]);
+          AccumulateMins(acc[r][c], dmin, _mm256_madd_epi16(mdup, Load32(xb[c]->bsums)));
+        }
       }
     }
   }
-  StoreTile<R, C>(acc, y, ys);
+  if constexpr (kWide) {
+    for (int r = 0; r < R; ++r)
+      PD_UNROLL for (int c = 0; c < C; ++c) y[c * ys + r] = wacc[r][c];
+  } else {
+    StoreTile<R, C>(acc, y, ys);
+  }
+}
+
+// Q4_K in the order of llama.cpp's repacked x86 kernels (DotQ4_KRepack in kernels_scalar.cc):
+// exact integer sums of scale x dot and min x bsum over each pair of sub-blocks (GEMM order) or
+// over the whole super-block (kGemv), each added as fma(float(sum), d_w * d_x, acc) and
+// fma(float(msum), dmin_w * d_x, macc); y = acc - macc. The integer parts are TileQ45K's.
+template <int R, int C, bool kGemv>
+void TileQ4KRepack(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y,
+                   int64_t ys) {
+  const int64_t nb = k / kQK;
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  float acc[R][C] = {}, macc[R][C] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ8_K* xb[C];
+    PD_UNROLL for (int c = 0; c < C; ++c) {
+      xb[c] = reinterpret_cast<const BlockQ8_K*>(x + c * xs) + b;
+    }
+    for (int r = 0; r < R; ++r) {
+      const BlockQ4_K* wb = reinterpret_cast<const BlockQ4_K*>(w + r * ws) + b;
+      PrefetchNextTile<R, sizeof(BlockQ4_K)>(wb, ws);
+      uint64_t sc8, m8;
+      DecodeScalesK4(wb->scales, &sc8, &m8);
+      const __m256i scv = _mm256_set1_epi64x(static_cast<int64_t>(sc8));
+      const __m256i mdup = Shuffle(_mm256_set1_epi64x(static_cast<int64_t>(m8)), kMinDup, 0);
+      const float dw = HalfToFloat(wb->d), dminw = HalfToFloat(wb->dmin);
+      float d[C], dmin[C];
+      int32_t mins[C][8];
+      PD_UNROLL for (int c = 0; c < C; ++c) {
+        d[c] = dw * xb[c]->d;
+        dmin[c] = dminw * xb[c]->d;
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(mins[c]),
+                            _mm256_madd_epi16(mdup, Load32(xb[c]->bsums)));
+      }
+      __m256i isum[C];
+      PD_UNROLL for (int c = 0; c < C; ++c) isum[c] = _mm256_setzero_si256();
+      Unroll<4>([&](auto pc) PD_ALWAYS_INLINE {
+        constexpr int p = decltype(pc)::value;
+        const __m256i q = Load32(wb->qs + 32 * p);
+        Unroll<2>([&](auto tc) PD_ALWAYS_INLINE {
+          constexpr int t = decltype(tc)::value, v = 2 * p + t;
+          const __m256i u = _mm256_and_si256(t == 0 ? q : _mm256_srli_epi16(q, 4), m4);
+          const __m256i s = Shuffle(scv, kScaleBcast, v);
+          PD_UNROLL for (int c = 0; c < C; ++c) {
+            const __m256i prod = _mm256_maddubs_epi16(u, Load32(xb[c]->qs + 32 * v));
+            isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(prod, s));
+          }
+        });
+        if constexpr (!kGemv) {
+          PD_UNROLL for (int c = 0; c < C; ++c) {
+            acc[r][c] = __builtin_fmaf(static_cast<float>(HSumI32(isum[c])), d[c], acc[r][c]);
+            isum[c] = _mm256_setzero_si256();
+            macc[r][c] = __builtin_fmaf(static_cast<float>(mins[c][2 * p] + mins[c][2 * p + 1]),
+                                        dmin[c], macc[r][c]);
+          }
+        }
+      });
+      if constexpr (kGemv) {
+        PD_UNROLL for (int c = 0; c < C; ++c) {
+          int32_t msum = 0;
+          for (int v = 0; v < 8; ++v) msum += mins[c][v];
+          acc[r][c] = __builtin_fmaf(static_cast<float>(HSumI32(isum[c])), d[c], acc[r][c]);
+          macc[r][c] = __builtin_fmaf(static_cast<float>(msum), dmin[c], macc[r][c]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    PD_UNROLL for (int c = 0; c < C; ++c) y[c * ys + r] = acc[r][c] - macc[r][c];
+  }
 }
 
 // Q6_K: u = low4 | high2 << 4 (0..63), q = u - 32, so the dot is sum_i sc_i (P_i - 32 bsum_i).
 // Code vector v = 4h + k: low nibble (k < 2) or high nibble (k >= 2) of ql[64h + 32(k & 1) ..],
 // bits 2k..2k+1 of qh[32h ..]. Per row: 34 ops to unpack, 8 scale shuffles + 3.
-template <int R, int C>
+// kWide: llama.cpp's tiled order: acc = fma(float(s1) * d_w, d_x, acc), s1 the block's lane sum.
+template <int R, int C, bool kWide = false>
 void TileQ6_K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y, int64_t ys) {
   const int64_t nb = k / kQK;
   const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+  float wacc[R][C] = {};
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
     PD_UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
@@ -800,12 +897,22 @@ void TileQ6_K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
       });
       PD_UNROLL for (int c = 0; c < C; ++c) {
         const __m256i offs = _mm256_madd_epi16(sc16, Load32(xb[c]->bsums));
-        AccumulateBlock(acc[r][c], BlockScale(wb->d, xb[c]->d),
-                        _mm256_sub_epi32(isum[c], _mm256_slli_epi32(offs, 5)));
+        const __m256i total = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(offs, 5));
+        if constexpr (kWide) {
+          const float res = static_cast<float>(HSumI32(total)) * HalfToFloat(wb->d);
+          wacc[r][c] = __builtin_fmaf(res, xb[c]->d, wacc[r][c]);
+        } else {
+          AccumulateBlock(acc[r][c], BlockScale(wb->d, xb[c]->d), total);
+        }
       }
     }
   }
-  StoreTile<R, C>(acc, y, ys);
+  if constexpr (kWide) {
+    for (int r = 0; r < R; ++r)
+      PD_UNROLL for (int c = 0; c < C; ++c) y[c * ys + r] = wacc[r][c];
+  } else {
+    StoreTile<R, C>(acc, y, ys);
+  }
 }
 
 using TileImpl = void (*)(int64_t, const char*, size_t, const char*, size_t, float*, int64_t);
@@ -864,12 +971,32 @@ struct Q4KTile {
   static constexpr TileImpl Fn = &TileQ45K<R, C, false, BlockQ4_K>;
 };
 template <int R, int C>
+struct Q4KRepackGemmTile {
+  static constexpr TileImpl Fn = &TileQ4KRepack<R, C, false>;
+};
+template <int R, int C>
+struct Q4KRepackGemvTile {
+  static constexpr TileImpl Fn = &TileQ4KRepack<R, C, true>;
+};
+template <int R, int C>
 struct Q5KTile {
   static constexpr TileImpl Fn = &TileQ45K<R, C, true, BlockQ5_K>;
 };
 template <int R, int C>
 struct Q6KTile {
   static constexpr TileImpl Fn = &TileQ6_K<R, C>;
+};
+template <int R, int C>
+struct Q4KWideTile {
+  static constexpr TileImpl Fn = &TileQ45K<R, C, false, BlockQ4_K, true>;
+};
+template <int R, int C>
+struct Q5KWideTile {
+  static constexpr TileImpl Fn = &TileQ45K<R, C, true, BlockQ5_K, true>;
+};
+template <int R, int C>
+struct Q6KWideTile {
+  static constexpr TileImpl Fn = &TileQ6_K<R, C, true>;
 };
 
 // ---- row conversions ------------------------------------------------------------------------
@@ -1070,7 +1197,7 @@ void AxpyF32(float a, const float* x, float* y, int64_t n) {
   for (; i + 8 <= n; i += 8) {
     _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
   }
-  for (; i < n; ++i) y[i] += a * x[i];
+  for (; i < n; ++i) y[i] = __builtin_fmaf(a, x[i], y[i]);
 }
 
 void AxpyF16(float a, const uint16_t* x, float* y, int64_t n) {
@@ -1079,7 +1206,7 @@ void AxpyF16(float a, const uint16_t* x, float* y, int64_t n) {
   for (; i + 8 <= n; i += 8) {
     _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, LoadF16(x + i), _mm256_loadu_ps(y + i)));
   }
-  for (; i < n; ++i) y[i] += a * HalfToFloat(x[i]);
+  for (; i < n; ++i) y[i] = __builtin_fmaf(a, HalfToFloat(x[i]), y[i]);
 }
 
 // INT8 KV (kernels.h). Two passes: |x| max, then 32 values per step scaled, rounded by cvtps2dq
@@ -1148,7 +1275,7 @@ void AxpyI8(float a, const int8_t* x, float* y, int64_t n) {
   for (; i + 8 <= n; i += 8) {
     _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, LoadI8(x + i), _mm256_loadu_ps(y + i)));
   }
-  for (; i < n; ++i) y[i] += a * static_cast<float>(x[i]);
+  for (; i < n; ++i) y[i] = __builtin_fmaf(a, static_cast<float>(x[i]), y[i]);
 }
 
 double SumSquares(const float* x, int64_t n) {
@@ -1233,6 +1360,136 @@ double ExpSubSum(const float* x, float m, float* y, int64_t n) {
   return s;
 }
 
+void RopeNeox(float* v, const float* c, const float* s, int64_t half) {
+  int64_t i = 0;
+  for (; i + 8 <= half; i += 8) {
+    const __m256 a = _mm256_loadu_ps(v + i), b = _mm256_loadu_ps(v + i + half);
+    const __m256 vc = _mm256_loadu_ps(c + i), vs = _mm256_loadu_ps(s + i);
+    _mm256_storeu_ps(v + i, _mm256_fmsub_ps(a, vc, _mm256_mul_ps(b, vs)));
+    _mm256_storeu_ps(v + i + half, _mm256_fmadd_ps(a, vs, _mm256_mul_ps(b, vc)));
+  }
+  for (; i < half; ++i) {
+    const float a = v[i], b = v[i + half];
+    v[i] = __builtin_fmaf(a, c[i], -(b * s[i]));
+    v[i + half] = __builtin_fmaf(a, s[i], b * c[i]);
+  }
+}
+
+void RopeNormal(float* v, const float* c, const float* s, int64_t half) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = v[2 * i], b = v[2 * i + 1];
+    v[2 * i] = __builtin_fmaf(a, c[i], -(b * s[i]));
+    v[2 * i + 1] = __builtin_fmaf(b, c[i], a * s[i]);
+  }
+}
+
+// ---- attention in ggml's AVX2 order (AttnKernels, kernels.h; scalar twins in kernels_scalar.cc) --
+
+// ggml_vec_dot_f32 built for AVX2: four 8-lane FMA accumulators over steps of 32 elements, then
+// (a0 + a2) + (a1 + a3), the two 128-bit halves added, and two horizontal adds.
+float AttnDotAvx2(const float* a, const float* b, int64_t n) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+  const int64_t np = n - n % 32;
+  for (int64_t i = 0; i < np; i += 32) {
+    for (int r = 0; r < 4; ++r) {
+      acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8 * r), _mm256_loadu_ps(b + i + 8 * r),
+                               acc[r]);
+    }
+  }
+  const __m256 x = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+  const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  const __m128 t1 = _mm_hadd_ps(t0, t0);
+  float s = _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+  for (int64_t i = np; i < n; ++i) s = __builtin_fmaf(a[i], b[i], s);
+  return s;
+}
+
+// ggml's AVX2 expf: x = n ln2 + b, a degree-5 polynomial j(b), and 2^n built from the bits of
+// the rounding constant's sum (k), with a two-factor scaling near the exponent range.
+inline __m256 GgmlExpAvx2(__m256 x) {
+  const __m256 r = _mm256_set1_ps(0x1.8p23f);
+  const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), r);
+  const __m256 n = _mm256_sub_ps(z, r);
+  const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                                    _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+  const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
+  const __m256 k =
+      _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1.f))));
+  const __m256 abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.f), n);
+  const __m256 near = _mm256_cmp_ps(abs_n, _mm256_set1_ps(126.f), _CMP_GT_OQ);
+  const __m256 u = _mm256_mul_ps(b, b);
+  const __m256 j = _mm256_fmadd_ps(
+      _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b,
+                                      _mm256_set1_ps(0x1.573e2ep-5f)),
+                      u,
+                      _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b,
+                                      _mm256_set1_ps(0x1.fffdb6p-2f))),
+      u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
+  const __m256 plain = _mm256_fmadd_ps(k, j, k);
+  if (_mm256_movemask_ps(near) == 0) return plain;
+  const __m256i g = _mm256_and_si256(
+      _mm256_castps_si256(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ)),
+      _mm256_set1_epi32(static_cast<int>(0x82000000u)));
+  const __m256 s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f000000)));
+  const __m256 s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+  const __m256 far = _mm256_cmp_ps(abs_n, _mm256_set1_ps(192.f), _CMP_GT_OQ);
+  const __m256 scaled = _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1);
+  return _mm256_blendv_ps(_mm256_blendv_ps(plain, scaled, near), _mm256_mul_ps(s1, s1), far);
+}
+
+// Sum of 8 lanes in tinyBLAS's and ggml_vec_soft_max_f32's order.
+inline float SumHalves(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+double AttnExpSumAvx2(const float* x, float max, float* y, int64_t n) {
+  const __m256 vm = _mm256_set1_ps(max);
+  double sum = 0.0;
+  for (int64_t i = 0; i + 8 <= n; i += 8) {
+    const __m256 e = GgmlExpAvx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
+    _mm256_storeu_ps(y + i, e);
+    sum += static_cast<double>(SumHalves(e));
+  }
+  return sum;
+}
+
+// The reduction trees of AttnReduceRef<8>, vectorized across columns (each lane one column).
+void AttnReduceAvx2(const float* rows, int n_rows, int64_t stride, int64_t cols, float* out) {
+  int64_t c = 0;
+  for (; c + 8 <= cols; c += 8) {
+    auto row = [&](int r) { return _mm256_loadu_ps(rows + r * stride + c); };
+    __m256 v[8];
+    if (n_rows == 8) {
+      for (int l = 0; l < 8; ++l) v[l] = row(l);
+      __m256 q[4];
+      for (int i = 0; i < 4; ++i) q[i] = _mm256_add_ps(v[i + 4], v[i]);
+      _mm256_storeu_ps(out + c, _mm256_add_ps(_mm256_add_ps(q[0], q[2]), _mm256_add_ps(q[1], q[3])));
+      continue;
+    }
+    for (int l = 0; l < 8; ++l) {
+      v[l] = _mm256_add_ps(_mm256_add_ps(row(l), row(l + 16)), _mm256_add_ps(row(l + 8), row(l + 24)));
+    }
+    __m256 q[4];
+    for (int i = 0; i < 4; ++i) q[i] = _mm256_add_ps(v[i + 4], v[i]);
+    _mm256_storeu_ps(out + c, _mm256_add_ps(_mm256_add_ps(q[0], q[1]), _mm256_add_ps(q[2], q[3])));
+  }
+  if (c < cols) {
+    ScalarAttnKernels(8).reduce(rows + c, n_rows, stride, cols - c, out + c);
+  }
+}
+
+constexpr AttnKernels kAvx2Attn = {8, &AttnDotAvx2, &AttnExpSumAvx2, &AttnReduceAvx2};
+
+// The AVX-512 order where the CPU has it (llama.cpp built for it uses that), else AVX2's.
+const AttnKernels& Avx2TableAttn() {
+  static const AttnKernels* const k = Avx512AttnKernels();
+  return k != nullptr ? *k : kAvx2Attn;
+}
+
 // Q8_0 and Q5_0: the AVX512-VNNI tile when the CPU has it (same bits), else the AVX2 one.
 void GemmQ8_0Dispatch(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                       size_t x_stride, int nc, float* y, int64_t y_stride) {
@@ -1253,6 +1510,11 @@ constexpr Kernels kAvx2 = {
              &GemmQ8_0Dispatch, &TileTable<Q4_0Tile>::Gemm, &TileTable<Q2KTile>::Gemm,
              &TileTable<Q3KTile>::Gemm, &TileTable<Q4KTile>::Gemm, &TileTable<Q5KTile>::Gemm,
              &TileTable<Q6KTile>::Gemm, &GemmQ5_0Dispatch, &GemmW8A8Avx2, &GemmW4A16Avx2},
+    .gemm_wide = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                  &TileTable<Q4KWideTile>::Gemm, &TileTable<Q5KWideTile>::Gemm,
+                  &TileTable<Q6KWideTile>::Gemm, nullptr, nullptr, nullptr},
+    .q4_k_repack_gemm = &TileTable<Q4KRepackGemmTile>::Gemm,
+    .q4_k_repack_gemv = &TileTable<Q4KRepackGemvTile>::Gemm,
     .f32_to_f16 = &F32ToF16,
     .f16_to_f32 = &F16ToF32,
     .f32_to_bf16 = &F32ToBf16,
@@ -1275,11 +1537,15 @@ constexpr Kernels kAvx2 = {
     .swiglu = &SwiGlu,
     .max = &Max,
     .exp_sub_sum = &ExpSubSum,
+    .rope_neox = &RopeNeox,
+    .rope_normal = &RopeNormal,
+    .attn = &Avx2TableAttn,
 };
 
 }  // namespace
 
 const Kernels* Avx2Kernels() { return &kAvx2; }
+const AttnKernels& Avx2AttnKernels() { return kAvx2Attn; }
 
 void GemmQ8_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                   size_t x_stride, int nc, float* y, int64_t y_stride) {
@@ -1297,6 +1563,7 @@ void GemmQ5_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void*
 
 namespace pd::engine::cpu {
 const Kernels* Avx2Kernels() { return nullptr; }
+const AttnKernels& Avx2AttnKernels() { return ScalarAttnKernels(8); }
 // No AVX2 table in this build: callers check Avx2Kernels() first; this keeps the symbol.
 void GemmQ8_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                   size_t x_stride, int nc, float* y, int64_t y_stride) {

@@ -6,6 +6,7 @@
 #endif
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "engine/backend/cpu/kernels.h"
@@ -160,6 +161,76 @@ float DotQ4_K(const BlockQ4_K* w, const BlockQ8_K* x, int64_t n) {
   return sum;
 }
 
+// Q4_K in the order of llama.cpp's repacked x86 kernels (ggml's q4_K 8x8 GEMM for rows in full
+// groups of four, GEMV for the rest): per step of kPairs pairs of sub-blocks (GEMM: 1, GEMV: all
+// 4), the exact integer sums isum = sum sc_j * dot_j and imin = sum m_j * bsum_j are accumulated as
+// acc = fma(float(isum), d_w * d_x, acc) and macc = fma(float(imin), dmin_w * d_x, macc); the
+// result is acc - macc.
+template <int kPairs>
+float DotQ4_KRepack(const BlockQ4_K* w, const BlockQ8_K* x, int64_t n) {
+  float acc = 0.f, macc = 0.f;
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const BlockQ4_K& wb = w[b];
+    const BlockQ8_K& xb = x[b];
+    const float d = F16ToF32(wb.d) * xb.d, dmin = F16ToF32(wb.dmin) * xb.d;
+    for (int p0 = 0; p0 < 4; p0 += kPairs) {
+      int32_t isum = 0, imin = 0;
+      for (int j = 2 * p0; j < 2 * (p0 + kPairs); ++j) {
+        int sc, m;
+        GetScaleMinK4(j, wb.scales, &sc, &m);
+        int32_t s = 0;
+        for (int l = 0; l < 32; ++l) {
+          s += ((wb.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F) * int32_t{xb.qs[32 * j + l]};
+        }
+        isum += sc * s;
+        imin += m * (int32_t{xb.bsums[2 * j]} + int32_t{xb.bsums[2 * j + 1]});
+      }
+      acc = std::fma(static_cast<float>(isum), d, acc);
+      macc = std::fma(static_cast<float>(imin), dmin, macc);
+    }
+  }
+  return acc - macc;
+}
+
+// llama.cpp's tiled order (kernels.h, gemm_wide): per super-block the exact integer sums s1 (scale
+// times dot) and s2 (min times bsum), r = fma(-dmin_w, float(s2), float(s1) * d_w), and
+// acc = fma(r, d_x, acc).
+float DotQ45KWideBlock(uint16_t d16, uint16_t dmin16, const uint8_t* scales, const uint8_t* qh,
+                       const uint8_t* qs, const BlockQ8_K& xb, float acc) {
+  int32_t isum = 0, imin = 0;
+  for (int j = 0; j < 8; ++j) {
+    int sc, m;
+    GetScaleMinK4(j, scales, &sc, &m);
+    int32_t s = 0;
+    for (int l = 0; l < 32; ++l) {
+      int q = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
+      if (qh != nullptr) q |= ((qh[l] >> j) & 1) << 4;
+      s += q * int32_t{xb.qs[32 * j + l]};
+    }
+    isum += sc * s;
+    imin += m * (int32_t{xb.bsums[2 * j]} + int32_t{xb.bsums[2 * j + 1]});
+  }
+  const float r = std::fma(-F16ToF32(dmin16), static_cast<float>(imin),
+                           static_cast<float>(isum) * F16ToF32(d16));
+  return std::fma(r, xb.d, acc);
+}
+
+float DotQ4_KWide(const BlockQ4_K* w, const BlockQ8_K* x, int64_t n) {
+  float acc = 0.f;
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    acc = DotQ45KWideBlock(w[b].d, w[b].dmin, w[b].scales, nullptr, w[b].qs, x[b], acc);
+  }
+  return acc;
+}
+
+float DotQ5_KWide(const BlockQ5_K* w, const BlockQ8_K* x, int64_t n) {
+  float acc = 0.f;
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    acc = DotQ45KWideBlock(w[b].d, w[b].dmin, w[b].scales, w[b].qh, w[b].qs, x[b], acc);
+  }
+  return acc;
+}
+
 float DotQ5_K(const BlockQ5_K* w, const BlockQ8_K* x, int64_t n) {
   float sum = 0.f;
   for (int64_t b = 0; b < n / kQK; ++b) {
@@ -169,6 +240,8 @@ float DotQ5_K(const BlockQ5_K* w, const BlockQ8_K* x, int64_t n) {
 }
 
 // Per super-block: 256 + 16 multiply-adds + 3 flops; 210 + 292 bytes.
+// kWide: llama.cpp's tiled order, acc = fma(float(isum) * d_w, d_x, acc) per super-block.
+template <bool kWide = false>
 float DotQ6_K(const BlockQ6_K* w, const BlockQ8_K* x, int64_t n) {
   float sum = 0.f;
   for (int64_t b = 0; b < n / kQK; ++b) {
@@ -186,7 +259,11 @@ float DotQ6_K(const BlockQ6_K* w, const BlockQ8_K* x, int64_t n) {
       }
       isum += int32_t{wb.scales[i]} * s;
     }
-    sum += (F16ToF32(wb.d) * xb.d) * static_cast<float>(isum);
+    if constexpr (kWide) {
+      sum = std::fma(static_cast<float>(isum) * F16ToF32(wb.d), xb.d, sum);
+    } else {
+      sum += (F16ToF32(wb.d) * xb.d) * static_cast<float>(isum);
+    }
   }
   return sum;
 }
@@ -217,13 +294,14 @@ float DotF16F32(const uint16_t* a, const float* b, int64_t n) {
   return sum;
 }
 
+// y = fma(a, x, y) per element (one rounding), as the SIMD tables and ggml's kernels do.
 void AxpyF32(float a, const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+  for (int64_t i = 0; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
 }
 
 void AxpyF16(float a, const uint16_t* x, float* y, int64_t n) {
   const float* f16 = F16Table();
-  for (int64_t i = 0; i < n; ++i) y[i] += a * f16[x[i]];
+  for (int64_t i = 0; i < n; ++i) y[i] = std::fma(a, f16[x[i]], y[i]);
 }
 
 // Per element: 3 flops, 4 bytes read, 1 written (two passes over x: max, then quantize).
@@ -247,7 +325,7 @@ float DotI8F32(const int8_t* a, const float* b, int64_t n) {
 }
 
 void AxpyI8(float a, const int8_t* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * static_cast<float>(x[i]);
+  for (int64_t i = 0; i < n; ++i) y[i] = std::fma(a, static_cast<float>(x[i]), y[i]);
 }
 
 double SumSquares(const float* x, int64_t n) {
@@ -287,15 +365,163 @@ double ExpSubSum(const float* x, float m, float* y, int64_t n) {
   return sum;
 }
 
+void RopeNeox(float* v, const float* c, const float* s, int64_t half) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = v[i], b = v[i + half];
+    v[i] = std::fma(a, c[i], -(b * s[i]));
+    v[i + half] = std::fma(a, s[i], b * c[i]);
+  }
+}
+
+void RopeNormal(float* v, const float* c, const float* s, int64_t half) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = v[2 * i], b = v[2 * i + 1];
+    v[2 * i] = std::fma(a, c[i], -(b * s[i]));
+    v[2 * i + 1] = std::fma(b, c[i], a * s[i]);
+  }
+}
+
+// ---- attention in ggml's order (AttnKernels, kernels.h) ------------------------------------------
+// Plain C++ with std::fma where ggml's vector code fuses, so that the SIMD versions can be tested
+// against it bit for bit. Lane sums of one ggml vector of `lanes` floats:
+//   kHalves: tinyBLAS's hsum, ggml_vec_soft_max_f32's group sum and GCC's _mm512_reduce_add_ps:
+//            fold the upper half onto the lower (16 -> 8 -> 4 lanes), then (q0 + q2) + (q1 + q3).
+//   kPairs:  GGML_F32x8_REDUCE's tail (8 lanes): q[i] = v[i] + v[i + 4], then (q0 + q1) + (q2 + q3).
+// ggml's scalar tails (elements past the last full vector step) are written a += x * y; llama.cpp's
+// build (C++, -ffp-contract=fast by default, FMA available) fuses them, so the twins use fma.
+enum class LaneSum { kHalves, kPairs };
+
+float SumLanes(const float* v, int lanes, LaneSum how) {
+  float h[8];
+  if (lanes == 16) {
+    for (int i = 0; i < 8; ++i) h[i] = v[i + 8] + v[i];
+  } else {
+    for (int i = 0; i < 8; ++i) h[i] = v[i];
+  }
+  float q[4];
+  for (int i = 0; i < 4; ++i) q[i] = h[i + 4] + h[i];
+  return how == LaneSum::kHalves ? (q[0] + q[2]) + (q[1] + q[3]) : (q[0] + q[1]) + (q[2] + q[3]);
+}
+
+// ggml_vec_dot_f32's reduction uses _mm512_reduce_add_ps at 16 lanes, hadd pairs at 8.
+LaneSum DotLaneSum(int lanes) { return lanes == 16 ? LaneSum::kHalves : LaneSum::kPairs; }
+
+template <int L>
+float AttnDotRef(const float* a, const float* b, int64_t n) {
+  float acc[4][L] = {};
+  const int64_t np = n - n % (4 * L);
+  for (int64_t i = 0; i < np; i += 4 * L) {
+    for (int r = 0; r < 4; ++r) {
+      for (int l = 0; l < L; ++l) {
+        acc[r][l] = std::fma(a[i + r * L + l], b[i + r * L + l], acc[r][l]);
+      }
+    }
+  }
+  float x[L];
+  for (int l = 0; l < L; ++l) x[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+  float s = SumLanes(x, L, DotLaneSum(L));
+  for (int64_t i = np; i < n; ++i) s = std::fma(a[i], b[i], s);  // GCC fuses ggml's tail too
+  return s;
+}
+
+// ggml's vector expf, one lane. Both widths reduce x to n * ln2 + b (n = round(x / ln2), b in
+// [-ln2/2, ln2/2]) and evaluate the same degree-5 polynomial; they differ in how they scale by
+// 2^n, which rounds differently.
+float GgmlExpf16(float x) {  // the AVX-512 version: j = p(b) + 1 in one FMA, then scalef(j, n)
+  const float r = 0x1.8p23f;
+  const float z = std::fma(x, 0x1.715476p+0f, r);
+  const float n = z - r;
+  const float b = std::fma(-n, 0x1.7f7d1cp-20f, std::fma(-n, 0x1.62e4p-1f, x));
+  if (std::isnan(n)) return n;
+  if (std::fabs(n) > 192.f) return n <= 0.f ? 0.f : std::numeric_limits<float>::infinity();
+  const float u = b * b;
+  const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
+                                    std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                           u, std::fma(0x1.ffffecp-1f, b, 1.f));
+  return std::ldexp(j, static_cast<int>(n));  // scalef: one rounding, subnormals included
+}
+
+float BitsToFloat(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+uint32_t FloatToBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+float GgmlExpf8(float x) {  // the AVX2 version: k = 2^n from z's bits, then k + k * j
+  const float r = 0x1.8p23f;
+  const float z = std::fma(x, 0x1.715476p+0f, r);
+  const float n = z - r;
+  const float b = std::fma(-n, 0x1.7f7d1cp-20f, std::fma(-n, 0x1.62e4p-1f, x));
+  const uint32_t e = FloatToBits(z) << 23;
+  const float k = BitsToFloat(e + FloatToBits(1.f));
+  const float u = b * b;
+  const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
+                                    std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                           u, 0x1.ffffecp-1f * b);
+  if (!(std::fabs(n) > 126.f)) return std::fma(k, j, k);
+  // Near or past the exponent range: 2^n as s1 * s2 (or s1 * s1 past 192).
+  const uint32_t g = n <= 0.f ? 0x82000000u : 0u;
+  const float s1 = BitsToFloat(g + 0x7f000000u);
+  if (std::fabs(n) > 192.f) return s1 * s1;
+  const float s2 = BitsToFloat(e - g);
+  return std::fma(s2, j, s2) * s1;
+}
+
+template <int L>
+double AttnExpSumRef(const float* x, float max, float* y, int64_t n) {
+  double sum = 0.0;
+  for (int64_t i = 0; i + L <= n; i += L) {
+    for (int l = 0; l < L; ++l) {
+      const float d = x[i + l] - max;
+      y[i + l] = L == 16 ? GgmlExpf16(d) : GgmlExpf8(d);
+    }
+    sum += static_cast<double>(SumLanes(y + i, L, LaneSum::kHalves));
+  }
+  return sum;
+}
+
+template <int L>
+void AttnReduceRef(const float* rows, int n_rows, int64_t stride, int64_t cols, float* out) {
+  float v[L];
+  for (int64_t c = 0; c < cols; ++c) {
+    if (n_rows == L) {
+      for (int l = 0; l < L; ++l) v[l] = rows[l * stride + c];
+      out[c] = SumLanes(v, L, LaneSum::kHalves);
+      continue;
+    }
+    for (int l = 0; l < L; ++l) {
+      const float* p = rows + l * stride + c;
+      v[l] = (p[0] + p[2 * L * stride]) + (p[L * stride] + p[3 * L * stride]);
+    }
+    out[c] = SumLanes(v, L, DotLaneSum(L));
+  }
+}
+
+constexpr AttnKernels kScalarAttn8 = {8, &AttnDotRef<8>, &AttnExpSumRef<8>, &AttnReduceRef<8>};
+constexpr AttnKernels kScalarAttn16 = {16, &AttnDotRef<16>, &AttnExpSumRef<16>,
+                                       &AttnReduceRef<16>};
+const AttnKernels& ScalarAttn() { return kScalarAttn8; }
+
 constexpr Kernels kScalar = {
     .name = "scalar",
     .gemm = {&GemmTile<float, float, DotF32>, &GemmTile<uint16_t, uint16_t, DotF16>,
              &GemmTile<uint16_t, uint16_t, DotBf16>, &GemmTile<BlockQ8_0, BlockQ8_0, DotQ8_0>,
              &GemmTile<BlockQ4_0, BlockQ8_0, DotQ4_0>, &GemmTile<BlockQ2_K, BlockQ8_K, DotQ2_K>,
              &GemmTile<BlockQ3_K, BlockQ8_K, DotQ3_K>, &GemmTile<BlockQ4_K, BlockQ8_K, DotQ4_K>,
-             &GemmTile<BlockQ5_K, BlockQ8_K, DotQ5_K>, &GemmTile<BlockQ6_K, BlockQ8_K, DotQ6_K>,
+             &GemmTile<BlockQ5_K, BlockQ8_K, DotQ5_K>, &GemmTile<BlockQ6_K, BlockQ8_K, DotQ6_K<>>,
              &GemmTile<BlockQ5_0, BlockQ8_0, DotQ5_0Q8_0>, &GemmTile<char, char, DotW8A8Rows>,
              &GemmTile<BlockW4A16, float, DotW4A16F32>},
+    .gemm_wide = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                  &GemmTile<BlockQ4_K, BlockQ8_K, DotQ4_KWide>,
+                  &GemmTile<BlockQ5_K, BlockQ8_K, DotQ5_KWide>,
+                  &GemmTile<BlockQ6_K, BlockQ8_K, DotQ6_K<true>>, nullptr, nullptr, nullptr},
+    .q4_k_repack_gemm = &GemmTile<BlockQ4_K, BlockQ8_K, DotQ4_KRepack<1>>,
+    .q4_k_repack_gemv = &GemmTile<BlockQ4_K, BlockQ8_K, DotQ4_KRepack<4>>,
     .f32_to_f16 = &F32ToF16Row,
     .f16_to_f32 = &F16ToF32Row,
     .f32_to_bf16 = &F32ToBf16Row,
@@ -318,11 +544,18 @@ constexpr Kernels kScalar = {
     .swiglu = &SwiGlu,
     .max = &Max,
     .exp_sub_sum = &ExpSubSum,
+    .rope_neox = &RopeNeox,
+    .rope_normal = &RopeNormal,
+    .attn = &ScalarAttn,
 };
 
 }  // namespace
 
 const Kernels& ScalarKernels() { return kScalar; }
+
+const AttnKernels& ScalarAttnKernels(int lanes) {
+  return lanes == 16 ? kScalarAttn16 : kScalarAttn8;
+}
 
 namespace {
 

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -458,13 +459,14 @@ TEST_P(CpuBackendTest, AddAddBiasSwiGlu) {
 }
 
 TEST_P(CpuBackendTest, GeGluMatchesTheF16Table) {
-  // ggml's GELU: x narrowed to f16, looked up in a table of f16 results; 0 below -10, x above 10.
+  // ggml's GELU: x narrowed to f16, looked up in a table of f16 results; +0 below -10 (not
+  // multiplied by up), x above 10. The table holds (0.5 x)(1 + tanh((c x)(1 + (a x) x))) with
+  // 1 + (a x) x one FMA: the rounding of llama.cpp's build (GCC fuses that product).
   auto ref = [](float g) {
-    if (g <= -10.f) return 0.f;
     if (g >= 10.f) return g;
     const float x = F16ToF32(F32ToF16(g));
-    const float v =
-        0.5f * x * (1.f + std::tanh(0.79788456080286535588f * x * (1.f + 0.044715f * x * x)));
+    const float v = (0.5f * x) * (1.f + std::tanh((0.79788456080286535588f * x) *
+                                                  std::fma(0.044715f * x, x, 1.f)));
     return F16ToF32(F32ToF16(v));
   };
   for (int64_t cols : {1, 9, 300, 40000}) {
@@ -475,7 +477,10 @@ TEST_P(CpuBackendTest, GeGluMatchesTheF16Table) {
     HostTensor g = F32(rows, cols, gv), u = F32(rows, cols, uv);
     HostTensor y(DType::kF32, rows, cols);
     ASSERT_THAT(be_->GeGlu(g.t, u.t, y.t), IsOk());
-    for (int64_t i = 0; i < rows * cols; ++i) ASSERT_EQ(y.f()[i], ref(gv[i]) * uv[i]) << gv[i];
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      const float want = gv[i] <= -10.f ? 0.f : ref(gv[i]) * uv[i];
+      ASSERT_EQ(std::bit_cast<uint32_t>(y.f()[i]), std::bit_cast<uint32_t>(want)) << gv[i];
+    }
     ASSERT_THAT(be_->GeGlu(g.t, u.t, g.t), IsOk());  // y aliasing the gate
     for (int64_t i = 0; i < rows * cols; ++i) ASSERT_EQ(g.f()[i], y.f()[i]);
   }
@@ -756,8 +761,10 @@ TEST_P(CpuBackendTest, AttentionGqaTwoSequencesWindowSoftcap) {
 
 // Prompt batches (>= 16 rows, F16 K/V shared by several query heads) widen each sequence's
 // visible K/V to F32 once instead of per row: the outputs must be bit-identical to running every
-// row alone (which widens per row), with and without a sliding window, for two sequences in one
-// batch (one with too few rows to be widened).
+// row on its own (which widens per row), with and without a sliding window, for two sequences in
+// one batch (one with too few rows to be widened). A sequence's rows sum V in tinyBLAS's order
+// when the batch holds two or more of them (ggml_vec_dot_f32's for one), so each row runs
+// together with a copy of itself.
 TEST_P(CpuBackendTest, PromptAttentionEqualsRowByRowBitForBit) {
   std::mt19937 rng(21);
   for (int window : {0, 7}) {
@@ -783,12 +790,12 @@ TEST_P(CpuBackendTest, PromptAttentionEqualsRowByRowBitForBit) {
     HostTensor all(DType::kF32, n, q.t.cols);
     ASSERT_THAT(be_->Attention(q.t, kc.t, vc.t, kv, p, all.t), IsOk());
     for (int64_t t = 0; t < n; ++t) {
-      std::vector<int32_t> p1 = {pos[t]}, s1 = {0};
+      std::vector<int32_t> p1 = {pos[t], pos[t]}, s1 = {0, 0};
       KvBatch one{p1, s1, {seq[t] == 0 ? t0 : t1}, bs};
-      HostTensor q1 = F32(1, q.t.cols,
-                          std::vector<float>(qv.begin() + t * q.t.cols,
-                                             qv.begin() + (t + 1) * q.t.cols));
-      HostTensor o1(DType::kF32, 1, q.t.cols);
+      std::vector<float> row(qv.begin() + t * q.t.cols, qv.begin() + (t + 1) * q.t.cols);
+      row.insert(row.end(), row.begin(), row.end());
+      HostTensor q1 = F32(2, q.t.cols, row);
+      HostTensor o1(DType::kF32, 2, q.t.cols);
       ASSERT_THAT(be_->Attention(q1.t, kc.t, vc.t, one, p, o1.t), IsOk());
       ASSERT_EQ(std::memcmp(o1.f(), all.f() + t * q.t.cols, q.t.cols * sizeof(float)), 0)
           << "row " << t;

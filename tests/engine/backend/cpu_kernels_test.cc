@@ -603,4 +603,111 @@ TEST_F(KernelsTest, ExpBasedRowOps) {
 }
 
 }  // namespace
+
+// ---- attention and RoPE in ggml's order ------------------------------------------------------
+
+// Random finite floats of mixed magnitudes, some -inf (masked positions) and some far below the
+// others, so that ggml's expf takes its near-range and out-of-range branches too.
+std::vector<float> AttnScores(std::mt19937& rng, int64_t n) {
+  std::normal_distribution<float> normal(0.f, 4.f);
+  std::uniform_int_distribution<int> kind(0, 19);
+  std::vector<float> x(n);
+  for (float& v : x) {
+    const int c = kind(rng);
+    v = c == 0 ? -std::numeric_limits<float>::infinity()
+               : c == 1 ? -90.f - 100.f * std::fabs(normal(rng))
+                        : c == 2 ? -150.f + normal(rng) : normal(rng);
+  }
+  return x;
+}
+
+void ExpectAttnKernelsEqual(const AttnKernels& ref, const AttnKernels& simd) {
+  ASSERT_EQ(ref.lanes, simd.lanes);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (int64_t n : {1, 20, 64, 100, 128, 256, 300}) {
+    std::vector<float> a(n), b(n);
+    for (float& v : a) v = normal(rng);
+    for (float& v : b) v = normal(rng) * 3.f;
+    const float r = ref.dot(a.data(), b.data(), n), s = simd.dot(a.data(), b.data(), n);
+    EXPECT_EQ(std::bit_cast<uint32_t>(r), std::bit_cast<uint32_t>(s)) << "dot n " << n;
+  }
+  for (int64_t groups : {1, 2, 7, 33}) {
+    const int64_t n = groups * ref.lanes;
+    const std::vector<float> x = AttnScores(rng, n);
+    const float m = 2.5f;
+    std::vector<float> yr(n), ys(n);
+    const double sr = ref.exp_sum(x.data(), m, yr.data(), n);
+    const double ss = simd.exp_sum(x.data(), m, ys.data(), n);
+    EXPECT_EQ(std::bit_cast<uint64_t>(sr), std::bit_cast<uint64_t>(ss)) << "exp_sum n " << n;
+    ASSERT_EQ(std::memcmp(yr.data(), ys.data(), n * sizeof(float)), 0) << "exp n " << n;
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::isinf(x[i])) ASSERT_EQ(yr[i], 0.f);
+      // ggml's expf is within a few ulp of the true value in range.
+      const double e = std::exp(static_cast<double>(x[i] - m));  // ggml's argument is F32 x - m
+      if (x[i] - m > -80.f) ASSERT_NEAR(yr[i], e, 4e-7 * e);
+    }
+  }
+  for (int rows : {ref.lanes, 4 * ref.lanes}) {
+    for (int64_t cols : {1, 7, 16, 20, 256}) {
+      std::vector<float> acc(rows * (cols + 3));
+      for (float& v : acc) v = normal(rng);
+      std::vector<float> outr(cols), outs(cols);
+      ref.reduce(acc.data(), rows, cols + 3, cols, outr.data());
+      simd.reduce(acc.data(), rows, cols + 3, cols, outs.data());
+      ASSERT_EQ(std::memcmp(outr.data(), outs.data(), cols * sizeof(float)), 0)
+          << "reduce rows " << rows << " cols " << cols;
+      for (int64_t c = 0; c < cols; ++c) {
+        double sum = 0;
+        for (int r = 0; r < rows; ++r) sum += acc[r * (cols + 3) + c];
+        ASSERT_NEAR(outr[c], sum, 1e-5);
+      }
+    }
+  }
+}
+
+TEST(AttnKernelsTest, Avx2MatchesTheScalarEightLaneOrder) {
+  if (Avx2Kernels() == nullptr || &SelectKernels(false) != Avx2Kernels()) {
+    GTEST_SKIP() << "AVX2 kernels not available on this build/CPU";
+  }
+  ExpectAttnKernelsEqual(ScalarAttnKernels(8), Avx2AttnKernels());
+}
+
+TEST(AttnKernelsTest, Avx512MatchesTheScalarSixteenLaneOrder) {
+  const AttnKernels* k = Avx512AttnKernels();
+  if (k == nullptr) GTEST_SKIP() << "no AVX512F + AVX512DQ on this CPU";
+  ExpectAttnKernelsEqual(ScalarAttnKernels(16), *k);
+}
+
+TEST(RopeKernelsTest, Avx2MatchesScalarBitForBit) {
+  const Kernels* avx2 = Avx2Kernels();
+  if (avx2 == nullptr || &SelectKernels(false) != avx2) {
+    GTEST_SKIP() << "AVX2 kernels not available on this build/CPU";
+  }
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.f, 2.f);
+  std::uniform_real_distribution<float> angle(-3.2f, 3.2f);
+  for (int64_t half : {1, 4, 13, 32, 64, 128}) {
+    std::vector<float> c(half), s(half), v(2 * half);
+    for (int64_t i = 0; i < half; ++i) {
+      const float t = angle(rng);
+      c[i] = std::cos(t);
+      s[i] = std::sin(t);
+    }
+    for (float& x : v) x = normal(rng);
+    for (auto fn : {&Kernels::rope_neox, &Kernels::rope_normal}) {
+      std::vector<float> a = v, b = v;
+      (ScalarKernels().*fn)(a.data(), c.data(), s.data(), half);
+      (avx2->*fn)(b.data(), c.data(), s.data(), half);
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "half " << half;
+      // A rotation keeps each pair's length (to rounding).
+      const bool neox = fn == &Kernels::rope_neox;
+      for (int64_t i = 0; i < half; ++i) {
+        const int64_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        ASSERT_NEAR(std::hypot(a[i0], a[i1]), std::hypot(v[i0], v[i1]), 1e-5);
+      }
+    }
+  }
+}
+
 }  // namespace pd::engine::cpu

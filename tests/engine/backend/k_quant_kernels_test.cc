@@ -279,6 +279,63 @@ class KQuantKernelsTest : public ::testing::Test {
   std::mt19937 rng_{77};
 };
 
+// llama.cpp's other x86 orders (kernels.h: q4_k_repack_gemm / q4_k_repack_gemv, gemm_wide): the
+// AVX2 tiles must give the scalar reference's bits, on every tile shape and on random blocks
+// (codes, sub-block scales and super-scales over their whole ranges), and stay within the
+// reordering bound of the exact product.
+TEST_F(KQuantKernelsTest, LlamaCppOrdersMatchTheScalarTablesBitForBit) {
+  struct Variant {
+    const char* name;
+    Format f;
+    GemmTileFn scalar, avx2;
+  };
+  const Variant variants[] = {
+      {"q4_K repacked gemm", {DType::kQ4_K, GemmType::kQ4_K, DType::kQ8_K},
+       s_.q4_k_repack_gemm, avx2_->q4_k_repack_gemm},
+      {"q4_K repacked gemv", {DType::kQ4_K, GemmType::kQ4_K, DType::kQ8_K},
+       s_.q4_k_repack_gemv, avx2_->q4_k_repack_gemv},
+      {"q4_K tiled", {DType::kQ4_K, GemmType::kQ4_K, DType::kQ8_K},
+       s_.gemm_wide[static_cast<int>(GemmType::kQ4_K)],
+       avx2_->gemm_wide[static_cast<int>(GemmType::kQ4_K)]},
+      {"q5_K tiled", {DType::kQ5_K, GemmType::kQ5_K, DType::kQ8_K},
+       s_.gemm_wide[static_cast<int>(GemmType::kQ5_K)],
+       avx2_->gemm_wide[static_cast<int>(GemmType::kQ5_K)]},
+      {"q6_K tiled", {DType::kQ6_K, GemmType::kQ6_K, DType::kQ8_K},
+       s_.gemm_wide[static_cast<int>(GemmType::kQ6_K)],
+       avx2_->gemm_wide[static_cast<int>(GemmType::kQ6_K)]},
+  };
+  for (const Variant& v : variants) {
+    ASSERT_NE(v.scalar, nullptr) << v.name;
+    ASSERT_NE(v.avx2, nullptr) << v.name;
+    for (int64_t k : Ks(v.f)) {
+      const Rows w = RandomWeights(v.f.type, kGemmTileW, k, Scales::kRandom, rng_);
+      const Rows a = RandomActivations(v.f.act, kGemmTileX, k, -127, 127, Scales::kRandom, rng_);
+      const int64_t nb = NumBlocks(v.f.type, k);
+      for (int nr = 1; nr <= kGemmTileW; ++nr) {
+        for (int nc = 1; nc <= kGemmTileX; ++nc) {
+          const int64_t ys = 6;
+          std::vector<float> ya(nc * ys, -999.f), yb(nc * ys, -999.f);
+          v.scalar(k, w.bytes.data(), w.stride, nr, a.bytes.data(), a.stride, nc, ya.data(), ys);
+          v.avx2(k, w.bytes.data(), w.stride, nr, a.bytes.data(), a.stride, nc, yb.data(), ys);
+          ASSERT_EQ(std::memcmp(ya.data(), yb.data(), ya.size() * sizeof(float)), 0)
+              << v.name << " k " << k << " tile " << nr << "x" << nc;
+          for (int c = 0; c < nc; ++c) {
+            for (int r = 0; r < nr; ++r) {
+              double ref = 0, t = 0;
+              for (int64_t j = 0; j < k; ++j) {
+                ref += w.values[r * k + j] * a.values[c * k + j];
+                t += w.magnitude[r * k + j] * std::fabs(a.values[c * k + j]);
+              }
+              ASSERT_NEAR(yb[c * ys + r], ref, (nb + 16) * 0x1p-24 * t + 1e-30)
+                  << v.name << " k " << k << " y[" << c << "," << r << "]";
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_F(KQuantKernelsTest, UnitScalesAreExact) {
   // Random codes and sub-block scales over their whole ranges; activations limited to [-12, 12]
   // so that T < 2^24 and every F32 step is exact.
