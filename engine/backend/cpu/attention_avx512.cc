@@ -19,6 +19,7 @@
 #endif
 
 #include <cstdint>
+#include <vector>
 
 namespace pd::engine::cpu {
 namespace {
@@ -99,7 +100,47 @@ void AttnReduce512(const float* rows, int n_rows, int64_t stride, int64_t cols, 
   if (c < cols) ScalarAttnKernels(16).reduce(rows + c, n_rows, stride, cols - c, out + c);
 }
 
-constexpr AttnKernels kAvx512Attn = {16, &AttnDot512, &AttnExpSum512, &AttnReduce512};
+// AttnVSumRef<16> with the accumulators of 16 columns in registers: one pass over the positions
+// per group of 16 accumulators (n_acc / 16 passes), each partial parked in `part`, then the tree.
+void AttnVSum512(const float* p, const float* const* v, int64_t lo, int64_t hi, int n_acc,
+                 int64_t cols, float* out) {
+  const int passes = n_acc / 16;
+  int64_t c = 0;
+  for (; c + 16 <= cols; c += 16) {
+    alignas(64) float part[4][16][16];
+    for (int a = 0; a < passes; ++a) {
+      __m512 acc[16];
+      for (int l = 0; l < 16; ++l) acc[l] = _mm512_setzero_ps();
+      for (int64_t blk = lo / 16; blk * 16 <= hi; ++blk) {
+        if (blk % passes != a) continue;
+        const int64_t j0 = blk * 16 > lo ? blk * 16 : lo;
+        const int64_t j1 = blk * 16 + 15 < hi ? blk * 16 + 15 : hi;
+        if (j0 == blk * 16 && j1 == blk * 16 + 15) {  // a whole group: lanes 0..15 in order
+          for (int l = 0; l < 16; ++l) {
+            acc[l] = _mm512_fmadd_ps(_mm512_loadu_ps(v[j0 + l - lo] + c),
+                                     _mm512_set1_ps(p[j0 + l - lo]), acc[l]);
+          }
+          continue;
+        }
+        for (int64_t j = j0; j <= j1; ++j) {
+          const int l = static_cast<int>(j % 16);
+          acc[l] = _mm512_fmadd_ps(_mm512_loadu_ps(v[j - lo] + c), _mm512_set1_ps(p[j - lo]),
+                                   acc[l]);
+        }
+      }
+      for (int l = 0; l < 16; ++l) _mm512_store_ps(part[a][l], acc[l]);
+    }
+    AttnReduce512(&part[0][0][0], n_acc, 16, 16, out + c);
+  }
+  if (c < cols) {  // the last columns through the reference
+    std::vector<const float*> vc(static_cast<size_t>(hi - lo + 1));
+    for (int64_t j = lo; j <= hi; ++j) vc[j - lo] = v[j - lo] + c;
+    ScalarAttnKernels(16).vsum(p, vc.data(), lo, hi, n_acc, cols - c, out + c);
+  }
+}
+
+constexpr AttnKernels kAvx512Attn = {16, &AttnDot512, &AttnExpSum512, &AttnReduce512,
+                                     &AttnVSum512};
 
 // AVX512F and AVX512DQ (CPUID leaf 7, EBX bits 16 and 17) with ZMM, YMM and XMM state enabled by
 // the OS (XCR0 bits 1, 2, 5, 6 and 7).

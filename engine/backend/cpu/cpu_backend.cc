@@ -1012,6 +1012,7 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
   pool_.ParallelFor(n_tokens * p.n_kv_heads, [&](int64_t w0, int64_t w1) {
     std::vector<float> scores(static_cast<size_t>(group * max_span));
     std::vector<float> acc(static_cast<size_t>(group * 4 * lanes * hd));
+    std::vector<const float*> vrows;
     std::vector<float> widened(k_cache.type == KvDType::kF16 || v_cache.type == KvDType::kF16 ? hd : 0);
     for (int64_t item = w0; item < w1; ++item) {
       const int64_t t = item / p.n_kv_heads;
@@ -1068,15 +1069,28 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
         const float inv = static_cast<float>(1.0 / ak.exp_sum(sg, m, sg, span));
         for (int64_t j = lo - a0; j <= hi - a0; ++j) sg[j] *= inv;
       }
+      float* oh = RowF32(out, t) + kvh * group * hd;
       // Pass 2: position pos adds p * v into accumulator pos % n_acc; then the accumulators are
-      // summed in ggml's tree.
+      // summed in ggml's tree. F32 rows (the cache's, or a prompt's widened F16) go through
+      // ak.vsum, which keeps the accumulators in registers; the others through n_acc rows.
+      if (wv != nullptr || v_cache.type == KvDType::kF32) {
+        vrows.resize(static_cast<size_t>(hi - lo + 1));
+        for (int64_t pos = lo; pos <= hi; ++pos) {
+          vrows[pos - lo] = wv != nullptr ? wv + (pos - lo) * hd
+                                          : reinterpret_cast<const float*>(v_cache.values(
+                                                SlotOf(kv, seq, pos), static_cast<int>(kvh)));
+        }
+        for (int g = 0; g < group; ++g) {
+          ak.vsum(scores.data() + g * span + (lo - a0), vrows.data(), lo, hi,
+                  static_cast<int>(n_acc), hd, oh + g * hd);
+        }
+        continue;
+      }
       std::fill(acc.begin(), acc.begin() + group * n_acc * hd, 0.f);
       for (int64_t pos = lo; pos <= hi; ++pos) {
         const int64_t r = pos % n_acc;
-        const float* vrow = nullptr;
-        if (wv != nullptr) {
-          vrow = wv + (pos - lo) * hd;
-        } else if (v_cache.type == KvDType::kF16 && group > 1) {
+        const float* vrow = nullptr;  // F16 widened once for the group's heads
+        if (v_cache.type == KvDType::kF16 && group > 1) {
           k_.f16_to_f32(reinterpret_cast<const uint16_t*>(
                             v_cache.values(SlotOf(kv, seq, pos), static_cast<int>(kvh))),
                         widened.data(), hd);
@@ -1092,7 +1106,6 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
           }
         }
       }
-      float* oh = RowF32(out, t) + kvh * group * hd;
       for (int g = 0; g < group; ++g) {
         ak.reduce(acc.data() + g * n_acc * hd, static_cast<int>(n_acc), hd, hd, oh + g * hd);
       }

@@ -118,6 +118,12 @@ struct AttnKernels {
   // out[c] = the sum over r < n_rows of rows[r * stride + c] for c < cols, in the order of tinyBLAS's final hsum
   // (n_rows == lanes) or of ggml_vec_dot_f32's reduction (n_rows == 4 * lanes).
   void (*reduce)(const float* rows, int n_rows, int64_t stride, int64_t cols, float* out);
+  // out[c] = sum over positions j in [lo, hi] of p[j - lo] * v[j - lo][c], c < cols, with one
+  // FMA accumulator per position modulo n_acc (lanes or 4 * lanes, by absolute position j) summed
+  // like `reduce`: the same bits as accumulating into n_acc rows and reducing them, without the
+  // rows (the accumulators of a few columns at a time live in registers).
+  void (*vsum)(const float* p, const float* const* v, int64_t lo, int64_t hi, int n_acc,
+               int64_t cols, float* out);
 };
 // Portable versions of both widths (the reference the SIMD ones are tested against).
 const AttnKernels& ScalarAttnKernels(int lanes);

@@ -12,10 +12,12 @@
 #include <immintrin.h>
 #include <math.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace pd::engine::cpu {
 namespace {
@@ -778,17 +780,30 @@ void TileQ45K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
 // exact integer sums of scale x dot and min x bsum over each pair of sub-blocks (GEMM order) or
 // over the whole super-block (kGemv), each added as fma(float(sum), d_w * d_x, acc) and
 // fma(float(msum), dmin_w * d_x, macc); y = acc - macc. The integer parts are TileQ45K's.
+// The four lane sums of a, b, c, d (8 int32 lanes each) as one vector [sum a, sum b, sum c, sum d].
+PD_ALWAYS_INLINE inline __m128i HSum4I32(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i ab = _mm256_hadd_epi32(a, b), cd = _mm256_hadd_epi32(c, d);
+  const __m256i abcd = _mm256_hadd_epi32(ab, cd);  // per 128-bit half: [a b c d] partial sums
+  return _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256(abcd, 1));
+}
+
 template <int R, int C, bool kGemv>
 void TileQ4KRepack(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y,
                    int64_t ys) {
+  static_assert(C <= 4, "one 4-lane accumulator per weight row holds the tile's columns");
   const int64_t nb = k / kQK;
   const __m256i m4 = _mm256_set1_epi8(0x0F);
-  float acc[R][C] = {}, macc[R][C] = {};
+  // Lane c of acc[r] / macc[r]: the column-c accumulators (their FMA sequences are per lane).
+  __m128 acc[R], macc[R];
+  for (int r = 0; r < R; ++r) acc[r] = macc[r] = _mm_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const BlockQ8_K* xb[C];
+    alignas(16) float dx[4] = {};
     PD_UNROLL for (int c = 0; c < C; ++c) {
       xb[c] = reinterpret_cast<const BlockQ8_K*>(x + c * xs) + b;
+      dx[c] = xb[c]->d;
     }
+    const __m128 vdx = _mm_load_ps(dx);
     for (int r = 0; r < R; ++r) {
       const BlockQ4_K* wb = reinterpret_cast<const BlockQ4_K*>(w + r * ws) + b;
       PrefetchNextTile<R, sizeof(BlockQ4_K)>(wb, ws);
@@ -796,50 +811,63 @@ void TileQ4KRepack(int64_t k, const char* w, size_t ws, const char* x, size_t xs
       DecodeScalesK4(wb->scales, &sc8, &m8);
       const __m256i scv = _mm256_set1_epi64x(static_cast<int64_t>(sc8));
       const __m256i mdup = Shuffle(_mm256_set1_epi64x(static_cast<int64_t>(m8)), kMinDup, 0);
-      const float dw = HalfToFloat(wb->d), dminw = HalfToFloat(wb->dmin);
-      float d[C], dmin[C];
-      int32_t mins[C][8];
-      PD_UNROLL for (int c = 0; c < C; ++c) {
-        d[c] = dw * xb[c]->d;
-        dmin[c] = dminw * xb[c]->d;
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(mins[c]),
-                            _mm256_madd_epi16(mdup, Load32(xb[c]->bsums)));
-      }
-      __m256i isum[C];
-      PD_UNROLL for (int c = 0; c < C; ++c) isum[c] = _mm256_setzero_si256();
+      // d_w * d_x and dmin_w * d_x per column (products in F32, as llama.cpp's).
+      const __m128 d = _mm_mul_ps(_mm_set1_ps(HalfToFloat(wb->d)), vdx);
+      const __m128 dmin = _mm_mul_ps(_mm_set1_ps(HalfToFloat(wb->dmin)), vdx);
+      // sums[c]: the four pair sums of column c; msums[c]: its min sums per pair.
+      __m128i sums[4] = {}, msums[4] = {};
+      __m256i pair[C][4];
       Unroll<4>([&](auto pc) PD_ALWAYS_INLINE {
         constexpr int p = decltype(pc)::value;
         const __m256i q = Load32(wb->qs + 32 * p);
+        PD_UNROLL for (int c = 0; c < C; ++c) pair[c][p] = _mm256_setzero_si256();
         Unroll<2>([&](auto tc) PD_ALWAYS_INLINE {
           constexpr int t = decltype(tc)::value, v = 2 * p + t;
           const __m256i u = _mm256_and_si256(t == 0 ? q : _mm256_srli_epi16(q, 4), m4);
           const __m256i s = Shuffle(scv, kScaleBcast, v);
           PD_UNROLL for (int c = 0; c < C; ++c) {
             const __m256i prod = _mm256_maddubs_epi16(u, Load32(xb[c]->qs + 32 * v));
-            isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(prod, s));
+            pair[c][p] = _mm256_add_epi32(pair[c][p], _mm256_madd_epi16(prod, s));
           }
         });
-        if constexpr (!kGemv) {
-          PD_UNROLL for (int c = 0; c < C; ++c) {
-            acc[r][c] = __builtin_fmaf(static_cast<float>(HSumI32(isum[c])), d[c], acc[r][c]);
-            isum[c] = _mm256_setzero_si256();
-            macc[r][c] = __builtin_fmaf(static_cast<float>(mins[c][2 * p] + mins[c][2 * p + 1]),
-                                        dmin[c], macc[r][c]);
-          }
-        }
       });
-      if constexpr (kGemv) {
-        PD_UNROLL for (int c = 0; c < C; ++c) {
-          int32_t msum = 0;
-          for (int v = 0; v < 8; ++v) msum += mins[c][v];
-          acc[r][c] = __builtin_fmaf(static_cast<float>(HSumI32(isum[c])), d[c], acc[r][c]);
-          macc[r][c] = __builtin_fmaf(static_cast<float>(msum), dmin[c], macc[r][c]);
+      PD_UNROLL for (int c = 0; c < C; ++c) {
+        sums[c] = HSum4I32(pair[c][0], pair[c][1], pair[c][2], pair[c][3]);
+        // Lane v of mins: m_v * bsum_v. Pairs: [m0+m1, m2+m3, m4+m5, m6+m7].
+        const __m256i mh = _mm256_hadd_epi32(_mm256_madd_epi16(mdup, Load32(xb[c]->bsums)),
+                                             _mm256_setzero_si256());
+        msums[c] = _mm_unpacklo_epi64(_mm256_castsi256_si128(mh), _mm256_extracti128_si256(mh, 1));
+      }
+      // Transpose to one vector per pair p (lane c = column c).
+      auto transpose = [](__m128i (&v)[4]) PD_ALWAYS_INLINE {
+        const __m128i t0 = _mm_unpacklo_epi32(v[0], v[1]), t1 = _mm_unpackhi_epi32(v[0], v[1]);
+        const __m128i t2 = _mm_unpacklo_epi32(v[2], v[3]), t3 = _mm_unpackhi_epi32(v[2], v[3]);
+        v[0] = _mm_unpacklo_epi64(t0, t2);
+        v[1] = _mm_unpackhi_epi64(t0, t2);
+        v[2] = _mm_unpacklo_epi64(t1, t3);
+        v[3] = _mm_unpackhi_epi64(t1, t3);
+      };
+      transpose(sums);
+      transpose(msums);
+      if constexpr (kGemv) {  // one step per super-block: the pairs' integer sum (exact)
+        const __m128i st = _mm_add_epi32(_mm_add_epi32(sums[0], sums[1]),
+                                         _mm_add_epi32(sums[2], sums[3]));
+        const __m128i mt = _mm_add_epi32(_mm_add_epi32(msums[0], msums[1]),
+                                         _mm_add_epi32(msums[2], msums[3]));
+        acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(st), d, acc[r]);
+        macc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(mt), dmin, macc[r]);
+      } else {
+        for (int p = 0; p < 4; ++p) {
+          acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(sums[p]), d, acc[r]);
+          macc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(msums[p]), dmin, macc[r]);
         }
       }
     }
   }
   for (int r = 0; r < R; ++r) {
-    PD_UNROLL for (int c = 0; c < C; ++c) y[c * ys + r] = acc[r][c] - macc[r][c];
+    alignas(16) float out[4];
+    _mm_store_ps(out, _mm_sub_ps(acc[r], macc[r]));
+    PD_UNROLL for (int c = 0; c < C; ++c) y[c * ys + r] = out[c];
   }
 }
 
@@ -1482,7 +1510,40 @@ void AttnReduceAvx2(const float* rows, int n_rows, int64_t stride, int64_t cols,
   }
 }
 
-constexpr AttnKernels kAvx2Attn = {8, &AttnDotAvx2, &AttnExpSumAvx2, &AttnReduceAvx2};
+// AttnVSumRef<8> with the accumulators of 8 columns in registers: one pass over the positions
+// per group of 8 accumulators (n_acc / 8 passes), each partial parked in `part`, then the tree.
+void AttnVSumAvx2(const float* p, const float* const* v, int64_t lo, int64_t hi, int n_acc,
+                  int64_t cols, float* out) {
+  const int passes = n_acc / 8;
+  int64_t c = 0;
+  for (; c + 8 <= cols; c += 8) {
+    alignas(32) float part[4][8][8];
+    for (int a = 0; a < passes; ++a) {
+      __m256 acc[8];
+      for (int l = 0; l < 8; ++l) acc[l] = _mm256_setzero_ps();
+      // Positions of this pass: j with (j / 8) % passes == a.
+      for (int64_t blk = lo / 8; blk * 8 <= hi; ++blk) {
+        if (blk % passes != a) continue;
+        const int64_t j0 = std::max<int64_t>(lo, blk * 8), j1 = std::min<int64_t>(hi, blk * 8 + 7);
+        for (int64_t j = j0; j <= j1; ++j) {
+          const int l = static_cast<int>(j % 8);
+          acc[l] = _mm256_fmadd_ps(_mm256_loadu_ps(v[j - lo] + c), _mm256_set1_ps(p[j - lo]),
+                                   acc[l]);
+        }
+      }
+      for (int l = 0; l < 8; ++l) _mm256_store_ps(part[a][l], acc[l]);
+    }
+    AttnReduceAvx2(&part[0][0][0], n_acc, 8, 8, out + c);
+  }
+  if (c < cols) {
+    std::vector<const float*> vv(static_cast<size_t>(hi - lo + 1));
+    for (int64_t j = lo; j <= hi; ++j) vv[j - lo] = v[j - lo] + c;
+    ScalarAttnKernels(8).vsum(p, vv.data(), lo, hi, n_acc, cols - c, out + c);
+  }
+}
+
+constexpr AttnKernels kAvx2Attn = {8, &AttnDotAvx2, &AttnExpSumAvx2, &AttnReduceAvx2,
+                                   &AttnVSumAvx2};
 
 // The AVX-512 order where the CPU has it (llama.cpp built for it uses that), else AVX2's.
 const AttnKernels& Avx2TableAttn() {

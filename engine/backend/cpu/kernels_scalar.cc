@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "engine/backend/cpu/kernels.h"
 #include "engine/quant/q5_0.h"
@@ -502,9 +503,21 @@ void AttnReduceRef(const float* rows, int n_rows, int64_t stride, int64_t cols, 
   }
 }
 
-constexpr AttnKernels kScalarAttn8 = {8, &AttnDotRef<8>, &AttnExpSumRef<8>, &AttnReduceRef<8>};
+template <int L>
+void AttnVSumRef(const float* p, const float* const* v, int64_t lo, int64_t hi, int n_acc,
+                 int64_t cols, float* out) {
+  std::vector<float> rows(static_cast<size_t>(n_acc * cols), 0.f);
+  for (int64_t j = lo; j <= hi; ++j) {
+    float* r = rows.data() + (j % n_acc) * cols;
+    for (int64_t c = 0; c < cols; ++c) r[c] = std::fma(v[j - lo][c], p[j - lo], r[c]);
+  }
+  AttnReduceRef<L>(rows.data(), n_acc, cols, cols, out);
+}
+
+constexpr AttnKernels kScalarAttn8 = {8, &AttnDotRef<8>, &AttnExpSumRef<8>, &AttnReduceRef<8>,
+                                      &AttnVSumRef<8>};
 constexpr AttnKernels kScalarAttn16 = {16, &AttnDotRef<16>, &AttnExpSumRef<16>,
-                                       &AttnReduceRef<16>};
+                                       &AttnReduceRef<16>, &AttnVSumRef<16>};
 const AttnKernels& ScalarAttn() { return kScalarAttn8; }
 
 constexpr Kernels kScalar = {

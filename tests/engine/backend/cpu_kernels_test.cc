@@ -20,6 +20,7 @@
 #include <initializer_list>
 #include <random>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "engine/backend/cpu/kernels.h"
@@ -661,6 +662,29 @@ void ExpectAttnKernelsEqual(const AttnKernels& ref, const AttnKernels& simd) {
         double sum = 0;
         for (int r = 0; r < rows; ++r) sum += acc[r * (cols + 3) + c];
         ASSERT_NEAR(outr[c], sum, 1e-5);
+      }
+    }
+  }
+  // vsum: positions lo..hi (not aligned to the lanes), both accumulator counts, any width.
+  for (int n_acc : {ref.lanes, 4 * ref.lanes}) {
+    for (auto [lo, hi] : {std::pair<int64_t, int64_t>{0, 0}, {3, 40}, {17, 300}, {64, 127}}) {
+      for (int64_t cols : {7, 16, 20, 256}) {
+        const int64_t len = hi - lo + 1;
+        std::vector<float> p(len), vals(len * cols);
+        for (float& x : p) x = std::fabs(normal(rng));
+        for (float& x : vals) x = normal(rng);
+        std::vector<const float*> rows(len);
+        for (int64_t j = 0; j < len; ++j) rows[j] = vals.data() + j * cols;
+        std::vector<float> outr(cols), outs(cols);
+        ref.vsum(p.data(), rows.data(), lo, hi, n_acc, cols, outr.data());
+        simd.vsum(p.data(), rows.data(), lo, hi, n_acc, cols, outs.data());
+        ASSERT_EQ(std::memcmp(outr.data(), outs.data(), cols * sizeof(float)), 0)
+            << "vsum n_acc " << n_acc << " lo " << lo << " hi " << hi << " cols " << cols;
+        for (int64_t c = 0; c < cols; ++c) {
+          double sum = 0;
+          for (int64_t j = 0; j < len; ++j) sum += double(p[j]) * vals[j * cols + c];
+          ASSERT_NEAR(outr[c], sum, 1e-4);
+        }
       }
     }
   }
