@@ -871,6 +871,45 @@ void TileQ4KRepack(int64_t k, const char* w, size_t ws, const char* x, size_t xs
   }
 }
 
+// Q4_0 in the order of llama.cpp's repacked x86 kernels (q4_0_8x8 GEMM and GEMV alike): per
+// block the exact int32 dot (codes - 8 times the activations), then acc = fma(float(dot),
+// d_w * d_x, acc), one accumulator per output (DotQ4_0Repack in kernels_scalar.cc).
+template <int R, int C>
+void TileQ4_0Repack(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y,
+                    int64_t ys) {
+  const int64_t nb = k / BlockQ4_0::kWeights;
+  const __m128i m4 = _mm_set1_epi8(0x0F);
+  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+  float acc[R][C] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ8_0* xb[C];
+    __m256i xq[C];
+    int32_t xsum[C];
+    PD_UNROLL for (int c = 0; c < C; ++c) {
+      xb[c] = reinterpret_cast<const BlockQ8_0*>(x + c * xs) + b;
+      xq[c] = Load32(xb[c]->qs);
+      // sum of the activations: maddubs(1, x) pairs, then madd(1) quads, then the lane sum.
+      xsum[c] = HSumI32(_mm256_madd_epi16(_mm256_maddubs_epi16(ones8, xq[c]), ones16));
+    }
+    for (int r = 0; r < R; ++r) {
+      const BlockQ4_0* wb = reinterpret_cast<const BlockQ4_0*>(w + r * ws) + b;
+      PrefetchNextTile<R, sizeof(BlockQ4_0)>(wb, ws);
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb->qs));
+      const __m256i u = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(q, m4)),
+                                                _mm_and_si128(_mm_srli_epi16(q, 4), m4), 1);
+      const float dw = HalfToFloat(wb->d);
+      PD_UNROLL for (int c = 0; c < C; ++c) {
+        const int32_t dot =
+            HSumI32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, xq[c]), ones16)) - 8 * xsum[c];
+        acc[r][c] = __builtin_fmaf(static_cast<float>(dot), dw * HalfToFloat(xb[c]->d), acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    PD_UNROLL for (int c = 0; c < C; ++c) y[c * ys + r] = acc[r][c];
+  }
+}
+
 // Q6_K: u = low4 | high2 << 4 (0..63), q = u - 32, so the dot is sum_i sc_i (P_i - 32 bsum_i).
 // Code vector v = 4h + k: low nibble (k < 2) or high nibble (k >= 2) of ql[64h + 32(k & 1) ..],
 // bits 2k..2k+1 of qh[32h ..]. Per row: 34 ops to unpack, 8 scale shuffles + 3.
@@ -997,6 +1036,10 @@ struct Q3KTile {
 template <int R, int C>
 struct Q4KTile {
   static constexpr TileImpl Fn = &TileQ45K<R, C, false, BlockQ4_K>;
+};
+template <int R, int C>
+struct Q4_0RepackTile {
+  static constexpr TileImpl Fn = &TileQ4_0Repack<R, C>;
 };
 template <int R, int C>
 struct Q4KRepackGemmTile {
@@ -1574,6 +1617,7 @@ constexpr Kernels kAvx2 = {
     .gemm_wide = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                   &TileTable<Q4KWideTile>::Gemm, &TileTable<Q5KWideTile>::Gemm,
                   &TileTable<Q6KWideTile>::Gemm, nullptr, nullptr, nullptr},
+    .q4_0_repack = &TileTable<Q4_0RepackTile>::Gemm,
     .q4_k_repack_gemm = &TileTable<Q4KRepackGemmTile>::Gemm,
     .q4_k_repack_gemv = &TileTable<Q4KRepackGemvTile>::Gemm,
     .f32_to_f16 = &F32ToF16,

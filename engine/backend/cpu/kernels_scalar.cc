@@ -162,6 +162,21 @@ float DotQ4_K(const BlockQ4_K* w, const BlockQ8_K* x, int64_t n) {
   return sum;
 }
 
+// Q4_0 in the order of llama.cpp's repacked x86 kernels (q4_0_8x8, GEMM and GEMV alike): per
+// block acc = fma(float(dot), d_w * d_x, acc), dot the exact integer sum of (code - 8) * x.
+float DotQ4_0Repack(const BlockQ4_0* w, const BlockQ8_0* x, int64_t n) {
+  float acc = 0.f;
+  for (int64_t b = 0; b < n / BlockQ4_0::kWeights; ++b) {
+    int32_t dot = 0;
+    for (int j = 0; j < 16; ++j) {
+      dot += ((w[b].qs[j] & 0x0F) - 8) * int32_t{x[b].qs[j]};
+      dot += ((w[b].qs[j] >> 4) - 8) * int32_t{x[b].qs[j + 16]};
+    }
+    acc = std::fma(static_cast<float>(dot), F16ToF32(w[b].d) * F16ToF32(x[b].d), acc);
+  }
+  return acc;
+}
+
 // Q4_K in the order of llama.cpp's repacked x86 kernels (ggml's q4_K 8x8 GEMM for rows in full
 // groups of four, GEMV for the rest): per step of kPairs pairs of sub-blocks (GEMM: 1, GEMV: all
 // 4), the exact integer sums isum = sum sc_j * dot_j and imin = sum m_j * bsum_j are accumulated as
@@ -533,6 +548,7 @@ constexpr Kernels kScalar = {
                   &GemmTile<BlockQ4_K, BlockQ8_K, DotQ4_KWide>,
                   &GemmTile<BlockQ5_K, BlockQ8_K, DotQ5_KWide>,
                   &GemmTile<BlockQ6_K, BlockQ8_K, DotQ6_K<true>>, nullptr, nullptr, nullptr},
+    .q4_0_repack = &GemmTile<BlockQ4_0, BlockQ8_0, DotQ4_0Repack>,
     .q4_k_repack_gemm = &GemmTile<BlockQ4_K, BlockQ8_K, DotQ4_KRepack<1>>,
     .q4_k_repack_gemv = &GemmTile<BlockQ4_K, BlockQ8_K, DotQ4_KRepack<4>>,
     .f32_to_f16 = &F32ToF16Row,
