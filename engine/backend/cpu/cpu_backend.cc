@@ -432,7 +432,7 @@ absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
     xa = conv;
   }
 
-  cpu::GemmTileFn tile = k_.gemm[static_cast<int>(GemmTypeOf(w.type))];
+  const cpu::GemmTileFn tile = k_.gemm[static_cast<int>(GemmTypeOf(w.type))];
   const char* wa = static_cast<const char*>(w.data);
   const size_t ws = w.row_bytes();
   float* ya = static_cast<float*>(y.data);
@@ -485,7 +485,6 @@ absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
     if (!row_orders.empty()) return row_orders[i];
     return (i >= n - n % 4 ? kRowOrderGemv : 0) | (n >= 8 ? kRowOrderWide : 0);
   };
-  if (w.type == DType::kQ4_0 && m % 8 == 0) tile = k_.q4_0_repack;  // one order for every row
   auto tile_of = [&](int64_t i) -> cpu::GemmTileFn {
     const uint8_t o = order_of(i);
     if (repacked) return (o & kRowOrderGemv) ? k_.q4_k_repack_gemv : k_.q4_k_repack_gemm;

@@ -158,9 +158,6 @@ struct Kernels {
   // for the rest (gemm[kQ4_K] is the plain vec_dot order, for the other matrices). Per super-block
   // the integer parts are gemm[kQ4_K]'s; the F32 steps are spelled out in kernels_scalar.cc
   // (DotQ4_KRepack), and every table gives the same bits.
-  // Q4_0 in the order of llama.cpp's repacked x86 kernels (Q4_0 matrices with a multiple of 8
-  // rows; its GEMM and GEMV agree): acc = fma(float(dot), d_w * d_x, acc) per block.
-  GemmTileFn q4_0_repack;
   GemmTileFn q4_k_repack_gemm;
   GemmTileFn q4_k_repack_gemv;
 

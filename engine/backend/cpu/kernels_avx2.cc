@@ -693,6 +693,14 @@ PD_ALWAYS_INLINE inline void DecodeScalesK4(const uint8_t* s, uint64_t* sc, uint
   *m = m03 | uint64_t{m47} << 32;
 }
 
+// The sub-block scales broadcast for kScaleBcast and the mins duplicated per bsum pair (kMinDup).
+PD_ALWAYS_INLINE inline void ScalesMinsK4(const uint8_t* scales, __m256i* scv, __m256i* mdup) {
+  uint64_t sc8, m8;
+  DecodeScalesK4(scales, &sc8, &m8);
+  *scv = _mm256_set1_epi64x(static_cast<int64_t>(sc8));
+  *mdup = Shuffle(_mm256_set1_epi64x(static_cast<int64_t>(m8)), kMinDup, 0);
+}
+
 // Q4_K and Q5_K (kHigh): code vector v = 2p + t is sub-block v: nibble t of qs[32p .. 32p+31]
 // (| bit v of qh[0..31] << 4 for Q5_K). Per row: 12 ops to unpack (+24 for Q5_K's fifth bit),
 // 8 scale shuffles, ~14 scalar and 5 vector ops for scales and mins.
@@ -717,10 +725,8 @@ void TileQ45K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
     for (int r = 0; r < R; ++r) {
       const Block* wb = reinterpret_cast<const Block*>(w + r * ws) + b;
       PrefetchNextTile<R, sizeof(Block)>(wb, ws);
-      uint64_t sc8, m8;
-      DecodeScalesK4(wb->scales, &sc8, &m8);
-      const __m256i scv = _mm256_set1_epi64x(static_cast<int64_t>(sc8));
-      const __m256i mdup = Shuffle(_mm256_set1_epi64x(static_cast<int64_t>(m8)), kMinDup, 0);
+      __m256i scv, mdup;
+      ScalesMinsK4(wb->scales, &scv, &mdup);
       __m256i qh = _mm256_setzero_si256();
       if constexpr (kHigh) qh = Load32(wb->qh);
       __m256i isum[C];
@@ -776,10 +782,6 @@ void TileQ45K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
   }
 }
 
-// Q4_K in the order of llama.cpp's repacked x86 kernels (DotQ4_KRepack in kernels_scalar.cc):
-// exact integer sums of scale x dot and min x bsum over each pair of sub-blocks (GEMM order) or
-// over the whole super-block (kGemv), each added as fma(float(sum), d_w * d_x, acc) and
-// fma(float(msum), dmin_w * d_x, macc); y = acc - macc. The integer parts are TileQ45K's.
 // The four lane sums of a, b, c, d (8 int32 lanes each) as one vector [sum a, sum b, sum c, sum d].
 PD_ALWAYS_INLINE inline __m128i HSum4I32(__m256i a, __m256i b, __m256i c, __m256i d) {
   const __m256i ab = _mm256_hadd_epi32(a, b), cd = _mm256_hadd_epi32(c, d);
@@ -787,8 +789,12 @@ PD_ALWAYS_INLINE inline __m128i HSum4I32(__m256i a, __m256i b, __m256i c, __m256
   return _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256(abcd, 1));
 }
 
-template <int R, int C, bool kGemv>
-void TileQ4KRepack(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y,
+// Q4_K in llama.cpp's repacked GEMM order (DotQ4_KRepack<1> in kernels_scalar.cc): exact integer
+// sums of scale x dot and min x bsum over each pair of sub-blocks, each added as fma(float(sum),
+// d_w * d_x, acc) and fma(float(msum), dmin_w * d_x, macc); y = acc - macc. The integer parts are
+// TileQ45K's; lanes over the tile's columns.
+template <int R, int C>
+void TileQ4KRepackGemm(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y,
                    int64_t ys) {
   static_assert(C <= 4, "one 4-lane accumulator per weight row holds the tile's columns");
   const int64_t nb = k / kQK;
@@ -807,10 +813,8 @@ void TileQ4KRepack(int64_t k, const char* w, size_t ws, const char* x, size_t xs
     for (int r = 0; r < R; ++r) {
       const BlockQ4_K* wb = reinterpret_cast<const BlockQ4_K*>(w + r * ws) + b;
       PrefetchNextTile<R, sizeof(BlockQ4_K)>(wb, ws);
-      uint64_t sc8, m8;
-      DecodeScalesK4(wb->scales, &sc8, &m8);
-      const __m256i scv = _mm256_set1_epi64x(static_cast<int64_t>(sc8));
-      const __m256i mdup = Shuffle(_mm256_set1_epi64x(static_cast<int64_t>(m8)), kMinDup, 0);
+      __m256i scv, mdup;
+      ScalesMinsK4(wb->scales, &scv, &mdup);
       // d_w * d_x and dmin_w * d_x per column (products in F32, as llama.cpp's).
       const __m128 d = _mm_mul_ps(_mm_set1_ps(HalfToFloat(wb->d)), vdx);
       const __m128 dmin = _mm_mul_ps(_mm_set1_ps(HalfToFloat(wb->dmin)), vdx);
@@ -849,18 +853,9 @@ void TileQ4KRepack(int64_t k, const char* w, size_t ws, const char* x, size_t xs
       };
       transpose(sums);
       transpose(msums);
-      if constexpr (kGemv) {  // one step per super-block: the pairs' integer sum (exact)
-        const __m128i st = _mm_add_epi32(_mm_add_epi32(sums[0], sums[1]),
-                                         _mm_add_epi32(sums[2], sums[3]));
-        const __m128i mt = _mm_add_epi32(_mm_add_epi32(msums[0], msums[1]),
-                                         _mm_add_epi32(msums[2], msums[3]));
-        acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(st), d, acc[r]);
-        macc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(mt), dmin, macc[r]);
-      } else {
-        for (int p = 0; p < 4; ++p) {
-          acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(sums[p]), d, acc[r]);
-          macc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(msums[p]), dmin, macc[r]);
-        }
+      for (int p = 0; p < 4; ++p) {
+        acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(sums[p]), d, acc[r]);
+        macc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(msums[p]), dmin, macc[r]);
       }
     }
   }
@@ -871,42 +866,63 @@ void TileQ4KRepack(int64_t k, const char* w, size_t ws, const char* x, size_t xs
   }
 }
 
-// Q4_0 in the order of llama.cpp's repacked x86 kernels (q4_0_8x8 GEMM and GEMV alike): per
-// block the exact int32 dot (codes - 8 times the activations), then acc = fma(float(dot),
-// d_w * d_x, acc), one accumulator per output (DotQ4_0Repack in kernels_scalar.cc).
+// Q4_K in llama.cpp's repacked GEMV order (one FMA per super-block: DotQ4_KRepack<4>): lanes over
+// the tile's rows, so that one 4-way lane sum serves four outputs (decode has one column).
 template <int R, int C>
-void TileQ4_0Repack(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y,
-                    int64_t ys) {
-  const int64_t nb = k / BlockQ4_0::kWeights;
-  const __m128i m4 = _mm_set1_epi8(0x0F);
-  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
-  float acc[R][C] = {};
+void TileQ4KRepackGemv(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y,
+                       int64_t ys) {
+  static_assert(R <= 4, "one 4-lane accumulator per column holds the tile's rows");
+  const int64_t nb = k / kQK;
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m128 acc[C], macc[C];
+  PD_UNROLL for (int c = 0; c < C; ++c) acc[c] = macc[c] = _mm_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const BlockQ8_0* xb[C];
-    __m256i xq[C];
-    int32_t xsum[C];
+    const BlockQ8_K* xb[C];
     PD_UNROLL for (int c = 0; c < C; ++c) {
-      xb[c] = reinterpret_cast<const BlockQ8_0*>(x + c * xs) + b;
-      xq[c] = Load32(xb[c]->qs);
-      // sum of the activations: maddubs(1, x) pairs, then madd(1) quads, then the lane sum.
-      xsum[c] = HSumI32(_mm256_madd_epi16(_mm256_maddubs_epi16(ones8, xq[c]), ones16));
+      xb[c] = reinterpret_cast<const BlockQ8_K*>(x + c * xs) + b;
+    }
+    alignas(16) float dw[4] = {}, dminw[4] = {};
+    __m256i isum[4][C], mins[4][C];
+    for (int r = 0; r < 4; ++r) {
+      PD_UNROLL for (int c = 0; c < C; ++c) isum[r][c] = mins[r][c] = _mm256_setzero_si256();
     }
     for (int r = 0; r < R; ++r) {
-      const BlockQ4_0* wb = reinterpret_cast<const BlockQ4_0*>(w + r * ws) + b;
-      PrefetchNextTile<R, sizeof(BlockQ4_0)>(wb, ws);
-      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb->qs));
-      const __m256i u = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(q, m4)),
-                                                _mm_and_si128(_mm_srli_epi16(q, 4), m4), 1);
-      const float dw = HalfToFloat(wb->d);
+      const BlockQ4_K* wb = reinterpret_cast<const BlockQ4_K*>(w + r * ws) + b;
+      PrefetchNextTile<R, sizeof(BlockQ4_K)>(wb, ws);
+      __m256i scv, mdup;
+      ScalesMinsK4(wb->scales, &scv, &mdup);
+      dw[r] = HalfToFloat(wb->d);
+      dminw[r] = HalfToFloat(wb->dmin);
+      Unroll<4>([&](auto pc) PD_ALWAYS_INLINE {
+        constexpr int p = decltype(pc)::value;
+        const __m256i q = Load32(wb->qs + 32 * p);
+        Unroll<2>([&](auto tc) PD_ALWAYS_INLINE {
+          constexpr int t = decltype(tc)::value, v = 2 * p + t;
+          const __m256i u = _mm256_and_si256(t == 0 ? q : _mm256_srli_epi16(q, 4), m4);
+          const __m256i s = Shuffle(scv, kScaleBcast, v);
+          PD_UNROLL for (int c = 0; c < C; ++c) {
+            const __m256i prod = _mm256_maddubs_epi16(u, Load32(xb[c]->qs + 32 * v));
+            isum[r][c] = _mm256_add_epi32(isum[r][c], _mm256_madd_epi16(prod, s));
+          }
+        });
+      });
       PD_UNROLL for (int c = 0; c < C; ++c) {
-        const int32_t dot =
-            HSumI32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, xq[c]), ones16)) - 8 * xsum[c];
-        acc[r][c] = __builtin_fmaf(static_cast<float>(dot), dw * HalfToFloat(xb[c]->d), acc[r][c]);
+        mins[r][c] = _mm256_madd_epi16(mdup, Load32(xb[c]->bsums));
       }
     }
+    const __m128 vdw = _mm_load_ps(dw), vdminw = _mm_load_ps(dminw);
+    PD_UNROLL for (int c = 0; c < C; ++c) {
+      const __m128 dx = _mm_set1_ps(xb[c]->d);
+      const __m128i t = HSum4I32(isum[0][c], isum[1][c], isum[2][c], isum[3][c]);
+      const __m128i m = HSum4I32(mins[0][c], mins[1][c], mins[2][c], mins[3][c]);
+      acc[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(t), _mm_mul_ps(vdw, dx), acc[c]);
+      macc[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(m), _mm_mul_ps(vdminw, dx), macc[c]);
+    }
   }
-  for (int r = 0; r < R; ++r) {
-    PD_UNROLL for (int c = 0; c < C; ++c) y[c * ys + r] = acc[r][c];
+  PD_UNROLL for (int c = 0; c < C; ++c) {
+    alignas(16) float out[4];
+    _mm_store_ps(out, _mm_sub_ps(acc[c], macc[c]));
+    for (int r = 0; r < R; ++r) y[c * ys + r] = out[r];
   }
 }
 
@@ -1038,16 +1054,12 @@ struct Q4KTile {
   static constexpr TileImpl Fn = &TileQ45K<R, C, false, BlockQ4_K>;
 };
 template <int R, int C>
-struct Q4_0RepackTile {
-  static constexpr TileImpl Fn = &TileQ4_0Repack<R, C>;
-};
-template <int R, int C>
 struct Q4KRepackGemmTile {
-  static constexpr TileImpl Fn = &TileQ4KRepack<R, C, false>;
+  static constexpr TileImpl Fn = &TileQ4KRepackGemm<R, C>;
 };
 template <int R, int C>
 struct Q4KRepackGemvTile {
-  static constexpr TileImpl Fn = &TileQ4KRepack<R, C, true>;
+  static constexpr TileImpl Fn = &TileQ4KRepackGemv<R, C>;
 };
 template <int R, int C>
 struct Q5KTile {
@@ -1617,7 +1629,6 @@ constexpr Kernels kAvx2 = {
     .gemm_wide = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                   &TileTable<Q4KWideTile>::Gemm, &TileTable<Q5KWideTile>::Gemm,
                   &TileTable<Q6KWideTile>::Gemm, nullptr, nullptr, nullptr},
-    .q4_0_repack = &TileTable<Q4_0RepackTile>::Gemm,
     .q4_k_repack_gemm = &TileTable<Q4KRepackGemmTile>::Gemm,
     .q4_k_repack_gemv = &TileTable<Q4KRepackGemvTile>::Gemm,
     .f32_to_f16 = &F32ToF16,

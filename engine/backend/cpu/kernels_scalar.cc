@@ -133,12 +133,12 @@ float DotQ3_K(const BlockQ3_K* w, const BlockQ8_K* x, int64_t n) {
   return sum;
 }
 
-// Q4_K and Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins; qh == nullptr for Q4_K.
-// Per super-block: 256 + 8 + 8 multiply-adds + 6 flops; 144 (Q5_K: 176) + 292 bytes.
-float DotQ45KBlock(uint16_t d16, uint16_t dmin16, const uint8_t* scales, const uint8_t* qh,
-                   const uint8_t* qs, const BlockQ8_K& xb) {
-  int32_t isum = 0, imin = 0;
-  for (int j = 0; j < 8; ++j) {
+// Q4_K and Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins; qh == nullptr for Q4_K. The exact
+// integer sums over sub-blocks [j0, j1): *isum = sum sc_j * dot_j, *imin = sum m_j * bsum_j.
+void Q45KSums(const uint8_t* scales, const uint8_t* qh, const uint8_t* qs, const BlockQ8_K& xb,
+              int j0, int j1, int32_t* isum, int32_t* imin) {
+  *isum = *imin = 0;
+  for (int j = j0; j < j1; ++j) {
     int sc, m;
     GetScaleMinK4(j, scales, &sc, &m);
     int32_t s = 0;
@@ -147,9 +147,16 @@ float DotQ45KBlock(uint16_t d16, uint16_t dmin16, const uint8_t* scales, const u
       if (qh != nullptr) q |= ((qh[l] >> j) & 1) << 4;
       s += q * int32_t{xb.qs[32 * j + l]};
     }
-    isum += sc * s;
-    imin += m * (int32_t{xb.bsums[2 * j]} + int32_t{xb.bsums[2 * j + 1]});
+    *isum += sc * s;
+    *imin += m * (int32_t{xb.bsums[2 * j]} + int32_t{xb.bsums[2 * j + 1]});
   }
+}
+
+// Per super-block: 256 + 8 + 8 multiply-adds + 6 flops; 144 (Q5_K: 176) + 292 bytes.
+float DotQ45KBlock(uint16_t d16, uint16_t dmin16, const uint8_t* scales, const uint8_t* qh,
+                   const uint8_t* qs, const BlockQ8_K& xb) {
+  int32_t isum, imin;
+  Q45KSums(scales, qh, qs, xb, 0, 8, &isum, &imin);
   const float d = F16ToF32(d16) * xb.d, dmin = F16ToF32(dmin16) * xb.d;
   return d * static_cast<float>(isum) - dmin * static_cast<float>(imin);
 }
@@ -160,21 +167,6 @@ float DotQ4_K(const BlockQ4_K* w, const BlockQ8_K* x, int64_t n) {
     sum += DotQ45KBlock(w[b].d, w[b].dmin, w[b].scales, nullptr, w[b].qs, x[b]);
   }
   return sum;
-}
-
-// Q4_0 in the order of llama.cpp's repacked x86 kernels (q4_0_8x8, GEMM and GEMV alike): per
-// block acc = fma(float(dot), d_w * d_x, acc), dot the exact integer sum of (code - 8) * x.
-float DotQ4_0Repack(const BlockQ4_0* w, const BlockQ8_0* x, int64_t n) {
-  float acc = 0.f;
-  for (int64_t b = 0; b < n / BlockQ4_0::kWeights; ++b) {
-    int32_t dot = 0;
-    for (int j = 0; j < 16; ++j) {
-      dot += ((w[b].qs[j] & 0x0F) - 8) * int32_t{x[b].qs[j]};
-      dot += ((w[b].qs[j] >> 4) - 8) * int32_t{x[b].qs[j + 16]};
-    }
-    acc = std::fma(static_cast<float>(dot), F16ToF32(w[b].d) * F16ToF32(x[b].d), acc);
-  }
-  return acc;
 }
 
 // Q4_K in the order of llama.cpp's repacked x86 kernels (ggml's q4_K 8x8 GEMM for rows in full
@@ -190,17 +182,8 @@ float DotQ4_KRepack(const BlockQ4_K* w, const BlockQ8_K* x, int64_t n) {
     const BlockQ8_K& xb = x[b];
     const float d = F16ToF32(wb.d) * xb.d, dmin = F16ToF32(wb.dmin) * xb.d;
     for (int p0 = 0; p0 < 4; p0 += kPairs) {
-      int32_t isum = 0, imin = 0;
-      for (int j = 2 * p0; j < 2 * (p0 + kPairs); ++j) {
-        int sc, m;
-        GetScaleMinK4(j, wb.scales, &sc, &m);
-        int32_t s = 0;
-        for (int l = 0; l < 32; ++l) {
-          s += ((wb.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F) * int32_t{xb.qs[32 * j + l]};
-        }
-        isum += sc * s;
-        imin += m * (int32_t{xb.bsums[2 * j]} + int32_t{xb.bsums[2 * j + 1]});
-      }
+      int32_t isum, imin;
+      Q45KSums(wb.scales, nullptr, wb.qs, xb, 2 * p0, 2 * (p0 + kPairs), &isum, &imin);
       acc = std::fma(static_cast<float>(isum), d, acc);
       macc = std::fma(static_cast<float>(imin), dmin, macc);
     }
@@ -213,19 +196,8 @@ float DotQ4_KRepack(const BlockQ4_K* w, const BlockQ8_K* x, int64_t n) {
 // acc = fma(r, d_x, acc).
 float DotQ45KWideBlock(uint16_t d16, uint16_t dmin16, const uint8_t* scales, const uint8_t* qh,
                        const uint8_t* qs, const BlockQ8_K& xb, float acc) {
-  int32_t isum = 0, imin = 0;
-  for (int j = 0; j < 8; ++j) {
-    int sc, m;
-    GetScaleMinK4(j, scales, &sc, &m);
-    int32_t s = 0;
-    for (int l = 0; l < 32; ++l) {
-      int q = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
-      if (qh != nullptr) q |= ((qh[l] >> j) & 1) << 4;
-      s += q * int32_t{xb.qs[32 * j + l]};
-    }
-    isum += sc * s;
-    imin += m * (int32_t{xb.bsums[2 * j]} + int32_t{xb.bsums[2 * j + 1]});
-  }
+  int32_t isum, imin;
+  Q45KSums(scales, qh, qs, xb, 0, 8, &isum, &imin);
   const float r = std::fma(-F16ToF32(dmin16), static_cast<float>(imin),
                            static_cast<float>(isum) * F16ToF32(d16));
   return std::fma(r, xb.d, acc);
@@ -548,7 +520,6 @@ constexpr Kernels kScalar = {
                   &GemmTile<BlockQ4_K, BlockQ8_K, DotQ4_KWide>,
                   &GemmTile<BlockQ5_K, BlockQ8_K, DotQ5_KWide>,
                   &GemmTile<BlockQ6_K, BlockQ8_K, DotQ6_K<true>>, nullptr, nullptr, nullptr},
-    .q4_0_repack = &GemmTile<BlockQ4_0, BlockQ8_0, DotQ4_0Repack>,
     .q4_k_repack_gemm = &GemmTile<BlockQ4_K, BlockQ8_K, DotQ4_KRepack<1>>,
     .q4_k_repack_gemv = &GemmTile<BlockQ4_K, BlockQ8_K, DotQ4_KRepack<4>>,
     .f32_to_f16 = &F32ToF16Row,

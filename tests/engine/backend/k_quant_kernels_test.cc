@@ -290,8 +290,6 @@ TEST_F(KQuantKernelsTest, LlamaCppOrdersMatchTheScalarTablesBitForBit) {
     GemmTileFn scalar, avx2;
   };
   const Variant variants[] = {
-      {"q4_0 repacked", {DType::kQ4_0, GemmType::kQ4_0, DType::kQ8_0}, s_.q4_0_repack,
-       avx2_->q4_0_repack},
       {"q4_K repacked gemm", {DType::kQ4_K, GemmType::kQ4_K, DType::kQ8_K},
        s_.q4_k_repack_gemm, avx2_->q4_k_repack_gemm},
       {"q4_K repacked gemv", {DType::kQ4_K, GemmType::kQ4_K, DType::kQ8_K},
