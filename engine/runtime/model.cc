@@ -159,20 +159,21 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
   // Row orders (MarkRowOrders): every layer's matmuls over the whole batch; llama.cpp runs the
   // last layer's feed-forward and the output head on the output rows only, so there a row's order
   // follows its place among its sequence's output rows.
-  std::vector<int32_t> all_rows(n);
-  for (int64_t i = 0; i < n; ++i) all_rows[i] = static_cast<int32_t>(i);
-  std::vector<uint8_t> orders(n), orders_last(n), orders_out(n_out);
-  if (static_cast<int64_t>(batch.orders.size()) == n &&
-      static_cast<int64_t>(batch.orders_last.size()) == n) {
-    orders = batch.orders;
-    orders_last = batch.orders_last;
-  } else {
-    MarkRowOrders(seq_of_token, all_rows, orders);
-    orders_last = orders;
-    if (n_out > 0) MarkRowOrders(seq_of_token, batch.logits_rows, orders_last);
+  absl::Span<const uint8_t> orders = batch.orders, orders_last = batch.orders_last;
+  std::vector<uint8_t> own, own_last;  // when the batch carries no orders (rows added with Add)
+  if (static_cast<int64_t>(orders.size()) != n || static_cast<int64_t>(orders_last.size()) != n) {
+    std::vector<int32_t> all_rows(n);
+    for (int64_t i = 0; i < n; ++i) all_rows[i] = static_cast<int32_t>(i);
+    own.resize(n);
+    MarkRowOrders(seq_of_token, all_rows, own);
+    own_last = own;
+    if (n_out > 0) MarkRowOrders(seq_of_token, batch.logits_rows, own_last);
+    orders = own;
+    orders_last = own_last;
   }
+  std::vector<uint8_t> orders_out(n_out);
   for (int64_t j = 0; j < n_out; ++j) orders_out[j] = orders_last[batch.logits_rows[j]];
-  kvb.row_orders = absl::MakeConstSpan(orders);
+  kvb.row_orders = orders;
 
   Backend& b = backend_;
   const int64_t q_dim = int64_t{c.n_head} * c.head_dim;

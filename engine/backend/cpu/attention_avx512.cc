@@ -11,8 +11,8 @@
 #include <cpuid.h>
 #include <immintrin.h>
 
-// GCC 12 reports the _mm512_undefined_*() placeholders inside its own AVX-512 intrinsics
-// (extract, scalef) as uninitialized; nothing here reads an undefined value.
+// GCC 12 warns that the don't-care operands (_mm512_undefined_*()) inside its own AVX-512
+// intrinsics (extract, scalef) are uninitialized; nothing here reads an undefined value.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"

@@ -906,44 +906,29 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
   const int group = p.n_heads / p.n_kv_heads;
   const int64_t hd = p.head_dim;
   // q . k for the key of `slot`, kv head `kvh` (INT8: times the key's scale).
-  auto dot = [&](int64_t slot, int64_t kvh, const float* qh) -> float {
-    const char* krow = k_cache.values(slot, static_cast<int>(kvh));
-    switch (k_cache.type) {
-      case KvDType::kF32:
-        return k_.dot_f32(reinterpret_cast<const float*>(krow), qh, hd);
-      case KvDType::kF16:
-        return k_.dot_f16_f32(reinterpret_cast<const uint16_t*>(krow), qh, hd);
-      case KvDType::kI8: {
-        float d;
-        std::memcpy(&d, k_cache.scale(slot, static_cast<int>(kvh)), sizeof(float));
-        return d * k_.dot_i8_f32(reinterpret_cast<const int8_t*>(krow), qh, hd);
-      }
-    }
-    return 0.f;
+  // q . k for an INT8 key (F32 and F16 keys are dotted as F32 rows in ggml's order below): the
+  // unscaled int8 dot times the key's scale.
+  auto dot_i8 = [&](int64_t slot, int64_t kvh, const float* qh) -> float {
+    float d;
+    std::memcpy(&d, k_cache.scale(slot, static_cast<int>(kvh)), sizeof(float));
+    return d * k_.dot_i8_f32(
+                   reinterpret_cast<const int8_t*>(k_cache.values(slot, static_cast<int>(kvh))),
+                   qh, hd);
   };
-  // o += a * v for the value of `slot`, kv head `kvh`.
+  // o += a * v for an F16 or INT8 value row (F32 rows go through ak.vsum below).
   auto axpy = [&](float a, int64_t slot, int64_t kvh, float* o) {
     const char* vrow = v_cache.values(slot, static_cast<int>(kvh));
-    switch (v_cache.type) {
-      case KvDType::kF32:
-        k_.axpy_f32(a, reinterpret_cast<const float*>(vrow), o, hd);
-        return;
-      case KvDType::kF16:
-        k_.axpy_f16(a, reinterpret_cast<const uint16_t*>(vrow), o, hd);
-        return;
-      case KvDType::kI8: {
-        float d;
-        std::memcpy(&d, v_cache.scale(slot, static_cast<int>(kvh)), sizeof(float));
-        k_.axpy_i8(a * d, reinterpret_cast<const int8_t*>(vrow), o, hd);
-        return;
-      }
+    if (v_cache.type == KvDType::kF16) {
+      k_.axpy_f16(a, reinterpret_cast<const uint16_t*>(vrow), o, hd);
+      return;
     }
+    float d;
+    std::memcpy(&d, v_cache.scale(slot, static_cast<int>(kvh)), sizeof(float));
+    k_.axpy_i8(a * d, reinterpret_cast<const int8_t*>(vrow), o, hd);
   };
   // F16 rows shared by several query heads (GQA) are widened to F32 once and then dotted /
-  // accumulated in F32 by every head of the group: exact (f16 -> f32 is), and the F32 kernels sum
-  // in the same order as the F16 ones, so the results are bit-identical, for a quarter of the
-  // conversions with Gemma 3 270M's 4 heads per KV head (attention was 17% of a 512-token
-  // prefill).
+  // accumulated in F32 by every head of the group: exact (f16 -> f32 is), for a quarter of the
+  // conversions with Gemma 3 270M's 4 heads per KV head.
   const bool widen_k = k_cache.type == KvDType::kF16 && group > 1;
   const bool widen_v = v_cache.type == KvDType::kF16 && group > 1;
   // A prompt's rows of one sequence read the same keys and values again and again (row t all
@@ -1058,7 +1043,7 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
         }
         for (int g = 0; g < group; ++g) {
           float s = krow != nullptr ? ak.dot(krow, qh + g * hd, hd)
-                                    : dot(SlotOf(kv, seq, pos), kvh, qh + g * hd);
+                                    : dot_i8(SlotOf(kv, seq, pos), kvh, qh + g * hd);
           s *= p.scale;
           if (p.softcap > 0.f) s = p.softcap * std::tanh(s / p.softcap);
           scores[g * span + (pos - a0)] = s;

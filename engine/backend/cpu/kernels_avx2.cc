@@ -789,6 +789,25 @@ PD_ALWAYS_INLINE inline __m128i HSum4I32(__m256i a, __m256i b, __m256i c, __m256
   return _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256(abcd, 1));
 }
 
+// Q4_K sub-blocks 2p and 2p + 1 (the two nibbles of qs[32p .. 32p + 31]) dotted with each
+// column's activations and scaled by their sub-block scales: 8 int32 lanes per column, added to
+// sums[c]. The integer part of both repacked-order tiles below.
+template <int p, int C>
+PD_ALWAYS_INLINE inline void AddQ4KPairDots(const BlockQ4_K* wb, const BlockQ8_K* const* xb,
+                                            __m256i scv, __m256i* sums) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i q = Load32(wb->qs + 32 * p);
+  Unroll<2>([&](auto tc) PD_ALWAYS_INLINE {
+    constexpr int t = decltype(tc)::value, v = 2 * p + t;
+    const __m256i u = _mm256_and_si256(t == 0 ? q : _mm256_srli_epi16(q, 4), m4);
+    const __m256i s = Shuffle(scv, kScaleBcast, v);
+    PD_UNROLL for (int c = 0; c < C; ++c) {
+      const __m256i prod = _mm256_maddubs_epi16(u, Load32(xb[c]->qs + 32 * v));
+      sums[c] = _mm256_add_epi32(sums[c], _mm256_madd_epi16(prod, s));
+    }
+  });
+}
+
 // Q4_K in llama.cpp's repacked GEMM order (DotQ4_KRepack<1> in kernels_scalar.cc): exact integer
 // sums of scale x dot and min x bsum over each pair of sub-blocks, each added as fma(float(sum),
 // d_w * d_x, acc) and fma(float(msum), dmin_w * d_x, macc); y = acc - macc. The integer parts are
@@ -798,7 +817,6 @@ void TileQ4KRepackGemm(int64_t k, const char* w, size_t ws, const char* x, size_
                    int64_t ys) {
   static_assert(C <= 4, "one 4-lane accumulator per weight row holds the tile's columns");
   const int64_t nb = k / kQK;
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
   // Lane c of acc[r] / macc[r]: the column-c accumulators (their FMA sequences are per lane).
   __m128 acc[R], macc[R];
   for (int r = 0; r < R; ++r) acc[r] = macc[r] = _mm_setzero_ps();
@@ -823,17 +841,10 @@ void TileQ4KRepackGemm(int64_t k, const char* w, size_t ws, const char* x, size_
       __m256i pair[C][4];
       Unroll<4>([&](auto pc) PD_ALWAYS_INLINE {
         constexpr int p = decltype(pc)::value;
-        const __m256i q = Load32(wb->qs + 32 * p);
-        PD_UNROLL for (int c = 0; c < C; ++c) pair[c][p] = _mm256_setzero_si256();
-        Unroll<2>([&](auto tc) PD_ALWAYS_INLINE {
-          constexpr int t = decltype(tc)::value, v = 2 * p + t;
-          const __m256i u = _mm256_and_si256(t == 0 ? q : _mm256_srli_epi16(q, 4), m4);
-          const __m256i s = Shuffle(scv, kScaleBcast, v);
-          PD_UNROLL for (int c = 0; c < C; ++c) {
-            const __m256i prod = _mm256_maddubs_epi16(u, Load32(xb[c]->qs + 32 * v));
-            pair[c][p] = _mm256_add_epi32(pair[c][p], _mm256_madd_epi16(prod, s));
-          }
-        });
+        __m256i sums_p[C];
+        PD_UNROLL for (int c = 0; c < C; ++c) sums_p[c] = _mm256_setzero_si256();
+        AddQ4KPairDots<p, C>(wb, xb, scv, sums_p);
+        PD_UNROLL for (int c = 0; c < C; ++c) pair[c][p] = sums_p[c];
       });
       PD_UNROLL for (int c = 0; c < C; ++c) {
         sums[c] = HSum4I32(pair[c][0], pair[c][1], pair[c][2], pair[c][3]);
@@ -873,7 +884,6 @@ void TileQ4KRepackGemv(int64_t k, const char* w, size_t ws, const char* x, size_
                        int64_t ys) {
   static_assert(R <= 4, "one 4-lane accumulator per column holds the tile's rows");
   const int64_t nb = k / kQK;
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
   __m128 acc[C], macc[C];
   PD_UNROLL for (int c = 0; c < C; ++c) acc[c] = macc[c] = _mm_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
@@ -894,17 +904,7 @@ void TileQ4KRepackGemv(int64_t k, const char* w, size_t ws, const char* x, size_
       dw[r] = HalfToFloat(wb->d);
       dminw[r] = HalfToFloat(wb->dmin);
       Unroll<4>([&](auto pc) PD_ALWAYS_INLINE {
-        constexpr int p = decltype(pc)::value;
-        const __m256i q = Load32(wb->qs + 32 * p);
-        Unroll<2>([&](auto tc) PD_ALWAYS_INLINE {
-          constexpr int t = decltype(tc)::value, v = 2 * p + t;
-          const __m256i u = _mm256_and_si256(t == 0 ? q : _mm256_srli_epi16(q, 4), m4);
-          const __m256i s = Shuffle(scv, kScaleBcast, v);
-          PD_UNROLL for (int c = 0; c < C; ++c) {
-            const __m256i prod = _mm256_maddubs_epi16(u, Load32(xb[c]->qs + 32 * v));
-            isum[r][c] = _mm256_add_epi32(isum[r][c], _mm256_madd_epi16(prod, s));
-          }
-        });
+        AddQ4KPairDots<decltype(pc)::value, C>(wb, xb, scv, isum[r]);
       });
       PD_UNROLL for (int c = 0; c < C; ++c) {
         mins[r][c] = _mm256_madd_epi16(mdup, Load32(xb[c]->bsums));
