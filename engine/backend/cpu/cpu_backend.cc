@@ -915,16 +915,13 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
                    reinterpret_cast<const int8_t*>(k_cache.values(slot, static_cast<int>(kvh))),
                    qh, hd);
   };
-  // o += a * v for an F16 or INT8 value row (F32 rows go through ak.vsum below).
-  auto axpy = [&](float a, int64_t slot, int64_t kvh, float* o) {
-    const char* vrow = v_cache.values(slot, static_cast<int>(kvh));
-    if (v_cache.type == KvDType::kF16) {
-      k_.axpy_f16(a, reinterpret_cast<const uint16_t*>(vrow), o, hd);
-      return;
-    }
+  // o += a * v for an INT8 value row: its scale folds into the weight (F32 and F16 rows are
+  // summed by ak.vsum below).
+  auto axpy_i8 = [&](float a, int64_t slot, int64_t kvh, float* o) {
     float d;
     std::memcpy(&d, v_cache.scale(slot, static_cast<int>(kvh)), sizeof(float));
-    k_.axpy_i8(a * d, reinterpret_cast<const int8_t*>(vrow), o, hd);
+    k_.axpy_i8(a * d, reinterpret_cast<const int8_t*>(v_cache.values(slot, static_cast<int>(kvh))),
+               o, hd);
   };
   // F16 rows shared by several query heads (GQA) are widened to F32 once and then dotted /
   // accumulated in F32 by every head of the group: exact (f16 -> f32 is), for a quarter of the
@@ -994,18 +991,30 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
     ++seq_rows[kv.seq[t]];
   }
   const int64_t max_span = max_visible + 2 * lanes;
-  pool_.ParallelFor(n_tokens * p.n_kv_heads, [&](int64_t w0, int64_t w1) {
+  // Work items are (row, kv head, slice of the group's query heads). With fewer rows x kv heads
+  // than threads (decode of one sequence: Gemma 3 270M has one KV head) the group's heads are
+  // split so every thread has work; each slice widens the F16 rows it reads itself, and every
+  // head's arithmetic is the same whichever slice computes it.
+  const int64_t base_items = n_tokens * p.n_kv_heads;
+  const int64_t n_slices =
+      base_items >= pool_.num_threads()
+          ? 1
+          : std::min<int64_t>(group, (pool_.num_threads() + base_items - 1) / base_items);
+  pool_.ParallelFor(base_items * n_slices, [&](int64_t w0, int64_t w1) {
     // Per-thread scratch, kept across calls: the accumulator rows alone are 256 KiB for Gemma
     // (4 heads x 64 x 256 floats), and a fresh allocation per call (mmap'd, zeroed by the kernel)
     // cost 4% of a decode step.
-    thread_local std::vector<float> scores, acc, widened;
+    thread_local std::vector<float> scores, acc, widened, widened_v;
     thread_local std::vector<const float*> vrows;
     scores.resize(static_cast<size_t>(group * max_span));
-    if (v_cache.type != KvDType::kF32) acc.resize(static_cast<size_t>(group * 4 * lanes * hd));
+    if (v_cache.type == KvDType::kI8) acc.resize(static_cast<size_t>(group * 4 * lanes * hd));
     widened.resize(static_cast<size_t>(hd));
     for (int64_t item = w0; item < w1; ++item) {
-      const int64_t t = item / p.n_kv_heads;
-      const int64_t kvh = item % p.n_kv_heads;
+      const int64_t slice = item % n_slices;
+      const int64_t t = item / n_slices / p.n_kv_heads;
+      const int64_t kvh = item / n_slices % p.n_kv_heads;
+      const int g0 = static_cast<int>(slice * group / n_slices);
+      const int g1 = static_cast<int>((slice + 1) * group / n_slices);
       const int32_t seq = kv.seq[t];
       const int64_t lo = first_visible(t), hi = kv.pos[t];
       const int64_t a0 = lo - lo % lanes, a1 = (hi + lanes) / lanes * lanes, span = a1 - a0;
@@ -1022,7 +1031,7 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
         wv = wk + p.n_kv_heads * w.span() * hd;
       }
       // Pass 1: scores, -inf outside [lo, hi].
-      for (int g = 0; g < group; ++g) {
+      for (int g = g0; g < g1; ++g) {
         float* sg = scores.data() + g * span;
         std::fill(sg, sg + (lo - a0), -std::numeric_limits<float>::infinity());
         std::fill(sg + (hi + 1 - a0), sg + span, -std::numeric_limits<float>::infinity());
@@ -1041,7 +1050,7 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
             krow = widened.data();
           }
         }
-        for (int g = 0; g < group; ++g) {
+        for (int g = g0; g < g1; ++g) {
           float s = krow != nullptr ? ak.dot(krow, qh + g * hd, hd)
                                     : dot_i8(SlotOf(kv, seq, pos), kvh, qh + g * hd);
           s *= p.scale;
@@ -1052,7 +1061,7 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
       // Softmax: exponentials and their F64 sum over whole groups of L positions, then the
       // probabilities scaled by the F32 reciprocal. The query is fully read by now, so out may
       // alias q.
-      for (int g = 0; g < group; ++g) {
+      for (int g = g0; g < g1; ++g) {
         float* sg = scores.data() + g * span;
         const float m = k_.max(sg + (lo - a0), hi - lo + 1);
         const float inv = static_cast<float>(1.0 / ak.exp_sum(sg, m, sg, span));
@@ -1060,42 +1069,46 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
       }
       float* oh = RowF32(out, t) + kvh * group * hd;
       // Pass 2: position pos adds p * v into accumulator pos % n_acc; then the accumulators are
-      // summed in ggml's tree. F32 rows (the cache's, or a prompt's widened F16) go through
-      // ak.vsum, which keeps the accumulators in registers; the others through n_acc rows.
-      if (wv != nullptr || v_cache.type == KvDType::kF32) {
+      // summed in ggml's tree. F32 and F16 rows go through ak.vsum, which keeps the accumulators
+      // in registers (F16 rows widened to F32 first: a prompt's once per sequence above, a
+      // decode row's here); INT8 rows, whose scale folds into the weight, through n_acc rows.
+      if (v_cache.type != KvDType::kI8) {
         vrows.resize(static_cast<size_t>(hi - lo + 1));
-        for (int64_t pos = lo; pos <= hi; ++pos) {
-          vrows[pos - lo] = wv != nullptr ? wv + (pos - lo) * hd
-                                          : reinterpret_cast<const float*>(v_cache.values(
-                                                SlotOf(kv, seq, pos), static_cast<int>(kvh)));
+        if (wv == nullptr && v_cache.type == KvDType::kF16) {
+          widened_v.resize(static_cast<size_t>((hi - lo + 1) * hd));
         }
-        for (int g = 0; g < group; ++g) {
+        for (int64_t pos = lo; pos <= hi; ++pos) {
+          const float* vr = nullptr;
+          if (wv != nullptr) {
+            vr = wv + (pos - lo) * hd;
+          } else {
+            const char* raw = v_cache.values(SlotOf(kv, seq, pos), static_cast<int>(kvh));
+            if (v_cache.type == KvDType::kF32) {
+              vr = reinterpret_cast<const float*>(raw);
+            } else {
+              float* dst = widened_v.data() + (pos - lo) * hd;
+              k_.f16_to_f32(reinterpret_cast<const uint16_t*>(raw), dst, hd);
+              vr = dst;
+            }
+          }
+          vrows[pos - lo] = vr;
+        }
+        for (int g = g0; g < g1; ++g) {
           ak.vsum(scores.data() + g * span + (lo - a0), vrows.data(), lo, hi,
                   static_cast<int>(n_acc), hd, oh + g * hd);
         }
         continue;
       }
-      std::fill(acc.begin(), acc.begin() + group * n_acc * hd, 0.f);
+      std::fill(acc.begin() + g0 * n_acc * hd, acc.begin() + g1 * n_acc * hd, 0.f);
       for (int64_t pos = lo; pos <= hi; ++pos) {
         const int64_t r = pos % n_acc;
-        const float* vrow = nullptr;  // F16 widened once for the group's heads
-        if (v_cache.type == KvDType::kF16 && group > 1) {
-          k_.f16_to_f32(reinterpret_cast<const uint16_t*>(
-                            v_cache.values(SlotOf(kv, seq, pos), static_cast<int>(kvh))),
-                        widened.data(), hd);
-          vrow = widened.data();
-        }
-        for (int g = 0; g < group; ++g) {
+        for (int g = g0; g < g1; ++g) {
           const float pj = scores[g * span + (pos - a0)];
           float* ar = acc.data() + (g * n_acc + r) * hd;
-          if (vrow != nullptr) {
-            k_.axpy_f32(pj, vrow, ar, hd);
-          } else {
-            axpy(pj, SlotOf(kv, seq, pos), kvh, ar);
-          }
+          axpy_i8(pj, SlotOf(kv, seq, pos), kvh, ar);
         }
       }
-      for (int g = 0; g < group; ++g) {
+      for (int g = g0; g < g1; ++g) {
         ak.reduce(acc.data() + g * n_acc * hd, static_cast<int>(n_acc), hd, hd, oh + g * hd);
       }
     }

@@ -803,6 +803,56 @@ TEST_P(CpuBackendTest, PromptAttentionEqualsRowByRowBitForBit) {
   }
 }
 
+// Decode of one sequence has fewer (row, KV head) items than threads (one KV head, as in Gemma 3
+// 270M): the group's query heads are split across the threads. Every head must come out the
+// same whichever thread computes it, for each cache type; and an F16 cache must give the F32
+// cache's bits when it holds the same (F16-representable) values, since both sum V in F32 with
+// the same accumulators.
+TEST(CpuBackendDecodeTest, SplitHeadsGiveTheBitsOfOneThread) {
+  std::mt19937 rng(5);
+  AttentionParams p{4, 1, 64, 1.f / 8.f, 0, 0.f};
+  const int bs = 4, n_blocks = 40, n_pos = 150;
+  std::vector<int32_t> table;
+  for (int b = 0; b < n_blocks; ++b) table.push_back(b);
+  std::vector<int32_t> pos, seq;
+  for (int i = 0; i < n_pos; ++i) pos.push_back(i), seq.push_back(0);
+  KvBatch store{pos, seq, {table}, bs};
+  // K/V rounded to F16 first, so that the F16 and F32 caches hold the same numbers.
+  auto f16_exact = [&](int64_t n) {
+    std::vector<float> v = RandomVec(rng, n, 2.f);
+    for (float& x : v) x = F16ToF32(F32ToF16(x));
+    return v;
+  };
+  HostTensor k = F32(n_pos, p.head_dim, f16_exact(int64_t{n_pos} * p.head_dim));
+  HostTensor v = F32(n_pos, p.head_dim, f16_exact(int64_t{n_pos} * p.head_dim));
+  HostTensor q = F32(1, int64_t{p.n_heads} * p.head_dim,
+                     RandomVec(rng, int64_t{p.n_heads} * p.head_dim, 2.f));
+  std::vector<int32_t> p1 = {n_pos - 1}, s1 = {0};
+  KvBatch one{p1, s1, {table}, bs};
+  std::vector<float> f32_out;
+  for (KvDType dt : {KvDType::kF32, KvDType::kF16, KvDType::kI8}) {
+    SCOPED_TRACE(KvDTypeName(dt));
+    std::vector<std::vector<float>> outs;
+    for (int threads : {1, 2, 3, 4}) {
+      auto be = CreateCpuBackend({.threads = threads});
+      HostKv kc(dt, n_blocks, bs, p.n_kv_heads, p.head_dim);
+      HostKv vc(dt, n_blocks, bs, p.n_kv_heads, p.head_dim);
+      ASSERT_THAT(be->StoreKv(k.t, v.t, kc.t, vc.t, store), IsOk());
+      HostTensor o(DType::kF32, 1, q.t.cols);
+      ASSERT_THAT(be->Attention(q.t, kc.t, vc.t, one, p, o.t), IsOk());
+      outs.emplace_back(o.f(), o.f() + q.t.cols);
+    }
+    for (size_t i = 1; i < outs.size(); ++i) {
+      ASSERT_EQ(std::memcmp(outs[0].data(), outs[i].data(), outs[0].size() * sizeof(float)), 0)
+          << "threads " << i + 1;
+    }
+    if (dt == KvDType::kF32) f32_out = outs[0];
+    if (dt == KvDType::kF16) {
+      ASSERT_EQ(std::memcmp(f32_out.data(), outs[0].data(), f32_out.size() * sizeof(float)), 0);
+    }
+  }
+}
+
 // The AVX2 and the scalar kernel tables on the same INT8 workload: the stored caches are
 // bit-identical (quantization is exact in both) and the outputs agree to F32 rounding.
 TEST(CpuBackendInt8Test, SimdMatchesScalarOnInt8Kv) {
