@@ -478,8 +478,13 @@ absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
   }
   // llama.cpp's per-row orders (Backend::MatMulRowOrder): Q4_K matrices it repacks (rows a
   // multiple of 8) take its repacked GEMM / GEMV orders, other k-quants its tiled order for
-  // sequences of 8+ rows; consecutive rows of one order share tiles.
-  const bool repacked = w.type == DType::kQ4_K && m % 8 == 0;
+  // sequences of 8+ rows; consecutive rows of one order share tiles. Q2_K is repacked too, but
+  // only where llama.cpp is built with AVX-512 (ggml_cpu_has_avx512; with -march=native, as
+  // llama-cpp-python builds it, a CPU with AVX512F).
+  static const bool q2_k_repacked = __builtin_cpu_supports("avx512f");
+  const bool repacked_q4 = w.type == DType::kQ4_K && m % 8 == 0;
+  const bool repacked_q2 = w.type == DType::kQ2_K && m % 8 == 0 && q2_k_repacked;
+  const bool repacked = repacked_q4 || repacked_q2;
   const cpu::GemmTileFn wide_tile = k_.gemm_wide[static_cast<int>(GemmTypeOf(w.type))];
   auto order_of = [&](int64_t i) -> uint8_t {
     if (!row_orders.empty()) return row_orders[i];
@@ -487,7 +492,8 @@ absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
   };
   auto tile_of = [&](int64_t i) -> cpu::GemmTileFn {
     const uint8_t o = order_of(i);
-    if (repacked) return (o & kRowOrderGemv) ? k_.q4_k_repack_gemv : k_.q4_k_repack_gemm;
+    if (repacked_q4) return (o & kRowOrderGemv) ? k_.q4_k_repack_gemv : k_.q4_k_repack_gemm;
+    if (repacked_q2) return (o & kRowOrderGemv) ? k_.q2_k_repack_gemv : k_.q2_k_repack_gemm;
     if (wide_tile != nullptr && (o & kRowOrderWide)) return wide_tile;
     return tile;
   };

@@ -59,6 +59,9 @@ using GemmTileFn = void (*)(int64_t k, const void* w, size_t w_stride, int nr, c
 // The AVX512-VNNI Q8_0 and Q5_0 (x Q8_0) tiles (avx512_vnni.cc), bit-identical to the AVX2
 // table's; nullptr when the CPU lacks AVX512F/VL/VNNI or PDSERVE_CPU_NO_VNNI is set (non-empty,
 // not "0"). The AVX2 table's Q8_0 and Q5_0 entries call them when present.
+// Whether the AVX512_VNNI tiles may run here (AVX512F + VL + VNNI with OS support, and
+// PDSERVE_CPU_NO_VNNI unset).
+bool CpuHasVnni();
 GemmTileFn Q8_0TileVnni();
 GemmTileFn Q5_0TileVnni();
 // Q8_0 or Q5_0 weights x many Q8_0 activation rows (batched decode, prompts) on 512-bit VPDPBUSD
@@ -160,6 +163,11 @@ struct Kernels {
   // (DotQ4_KRepack), and every table gives the same bits.
   GemmTileFn q4_k_repack_gemm;
   GemmTileFn q4_k_repack_gemv;
+  // Q2_K in the orders of llama.cpp's repacked q2_K 8x8 kernels, which it uses on CPUs with
+  // AVX-512 for Q2_K matrices whose row count is a multiple of 8 (GEMM for activation rows in full
+  // groups of four, GEMV for the rest; DotQ2_KRepack in kernels_scalar.cc spells out the order).
+  GemmTileFn q2_k_repack_gemm;
+  GemmTileFn q2_k_repack_gemv;
 
   // Row conversions (used to convert activations once per MatMul, for GetRows and the KV cache).
   // Narrowing conversions round to nearest even; Q8_0 quantization is QuantizeRowQ8_0Act's

@@ -541,6 +541,21 @@ PD_ALWAYS_INLINE inline void SplitScales(__m256i s16, __m256i* lo, __m256i* hi) 
   *hi = _mm256_permute4x64_epi64(s16, 0xEE);
 }
 
+// acc + madd(p, s): int32 lane i gets p[2i] s[2i] + p[2i+1] s[2i+1]. kVnni: one VPDPWSSD
+// (AVX512_VNNI + VL) instead of VPMADDWD + VPADDD, the same integers (no saturation in either:
+// the k-quant tiles' int16 products and scales stay far from the int32 limits). Inline assembly,
+// so that this file keeps building for plain AVX2; tiles instantiated with kVnni run only on CPUs
+// that have it (CpuHasVnni, avx512_vnni.cc).
+template <bool kVnni>
+PD_ALWAYS_INLINE inline __m256i MaddAdd(__m256i acc, __m256i p, __m256i s) {
+  if constexpr (kVnni) {
+    __asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(p), "v"(s));
+    return acc;
+  } else {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
+  }
+}
+
 // Q2_K: code vector v = 4h + k (weights 32v .. 32v+31, sub-blocks 2v and 2v+1) is bits 2k..2k+1
 // of qs[32h .. 32h+31]. Odd k are masked in place (qs & 0x0C, and (qs >> 4) & 0x0C: 4 times the
 // code, one shift per 4 vectors instead of three) and even k get 4 times their scales, so every
@@ -548,7 +563,7 @@ PD_ALWAYS_INLINE inline void SplitScales(__m256i s16, __m256i* lo, __m256i* hi) 
 // both lanes by the load; one pshufb per code vector widens its two scales to int16. Per row: 10
 // ops to unpack, 8 scale shuffles, 5 for the scale/min bytes, 5 for d and dmin.
 static_assert(offsetof(BlockQ2_K, dmin) == offsetof(BlockQ2_K, d) + 2);
-template <int R, int C>
+template <int R, int C, bool kVnni = false>
 void TileQ2_K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y, int64_t ys) {
   const int64_t nb = k / kQK;
   const __m256i m3 = _mm256_set1_epi8(3), mc = _mm256_set1_epi8(0x0C);
@@ -583,7 +598,7 @@ void TileQ2_K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
           const __m256i s = Shuffle(kk % 2 == 0 ? scb4 : scb, kPairBytes, v);
           PD_UNROLL for (int c = 0; c < C; ++c) {
             const __m256i p = _mm256_maddubs_epi16(u, Load32(xb[c]->qs + 32 * v));
-            isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(p, s));
+            isum[c] = MaddAdd<kVnni>(isum[c], p, s);
           }
         });
       });
@@ -606,7 +621,7 @@ void TileQ2_K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
 // to signed bytes sc - 32, which one pshufb per code vector widens to int16 256 sc (byte in the
 // high half: sign-correct); the 256 is taken out of the F32 scale, exactly. Per row: 29 ops to
 // unpack, 8 scale shuffles, ~12 to decode the scales, 4 for d; per column 3 for the offset.
-template <int R, int C>
+template <int R, int C, bool kVnni = false>
 void TileQ3_K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y, int64_t ys) {
   const int64_t nb = k / kQK;
   const __m256i m33 = _mm256_set1_epi8(0x33), m7 = _mm256_set1_epi8(7);
@@ -624,7 +639,7 @@ void TileQ3_K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
     PD_UNROLL for (int c = 0; c < C; ++c) {
       xb[c] = reinterpret_cast<const BlockQ8_K*>(x + c * xs) + b;
     }
-    for (int r = 0; r < R; ++r) {
+    PD_UNROLL for (int r = 0; r < R; ++r) {
       const BlockQ3_K* wb = reinterpret_cast<const BlockQ3_K*>(w + r * ws) + b;
       PrefetchNextTile<R, sizeof(BlockQ3_K)>(wb, ws);
       // Scales, in both 128-bit lanes at once (the loads broadcast): 4-byte groups = sub-blocks
@@ -659,7 +674,7 @@ void TileQ3_K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
           const __m256i s = Shuffle(scb, kPairBytes256, v);
           PD_UNROLL for (int c = 0; c < C; ++c) {
             const __m256i p = _mm256_maddubs_epi16(u, Load32(xb[c]->qs + 32 * v));
-            isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(p, s));
+            isum[c] = MaddAdd<kVnni>(isum[c], p, s);
           }
         });
       });
@@ -926,6 +941,105 @@ void TileQ4KRepackGemv(int64_t k, const char* w, size_t ws, const char* x, size_
   }
 }
 
+// Q2_K in the orders of llama.cpp's repacked x86 kernels (q2_K 8x8, used on AVX-512 CPUs for
+// matrices with a multiple of 8 rows; kernels.h, q2_k_repack_*). The integer part is TileQ2_K's
+// (4x products and scales); per half of a super-block (128 weights: code vectors 4h .. 4h+3,
+// sub-blocks 8h .. 8h+7) each (row, column) gets its exact sums I_h = sum sc_j dot_j and
+// M_h = sum m_j bsum_j, and then, four rows in one 4-lane vector:
+//   kHalves == 2 (GEMM): acc = fma(I_h, d_w d_x, acc), macc = fma(M_h, dmin_w d_x, macc) per half;
+//   kHalves == 1 (GEMV): the same once per super-block with I_0 + I_1 and M_0 + M_1;
+// and the result is acc - macc.
+template <int R, int C, int kHalves, bool kVnni = false>
+void TileQ2KRepack(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y,
+                   int64_t ys) {
+  static_assert(R <= 4, "one 4-lane accumulator per column holds the tile's rows");
+  const int64_t nb = k / kQK;
+  const __m256i m3 = _mm256_set1_epi8(3), mc = _mm256_set1_epi8(0x0C);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m128 acc[C], macc[C];
+  PD_UNROLL for (int c = 0; c < C; ++c) acc[c] = macc[c] = _mm_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ8_K* xb[C];
+    PD_UNROLL for (int c = 0; c < C; ++c) {
+      xb[c] = reinterpret_cast<const BlockQ8_K*>(x + c * xs) + b;
+    }
+    alignas(16) float dw[4] = {}, dminw[4] = {};
+    // isum[h][r][c]: 8 lanes of 4x the half's scaled dots; mins[r][c]: lane i = m_2i bsum_2i +
+    // m_2i+1 bsum_2i+1 (lanes 0-3: half 0, 4-7: half 1). Each row works on register copies and
+    // stores them here once (indexing these arrays inside the row loop spilled every update).
+    __m256i isum[2][4][C], mins[4][C];
+    for (int r = R; r < 4; ++r) {
+      PD_UNROLL for (int c = 0; c < C; ++c) {
+        isum[0][r][c] = isum[1][r][c] = mins[r][c] = _mm256_setzero_si256();
+      }
+    }
+    PD_UNROLL for (int r = 0; r < R; ++r) {
+      const BlockQ2_K* wb = reinterpret_cast<const BlockQ2_K*>(w + r * ws) + b;
+      PrefetchNextTile<R, sizeof(BlockQ2_K)>(wb, ws);
+      const __m256i sb = _mm256_broadcastsi128_si256(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb->scales)));
+      const __m256i scb = _mm256_and_si256(sb, m4);
+      const __m256i scb4 = _mm256_slli_epi16(scb, 2);
+      const __m256i m16 = Shuffle(_mm256_and_si256(_mm256_srli_epi16(sb, 4), m4), kWiden, 0);
+      dw[r] = HalfToFloat(wb->d);
+      dminw[r] = HalfToFloat(wb->dmin);
+      Unroll<2>([&](auto hc) PD_ALWAYS_INLINE {
+        constexpr int h = decltype(hc)::value;
+        const __m256i q = Load32(wb->qs + 32 * h);
+        const __m256i q4 = _mm256_srli_epi16(q, 4);
+        __m256i part[C];
+        PD_UNROLL for (int c = 0; c < C; ++c) part[c] = _mm256_setzero_si256();
+        Unroll<4>([&](auto kc) PD_ALWAYS_INLINE {
+          constexpr int kk = decltype(kc)::value, v = 4 * h + kk;
+          const __m256i u = _mm256_and_si256(kk < 2 ? q : q4, kk % 2 == 0 ? m3 : mc);
+          const __m256i sv = Shuffle(kk % 2 == 0 ? scb4 : scb, kPairBytes, v);
+          PD_UNROLL for (int c = 0; c < C; ++c) {
+            const __m256i pr = _mm256_maddubs_epi16(u, Load32(xb[c]->qs + 32 * v));
+            part[c] = MaddAdd<kVnni>(part[c], pr, sv);
+          }
+        });
+        PD_UNROLL for (int c = 0; c < C; ++c) isum[h][r][c] = part[c];
+      });
+      PD_UNROLL for (int c = 0; c < C; ++c) {
+        mins[r][c] = _mm256_madd_epi16(m16, Load32(xb[c]->bsums));
+      }
+    }
+    const __m128 vdw = _mm_load_ps(dw), vdminw = _mm_load_ps(dminw);
+    PD_UNROLL for (int c = 0; c < C; ++c) {
+      const __m128 dx = _mm_set1_ps(xb[c]->d);
+      const __m128 d = _mm_mul_ps(vdw, dx), dmin = _mm_mul_ps(vdminw, dx);
+      if constexpr (kHalves == 1) {
+        __m256i t4[4];
+        for (int r = 0; r < 4; ++r) t4[r] = _mm256_add_epi32(isum[0][r][c], isum[1][r][c]);
+        const __m128i t = _mm_srai_epi32(HSum4I32(t4[0], t4[1], t4[2], t4[3]), 2);
+        const __m128i m = HSum4I32(mins[0][c], mins[1][c], mins[2][c], mins[3][c]);
+        acc[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(t), d, acc[c]);
+        macc[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(m), dmin, macc[c]);
+      } else {
+        Unroll<2>([&](auto hc) PD_ALWAYS_INLINE {
+          constexpr int h = decltype(hc)::value;
+          const __m128i t = _mm_srai_epi32(
+              HSum4I32(isum[h][0][c], isum[h][1][c], isum[h][2][c], isum[h][3][c]), 2);
+          __m128i mh[4];
+          for (int r = 0; r < 4; ++r) {
+            mh[r] = h == 0 ? _mm256_castsi256_si128(mins[r][c])
+                           : _mm256_extracti128_si256(mins[r][c], 1);
+          }
+          const __m128i m = _mm_hadd_epi32(_mm_hadd_epi32(mh[0], mh[1]),
+                                           _mm_hadd_epi32(mh[2], mh[3]));
+          acc[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(t), d, acc[c]);
+          macc[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(m), dmin, macc[c]);
+        });
+      }
+    }
+  }
+  PD_UNROLL for (int c = 0; c < C; ++c) {
+    alignas(16) float out[4];
+    _mm_store_ps(out, _mm_sub_ps(acc[c], macc[c]));
+    for (int r = 0; r < R; ++r) y[c * ys + r] = out[r];
+  }
+}
+
 // Q6_K: u = low4 | high2 << 4 (0..63), q = u - 32, so the dot is sum_i sc_i (P_i - 32 bsum_i).
 // Code vector v = 4h + k: low nibble (k < 2) or high nibble (k >= 2) of ql[64h + 32(k & 1) ..],
 // bits 2k..2k+1 of qh[32h ..]. Per row: 34 ops to unpack, 8 scale shuffles + 3.
@@ -1046,8 +1160,32 @@ struct Q2KTile {
   static constexpr TileImpl Fn = &TileQ2_K<R, C>;
 };
 template <int R, int C>
+struct Q2KTileVnni {
+  static constexpr TileImpl Fn = &TileQ2_K<R, C, true>;
+};
+template <int R, int C>
+struct Q2KRepackGemmTile {
+  static constexpr TileImpl Fn = &TileQ2KRepack<R, C, 2>;
+};
+template <int R, int C>
+struct Q2KRepackGemvTile {
+  static constexpr TileImpl Fn = &TileQ2KRepack<R, C, 1>;
+};
+template <int R, int C>
+struct Q2KRepackGemmTileVnni {
+  static constexpr TileImpl Fn = &TileQ2KRepack<R, C, 2, true>;
+};
+template <int R, int C>
+struct Q2KRepackGemvTileVnni {
+  static constexpr TileImpl Fn = &TileQ2KRepack<R, C, 1, true>;
+};
+template <int R, int C>
 struct Q3KTile {
   static constexpr TileImpl Fn = &TileQ3_K<R, C>;
+};
+template <int R, int C>
+struct Q3KTileVnni {
+  static constexpr TileImpl Fn = &TileQ3_K<R, C, true>;
 };
 template <int R, int C>
 struct Q4KTile {
@@ -1620,17 +1758,29 @@ void GemmQ5_0Dispatch(int64_t k, const void* w, size_t w_stride, int nr, const v
                                                          y_stride);
 }
 
+// The Q2_K / Q3_K tiles with VPDPWSSD where the CPU has AVX512_VNNI (the same integers, so the
+// same bits; about a fifth fewer vector instructions in their inner loops).
+template <template <int, int> class T, template <int, int> class TVnni>
+void GemmVnniDispatch(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
+                      size_t x_stride, int nc, float* y, int64_t y_stride) {
+  static const bool vnni = CpuHasVnni();
+  (vnni ? &TileTable<TVnni>::Gemm : &TileTable<T>::Gemm)(k, w, w_stride, nr, x, x_stride, nc, y,
+                                                         y_stride);
+}
+
 constexpr Kernels kAvx2 = {
     .name = "avx2",
     .gemm = {&TileTable<F32Tile>::Gemm, &TileTable<F16Tile>::Gemm, &TileTable<Bf16Tile>::Gemm,
-             &GemmQ8_0Dispatch, &TileTable<Q4_0Tile>::Gemm, &TileTable<Q2KTile>::Gemm,
-             &TileTable<Q3KTile>::Gemm, &TileTable<Q4KTile>::Gemm, &TileTable<Q5KTile>::Gemm,
-             &TileTable<Q6KTile>::Gemm, &GemmQ5_0Dispatch, &GemmW8A8Avx2, &GemmW4A16Avx2},
+             &GemmQ8_0Dispatch, &TileTable<Q4_0Tile>::Gemm,
+             &GemmVnniDispatch<Q2KTile, Q2KTileVnni>, &GemmVnniDispatch<Q3KTile, Q3KTileVnni>,
+             &TileTable<Q4KTile>::Gemm, &TileTable<Q5KTile>::Gemm, &TileTable<Q6KTile>::Gemm, &GemmQ5_0Dispatch, &GemmW8A8Avx2, &GemmW4A16Avx2},
     .gemm_wide = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                   &TileTable<Q4KWideTile>::Gemm, &TileTable<Q5KWideTile>::Gemm,
                   &TileTable<Q6KWideTile>::Gemm, nullptr, nullptr, nullptr},
     .q4_k_repack_gemm = &TileTable<Q4KRepackGemmTile>::Gemm,
     .q4_k_repack_gemv = &TileTable<Q4KRepackGemvTile>::Gemm,
+    .q2_k_repack_gemm = &GemmVnniDispatch<Q2KRepackGemmTile, Q2KRepackGemmTileVnni>,
+    .q2_k_repack_gemv = &GemmVnniDispatch<Q2KRepackGemvTile, Q2KRepackGemvTileVnni>,
     .f32_to_f16 = &F32ToF16,
     .f16_to_f32 = &F16ToF32,
     .f32_to_bf16 = &F32ToBf16,

@@ -111,6 +111,38 @@ float DotQ2_K(const BlockQ2_K* w, const BlockQ8_K* x, int64_t n) {
   return sum;
 }
 
+// Q2_K in the order of llama.cpp's repacked x86 kernels (q2_K 8x8: GEMM for activation rows in
+// full groups of four, GEMV for the rest): per half of a super-block (kHalves = 2, GEMM) or per
+// super-block (kHalves = 1, GEMV), the exact integer sums isum = sum sc_j * dot_j and
+// imin = sum m_j * bsum_j over its sub-blocks go into acc = fma(float(isum), d_w * d_x, acc) and
+// macc = fma(float(imin), dmin_w * d_x, macc); the result is acc - macc.
+template <int kHalves>
+float DotQ2_KRepack(const BlockQ2_K* w, const BlockQ8_K* x, int64_t n) {
+  float acc = 0.f, macc = 0.f;
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const BlockQ2_K& wb = w[b];
+    const BlockQ8_K& xb = x[b];
+    const float d = F16ToF32(wb.d) * xb.d, dmin = F16ToF32(wb.dmin) * xb.d;
+    for (int part = 0; part < kHalves; ++part) {
+      const int j0 = part * 16 / kHalves, j1 = (part + 1) * 16 / kHalves;
+      int32_t isum = 0, imin = 0;
+      for (int i = j0; i < j1; ++i) {
+        int32_t s = 0;
+        for (int l = 0; l < 16; ++l) {
+          const int wi = 16 * i + l;
+          const int q = (wb.qs[32 * (wi / 128) + wi % 32] >> (2 * ((wi % 128) / 32))) & 3;
+          s += q * int32_t{xb.qs[wi]};
+        }
+        isum += (wb.scales[i] & 0x0F) * s;
+        imin += (wb.scales[i] >> 4) * int32_t{xb.bsums[i]};
+      }
+      acc = std::fma(static_cast<float>(isum), d, acc);
+      macc = std::fma(static_cast<float>(imin), dmin, macc);
+    }
+  }
+  return acc - macc;
+}
+
 // Per super-block: 256 + 16 multiply-adds + 3 flops; 110 + 292 bytes.
 float DotQ3_K(const BlockQ3_K* w, const BlockQ8_K* x, int64_t n) {
   float sum = 0.f;
@@ -522,6 +554,8 @@ constexpr Kernels kScalar = {
                   &GemmTile<BlockQ6_K, BlockQ8_K, DotQ6_K<true>>, nullptr, nullptr, nullptr},
     .q4_k_repack_gemm = &GemmTile<BlockQ4_K, BlockQ8_K, DotQ4_KRepack<1>>,
     .q4_k_repack_gemv = &GemmTile<BlockQ4_K, BlockQ8_K, DotQ4_KRepack<4>>,
+    .q2_k_repack_gemm = &GemmTile<BlockQ2_K, BlockQ8_K, DotQ2_KRepack<2>>,
+    .q2_k_repack_gemv = &GemmTile<BlockQ2_K, BlockQ8_K, DotQ2_KRepack<1>>,
     .f32_to_f16 = &F32ToF16Row,
     .f16_to_f32 = &F16ToF32Row,
     .f32_to_bf16 = &F32ToBf16Row,

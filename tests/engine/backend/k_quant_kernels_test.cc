@@ -287,7 +287,7 @@ class KQuantKernelsTest : public ::testing::Test {
   std::mt19937 rng_{77};
 };
 
-// llama.cpp's other x86 orders (kernels.h: q4_k_repack_gemm / q4_k_repack_gemv, gemm_wide): the
+// llama.cpp's other x86 orders (kernels.h: q4_k_repack_*, q2_k_repack_*, gemm_wide): the
 // AVX2 tiles must give the scalar reference's bits, on every tile shape and on random blocks
 // (codes, sub-block scales and super-scales over their whole ranges), and stay within the
 // reordering bound of the exact product.
@@ -302,6 +302,10 @@ TEST_F(KQuantKernelsTest, LlamaCppOrdersMatchTheScalarTablesBitForBit) {
        s_.q4_k_repack_gemm, avx2_->q4_k_repack_gemm},
       {"q4_K repacked gemv", {DType::kQ4_K, GemmType::kQ4_K, DType::kQ8_K},
        s_.q4_k_repack_gemv, avx2_->q4_k_repack_gemv},
+      {"q2_K repacked gemm", {DType::kQ2_K, GemmType::kQ2_K, DType::kQ8_K},
+       s_.q2_k_repack_gemm, avx2_->q2_k_repack_gemm},
+      {"q2_K repacked gemv", {DType::kQ2_K, GemmType::kQ2_K, DType::kQ8_K},
+       s_.q2_k_repack_gemv, avx2_->q2_k_repack_gemv},
       {"q4_K tiled", {DType::kQ4_K, GemmType::kQ4_K, DType::kQ8_K},
        s_.gemm_wide[static_cast<int>(GemmType::kQ4_K)],
        avx2_->gemm_wide[static_cast<int>(GemmType::kQ4_K)]},
