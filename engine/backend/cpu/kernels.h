@@ -59,6 +59,17 @@ using GemmTileFn = void (*)(int64_t k, const void* w, size_t w_stride, int nr, c
 // The AVX512-VNNI Q8_0 and Q5_0 (x Q8_0) tiles (avx512_vnni.cc), bit-identical to the AVX2
 // table's; nullptr when the CPU lacks AVX512F/VL/VNNI or PDSERVE_CPU_NO_VNNI is set (non-empty,
 // not "0"). The AVX2 table's Q8_0 and Q5_0 entries call them when present.
+// 512-bit k-quant tiles (k_quants_avx512.cc; AVX512F + BW + VL + VNNI, PDSERVE_CPU_NO_VNNI
+// unset): the same bits as the AVX2 tables' entries they stand in for; nullptr members elsewhere.
+struct ZmmKQuantTiles {
+  GemmTileFn q2_k_repack_gemm = nullptr;
+  GemmTileFn q2_k_repack_gemv = nullptr;
+  GemmTileFn q3_k = nullptr;  // gemm[kQ3_K]
+};
+ZmmKQuantTiles ZmmKQuantTilesIfSupported();
+// The AVX2 Q3_K tiles that ZmmKQuantTiles::q3_k stands in for (without the 512-bit dispatch), so
+// that tests can compare the two bit for bit. Only call where AVX2 runs.
+GemmTileFn Q3KTileAvx2Only();
 // Whether the AVX512_VNNI tiles may run here (AVX512F + VL + VNNI with OS support, and
 // PDSERVE_CPU_NO_VNNI unset).
 bool CpuHasVnni();

@@ -892,6 +892,22 @@ void TileQ4KRepackGemm(int64_t k, const char* w, size_t ws, const char* x, size_
   }
 }
 
+// (d, dmin) of up to four rows' blocks, gathered in registers as f16 pairs (row r's 32 bits in
+// packed[r / 2] at bit 32 (r % 2)), converted to d0..d3 and dmin0..dmin3. Four scalar stores and
+// one vector load instead would stall on store forwarding once per block.
+PD_ALWAYS_INLINE inline void AddDDmin(uint64_t (&packed)[2], int r, const uint16_t* d_dmin) {
+  uint32_t v;
+  std::memcpy(&v, d_dmin, 4);
+  packed[r >> 1] |= uint64_t{v} << (32 * (r & 1));
+}
+PD_ALWAYS_INLINE inline void QuadDDmin(const uint64_t (&packed)[2], __m128* d, __m128* dmin) {
+  const __m256 pairs = _mm256_cvtph_ps(
+      _mm_set_epi64x(static_cast<int64_t>(packed[1]), static_cast<int64_t>(packed[0])));
+  const __m256 split = _mm256_permutevar8x32_ps(pairs, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+  *d = _mm256_castps256_ps128(split);
+  *dmin = _mm256_extractf128_ps(split, 1);
+}
+
 // Q4_K in llama.cpp's repacked GEMV order (one FMA per super-block: DotQ4_KRepack<4>): lanes over
 // the tile's rows, so that one 4-way lane sum serves four outputs (decode has one column).
 template <int R, int C>
@@ -906,18 +922,17 @@ void TileQ4KRepackGemv(int64_t k, const char* w, size_t ws, const char* x, size_
     PD_UNROLL for (int c = 0; c < C; ++c) {
       xb[c] = reinterpret_cast<const BlockQ8_K*>(x + c * xs) + b;
     }
-    alignas(16) float dw[4] = {}, dminw[4] = {};
+    uint64_t ddm[2] = {0, 0};
     __m256i isum[4][C], mins[4][C];
     for (int r = 0; r < 4; ++r) {
       PD_UNROLL for (int c = 0; c < C; ++c) isum[r][c] = mins[r][c] = _mm256_setzero_si256();
     }
-    for (int r = 0; r < R; ++r) {
+    PD_UNROLL for (int r = 0; r < R; ++r) {
       const BlockQ4_K* wb = reinterpret_cast<const BlockQ4_K*>(w + r * ws) + b;
       PrefetchNextTile<R, sizeof(BlockQ4_K)>(wb, ws);
       __m256i scv, mdup;
       ScalesMinsK4(wb->scales, &scv, &mdup);
-      dw[r] = HalfToFloat(wb->d);
-      dminw[r] = HalfToFloat(wb->dmin);
+      AddDDmin(ddm, r, &wb->d);
       Unroll<4>([&](auto pc) PD_ALWAYS_INLINE {
         AddQ4KPairDots<decltype(pc)::value, C>(wb, xb, scv, isum[r]);
       });
@@ -925,7 +940,8 @@ void TileQ4KRepackGemv(int64_t k, const char* w, size_t ws, const char* x, size_
         mins[r][c] = _mm256_madd_epi16(mdup, Load32(xb[c]->bsums));
       }
     }
-    const __m128 vdw = _mm_load_ps(dw), vdminw = _mm_load_ps(dminw);
+    __m128 vdw, vdminw;
+    QuadDDmin(ddm, &vdw, &vdminw);
     PD_UNROLL for (int c = 0; c < C; ++c) {
       const __m128 dx = _mm_set1_ps(xb[c]->d);
       const __m128i t = HSum4I32(isum[0][c], isum[1][c], isum[2][c], isum[3][c]);
@@ -963,7 +979,7 @@ void TileQ2KRepack(int64_t k, const char* w, size_t ws, const char* x, size_t xs
     PD_UNROLL for (int c = 0; c < C; ++c) {
       xb[c] = reinterpret_cast<const BlockQ8_K*>(x + c * xs) + b;
     }
-    alignas(16) float dw[4] = {}, dminw[4] = {};
+    uint64_t ddm[2] = {0, 0};
     // isum[h][r][c]: 8 lanes of 4x the half's scaled dots; mins[r][c]: lane i = m_2i bsum_2i +
     // m_2i+1 bsum_2i+1 (lanes 0-3: half 0, 4-7: half 1). Each row works on register copies and
     // stores them here once (indexing these arrays inside the row loop spilled every update).
@@ -981,8 +997,7 @@ void TileQ2KRepack(int64_t k, const char* w, size_t ws, const char* x, size_t xs
       const __m256i scb = _mm256_and_si256(sb, m4);
       const __m256i scb4 = _mm256_slli_epi16(scb, 2);
       const __m256i m16 = Shuffle(_mm256_and_si256(_mm256_srli_epi16(sb, 4), m4), kWiden, 0);
-      dw[r] = HalfToFloat(wb->d);
-      dminw[r] = HalfToFloat(wb->dmin);
+      AddDDmin(ddm, r, &wb->d);
       Unroll<2>([&](auto hc) PD_ALWAYS_INLINE {
         constexpr int h = decltype(hc)::value;
         const __m256i q = Load32(wb->qs + 32 * h);
@@ -1004,7 +1019,8 @@ void TileQ2KRepack(int64_t k, const char* w, size_t ws, const char* x, size_t xs
         mins[r][c] = _mm256_madd_epi16(m16, Load32(xb[c]->bsums));
       }
     }
-    const __m128 vdw = _mm_load_ps(dw), vdminw = _mm_load_ps(dminw);
+    __m128 vdw, vdminw;
+    QuadDDmin(ddm, &vdw, &vdminw);
     PD_UNROLL for (int c = 0; c < C; ++c) {
       const __m128 dx = _mm_set1_ps(xb[c]->d);
       const __m128 d = _mm_mul_ps(vdw, dx), dmin = _mm_mul_ps(vdminw, dx);
@@ -1768,19 +1784,48 @@ void GemmVnniDispatch(int64_t k, const void* w, size_t w_stride, int nr, const v
                                                          y_stride);
 }
 
+// Q2_K repacked orders: the 512-bit tiles where the CPU has them, else the AVX2 ones.
+template <int kHalves>
+void GemmQ2KRepackDispatch(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
+                           size_t x_stride, int nc, float* y, int64_t y_stride) {
+  static const GemmTileFn zmm = kHalves == 2 ? ZmmKQuantTilesIfSupported().q2_k_repack_gemm
+                                             : ZmmKQuantTilesIfSupported().q2_k_repack_gemv;
+  if (zmm != nullptr) return zmm(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
+  if constexpr (kHalves == 2) {
+    GemmVnniDispatch<Q2KRepackGemmTile, Q2KRepackGemmTileVnni>(k, w, w_stride, nr, x, x_stride,
+                                                               nc, y, y_stride);
+  } else {
+    GemmVnniDispatch<Q2KRepackGemvTile, Q2KRepackGemvTileVnni>(k, w, w_stride, nr, x, x_stride,
+                                                               nc, y, y_stride);
+  }
+}
+
+}  // namespace
+
+GemmTileFn Q3KTileAvx2Only() { return &TileTable<Q3KTile>::Gemm; }
+
+namespace {
+
+void GemmQ3KDispatch(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
+                     size_t x_stride, int nc, float* y, int64_t y_stride) {
+  static const GemmTileFn zmm = ZmmKQuantTilesIfSupported().q3_k;
+  if (zmm != nullptr) return zmm(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
+  GemmVnniDispatch<Q3KTile, Q3KTileVnni>(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
+}
+
 constexpr Kernels kAvx2 = {
     .name = "avx2",
     .gemm = {&TileTable<F32Tile>::Gemm, &TileTable<F16Tile>::Gemm, &TileTable<Bf16Tile>::Gemm,
              &GemmQ8_0Dispatch, &TileTable<Q4_0Tile>::Gemm,
-             &GemmVnniDispatch<Q2KTile, Q2KTileVnni>, &GemmVnniDispatch<Q3KTile, Q3KTileVnni>,
+             &GemmVnniDispatch<Q2KTile, Q2KTileVnni>, &GemmQ3KDispatch,
              &TileTable<Q4KTile>::Gemm, &TileTable<Q5KTile>::Gemm, &TileTable<Q6KTile>::Gemm, &GemmQ5_0Dispatch, &GemmW8A8Avx2, &GemmW4A16Avx2},
     .gemm_wide = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                   &TileTable<Q4KWideTile>::Gemm, &TileTable<Q5KWideTile>::Gemm,
                   &TileTable<Q6KWideTile>::Gemm, nullptr, nullptr, nullptr},
     .q4_k_repack_gemm = &TileTable<Q4KRepackGemmTile>::Gemm,
     .q4_k_repack_gemv = &TileTable<Q4KRepackGemvTile>::Gemm,
-    .q2_k_repack_gemm = &GemmVnniDispatch<Q2KRepackGemmTile, Q2KRepackGemmTileVnni>,
-    .q2_k_repack_gemv = &GemmVnniDispatch<Q2KRepackGemvTile, Q2KRepackGemvTileVnni>,
+    .q2_k_repack_gemm = &GemmQ2KRepackDispatch<2>,
+    .q2_k_repack_gemv = &GemmQ2KRepackDispatch<1>,
     .f32_to_f16 = &F32ToF16,
     .f16_to_f32 = &F16ToF32,
     .f32_to_bf16 = &F32ToBf16,
@@ -1830,6 +1875,7 @@ void GemmQ5_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void*
 namespace pd::engine::cpu {
 const Kernels* Avx2Kernels() { return nullptr; }
 const AttnKernels& Avx2AttnKernels() { return ScalarAttnKernels(8); }
+GemmTileFn Q3KTileAvx2Only() { return nullptr; }
 // No AVX2 table in this build: callers check Avx2Kernels() first; this keeps the symbol.
 void GemmQ8_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                   size_t x_stride, int nc, float* y, int64_t y_stride) {

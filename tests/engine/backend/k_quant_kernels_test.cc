@@ -287,6 +287,23 @@ class KQuantKernelsTest : public ::testing::Test {
   std::mt19937 rng_{77};
 };
 
+// The 512-bit tiles (k_quants_avx512.cc) compute the integers of the AVX2 tiles they stand in for
+// and the same F32 steps: Q3_K must give the AVX2 tile's bits on every tile shape (the repacked
+// Q2_K tiles are held to the scalar reference's bits below, through the AVX2 table).
+TEST_F(KQuantKernelsTest, ZmmQ3KTilesGiveTheAvx2TilesBits) {
+  const ZmmKQuantTiles zmm = ZmmKQuantTilesIfSupported();
+  if (zmm.q3_k == nullptr || Q3KTileAvx2Only() == nullptr) {
+    GTEST_SKIP() << "no AVX512F/BW/VL/VNNI (or PDSERVE_CPU_NO_VNNI set)";
+  }
+  const Format f{DType::kQ3_K, GemmType::kQ3_K, DType::kQ8_K};
+  for (int64_t k : Ks(f)) {
+    const Rows w = RandomWeights(f.type, kGemmTileW, k, Scales::kRandom, rng_);
+    const Rows a = RandomActivations(f.act, kGemmTileX, k, -127, 127, Scales::kRandom, rng_);
+    CheckTiles(f, w, a, /*exact=*/false, "q3_K zmm vs avx2", Q3KTileAvx2Only(), zmm.q3_k,
+               /*same_bits=*/true);
+  }
+}
+
 // llama.cpp's other x86 orders (kernels.h: q4_k_repack_*, q2_k_repack_*, gemm_wide): the
 // AVX2 tiles must give the scalar reference's bits, on every tile shape and on random blocks
 // (codes, sub-block scales and super-scales over their whole ranges), and stay within the
