@@ -42,26 +42,28 @@ PD_ZMM_INLINE __m128i HSum4Xmm(__m128i a, __m128i b, __m128i c, __m128i d) {
 }
 
 // pshufb indices (per 128-bit lane) that turn 16 scale bytes, broadcast to all four lanes, into
-// int16 lanes: for code vector pair kk, 128-bit lane L of the ZMM covers sub-block
-// 2kk + L (L < 2, code vector kk) or 8 + 2kk + (L - 2) (code vector 4 + kk); each of its eight
-// int16 lanes gets that sub-block's byte, zero-extended (index 0x80 gives a zero high byte).
+// int16 lanes: for code vector pair kk, 128-bit lane L of the ZMM covers sub-block 2kk + L
+// (L < 2, code vector kk) or 8 + 2kk + (L - 2) (code vector 4 + kk); each of its eight int16
+// lanes gets that sub-block's byte, zero-extended (high = false: index 0x80 gives a zero high
+// byte) or times 256 (high = true: the byte in the high half, sign-correct for signed bytes).
 struct ScaleIdx {
   alignas(64) uint8_t idx[4][64];
 };
-constexpr ScaleIdx MakeScaleIdx() {
+constexpr ScaleIdx MakeScaleIdx(bool high) {
   ScaleIdx t{};
   for (int kk = 0; kk < 4; ++kk) {
     for (int lane = 0; lane < 4; ++lane) {
-      const int sub = lane < 2 ? 2 * kk + lane : 8 + 2 * kk + (lane - 2);
+      const auto sub = static_cast<uint8_t>(lane < 2 ? 2 * kk + lane : 8 + 2 * kk + (lane - 2));
       for (int j = 0; j < 8; ++j) {
-        t.idx[kk][16 * lane + 2 * j] = static_cast<uint8_t>(sub);
-        t.idx[kk][16 * lane + 2 * j + 1] = 0x80;
+        t.idx[kk][16 * lane + 2 * j] = high ? 0x80 : sub;
+        t.idx[kk][16 * lane + 2 * j + 1] = high ? sub : 0x80;
       }
     }
   }
   return t;
 }
-constexpr ScaleIdx kScaleIdx = MakeScaleIdx();
+constexpr ScaleIdx kScaleIdx = MakeScaleIdx(false);
+constexpr ScaleIdx kScaleIdx256 = MakeScaleIdx(true);
 
 // Activations of code vectors kk and 4 + kk side by side, as the weights' ZMM holds them.
 PD_ZMM_INLINE __m512i PairedActs(const BlockQ8_K* xb, int kk) {
@@ -180,21 +182,11 @@ void TileQ2KRepackZmm(int64_t k, const char* w, size_t ws, const char* x, size_t
 // vectors kk and 4 + kk (weights 32kk.. and 128 + 32kk..: qs bytes 0-31 and 32-63, hmask nibbles
 // low and high); adding the halves gives the AVX2 tile's 8 lanes exactly.
 struct Q3Tables {
-  alignas(64) uint8_t scale_idx[4][64];  // per kk: int16 lanes = 256 * scale of the lane's sub-block
   alignas(32) uint8_t widen256[32];      // 16 signed bytes -> int16 256 b, [b0..b7 | b8..b15]
   alignas(16) uint8_t spread[2][16];     // 4 hmask bits -> high bits at 2 and 6 (even / odd codes)
 };
 constexpr Q3Tables MakeQ3Tables() {
   Q3Tables t{};
-  for (int kk = 0; kk < 4; ++kk) {
-    for (int lane = 0; lane < 4; ++lane) {
-      const int sub = lane < 2 ? 2 * kk + lane : 8 + 2 * kk + (lane - 2);
-      for (int j = 0; j < 8; ++j) {
-        t.scale_idx[kk][16 * lane + 2 * j] = 0x80;
-        t.scale_idx[kk][16 * lane + 2 * j + 1] = static_cast<uint8_t>(sub);
-      }
-    }
-  }
   for (int i = 0; i < 16; ++i) {
     t.widen256[2 * (i % 8) + 16 * (i / 8)] = 0x80;
     t.widen256[2 * (i % 8) + 16 * (i / 8) + 1] = static_cast<uint8_t>(i);
@@ -271,7 +263,7 @@ void TileQ3KZmm(int64_t k, const char* w, size_t ws, const char* x, size_t xs, f
         const __m512i z = kk % 2 == 0 ? ze : zo;
         const __m512i u = _mm512_and_si512(kk < 2 ? z : _mm512_srli_epi16(z, 4), m7);
         const __m512i s = _mm512_shuffle_epi8(
-            scz, _mm512_load_si512(reinterpret_cast<const void*>(kQ3.scale_idx[kk])));
+            scz, _mm512_load_si512(reinterpret_cast<const void*>(kScaleIdx256.idx[kk])));
         PD_ZMM_UNROLL for (int c = 0; c < C; ++c) {
           part[c] = _mm512_dpwssd_epi32(part[c], _mm512_maddubs_epi16(u, xv[c][kk]), s);
         }

@@ -89,22 +89,29 @@ float DotQ4_0(const BlockQ4_0* w, const BlockQ8_0* x, int64_t n) {
 }
 
 // Per super-block: 256 + 16 + 16 multiply-adds + 6 flops; 84 + 292 bytes.
+// Q2_K sub-blocks [i0, i1) of one super-block: isum += sum sc_i * (codes . activations) and
+// imin += sum m_i * bsum_i, exactly.
+void Q2KSums(const BlockQ2_K& wb, const BlockQ8_K& xb, int i0, int i1, int32_t* isum,
+             int32_t* imin) {
+  for (int i = i0; i < i1; ++i) {  // sub-blocks of 16
+    int32_t s = 0;
+    for (int l = 0; l < 16; ++l) {
+      const int wi = 16 * i + l;  // = 128h + 32k + l'
+      const int q = (wb.qs[32 * (wi / 128) + wi % 32] >> (2 * ((wi % 128) / 32))) & 3;
+      s += q * int32_t{xb.qs[wi]};
+    }
+    *isum += (wb.scales[i] & 0x0F) * s;
+    *imin += (wb.scales[i] >> 4) * int32_t{xb.bsums[i]};
+  }
+}
+
 float DotQ2_K(const BlockQ2_K* w, const BlockQ8_K* x, int64_t n) {
   float sum = 0.f;
   for (int64_t b = 0; b < n / kQK; ++b) {
     const BlockQ2_K& wb = w[b];
     const BlockQ8_K& xb = x[b];
     int32_t isum = 0, imin = 0;
-    for (int i = 0; i < 16; ++i) {  // sub-blocks of 16
-      int32_t s = 0;
-      for (int l = 0; l < 16; ++l) {
-        const int wi = 16 * i + l;  // = 128h + 32k + l'
-        const int q = (wb.qs[32 * (wi / 128) + wi % 32] >> (2 * ((wi % 128) / 32))) & 3;
-        s += q * int32_t{xb.qs[wi]};
-      }
-      isum += (wb.scales[i] & 0x0F) * s;
-      imin += (wb.scales[i] >> 4) * int32_t{xb.bsums[i]};
-    }
+    Q2KSums(wb, xb, 0, 16, &isum, &imin);
     const float d = F16ToF32(wb.d) * xb.d, dmin = F16ToF32(wb.dmin) * xb.d;
     sum += d * static_cast<float>(isum) - dmin * static_cast<float>(imin);
   }
@@ -126,16 +133,7 @@ float DotQ2_KRepack(const BlockQ2_K* w, const BlockQ8_K* x, int64_t n) {
     for (int part = 0; part < kHalves; ++part) {
       const int j0 = part * 16 / kHalves, j1 = (part + 1) * 16 / kHalves;
       int32_t isum = 0, imin = 0;
-      for (int i = j0; i < j1; ++i) {
-        int32_t s = 0;
-        for (int l = 0; l < 16; ++l) {
-          const int wi = 16 * i + l;
-          const int q = (wb.qs[32 * (wi / 128) + wi % 32] >> (2 * ((wi % 128) / 32))) & 3;
-          s += q * int32_t{xb.qs[wi]};
-        }
-        isum += (wb.scales[i] & 0x0F) * s;
-        imin += (wb.scales[i] >> 4) * int32_t{xb.bsums[i]};
-      }
+      Q2KSums(wb, xb, j0, j1, &isum, &imin);
       acc = std::fma(static_cast<float>(isum), d, acc);
       macc = std::fma(static_cast<float>(imin), dmin, macc);
     }
