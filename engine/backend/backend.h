@@ -148,6 +148,22 @@ class Backend {
                                       absl::Span<const uint8_t> row_orders) {
     return MatMul(w, x, y);
   }
+  // ys[i] = x * ws[i]^T with MatMulRowOrder's row orders, for several matrices that multiply the
+  // same activations (a layer's Q, K and V projections; its gate and up projections): the same
+  // results as MatMulRowOrder on each. A backend may run them as one op; the CPU backend does for
+  // decode-sized batches (one parallel loop over all the matrices' rows, so that a small matrix
+  // does not pay a dispatch and a ramp-up of the memory streams of its own).
+  virtual absl::Status MatMulGroup(absl::Span<const Tensor* const> ws, const Tensor& x,
+                                   absl::Span<Tensor* const> ys,
+                                   absl::Span<const uint8_t> row_orders) {
+    if (ws.size() != ys.size()) {
+      return absl::InvalidArgumentError("MatMulGroup: as many outputs as weights are needed");
+    }
+    for (size_t i = 0; i < ws.size(); ++i) {
+      if (absl::Status st = MatMulRowOrder(*ws[i], x, *ys[i], row_orders); !st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
   // out[i, :] = dequant(table[ids[i], :]) (embedding lookup). out: F32 [ids.size(), table.cols].
   virtual absl::Status GetRows(const Tensor& table, absl::Span<const int32_t> ids, Tensor& out) = 0;
   // y = x / sqrt(mean(x^2) + eps) * w, per row. w: F32 [1, cols] (or nullptr data = no weight).

@@ -105,6 +105,25 @@ absl::Status Model::Linear(const Tensor& w, const char* name, int layer, const T
   return backend_.MatMulRowOrder(w, x, y, row_orders);
 }
 
+absl::Status Model::LinearGroup(std::initializer_list<LinearOut> outs, int layer,
+                                const Tensor& x, absl::Span<const uint8_t> row_orders) {
+  if (observer_ != nullptr) {
+    for (const LinearOut& o : outs) PD_RETURN_IF_ERROR(Linear(*o.w, o.name, layer, x, *o.y, row_orders));
+    return absl::OkStatus();
+  }
+  const Tensor* ws[4];
+  Tensor* ys[4];
+  size_t n = 0;
+  for (const LinearOut& o : outs) {
+    PD_CHECK(n < 4);
+    ws[n] = o.w;
+    ys[n] = o.y;
+    ++n;
+  }
+  return backend_.MatMulGroup(absl::MakeConstSpan(ws, n), x, absl::MakeConstSpan(ys, n),
+                              row_orders);
+}
+
 absl::Status Model::ObserveIntermediate(const char* name, int layer, const Tensor& x) {
   if (observer_ == nullptr || !observer_->WantsIntermediates()) return absl::OkStatus();
   observe_buf_.resize(static_cast<size_t>(x.numel()));
@@ -216,9 +235,8 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
     // Attention block.  h = norm(x); q,k,v = h W^T (+ b); [qk norm]; rope; store; attend;
     // x += [post norm](attn Wo^T)
     PD_RETURN_IF_ERROR(b.RmsNorm(x, w.attn_norm, c.rms_eps, h));
-    PD_RETURN_IF_ERROR(Linear(w.wq, "attn_q", l, h, q, orders));
-    PD_RETURN_IF_ERROR(Linear(w.wk, "attn_k", l, h, k, orders));
-    PD_RETURN_IF_ERROR(Linear(w.wv, "attn_v", l, h, v, orders));
+    PD_RETURN_IF_ERROR(LinearGroup(
+        {{&w.wq, "attn_q", &q}, {&w.wk, "attn_k", &k}, {&w.wv, "attn_v", &v}}, l, h, orders));
     if (w.bq.data != nullptr) {
       PD_RETURN_IF_ERROR(b.AddBias(q, w.bq, q));
       PD_RETURN_IF_ERROR(b.AddBias(k, w.bk, k));
@@ -246,8 +264,8 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
     // Feed-forward block.  x += [post norm]((act(h Wg^T) * (h Wu^T)) Wd^T)
     PD_RETURN_IF_ERROR(b.RmsNorm(x, w.ffn_norm, c.rms_eps, h));
     const absl::Span<const uint8_t> ffn_orders = l + 1 == c.n_layer ? orders_last : orders;
-    PD_RETURN_IF_ERROR(Linear(w.w_gate, "ffn_gate", l, h, gate, ffn_orders));
-    PD_RETURN_IF_ERROR(Linear(w.w_up, "ffn_up", l, h, up, ffn_orders));
+    PD_RETURN_IF_ERROR(
+        LinearGroup({{&w.w_gate, "ffn_gate", &gate}, {&w.w_up, "ffn_up", &up}}, l, h, ffn_orders));
     if (c.ffn_act == FfnActivation::kGeluTanh) {
       PD_RETURN_IF_ERROR(b.GeGlu(gate, up, gate));
     } else {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -103,6 +104,15 @@ class Model {
   // MatMul of a named weight; reports the input to the observer first, if any.
   absl::Status Linear(const Tensor& w, const char* name, int layer, const Tensor& x, Tensor& y,
                       absl::Span<const uint8_t> row_orders);
+  // Several Linears of the same x (Q/K/V, gate/up) as one Backend::MatMulGroup; one Linear each
+  // when an observer watches the matmul inputs.
+  struct LinearOut {
+    const Tensor* w;
+    const char* name;
+    Tensor* y;
+  };
+  absl::Status LinearGroup(std::initializer_list<LinearOut> outs, int layer, const Tensor& x,
+                           absl::Span<const uint8_t> row_orders);
 
   std::shared_ptr<const GgufFile> file_;
   Backend& backend_;

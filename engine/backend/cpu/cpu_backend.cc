@@ -302,6 +302,9 @@ class CpuBackend final : public Backend {
     }
     return MatMulImpl(w, x, y, row_orders);
   }
+  absl::Status MatMulGroup(absl::Span<const Tensor* const> ws, const Tensor& x,
+                           absl::Span<Tensor* const> ys,
+                           absl::Span<const uint8_t> row_orders) override;
   absl::Status MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
                           absl::Span<const uint8_t> row_orders);
   absl::Status GetRows(const Tensor& table, absl::Span<const int32_t> ids, Tensor& out) override;
@@ -329,19 +332,44 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  // Scratch memory for converted activations, grown on demand and kept between calls.
-  absl::StatusOr<char*> Scratch(size_t bytes) {
-    if (bytes > scratch_size_) {
+  // Scratch memory for converted activations, grown on demand and kept between calls; one slot
+  // per companion type that a MatMulGroup converts to.
+  static constexpr int kScratchSlots = 3;
+  absl::StatusOr<char*> Scratch(size_t bytes, int slot = 0) {
+    if (bytes > scratch_size_[slot]) {
       void* p = AllocHost(bytes, kAlignment);
       if (p == nullptr) {
         return absl::ResourceExhaustedError(
             absl::StrCat("cpu: cannot allocate ", bytes, " bytes of scratch memory"));
       }
-      scratch_.reset(static_cast<char*>(p));
-      scratch_size_ = bytes;
+      scratch_[slot].reset(static_cast<char*>(p));
+      scratch_size_[slot] = bytes;
     }
-    return scratch_.get();
+    return scratch_[slot].get();
   }
+
+  // One MatMul after validation and activation conversion: what each weight chunk needs.
+  struct MatMulPlan {
+    const Tensor* w = nullptr;
+    Tensor* y = nullptr;
+    int64_t n = 0, m = 0, k = 0;
+    const char* xa = nullptr;  // activations in the weight's companion type
+    size_t xs = 0;             // their row stride
+    absl::Span<const uint8_t> row_orders;
+    int64_t chunk_rows = 0, n_chunks = 0;  // n_chunks 0: nothing to compute
+  };
+  // Validates y = x w^T, converts x to the companion type (into scratch slot `slot`, unless
+  // `converted` already holds that conversion: {type, data, stride}) and plans the chunks.
+  struct Converted {
+    DType type = DType::kF32;
+    const char* data = nullptr;
+    size_t stride = 0;
+  };
+  absl::Status PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
+                          absl::Span<const uint8_t> row_orders, int slot, Converted* converted,
+                          MatMulPlan* plan);
+  // Weight chunks [c0, c1) of a plan (tiles in llama.cpp's per-row orders).
+  void RunMatMulChunks(const MatMulPlan& p, int64_t c0, int64_t c1) const;
 
   struct FreeDeleter {
     void operator()(char* p) const { std::free(p); }
@@ -349,8 +377,8 @@ class CpuBackend final : public Backend {
 
   const Kernels& k_;
   cpu::ThreadPool pool_;
-  std::unique_ptr<char, FreeDeleter> scratch_;
-  size_t scratch_size_ = 0;
+  std::unique_ptr<char, FreeDeleter> scratch_[kScratchSlots];
+  size_t scratch_size_[kScratchSlots] = {};
   std::vector<float> widened_kv_;  // Attention: prompts' F16 K/V widened once (reused)
 };
 
@@ -359,8 +387,9 @@ class CpuBackend final : public Backend {
 // weight chunk a pass over the converted activations (from cache). Flops: 2 * n * m * k.
 // Activations are converted to the weight's companion type (CompanionType: F16, BF16, Q8_0 for
 // Q8_0 and Q4_0, Q8_K for the k-quants) once per call, in parallel over rows.
-absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
-                                    absl::Span<const uint8_t> row_orders) {
+absl::Status CpuBackend::PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
+                                    absl::Span<const uint8_t> row_orders, int slot,
+                                    Converted* converted, MatMulPlan* plan) {
   if (IsSupported(w.type) && !HasMatMul(w.type)) return NoMatMul(w, "MatMul");
   PD_RETURN_IF_ERROR(CheckTensor(w, "MatMul w"));
   PD_RETURN_IF_ERROR(CheckF32(x, "MatMul x"));
@@ -378,6 +407,8 @@ absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
     return absl::InvalidArgumentError(absl::StrCat("MatMul: w8a8 rows of ", k,
                                                    " exceed the kernels' limit of ", kW8A8MaxCols));
   }
+  *plan = MatMulPlan{&w, &y, n, m, k, static_cast<const char*>(x.data), x.row_bytes(),
+                     row_orders, 0, 0};
   if (n == 0 || m == 0) return absl::OkStatus();
   if (k == 0) {
     std::memset(y.data, 0, y.bytes());
@@ -387,11 +418,15 @@ absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
   const DType xt = CompanionType(w.type);
   const char* xa = static_cast<const char*>(x.data);
   size_t xs = x.row_bytes();
-  if (xt != DType::kF32) {
+  if (xt != DType::kF32 && converted != nullptr && converted->data != nullptr &&
+      converted->type == xt) {
+    xa = converted->data;
+    xs = converted->stride;
+  } else if (xt != DType::kF32) {
     // Convert every activation row once to the weight's companion type; every weight chunk below
     // then reuses the converted rows.
     xs = RowBytes(xt, k);
-    PD_ASSIGN_OR_RETURN(char* conv, Scratch(xs * static_cast<size_t>(n)));
+    PD_ASSIGN_OR_RETURN(char* conv, Scratch(xs * static_cast<size_t>(n), slot));
     const Kernels& kn = k_;
     pool_.ParallelFor(
         n,
@@ -430,14 +465,12 @@ absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
         },
         /*grain=*/std::max<int64_t>(1, 16384 / k));
     xa = conv;
+    if (converted != nullptr) *converted = Converted{xt, xa, xs};
   }
-
-  const cpu::GemmTileFn tile = k_.gemm[static_cast<int>(GemmTypeOf(w.type))];
-  const char* wa = static_cast<const char*>(w.data);
-  const size_t ws = w.row_bytes();
-  float* ya = static_cast<float*>(y.data);
+  plan->xa = xa;
+  plan->xs = xs;
   int64_t chunk_rows =
-      static_cast<int64_t>(kMatMulChunkBytes / ws) / cpu::kGemmTileW * cpu::kGemmTileW;
+      static_cast<int64_t>(kMatMulChunkBytes / w.row_bytes()) / cpu::kGemmTileW * cpu::kGemmTileW;
   // At least 4 chunks per thread: a small model's K/V projections (256 rows) are one 256 KiB
   // chunk, which left all but one thread idle during decode. Chunk starts stay multiples of the
   // tile height, so the tiles (and the results) are the same for every thread count.
@@ -446,7 +479,20 @@ absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
       ((m + min_chunks - 1) / min_chunks + cpu::kGemmTileW - 1) / cpu::kGemmTileW *
       cpu::kGemmTileW;
   chunk_rows = std::max<int64_t>(cpu::kGemmTileW, std::min(chunk_rows, balanced_rows));
-  const int64_t n_chunks = (m + chunk_rows - 1) / chunk_rows;
+  plan->chunk_rows = chunk_rows;
+  plan->n_chunks = (m + chunk_rows - 1) / chunk_rows;
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
+                                    absl::Span<const uint8_t> row_orders) {
+  MatMulPlan p;
+  PD_RETURN_IF_ERROR(PlanMatMul(w, x, y, row_orders, /*slot=*/0, /*converted=*/nullptr, &p));
+  if (p.n_chunks == 0) return absl::OkStatus();
+  const int64_t n = p.n, m = p.m, k = p.k, chunk_rows = p.chunk_rows, n_chunks = p.n_chunks;
+  const char* wa = static_cast<const char*>(w.data);
+  const size_t ws = w.row_bytes();
+  float* ya = static_cast<float*>(y.data);
   // Q8_0 and Q5_0 for a batch: activations laid out 16 rows per register once; Q8_0 weights read
   // in place, Q5_0 chunks unpacked once per call (AVX512-VNNI only; bit-identical to the tiles
   // below, so results do not depend on the batch size).
@@ -459,7 +505,7 @@ absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
     thread_local std::vector<char> xg_storage;
     xg_storage.resize(grouped->x_bytes(n, k) + 64);
     char* xg = xg_storage.data() + (64 - reinterpret_cast<uintptr_t>(xg_storage.data()) % 64) % 64;
-    grouped->pack_x(xa, xs, n, k, xg);
+    grouped->pack_x(p.xa, p.xs, n, k, xg);
     pool_.ParallelFor(n_chunks, [&](int64_t c0, int64_t c1) {
       thread_local std::vector<char> wp;
       for (int64_t c = c0; c < c1; ++c) {
@@ -476,6 +522,20 @@ absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
     });
     return absl::OkStatus();
   }
+  pool_.ParallelFor(n_chunks, [&](int64_t c0, int64_t c1) { RunMatMulChunks(p, c0, c1); });
+  return absl::OkStatus();
+}
+
+void CpuBackend::RunMatMulChunks(const MatMulPlan& p, int64_t c0, int64_t c1) const {
+  const Tensor& w = *p.w;
+  const int64_t n = p.n, m = p.m, k = p.k, chunk_rows = p.chunk_rows;
+  const absl::Span<const uint8_t> row_orders = p.row_orders;
+  const char* xa = p.xa;
+  const size_t xs = p.xs;
+  const cpu::GemmTileFn tile = k_.gemm[static_cast<int>(GemmTypeOf(w.type))];
+  const char* wa = static_cast<const char*>(w.data);
+  const size_t ws = w.row_bytes();
+  float* ya = static_cast<float*>(p.y->data);
   // llama.cpp's per-row orders (Backend::MatMulRowOrder): Q4_K matrices it repacks (rows a
   // multiple of 8) take its repacked GEMM / GEMV orders, other k-quants its tiled order for
   // sequences of 8+ rows; consecutive rows of one order share tiles. Q2_K is repacked too, but
@@ -498,23 +558,75 @@ absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
     return tile;
   };
   const bool per_row = repacked || wide_tile != nullptr;
-  pool_.ParallelFor(n_chunks, [&](int64_t c0, int64_t c1) {
-    const int64_t r_begin = c0 * chunk_rows, r_end = std::min(m, c1 * chunk_rows);
-    // Activation tiles outer, weight tiles inner: this chunk of weights stays in cache.
-    for (int64_t i = 0; i < n;) {
-      int nc = static_cast<int>(std::min<int64_t>(cpu::kGemmTileX, n - i));
-      cpu::GemmTileFn fn = tile;
-      if (per_row) {
-        fn = tile_of(i);
-        int same = 1;
-        while (same < nc && tile_of(i + same) == fn) ++same;
-        nc = same;
-      }
-      for (int64_t r = r_begin; r < r_end; r += cpu::kGemmTileW) {
-        const int nr = static_cast<int>(std::min<int64_t>(cpu::kGemmTileW, r_end - r));
-        fn(k, wa + r * ws, ws, nr, xa + i * xs, xs, nc, ya + i * m + r, m);
-      }
-      i += nc;
+  const int64_t r_begin = c0 * chunk_rows, r_end = std::min(m, c1 * chunk_rows);
+  // Activation tiles outer, weight tiles inner: this chunk of weights stays in cache.
+  for (int64_t i = 0; i < n;) {
+    int nc = static_cast<int>(std::min<int64_t>(cpu::kGemmTileX, n - i));
+    cpu::GemmTileFn fn = tile;
+    if (per_row) {
+      fn = tile_of(i);
+      int same = 1;
+      while (same < nc && tile_of(i + same) == fn) ++same;
+      nc = same;
+    }
+    for (int64_t r = r_begin; r < r_end; r += cpu::kGemmTileW) {
+      const int nr = static_cast<int>(std::min<int64_t>(cpu::kGemmTileW, r_end - r));
+      fn(k, wa + r * ws, ws, nr, xa + i * xs, xs, nc, ya + i * m + r, m);
+    }
+    i += nc;
+  }
+}
+
+absl::Status CpuBackend::MatMulGroup(absl::Span<const Tensor* const> ws, const Tensor& x,
+                                     absl::Span<Tensor* const> ys,
+                                     absl::Span<const uint8_t> row_orders) {
+  if (ws.size() != ys.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("MatMulGroup: ", ws.size(), " weights, ",
+                                                   ys.size(), " outputs"));
+  }
+  if (static_cast<int64_t>(row_orders.size()) != x.rows) {
+    return absl::InvalidArgumentError(absl::StrCat("MatMulGroup: ", row_orders.size(),
+                                                   " row orders for x ", Describe(x)));
+  }
+  // Batches (the grouped VNNI GEMM) and groups with more companion types than scratch slots run
+  // one MatMul at a time.
+  bool one_loop = ws.size() > 1 && x.rows < kGroupedMinRows;
+  DType types[kScratchSlots];
+  int n_types = 0;
+  for (size_t i = 0; one_loop && i < ws.size(); ++i) {
+    const DType xt = CompanionType(ws[i]->type);
+    if (xt == DType::kF32 || std::find(types, types + n_types, xt) != types + n_types) continue;
+    if (n_types == kScratchSlots) {
+      one_loop = false;
+    } else {
+      types[n_types++] = xt;
+    }
+  }
+  if (!one_loop) {
+    for (size_t i = 0; i < ws.size(); ++i) {
+      PD_RETURN_IF_ERROR(MatMulImpl(*ws[i], x, *ys[i], row_orders));
+    }
+    return absl::OkStatus();
+  }
+  // Each matrix's chunks are the ones MatMul would use (so the same tiles and bits); the
+  // activations are converted once per companion type; one parallel loop runs all chunks.
+  Converted converted[kScratchSlots];
+  std::vector<MatMulPlan> plans(ws.size());
+  std::vector<int64_t> first(ws.size() + 1, 0);
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const DType xt = CompanionType(ws[i]->type);
+    const int slot = xt == DType::kF32 ? 0 : static_cast<int>(std::find(types, types + n_types, xt) - types);
+    PD_RETURN_IF_ERROR(
+        PlanMatMul(*ws[i], x, *ys[i], row_orders, slot, &converted[slot], &plans[i]));
+    first[i + 1] = first[i] + plans[i].n_chunks;
+  }
+  pool_.ParallelFor(first.back(), [&](int64_t c0, int64_t c1) {
+    size_t j = static_cast<size_t>(std::upper_bound(first.begin(), first.end(), c0) - first.begin()) - 1;
+    for (int64_t c = c0; c < c1;) {
+      while (c >= first[j + 1]) ++j;
+      const int64_t end = std::min(c1, first[j + 1]);
+      RunMatMulChunks(plans[j], c - first[j], end - first[j]);
+      c = end;
     }
   });
   return absl::OkStatus();

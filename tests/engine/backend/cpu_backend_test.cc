@@ -230,6 +230,57 @@ TEST(CpuBackendThreadsTest, MatMulBitIdenticalAcrossThreadCounts) {
   }
 }
 
+// MatMulGroup runs several matrices of one activation matrix as one loop (decode) or one at a
+// time (batches): either way every output must equal its own MatMulRowOrder bit for bit, with
+// matrices of different companion types (Q8_0 activations for Q5_0 / Q8_0, Q8_K for Q4_K / Q2_K,
+// F16, F32) and row counts that are and are not multiples of the tile and repacking sizes.
+TEST_P(CpuBackendTest, MatMulGroupEqualsOneMatMulEach) {
+  const int64_t k = 512;
+  const DType types[] = {DType::kQ5_0, DType::kQ8_0, DType::kQ4_K, DType::kQ2_K, DType::kF16,
+                         DType::kF32};
+  const int64_t rows[] = {72, 20, 64, 40, 13, 8};
+  std::vector<HostTensor> w;
+  for (size_t i = 0; i < std::size(types); ++i) {
+    std::vector<double> unused;
+    w.push_back(MakeWeights(types[i], rows[i], k, RandomVec(rng_, rows[i] * k), &unused));
+  }
+  for (int64_t n : {1, 2, 3, 5}) {
+    SCOPED_TRACE(::testing::Message() << "n " << n);
+    HostTensor x = F32(n, k, RandomVec(rng_, n * k, 2.f));
+    std::vector<uint8_t> orders(static_cast<size_t>(n), kRowOrderGemv);
+    std::vector<HostTensor> ys, want;
+    std::vector<const Tensor*> wp;
+    std::vector<Tensor*> yp;
+    for (size_t i = 0; i < w.size(); ++i) {
+      ys.emplace_back(DType::kF32, n, rows[i]);
+      want.emplace_back(DType::kF32, n, rows[i]);
+      ASSERT_THAT(be_->MatMulRowOrder(w[i].t, x.t, want[i].t, orders), IsOk());
+    }
+    for (size_t i = 0; i < w.size(); ++i) {
+      wp.push_back(&w[i].t);
+      yp.push_back(&ys[i].t);
+    }
+    // Three companion types at most run in one loop; all six go one at a time.
+    ASSERT_THAT(be_->MatMulGroup(absl::MakeConstSpan(wp.data(), 3), x.t,
+                                 absl::MakeConstSpan(yp.data(), 3), orders),
+                IsOk());
+    ASSERT_THAT(be_->MatMulGroup(wp, x.t, yp, orders), IsOk());
+    for (size_t i = 0; i < w.size(); ++i) {
+      ASSERT_EQ(std::memcmp(ys[i].t.data, want[i].t.data, want[i].t.bytes()), 0)
+          << Traits(types[i]).name;
+    }
+  }
+  HostTensor x = F32(1, k, RandomVec(rng_, k));
+  HostTensor y(DType::kF32, 1, rows[0]);
+  const Tensor* one_w[] = {&w[0].t};
+  Tensor* no_y[] = {};
+  EXPECT_THAT(be_->MatMulGroup(one_w, x.t, absl::MakeConstSpan(no_y, 0), {kRowOrderGemv}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  Tensor* one_y[] = {&y.t};
+  EXPECT_THAT(be_->MatMulGroup(one_w, x.t, one_y, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
 TEST_P(CpuBackendTest, MatMulValidation) {
   HostTensor w(DType::kQ8_0, 4, 64), x(DType::kF32, 2, 64), y(DType::kF32, 2, 4);
   EXPECT_THAT(be_->MatMul(w.t, x.t, y.t), IsOk());
