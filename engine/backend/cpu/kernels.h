@@ -195,12 +195,6 @@ struct Kernels {
   // Activations for W8A8 weights, one row per token: bit-exact with QuantizeRowW8A8 (w8a8.h).
   void (*quantize_w8a8)(const float* x, void* y, int64_t n);
 
-  // Attention inner loops: dot of an F32 query with an F32 / F16 key row, and y += a * v for an
-  // F32 / F16 value row (y = fma(a, v, y) per element).
-  float (*dot_f32)(const float* a, const float* b, int64_t n);
-  float (*dot_f16_f32)(const uint16_t* a, const float* b, int64_t n);
-  void (*axpy_f32)(float a, const float* x, float* y, int64_t n);
-  void (*axpy_f16)(float a, const uint16_t* x, float* y, int64_t n);
   // INT8 KV cache (engine/backend/kv_layout.h). quantize_kv_i8 quantizes one token's head of n
   // finite values: returns scale = max|x| / 127 and writes q = round_half_even(x * (1 / scale)),
   // clamped to [-127, 127] (all zeros when scale is 0); bit-exact in every table. dot_i8_f32 is

@@ -1401,51 +1401,6 @@ void QuantizeQ8_K(const float* x, BlockQ8_K* y, int64_t n) {
 
 // ---- attention and row ops ------------------------------------------------------------------
 
-float DotF32(const float* a, const float* b, int64_t n) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
-  }
-  for (; i + 8 <= n; i += 8)
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-  float s = HSum(_mm256_add_ps(acc0, acc1));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-float DotF16F32(const uint16_t* a, const float* b, int64_t n) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    acc0 = _mm256_fmadd_ps(LoadF16(a + i), _mm256_loadu_ps(b + i), acc0);
-    acc1 = _mm256_fmadd_ps(LoadF16(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
-  }
-  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(LoadF16(a + i), _mm256_loadu_ps(b + i), acc0);
-  float s = HSum(_mm256_add_ps(acc0, acc1));
-  for (; i < n; ++i) s += HalfToFloat(a[i]) * b[i];
-  return s;
-}
-
-void AxpyF32(float a, const float* x, float* y, int64_t n) {
-  const __m256 va = _mm256_set1_ps(a);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-  }
-  for (; i < n; ++i) y[i] = __builtin_fmaf(a, x[i], y[i]);
-}
-
-void AxpyF16(float a, const uint16_t* x, float* y, int64_t n) {
-  const __m256 va = _mm256_set1_ps(a);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, LoadF16(x + i), _mm256_loadu_ps(y + i)));
-  }
-  for (; i < n; ++i) y[i] = __builtin_fmaf(a, HalfToFloat(x[i]), y[i]);
-}
-
 // INT8 KV (kernels.h). Two passes: |x| max, then 32 values per step scaled, rounded by cvtps2dq
 // (round half to even under the default MXCSR, like the scalar nearbyint), clamped and packed.
 float QuantizeKvI8(const float* x, int8_t* q, int64_t n) {
@@ -1834,10 +1789,6 @@ constexpr Kernels kAvx2 = {
     .dequantize_q8_0 = &DequantizeQ8_0,
     .quantize_q8_k = &QuantizeQ8_K,
     .quantize_w8a8 = &QuantizeRowW8A8Avx2,
-    .dot_f32 = &DotF32,
-    .dot_f16_f32 = &DotF16F32,
-    .axpy_f32 = &AxpyF32,
-    .axpy_f16 = &AxpyF16,
     .quantize_kv_i8 = &QuantizeKvI8,
     .dot_i8_f32 = &DotI8F32,
     .axpy_i8 = &AxpyI8,

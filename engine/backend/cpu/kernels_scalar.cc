@@ -305,23 +305,6 @@ void GemmTile(int64_t k, const void* w, size_t w_stride, int nr, const void* x, 
   }
 }
 
-float DotF16F32(const uint16_t* a, const float* b, int64_t n) {
-  const float* f16 = F16Table();
-  float sum = 0.f;
-  for (int64_t i = 0; i < n; ++i) sum += f16[a[i]] * b[i];
-  return sum;
-}
-
-// y = fma(a, x, y) per element (one rounding), as the SIMD tables and ggml's kernels do.
-void AxpyF32(float a, const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
-}
-
-void AxpyF16(float a, const uint16_t* x, float* y, int64_t n) {
-  const float* f16 = F16Table();
-  for (int64_t i = 0; i < n; ++i) y[i] = std::fma(a, f16[x[i]], y[i]);
-}
-
 // Per element: 3 flops, 4 bytes read, 1 written (two passes over x: max, then quantize).
 float QuantizeKvI8(const float* x, int8_t* q, int64_t n) {
   float amax = 0.f;
@@ -562,10 +545,6 @@ constexpr Kernels kScalar = {
     .dequantize_q8_0 = &DequantizeRowQ8_0,
     .quantize_q8_k = &QuantizeQ8_K,
     .quantize_w8a8 = &QuantizeRowW8A8,
-    .dot_f32 = &DotF32,
-    .dot_f16_f32 = &DotF16F32,
-    .axpy_f32 = &AxpyF32,
-    .axpy_f16 = &AxpyF16,
     .quantize_kv_i8 = &QuantizeKvI8,
     .dot_i8_f32 = &DotI8F32,
     .axpy_i8 = &AxpyI8,

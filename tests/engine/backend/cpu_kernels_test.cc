@@ -415,45 +415,6 @@ TEST(GroupedVnniTest, Q5_0BitIdenticalToTheAvx2Tiles) {
   ExpectGroupedEqualsTiles<BlockQ5_0>(g, &GemmQ5_0Avx2, 22);
 }
 
-TEST_F(KernelsTest, AttentionRowKernels) {
-  for (int64_t n : kLengths) {
-    std::vector<float> a = Random(n), b = Random(n);
-    std::vector<uint16_t> h(n);
-    s_.f32_to_f16(a.data(), h.data(), n);
-    double ref = 0, ref_h = 0, abs_sum = 0, abs_h = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      ref += double{a[i]} * b[i];
-      abs_sum += std::fabs(double{a[i]} * b[i]);
-      ref_h += double{F16ToF32(h[i])} * b[i];
-      abs_h += std::fabs(double{F16ToF32(h[i])} * b[i]);
-    }
-    const double tol = 8 * std::sqrt(double(n)) * 0x1p-24 * abs_sum + 1e-30;
-    const double tol_h = 8 * std::sqrt(double(n)) * 0x1p-24 * abs_h + 1e-30;
-    EXPECT_NEAR(s_.dot_f32(a.data(), b.data(), n), ref, tol) << n;
-    EXPECT_NEAR(avx2_->dot_f32(a.data(), b.data(), n), ref, tol) << n;
-    EXPECT_NEAR(s_.dot_f16_f32(h.data(), b.data(), n), ref_h, tol_h) << n;
-    EXPECT_NEAR(avx2_->dot_f16_f32(h.data(), b.data(), n), ref_h, tol_h) << n;
-
-    // y += alpha * x: one FMA (avx2) vs mul + add (scalar), so within 1 ulp of each other.
-    const float alpha = 0.37f;
-    std::vector<float> ys = b, ya = b, yhs = b, yha = b;
-    s_.axpy_f32(alpha, a.data(), ys.data(), n);
-    avx2_->axpy_f32(alpha, a.data(), ya.data(), n);
-    s_.axpy_f16(alpha, h.data(), yhs.data(), n);
-    avx2_->axpy_f16(alpha, h.data(), yha.data(), n);
-    for (int64_t i = 0; i < n; ++i) {
-      const double r = b[i] + double{alpha} * a[i];
-      const double rh = b[i] + double{alpha} * F16ToF32(h[i]);
-      const double t = 0x1p-23 * (std::fabs(b[i]) + std::fabs(alpha * a[i])) + 1e-38;
-      const double th = 0x1p-23 * (std::fabs(b[i]) + std::fabs(alpha * F16ToF32(h[i]))) + 1e-38;
-      ASSERT_NEAR(ys[i], r, t) << n << " " << i;
-      ASSERT_NEAR(ya[i], r, t) << n << " " << i;
-      ASSERT_NEAR(yhs[i], rh, th) << n << " " << i;
-      ASSERT_NEAR(yha[i], rh, th) << n << " " << i;
-    }
-  }
-}
-
 // INT8 KV quantization (kernels.h, engine/backend/kv_layout.h): bit-exact between the tables, and
 // a round trip within half a step: |x - scale * q| <= scale / 2 (ties go to even, so equality is
 // possible; the 1.0001 allows the rounding of x * (1 / scale)). A million values over lengths with
