@@ -108,7 +108,9 @@ absl::Status Model::Linear(const Tensor& w, const char* name, int layer, const T
 absl::Status Model::LinearGroup(std::initializer_list<LinearOut> outs, int layer,
                                 const Tensor& x, absl::Span<const uint8_t> row_orders) {
   if (observer_ != nullptr) {
-    for (const LinearOut& o : outs) PD_RETURN_IF_ERROR(Linear(*o.w, o.name, layer, x, *o.y, row_orders));
+    for (const LinearOut& o : outs) {
+      PD_RETURN_IF_ERROR(Linear(*o.w, o.name, layer, x, *o.y, row_orders));
+    }
     return absl::OkStatus();
   }
   const Tensor* ws[4];

@@ -615,13 +615,15 @@ absl::Status CpuBackend::MatMulGroup(absl::Span<const Tensor* const> ws, const T
   std::vector<int64_t> first(ws.size() + 1, 0);
   for (size_t i = 0; i < ws.size(); ++i) {
     const DType xt = CompanionType(ws[i]->type);
-    const int slot = xt == DType::kF32 ? 0 : static_cast<int>(std::find(types, types + n_types, xt) - types);
+    const int slot =
+        xt == DType::kF32 ? 0 : static_cast<int>(std::find(types, types + n_types, xt) - types);
     PD_RETURN_IF_ERROR(
         PlanMatMul(*ws[i], x, *ys[i], row_orders, slot, &converted[slot], &plans[i]));
     first[i + 1] = first[i] + plans[i].n_chunks;
   }
   pool_.ParallelFor(first.back(), [&](int64_t c0, int64_t c1) {
-    size_t j = static_cast<size_t>(std::upper_bound(first.begin(), first.end(), c0) - first.begin()) - 1;
+    size_t j =
+        static_cast<size_t>(std::upper_bound(first.begin(), first.end(), c0) - first.begin()) - 1;
     for (int64_t c = c0; c < c1;) {
       while (c >= first[j + 1]) ++j;
       const int64_t end = std::min(c1, first[j + 1]);
