@@ -391,7 +391,6 @@ bool UseVnni() {
 
 }  // namespace
 
-bool CpuHasVnni() { return UseVnni(); }
 GemmTileFn Q8_0TileVnni() { return UseVnni() ? &VnniTable<Q8Vnni>::Gemm : nullptr; }
 GemmTileFn Q5_0TileVnni() { return UseVnni() ? &VnniTable<Q5_0Vnni>::Gemm : nullptr; }
 
@@ -413,7 +412,6 @@ const GroupedKernels* Q5_0GroupedVnni() {
 #else
 
 namespace pd::engine::cpu {
-bool CpuHasVnni() { return false; }
 GemmTileFn Q8_0TileVnni() { return nullptr; }
 GemmTileFn Q5_0TileVnni() { return nullptr; }
 const GroupedKernels* Q8_0GroupedVnni() { return nullptr; }

@@ -376,6 +376,9 @@ class CpuBackend final : public Backend {
   };
 
   const Kernels& k_;
+  // llama.cpp repacks Q2_K only where it is built with AVX-512 (ggml_cpu_has_avx512; with
+  // -march=native, as llama-cpp-python builds it, a CPU with AVX512F).
+  const bool q2_k_repacked_ = __builtin_cpu_supports("avx512f");
   cpu::ThreadPool pool_;
   std::unique_ptr<char, FreeDeleter> scratch_[kScratchSlots];
   size_t scratch_size_[kScratchSlots] = {};
@@ -538,12 +541,10 @@ void CpuBackend::RunMatMulChunks(const MatMulPlan& p, int64_t c0, int64_t c1) co
   float* ya = static_cast<float*>(p.y->data);
   // llama.cpp's per-row orders (Backend::MatMulRowOrder): Q4_K matrices it repacks (rows a
   // multiple of 8) take its repacked GEMM / GEMV orders, other k-quants its tiled order for
-  // sequences of 8+ rows; consecutive rows of one order share tiles. Q2_K is repacked too, but
-  // only where llama.cpp is built with AVX-512 (ggml_cpu_has_avx512; with -march=native, as
-  // llama-cpp-python builds it, a CPU with AVX512F).
-  static const bool q2_k_repacked = __builtin_cpu_supports("avx512f");
+  // sequences of 8+ rows; consecutive rows of one order share tiles. Q2_K is repacked too where
+  // llama.cpp would be (q2_k_repacked_).
   const bool repacked_q4 = w.type == DType::kQ4_K && m % 8 == 0;
-  const bool repacked_q2 = w.type == DType::kQ2_K && m % 8 == 0 && q2_k_repacked;
+  const bool repacked_q2 = w.type == DType::kQ2_K && m % 8 == 0 && q2_k_repacked_;
   const bool repacked = repacked_q4 || repacked_q2;
   const cpu::GemmTileFn wide_tile = k_.gemm_wide[static_cast<int>(GemmTypeOf(w.type))];
   auto order_of = [&](int64_t i) -> uint8_t {

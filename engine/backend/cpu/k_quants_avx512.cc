@@ -15,7 +15,6 @@
 #if defined(__x86_64__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && \
     defined(__AVX512VL__) && defined(__F16C__)
 
-#include <cpuid.h>
 #include <immintrin.h>
 
 #include <cstdint>
@@ -319,19 +318,9 @@ void GemmQ3KZmm(int64_t k, const void* w, size_t w_stride, int nr, const void* x
 }
 static_assert(kGemmTileW == 4 && kGemmTileX == 4, "the tables list 4x4 instantiations");
 
-// AVX512F + BW + VL + VNNI with the opmask and ZMM state enabled by the OS (XCR0 bits 1, 2, 5-7).
-bool CpuHasZmmKQuants() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return false;
-  unsigned lo = 0, hi = 0;
-  __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  if ((lo & 0xE6u) != 0xE6u) return false;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  const bool f = b & (1u << 16), bw = b & (1u << 30), vl = b & (1u << 31), vnni = c & (1u << 11);
-  if (!(f && bw && vl && vnni)) return false;
-  const char* off = std::getenv("PDSERVE_CPU_NO_VNNI");
-  return off == nullptr || off[0] == '\0' || off[0] == '0';
-}
+// The 256-bit VNNI tiles' conditions (AVX512F + VL + VNNI, ZMM state enabled by the OS,
+// PDSERVE_CPU_NO_VNNI unset; avx512_vnni.cc), plus AVX512BW for the 512-bit byte and word ops.
+bool CpuHasZmmKQuants() { return Q8_0TileVnni() != nullptr && __builtin_cpu_supports("avx512bw"); }
 
 }  // namespace
 

@@ -70,9 +70,6 @@ ZmmKQuantTiles ZmmKQuantTilesIfSupported();
 // The AVX2 Q3_K tiles that ZmmKQuantTiles::q3_k stands in for (without the 512-bit dispatch), so
 // that tests can compare the two bit for bit. Only call where AVX2 runs.
 GemmTileFn Q3KTileAvx2Only();
-// Whether the AVX512_VNNI tiles may run here (AVX512F + VL + VNNI with OS support, and
-// PDSERVE_CPU_NO_VNNI unset).
-bool CpuHasVnni();
 GemmTileFn Q8_0TileVnni();
 GemmTileFn Q5_0TileVnni();
 // Q8_0 or Q5_0 weights x many Q8_0 activation rows (batched decode, prompts) on 512-bit VPDPBUSD

@@ -541,21 +541,6 @@ PD_ALWAYS_INLINE inline void SplitScales(__m256i s16, __m256i* lo, __m256i* hi) 
   *hi = _mm256_permute4x64_epi64(s16, 0xEE);
 }
 
-// acc + madd(p, s): int32 lane i gets p[2i] s[2i] + p[2i+1] s[2i+1]. kVnni: one VPDPWSSD
-// (AVX512_VNNI + VL) instead of VPMADDWD + VPADDD, the same integers (no saturation in either:
-// the k-quant tiles' int16 products and scales stay far from the int32 limits). Inline assembly,
-// so that this file keeps building for plain AVX2; tiles instantiated with kVnni run only on CPUs
-// that have it (CpuHasVnni, avx512_vnni.cc).
-template <bool kVnni>
-PD_ALWAYS_INLINE inline __m256i MaddAdd(__m256i acc, __m256i p, __m256i s) {
-  if constexpr (kVnni) {
-    __asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(p), "v"(s));
-    return acc;
-  } else {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
-  }
-}
-
 // Q2_K: code vector v = 4h + k (weights 32v .. 32v+31, sub-blocks 2v and 2v+1) is bits 2k..2k+1
 // of qs[32h .. 32h+31]. Odd k are masked in place (qs & 0x0C, and (qs >> 4) & 0x0C: 4 times the
 // code, one shift per 4 vectors instead of three) and even k get 4 times their scales, so every
@@ -563,7 +548,7 @@ PD_ALWAYS_INLINE inline __m256i MaddAdd(__m256i acc, __m256i p, __m256i s) {
 // both lanes by the load; one pshufb per code vector widens its two scales to int16. Per row: 10
 // ops to unpack, 8 scale shuffles, 5 for the scale/min bytes, 5 for d and dmin.
 static_assert(offsetof(BlockQ2_K, dmin) == offsetof(BlockQ2_K, d) + 2);
-template <int R, int C, bool kVnni = false>
+template <int R, int C>
 void TileQ2_K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y, int64_t ys) {
   const int64_t nb = k / kQK;
   const __m256i m3 = _mm256_set1_epi8(3), mc = _mm256_set1_epi8(0x0C);
@@ -598,7 +583,7 @@ void TileQ2_K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
           const __m256i s = Shuffle(kk % 2 == 0 ? scb4 : scb, kPairBytes, v);
           PD_UNROLL for (int c = 0; c < C; ++c) {
             const __m256i p = _mm256_maddubs_epi16(u, Load32(xb[c]->qs + 32 * v));
-            isum[c] = MaddAdd<kVnni>(isum[c], p, s);
+            isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(p, s));
           }
         });
       });
@@ -621,7 +606,7 @@ void TileQ2_K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
 // to signed bytes sc - 32, which one pshufb per code vector widens to int16 256 sc (byte in the
 // high half: sign-correct); the 256 is taken out of the F32 scale, exactly. Per row: 29 ops to
 // unpack, 8 scale shuffles, ~12 to decode the scales, 4 for d; per column 3 for the offset.
-template <int R, int C, bool kVnni = false>
+template <int R, int C>
 void TileQ3_K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y, int64_t ys) {
   const int64_t nb = k / kQK;
   const __m256i m33 = _mm256_set1_epi8(0x33), m7 = _mm256_set1_epi8(7);
@@ -674,7 +659,7 @@ void TileQ3_K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
           const __m256i s = Shuffle(scb, kPairBytes256, v);
           PD_UNROLL for (int c = 0; c < C; ++c) {
             const __m256i p = _mm256_maddubs_epi16(u, Load32(xb[c]->qs + 32 * v));
-            isum[c] = MaddAdd<kVnni>(isum[c], p, s);
+            isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(p, s));
           }
         });
       });
@@ -965,7 +950,7 @@ void TileQ4KRepackGemv(int64_t k, const char* w, size_t ws, const char* x, size_
 //   kHalves == 2 (GEMM): acc = fma(I_h, d_w d_x, acc), macc = fma(M_h, dmin_w d_x, macc) per half;
 //   kHalves == 1 (GEMV): the same once per super-block with I_0 + I_1 and M_0 + M_1;
 // and the result is acc - macc.
-template <int R, int C, int kHalves, bool kVnni = false>
+template <int R, int C, int kHalves>
 void TileQ2KRepack(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y,
                    int64_t ys) {
   static_assert(R <= 4, "one 4-lane accumulator per column holds the tile's rows");
@@ -1010,7 +995,7 @@ void TileQ2KRepack(int64_t k, const char* w, size_t ws, const char* x, size_t xs
           const __m256i sv = Shuffle(kk % 2 == 0 ? scb4 : scb, kPairBytes, v);
           PD_UNROLL for (int c = 0; c < C; ++c) {
             const __m256i pr = _mm256_maddubs_epi16(u, Load32(xb[c]->qs + 32 * v));
-            part[c] = MaddAdd<kVnni>(part[c], pr, sv);
+            part[c] = _mm256_add_epi32(part[c], _mm256_madd_epi16(pr, sv));
           }
         });
         PD_UNROLL for (int c = 0; c < C; ++c) isum[h][r][c] = part[c];
@@ -1176,10 +1161,6 @@ struct Q2KTile {
   static constexpr TileImpl Fn = &TileQ2_K<R, C>;
 };
 template <int R, int C>
-struct Q2KTileVnni {
-  static constexpr TileImpl Fn = &TileQ2_K<R, C, true>;
-};
-template <int R, int C>
 struct Q2KRepackGemmTile {
   static constexpr TileImpl Fn = &TileQ2KRepack<R, C, 2>;
 };
@@ -1188,20 +1169,8 @@ struct Q2KRepackGemvTile {
   static constexpr TileImpl Fn = &TileQ2KRepack<R, C, 1>;
 };
 template <int R, int C>
-struct Q2KRepackGemmTileVnni {
-  static constexpr TileImpl Fn = &TileQ2KRepack<R, C, 2, true>;
-};
-template <int R, int C>
-struct Q2KRepackGemvTileVnni {
-  static constexpr TileImpl Fn = &TileQ2KRepack<R, C, 1, true>;
-};
-template <int R, int C>
 struct Q3KTile {
   static constexpr TileImpl Fn = &TileQ3_K<R, C>;
-};
-template <int R, int C>
-struct Q3KTileVnni {
-  static constexpr TileImpl Fn = &TileQ3_K<R, C, true>;
 };
 template <int R, int C>
 struct Q4KTile {
@@ -1729,16 +1698,6 @@ void GemmQ5_0Dispatch(int64_t k, const void* w, size_t w_stride, int nr, const v
                                                          y_stride);
 }
 
-// The Q2_K / Q3_K tiles with VPDPWSSD where the CPU has AVX512_VNNI (the same integers, so the
-// same bits; about a fifth fewer vector instructions in their inner loops).
-template <template <int, int> class T, template <int, int> class TVnni>
-void GemmVnniDispatch(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
-                      size_t x_stride, int nc, float* y, int64_t y_stride) {
-  static const bool vnni = CpuHasVnni();
-  (vnni ? &TileTable<TVnni>::Gemm : &TileTable<T>::Gemm)(k, w, w_stride, nr, x, x_stride, nc, y,
-                                                         y_stride);
-}
-
 // Q2_K repacked orders: the 512-bit tiles where the CPU has them, else the AVX2 ones.
 template <int kHalves>
 void GemmQ2KRepackDispatch(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
@@ -1746,13 +1705,9 @@ void GemmQ2KRepackDispatch(int64_t k, const void* w, size_t w_stride, int nr, co
   static const GemmTileFn zmm = kHalves == 2 ? ZmmKQuantTilesIfSupported().q2_k_repack_gemm
                                              : ZmmKQuantTilesIfSupported().q2_k_repack_gemv;
   if (zmm != nullptr) return zmm(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
-  if constexpr (kHalves == 2) {
-    GemmVnniDispatch<Q2KRepackGemmTile, Q2KRepackGemmTileVnni>(k, w, w_stride, nr, x, x_stride,
-                                                               nc, y, y_stride);
-  } else {
-    GemmVnniDispatch<Q2KRepackGemvTile, Q2KRepackGemvTileVnni>(k, w, w_stride, nr, x, x_stride,
-                                                               nc, y, y_stride);
-  }
+  using Tile = std::conditional_t<kHalves == 2, TileTable<Q2KRepackGemmTile>,
+                                  TileTable<Q2KRepackGemvTile>>;
+  Tile::Gemm(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
 }
 
 }  // namespace
@@ -1765,14 +1720,14 @@ void GemmQ3KDispatch(int64_t k, const void* w, size_t w_stride, int nr, const vo
                      size_t x_stride, int nc, float* y, int64_t y_stride) {
   static const GemmTileFn zmm = ZmmKQuantTilesIfSupported().q3_k;
   if (zmm != nullptr) return zmm(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
-  GemmVnniDispatch<Q3KTile, Q3KTileVnni>(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
+  TileTable<Q3KTile>::Gemm(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
 }
 
 constexpr Kernels kAvx2 = {
     .name = "avx2",
     .gemm = {&TileTable<F32Tile>::Gemm, &TileTable<F16Tile>::Gemm, &TileTable<Bf16Tile>::Gemm,
              &GemmQ8_0Dispatch, &TileTable<Q4_0Tile>::Gemm,
-             &GemmVnniDispatch<Q2KTile, Q2KTileVnni>, &GemmQ3KDispatch,
+             &TileTable<Q2KTile>::Gemm, &GemmQ3KDispatch,
              &TileTable<Q4KTile>::Gemm, &TileTable<Q5KTile>::Gemm, &TileTable<Q6KTile>::Gemm,
              &GemmQ5_0Dispatch, &GemmW8A8Avx2, &GemmW4A16Avx2},
     .gemm_wide = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
