@@ -85,8 +85,11 @@ struct RouterOptions {
   bool disaggregate = true;
   std::string kv_wire = "f16";         // f16 | int8: what KV travels as (int8: half the bytes)
   int kv_transfer_timeout_ms = 30000;  // reserve -> every layer landed; then local prefill
-  // Prompts shorter than this run on the decode node itself (a transfer costs more than it saves).
-  int disaggregate_min_prompt = 0;
+  // Prompts shorter than this run on the decode node itself: their prefill is short enough to
+  // share the decode node's steps, and sending them to a prefill node makes them queue there
+  // behind long prompts (bench/results/pd_vs_colocated_2026-11-29*.md). 0: every prompt goes to
+  // a prefill node.
+  int disaggregate_min_prompt = 512;
 };
 
 // Dynamic cluster membership through etcd (docs/cluster.md, "etcd membership"): nodes register

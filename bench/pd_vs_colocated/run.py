@@ -241,7 +241,7 @@ def write_config(args, path):
         "limits:", "  max_tokens: 4096",
         "shutdown_grace_s: 2"]
         + (["router:", f"  disaggregate_min_prompt: {args.disaggregate_min_prompt}"]
-           if args.disaggregate_min_prompt > 0 else []) + [""])
+           if args.disaggregate_min_prompt is not None else []) + [""])
     with open(path, "w") as f:
         f.write(text)
     return text
@@ -553,9 +553,10 @@ def main():
     ap.add_argument("--prefill-chunk", type=int, default=256,
                     help="half the token budget: a chat prompt can share a step with a long "
                     "prompt's chunk instead of waiting for its whole prefill")
-    ap.add_argument("--disaggregate-min-prompt", type=int, default=0,
+    ap.add_argument("--disaggregate-min-prompt", type=int, default=None,
                     help="router.disaggregate_min_prompt for the cluster: shorter prompts are "
-                    "prefilled by the decode node itself (0: every prompt on the prefill node)")
+                    "prefilled by the decode node itself (0: every prompt on the prefill node; "
+                    "default: the config's default, 512)")
     ap.add_argument("--colocated-threads", type=int, default=2)
     ap.add_argument("--node-threads", type=int, default=0,
                     help="--threads for pdctl up (0: its default, 1 with --pin-cores)")

@@ -71,11 +71,29 @@ struct Cluster {
   }
 };
 
-// `extra_config`: YAML appended to kConfig; `env`: NAME=VALUE settings for every daemon.
+// `router_extra`: more `key: value` entries of the router map, whose
+// disaggregate_min_prompt is 0 here (the tests' prompts are short and every one is meant to take
+// the prefill node and the KV transfer when there is a prefill node); `env`: NAME=VALUE settings
+// for every daemon.
+std::unique_ptr<Cluster> StartClusterWithConfig(const TempDir& dir, const std::string& yaml,
+                                                const std::string& model, int prefill, int decode,
+                                                const std::vector<std::string>& env = {});
+
 std::unique_ptr<Cluster> StartCluster(const TempDir& dir, const std::string& model, int prefill,
-                                      int decode, const std::string& extra_config = "",
+                                      int decode, const std::string& router_extra = "",
                                       const std::vector<std::string>& env = {}) {
-  const std::string config = dir.Write("cluster.yaml", std::string(kConfig) + extra_config);
+  return StartClusterWithConfig(
+      dir,
+      StrCat(kConfig, "router: {disaggregate_min_prompt: 0", router_extra.empty() ? "" : ", ",
+             router_extra, "}\n"),
+      model, prefill, decode, env);
+}
+
+// `yaml`: the whole config file every daemon gets.
+std::unique_ptr<Cluster> StartClusterWithConfig(const TempDir& dir, const std::string& yaml,
+                                                const std::string& model, int prefill, int decode,
+                                                const std::vector<std::string>& env) {
+  const std::string config = dir.Write("cluster.yaml", yaml);
   auto c = std::make_unique<Cluster>();
   std::vector<std::string> args = {"/usr/bin/env"};
   args.insert(args.end(), env.begin(), env.end());
@@ -427,6 +445,23 @@ double SumOverDecodeNodes(const Cluster& c, const std::string& series) {
   return sum;
 }
 
+// With the default router.disaggregate_min_prompt (512), a chat-sized prompt is prefilled by the
+// decode node itself: no reservation, no transfer, and the prefill node stays idle.
+TEST_F(ClusterTest, ShortPromptsArePrefilledByTheDecodeNodeByDefault) {
+  TempDir dir;
+  std::unique_ptr<Cluster> c = StartClusterWithConfig(dir, kConfig, *tiny_, 1, 1);
+  ASSERT_NE(c, nullptr);
+  Result r = Generate(c->grpc, GreedyRequest("the cat sat on the mat", 8));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.ids.size(), 8u);
+  const std::string rm = HttpGet(c->http, "/metrics");
+  EXPECT_EQ(Metric(rm, "pdserve_router_prefill_path_total{path=\"decode_local\"}"), 1);
+  EXPECT_EQ(Metric(rm, "pdserve_router_prefill_path_total{path=\"kv_transfer\"}"), 0);
+  EXPECT_EQ(Metric(HttpGet(c->nodes[0].http, "/metrics"), "pdserve_kv_transfer_seconds_count"), 0);
+  ExpectKvBackToBaseline(*c);
+  StopCluster(*c);
+}
+
 // The reference: the same greedy requests on a cluster without prefill nodes (decode nodes
 // prefill themselves; GreedyOutputThroughTheClusterEqualsPdServe ties that to pd-serve).
 std::vector<std::vector<int32_t>> Reference(const TempDir& dir, const std::string& model,
@@ -483,7 +518,7 @@ TEST_F(ClusterTest, StalledKvTransferEndsAtItsDeadlineAndTheDecodeNodePrefills) 
   ASSERT_EQ(want.size(), 1u);
   TempDir dir;
   std::unique_ptr<Cluster> c =
-      StartCluster(dir, *tiny_, 1, 1, "router: {kv_transfer_timeout_ms: 800}\n",
+      StartCluster(dir, *tiny_, 1, 1, "kv_transfer_timeout_ms: 800",
                    {"PDSERVE_TEST_KV_FAULTS=stall_after_layers=1"});
   ASSERT_NE(c, nullptr);
   const absl::Time t0 = absl::Now();
@@ -506,7 +541,7 @@ TEST_F(ClusterTest, Int8WireMovesAboutHalfTheBytes) {
     SCOPED_TRACE(wire);
     TempDir dir;
     std::unique_ptr<Cluster> c =
-        StartCluster(dir, *tiny_, 1, 1, StrCat("router: {kv_wire: ", wire, "}\n"));
+        StartCluster(dir, *tiny_, 1, 1, StrCat("kv_wire: ", wire));
     ASSERT_NE(c, nullptr);
     Result r = Generate(c->grpc, GreedyRequest("the cat sat on the mat and looked around", 8));
     ASSERT_TRUE(r.status.ok()) << r.status.error_message();

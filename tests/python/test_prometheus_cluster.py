@@ -93,10 +93,15 @@ def cluster(pdctl_up: Path, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pdctl_up")
     # Output to files: a pipe nobody reads would block the cluster once full.
     out, err = tmp / "stdout.log", tmp / "stderr.log"
+    # The test's chat prompts are short; by default (router.disaggregate_min_prompt 512) the
+    # decode node would prefill them itself and the KV-transfer panels would have no data.
+    config = tmp / "cluster.yaml"
+    config.write_text("router: {disaggregate_min_prompt: 0}\n")
     with out.open("w") as o, err.open("w") as e:
         proc = subprocess.Popen(
             [str(pdctl_up), "up", "--prefill", "1", "--decode", "1", "--grpc-port", "0",
-             "--http-port", "0", "--threads", "1"], cwd=REPO, stdout=o, stderr=e)
+             "--http-port", "0", "--threads", "1", "--config", str(config)], cwd=REPO,
+            stdout=o, stderr=e)
     try:
         groups = wait_for("the listing `pdctl up` prints when ready",
                           lambda: pdctl_up_targets().parse(out.read_text().splitlines(True)),
