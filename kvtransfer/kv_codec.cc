@@ -8,6 +8,7 @@
 #include "common/status.h"
 #include "common/strings.h"
 #include "engine/backend/cpu/kernels.h"
+#include "engine/backend/kv_rotation.h"
 
 namespace pd::kvtransfer {
 namespace {
@@ -49,6 +50,7 @@ void ConvertBlock(KvDType from, const void* src, KvDType to, void* dst, int bloc
         std::memcpy(&scale, s + rows * hd + r * 4, 4);
         const int8_t* q = reinterpret_cast<const int8_t*>(s) + r * hd;
         for (size_t i = 0; i < hd; ++i) tmp[i] = scale * static_cast<float>(q[i]);
+        engine::RotateKvRowOut(tmp.data(), head_dim);  // INT8 rows are stored rotated
         break;
       }
     }
@@ -61,8 +63,10 @@ void ConvertBlock(KvDType from, const void* src, KvDType to, void* dst, int bloc
         k.f32_to_f16(x, reinterpret_cast<uint16_t*>(d) + r * hd, static_cast<int64_t>(hd));
         break;
       case KvDType::kI8: {
-        const float scale =
-            k.quantize_kv_i8(x, reinterpret_cast<int8_t*>(d) + r * hd, static_cast<int64_t>(hd));
+        if (x != tmp.data()) std::memcpy(tmp.data(), x, hd * sizeof(float));
+        engine::RotateKvRowIn(tmp.data(), head_dim);  // into the stored basis
+        const float scale = k.quantize_kv_i8(tmp.data(), reinterpret_cast<int8_t*>(d) + r * hd,
+                                             static_cast<int64_t>(hd));
         std::memcpy(d + rows * hd + r * 4, &scale, 4);
         break;
       }

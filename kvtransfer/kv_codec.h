@@ -7,8 +7,9 @@
 // are then two contiguous runs that the sender can hand to the network in place), each one block
 // span in the wire dtype, in the format of
 // engine/backend/kv_layout.h (INT8: values [block_size][n_kv_heads][head_dim] int8, then F32 scales
-// [block_size][n_kv_heads]). INT8 uses the engine's INT8 KV scheme (scale = max|x| / 127 per token
-// and head, q = round_half_even(x / scale)), through the same CPU kernels, so compressing on the
+// [block_size][n_kv_heads]). INT8 uses the engine's INT8 KV scheme (each token-head rotated by a
+// Hadamard matrix, engine/backend/kv_rotation.h, then scale = max|x| / 127 and
+// q = round_half_even(x / scale)), through the same code and CPU kernels, so compressing on the
 // wire gives the bytes an INT8 cache would have stored for the same values.
 //
 // All functions are pure (thread-safe) except ImportLayer, which writes the caller's KvCache and so
@@ -29,8 +30,9 @@ namespace pd::kvtransfer {
 
 // Converts one block span of `block_size * n_kv_heads` token-heads of `head_dim` values from
 // dtype `from` (at `src`) to dtype `to` (at `dst`, which holds the `to` span size). Same dtype:
-// a copy. To INT8: scale = max|x| / 127, q = round_half_even(x / scale) (engine's scheme). From
-// INT8: x = scale * q, rounded to f16 (nearest even) for F16. f16 <-> f32 is exact one way and
+// a copy. To INT8: x' = H x / b (RotateKvRowIn), scale = max|x'| / 127,
+// q = round_half_even(x' / scale) (the engine's scheme). From INT8: x = H (scale * q)
+// (RotateKvRowOut), rounded to f16 (nearest even) for F16. f16 <-> f32 is exact one way and
 // rounds to nearest even the other. src and dst must not overlap.
 void ConvertBlock(KvDType from, const void* src, KvDType to, void* dst, int block_size,
                   int n_kv_heads, int head_dim);

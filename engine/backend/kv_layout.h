@@ -12,9 +12,12 @@
 //              the same as a row-major [n_blocks * block_size, n_kv_heads * head_dim] matrix.
 //   INT8       values [block_size][n_kv_heads][head_dim] int8, then
 //              scales [block_size][n_kv_heads] float32 (little-endian, 4 bytes each).
-//              Symmetric per token and head: scale = max|x| / 127 over the head's head_dim values,
-//              q = round_half_even(x / scale) in [-127, 127], x ~ scale * q; a head of all zeros
-//              has scale 0 and q = 0.
+//              Each token-head x is first rotated, x' = H x / b (engine/backend/kv_rotation.h:
+//              a Walsh-Hadamard matrix per block of b values, b the largest power of two dividing
+//              head_dim), then quantized symmetrically: scale = max|x'| / 127 over the head's
+//              head_dim values, q = round_half_even(x' / scale) in [-127, 127]; x ~ H (scale * q).
+//              A head of all zeros has scale 0 and q = 0. The rotation spreads outlier channels
+//              over the whole head (bench/results/kv_int8_*.md measure what it buys).
 //
 // A block is therefore one contiguous byte range per layer for K and one for V, scales included:
 // what KvCache exports and imports for KV transfer. Bytes per token and head, against F16:

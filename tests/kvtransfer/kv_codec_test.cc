@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/status_matchers.h"
+#include "engine/backend/kv_rotation.h"
 #include "engine/quant/fp16.h"
 #include "tests/kvtransfer/kv_test_util.h"
 
@@ -70,8 +71,13 @@ TEST(Checksum64, EverySingleBitFlipChangesIt) {
   EXPECT_EQ(Checksum64(d.data(), d.size() - 1) == ref, false);
 }
 
-// Independent scalar reference of the engine's INT8 KV scheme (docs/kv_cache.md).
-float RefQuantize(const float* x, int8_t* q, int n) {
+// Independent scalar reference of the engine's INT8 KV scheme (docs/kv_cache.md): the row
+// rotated into the stored basis (RotateKvRowIn, tested against an explicit Hadamard matrix in
+// kv_rotation_test), then quantized per row.
+float RefQuantize(const float* head, int8_t* q, int n) {
+  std::vector<float> rotated(head, head + n);
+  engine::RotateKvRowIn(rotated.data(), n);
+  const float* x = rotated.data();
   float amax = 0.f;
   for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
   const float d = amax / 127.f;
@@ -114,19 +120,25 @@ TEST_P(ConvertTest, F16ToInt8MatchesEngineSchemeAndExpandsWithinBound) {
 
   std::vector<uint16_t> back(f16.size());
   ExpandBlockI8ToF16(i8.data(), back.data(), sh.block_size, sh.heads, hd);
+  const int block = engine::KvRotationBlock(hd);
   for (int r = 0; r < rows; ++r) {
-    float amax = 0.f;
-    for (int i = 0; i < hd; ++i) {
-      amax = std::max(amax, std::fabs(engine::F16ToF32(f16[static_cast<size_t>(r) * hd + i])));
-    }
-    const float scale = amax / 127.f;
+    float scale;
+    std::memcpy(&scale, i8.data() + static_cast<size_t>(rows) * hd + r * 4, 4);
+    double err2 = 0, norm2 = 0;
     for (int i = 0; i < hd; ++i) {
       const size_t k = static_cast<size_t>(r) * hd + i;
       const float a = engine::F16ToF32(f16[k]), b = engine::F16ToF32(back[k]);
-      // INT8 rounding (scale / 2) plus the f16 rounding of the result (2^-11 relative).
-      ASSERT_LE(std::fabs(a - b), scale / 2 * 1.0001f + std::fabs(b) * 0x1p-11f)
+      // INT8 rounding (scale / 2 per rotated value; rotating back sums `block` of them) plus the
+      // f16 rounding of the result (2^-11 relative).
+      ASSERT_LE(std::fabs(a - b), scale / 2 * block * 1.0001f + std::fabs(b) * 0x1p-11f)
           << "row " << r << " i " << i;
+      err2 += (double{a} - b) * (double{a} - b);
+      norm2 += double{a} * a;
     }
+    // In norm the rounding is far smaller: |H e| = sqrt(block) |e| <= sqrt(block * hd) scale / 2.
+    ASSERT_LE(std::sqrt(err2), std::sqrt(static_cast<double>(block) * hd) * scale / 2 * 1.0001 +
+                                   std::sqrt(norm2) * 0x1p-11)
+        << "row " << r;
   }
 }
 

@@ -25,6 +25,7 @@
 #include "common/status.h"
 #include "common/strings.h"
 #include "engine/backend/backend.h"
+#include "engine/backend/kv_rotation.h"
 #include "engine/quant/fp16.h"
 #include "engine/backend/cpu/kernels.h"
 #include "engine/backend/cpu/thread_pool.h"
@@ -930,7 +931,8 @@ absl::Status CpuBackend::Softmax(Tensor& x) {
 
 // ---- KV cache ------------------------------------------------------------------------------
 // Per token: reads 4 * (k.cols + v.cols) bytes, writes that many cache bytes (F32), half (F16) or
-// a quarter plus 4 bytes of scale per head (INT8: a max pass and a quantize pass per head).
+// a quarter plus 4 bytes of scale per head (INT8: the head rotated into the stored basis,
+// engine/backend/kv_rotation.h, then a max pass and a quantize pass).
 absl::Status CpuBackend::StoreKv(const Tensor& k, const Tensor& v, KvTensor& k_cache,
                                  KvTensor& v_cache, const KvBatch& kv) {
   PD_RETURN_IF_ERROR(CheckF32(k, "StoreKv k"));
@@ -957,14 +959,19 @@ absl::Status CpuBackend::StoreKv(const Tensor& k, const Tensor& v, KvTensor& k_c
       case KvDType::kF16:
         k_.f32_to_f16(x, reinterpret_cast<uint16_t*>(cache.values(slot, 0)), src.cols);
         break;
-      case KvDType::kI8:
+      case KvDType::kI8: {
+        thread_local std::vector<float> rotated;
+        rotated.resize(static_cast<size_t>(cache.head_dim));
         for (int h = 0; h < cache.n_kv_heads; ++h) {
-          const float d =
-              k_.quantize_kv_i8(x + int64_t{h} * cache.head_dim,
-                                reinterpret_cast<int8_t*>(cache.values(slot, h)), cache.head_dim);
+          std::memcpy(rotated.data(), x + int64_t{h} * cache.head_dim,
+                      static_cast<size_t>(cache.head_dim) * sizeof(float));
+          RotateKvRowIn(rotated.data(), cache.head_dim);
+          const float d = k_.quantize_kv_i8(
+              rotated.data(), reinterpret_cast<int8_t*>(cache.values(slot, h)), cache.head_dim);
           std::memcpy(cache.scale(slot, h), &d, sizeof(float));
         }
         break;
+      }
     }
   };
   pool_.ParallelFor(
@@ -1026,9 +1033,9 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
 
   const int group = p.n_heads / p.n_kv_heads;
   const int64_t hd = p.head_dim;
-  // q . k for the key of `slot`, kv head `kvh` (INT8: times the key's scale).
   // q . k for an INT8 key (F32 and F16 keys are dotted as F32 rows in ggml's order below): the
-  // unscaled int8 dot times the key's scale.
+  // unscaled int8 dot times the key's scale. INT8 keys are stored rotated (kv_rotation.h): `qh`
+  // must be the query rotated by RotateKvRowOut.
   auto dot_i8 = [&](int64_t slot, int64_t kvh, const float* qh) -> float {
     float d;
     std::memcpy(&d, k_cache.scale(slot, static_cast<int>(kvh)), sizeof(float));
@@ -1037,7 +1044,7 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
                    qh, hd);
   };
   // o += a * v for an INT8 value row: its scale folds into the weight (F32 and F16 rows are
-  // summed by ak.vsum below).
+  // summed by ak.vsum below). The sum stays in the rotated basis until RotateKvRowOut.
   auto axpy_i8 = [&](float a, int64_t slot, int64_t kvh, float* o) {
     float d;
     std::memcpy(&d, v_cache.scale(slot, static_cast<int>(kvh)), sizeof(float));
@@ -1125,11 +1132,12 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
     // Per-thread scratch, kept across calls: the accumulator rows alone are 256 KiB for Gemma
     // (4 heads x 64 x 256 floats), and a fresh allocation per call (mmap'd, zeroed by the kernel)
     // cost 4% of a decode step.
-    thread_local std::vector<float> scores, acc, widened, widened_v;
+    thread_local std::vector<float> scores, acc, widened, widened_v, rotated_q;
     thread_local std::vector<const float*> vrows;
     scores.resize(static_cast<size_t>(group * max_span));
     if (v_cache.type == KvDType::kI8) acc.resize(static_cast<size_t>(group * 4 * lanes * hd));
     widened.resize(static_cast<size_t>(hd));
+    if (k_cache.type == KvDType::kI8) rotated_q.resize(static_cast<size_t>(group * hd));
     for (int64_t item = w0; item < w1; ++item) {
       const int64_t slice = item % n_slices;
       const int64_t t = item / n_slices / p.n_kv_heads;
@@ -1150,6 +1158,14 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
         const WideSeq& w = wide[seq];
         wk = widened_kv_.data() + w.offset + (kvh * w.span() + (lo - w.lo)) * hd;
         wv = wk + p.n_kv_heads * w.span() * hd;
+      }
+      // INT8 keys are stored rotated: so is the query they are dotted with.
+      const float* qk = qh;
+      if (k_cache.type == KvDType::kI8) {
+        std::memcpy(rotated_q.data() + g0 * hd, qh + g0 * hd,
+                    static_cast<size_t>((g1 - g0) * hd) * sizeof(float));
+        for (int g = g0; g < g1; ++g) RotateKvRowOut(rotated_q.data() + g * hd, p.head_dim);
+        qk = rotated_q.data();
       }
       // Pass 1: scores, -inf outside [lo, hi].
       for (int g = g0; g < g1; ++g) {
@@ -1173,7 +1189,7 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
         }
         for (int g = g0; g < g1; ++g) {
           float s = krow != nullptr ? ak.dot(krow, qh + g * hd, hd)
-                                    : dot_i8(SlotOf(kv, seq, pos), kvh, qh + g * hd);
+                                    : dot_i8(SlotOf(kv, seq, pos), kvh, qk + g * hd);
           s *= p.scale;
           if (p.softcap > 0.f) s = p.softcap * std::tanh(s / p.softcap);
           scores[g * span + (pos - a0)] = s;
@@ -1231,6 +1247,7 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
       }
       for (int g = g0; g < g1; ++g) {
         ak.reduce(acc.data() + g * n_acc * hd, static_cast<int>(n_acc), hd, hd, oh + g * hd);
+        RotateKvRowOut(oh + g * hd, p.head_dim);  // the weighted sum of rotated values, back
       }
     }
   });

@@ -29,6 +29,7 @@
 #include "common/status_matchers.h"
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu/thread_pool.h"
+#include "engine/backend/kv_rotation.h"
 #include "engine/quant/fp16.h"
 #include "engine/quant/k_quants.h"
 #include "engine/quant/q8_0.h"
@@ -566,6 +567,10 @@ TEST_P(CpuBackendTest, SoftmaxStableAndMasked) {
 
 // ---- KV cache and attention ----------------------------------------------------------------
 
+// H[i][j] = (-1)^popcount(i & j), the Hadamard matrix INT8 KV rows are rotated by (kv_rotation.h),
+// written out independently of its butterflies.
+int HadamardEntry(int i, int j) { return std::popcount(static_cast<unsigned>(i & j)) % 2 ? -1 : 1; }
+
 // Host storage for one layer's K or V cache (kv_layout.h).
 struct HostKv {
   std::vector<char> bytes;
@@ -584,7 +589,8 @@ struct HostKv {
     std::memcpy(&d, t.scale(slot, head), sizeof d);
     return d;
   }
-  // The value the cache holds for element `col` (head-major) of `slot`, dequantized.
+  // The value the cache holds for element `col` (head-major) of `slot`, dequantized (INT8: the
+  // head's scale * q rotated back by an explicit Hadamard matrix, kv_layout.h).
   float At(int64_t slot, int64_t col) const {
     const int head = static_cast<int>(col / t.head_dim);
     const int64_t d = col % t.head_dim;
@@ -592,16 +598,28 @@ struct HostKv {
     switch (t.type) {
       case KvDType::kF32: return reinterpret_cast<const float*>(p)[d];
       case KvDType::kF16: return F16ToF32(reinterpret_cast<const uint16_t*>(p)[d]);
-      case KvDType::kI8: return Scale(slot, head) * reinterpret_cast<const int8_t*>(p)[d];
+      case KvDType::kI8: {
+        const int b = KvRotationBlock(t.head_dim);
+        const int64_t base = d - d % b;
+        double sum = 0;
+        for (int j = 0; j < b; ++j) {
+          sum += HadamardEntry(static_cast<int>(d - base), j) *
+                 static_cast<double>(reinterpret_cast<const int8_t*>(p)[base + j]);
+        }
+        return static_cast<float>(Scale(slot, head) * sum);
+      }
     }
     return NAN;
   }
 };
 
 // What StoreKv must write for one head of `n` values: the exact INT8 quantization of kv_layout.h
-// (scale = max|x| / 127, q = round half to even of x * (1 / scale)), written out independently
-// of the kernels.
-float ReferenceQuantizeI8(const float* x, int64_t n, int8_t* q) {
+// (x' = RotateKvRowIn(x), scale = max|x'| / 127, q = round half to even of x' * (1 / scale)),
+// the quantization written out independently of the kernels.
+float ReferenceQuantizeI8(const float* head, int64_t n, int8_t* q) {
+  std::vector<float> rotated(head, head + n);
+  RotateKvRowIn(rotated.data(), static_cast<int>(n));
+  const float* x = rotated.data();
   float amax = 0.f;
   for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
   const float d = amax / 127.f;
@@ -640,8 +658,10 @@ TEST_P(CpuBackendTest, StoreKvSlotMapping) {
           }
           for (int e = 0; e < hd; ++e) {
             const float want = ct == KvDType::kF16 ? F16ToF32(F32ToF16(x[e])) : x[e];
-            // INT8: within half a quantization step.
-            const float tol = ct == KvDType::kI8 ? cache->Scale(want_slot[t], h) * 0.5f * 1.0001f
+            // INT8: within half a quantization step per rotated value, and rotating back adds
+            // up b of them (|H e|_i <= sum |e_j|).
+            const float tol = ct == KvDType::kI8 ? cache->Scale(want_slot[t], h) * 0.5f *
+                                                       KvRotationBlock(hd) * 1.0001f
                                                  : 0.f;
             ASSERT_NEAR(cache->At(want_slot[t], h * hd + e), want, tol) << t << " " << h << " " << e;
           }
@@ -960,7 +980,10 @@ TEST(CpuBackendInt8Test, Int8AttentionCloseToF32) {
     const double rel = std::sqrt(num / den);
     EXPECT_GT(rel, 1e-5) << "int8 cache gives f32 results: not quantized?";
     EXPECT_LT(rel, 0.03);
-    EXPECT_LT(max_err, 0.1);
+    // Uniform random K/V are the rotation's worst case (kv_rotation.h): rotated, a flat row
+    // becomes a Gaussian one whose max is ~1.7x larger relative to its spread, so the steps are
+    // coarser than without it (real K/V, heavy-tailed, gain; kv_rotation_test shows it).
+    EXPECT_LT(max_err, 0.2) << "rel " << rel;
   }
 }
 
