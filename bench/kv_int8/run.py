@@ -65,6 +65,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-floor", action="store_true",
                     help="skip the f16/scalar noise-floor run (about a third of the time)")
+    ap.add_argument("--f32-weights", action="store_true",
+                    help="evaluate the model with every weight dequantized to F32 (pdctl quantize "
+                    "--override '.*=f32'): matmul inputs are then not requantized to Q8_K, which "
+                    "turns rounding-level changes into KL of their own, so what remains is the KV "
+                    "format's own error")
+    ap.add_argument("--pdctl", type=Path, default=REPO_ROOT / "build" / "bin" / "pdctl",
+                    help="for --f32-weights")
     ap.add_argument("--out", type=Path, help="markdown report (default bench/results/"
                     "kv_int8_<date>.md)")
     args = ap.parse_args(argv)
@@ -79,7 +86,17 @@ def main(argv: Optional[list[str]] = None) -> int:
         text = Path(tmp) / "evaluation.txt"
         text.write_bytes(texts.build_text("evaluation"))
         js = Path(tmp) / "kv_kl.json"
-        cmd = [str(args.kv_kl), "--model", str(args.model), "--text", str(text),
+        model = args.model
+        if args.f32_weights:
+            model = Path(tmp) / "model-f32.gguf"
+            print(f"run.py: dequantizing {args.model} to F32 ({model})", file=sys.stderr)
+            q = subprocess.run([str(args.pdctl), "quantize", str(args.model), str(model), "--type",
+                                "q8_0", "--override", ".*=f32", "-t", str(args.threads)],
+                               capture_output=True, text=True)
+            if q.returncode != 0:
+                sys.stderr.write(q.stderr)
+                return q.returncode
+        cmd = [str(args.kv_kl), "--model", str(model), "--text", str(text),
                "--types", "f16", "int8", "f32", "--tokens", str(args.tokens),
                "--ctx", str(args.ctx), "--threads", str(args.threads), "--json", str(js)]
         if not args.no_floor:
@@ -105,11 +122,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         rel_model = args.model
     command = "python bench/kv_int8/run.py " + " ".join(
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    why_floor = ("" if args.f32_weights else
+                 ", whose Q8_K activation quantization turns any rounding-level change into a few "
+                 "1e-3 of KL")
     floor_text = "" if floor is None else (
         f", and the same F16 KV on the scalar kernels, which differ only in the order of F32 "
-        f"additions, is {floor['mean_kl']:.3e} from it: the noise floor of this model, whose Q8_K "
-        f"activation quantization turns any rounding-level change into a few 1e-3 of KL. INT8 KV "
-        f"is {i8['mean_kl'] / floor['mean_kl']:.1f}x that floor")
+        f"additions, is {floor['mean_kl']:.3e} from it: the noise floor of these weights"
+        f"{why_floor}. INT8 KV is {i8['mean_kl'] / floor['mean_kl']:.1f}x that floor")
+    weights = ("every weight dequantized to F32 by `pdctl quantize --override '.*=f32'` "
+               "(so matmul inputs stay F32: no Q8_K requantization amplifies rounding)"
+               if args.f32_weights else "as stored in the file")
     ppl_floor = "" if floor is None else (
         f", F16 KV on the scalar kernels {floor['ppl']:.3f} "
         f"({100 * (floor['ppl'] / by['f16']['ppl'] - 1):+.2f}%)")
@@ -121,7 +143,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 Command: `{command.strip()}` (runs `{args.kv_kl}`, bench/kv_int8/kv_kl.cc).
 
-Model `{rel_model}`: {r['n_layer']} layers, {r['n_kv_heads']} KV head(s) of {hd}, vocabulary
+Model `{rel_model}`, weights {weights}: {r['n_layer']} layers, {r['n_kv_heads']} KV head(s) of {hd}, vocabulary
 {r['n_vocab']:,}. Text: the held-out evaluation text of scripts/texts.py, tokenized by the model's
 tokenizer with BOS, {r['sequences']} sequence(s) of up to {r['ctx']} positions, {r['positions']:,}
 positions in all, prefilled in chunks of 256 tokens with the logits of every position; KV blocks

@@ -57,6 +57,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--diagnose-prompts", type=int, default=1,
                     help="per-layer / K / V diagnostics on this many prompts per length")
     ap.add_argument("--no-floor", action="store_true", help="skip the scalar-kernel noise floor")
+    ap.add_argument("--f32-weights", action="store_true",
+                    help="run the model with every weight dequantized to F32 (pdctl quantize "
+                    "--override '.*=f32'): matmul inputs are then not requantized to Q8_K, which "
+                    "turns rounding-level changes into KL of their own, so what remains is the "
+                    "wire format's own error")
+    ap.add_argument("--pdctl", type=Path, default=REPO_ROOT / "build" / "bin" / "pdctl",
+                    help="for --f32-weights")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if not args.bin.is_file():
@@ -69,7 +76,17 @@ def main(argv: Optional[list[str]] = None) -> int:
         text = Path(tmp) / "evaluation.txt"
         text.write_bytes(texts.build_text("evaluation"))
         js = Path(tmp) / "r.json"
-        cmd = [str(args.bin), "--model", str(args.model), "--text", str(text), "--threads",
+        model = args.model
+        if args.f32_weights:
+            model = Path(tmp) / "model-f32.gguf"
+            print(f"int8_wire_kl.py: dequantizing {args.model} to F32 ({model})", file=sys.stderr)
+            q = subprocess.run([str(args.pdctl), "quantize", str(args.model), str(model), "--type",
+                                "q8_0", "--override", ".*=f32", "-t", str(args.threads)],
+                               capture_output=True, text=True)
+            if q.returncode != 0:
+                sys.stderr.write(q.stderr)
+                return q.returncode
+        cmd = [str(args.bin), "--model", str(model), "--text", str(text), "--threads",
                str(args.threads), "--prompts", str(args.prompts), "--steps", str(args.steps),
                "--diagnose-prompts", str(args.diagnose_prompts), "--json", str(js),
                "--lengths", *args.lengths.split(",")]
@@ -92,12 +109,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         rel_model = args.model.resolve().relative_to(REPO_ROOT)
     except ValueError:
         rel_model = args.model
+    weights = (", every weight dequantized to F32 by `pdctl quantize --override '.*=f32'` (matmul "
+               "inputs stay F32: no Q8_K requantization amplifies rounding)"
+               if args.f32_weights else "")
     per_prompt = "\n".join(f"* {line}" for line in r["per_prompt"])
     md = f"""# INT8 on the wire vs F16 on the wire: decode accuracy ({date})
 
 Command: `{command.strip()}` (runs `{args.bin}`, bench/kv_transfer/int8_wire_kl.cc).
 
-Model `{rel_model}`: {r['n_layer']} layers (sliding window {r['sliding_window']}, every
+Model `{rel_model}`{weights}: {r['n_layer']} layers (sliding window {r['sliding_window']}, every
 {r['swa_pattern']}th layer global), {r['n_kv_heads']} KV head(s) of {r['head_dim']}, vocabulary
 {r['n_vocab']:,}. Prompts: {r['prompts']} disjoint stretches of the held-out evaluation text of
 scripts/texts.py, tokenized by the model's tokenizer with BOS, of
