@@ -129,9 +129,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         f", and the same F16 KV on the scalar kernels, which differ only in the order of F32 "
         f"additions, is {floor['mean_kl']:.3e} from it: the noise floor of these weights"
         f"{why_floor}. INT8 KV is {i8['mean_kl'] / floor['mean_kl']:.1f}x that floor")
-    weights = ("every weight dequantized to F32 by `pdctl quantize --override '.*=f32'` "
+    weights = (", with every weight dequantized to F32 by `pdctl quantize --override '.*=f32'` "
                "(so matmul inputs stay F32: no Q8_K requantization amplifies rounding)"
-               if args.f32_weights else "as stored in the file")
+               if args.f32_weights else " (weights as stored in the file)")
     ppl_floor = "" if floor is None else (
         f", F16 KV on the scalar kernels {floor['ppl']:.3f} "
         f"({100 * (floor['ppl'] / by['f16']['ppl'] - 1):+.2f}%)")
@@ -143,7 +143,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 Command: `{command.strip()}` (runs `{args.kv_kl}`, bench/kv_int8/kv_kl.cc).
 
-Model `{rel_model}`, weights {weights}: {r['n_layer']} layers, {r['n_kv_heads']} KV head(s) of {hd}, vocabulary
+Model `{rel_model}`{weights}: {r['n_layer']} layers, {r['n_kv_heads']} KV head(s) of {hd}, vocabulary
 {r['n_vocab']:,}. Text: the held-out evaluation text of scripts/texts.py, tokenized by the model's
 tokenizer with BOS, {r['sequences']} sequence(s) of up to {r['ctx']} positions, {r['positions']:,}
 positions in all, prefilled in chunks of 256 tokens with the logits of every position; KV blocks

@@ -123,7 +123,7 @@ Model `{rel_model}`{weights}: {r['n_layer']} layers (sliding window {r['sliding_
 scripts/texts.py, tokenized by the model's tokenizer with BOS, of
 {', '.join(str(n) for n in r['prompt_tokens'])} tokens.
 Each is prefilled into an F16 cache (the prefill node), every layer packed with
-`kvtransfer::PackLayer` (wire F16, or wire INT8 with per-token-and-head F32 scales) and imported
+`kvtransfer::PackLayer` (wire F16, or wire INT8: Hadamard-rotated rows, per-token-and-head F32 scales) and imported
 with `kvtransfer::ImportLayer` into a decode-side cache; then {r['steps']} decode steps, greedy on
 the F16 wire and teacher-forced on those tokens for every other variant. KL is KL(F16 wire ||
 variant) of the next-token distributions over the full vocabulary (F64 log-softmax), in nats, one
