@@ -55,6 +55,28 @@ def machine() -> str:
     return "; ".join(lines)
 
 
+def add_f32_weights_args(ap: argparse.ArgumentParser, what: str) -> None:
+    """--f32-weights and --pdctl (this report's and bench/kv_transfer/int8_wire_kl.py's)."""
+    ap.add_argument("--f32-weights", action="store_true",
+                    help="run the model with every weight dequantized to F32 (pdctl quantize "
+                    "--override '.*=f32'): matmul inputs are then not requantized to Q8_K, which "
+                    "turns rounding-level changes into KL of their own, so what remains is the "
+                    f"{what}'s own error")
+    ap.add_argument("--pdctl", type=Path, default=REPO_ROOT / "build" / "bin" / "pdctl",
+                    help="for --f32-weights")
+
+
+def dequantize_to_f32(pdctl: Path, model: Path, out: Path, threads: int, who: str) -> int:
+    """Writes `model` with every weight dequantized to F32 (`pdctl quantize --override
+    '.*=f32'`) to `out`; returns pdctl's exit status (its stderr shown on failure)."""
+    print(f"{who}: dequantizing {model} to F32 ({out})", file=sys.stderr)
+    q = subprocess.run([str(pdctl), "quantize", str(model), str(out), "--type", "q8_0",
+                        "--override", ".*=f32", "-t", str(threads)], capture_output=True, text=True)
+    if q.returncode != 0:
+        sys.stderr.write(q.stderr)
+    return q.returncode
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kv-kl", type=Path, default=Path(os.environ.get(
@@ -65,13 +87,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-floor", action="store_true",
                     help="skip the f16/scalar noise-floor run (about a third of the time)")
-    ap.add_argument("--f32-weights", action="store_true",
-                    help="evaluate the model with every weight dequantized to F32 (pdctl quantize "
-                    "--override '.*=f32'): matmul inputs are then not requantized to Q8_K, which "
-                    "turns rounding-level changes into KL of their own, so what remains is the KV "
-                    "format's own error")
-    ap.add_argument("--pdctl", type=Path, default=REPO_ROOT / "build" / "bin" / "pdctl",
-                    help="for --f32-weights")
+    add_f32_weights_args(ap, "KV format")
     ap.add_argument("--out", type=Path, help="markdown report (default bench/results/"
                     "kv_int8_<date>.md)")
     args = ap.parse_args(argv)
@@ -89,13 +105,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         model = args.model
         if args.f32_weights:
             model = Path(tmp) / "model-f32.gguf"
-            print(f"run.py: dequantizing {args.model} to F32 ({model})", file=sys.stderr)
-            q = subprocess.run([str(args.pdctl), "quantize", str(args.model), str(model), "--type",
-                                "q8_0", "--override", ".*=f32", "-t", str(args.threads)],
-                               capture_output=True, text=True)
-            if q.returncode != 0:
-                sys.stderr.write(q.stderr)
-                return q.returncode
+            rc = dequantize_to_f32(args.pdctl, args.model, model, args.threads, "run.py")
+            if rc != 0:
+                return rc
         cmd = [str(args.kv_kl), "--model", str(model), "--text", str(text),
                "--types", "f16", "int8", "f32", "--tokens", str(args.tokens),
                "--ctx", str(args.ctx), "--threads", str(args.threads), "--json", str(js)]

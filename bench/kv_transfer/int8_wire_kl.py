@@ -36,13 +36,18 @@ import texts  # noqa: E402
 KL_TARGET = 1e-3
 
 
-def machine() -> str:
-    """The machine line of bench/kv_int8/run.py (one definition for both reports)."""
+def kv_int8_run():
+    """bench/kv_int8/run.py as a module: its machine line and F32 dequantization serve both
+    reports."""
     spec = importlib.util.spec_from_file_location("kv_int8_run",
                                                   REPO_ROOT / "bench" / "kv_int8" / "run.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.machine()
+    return mod
+
+
+def machine() -> str:
+    return kv_int8_run().machine()
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -57,13 +62,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--diagnose-prompts", type=int, default=1,
                     help="per-layer / K / V diagnostics on this many prompts per length")
     ap.add_argument("--no-floor", action="store_true", help="skip the scalar-kernel noise floor")
-    ap.add_argument("--f32-weights", action="store_true",
-                    help="run the model with every weight dequantized to F32 (pdctl quantize "
-                    "--override '.*=f32'): matmul inputs are then not requantized to Q8_K, which "
-                    "turns rounding-level changes into KL of their own, so what remains is the "
-                    "wire format's own error")
-    ap.add_argument("--pdctl", type=Path, default=REPO_ROOT / "build" / "bin" / "pdctl",
-                    help="for --f32-weights")
+    kv_int8_run().add_f32_weights_args(ap, "wire format")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if not args.bin.is_file():
@@ -79,13 +78,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         model = args.model
         if args.f32_weights:
             model = Path(tmp) / "model-f32.gguf"
-            print(f"int8_wire_kl.py: dequantizing {args.model} to F32 ({model})", file=sys.stderr)
-            q = subprocess.run([str(args.pdctl), "quantize", str(args.model), str(model), "--type",
-                                "q8_0", "--override", ".*=f32", "-t", str(args.threads)],
-                               capture_output=True, text=True)
-            if q.returncode != 0:
-                sys.stderr.write(q.stderr)
-                return q.returncode
+            rc = kv_int8_run().dequantize_to_f32(args.pdctl, args.model, model, args.threads,
+                                                 "int8_wire_kl.py")
+            if rc != 0:
+                return rc
         cmd = [str(args.bin), "--model", str(model), "--text", str(text), "--threads",
                str(args.threads), "--prompts", str(args.prompts), "--steps", str(args.steps),
                "--diagnose-prompts", str(args.diagnose_prompts), "--json", str(js),
