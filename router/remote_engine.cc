@@ -290,10 +290,13 @@ bool RemoteEngine::Disaggregate(Call& call, const NodeRegistry::Node* decode,
     if (node_down) registry_.ReportFailure(pnode, StrCat(static_cast<int>(code), " ",
                                                          pst.error_message()));
     if (node_down && prefill_try == 0 && registry_.PickPrefill(n_prompt, tried) != nullptr) {
-      // Another prefill node: a fresh reservation (the old transfer may hold pushed layers).
+      // Another prefill node: a fresh reservation (the old transfer may hold pushed layers),
+      // under an id of its own: the decode node ends the released request on its engine thread,
+      // which may not have happened yet when the new Reserve arrives.
       if (retries_ != nullptr) retries_->WithLabels({"prefill_failed"}).Increment();
       ReleaseReservation(*decode, rresp.reservation());
       nreq.clear_reservation();
+      nreq.set_request_id(StrCat(nreq.request_id(), "#prefill", prefill_try + 1));
       continue;
     }
     // The decode node prefills (the reservation's request is already accepted there).
