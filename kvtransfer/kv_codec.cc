@@ -64,9 +64,8 @@ void ConvertBlock(KvDType from, const void* src, KvDType to, void* dst, int bloc
         break;
       case KvDType::kI8: {
         if (x != tmp.data()) std::memcpy(tmp.data(), x, hd * sizeof(float));
-        engine::RotateKvRowIn(tmp.data(), head_dim);  // into the stored basis
-        const float scale = k.quantize_kv_i8(tmp.data(), reinterpret_cast<int8_t*>(d) + r * hd,
-                                             static_cast<int64_t>(hd));
+        const float scale = engine::cpu::QuantizeKvRowI8(
+            k, tmp.data(), reinterpret_cast<int8_t*>(d) + r * hd, head_dim);
         std::memcpy(d + rows * hd + r * 4, &scale, 4);
         break;
       }

@@ -71,28 +71,10 @@ struct Cluster {
   }
 };
 
-// `router_extra`: more `key: value` entries of the router map, whose
-// disaggregate_min_prompt is 0 here (the tests' prompts are short and every one is meant to take
-// the prefill node and the KV transfer when there is a prefill node); `env`: NAME=VALUE settings
-// for every daemon.
+// `yaml`: the whole config file every daemon gets; `env`: NAME=VALUE settings for every daemon.
 std::unique_ptr<Cluster> StartClusterWithConfig(const TempDir& dir, const std::string& yaml,
                                                 const std::string& model, int prefill, int decode,
-                                                const std::vector<std::string>& env = {});
-
-std::unique_ptr<Cluster> StartCluster(const TempDir& dir, const std::string& model, int prefill,
-                                      int decode, const std::string& router_extra = "",
-                                      const std::vector<std::string>& env = {}) {
-  return StartClusterWithConfig(
-      dir,
-      StrCat(kConfig, "router: {disaggregate_min_prompt: 0", router_extra.empty() ? "" : ", ",
-             router_extra, "}\n"),
-      model, prefill, decode, env);
-}
-
-// `yaml`: the whole config file every daemon gets.
-std::unique_ptr<Cluster> StartClusterWithConfig(const TempDir& dir, const std::string& yaml,
-                                                const std::string& model, int prefill, int decode,
-                                                const std::vector<std::string>& env) {
+                                                const std::vector<std::string>& env = {}) {
   const std::string config = dir.Write("cluster.yaml", yaml);
   auto c = std::make_unique<Cluster>();
   std::vector<std::string> args = {"/usr/bin/env"};
@@ -125,6 +107,19 @@ std::unique_ptr<Cluster> StartClusterWithConfig(const TempDir& dir, const std::s
                                 static_cast<pid_t>(std::stoi(m[3].str()))});
   }
   return c;
+}
+
+// kConfig plus a router map whose disaggregate_min_prompt is 0 (the tests' prompts are short and
+// every one is meant to take the prefill node and the KV transfer when there is a prefill node)
+// and `router_extra`, more `key: value` entries of it.
+std::unique_ptr<Cluster> StartCluster(const TempDir& dir, const std::string& model, int prefill,
+                                      int decode, const std::string& router_extra = "",
+                                      const std::vector<std::string>& env = {}) {
+  return StartClusterWithConfig(
+      dir,
+      StrCat(kConfig, "router: {disaggregate_min_prompt: 0", router_extra.empty() ? "" : ", ",
+             router_extra, "}\n"),
+      model, prefill, decode, env);
 }
 
 pdserve::v1::GenerateRequest GreedyRequest(const std::string& text, int max_tokens) {

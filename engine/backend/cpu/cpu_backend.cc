@@ -965,9 +965,8 @@ absl::Status CpuBackend::StoreKv(const Tensor& k, const Tensor& v, KvTensor& k_c
         for (int h = 0; h < cache.n_kv_heads; ++h) {
           std::memcpy(rotated.data(), x + int64_t{h} * cache.head_dim,
                       static_cast<size_t>(cache.head_dim) * sizeof(float));
-          RotateKvRowIn(rotated.data(), cache.head_dim);
-          const float d = k_.quantize_kv_i8(
-              rotated.data(), reinterpret_cast<int8_t*>(cache.values(slot, h)), cache.head_dim);
+          const float d = cpu::QuantizeKvRowI8(
+              k_, rotated.data(), reinterpret_cast<int8_t*>(cache.values(slot, h)), cache.head_dim);
           std::memcpy(cache.scale(slot, h), &d, sizeof(float));
         }
         break;

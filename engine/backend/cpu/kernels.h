@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "engine/backend/kv_rotation.h"
 #include "engine/quant/k_quants.h"
 #include "engine/quant/q5_0.h"
 #include "engine/quant/q8_0.h"
@@ -193,10 +194,11 @@ struct Kernels {
   void (*quantize_w8a8)(const float* x, void* y, int64_t n);
 
   // INT8 KV cache (engine/backend/kv_layout.h). quantize_kv_i8 quantizes one token's head of n
-  // finite values: returns scale = max|x| / 127 and writes q = round_half_even(x * (1 / scale)),
-  // clamped to [-127, 127] (all zeros when scale is 0); bit-exact in every table. dot_i8_f32 is
-  // the unscaled dot of int8 key values with an F32 query (the caller multiplies by the key's
-  // scale); axpy_i8 is y += a * q (the caller folds the value's scale into a).
+  // finite values, already rotated (QuantizeKvRowI8 below does both): returns
+  // scale = max|x| / 127 and writes q = round_half_even(x * (1 / scale)), clamped to [-127, 127]
+  // (all zeros when scale is 0); bit-exact in every table. dot_i8_f32 is the unscaled dot of
+  // int8 key values with an F32 query (the caller multiplies by the key's scale); axpy_i8 is
+  // y += a * q (the caller folds the value's scale into a).
   float (*quantize_kv_i8)(const float* x, int8_t* q, int64_t n);
   float (*dot_i8_f32)(const int8_t* a, const float* b, int64_t n);
   void (*axpy_i8)(float a, const int8_t* x, float* y, int64_t n);
@@ -228,5 +230,13 @@ const Kernels* Avx2Kernels();
 // Avx2Kernels() when compiled in, not `force_scalar`, and the CPU reports avx2, fma and f16c;
 // otherwise ScalarKernels().
 const Kernels& SelectKernels(bool force_scalar);
+
+// One token-head of an INT8 KV row in the cache's scheme (kv_layout.h): `x` (head_dim values,
+// overwritten) is rotated into the stored basis in place and quantized into `q`; returns the
+// scale. StoreKv and the KV-transfer codec both encode through this.
+inline float QuantizeKvRowI8(const Kernels& k, float* x, int8_t* q, int head_dim) {
+  RotateKvRowIn(x, head_dim);
+  return k.quantize_kv_i8(x, q, head_dim);
+}
 
 }  // namespace pd::engine::cpu

@@ -33,6 +33,7 @@
 #include "engine/quant/fp16.h"
 #include "engine/quant/k_quants.h"
 #include "engine/quant/q8_0.h"
+#include "tests/engine/backend/hadamard_reference.h"
 
 namespace pd::engine {
 namespace {
@@ -567,10 +568,6 @@ TEST_P(CpuBackendTest, SoftmaxStableAndMasked) {
 
 // ---- KV cache and attention ----------------------------------------------------------------
 
-// H[i][j] = (-1)^popcount(i & j), the Hadamard matrix INT8 KV rows are rotated by (kv_rotation.h),
-// written out independently of its butterflies.
-int HadamardEntry(int i, int j) { return std::popcount(static_cast<unsigned>(i & j)) % 2 ? -1 : 1; }
-
 // Host storage for one layer's K or V cache (kv_layout.h).
 struct HostKv {
   std::vector<char> bytes;
@@ -603,7 +600,7 @@ struct HostKv {
         const int64_t base = d - d % b;
         double sum = 0;
         for (int j = 0; j < b; ++j) {
-          sum += HadamardEntry(static_cast<int>(d - base), j) *
+          sum += testing::HadamardEntry(static_cast<int>(d - base), j) *
                  static_cast<double>(reinterpret_cast<const int8_t*>(p)[base + j]);
         }
         return static_cast<float>(Scale(slot, head) * sum);

@@ -4,19 +4,16 @@
 
 #include <gtest/gtest.h>
 
-#include <bit>
 #include <cmath>
 #include <random>
 #include <vector>
 
+#include "tests/engine/backend/hadamard_reference.h"
+
 namespace pd::engine {
 namespace {
 
-// H[i][j] = (-1)^popcount(i & j): the Sylvester Hadamard matrix, written out independently of the
-// butterflies.
-float HadamardEntry(int i, int j) {
-  return std::popcount(static_cast<unsigned>(i & j)) % 2 ? -1.f : 1.f;
-}
+using testing::HadamardEntry;
 
 // y = scale * (H x) per block of b, in double.
 std::vector<double> Reference(const std::vector<float>& x, int b, double scale) {
