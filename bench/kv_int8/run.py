@@ -36,6 +36,7 @@ from typing import Optional
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
+import f32_weights  # noqa: E402
 import texts  # noqa: E402
 
 KL_TARGET = 1e-3
@@ -55,28 +56,6 @@ def machine() -> str:
     return "; ".join(lines)
 
 
-def add_f32_weights_args(ap: argparse.ArgumentParser, what: str) -> None:
-    """--f32-weights and --pdctl (this report's and bench/kv_transfer/int8_wire_kl.py's)."""
-    ap.add_argument("--f32-weights", action="store_true",
-                    help="run the model with every weight dequantized to F32 (pdctl quantize "
-                    "--override '.*=f32'): matmul inputs are then not requantized to Q8_K, which "
-                    "turns rounding-level changes into KL of their own, so what remains is the "
-                    f"{what}'s own error")
-    ap.add_argument("--pdctl", type=Path, default=REPO_ROOT / "build" / "bin" / "pdctl",
-                    help="for --f32-weights")
-
-
-def dequantize_to_f32(pdctl: Path, model: Path, out: Path, threads: int, who: str) -> int:
-    """Writes `model` with every weight dequantized to F32 (`pdctl quantize --override
-    '.*=f32'`) to `out`; returns pdctl's exit status (its stderr shown on failure)."""
-    print(f"{who}: dequantizing {model} to F32 ({out})", file=sys.stderr)
-    q = subprocess.run([str(pdctl), "quantize", str(model), str(out), "--type", "q8_0",
-                        "--override", ".*=f32", "-t", str(threads)], capture_output=True, text=True)
-    if q.returncode != 0:
-        sys.stderr.write(q.stderr)
-    return q.returncode
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kv-kl", type=Path, default=Path(os.environ.get(
@@ -87,7 +66,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-floor", action="store_true",
                     help="skip the f16/scalar noise-floor run (about a third of the time)")
-    add_f32_weights_args(ap, "KV format")
+    f32_weights.add_args(ap, "KV format")
     ap.add_argument("--out", type=Path, help="markdown report (default bench/results/"
                     "kv_int8_<date>.md)")
     args = ap.parse_args(argv)
@@ -105,9 +84,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         model = args.model
         if args.f32_weights:
             model = Path(tmp) / "model-f32.gguf"
-            rc = dequantize_to_f32(args.pdctl, args.model, model, args.threads, "run.py")
-            if rc != 0:
-                return rc
+            print(f"run.py: dequantizing {args.model} to F32 ({model})", file=sys.stderr)
+            f32_weights.dequantize(args.pdctl, args.model, model, args.threads)
         cmd = [str(args.kv_kl), "--model", str(model), "--text", str(text),
                "--types", "f16", "int8", "f32", "--tokens", str(args.tokens),
                "--ctx", str(args.ctx), "--threads", str(args.threads), "--json", str(js)]

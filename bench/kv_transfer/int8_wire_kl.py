@@ -31,23 +31,19 @@ from typing import Optional
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
+import f32_weights  # noqa: E402
 import texts  # noqa: E402
 
 KL_TARGET = 1e-3
 
 
-def kv_int8_run():
-    """bench/kv_int8/run.py as a module: its machine line and F32 dequantization serve both
-    reports."""
+def machine() -> str:
+    """The machine line of bench/kv_int8/run.py (one definition for both reports)."""
     spec = importlib.util.spec_from_file_location("kv_int8_run",
                                                   REPO_ROOT / "bench" / "kv_int8" / "run.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod
-
-
-def machine() -> str:
-    return kv_int8_run().machine()
+    return mod.machine()
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -62,7 +58,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--diagnose-prompts", type=int, default=1,
                     help="per-layer / K / V diagnostics on this many prompts per length")
     ap.add_argument("--no-floor", action="store_true", help="skip the scalar-kernel noise floor")
-    kv_int8_run().add_f32_weights_args(ap, "wire format")
+    f32_weights.add_args(ap, "wire format")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if not args.bin.is_file():
@@ -78,10 +74,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         model = args.model
         if args.f32_weights:
             model = Path(tmp) / "model-f32.gguf"
-            rc = kv_int8_run().dequantize_to_f32(args.pdctl, args.model, model, args.threads,
-                                                 "int8_wire_kl.py")
-            if rc != 0:
-                return rc
+            print(f"int8_wire_kl.py: dequantizing {args.model} to F32 ({model})",
+                  file=sys.stderr)
+            f32_weights.dequantize(args.pdctl, args.model, model, args.threads)
         cmd = [str(args.bin), "--model", str(model), "--text", str(text), "--threads",
                str(args.threads), "--prompts", str(args.prompts), "--steps", str(args.steps),
                "--diagnose-prompts", str(args.diagnose_prompts), "--json", str(js),

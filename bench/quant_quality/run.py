@@ -46,6 +46,7 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
 
+import f32_weights  # noqa: E402
 import kl_eval  # noqa: E402
 import texts  # noqa: E402
 
@@ -88,16 +89,8 @@ def file_stats(path: Path) -> dict:
 
 
 def make_baseline(model: Path, pdctl: Path, out: Path, commands: list[str]) -> None:
-    import gguf
-
-    if out.is_file():
-        return
-    run([str(pdctl), "quantize", str(model), str(out), "--type", "q8_0", "--override", ".*=f32",
-         "-t", "2"], commands)
-    r = gguf.GGUFReader(out, "r+")  # pdctl names the base type's file_type; the file is F32
-    r.fields["general.file_type"].parts[-1][0] = 0  # LLAMA_FTYPE_ALL_F32
-    del r
-    assert set(file_stats(out)["types"]) == {"F32"}
+    if not out.is_file():
+        commands.append(f32_weights.dequantize(pdctl, model, out))
 
 
 def llama_quantize(src: Path, dst: Path, ftype: str, commands: list[str]) -> float:
