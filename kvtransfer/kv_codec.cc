@@ -50,7 +50,7 @@ void ConvertBlock(KvDType from, const void* src, KvDType to, void* dst, int bloc
         std::memcpy(&scale, s + rows * hd + r * 4, 4);
         const int8_t* q = reinterpret_cast<const int8_t*>(s) + r * hd;
         for (size_t i = 0; i < hd; ++i) tmp[i] = scale * static_cast<float>(q[i]);
-        engine::RotateKvRowOut(tmp.data(), head_dim);  // INT8 rows are stored rotated
+        k.rotate_kv_row(tmp.data(), head_dim, 1.f);  // INT8 rows are stored rotated: undo it
         break;
       }
     }

@@ -17,9 +17,11 @@
 // this scheme is exact; the butterflies' F32 additions round like any F32 sum. The transform is
 // its own inverse up to 1 / b, so the same function with the other scale undoes it.
 //
-// Scalar loops on purpose: the compiler vectorizes the butterflies, the transform costs about
-// head_dim * log2(b) additions per row, and every backend and the KV-transfer codec must give the
-// same bits from it.
+// The loops below are the reference and the scalar kernel table's version; the CPU backend and
+// the KV-transfer codec rotate through their kernel table (cpu::Kernels::rotate_kv_row), whose
+// AVX2 version computes the same butterflies in the same order and so gives the same bits
+// (cpu_kernels_test checks it). The transform costs head_dim * log2(b) additions per row: about
+// 30 ns for 256 values with AVX2, 600-800 ns in these loops.
 #pragma once
 
 #include <cstdint>

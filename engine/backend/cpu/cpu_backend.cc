@@ -1163,7 +1163,7 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
       if (k_cache.type == KvDType::kI8) {
         std::memcpy(rotated_q.data() + g0 * hd, qh + g0 * hd,
                     static_cast<size_t>((g1 - g0) * hd) * sizeof(float));
-        for (int g = g0; g < g1; ++g) RotateKvRowOut(rotated_q.data() + g * hd, p.head_dim);
+        for (int g = g0; g < g1; ++g) k_.rotate_kv_row(rotated_q.data() + g * hd, p.head_dim, 1.f);
         qk = rotated_q.data();
       }
       // Pass 1: scores, -inf outside [lo, hi].
@@ -1246,7 +1246,7 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
       }
       for (int g = g0; g < g1; ++g) {
         ak.reduce(acc.data() + g * n_acc * hd, static_cast<int>(n_acc), hd, hd, oh + g * hd);
-        RotateKvRowOut(oh + g * hd, p.head_dim);  // the weighted sum of rotated values, back
+        k_.rotate_kv_row(oh + g * hd, p.head_dim, 1.f);  // the weighted sum of rotated values, back
       }
     }
   });

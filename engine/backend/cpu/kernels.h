@@ -200,6 +200,10 @@ struct Kernels {
   // int8 key values with an F32 query (the caller multiplies by the key's scale); axpy_i8 is
   // y += a * q (the caller folds the value's scale into a).
   float (*quantize_kv_i8)(const float* x, int8_t* q, int64_t n);
+  // The rotation of INT8 KV rows (kv_rotation.h): x <- scale * (H x) per block of
+  // KvRotationBlock(head_dim) values, bit-exact with RotateKvRow in every table (the same
+  // butterflies in the same order; the AVX2 one does the first three stages in registers).
+  void (*rotate_kv_row)(float* x, int head_dim, float scale);
   float (*dot_i8_f32)(const int8_t* a, const float* b, int64_t n);
   void (*axpy_i8)(float a, const int8_t* x, float* y, int64_t n);
 
@@ -235,7 +239,7 @@ const Kernels& SelectKernels(bool force_scalar);
 // overwritten) is rotated into the stored basis in place and quantized into `q`; returns the
 // scale. StoreKv and the KV-transfer codec both encode through this.
 inline float QuantizeKvRowI8(const Kernels& k, float* x, int8_t* q, int head_dim) {
-  RotateKvRowIn(x, head_dim);
+  k.rotate_kv_row(x, head_dim, 1.f / static_cast<float>(KvRotationBlock(head_dim)));
   return k.quantize_kv_i8(x, q, head_dim);
 }
 

@@ -1370,6 +1370,114 @@ void QuantizeQ8_K(const float* x, BlockQ8_K* y, int64_t n) {
 
 // ---- attention and row ops ------------------------------------------------------------------
 
+// The Walsh-Hadamard rotation of INT8 KV rows (kv_rotation.h), bit-exact with RotateKvRow: every
+// output is the same sum or difference of the same two values, stage after stage; only the order
+// in which independent butterflies run differs. First pass: groups of up to 64 values in up to 8
+// registers go through every stage of span < 64 (spans 1, 2 and 4 inside one register: a
+// lane-swapped copy, the lower lane of each pair takes u + v, the upper one u - v; spans 8 to 32
+// pair whole registers). Then the spans of 64 and more, two stages per pass over four registers
+// (one stage when an odd number is left). The scale multiplies the last stage's results. Blocks
+// of fewer than 8 values (head_dim with a small power-of-two factor) take the scalar loops.
+inline __m256 HadamardInRegister(__m256 v) {
+  __m256 w = _mm256_permute_ps(v, 0xb1);  // [1 0 3 2 ...]: each lane holds its partner
+  v = _mm256_blend_ps(_mm256_add_ps(v, w), _mm256_sub_ps(w, v), 0xaa);
+  w = _mm256_permute_ps(v, 0x4e);  // [2 3 0 1 ...]
+  v = _mm256_blend_ps(_mm256_add_ps(v, w), _mm256_sub_ps(w, v), 0xcc);
+  w = _mm256_permute2f128_ps(v, v, 0x01);  // the two halves swapped
+  return _mm256_blend_ps(_mm256_add_ps(v, w), _mm256_sub_ps(w, v), 0xf0);
+}
+
+// One butterfly stage across registers: r[j] and r[j + kLen] for each pair in blocks of 2 kLen.
+template <int kRegs, int kLen>
+inline void HadamardRegisterStage(__m256* r) {
+#pragma GCC unroll 8
+  for (int k = 0; k < kRegs / 2; ++k) {
+    const int j = (k / kLen) * 2 * kLen + k % kLen;
+    const __m256 u = r[j], v = r[j + kLen];
+    r[j] = _mm256_add_ps(u, v);
+    r[j + kLen] = _mm256_sub_ps(u, v);
+  }
+}
+
+// Every stage of span < 8 * kRegs on kRegs consecutive registers at y; scales when `last`. The
+// loops are unrolled so that r[] lives in registers.
+template <int kRegs>
+void HadamardGroup(float* y, bool last, __m256 vscale) {
+  __m256 r[kRegs];
+#pragma GCC unroll 8
+  for (int i = 0; i < kRegs; ++i) r[i] = HadamardInRegister(_mm256_loadu_ps(y + 8 * i));
+  if constexpr (kRegs >= 2) HadamardRegisterStage<kRegs, 1>(r);
+  if constexpr (kRegs >= 4) HadamardRegisterStage<kRegs, 2>(r);
+  if constexpr (kRegs >= 8) HadamardRegisterStage<kRegs, 4>(r);
+#pragma GCC unroll 8
+  for (int i = 0; i < kRegs; ++i) {
+    _mm256_storeu_ps(y + 8 * i, last ? _mm256_mul_ps(r[i], vscale) : r[i]);
+  }
+}
+
+void RotateKvRowAvx2(float* x, int head_dim, float scale) {
+  const int b = head_dim & -head_dim;  // KvRotationBlock, not called: see the top of this file
+  if (b < 8) {
+    ScalarKernels().rotate_kv_row(x, head_dim, scale);
+    return;
+  }
+  const __m256 vscale = _mm256_set1_ps(scale);
+  const int group = std::min(b, 64);
+  for (int base = 0; base < head_dim; base += b) {
+    float* y = x + base;
+    const bool group_last = group == b && scale != 1.f;
+    for (int g = 0; g < b; g += group) {
+      switch (group) {
+        case 8:
+          HadamardGroup<1>(y + g, group_last, vscale);
+          break;
+        case 16:
+          HadamardGroup<2>(y + g, group_last, vscale);
+          break;
+        case 32:
+          HadamardGroup<4>(y + g, group_last, vscale);
+          break;
+        default:
+          HadamardGroup<8>(y + g, group_last, vscale);
+          break;
+      }
+    }
+    int len = group;
+    for (; 4 * len <= b; len *= 4) {  // stages len and 2 len
+      const bool last = 4 * len == b && scale != 1.f;
+      for (int i = 0; i < b; i += 4 * len) {
+        for (int j = i; j < i + len; j += 8) {
+          const __m256 a0 = _mm256_loadu_ps(y + j), a1 = _mm256_loadu_ps(y + j + len);
+          const __m256 a2 = _mm256_loadu_ps(y + j + 2 * len);
+          const __m256 a3 = _mm256_loadu_ps(y + j + 3 * len);
+          const __m256 b0 = _mm256_add_ps(a0, a1), b1 = _mm256_sub_ps(a0, a1);
+          const __m256 b2 = _mm256_add_ps(a2, a3), b3 = _mm256_sub_ps(a2, a3);
+          __m256 c0 = _mm256_add_ps(b0, b2), c2 = _mm256_sub_ps(b0, b2);
+          __m256 c1 = _mm256_add_ps(b1, b3), c3 = _mm256_sub_ps(b1, b3);
+          if (last) {
+            c0 = _mm256_mul_ps(c0, vscale), c1 = _mm256_mul_ps(c1, vscale);
+            c2 = _mm256_mul_ps(c2, vscale), c3 = _mm256_mul_ps(c3, vscale);
+          }
+          _mm256_storeu_ps(y + j, c0);
+          _mm256_storeu_ps(y + j + len, c1);
+          _mm256_storeu_ps(y + j + 2 * len, c2);
+          _mm256_storeu_ps(y + j + 3 * len, c3);
+        }
+      }
+    }
+    if (2 * len == b) {  // one stage left
+      const bool last = scale != 1.f;
+      for (int j = 0; j < len; j += 8) {
+        __m256 u = _mm256_loadu_ps(y + j), v = _mm256_loadu_ps(y + j + len);
+        __m256 s = _mm256_add_ps(u, v), d = _mm256_sub_ps(u, v);
+        if (last) s = _mm256_mul_ps(s, vscale), d = _mm256_mul_ps(d, vscale);
+        _mm256_storeu_ps(y + j, s);
+        _mm256_storeu_ps(y + j + len, d);
+      }
+    }
+  }
+}
+
 // INT8 KV (kernels.h). Two passes: |x| max, then 32 values per step scaled, rounded by cvtps2dq
 // (round half to even under the default MXCSR, like the scalar nearbyint), clamped and packed.
 float QuantizeKvI8(const float* x, int8_t* q, int64_t n) {
@@ -1746,6 +1854,7 @@ constexpr Kernels kAvx2 = {
     .quantize_q8_k = &QuantizeQ8_K,
     .quantize_w8a8 = &QuantizeRowW8A8Avx2,
     .quantize_kv_i8 = &QuantizeKvI8,
+    .rotate_kv_row = &RotateKvRowAvx2,
     .dot_i8_f32 = &DotI8F32,
     .axpy_i8 = &AxpyI8,
     .sum_squares = &SumSquares,

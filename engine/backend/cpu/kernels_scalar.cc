@@ -546,6 +546,7 @@ constexpr Kernels kScalar = {
     .quantize_q8_k = &QuantizeQ8_K,
     .quantize_w8a8 = &QuantizeRowW8A8,
     .quantize_kv_i8 = &QuantizeKvI8,
+    .rotate_kv_row = &RotateKvRow,
     .dot_i8_f32 = &DotI8F32,
     .axpy_i8 = &AxpyI8,
     .sum_squares = &SumSquares,

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "engine/backend/cpu/kernels.h"
+#include "engine/backend/kv_rotation.h"
 #include "engine/quant/fp16.h"
 #include "engine/quant/q8_0.h"
 
@@ -461,6 +462,32 @@ TEST_F(KernelsTest, QuantizeKvI8BitExactAndRoundTrip) {
   EXPECT_EQ(qs, qa);
   EXPECT_EQ(std::vector<int8_t>(qs.begin(), qs.begin() + 8),
             (std::vector<int8_t>{127, 0, 2, 2, 0, -2, -2, 3}));
+}
+
+// The INT8 KV rotation: both tables give the bits of the reference loops in kv_rotation.h (the
+// AVX2 one does the first three butterfly stages in registers) for every block size, both scales
+// (into the stored basis and back), magnitudes from 1e-30 to 1e30 and rows with one outlier.
+TEST_F(KernelsTest, RotateKvRowBitExactWithTheReference) {
+  std::uniform_real_distribution<float> log_mag(-30.f, 30.f);
+  int rows = 0;
+  for (int hd : {1, 2, 3, 4, 6, 8, 12, 16, 24, 40, 64, 80, 96, 112, 128, 160, 192, 256, 512}) {
+    const float in_scale = 1.f / static_cast<float>(KvRotationBlock(hd));
+    for (int rep = 0; rep < 200; ++rep, ++rows) {
+      std::vector<float> x = Random(hd, std::pow(10.f, log_mag(rng_)));
+      if (rep % 7 == 0) x[rep % hd] *= 1000.f;
+      for (float scale : {in_scale, 1.f}) {
+        std::vector<float> want = x, got_s = x, got_a = x;
+        RotateKvRow(want.data(), hd, scale);
+        s_.rotate_kv_row(got_s.data(), hd, scale);
+        avx2_->rotate_kv_row(got_a.data(), hd, scale);
+        for (int i = 0; i < hd; ++i) {
+          ASSERT_EQ(BitsFromFp32(got_s[i]), BitsFromFp32(want[i])) << hd << " " << i;
+          ASSERT_EQ(BitsFromFp32(got_a[i]), BitsFromFp32(want[i])) << hd << " " << i;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(rows, 19 * 200);
 }
 
 TEST_F(KernelsTest, Int8AttentionRowKernels) {
