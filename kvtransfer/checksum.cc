@@ -1,6 +1,7 @@
 #include "kvtransfer/checksum.h"
 
 #include <new>
+#include <cstdlib>
 
 // The generic build (SSE2 on x86-64) of the same functions.
 #include "kvtransfer/checksum_impl.inc"
@@ -16,9 +17,10 @@ const ChecksumImpl& ChecksumGeneric() {
 namespace {
 const internal::ChecksumImpl& Impl() {
 #if defined(__x86_64__)
-  static const internal::ChecksumImpl& impl = __builtin_cpu_supports("avx2")
-                                                   ? internal::ChecksumAvx2()
-                                                   : internal::ChecksumGeneric();
+  static const internal::ChecksumImpl& impl =
+      (__builtin_cpu_supports("avx512f") && !getenv("PD_NO512")) ? internal::ChecksumAvx512()
+      : __builtin_cpu_supports("avx2")  ? internal::ChecksumAvx2()
+                                        : internal::ChecksumGeneric();
 #else
   static const internal::ChecksumImpl& impl = internal::ChecksumGeneric();
 #endif

@@ -1,7 +1,8 @@
 // The per-layer checksum of the KV wire: XXH3-64 (seed 0) from the xxHash library (Debian
-// libxxhash-dev, header-only use), with its AVX2 loop when the CPU has AVX2 (the result is the
-// same on every CPU: XXH3's vector widths are bit-compatible). About 30 GB/s on one core for data
-// in L2, memory speed beyond.
+// libxxhash-dev, header-only use), with its AVX-512 loop when the CPU has AVX512F, else its AVX2
+// loop when it has AVX2 (the result is the same on every CPU: XXH3's vector widths are
+// bit-compatible). On one core for data in L2: about 43 GB/s (AVX-512), 29 GB/s (AVX2); memory
+// speed beyond.
 #pragma once
 
 #include <cstddef>
@@ -38,6 +39,7 @@ struct ChecksumImpl {
 };
 const ChecksumImpl& ChecksumGeneric();
 const ChecksumImpl& ChecksumAvx2();
+const ChecksumImpl& ChecksumAvx512();
 }  // namespace internal
 
 }  // namespace pd::kvtransfer
