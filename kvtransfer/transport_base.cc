@@ -350,7 +350,7 @@ void TransportBase::MaybeCompleteRecv(RecvState& r) {
   }
 }
 
-void TransportBase::OnMessage(Buffer msg, std::optional<uint64_t> body_checksum) {
+void TransportBase::OnMessage(Buffer msg) {
   MsgHeader h;
   if (msg.size() < sizeof(h)) {
     PD_LOG(kWarning, "KV transport: dropped a ", msg.size(), "-byte message (no header)");
@@ -362,14 +362,13 @@ void TransportBase::OnMessage(Buffer msg, std::optional<uint64_t> body_checksum)
     return;
   }
   if (ToReceiver(static_cast<MsgKind>(h.kind))) {
-    HandleToReceiver(h, std::move(msg), body_checksum);
+    HandleToReceiver(h, std::move(msg));
   } else {
     HandleToSender(h, std::move(msg));
   }
 }
 
-void TransportBase::HandleToReceiver(const MsgHeader& h, Buffer msg,
-                                     std::optional<uint64_t> body_checksum) {
+void TransportBase::HandleToReceiver(const MsgHeader& h, Buffer msg) {
   const MsgKind kind = static_cast<MsgKind>(h.kind);
   const size_t body = msg.size() - sizeof(MsgHeader);
   auto it = recv_.find(h.transfer_id);
@@ -436,11 +435,11 @@ void TransportBase::HandleToReceiver(const MsgHeader& h, Buffer msg,
       r.layer_state[layer] = 1;
       auto holder = std::make_shared<Buffer>(std::move(msg));
       const uint64_t expected = h.checksum;
-      Deliver([this, rp, layer, holder, expected, body_checksum] {
+      // The delivery thread hashes the layer: the loop thread goes on receiving the next one.
+      Deliver([this, rp, layer, holder, expected] {
         if (rp->dead) return;
-        const uint64_t got = body_checksum ? *body_checksum
-                                           : Checksum64(holder->data() + sizeof(MsgHeader),
-                                                        holder->size() - sizeof(MsgHeader));
+        const uint64_t got =
+            Checksum64(holder->data() + sizeof(MsgHeader), holder->size() - sizeof(MsgHeader));
         if (got != expected) {
           rp->dead = true;
           Post([this, rp, layer, got, expected] {

@@ -15,7 +15,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -97,10 +96,9 @@ class TransportBase : public KvTransport {
   void Stop(bool graceful);
   // Posts `fn` to run on the loop thread.
   void Post(std::function<void()> fn);
-  // Loop thread: a complete message arrived (header + body in `msg`). `body_checksum`: the
-  // subclass already hashed the body (Checksum64) as it arrived, while it was in cache; otherwise
-  // the delivery thread hashes a layer before handing it over.
-  void OnMessage(Buffer msg, std::optional<uint64_t> body_checksum = std::nullopt);
+  // Loop thread: a complete message arrived (header + body in `msg`). A layer's checksum is
+  // verified on the delivery thread.
+  void OnMessage(Buffer msg);
   // Loop thread: a message to transfer `transfer_id` (of `kind`) could not be received.
   void OnReceiveFailed(MsgKind kind, uint64_t transfer_id, absl::Status status);
   // Loop thread: `peer` is broken; every transfer using it ends UNAVAILABLE. The subclass may
@@ -142,7 +140,7 @@ class TransportBase : public KvTransport {
   void Deliver(std::function<void()> fn);
   void RunCommands();
   absl::Duration CheckDeadlines();
-  void HandleToReceiver(const MsgHeader& h, Buffer msg, std::optional<uint64_t> body_checksum);
+  void HandleToReceiver(const MsgHeader& h, Buffer msg);
   void HandleToSender(const MsgHeader& h, Buffer msg);
   void FinishRecv(RecvState& r, absl::Status status, bool tell_sender);
   void MaybeCompleteRecv(RecvState& r);

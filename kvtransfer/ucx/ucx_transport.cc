@@ -7,7 +7,6 @@
 #include <cstring>
 #include <algorithm>
 #include <map>
-#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,7 +41,8 @@ uint8_t TagKind(uint64_t tag) { return static_cast<uint8_t>(tag >> 56); }
 // order they were sent, so a layer's parts are probed after its head; the receiver receives them
 // one after the other into a single buffer and hands it to the protocol as one LAYER message.
 // These two kinds exist only on the UCX wire (outside MsgKind's range). Runs are cut into parts
-// of at most kPartBytes, so that the receiver hashes each part while it is still in L2.
+// of at most kPartBytes, so that the receiver's copies of one layer overlap the sender's posting
+// of the next.
 constexpr uint8_t kTagLayerHead = 0x40;
 constexpr uint8_t kTagLayerPart = 0x41;
 constexpr size_t kPartBytes = size_t{1} << 20;
@@ -71,9 +71,9 @@ struct RecvReq {
   Buffer msg;
 };
 
-// A layer arriving in parts (LAYER_HEAD + LAYER_PART messages). Each part is hashed as soon as
-// it and the parts before it have landed, while it is still in this core's cache, so the layer
-// is never read a second time from memory for its checksum.
+// A layer arriving in parts (LAYER_HEAD + LAYER_PART messages), received one after the other into
+// one buffer. Its checksum is verified by the delivery thread once every part is in (so that this
+// thread, which does the copies, goes on to the next part at once).
 struct Assembly {
   uint64_t tag = 0;         // the LAYER tag (kind, layer, transfer) failures are reported under
   Buffer msg;               // MsgHeader + body, filled part by part
@@ -81,23 +81,10 @@ struct Assembly {
   uint64_t parts_left = 0;  // parts not yet probed
   int pending = 0;          // parts posted and not yet received
   absl::Status failed;      // a part did not fit or failed
-  std::vector<ByteRun> parts;  // posted parts, in order
-  std::vector<bool> landed;
-  size_t hashed = 0;  // parts[0, hashed) are in `hash`
-  Checksum64Stream hash;
-
-  void Landed(size_t i) {
-    landed[i] = true;
-    while (hashed < parts.size() && landed[hashed]) {
-      hash.Update(parts[hashed].data, parts[hashed].bytes);
-      ++hashed;
-    }
-  }
 };
 struct PartReq {
   UcxTransport* t;
   std::shared_ptr<Assembly> a;
-  size_t index;
 };
 
 class UcxTransport final : public internal::TransportBase {
@@ -275,7 +262,7 @@ class UcxTransport final : public internal::TransportBase {
       auto* req = new RecvReq{this, info.sender_tag, pool().Get(info.length)};
       void* r = PostReceive(m, req->msg.data(), req->msg.size(), &UcxTransport::RecvDoneCb, req);
       if (r == nullptr) {
-        ready_.push_back({std::move(req->msg), std::nullopt});
+        ready_.push_back(std::move(req->msg));
         delete req;
       } else if (UCS_PTR_IS_ERR(r)) {
         recv_failed_.push_back({info.sender_tag, ucx::UcsError(UCS_PTR_STATUS(r), "receive")});
@@ -285,9 +272,9 @@ class UcxTransport final : public internal::TransportBase {
     // Protocol steps run here, outside UCX callbacks.
     while (!ready_.empty() || !recv_failed_.empty() || !failed_peers_.empty()) {
       did = true;
-      std::vector<std::pair<Buffer, std::optional<uint64_t>>> ready;
+      std::vector<Buffer> ready;
       ready.swap(ready_);
-      for (auto& [b, sum] : ready) OnMessage(std::move(b), sum);
+      for (auto& b : ready) OnMessage(std::move(b));
       std::vector<std::pair<uint64_t, absl::Status>> rf;
       rf.swap(recv_failed_);
       for (auto& [tag, st] : rf) {
@@ -433,13 +420,9 @@ class UcxTransport final : public internal::TransportBase {
     uint8_t* dst = a->msg.data() + sizeof(internal::MsgHeader) + a->filled;
     a->filled += info.length;
     --a->parts_left;
-    const size_t index = a->parts.size();
-    a->parts.push_back(ByteRun{dst, info.length});
-    a->landed.push_back(false);
-    auto* req = new PartReq{this, a, index};
+    auto* req = new PartReq{this, a};
     void* r = PostReceive(m, dst, info.length, &UcxTransport::PartDoneCb, req);
     if (r == nullptr) {
-      a->Landed(index);
       delete req;
     } else if (UCS_PTR_IS_ERR(r)) {
       if (a->failed.ok()) a->failed = ucx::UcsError(UCS_PTR_STATUS(r), "receiving a layer part");
@@ -462,7 +445,7 @@ class UcxTransport final : public internal::TransportBase {
     } else {
       // Fewer bytes than announced stay visible as a short body (the protocol checks the size).
       a.msg.set_size(sizeof(internal::MsgHeader) + a.filled);
-      ready_.push_back({std::move(a.msg), a.hash.Digest()});
+      ready_.push_back(std::move(a.msg));
     }
     assemblies_.erase(it);
   }
@@ -473,7 +456,6 @@ class UcxTransport final : public internal::TransportBase {
     Assembly& a = *req->a;
     --a.pending;
     if (status != UCS_OK && a.failed.ok()) a.failed = ucx::UcsError(status, "receiving a layer part");
-    if (status == UCS_OK) a.Landed(req->index);
     req->t->MaybeAssembled(req->a);
     delete req;
     ucp_request_free(request);
@@ -504,7 +486,7 @@ class UcxTransport final : public internal::TransportBase {
     auto* req = static_cast<RecvReq*>(user_data);
     if (status == UCS_OK) {
       req->msg.set_size(info->length);
-      req->t->ready_.push_back({std::move(req->msg), std::nullopt});
+      req->t->ready_.push_back(std::move(req->msg));
     } else {
       req->t->recv_failed_.push_back({req->tag, ucx::UcsError(status, "receive")});
     }
@@ -529,7 +511,7 @@ class UcxTransport final : public internal::TransportBase {
   ucx::Fd wake_fd_, epoll_fd_;
   // Loop thread only.
   std::map<std::string, std::shared_ptr<UcxPeer>> peers_;
-  std::vector<std::pair<Buffer, std::optional<uint64_t>>> ready_;  // message, body checksum
+  std::vector<Buffer> ready_;  // complete messages
   std::map<uint64_t, std::shared_ptr<Assembly>> assemblies_;
   std::vector<std::pair<uint64_t, absl::Status>> recv_failed_;
   std::vector<std::pair<std::shared_ptr<UcxPeer>, absl::Status>> failed_peers_;
