@@ -72,10 +72,13 @@ struct Args {
   bool zero_copy = true;
   int n_layer = 18, n_kv_heads = 1, head_dim = 256, block_size = 16;
   int max_tokens = 0;
+  int cache_tokens = 16384;
 };
 
-// The sender process: one cache holding `max_tokens` positions of random finite f16 values; for
-// each descriptor read from `in`, push all layers, complete, wait, write the elapsed ns to `out`.
+// The sender process: one cache of `cache_tokens` positions (as a serving node's cache is many
+// prompts long, its layer tensors sit on huge pages), the sequence's `max_tokens` of them filled
+// with random finite f16 values; for each descriptor read from `in`, push all layers, complete,
+// wait, write the elapsed ns to `out`.
 [[noreturn]] void Sender(const Args& a, int in, int out) {
   auto backend = engine::CreateCpuBackend({1});
   engine::KvCacheOptions o;
@@ -83,7 +86,7 @@ struct Args {
   o.n_kv_heads = a.n_kv_heads;
   o.head_dim = a.head_dim;
   o.block_size = a.block_size;
-  o.n_blocks = (a.max_tokens + a.block_size - 1) / a.block_size;
+  o.n_blocks = (std::max(a.cache_tokens, a.max_tokens) + a.block_size - 1) / a.block_size;
   o.dtype = KvDType::kF16;
   auto kv = engine::KvCache::Create(o, *backend);
   if (!kv.ok() || !(*kv)->Reserve(1, a.max_tokens).ok()) _exit(3);
@@ -145,6 +148,9 @@ int Main(int argc, char** argv) {
   app.add_option("--block-size", a.block_size, "KV block size");
   app.add_option("--tokens", tokens_list, "prompt lengths, comma-separated");
   app.add_option("--wire", wire_list, "wire dtypes, comma-separated (f16, int8)");
+  app.add_option("--cache-tokens", a.cache_tokens,
+                 "the sender's KV cache capacity in tokens (at least the longest prompt), like a "
+                 "serving node's cache that holds many prompts");
   app.add_option("--reps", reps, "timed transfers per configuration (after one warm-up)");
   app.add_option("--transport", a.transport, "ucx or inproc");
   app.add_option("--tls", a.tls, "UCX_TLS for both sides ('' = UCX default)");
@@ -183,9 +189,10 @@ int Main(int argc, char** argv) {
   }
   a.max_tokens = *std::max_element(tokens.begin(), tokens.end());
   std::printf(
-      "geometry: n_layer=%d n_kv_heads=%d head_dim=%d block_size=%d transport=%s tls=%s "
-      "peer_failure=%d zero_copy=%d\n",
-      a.n_layer, a.n_kv_heads, a.head_dim, a.block_size, a.transport.c_str(),
+      "geometry: n_layer=%d n_kv_heads=%d head_dim=%d block_size=%d cache_tokens=%d transport=%s "
+      "tls=%s peer_failure=%d zero_copy=%d\n",
+      a.n_layer, a.n_kv_heads, a.head_dim, a.block_size, std::max(a.cache_tokens, a.max_tokens),
+      a.transport.c_str(),
       a.tls.empty() ? "(default)" : a.tls.c_str(), a.peer_failure ? 1 : 0, a.zero_copy ? 1 : 0);
   std::fflush(stdout);
 
