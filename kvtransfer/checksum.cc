@@ -1,7 +1,6 @@
 #include "kvtransfer/checksum.h"
 
 #include <new>
-#include <cstdlib>
 
 // The generic build (SSE2 on x86-64) of the same functions.
 #include "kvtransfer/checksum_impl.inc"
@@ -18,7 +17,7 @@ namespace {
 const internal::ChecksumImpl& Impl() {
 #if defined(__x86_64__)
   static const internal::ChecksumImpl& impl =
-      (__builtin_cpu_supports("avx512f") && !getenv("PD_NO512")) ? internal::ChecksumAvx512()
+      __builtin_cpu_supports("avx512f") ? internal::ChecksumAvx512()
       : __builtin_cpu_supports("avx2")  ? internal::ChecksumAvx2()
                                         : internal::ChecksumGeneric();
 #else
