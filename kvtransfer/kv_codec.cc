@@ -34,6 +34,15 @@ void ConvertBlock(KvDType from, const void* src, KvDType to, void* dst, int bloc
   uint8_t* d = static_cast<uint8_t*>(dst);
   thread_local std::vector<float> tmp;
   tmp.resize(hd);
+  if (from == KvDType::kF16 && to == KvDType::kI8) {  // the INT8 wire: one kernel per row
+    for (size_t r = 0; r < rows; ++r) {
+      const float scale =
+          k.quantize_kv_i8_f16(reinterpret_cast<const uint16_t*>(s) + r * hd, tmp.data(),
+                               reinterpret_cast<int8_t*>(d) + r * hd, head_dim);
+      std::memcpy(d + rows * hd + r * 4, &scale, 4);
+    }
+    return;
+  }
   for (size_t r = 0; r < rows; ++r) {
     // Decode one token-head to F32 (exact for F16 and INT8 * scale up to F32 rounding).
     const float* x = tmp.data();

@@ -145,6 +145,11 @@ const AttnKernels& Avx2AttnKernels();
 // The AVX-512 versions (attention_avx512.cc): nullptr unless the CPU has AVX512F and AVX512DQ.
 const AttnKernels* Avx512AttnKernels();
 
+// The fused F16 -> INT8 KV row (kv_i8_avx512.cc; Kernels::quantize_kv_i8_f16): nullptr unless the
+// CPU has AVX512F + AVX512BW and head_dim is 64, 128 or 256.
+using KvRowF16ToI8Fn = float (*)(const uint16_t* x, int8_t* q);
+KvRowF16ToI8Fn Avx512KvRowF16ToI8(int head_dim);
+
 struct Kernels {
   const char* name;  // "scalar", "avx2"
 
@@ -204,6 +209,11 @@ struct Kernels {
   // KvRotationBlock(head_dim) values, bit-exact with RotateKvRow in every table (the same
   // butterflies in the same order; the AVX2 one does the first three stages in registers).
   void (*rotate_kv_row)(float* x, int head_dim, float scale);
+  // One F16 row (head_dim values) into the INT8 scheme: F16 -> F32, rotate into the stored basis,
+  // quantize; bit-exact with f16_to_f32 + QuantizeKvRowI8 below (`tmp`: head_dim floats of
+  // scratch). The AVX2 table does it in one pass over 512-bit registers where the CPU has
+  // AVX512F + BW and head_dim is 64, 128 or 256 (kv_i8_avx512.cc).
+  float (*quantize_kv_i8_f16)(const uint16_t* x, float* tmp, int8_t* q, int head_dim);
   float (*dot_i8_f32)(const int8_t* a, const float* b, int64_t n);
   void (*axpy_i8)(float a, const int8_t* x, float* y, int64_t n);
 

@@ -1520,6 +1520,14 @@ float QuantizeKvI8(const float* x, int8_t* q, int64_t n) {
   return d;
 }
 
+// F16 row -> INT8 scheme: the AVX-512 one-pass kernel where it applies, else the three kernels.
+float QuantizeKvI8F16(const uint16_t* x, float* tmp, int8_t* q, int head_dim) {
+  if (const KvRowF16ToI8Fn fused = Avx512KvRowF16ToI8(head_dim)) return fused(x, q);
+  F16ToF32(x, tmp, head_dim);
+  RotateKvRowAvx2(tmp, head_dim, 1.f / static_cast<float>(head_dim & -head_dim));
+  return QuantizeKvI8(tmp, q, head_dim);
+}
+
 inline __m256 LoadI8(const int8_t* p) {
   return _mm256_cvtepi32_ps(
       _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
@@ -1855,6 +1863,7 @@ constexpr Kernels kAvx2 = {
     .quantize_w8a8 = &QuantizeRowW8A8Avx2,
     .quantize_kv_i8 = &QuantizeKvI8,
     .rotate_kv_row = &RotateKvRowAvx2,
+    .quantize_kv_i8_f16 = &QuantizeKvI8F16,
     .dot_i8_f32 = &DotI8F32,
     .axpy_i8 = &AxpyI8,
     .sum_squares = &SumSquares,

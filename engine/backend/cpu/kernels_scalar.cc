@@ -318,6 +318,12 @@ float QuantizeKvI8(const float* x, int8_t* q, int64_t n) {
   return d;
 }
 
+float QuantizeKvI8F16(const uint16_t* x, float* tmp, int8_t* q, int head_dim) {
+  F16ToF32Row(x, tmp, head_dim);
+  RotateKvRow(tmp, head_dim, 1.f / static_cast<float>(KvRotationBlock(head_dim)));
+  return QuantizeKvI8(tmp, q, head_dim);
+}
+
 // Per element: 2 flops, 1 + 4 bytes.
 float DotI8F32(const int8_t* a, const float* b, int64_t n) {
   float sum = 0.f;
@@ -547,6 +553,7 @@ constexpr Kernels kScalar = {
     .quantize_w8a8 = &QuantizeRowW8A8,
     .quantize_kv_i8 = &QuantizeKvI8,
     .rotate_kv_row = &RotateKvRow,
+    .quantize_kv_i8_f16 = &QuantizeKvI8F16,
     .dot_i8_f32 = &DotI8F32,
     .axpy_i8 = &AxpyI8,
     .sum_squares = &SumSquares,

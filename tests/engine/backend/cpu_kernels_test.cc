@@ -490,6 +490,42 @@ TEST_F(KernelsTest, RotateKvRowBitExactWithTheReference) {
   EXPECT_EQ(rows, 19 * 200);
 }
 
+// F16 rows into the INT8 scheme in one call: both tables give the bits of F16 -> F32, the
+// reference rotation and quantize_kv_i8, for head dims the AVX-512 one-pass kernel takes (64, 128,
+// 256) and those it leaves to the three kernels, over the whole F16 range: zeros, subnormal halves,
+// the largest ones, and rows with one outlier.
+TEST_F(KernelsTest, QuantizeKvI8F16BitExactWithTheComposition) {
+  int fused_dims = 0;
+  for (int hd : {1, 8, 16, 24, 32, 64, 80, 96, 128, 192, 256, 512}) {
+    if (Avx512KvRowF16ToI8(hd) != nullptr) ++fused_dims;
+    for (int rep = 0; rep < 300; ++rep) {
+      std::vector<uint16_t> x(hd);
+      std::uniform_int_distribution<int> bits(0, 0xffff);
+      for (uint16_t& h : x) {
+        h = static_cast<uint16_t>(bits(rng_));
+        if ((h & 0x7c00) == 0x7c00) h &= 0xbbff;  // finite values only (kernels.h)
+        if (rep % 5 == 1) h &= 0x83ff;            // subnormal halves
+      }
+      if (rep % 7 == 2) x[rep % hd] = 0x7bff;  // the largest half
+      if (rep % 11 == 3) std::fill(x.begin(), x.end(), 0);
+      std::vector<float> want_x(hd), tmp(hd);
+      ScalarKernels().f16_to_f32(x.data(), want_x.data(), hd);
+      RotateKvRow(want_x.data(), hd, 1.f / static_cast<float>(KvRotationBlock(hd)));
+      std::vector<int8_t> want_q(hd), qs(hd), qa(hd);
+      const float want = s_.quantize_kv_i8(want_x.data(), want_q.data(), hd);
+      const float ds = s_.quantize_kv_i8_f16(x.data(), tmp.data(), qs.data(), hd);
+      const float da = avx2_->quantize_kv_i8_f16(x.data(), tmp.data(), qa.data(), hd);
+      ASSERT_EQ(BitsFromFp32(ds), BitsFromFp32(want)) << hd << " rep " << rep;
+      ASSERT_EQ(BitsFromFp32(da), BitsFromFp32(want)) << hd << " rep " << rep;
+      ASSERT_EQ(qs, want_q) << hd << " rep " << rep;
+      ASSERT_EQ(qa, want_q) << hd << " rep " << rep;
+    }
+  }
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
+    EXPECT_EQ(fused_dims, 3);  // 64, 128, 256 took the one-pass kernel
+  }
+}
+
 TEST_F(KernelsTest, Int8AttentionRowKernels) {
   std::uniform_int_distribution<int> qd(-127, 127);
   for (int64_t n : kLengths) {

@@ -1,0 +1,133 @@
+// One F16 K/V row into the INT8 KV scheme (kv_layout.h) in a single pass over 512-bit registers:
+// F16 -> F32, the Hadamard rotation into the stored basis (kv_rotation.h) and the per-row INT8
+// quantization, bit-exact with F16ToF32 + RotateKvRow + QuantizeKvI8 (cpu_kernels_test compares
+// them). The KV-transfer codec's INT8 wire runs through it (kernels.h, quantize_kv_i8_f16): the
+// three kernels one after the other cost ~200 ns per 256-value row here, this one ~75.
+//
+// This file alone is compiled with -mavx512f -mavx512bw; its kernel runs only when CPUID reports
+// both and the OS saves ZMM state.
+#include "engine/backend/cpu/kernels.h"
+
+#if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__)
+
+#include <cpuid.h>
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace pd::engine::cpu {
+namespace {
+
+// +1 in the lanes of `minus` cleared, -1 in those set.
+inline __m512 Signs(__mmask16 minus) {
+  return _mm512_mask_blend_ps(minus, _mm512_set1_ps(1.f), _mm512_set1_ps(-1.f));
+}
+
+// The butterfly stages of span 1, 2, 4 and 8 inside one register. With w = the lane-swapped copy
+// (each lane holds its partner), a lower lane takes v + w and an upper one w - v: one FMA by +-1
+// each (the product is exact, so the FMA rounds exactly as the addition or subtraction would).
+inline __m512 StagesInRegister(__m512 v, const __m512* sign) {
+  v = _mm512_fmadd_ps(v, sign[0], _mm512_permute_ps(v, 0xb1));       // lanes [1 0 3 2 ...]
+  v = _mm512_fmadd_ps(v, sign[1], _mm512_permute_ps(v, 0x4e));       // lanes [2 3 0 1 ...]
+  v = _mm512_fmadd_ps(v, sign[2], _mm512_shuffle_f32x4(v, v, 0xb1));  // 128-bit quarters 1 0 3 2
+  return _mm512_fmadd_ps(v, sign[3], _mm512_shuffle_f32x4(v, v, 0x4e));  // quarters 2 3 0 1
+}
+
+// One stage across registers: r[j] and r[j + kLen] for each pair in blocks of 2 kLen.
+template <int kRegs, int kLen>
+inline void StageAcrossRegisters(__m512* r) {
+#pragma GCC unroll 16
+  for (int k = 0; k < kRegs / 2; ++k) {
+    const int j = (k / kLen) * 2 * kLen + k % kLen;
+    const __m512 u = r[j], v = r[j + kLen];
+    r[j] = _mm512_add_ps(u, v);
+    r[j + kLen] = _mm512_sub_ps(u, v);
+  }
+}
+
+// head_dim = 16 kRegs, a power of two (so the rotation block is the whole row).
+template <int kRegs>
+float RowF16ToI8(const uint16_t* x, int8_t* q) {
+  static_assert(kRegs >= 4 && kRegs <= 16 && (kRegs & (kRegs - 1)) == 0);
+  const __m512 sign[4] = {Signs(0xaaaa), Signs(0xcccc), Signs(0xf0f0), Signs(0xff00)};
+  __m512 r[kRegs];
+#pragma GCC unroll 16
+  for (int i = 0; i < kRegs; ++i) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16 * i));
+    r[i] = StagesInRegister(_mm512_cvtph_ps(h), sign);
+  }
+  if constexpr (kRegs >= 2) StageAcrossRegisters<kRegs, 1>(r);
+  if constexpr (kRegs >= 4) StageAcrossRegisters<kRegs, 2>(r);
+  if constexpr (kRegs >= 8) StageAcrossRegisters<kRegs, 4>(r);
+  if constexpr (kRegs >= 16) StageAcrossRegisters<kRegs, 8>(r);
+  // Into the stored basis (x 1 / b, exact), then max |x| as a tree (max is exact in any order).
+  const __m512 inv_b = _mm512_set1_ps(1.f / static_cast<float>(16 * kRegs));
+  __m512 a[kRegs];
+#pragma GCC unroll 16
+  for (int i = 0; i < kRegs; ++i) {
+    r[i] = _mm512_mul_ps(r[i], inv_b);
+    a[i] = _mm512_abs_ps(r[i]);
+  }
+#pragma GCC unroll 16
+  for (int w = kRegs / 2; w >= 1; w /= 2) {
+#pragma GCC unroll 16
+    for (int i = 0; i < w; ++i) a[i] = _mm512_max_ps(a[i], a[i + w]);
+  }
+  const float amax = _mm512_reduce_max_ps(a[0]);
+  // QuantizeKvI8's arithmetic: scale = max / 127, q = round half to even (cvtps2dq under the
+  // default MXCSR) of x * (1 / scale), in [-127, 127].
+  const float d = amax / 127.f;
+  const float id = d != 0.f ? 1.f / d : 0.f;
+  const __m512 vid = _mm512_set1_ps(id);
+  const __m512i lowest = _mm512_set1_epi8(-127);
+  // packs work within 128-bit lanes: after them dword 4k + j holds values 4k..4k+3 of register
+  // j; the permutation puts each register's 16 bytes back in order.
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+#pragma GCC unroll 4
+  for (int i = 0; i < kRegs; i += 4) {
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(r[i], vid));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(r[i + 1], vid));
+    const __m512i q2 = _mm512_cvtps_epi32(_mm512_mul_ps(r[i + 2], vid));
+    const __m512i q3 = _mm512_cvtps_epi32(_mm512_mul_ps(r[i + 3], vid));
+    const __m512i p = _mm512_packs_epi16(_mm512_packs_epi32(q0, q1), _mm512_packs_epi32(q2, q3));
+    _mm512_storeu_si512(q + 16 * i, _mm512_max_epi8(_mm512_permutexvar_epi32(order, p), lowest));
+  }
+  return d;
+}
+
+bool CpuHasAvx512FBw() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return false;
+  unsigned lo = 0, hi = 0;
+  __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  if ((lo & 0xE6u) != 0xE6u) return false;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  return (b & bit_AVX512F) && (b & bit_AVX512BW);
+}
+
+}  // namespace
+
+KvRowF16ToI8Fn Avx512KvRowF16ToI8(int head_dim) {
+  static const bool ok = CpuHasAvx512FBw();
+  if (!ok) return nullptr;
+  switch (head_dim) {
+    case 64:
+      return &RowF16ToI8<4>;
+    case 128:
+      return &RowF16ToI8<8>;
+    case 256:
+      return &RowF16ToI8<16>;
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace pd::engine::cpu
+
+#else  // built without AVX-512
+
+namespace pd::engine::cpu {
+KvRowF16ToI8Fn Avx512KvRowF16ToI8(int) { return nullptr; }
+}  // namespace pd::engine::cpu
+
+#endif
