@@ -140,7 +140,7 @@ int Main(int argc, char** argv) {
   CLI::App app{"KV transfer throughput between two processes"};
   Args a;
   std::string model, tokens_list = "1024,4096,16384", wire_list = "f16,int8";
-  int reps = 5;
+  int reps = 20, warmup = 5;
   app.add_option("--model", model, "GGUF file to take n_layer / n_kv_heads / head_dim from");
   app.add_option("--n-layer", a.n_layer, "layers (without --model)");
   app.add_option("--n-kv-heads", a.n_kv_heads, "KV heads (without --model)");
@@ -151,7 +151,10 @@ int Main(int argc, char** argv) {
   app.add_option("--cache-tokens", a.cache_tokens,
                  "the sender's KV cache capacity in tokens (at least the longest prompt), like a "
                  "serving node's cache that holds many prompts");
-  app.add_option("--reps", reps, "timed transfers per configuration (after one warm-up)");
+  app.add_option("--reps", reps, "timed transfers per configuration (after the warm-up ones)");
+  app.add_option("--warmup", warmup,
+                 "untimed transfers first: the first few of a fresh process (receive buffer pool, "
+                 "page tables) are 2-5x slower than a long-running node's");
   app.add_option("--transport", a.transport, "ucx or inproc");
   app.add_option("--tls", a.tls, "UCX_TLS for both sides ('' = UCX default)");
   app.add_flag("!--no-peer-failure", a.peer_failure,
@@ -229,7 +232,7 @@ int Main(int argc, char** argv) {
                          n_tokens,   wire == KvDType::kI8 ? KvDType::kI8 : KvDType::kF16,
                          wire};
       std::vector<double> ms;
-      for (int r = 0; r < reps + 1; ++r) {
+      for (int r = 0; r < warmup + reps; ++r) {
         absl::Mutex mu;
         bool done = false;
         absl::Status final;
@@ -258,7 +261,7 @@ int Main(int argc, char** argv) {
           std::fprintf(stderr, "transfer failed: %s\n", std::string(final.ToString()).c_str());
           return 1;
         }
-        if (r > 0) ms.push_back(static_cast<double>(dt) / 1e6);
+        if (r >= warmup) ms.push_back(static_cast<double>(dt) / 1e6);
       }
       std::sort(ms.begin(), ms.end());
       const double median = ms[ms.size() / 2], best = ms.front();

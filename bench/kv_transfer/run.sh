@@ -2,7 +2,7 @@
 # KV transfer throughput next to ucx_perftest, in one run (bench/kv_transfer/README.md).
 #
 #   bench/kv_transfer/run.sh [BUILD_DIR]        (default build dir: build)
-#   MODE=shm|tcp  REPS=5  ROUNDS=3  TOKENS=1024,4096,16384  MODEL=models/gemma-3-270m-q4_k_m.gguf
+#   MODE=shm|tcp  REPS=20  WARMUP=5  ROUNDS=3  TOKENS=1024,4096,16384  MODEL=models/gemma-3-270m-q4_k_m.gguf
 #   STAGED=1: copy every layer into a staging buffer (default: f16 goes zero-copy, as pd-prefill
 #   sends it)
 #
@@ -20,13 +20,14 @@ cd "$(dirname "$0")/../.."
 BUILD=${1:-build}
 BIN=$BUILD/bin/kv_transfer_bench
 MODE=${MODE:-shm}
-REPS=${REPS:-5}
+REPS=${REPS:-20}
+WARMUP=${WARMUP:-5}
 TOKENS=${TOKENS:-1024,4096,16384}
 MODEL=${MODEL:-models/gemma-3-270m-q4_k_m.gguf}
 command -v ucx_perftest >/dev/null || { echo "ucx_perftest missing: apt-get install ucx-utils" >&2; exit 1; }
 [ -x "$BIN" ] || { echo "$BIN missing: ninja -C $BUILD kv_transfer_bench" >&2; exit 1; }
 
-flags=(--reps "$REPS")
+flags=(--reps "$REPS" --warmup "$WARMUP")
 if [ -f "$MODEL" ]; then flags+=(--model "$MODEL"); fi
 if [ "${STAGED:-0}" = 1 ]; then flags+=(--staged); fi
 perf_env=()
