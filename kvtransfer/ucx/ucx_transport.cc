@@ -41,8 +41,8 @@ uint8_t TagKind(uint64_t tag) { return static_cast<uint8_t>(tag >> 56); }
 // order they were sent, so a layer's parts are probed after its head; the receiver receives them
 // one after the other into a single buffer and hands it to the protocol as one LAYER message.
 // These two kinds exist only on the UCX wire (outside MsgKind's range). Runs are cut into parts
-// of at most kPartBytes, so that the receiver's copies of one layer overlap the sender's posting
-// of the next.
+// of at most kPartBytes, so that no single copy (done inside the receiver's worker progress)
+// holds its loop thread for long: other transfers' messages and deadlines are served in between.
 constexpr uint8_t kTagLayerHead = 0x40;
 constexpr uint8_t kTagLayerPart = 0x41;
 constexpr size_t kPartBytes = size_t{1} << 20;

@@ -207,7 +207,7 @@ struct Kernels {
   float (*quantize_kv_i8)(const float* x, int8_t* q, int64_t n);
   // The rotation of INT8 KV rows (kv_rotation.h): x <- scale * (H x) per block of
   // KvRotationBlock(head_dim) values, bit-exact with RotateKvRow in every table (the same
-  // butterflies in the same order; the AVX2 one does the first three stages in registers).
+  // butterflies; the AVX2 one keeps 64-value groups in registers, kernels_avx2.cc).
   void (*rotate_kv_row)(float* x, int head_dim, float scale);
   // One F16 row (head_dim values) into the INT8 scheme: F16 -> F32, rotate into the stored basis,
   // quantize; bit-exact with f16_to_f32 + QuantizeKvRowI8 below (`tmp`: head_dim floats of
