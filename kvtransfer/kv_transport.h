@@ -142,6 +142,7 @@ struct ReceiveCallbacks {
 // Test-only faults applied by a sender transport to what it puts on the wire.
 struct FaultOptions {
   int corrupt_layer = -1;       // flip one payload byte of this layer after its checksum is taken
+                                // (sent in place, zero_copy_send: one bit of the checksum)
   int truncate_layer = -1;      // send this layer 1 block-span short
   int stall_after_layers = -1;  // >= 0: Push of later layers is accepted but never sent
 };

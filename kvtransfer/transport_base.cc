@@ -551,8 +551,10 @@ absl::Status TransportBase::PushLayer(const std::shared_ptr<SendState>& s, int l
     s->pushed[layer] = true;
   }
   const FaultOptions& f = options_.faults;
-  const bool faults = f.corrupt_layer >= 0 || f.truncate_layer >= 0 || f.stall_after_layers >= 0;
-  if (options_.zero_copy_send && s->source == g.wire_dtype && !faults) {
+  // A layer sent in place cannot have its payload altered (it is the cache): corrupt_layer flips
+  // a bit of its checksum instead; the other faults go through the staging path.
+  const bool staged_faults = f.truncate_layer >= 0 || f.stall_after_layers >= 0;
+  if (options_.zero_copy_send && s->source == g.wire_dtype && !staged_faults) {
     std::vector<ByteRun> runs;
     uint64_t checksum = 0;
     absl::Status found = LayerRuns(g, s->source, layer, spans, &runs, &checksum);
@@ -564,6 +566,7 @@ absl::Status TransportBase::PushLayer(const std::shared_ptr<SendState>& s, int l
     // A badly fragmented layer (blocks scattered over the cache) goes through the staging copy:
     // one network message per run would cost more than the copy.
     if (runs.size() <= kMaxRunsInPlace) {
+      if (f.corrupt_layer == layer) checksum ^= 1;
       Buffer header = pool_->Get(sizeof(MsgHeader));
       const MsgHeader h = LayerHeader(s->d.transfer_id, layer, checksum, g.LayerBytes());
       std::memcpy(header.data(), &h, sizeof(h));
