@@ -43,6 +43,15 @@ void ConvertBlock(KvDType from, const void* src, KvDType to, void* dst, int bloc
     }
     return;
   }
+  if (from == KvDType::kI8 && to == KvDType::kF16) {  // importing it into an F16 cache
+    for (size_t r = 0; r < rows; ++r) {
+      float scale;
+      std::memcpy(&scale, s + rows * hd + r * 4, 4);
+      k.dequantize_kv_i8_f16(reinterpret_cast<const int8_t*>(s) + r * hd, scale, tmp.data(),
+                             reinterpret_cast<uint16_t*>(d) + r * hd, head_dim);
+    }
+    return;
+  }
   for (size_t r = 0; r < rows; ++r) {
     // Decode one token-head to F32 (exact for F16 and INT8 * scale up to F32 rounding).
     const float* x = tmp.data();

@@ -145,10 +145,13 @@ const AttnKernels& Avx2AttnKernels();
 // The AVX-512 versions (attention_avx512.cc): nullptr unless the CPU has AVX512F and AVX512DQ.
 const AttnKernels* Avx512AttnKernels();
 
-// The fused F16 -> INT8 KV row (kv_i8_avx512.cc; Kernels::quantize_kv_i8_f16): nullptr unless the
-// CPU has AVX512F + AVX512BW and head_dim is 64, 128 or 256.
+// The fused F16 <-> INT8 KV rows (kv_i8_avx512.cc; Kernels::quantize_kv_i8_f16 and
+// dequantize_kv_i8_f16): nullptr unless the CPU has AVX512F + AVX512BW and head_dim is 64, 128 or
+// 256.
 using KvRowF16ToI8Fn = float (*)(const uint16_t* x, int8_t* q);
 KvRowF16ToI8Fn Avx512KvRowF16ToI8(int head_dim);
+using KvRowI8ToF16Fn = void (*)(const int8_t* q, float scale, uint16_t* y);
+KvRowI8ToF16Fn Avx512KvRowI8ToF16(int head_dim);
 
 struct Kernels {
   const char* name;  // "scalar", "avx2"
@@ -214,6 +217,10 @@ struct Kernels {
   // scratch). The AVX2 table does it in one pass over 512-bit registers where the CPU has
   // AVX512F + BW and head_dim is 64, 128 or 256 (kv_i8_avx512.cc).
   float (*quantize_kv_i8_f16)(const uint16_t* x, float* tmp, int8_t* q, int head_dim);
+  // And back: y = F16 of H (q * scale), the row out of the stored basis; bit-exact with
+  // q * scale in F32, rotate_kv_row (scale 1) and f32_to_f16 (same AVX-512 conditions).
+  void (*dequantize_kv_i8_f16)(const int8_t* q, float scale, float* tmp, uint16_t* y,
+                               int head_dim);
   float (*dot_i8_f32)(const int8_t* a, const float* b, int64_t n);
   void (*axpy_i8)(float a, const int8_t* x, float* y, int64_t n);
 

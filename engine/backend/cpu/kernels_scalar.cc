@@ -324,6 +324,12 @@ float QuantizeKvI8F16(const uint16_t* x, float* tmp, int8_t* q, int head_dim) {
   return QuantizeKvI8(tmp, q, head_dim);
 }
 
+void DequantizeKvI8F16(const int8_t* q, float scale, float* tmp, uint16_t* y, int head_dim) {
+  for (int i = 0; i < head_dim; ++i) tmp[i] = scale * static_cast<float>(q[i]);
+  RotateKvRow(tmp, head_dim, 1.f);
+  F32ToF16Row(tmp, y, head_dim);
+}
+
 // Per element: 2 flops, 1 + 4 bytes.
 float DotI8F32(const int8_t* a, const float* b, int64_t n) {
   float sum = 0.f;
@@ -554,6 +560,7 @@ constexpr Kernels kScalar = {
     .quantize_kv_i8 = &QuantizeKvI8,
     .rotate_kv_row = &RotateKvRow,
     .quantize_kv_i8_f16 = &QuantizeKvI8F16,
+    .dequantize_kv_i8_f16 = &DequantizeKvI8F16,
     .dot_i8_f32 = &DotI8F32,
     .axpy_i8 = &AxpyI8,
     .sum_squares = &SumSquares,

@@ -1,8 +1,10 @@
-// One F16 K/V row into the INT8 KV scheme (kv_layout.h) in a single pass over 512-bit registers:
-// F16 -> F32, the Hadamard rotation into the stored basis (kv_rotation.h) and the per-row INT8
-// quantization, bit-exact with F16ToF32 + RotateKvRow + QuantizeKvI8 (cpu_kernels_test compares
-// them). The KV-transfer codec's INT8 wire runs through it (kernels.h, quantize_kv_i8_f16): the
-// three kernels one after the other cost ~200 ns per 256-value row here, this one ~75.
+// F16 K/V rows into the INT8 KV scheme (kv_layout.h) and back, each in a single pass over 512-bit
+// registers. Into it: F16 -> F32, the Hadamard rotation into the stored basis (kv_rotation.h) and
+// the per-row INT8 quantization, bit-exact with F16ToF32 + RotateKvRow + QuantizeKvI8. Out of it:
+// q * scale, the rotation back and F32 -> F16, bit-exact with those three steps
+// (cpu_kernels_test compares both). The KV-transfer codec runs through them (kernels.h,
+// quantize_kv_i8_f16 / dequantize_kv_i8_f16: the INT8 wire, and its import into an F16 cache):
+// the separate kernels cost ~110 and ~260 ns per 256-value row here, these ~75 and ~60.
 //
 // This file alone is compiled with -mavx512f -mavx512bw; its kernel runs only when CPUID reports
 // both and the OS saves ZMM state.
@@ -95,6 +97,30 @@ float RowF16ToI8(const uint16_t* x, int8_t* q) {
   return d;
 }
 
+// The inverse: an INT8 row (head_dim = 16 kRegs values, `scale`) back to F16, H (q * scale).
+template <int kRegs>
+void RowI8ToF16(const int8_t* q, float scale, uint16_t* y) {
+  static_assert(kRegs >= 4 && kRegs <= 16 && (kRegs & (kRegs - 1)) == 0);
+  const __m512 sign[4] = {Signs(0xaaaa), Signs(0xcccc), Signs(0xf0f0), Signs(0xff00)};
+  const __m512 vs = _mm512_set1_ps(scale);
+  __m512 r[kRegs];
+#pragma GCC unroll 16
+  for (int i = 0; i < kRegs; ++i) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * i));
+    const __m512 x = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), vs);
+    r[i] = StagesInRegister(x, sign);
+  }
+  if constexpr (kRegs >= 2) StageAcrossRegisters<kRegs, 1>(r);
+  if constexpr (kRegs >= 4) StageAcrossRegisters<kRegs, 2>(r);
+  if constexpr (kRegs >= 8) StageAcrossRegisters<kRegs, 4>(r);
+  if constexpr (kRegs >= 16) StageAcrossRegisters<kRegs, 8>(r);
+#pragma GCC unroll 16
+  for (int i = 0; i < kRegs; ++i) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + 16 * i),
+                        _mm512_cvtps_ph(r[i], _MM_FROUND_TO_NEAREST_INT));
+  }
+}
+
 bool CpuHasAvx512FBw() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return false;
@@ -122,12 +148,28 @@ KvRowF16ToI8Fn Avx512KvRowF16ToI8(int head_dim) {
   }
 }
 
+KvRowI8ToF16Fn Avx512KvRowI8ToF16(int head_dim) {
+  static const bool ok = CpuHasAvx512FBw();
+  if (!ok) return nullptr;
+  switch (head_dim) {
+    case 64:
+      return &RowI8ToF16<4>;
+    case 128:
+      return &RowI8ToF16<8>;
+    case 256:
+      return &RowI8ToF16<16>;
+    default:
+      return nullptr;
+  }
+}
+
 }  // namespace pd::engine::cpu
 
 #else  // built without AVX-512
 
 namespace pd::engine::cpu {
 KvRowF16ToI8Fn Avx512KvRowF16ToI8(int) { return nullptr; }
+KvRowI8ToF16Fn Avx512KvRowI8ToF16(int) { return nullptr; }
 }  // namespace pd::engine::cpu
 
 #endif

@@ -526,6 +526,35 @@ TEST_F(KernelsTest, QuantizeKvI8F16BitExactWithTheComposition) {
   }
 }
 
+// INT8 rows back to F16 in one call: both tables give the bits of q * scale in F32, the
+// reference rotation (scale 1) and F32 -> F16, for the AVX-512 one-pass head dims (64, 128, 256)
+// and the others, scales from 1e-9 to 300 (F16 overflow to inf included) and 0.
+TEST_F(KernelsTest, DequantizeKvI8F16BitExactWithTheComposition) {
+  std::uniform_int_distribution<int> qd(-127, 127);
+  std::uniform_real_distribution<float> log_scale(-9.f, 2.5f);
+  int fused_dims = 0;
+  for (int hd : {1, 8, 16, 24, 32, 64, 80, 96, 128, 192, 256, 512}) {
+    if (Avx512KvRowI8ToF16(hd) != nullptr) ++fused_dims;
+    for (int rep = 0; rep < 300; ++rep) {
+      std::vector<int8_t> q(hd);
+      for (int8_t& v : q) v = static_cast<int8_t>(qd(rng_));
+      const float scale = rep % 13 == 0 ? 0.f : std::pow(10.f, log_scale(rng_));
+      std::vector<float> x(hd), tmp(hd);
+      for (int i = 0; i < hd; ++i) x[i] = scale * static_cast<float>(q[i]);
+      RotateKvRow(x.data(), hd, 1.f);
+      std::vector<uint16_t> want(hd), ys(hd), ya(hd);
+      ScalarKernels().f32_to_f16(x.data(), want.data(), hd);
+      s_.dequantize_kv_i8_f16(q.data(), scale, tmp.data(), ys.data(), hd);
+      avx2_->dequantize_kv_i8_f16(q.data(), scale, tmp.data(), ya.data(), hd);
+      ASSERT_EQ(ys, want) << hd << " rep " << rep;
+      ASSERT_EQ(ya, want) << hd << " rep " << rep;
+    }
+  }
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
+    EXPECT_EQ(fused_dims, 3);
+  }
+}
+
 TEST_F(KernelsTest, Int8AttentionRowKernels) {
   std::uniform_int_distribution<int> qd(-127, 127);
   for (int64_t n : kLengths) {
