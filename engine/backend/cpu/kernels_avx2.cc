@@ -1528,24 +1528,21 @@ float QuantizeKvI8F16(const uint16_t* x, float* tmp, int8_t* q, int head_dim) {
   return QuantizeKvI8(tmp, q, head_dim);
 }
 
+inline __m256 LoadI8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
 // INT8 row -> F16 out of the stored basis: the AVX-512 one-pass kernel where it applies, else
 // q * scale (8 lanes, one product each, as the scalar loop), the rotation and F32 -> F16.
 void DequantizeKvI8F16(const int8_t* q, float scale, float* tmp, uint16_t* y, int head_dim) {
   if (const KvRowI8ToF16Fn fused = Avx512KvRowI8ToF16(head_dim)) return fused(q, scale, y);
   const __m256 vs = _mm256_set1_ps(scale);
   int i = 0;
-  for (; i + 8 <= head_dim; i += 8) {
-    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i));
-    _mm256_storeu_ps(tmp + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), vs));
-  }
+  for (; i + 8 <= head_dim; i += 8) _mm256_storeu_ps(tmp + i, _mm256_mul_ps(LoadI8(q + i), vs));
   for (; i < head_dim; ++i) tmp[i] = scale * static_cast<float>(q[i]);
   RotateKvRowAvx2(tmp, head_dim, 1.f);
   F32ToF16(tmp, y, head_dim);
-}
-
-inline __m256 LoadI8(const int8_t* p) {
-  return _mm256_cvtepi32_ps(
-      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
 float DotI8F32(const int8_t* a, const float* b, int64_t n) {
