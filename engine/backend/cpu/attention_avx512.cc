@@ -144,20 +144,10 @@ constexpr AttnKernels kAvx512Attn = {16, &AttnDot512, &AttnExpSum512, &AttnReduc
 
 // AVX512F and AVX512DQ (CPUID leaf 7, EBX bits 16 and 17) with ZMM, YMM and XMM state enabled by
 // the OS (XCR0 bits 1, 2, 5, 6 and 7).
-bool CpuHasAvx512FDq() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return false;
-  unsigned lo = 0, hi = 0;
-  __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  if ((lo & 0xE6u) != 0xE6u) return false;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  return (b & bit_AVX512F) && (b & bit_AVX512DQ);
-}
-
 }  // namespace
 
 const AttnKernels* Avx512AttnKernels() {
-  static const bool ok = CpuHasAvx512FDq();
+  static const bool ok = CpuHasAvx512(bit_AVX512F | bit_AVX512DQ);
   return ok ? &kAvx512Attn : nullptr;
 }
 

@@ -368,23 +368,11 @@ void GemmGrouped(int64_t k, const void* w, size_t w_stride, int64_t rows, const 
   }
 }
 
-// AVX512F + AVX512VL + AVX512_VNNI, and the OS saves the opmask and ZMM state.
-bool CpuHasAvx512Vnni() {
-  unsigned a, b, c, d;
-  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return false;
-  unsigned xcr0_lo, xcr0_hi;
-  __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-  if ((xcr0_lo & 0xe6) != 0xe6) return false;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  const bool avx512f = b & (1u << 16), avx512vl = b & (1u << 31), vnni = c & (1u << 11);
-  return avx512f && avx512vl && vnni;
-}
-
 bool UseVnni() {
   static const bool use = [] {
     const char* off = std::getenv("PDSERVE_CPU_NO_VNNI");
     if (off != nullptr && off[0] != '\0' && off[0] != '0') return false;
-    return CpuHasAvx512Vnni();
+    return CpuHasAvx512(bit_AVX512F | bit_AVX512VL, bit_AVX512VNNI);  // OS ZMM state too
   }();
   return use;
 }

@@ -142,6 +142,11 @@ const AttnKernels& ScalarAttnKernels(int lanes);
 // The AVX2 versions (kernels_avx2.cc; the scalar 8-lane ones in a build without AVX2). Only call
 // their entries where AVX2 + FMA run.
 const AttnKernels& Avx2AttnKernels();
+// True when the OS saves the opmask and ZMM state and CPUID leaf 7 (subleaf 0) reports every bit
+// of `leaf7_ebx` in EBX and of `leaf7_ecx` in ECX (cpuid.h's bit_AVX512F, bit_AVX512BW, ...):
+// the check every AVX-512 file makes before handing out its kernels. False off x86.
+bool CpuHasAvx512(uint32_t leaf7_ebx, uint32_t leaf7_ecx = 0);
+
 // The AVX-512 versions (attention_avx512.cc): nullptr unless the CPU has AVX512F and AVX512DQ.
 const AttnKernels* Avx512AttnKernels();
 

@@ -605,6 +605,21 @@ bool CpuHasAvx2Fma() {
 
 }  // namespace
 
+bool CpuHasAvx512(uint32_t leaf7_ebx, uint32_t leaf7_ecx) {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return false;
+  unsigned xcr0_lo, xcr0_hi;
+  __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if ((xcr0_lo & 0xe6) != 0xe6) return false;  // XMM, YMM, opmask and both ZMM halves
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  return (b & leaf7_ebx) == leaf7_ebx && (c & leaf7_ecx) == leaf7_ecx;
+#else
+  (void)leaf7_ebx, (void)leaf7_ecx;
+  return false;
+#endif
+}
+
 const Kernels& SelectKernels(bool force_scalar) {
   const Kernels* avx2 = Avx2Kernels();
   if (!force_scalar && avx2 != nullptr && CpuHasAvx2Fma()) return *avx2;

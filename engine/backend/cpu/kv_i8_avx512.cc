@@ -122,46 +122,23 @@ void RowI8ToF16(const int8_t* q, float scale, uint16_t* y) {
   }
 }
 
-bool CpuHasAvx512FBw() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return false;
-  unsigned lo = 0, hi = 0;
-  __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  if ((lo & 0xE6u) != 0xE6u) return false;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  return (b & bit_AVX512F) && (b & bit_AVX512BW);
+// Of the three instantiations, the one for head_dim (64, 128 or 256); nullptr for other head
+// dims, or on a CPU without AVX512F + BW and the OS's ZMM state.
+template <typename Fn>
+Fn ForHeadDim(int head_dim, Fn for64, Fn for128, Fn for256) {
+  static const bool ok = CpuHasAvx512(bit_AVX512F | bit_AVX512BW);
+  if (!ok) return nullptr;
+  return head_dim == 64 ? for64 : head_dim == 128 ? for128 : head_dim == 256 ? for256 : nullptr;
 }
 
 }  // namespace
 
 KvRowF16ToI8Fn Avx512KvRowF16ToI8(int head_dim) {
-  static const bool ok = CpuHasAvx512FBw();
-  if (!ok) return nullptr;
-  switch (head_dim) {
-    case 64:
-      return &RowF16ToI8<4>;
-    case 128:
-      return &RowF16ToI8<8>;
-    case 256:
-      return &RowF16ToI8<16>;
-    default:
-      return nullptr;
-  }
+  return ForHeadDim<KvRowF16ToI8Fn>(head_dim, &RowF16ToI8<4>, &RowF16ToI8<8>, &RowF16ToI8<16>);
 }
 
 KvRowI8ToF16Fn Avx512KvRowI8ToF16(int head_dim) {
-  static const bool ok = CpuHasAvx512FBw();
-  if (!ok) return nullptr;
-  switch (head_dim) {
-    case 64:
-      return &RowI8ToF16<4>;
-    case 128:
-      return &RowI8ToF16<8>;
-    case 256:
-      return &RowI8ToF16<16>;
-    default:
-      return nullptr;
-  }
+  return ForHeadDim<KvRowI8ToF16Fn>(head_dim, &RowI8ToF16<4>, &RowI8ToF16<8>, &RowI8ToF16<16>);
 }
 
 }  // namespace pd::engine::cpu
