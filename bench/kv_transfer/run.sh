@@ -79,8 +79,8 @@ for line in open(sys.argv[1]):
     kv = dict(f.split("=", 1) for f in line.split()[1:])
     groups.setdefault((int(kv["tokens"]), kv["wire"]), []).append(kv)
 print(f"\nmode: {sys.argv[2]}, medians of {sys.argv[3]} alternating rounds")
-print("| prompt tokens | wire | bytes | layer msg | time | GB/s | ucx_perftest GB/s (tag_bw, layer size) | ratio | ucx_perftest GB/s (one message of the transfer's size) | ratio |")
-print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+print("| prompt tokens | wire | bytes | layer msg | time | GB/s | ucx_perftest GB/s (tag_bw, layer size) | ratio | ucx_perftest GB/s (one message of the transfer's size) | ratio | perftest's own: transfer size / layer size |")
+print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for (tokens, wire), rs in groups.items():
     gbps = statistics.median(float(r["gbps"]) for r in rs)
     ms = statistics.median(float(r["median_ms"]) for r in rs)
@@ -91,5 +91,6 @@ for (tokens, wire), rs in groups.items():
     tt = statistics.median(tts) if tts else float("nan")
     r0 = rs[0]
     print(f"| {tokens} | {wire} | {int(float(r0['bytes'])):,} | {int(r0['layer_msg_bytes']):,} | "
-          f"{ms:.1f} ms | {gbps:.2f} | {pt:.2f} | {gbps / pt:.0%} | {tt:.2f} | {gbps / tt:.0%} |")
+          f"{ms:.1f} ms | {gbps:.2f} | {pt:.2f} | {gbps / pt:.0%} | {tt:.2f} | {gbps / tt:.0%} | "
+          f"{tt / pt:.0%} |")
 PY
