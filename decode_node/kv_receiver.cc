@@ -31,6 +31,11 @@ KvReceiver::KvReceiver(engine::Scheduler& scheduler, kvtransfer::KvTransport& tr
         "pdserve_kv_transfer_received_total",
         "KV transfers received by a decode node, by result (ok, or the failure's status code).",
         {"result"});
+    layers_ = &metrics->AddCounter(
+        "pdserve_kv_transfer_layers_total",
+        "Verified KV layers received, by where they were written into the cache: landed (by the "
+        "transport's delivery thread, in place) or engine (imported on the engine thread).",
+        {"path"});
     reservations_ = &metrics
                          ->AddGauge("pdserve_kv_reservations",
                                     "Requests waiting for (or streaming after) a KV transfer.", {})
@@ -86,20 +91,28 @@ absl::StatusOr<KvReceiver::Reserved> KvReceiver::Reserve(
     if (reservations_ != nullptr) reservations_->Set(static_cast<double>(res_.size()));
   }
   // Runs on the engine thread at the next intake.
-  auto on_reserved = [this, rn, id, n_prompt, wire, deadline](absl::StatusOr<int64_t> kv_seq) {
+  auto on_reserved = [this, rn, id, n_prompt, wire,
+                      deadline](absl::StatusOr<engine::Scheduler::ImportTarget> reserved) {
     std::optional<absl::StatusOr<kvtransfer::TransferDescriptor>> d;
-    if (kv_seq.ok()) {
+    if (reserved.ok()) {
       const kvtransfer::TransferGeometry g =
           kvtransfer::TransferGeometry::ForCache(scheduler_.kv_options(), n_prompt, wire);
       kvtransfer::ReceiveCallbacks cb;
       cb.on_layer = [this, id](kvtransfer::LayerPayload payload) {
+        if (layers_ != nullptr) layers_->WithLabels({payload.landed ? "landed" : "engine"}).Increment();
+        if (payload.landed) return;  // the transport wrote it into the reserved blocks
         auto p = std::make_shared<kvtransfer::LayerPayload>(std::move(payload));
         scheduler_.PostImport(id, [p](engine::KvCache& kv, int64_t seq) {
           return kvtransfer::ImportLayer(*p, kv, seq);
         });
       };
       cb.on_done = [this, rn](uint64_t, absl::Status status) { OnDone(rn, std::move(status)); };
-      d = transport_.Reserve(g, deadline, std::move(cb));
+      // A host-memory cache: the transport lands each layer in the blocks itself, on its delivery
+      // thread, through the fence the engine closes before it takes them back.
+      kvtransfer::ReceiveTarget target;
+      target.layers = std::move(reserved->layers);
+      target.fence = std::move(reserved->fence);
+      d = transport_.Reserve(g, deadline, std::move(cb), std::move(target));
     }
     absl::MutexLock l(&mu_);
     auto it = res_.find(rn);

@@ -4,8 +4,13 @@
 // a prefill node pushes over the node's KvTransport. Its life:
 //
 //   Reserve (RPC thread)        SubmitImport; the engine thread reserves the prompt's blocks and
-//                               opens a transfer (KvTransport::Reserve) -> the descriptor.
-//   on_layer (delivery thread)  Scheduler::PostImport(ImportLayer(payload)): each verified layer
+//                               opens a transfer (KvTransport::Reserve) -> the descriptor. With a
+//                               host-memory cache the transfer gets the blocks as its
+//                               ReceiveTarget: the transport's delivery thread writes each layer
+//                               into them (copy and checksum in one pass) through the sequence's
+//                               KvWriteFence, which the engine closes before it frees them.
+//   on_layer (delivery thread)  a landed layer: nothing to do. Otherwise (a device cache)
+//                               Scheduler::PostImport(ImportLayer(payload)): the verified layer
 //                               is written into the reserved blocks on the engine thread.
 //   on_done (delivery thread)   the transfer ended: OK, or the reason (checksum, short transfer,
 //                               deadline, peer gone) -> local prefill at once.
@@ -20,7 +25,9 @@
 // owns them (Cancel, CompleteImport with an error, or the sequence's normal end).
 //
 // Metrics (docs/metrics.md): pdserve_kv_transfer_received_total{result} (ok, or the status code
-// name of a failed transfer) and pdserve_kv_reservations (gauge: live reservations).
+// name of a failed transfer), pdserve_kv_transfer_layers_total{path} (verified layers, landed in
+// place by the transport or imported on the engine thread) and pdserve_kv_reservations (gauge:
+// live reservations).
 //
 // Ownership: borrows the Scheduler and the transport (both must outlive it); owns the reaper
 // thread, joined by the destructor. Thread safety: every method may be called from any thread.
@@ -100,6 +107,7 @@ class KvReceiver {
   kvtransfer::KvTransport& transport_;
   const absl::Duration attach_grace_;
   Family<Counter>* received_ = nullptr;  // {result}
+  Family<Counter>* layers_ = nullptr;    // {path}: landed | engine
   Gauge* reservations_ = nullptr;
 
   mutable absl::Mutex mu_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -93,14 +94,15 @@ void ConvertBlock(KvDType from, const void* src, KvDType to, void* dst, int bloc
 
 namespace {
 
-// The checks PackLayer and LayerRuns share: `spans` hold at least the layer's n_blocks blocks in
-// ExportSpans order, each a non-null span of `source`'s size.
+// The checks PackLayer, LayerRuns and LandLayer share: `spans` hold at least the layer's n_blocks
+// blocks in ExportSpans order, each a non-null span of `source`'s size. `what` names the caller
+// in the message.
 absl::Status CheckSpans(const TransferGeometry& g, KvDType source, int layer,
-                        absl::Span<const engine::KvSpan> spans) {
+                        absl::Span<const engine::KvSpan> spans, std::string_view what = "Push") {
   const size_t n = 2 * static_cast<size_t>(g.n_blocks());
   if (spans.size() < n) {
     return absl::InvalidArgumentError(pd::StrCat(
-        "Push: layer ", layer, " has ", spans.size(), " spans, the transfer needs ", n, " (",
+        what, ": layer ", layer, " has ", spans.size(), " spans, the transfer needs ", n, " (",
         g.n_blocks(), " blocks of ", g.block_size, " for ", g.n_tokens, " tokens, K and V)"));
   }
   const size_t src_bytes = g.SpanBytes(source);
@@ -109,13 +111,13 @@ absl::Status CheckSpans(const TransferGeometry& g, KvDType source, int layer,
     const engine::KvPart part = i % 2 == 0 ? engine::KvPart::kK : engine::KvPart::kV;
     if (sp.layer != layer || sp.block_index != static_cast<int>(i / 2) || sp.part != part) {
       return absl::InvalidArgumentError(pd::StrCat(
-          "Push: span ", i, " is (layer ", sp.layer, ", block ", sp.block_index, ", ",
+          what, ": span ", i, " is (layer ", sp.layer, ", block ", sp.block_index, ", ",
           sp.part == engine::KvPart::kK ? "K" : "V", "), expected (layer ", layer, ", block ",
           i / 2, ", ", part == engine::KvPart::kK ? "K" : "V", ") as KvCache::ExportSpans gives"));
     }
     if (sp.data == nullptr || sp.bytes != src_bytes) {
       return absl::InvalidArgumentError(pd::StrCat(
-          "Push: span ", i, " has ", sp.bytes, " bytes", sp.data == nullptr ? " (null data)" : "",
+          what, ": span ", i, " has ", sp.bytes, " bytes", sp.data == nullptr ? " (null data)" : "",
           ", expected ", src_bytes, " (", engine::KvDTypeName(source), " block of ", g.block_size,
           " x ", g.n_kv_heads, " x ", g.head_dim, ")"));
     }
@@ -178,6 +180,31 @@ absl::Status LayerRuns(const TransferGeometry& g, KvDType source, int layer,
     *checksum = hash.Digest();
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckLandingSpans(const TransferGeometry& g, int layer,
+                               absl::Span<const engine::KvSpan> spans) {
+  return CheckSpans(g, g.receiver_dtype, layer, spans, "receive target");
+}
+
+absl::StatusOr<uint64_t> LandLayer(const TransferGeometry& g, int layer,
+                                   absl::Span<const uint8_t> payload,
+                                   absl::Span<const engine::KvSpan> spans) {
+  if (payload.size() != g.LayerBytes()) {
+    return absl::InvalidArgumentError(pd::StrCat("LandLayer: payload of ", payload.size(),
+                                                 " bytes, the layer has ", g.LayerBytes()));
+  }
+  PD_RETURN_IF_ERROR(CheckLandingSpans(g, layer, spans));
+  const size_t nb = static_cast<size_t>(g.n_blocks());
+  const size_t wire_bytes = g.SpanBytes(g.wire_dtype);
+  Checksum64Stream hash;
+  for (size_t w = 0; w < 2 * nb; ++w) {
+    const uint8_t* src = payload.data() + w * wire_bytes;
+    hash.Update(src, wire_bytes);  // then the copy reads the block from L1
+    ConvertBlock(g.wire_dtype, src, g.receiver_dtype, spans[SpanOfWire(w, nb)].data, g.block_size,
+                 g.n_kv_heads, g.head_dim);
+  }
+  return hash.Digest();
 }
 
 absl::Status ImportLayer(const LayerPayload& payload, engine::KvCache& cache, int64_t seq) {

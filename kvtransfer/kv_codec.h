@@ -13,7 +13,8 @@
 // wire gives the bytes an INT8 cache would have stored for the same values.
 //
 // All functions are pure (thread-safe) except ImportLayer, which writes the caller's KvCache and so
-// runs on its owner's thread.
+// runs on its owner's thread, and LandLayer, which writes the blocks it is given (any thread, for
+// blocks set aside for it).
 #pragma once
 
 #include <cstddef>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/kv/kv_cache.h"
 #include "kvtransfer/checksum.h"
@@ -70,6 +72,20 @@ struct ByteRun {
 absl::Status LayerRuns(const TransferGeometry& g, KvDType source, int layer,
                        absl::Span<const engine::KvSpan> spans, std::vector<ByteRun>* runs,
                        uint64_t* checksum);
+
+// Lands a received layer payload (wire format, g.LayerBytes() bytes) in the receiver's blocks:
+// `spans` are the layer's KvCache::ExportSpans of the reserved sequence (host memory, a cache of
+// g.receiver_dtype), written block by block, converted from g.wire_dtype where it differs. Returns
+// Checksum64 of the payload, taken block by block in the same pass (each block is hashed and then
+// copied while it is in L1), for the caller to compare with the sender's. Any thread may call it
+// for blocks its caller may write (engine/kv/kv_write_fence.h). INVALID_ARGUMENT for a payload of
+// the wrong size or spans as PackLayer rejects them (checked against g.receiver_dtype).
+absl::StatusOr<uint64_t> LandLayer(const TransferGeometry& g, int layer,
+                                   absl::Span<const uint8_t> payload,
+                                   absl::Span<const engine::KvSpan> spans);
+// LandLayer's span checks alone (the receiver validates a whole target when it opens a transfer).
+absl::Status CheckLandingSpans(const TransferGeometry& g, int layer,
+                               absl::Span<const engine::KvSpan> spans);
 
 // Writes a verified layer payload into `seq`'s reserved blocks of `cache`, converting wire dtype
 // to the cache's dtype. Runs on the cache owner's thread. FAILED_PRECONDITION when the cache's

@@ -2,18 +2,22 @@
 // interface, the descriptor the router carries between them, and the factory.
 //
 // A transfer moves one sequence's KV blocks, layer by layer, from the sender's KvCache to blocks
-// the receiver has reserved in its own KvCache. The receiver never writes into its cache from a
-// transport thread: each verified layer is handed to its owner (the engine loop) as a
-// LayerPayload, which the owner imports with ImportLayer (kvtransfer/kv_codec.h) on its own thread.
+// the receiver has reserved in its own KvCache. Each layer arrives in a staging buffer; then
+// either the transport's delivery thread lands it in the reserved blocks itself (a ReceiveTarget:
+// the blocks' host addresses and the fence through which the owner takes them back;
+// kv_codec.h's LandLayer copies and hashes in one pass), or, without a target, the verified layer
+// is handed to the owner as a LayerPayload, which the owner imports with ImportLayer on its own
+// (engine) thread.
 //
 //   decode node (receiver)                       prefill node (sender)
-//   kv.Reserve(seq, n_tokens)   (engine thread)
-//   d = transport.Reserve(geometry, deadline, callbacks)
+//   kv.Reserve(seq, n_tokens)   (engine thread; target = its spans + a KvWriteFence)
+//   d = transport.Reserve(geometry, deadline, callbacks, target)
 //   d.Serialize() --- router ------------------> TransferDescriptor::Parse(bytes)
 //                                                s = transport.Connect(d, kv.options().dtype, done)
 //                                                per layer, once computed: s->Push(l, spans)
-//   callbacks.on_layer(payload) x n_layer  <---- (async; one message per layer)
-//   -> engine thread: ImportLayer(payload, kv, seq)
+//   delivery thread: LandLayer into target <---- (async; one message per layer)
+//   callbacks.on_layer(payload, landed) x n_layer
+//   (no target: engine thread ImportLayer(payload, kv, seq))
 //                                                s->Complete()
 //   callbacks.on_done(OK)                  ----> done(OK)   (the receiver acknowledges)
 //
@@ -36,6 +40,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -43,6 +48,7 @@
 #include "absl/types/span.h"
 #include "engine/backend/kv_layout.h"
 #include "engine/kv/kv_cache.h"
+#include "engine/kv/kv_write_fence.h"
 
 namespace pd::kvtransfer {
 
@@ -116,17 +122,33 @@ class Buffer {
   std::shared_ptr<BufferPool> pool_;  // null: plain heap buffer
 };
 
-// One verified layer of a transfer, in the wire format (TransferGeometry::LayerBytes() bytes).
-// The owner imports it with ImportLayer (kv_codec.h) on its engine thread and then drops it.
+// One verified layer of a transfer. With a ReceiveTarget it is already in the reserved blocks
+// (`landed`, no storage). Otherwise it is in the wire format (TransferGeometry::LayerBytes()
+// bytes): the owner imports it with ImportLayer (kv_codec.h) on its engine thread and drops it.
 struct LayerPayload {
   uint64_t transfer_id = 0;
   int layer = 0;
   TransferGeometry geometry;
-  Buffer storage;  // the received message; the payload starts at `offset`
+  bool landed = false;  // written into the ReceiveTarget's blocks by the transport
+  Buffer storage;       // not landed: the received message; the payload starts at `offset`
   size_t offset = 0;
   absl::Span<const uint8_t> data() const {
     return {storage.data() + offset, storage.size() - offset};
   }
+};
+
+// Where a receiver's transport writes each verified layer itself: the reserved sequence's blocks,
+// for every layer its KvCache::ExportSpans (host memory: a CPU-backend cache of the geometry's
+// receiver_dtype; at least n_blocks blocks, extra ones are ignored), and the fence the owner
+// closes before it frees or reuses those blocks (engine/kv/kv_write_fence.h). Each layer is
+// copied (or converted from the wire dtype) and hashed in one pass on the delivery thread, under
+// the fence; a layer whose checksum turns out wrong has then written reserved blocks that the
+// failed transfer leaves unused. A fence found closed ends the transfer (CANCELLED) without
+// writing.
+struct ReceiveTarget {
+  std::vector<std::vector<engine::KvSpan>> layers;  // [layer] -> ExportSpans(seq, layer)
+  std::shared_ptr<engine::KvWriteFence> fence;
+  bool empty() const { return layers.empty(); }
 };
 
 // The receiver owner's callbacks for one transfer. Both run on the transport's delivery thread
@@ -218,11 +240,14 @@ class KvTransport {
 
   // ---- receiver ----
   // Opens a transfer of `geometry` (already reserved in the caller's KvCache) that must end by
-  // `deadline`; returns the descriptor to hand to the sender. INVALID_ARGUMENT for a bad geometry
-  // or missing callbacks; FAILED_PRECONDITION if the transport is shutting down.
+  // `deadline`; returns the descriptor to hand to the sender. With a non-empty `target` the
+  // transport lands every layer in those blocks (on_layer then sees `landed` payloads).
+  // INVALID_ARGUMENT for a bad geometry, missing callbacks, or a target whose layer count, spans
+  // or fence do not fit the geometry; FAILED_PRECONDITION if the transport is shutting down.
   virtual absl::StatusOr<TransferDescriptor> Reserve(const TransferGeometry& geometry,
                                                      absl::Time deadline,
-                                                     ReceiveCallbacks callbacks) = 0;
+                                                     ReceiveCallbacks callbacks,
+                                                     ReceiveTarget target = {}) = 0;
   // Aborts receive transfer `transfer_id` with `reason` (non-OK), telling the sender; on_done
   // fires with `reason` unless the transfer already ended. No-op for unknown or ended ids.
   virtual void AbortReceive(uint64_t transfer_id, absl::Status reason) = 0;

@@ -62,6 +62,7 @@ struct TransportBase::RecvState {
   TransferGeometry g;
   absl::Time deadline;
   ReceiveCallbacks cb;
+  ReceiveTarget target;  // empty: layers go to the owner as payloads
   Peer* peer = nullptr;
   uint64_t sender_id = 0;
   std::vector<uint8_t> layer_state;  // 0 not seen, 1 verifying, 2 delivered
@@ -290,10 +291,24 @@ void TransportBase::SendControl(Peer* peer, MsgKind kind, uint64_t transfer_id, 
 
 absl::StatusOr<TransferDescriptor> TransportBase::Reserve(const TransferGeometry& geometry,
                                                           absl::Time deadline,
-                                                          ReceiveCallbacks callbacks) {
+                                                          ReceiveCallbacks callbacks,
+                                                          ReceiveTarget target) {
   PD_RETURN_IF_ERROR(geometry.Validate());
   if (!callbacks.on_layer || !callbacks.on_done) {
     return absl::InvalidArgumentError("Reserve: on_layer and on_done callbacks are required");
+  }
+  if (!target.empty()) {
+    if (target.fence == nullptr) {
+      return absl::InvalidArgumentError("Reserve: a receive target needs its KvWriteFence");
+    }
+    if (static_cast<int>(target.layers.size()) != geometry.n_layer) {
+      return absl::InvalidArgumentError(pd::StrCat("Reserve: the receive target has ",
+                                                   target.layers.size(), " layers, the transfer ",
+                                                   geometry.n_layer));
+    }
+    for (int l = 0; l < geometry.n_layer; ++l) {
+      PD_RETURN_IF_ERROR(CheckLandingSpans(geometry, l, target.layers[l]));
+    }
   }
   {
     absl::MutexLock lock(&mu_);
@@ -304,6 +319,7 @@ absl::StatusOr<TransferDescriptor> TransportBase::Reserve(const TransferGeometry
   r->g = geometry;
   r->deadline = deadline;
   r->cb = std::move(callbacks);
+  r->target = std::move(target);
   r->layer_state.assign(geometry.n_layer, 0);
   ++active_;
   TransferDescriptor d;
@@ -435,11 +451,35 @@ void TransportBase::HandleToReceiver(const MsgHeader& h, Buffer msg) {
       r.layer_state[layer] = 1;
       auto holder = std::make_shared<Buffer>(std::move(msg));
       const uint64_t expected = h.checksum;
-      // The delivery thread hashes the layer: the loop thread goes on receiving the next one.
+      // The delivery thread hashes the layer (landing it in the target's blocks in the same pass
+      // when there is one): the loop thread goes on receiving the next one.
       Deliver([this, rp, layer, holder, expected] {
         if (rp->dead) return;
-        const uint64_t got =
-            Checksum64(holder->data() + sizeof(MsgHeader), holder->size() - sizeof(MsgHeader));
+        const absl::Span<const uint8_t> payload(holder->data() + sizeof(MsgHeader),
+                                                holder->size() - sizeof(MsgHeader));
+        uint64_t got = 0;
+        const bool landing = !rp->target.empty();
+        if (landing) {
+          absl::StatusOr<uint64_t> landed;
+          const bool open = rp->target.fence->Write(
+              [&] { landed = LandLayer(rp->g, layer, payload, rp->target.layers[layer]); });
+          absl::Status failed;
+          if (!open) {
+            failed = absl::CancelledError(pd::StrCat(
+                "KV transfer ", rp->id, ": the receiver took its reserved blocks back"));
+          } else if (!landed.ok()) {
+            failed = landed.status();  // sizes were checked: not expected
+          }
+          if (!failed.ok()) {
+            rp->dead = true;
+            Post([this, rp, failed] { FinishRecv(*rp, failed, true); });
+            return;
+          }
+          got = *landed;
+          *holder = Buffer();  // back to the pool now: the bytes are in the cache
+        } else {
+          got = Checksum64(payload.data(), payload.size());
+        }
         if (got != expected) {
           rp->dead = true;
           Post([this, rp, layer, got, expected] {
@@ -456,8 +496,11 @@ void TransportBase::HandleToReceiver(const MsgHeader& h, Buffer msg) {
         p.transfer_id = rp->id;
         p.layer = layer;
         p.geometry = rp->g;
-        p.storage = std::move(*holder);
-        p.offset = sizeof(MsgHeader);
+        p.landed = landing;
+        if (!landing) {
+          p.storage = std::move(*holder);
+          p.offset = sizeof(MsgHeader);
+        }
         rp->cb.on_layer(std::move(p));
         Post([this, rp, layer] {
           if (rp->ended) return;

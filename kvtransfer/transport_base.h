@@ -73,7 +73,8 @@ class TransportBase : public KvTransport {
   ~TransportBase() override;
 
   absl::StatusOr<TransferDescriptor> Reserve(const TransferGeometry& geometry, absl::Time deadline,
-                                             ReceiveCallbacks callbacks) override;
+                                             ReceiveCallbacks callbacks,
+                                             ReceiveTarget target) override;
   void AbortReceive(uint64_t transfer_id, absl::Status reason) override;
   absl::StatusOr<std::unique_ptr<KvSendStream>> Connect(const TransferDescriptor& descriptor,
                                                         KvDType source_dtype,

@@ -5,6 +5,10 @@
 #   MODE=shm|tcp  REPS=20  WARMUP=5  ROUNDS=3  TOKENS=1024,4096,16384  MODEL=models/gemma-3-270m-q4_k_m.gguf
 #   STAGED=1: copy every layer into a staging buffer (default: f16 goes zero-copy, as pd-prefill
 #   sends it)
+#   IMPORT=land|engine: every layer goes into the receiver's own KV cache, written by the
+#   transport's delivery thread (land: pd-decode on a CPU cache) or imported on an engine-like
+#   thread (engine: a device cache); the table adds the importer's busy time and first Push -> last
+#   layer in the cache
 #
 # MODE=shm (default): UCX's default transports with peer-failure detection off, so UCX may use
 #   shared memory + CMA between the two processes; ucx_perftest runs with its defaults.
@@ -30,6 +34,7 @@ command -v ucx_perftest >/dev/null || { echo "ucx_perftest missing: apt-get inst
 flags=(--reps "$REPS" --warmup "$WARMUP")
 if [ -f "$MODEL" ]; then flags+=(--model "$MODEL"); fi
 if [ "${STAGED:-0}" = 1 ]; then flags+=(--staged); fi
+if [ -n "${IMPORT:-}" ]; then flags+=(--import "$IMPORT"); fi
 perf_env=()
 case "$MODE" in
   shm) flags+=(--no-peer-failure) ;;
@@ -81,6 +86,7 @@ for line in open(sys.argv[1]):
 print(f"\nmode: {sys.argv[2]}, medians of {sys.argv[3]} alternating rounds")
 print("| prompt tokens | wire | bytes | layer msg | time | GB/s | ucx_perftest GB/s (tag_bw, layer size) | ratio | ucx_perftest GB/s (one message of the transfer's size) | ratio | perftest's own: transfer size / layer size |")
 print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+extra = []
 for (tokens, wire), rs in groups.items():
     gbps = statistics.median(float(r["gbps"]) for r in rs)
     ms = statistics.median(float(r["median_ms"]) for r in rs)
@@ -90,7 +96,19 @@ for (tokens, wire), rs in groups.items():
            if r.get("perftest_total_mbps")]
     tt = statistics.median(tts) if tts else float("nan")
     r0 = rs[0]
+    if "import_ms" in r0:
+        imode = r0["import"]
+        imp = statistics.median(float(r["import_ms"]) for r in rs)
+        landed = statistics.median(float(r["landed_ms"]) for r in rs)
+        extra.append(f"| {tokens} | {wire} | {ms:.1f} ms | {imp:.1f} ms | {landed:.1f} ms | "
+                     f"{landed - ms:+.1f} ms |")
     print(f"| {tokens} | {wire} | {int(float(r0['bytes'])):,} | {int(r0['layer_msg_bytes']):,} | "
           f"{ms:.1f} ms | {gbps:.2f} | {pt:.2f} | {gbps / pt:.0%} | {tt:.2f} | {gbps / tt:.0%} | "
           f"{tt / pt:.0%} |")
+if extra:
+    print(f"\ninto the receiver's cache (IMPORT={imode}): land = written by the transport's "
+          "delivery thread; engine = ImportLayer on one importer thread")
+    print("| prompt tokens | wire | transfer (to ACK) | importer busy | first Push -> last layer in the cache | after the ACK |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: |")
+    print("\n".join(extra))
 PY

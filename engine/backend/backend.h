@@ -110,6 +110,9 @@ class Backend {
   virtual ~Backend() = default;
 
   virtual std::string_view name() const = 0;
+  // True when the memory Allocate returns is ordinary host memory that any thread may read and
+  // write directly (the CPU backend); a device backend's is not.
+  virtual bool host_memory() const { return false; }
 
   // ---- memory --------------------------------------------------------------------------------
   // RESOURCE_EXHAUSTED when the device is out of memory.

@@ -78,6 +78,9 @@ class KvCache {
   // The pointers stay valid until the sequence is freed. NOT_FOUND for an unknown sequence,
   // INVALID_ARGUMENT for a layer outside [0, n_layer).
   absl::StatusOr<std::vector<KvSpan>> ExportSpans(int64_t seq, int layer) const;
+  // True when ExportSpans' pointers are host memory (the CPU backend): another thread may then
+  // write a reserved sequence's blocks through them (engine/kv/kv_write_fence.h).
+  bool host_memory() const { return backend_.host_memory(); }
   // Copies block `block_index` of `seq` (K or V of `layer`) into `host_dst`, which holds `bytes`
   // == BlockBytes().span() bytes. Errors as Import.
   absl::Status Export(int64_t seq, int layer, int block_index, KvPart part, void* host_dst,

@@ -61,6 +61,9 @@ struct Scheduler::Sequence {
   int n_computed = 0;      // tokens whose K/V are in the cache
   bool running = false;    // holds KV (in running_)
   bool importing = false;  // holds KV (in importing_), its prompt's K/V arriving from outside
+  // importing, host-memory cache: the gate through which another thread writes its blocks; closed
+  // (CloseImportFence) before the blocks are freed or the sequence runs
+  std::shared_ptr<KvWriteFence> import_fence;
   int64_t admission = -1;  // order of its latest admission
   int64_t preempted_step = -1;
   int planned = 0;  // tokens in the batch being built
@@ -355,9 +358,16 @@ void Scheduler::Pull(std::vector<std::pair<std::string, FinishReason>>* cancels)
     if (on_reserved) {
       if (kv_->Reserve(seq->kv_id, seq->n_prompt).ok()) {
         seq->importing = true;
-        const int64_t kv_seq = seq->kv_id;
+        ImportTarget target;
+        target.kv_seq = seq->kv_id;
+        if (kv_->host_memory()) {
+          for (int l = 0; l < kv_options_.n_layer; ++l) {
+            target.layers.push_back(*kv_->ExportSpans(seq->kv_id, l));  // reserved just now
+          }
+          target.fence = seq->import_fence = std::make_shared<KvWriteFence>();
+        }
         importing_.push_back(std::move(seq));
-        on_reserved(kv_seq);
+        on_reserved(std::move(target));
         continue;
       }
       kv_->Free(seq->kv_id);
@@ -397,7 +407,14 @@ std::unique_ptr<T> Take(std::vector<std::unique_ptr<T>>& list, const T* seq) {
 
 }  // namespace
 
+void Scheduler::CloseImportFence(Sequence& seq) {
+  if (seq.import_fence == nullptr) return;
+  seq.import_fence->Close();  // waits for a layer being written into its blocks
+  seq.import_fence.reset();
+}
+
 void Scheduler::Finish(std::unique_ptr<Sequence> seq, FinishReason reason, absl::Status status) {
+  CloseImportFence(*seq);
   if (seq->hold_kv && seq->exported) {
     held_.insert(seq->kv_id);  // a transport may still be reading them: ReleaseExportedKv
   } else {
@@ -485,6 +502,7 @@ void Scheduler::AbortImport(Sequence* seq, const absl::Status& why) {
   std::unique_ptr<Sequence> owned = Take(importing_, seq);
   PD_CHECK(owned != nullptr);
   PD_LOG(kWarning, "request ", seq->id, ": KV import failed, prefilling locally: ", why.ToString());
+  CloseImportFence(*seq);
   kv_->Free(seq->kv_id);
   seq->importing = false;
   seq->n_computed = 0;
@@ -519,6 +537,7 @@ void Scheduler::RunImports() {
       continue;
     }
     std::unique_ptr<Sequence> owned = Take(importing_, s);
+    CloseImportFence(*s);  // its K/V are in: nothing may write them from now on
     s->importing = false;
     s->n_computed = s->n_prompt;
     s->timing.first_scheduled = now;

@@ -35,6 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/kv/kv_cache.h"
+#include "engine/kv/kv_write_fence.h"
 #include "engine/runtime/model.h"
 #include "engine/sched/engine_api.h"
 #include "engine/sched/sampler.h"
@@ -116,10 +117,20 @@ class Scheduler final : public GenerationEngine {
   int max_context() const override { return max_context_; }
 
   // ---- Imported KV: the decode side of KV transfer (docs/scheduler.md, "Imported KV") ----
-  // Called on the engine thread with the importing sequence's KvCache id, or RESOURCE_EXHAUSTED
+  // The blocks reserved for an importing sequence, as on_reserved sees them.
+  struct ImportTarget {
+    int64_t kv_seq = -1;  // its KvCache id
+    // Host-memory caches (KvCache::host_memory): for every layer, ExportSpans of the reserved
+    // blocks, which another thread may write through `fence` until the engine closes it (it does
+    // before it frees or reuses them: Cancel, the deadline, a failed import, shutdown) and once
+    // the import completed. Empty for a device cache: import with PostImport then.
+    std::vector<std::vector<KvSpan>> layers;
+    std::shared_ptr<KvWriteFence> fence;
+  };
+  // Called on the engine thread with the importing sequence's blocks, or RESOURCE_EXHAUSTED
   // when the prompt's blocks are not free now (the request then prefills locally, as if given to
   // Submit). Must not block.
-  using ImportReserved = std::function<void(absl::StatusOr<int64_t> kv_seq)>;
+  using ImportReserved = std::function<void(absl::StatusOr<ImportTarget> reserved)>;
   // Runs on the engine thread with the cache and the importing sequence's KvCache id (e.g.
   // kvtransfer::ImportLayer); a non-OK status aborts the import (local prefill).
   using ImportTask = std::function<absl::Status(KvCache& kv, int64_t kv_seq)>;
@@ -197,6 +208,7 @@ class Scheduler final : public GenerationEngine {
                       ImportReserved on_reserved, ExportLayer export_layer = nullptr,
                       bool hold_kv = false);
   void RunImports();  // posted import tasks and completions (engine thread)
+  static void CloseImportFence(Sequence& seq);  // before an importing sequence's blocks change
   void ApplyReleases();  // ReleaseExportedKv calls (engine thread)
   void AbortImport(Sequence* seq, const absl::Status& why);
 

@@ -116,7 +116,14 @@ class KvReceiverTest : public ::testing::Test {
     decode_ = MakeScheduler(*env_);
     rx_ = Inproc();
     tx_ = Inproc();
-    receiver_ = std::make_unique<KvReceiver>(*decode_, *rx_, nullptr, absl::Milliseconds(100));
+    receiver_ = std::make_unique<KvReceiver>(*decode_, *rx_, &metrics_, absl::Milliseconds(100));
+  }
+  // pdserve_kv_transfer_layers_total{path=...} as the node's /metrics renders it (0 if absent).
+  double Layers(const std::string& path) {
+    const std::string text = metrics_.Render();
+    const std::string key = "pdserve_kv_transfer_layers_total{path=\"" + path + "\"} ";
+    const size_t at = text.find(key);
+    return at == std::string::npos ? 0 : std::stod(text.substr(at + key.size()));
   }
   void TearDown() override {
     receiver_->Shutdown();
@@ -155,6 +162,7 @@ class KvReceiverTest : public ::testing::Test {
   std::vector<int32_t> want_;
   std::unique_ptr<engine::Scheduler> decode_;
   std::unique_ptr<kvtransfer::KvTransport> rx_, tx_;
+  MetricsRegistry metrics_;
   std::unique_ptr<KvReceiver> receiver_;
 };
 
@@ -185,6 +193,9 @@ TEST_F(KvReceiverTest, PushedKvThenAttachWithTheFirstTokenEqualsALocalRun) {
   }
   EXPECT_EQ(receiver_->live(), 0);
   ExpectAllFree(*decode_);
+  // A CPU cache: every layer of both transfers was landed in place by the transport.
+  EXPECT_EQ(Layers("landed"), 2 * env_->model->config().n_layer);
+  EXPECT_EQ(Layers("engine"), 0);
 }
 
 TEST_F(KvReceiverTest, AttachWithoutAFirstTokenPrefillsLocally) {

@@ -248,6 +248,62 @@ TEST(ImportLayer, PackThenImportCopiesEveryBlockAndChecksTheCache) {
               StatusIs(absl::StatusCode::kFailedPrecondition, "n_kv_heads"));
 }
 
+// LandLayer writes what ImportLayer writes, for every wire and cache dtype, into other block ids,
+// and returns the payload's checksum (taken in the same pass).
+TEST(LandLayer, WritesWhatImportLayerWritesAndReturnsTheChecksum) {
+  auto backend = engine::CreateCpuBackend({1});
+  auto src = *engine::KvCache::Create(CacheOptions(KvDType::kF16), *backend);
+  PD_ASSERT_OK(FillRandom(*src, 1, 70, 3));  // 5 blocks, the last one partial
+  for (KvDType wire : {KvDType::kF16, KvDType::kI8}) {
+    for (KvDType cache : {KvDType::kF16, KvDType::kI8, KvDType::kF32}) {
+      SCOPED_TRACE(std::string(engine::KvDTypeName(wire)) + " -> " +
+                   std::string(engine::KvDTypeName(cache)));
+      auto imported = *engine::KvCache::Create(CacheOptions(cache), *backend);
+      auto landed = *engine::KvCache::Create(CacheOptions(cache), *backend);
+      PD_ASSERT_OK(imported->Reserve(5, 70));
+      PD_ASSERT_OK(landed->Reserve(99, 33));  // other block ids
+      PD_ASSERT_OK(landed->Reserve(5, 70));
+      const TransferGeometry g = TransferGeometry::ForCache(landed->options(), 70, wire);
+      std::vector<uint8_t> payload(g.LayerBytes());
+      for (int l = 0; l < g.n_layer; ++l) {
+        PD_ASSERT_OK(
+            PackLayer(g, KvDType::kF16, l, *src->ExportSpans(1, l), absl::MakeSpan(payload)));
+        PD_ASSERT_OK(ImportLayer(g, l, payload, *imported, 5));
+        absl::StatusOr<uint64_t> sum = LandLayer(g, l, payload, *landed->ExportSpans(5, l));
+        PD_ASSERT_OK(sum.status());
+        EXPECT_EQ(*sum, Checksum64(payload.data(), payload.size()));
+      }
+      for (int l = 0; l < g.n_layer; ++l) {
+        for (int b = 0; b < g.n_blocks(); ++b) {
+          for (auto part : {engine::KvPart::kK, engine::KvPart::kV}) {
+            ASSERT_EQ(BlockBytes(*imported, 5, l, b, part), BlockBytes(*landed, 5, l, b, part));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(LandLayer, RejectsSpansAndPayloadsThatDoNotFit) {
+  auto backend = engine::CreateCpuBackend({1});
+  auto kv = *engine::KvCache::Create(CacheOptions(KvDType::kF16), *backend);
+  PD_ASSERT_OK(kv->Reserve(5, 40));  // 3 blocks
+  const TransferGeometry g = TransferGeometry::ForCache(kv->options(), 40, KvDType::kF16);
+  std::vector<uint8_t> payload(g.LayerBytes(), 7);
+  const std::vector<engine::KvSpan> spans = *kv->ExportSpans(5, 1);
+  PD_EXPECT_OK(LandLayer(g, 1, payload, spans).status());
+  EXPECT_THAT(LandLayer(g, 1, absl::MakeSpan(payload).subspan(1), spans).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "LandLayer: payload of"));
+  EXPECT_THAT(LandLayer(g, 2, payload, spans).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "receive target: span 0 is (layer 1"));
+  EXPECT_THAT(LandLayer(g, 1, payload, absl::MakeSpan(spans).subspan(0, 5)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "receive target: layer 1 has 5 spans"));
+  TransferGeometry gi = g;
+  gi.receiver_dtype = KvDType::kI8;  // the spans are an F16 cache's
+  EXPECT_THAT(CheckLandingSpans(gi, 1, spans),
+              StatusIs(absl::StatusCode::kInvalidArgument, "receive target: span 0 has"));
+}
+
 TEST(TransferDescriptor, RoundTripsAndRejectsGarbage) {
   TransferDescriptor d;
   d.transport = "ucx";

@@ -66,7 +66,8 @@ inline std::vector<uint8_t> BlockBytes(engine::KvCache& kv, int64_t seq, int lay
 }
 
 // A receiver's owner: callbacks queue into here (transport delivery thread); the test thread plays
-// the engine loop, importing layers into its cache (KvCache is never touched by the transport).
+// the engine loop, importing layers into its cache unless the transport landed them there (a
+// ReceiveTarget).
 class Owner {
  public:
   ReceiveCallbacks Callbacks() {
@@ -101,7 +102,11 @@ class Owner {
       }
       for (LayerPayload& p : batch) {
         layers_seen_.push_back(p.layer);
-        if (kv != nullptr) PD_RETURN_IF_ERROR(ImportLayer(p, *kv, seq));
+        if (p.landed) {
+          ++landed_;  // the transport wrote it into the receive target
+        } else if (kv != nullptr) {
+          PD_RETURN_IF_ERROR(ImportLayer(p, *kv, seq));
+        }
       }
       if (done.has_value() && batch.empty()) return *done;
       if (absl::Now() >= until) return absl::DeadlineExceededError("test owner: no on_done");
@@ -118,6 +123,7 @@ class Owner {
     return done_calls_;
   }
   const std::vector<int>& layers_seen() const { return layers_seen_; }
+  int landed() const { return landed_; }
 
  private:
   absl::Mutex mu_;
@@ -125,6 +131,7 @@ class Owner {
   std::optional<absl::Status> done_ ABSL_GUARDED_BY(mu_);
   int done_calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int> layers_seen_;
+  int landed_ = 0;
 };
 
 }  // namespace pd::kvtransfer::testing

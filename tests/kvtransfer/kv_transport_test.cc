@@ -36,6 +36,7 @@ struct Outcome {
   absl::Status recv, send, send_done;
   int recv_done_calls = 0, send_done_calls = 0;
   std::vector<int> layers;
+  int landed = 0;  // layers the transport wrote into the receive target
 };
 
 class TransportTest : public ::testing::TestWithParam<std::string> {
@@ -80,7 +81,12 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
     Owner owner;
     const TransferGeometry g =
         TransferGeometry::ForCache(dst ? dst->options() : src.options(), n_tokens, wire);
-    auto d = rx_->Reserve(g, absl::Now() + deadline, owner.Callbacks());
+    ReceiveTarget target;  // land_: the transport writes dst's blocks itself
+    if (land_ && dst != nullptr) {
+      for (int l = 0; l < g.n_layer; ++l) target.layers.push_back(*dst->ExportSpans(dst_seq, l));
+      target.fence = fence_ = std::make_shared<engine::KvWriteFence>();
+    }
+    auto d = rx_->Reserve(g, absl::Now() + deadline, owner.Callbacks(), std::move(target));
     PD_CHECK_OK(d.status());
     // The descriptor travels as bytes (the router's job).
     auto parsed = TransferDescriptor::Parse(d->Serialize());
@@ -120,6 +126,7 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
     absl::SleepFor(absl::Milliseconds(50));  // a second (wrong) callback would land by now
     out.recv_done_calls = owner.done_calls();
     out.layers = owner.layers_seen();
+    out.landed = owner.landed();
     absl::MutexLock lock(&done->mu);
     out.send_done = done->status;
     out.send_done_calls = done->calls;
@@ -140,6 +147,8 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
 
   std::unique_ptr<engine::Backend> backend_;
   std::unique_ptr<KvTransport> rx_;
+  bool land_ = false;  // Transfer gives the receiver dst's blocks as its ReceiveTarget
+  std::shared_ptr<engine::KvWriteFence> fence_;  // the last such target's fence
 };
 
 TEST_P(TransportTest, MultiLayerF16TransferIsByteExactIntoOtherBlocks) {
@@ -467,6 +476,129 @@ TEST_P(TransportTest, ConcurrentTransfersFromManySenders) {
     PD_EXPECT_OK(send_status[i]);
     ExpectBytesEqual(*srcs[i], 1, *dst, 10 + i, (100 + 10 * i + 15) / 16);
   }
+}
+
+// ---- landing in the receiver's blocks (ReceiveTarget) ----
+
+// Every wire and cache dtype: what the transport writes into the target is what the owner's
+// ImportLayer would have written, bit for bit (and for F16 -> F16, the sender's blocks).
+TEST_P(TransportTest, LandedLayersEqualImportedOnes) {
+  auto tx = *Make();
+  auto src = Cache(KvDType::kF16);
+  PD_ASSERT_OK(FillRandom(*src, 1, 200, 31));  // 13 blocks
+  for (KvDType wire : {KvDType::kF16, KvDType::kI8}) {
+    for (KvDType cache : {KvDType::kF16, KvDType::kI8}) {
+      SCOPED_TRACE(std::string(engine::KvDTypeName(wire)) + " wire into a " +
+                   std::string(engine::KvDTypeName(cache)) + " cache");
+      auto imported = Cache(cache), landed = Cache(cache);
+      PD_ASSERT_OK(imported->Reserve(2, 200));
+      PD_ASSERT_OK(landed->Reserve(77, 50));  // other block ids than `imported`
+      PD_ASSERT_OK(landed->Reserve(2, 200));
+      land_ = false;
+      Outcome a = Transfer(*tx, *src, 1, imported.get(), 2, 200, wire);
+      land_ = true;
+      Outcome b = Transfer(*tx, *src, 1, landed.get(), 2, 200, wire);
+      for (const Outcome* o : {&a, &b}) {
+        PD_EXPECT_OK(o->recv);
+        PD_EXPECT_OK(o->send);
+        EXPECT_EQ(o->recv_done_calls, 1);
+        EXPECT_EQ(o->layers.size(), 4u);
+      }
+      EXPECT_EQ(a.landed, 0);
+      EXPECT_EQ(b.landed, 4);
+      ExpectBytesEqual(*imported, 2, *landed, 2, 13);
+      if (wire == KvDType::kF16 && cache == KvDType::kF16) ExpectBytesEqual(*src, 1, *landed, 2, 13);
+      EXPECT_FALSE(fence_->closed());  // the transport never closes it: its owner does
+    }
+  }
+  EXPECT_EQ(rx_->active_transfers(), 0);
+}
+
+TEST_P(TransportTest, ChecksumMismatchWhileLandingAbortsBothSides) {
+  FaultOptions f;
+  f.corrupt_layer = 1;
+  auto tx = *Make(f);
+  auto src = Cache(KvDType::kF16), dst = Cache(KvDType::kF16);
+  PD_ASSERT_OK(FillRandom(*src, 1, 64, 32));
+  PD_ASSERT_OK(dst->Reserve(2, 64));
+  land_ = true;
+  Outcome o = Transfer(*tx, *src, 1, dst.get(), 2, 64, KvDType::kF16);
+  EXPECT_THAT(o.recv, StatusIs(absl::StatusCode::kDataLoss, "checksum mismatch in layer 1"));
+  EXPECT_THAT(o.send, StatusIs(absl::StatusCode::kDataLoss, "checksum mismatch in layer 1"));
+  EXPECT_EQ(o.recv_done_calls, 1);
+  EXPECT_EQ(o.send_done_calls, 1);
+  for (int l : o.layers) EXPECT_NE(l, 1);
+  EXPECT_EQ(rx_->active_transfers(), 0);
+}
+
+// The owner took its blocks back (closed the fence) before the layers came: nothing is written,
+// the transfer ends CANCELLED on the receiver and the sender hears of it.
+TEST_P(TransportTest, AClosedFenceEndsTheTransferWithoutWriting) {
+  auto tx = *Make();
+  auto src = Cache(KvDType::kF16), dst = Cache(KvDType::kF16);
+  PD_ASSERT_OK(FillRandom(*src, 1, 64, 33));
+  PD_ASSERT_OK(FillRandom(*dst, 2, 64, 34));
+  std::vector<std::vector<uint8_t>> before;
+  for (int l = 0; l < 4; ++l) {
+    for (int b = 0; b < 4; ++b) before.push_back(BlockBytes(*dst, 2, l, b, KvPart::kK));
+  }
+  land_ = true;
+  Outcome o = Transfer(*tx, *src, 1, dst.get(), 2, 64, KvDType::kF16, kLong,
+                       [&](KvSendStream& s, const TransferDescriptor&) {
+                         fence_->Close();  // before any layer is on its way
+                         for (int l = 0; l < 4; ++l) {
+                           if (!s.Push(l, *src->ExportSpans(1, l)).ok()) break;
+                         }
+                         (void)s.Complete();
+                       });
+  EXPECT_THAT(o.recv, StatusIs(absl::StatusCode::kCancelled, "took its reserved blocks back"));
+  EXPECT_FALSE(o.send.ok());
+  EXPECT_EQ(o.recv_done_calls, 1);
+  EXPECT_EQ(o.send_done_calls, 1);
+  EXPECT_TRUE(o.layers.empty());
+  size_t i = 0;
+  for (int l = 0; l < 4; ++l) {
+    for (int b = 0; b < 4; ++b) EXPECT_EQ(BlockBytes(*dst, 2, l, b, KvPart::kK), before[i++]);
+  }
+  EXPECT_EQ(rx_->active_transfers(), 0);
+}
+
+TEST_P(TransportTest, AReceiveTargetThatDoesNotFitIsRefused) {
+  auto dst = Cache(KvDType::kF16);
+  PD_ASSERT_OK(dst->Reserve(2, 64));
+  const TransferGeometry g = TransferGeometry::ForCache(dst->options(), 64, KvDType::kF16);
+  auto make = [&]() {
+    ReceiveTarget t;
+    for (int l = 0; l < 4; ++l) t.layers.push_back(*dst->ExportSpans(2, l));
+    t.fence = std::make_shared<engine::KvWriteFence>();
+    return t;
+  };
+  Owner owner;
+  auto reserve = [&](ReceiveTarget t) {
+    return rx_->Reserve(g, absl::Now() + kLong, owner.Callbacks(), std::move(t)).status();
+  };
+  auto control = rx_->Reserve(g, absl::Now() + kLong, owner.Callbacks(), make());
+  PD_ASSERT_OK(control.status());  // it fits
+  ReceiveTarget t = make();
+  t.fence = nullptr;
+  EXPECT_THAT(reserve(std::move(t)), StatusIs(absl::StatusCode::kInvalidArgument, "KvWriteFence"));
+  t = make();
+  t.layers.pop_back();
+  EXPECT_THAT(reserve(std::move(t)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "target has 3 layers"));
+  t = make();
+  t.layers[2].resize(7);  // 4 blocks need 8 spans
+  EXPECT_THAT(reserve(std::move(t)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "receive target: layer 2 has 7 spans"));
+  // An INT8 receiver given the F16 cache's spans: the sizes do not fit.
+  TransferGeometry gi = g;
+  gi.receiver_dtype = KvDType::kI8;
+  EXPECT_THAT(rx_->Reserve(gi, absl::Now() + kLong, owner.Callbacks(), make()).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "receive target: span 0 has"));
+  rx_->AbortReceive(control->transfer_id, absl::CancelledError("test over"));
+  // on_done comes on the delivery thread: wait for it before `owner` goes away.
+  EXPECT_THAT(owner.Run(nullptr, 0, kLong), StatusIs(absl::StatusCode::kCancelled, "test over"));
+  EXPECT_EQ(owner.done_calls(), 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, TransportTest,

@@ -260,6 +260,7 @@ class CpuBackend final : public Backend {
   CpuBackend(const Kernels& kernels, int threads) : k_(kernels), pool_(threads) {}
 
   std::string_view name() const override { return "cpu"; }
+  bool host_memory() const override { return true; }
 
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override {
     void* p = AllocHost(bytes, kAlignment);

@@ -4,8 +4,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -136,9 +138,9 @@ TEST(SchedulerImportTest, ImportedPromptThenDecodeEqualsALocalRun) {
 
   auto s = MakeScheduler(*env);
   auto sink = std::make_shared<Sink>();
-  std::optional<absl::StatusOr<int64_t>> reserved;
-  ASSERT_TRUE(s->SubmitImport(Req("imp", 12), sink, [&](absl::StatusOr<int64_t> kv_seq) {
-                 reserved = kv_seq;
+  std::optional<absl::StatusOr<Scheduler::ImportTarget>> reserved;
+  ASSERT_TRUE(s->SubmitImport(Req("imp", 12), sink, [&](absl::StatusOr<Scheduler::ImportTarget> r) {
+                 reserved = std::move(r);
                }).ok());
   StepStats st = s->Step();  // intake: blocks for the 20-token prompt reserved
   ASSERT_TRUE(reserved.has_value());
@@ -163,7 +165,7 @@ TEST(SchedulerImportTest, AFailedImportPrefillsLocally) {
   const std::vector<int32_t> want = LocalRun(*env, 8);
   auto s = MakeScheduler(*env);
   auto sink = std::make_shared<Sink>();
-  ASSERT_TRUE(s->SubmitImport(Req("imp", 8), sink, [](absl::StatusOr<int64_t>) {}).ok());
+  ASSERT_TRUE(s->SubmitImport(Req("imp", 8), sink, [](absl::StatusOr<Scheduler::ImportTarget>) {}).ok());
   s->Step();
   s->CompleteImport("imp", absl::UnavailableError("the prefill node died"));
   RunUntilDone(*s, *sink);
@@ -178,7 +180,7 @@ TEST(SchedulerImportTest, AFailingImportTaskPrefillsLocally) {
   const std::vector<int32_t> want = LocalRun(*env, 8);
   auto s = MakeScheduler(*env);
   auto sink = std::make_shared<Sink>();
-  ASSERT_TRUE(s->SubmitImport(Req("imp", 8), sink, [](absl::StatusOr<int64_t>) {}).ok());
+  ASSERT_TRUE(s->SubmitImport(Req("imp", 8), sink, [](absl::StatusOr<Scheduler::ImportTarget>) {}).ok());
   s->Step();
   s->PostImport("imp", [](KvCache&, int64_t) { return absl::DataLossError("checksum"); });
   s->CompleteImport("imp", 7);  // ignored: the import was already aborted
@@ -191,7 +193,7 @@ TEST(SchedulerImportTest, CancellingAnImportFreesItsBlocks) {
   auto env = MakeEnv();
   auto s = MakeScheduler(*env);
   auto sink = std::make_shared<Sink>();
-  ASSERT_TRUE(s->SubmitImport(Req("imp", 8), sink, [](absl::StatusOr<int64_t>) {}).ok());
+  ASSERT_TRUE(s->SubmitImport(Req("imp", 8), sink, [](absl::StatusOr<Scheduler::ImportTarget>) {}).ok());
   s->Step();
   EXPECT_EQ(s->Load().kv_blocks_free, 14);
   s->Cancel("imp");
@@ -201,15 +203,92 @@ TEST(SchedulerImportTest, CancellingAnImportFreesItsBlocks) {
   EXPECT_EQ(s->Load().kv_blocks_free, 16);
 }
 
+// A host-memory cache hands out its reserved blocks: another thread writes the prompt's K/V
+// through them (what a transport's delivery thread does) and decoding continues from them. The
+// fence is open until the import completes, then closed.
+TEST(SchedulerImportTest, TheTargetsBlocksWrittenFromAnotherThreadDecodeLikeALocalRun) {
+  auto env = MakeEnv();
+  const std::vector<int32_t> want = LocalRun(*env, 10);
+  Prefilled p = PrefillElsewhere(*env, Req("x", 1).prompt);
+
+  auto s = MakeScheduler(*env);
+  auto sink = std::make_shared<Sink>();
+  std::optional<absl::StatusOr<Scheduler::ImportTarget>> reserved;
+  ASSERT_TRUE(s->SubmitImport(Req("imp", 10), sink, [&](absl::StatusOr<Scheduler::ImportTarget> r) {
+                 reserved = std::move(r);
+               }).ok());
+  s->Step();
+  ASSERT_TRUE(reserved.has_value() && reserved->ok());
+  Scheduler::ImportTarget& t = **reserved;
+  const int n_layer = env->model->config().n_layer;
+  ASSERT_EQ(static_cast<int>(t.layers.size()), n_layer);
+  ASSERT_NE(t.fence, nullptr);
+  EXPECT_FALSE(t.fence->closed());
+  std::thread writer([&] {
+    for (int l = 0; l < n_layer; ++l) {
+      auto src = p.src->ExportSpans(0, l);
+      ASSERT_TRUE(src.ok());
+      ASSERT_EQ(src->size(), t.layers[l].size());  // 2 blocks, K and V
+      EXPECT_TRUE(t.fence->Write([&] {
+        for (size_t i = 0; i < src->size(); ++i) {
+          ASSERT_EQ((*src)[i].bytes, t.layers[l][i].bytes);
+          std::memcpy(t.layers[l][i].data, (*src)[i].data, (*src)[i].bytes);
+        }
+      }));
+    }
+  });
+  writer.join();
+  s->CompleteImport("imp", p.first_token);
+  s->Step();
+  EXPECT_TRUE(t.fence->closed());  // it runs now: nothing may write its blocks any more
+  EXPECT_FALSE(t.fence->Write([] { ADD_FAILURE() << "wrote through a closed fence"; }));
+  RunUntilDone(*s, *sink);
+  ASSERT_TRUE(sink->info.has_value());
+  EXPECT_EQ(sink->tokens, want);
+  EXPECT_EQ(s->Load().kv_blocks_free, 16);
+}
+
+// Every way an importing sequence gives its blocks back closes the fence first.
+TEST(SchedulerImportTest, TheFenceClosesBeforeTheBlocksGoBack) {
+  auto env = MakeEnv();
+  for (const std::string how : {"cancel", "failed import", "failed task", "shutdown"}) {
+    SCOPED_TRACE(how);
+    auto s = MakeScheduler(*env);
+    auto sink = std::make_shared<Sink>();
+    std::shared_ptr<KvWriteFence> fence;
+    ASSERT_TRUE(s->SubmitImport(Req("imp", 4), sink, [&](absl::StatusOr<Scheduler::ImportTarget> r) {
+                   ASSERT_TRUE(r.ok());
+                   fence = r->fence;
+                 }).ok());
+    s->Step();
+    ASSERT_NE(fence, nullptr);
+    EXPECT_FALSE(fence->closed());
+    if (how == "cancel") {
+      s->Cancel("imp");
+    } else if (how == "failed import") {
+      s->CompleteImport("imp", absl::DataLossError("checksum"));
+    } else if (how == "failed task") {
+      s->PostImport("imp", [](KvCache&, int64_t) { return absl::DataLossError("checksum"); });
+    } else {
+      s->Shutdown();
+    }
+    if (how != "shutdown") s->Step();
+    EXPECT_TRUE(fence->closed());
+    if (how != "cancel" && how != "shutdown") RunUntilDone(*s, *sink);  // prefilled locally
+    ASSERT_TRUE(sink->info.has_value());
+    EXPECT_EQ(s->Load().kv_blocks_free, 16);
+  }
+}
+
 TEST(SchedulerImportTest, NoRoomForTheImportMeansLocalPrefill) {
   auto env = MakeEnv();
   auto s = MakeScheduler(*env);
   GenerationRequest big = Req("big", 8);
   big.prompt.resize(16 * 16 + 1 - 8, 5);  // more than the whole cache can hold at once: refused
   auto sink = std::make_shared<Sink>();
-  std::optional<absl::StatusOr<int64_t>> reserved;
+  std::optional<absl::StatusOr<Scheduler::ImportTarget>> reserved;
   absl::Status submitted =
-      s->SubmitImport(big, sink, [&](absl::StatusOr<int64_t> r) { reserved = r; });
+      s->SubmitImport(big, sink, [&](absl::StatusOr<Scheduler::ImportTarget> r) { reserved = r; });
   EXPECT_FALSE(submitted.ok());  // prompt + max_tokens beyond the context: INVALID_ARGUMENT
 
   // A running request holds 15 of the 16 blocks; the import needs 2.
@@ -221,7 +300,7 @@ TEST(SchedulerImportTest, NoRoomForTheImportMeansLocalPrefill) {
   ASSERT_EQ(hog->tokens.size(), 1u);
   ASSERT_EQ(s->Load().kv_blocks_free, 1);
   ASSERT_TRUE(
-      s->SubmitImport(Req("imp", 4), sink, [&](absl::StatusOr<int64_t> r) { reserved = r; }).ok());
+      s->SubmitImport(Req("imp", 4), sink, [&](absl::StatusOr<Scheduler::ImportTarget> r) { reserved = r; }).ok());
   s->Step();
   ASSERT_TRUE(reserved.has_value());
   EXPECT_EQ(reserved->status().code(), absl::StatusCode::kResourceExhausted);
@@ -286,7 +365,7 @@ TEST(SchedulerExportTest, ExportedLayersImportedElsewhereEqualALocalRun) {
 
   auto decode = MakeScheduler(*env);
   auto dsink = std::make_shared<Sink>();
-  ASSERT_TRUE(decode->SubmitImport(Req("d", 10), dsink, [](absl::StatusOr<int64_t>) {}).ok());
+  ASSERT_TRUE(decode->SubmitImport(Req("d", 10), dsink, [](absl::StatusOr<Scheduler::ImportTarget>) {}).ok());
   decode->Step();
   decode->PostImport("d", [&](KvCache& kv, int64_t seq) -> absl::Status {
     for (int l = 0; l < n_layer; ++l) {
