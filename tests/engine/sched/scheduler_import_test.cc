@@ -409,7 +409,12 @@ TEST(SchedulerExportTest, HeldExportKeepsItsBlocksUntilReleased) {
                                    cache = &kv;
                                    kv_seq = seq;
                                    if (layer != 0) return;
-                                   for (const KvSpan& sp : *kv.ExportSpans(seq, 0)) {
+                                   // A named StatusOr: ranging over *ExportSpans(...) would
+                                   // read a destroyed temporary.
+                                   const absl::StatusOr<std::vector<KvSpan>> spans =
+                                       kv.ExportSpans(seq, 0);
+                                   ASSERT_TRUE(spans.ok());
+                                   for (const KvSpan& sp : *spans) {
                                      const auto* p = static_cast<const uint8_t*>(sp.data);
                                      seen.emplace_back(p, p + sp.bytes);
                                    }
