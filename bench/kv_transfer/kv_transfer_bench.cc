@@ -158,19 +158,25 @@ class Importer {
   std::thread th_;
 };
 
-// The sender process: one cache of `cache_tokens` positions (as a serving node's cache is many
-// prompts long, its layer tensors sit on huge pages), the sequence's `max_tokens` of them filled
-// with random finite f16 values; for each descriptor read from `in`, push all layers, complete,
-// wait, write its Timing to `out`.
-[[noreturn]] void Sender(const Args& a, int in, int out) {
-  auto backend = engine::CreateCpuBackend({1});
+// Both ends' caches: `cache_tokens` positions (at least the longest prompt) of `dtype`.
+engine::KvCacheOptions CacheOptions(const Args& a, KvDType dtype) {
   engine::KvCacheOptions o;
   o.n_layer = a.n_layer;
   o.n_kv_heads = a.n_kv_heads;
   o.head_dim = a.head_dim;
   o.block_size = a.block_size;
   o.n_blocks = (std::max(a.cache_tokens, a.max_tokens) + a.block_size - 1) / a.block_size;
-  o.dtype = KvDType::kF16;
+  o.dtype = dtype;
+  return o;
+}
+
+// The sender process: one cache of `cache_tokens` positions (as a serving node's cache is many
+// prompts long, its layer tensors sit on huge pages), the sequence's `max_tokens` of them filled
+// with random finite f16 values; for each descriptor read from `in`, push all layers, complete,
+// wait, write its Timing to `out`.
+[[noreturn]] void Sender(const Args& a, int in, int out) {
+  auto backend = engine::CreateCpuBackend({1});
+  const engine::KvCacheOptions o = CacheOptions(a, KvDType::kF16);
   auto kv = engine::KvCache::Create(o, *backend);
   if (!kv.ok() || !(*kv)->Reserve(1, a.max_tokens).ok()) _exit(3);
   uint32_t x = 12345;
@@ -338,14 +344,7 @@ int Main(int argc, char** argv) {
       std::unique_ptr<engine::KvCache> kv;
       std::unique_ptr<Importer> importer;
       if (import != "none") {
-        engine::KvCacheOptions o;
-        o.n_layer = a.n_layer;
-        o.n_kv_heads = a.n_kv_heads;
-        o.head_dim = a.head_dim;
-        o.block_size = a.block_size;
-        o.n_blocks = (std::max(a.cache_tokens, a.max_tokens) + a.block_size - 1) / a.block_size;
-        o.dtype = g.receiver_dtype;
-        auto c = engine::KvCache::Create(o, *backend);
+        auto c = engine::KvCache::Create(CacheOptions(a, g.receiver_dtype), *backend);
         if (!c.ok() || !(*c)->Reserve(1, n_tokens).ok()) {
           std::fprintf(stderr, "receiver cache: %s\n",
                        c.ok() ? "cannot reserve" : std::string(c.status().ToString()).c_str());
