@@ -224,8 +224,10 @@ CLI::App* AddUpCommand(CLI::App& app, UpFlags* f) {
   up->add_option("--config", f->config,
                  "YAML config for every daemon (configs/cluster-local.yaml)");
   up->add_option("-m,--model", f->model, "GGUF model (default: the default model)");
-  up->add_option("--grpc-port", f->grpc_port, "router gRPC port (0 = a free one)");
-  up->add_option("--http-port", f->http_port, "router HTTP port (0 = a free one)");
+  up->add_option("--grpc-port", f->grpc_port,
+                 "router gRPC port (0 = a free one; default: the config's, a free one with --chat)");
+  up->add_option("--http-port", f->http_port,
+                 "router HTTP port (0 = a free one; default: the config's, a free one with --chat)");
   up->add_option("-t,--threads", f->threads,
                  "CPU threads per node (0 = the config's; 1 with --pin-cores)");
   up->add_flag("--pin-cores", f->pin_cores,
