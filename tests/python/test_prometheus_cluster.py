@@ -34,7 +34,7 @@ from test_deploy import POOLS, PROM, REPO, dashboard, documented_metrics, pdctl_
 PANELS_WITH_DATA = ("Time to first token", "Time per output token", "End-to-end request latency",
                     "Queue depth", "KV cache usage", "Requests by finish reason",
                     "Tokens per second")
-KV_TRANSFER_PANELS = ("KV transfer latency", "KV transfer throughput")
+KV_TRANSFER_PANELS = ("KV transfer latency", "KV transfer throughput", "KV transfer layers")
 
 
 @pytest.fixture(scope="module")
