@@ -108,10 +108,9 @@ absl::StatusOr<KvReceiver::Reserved> KvReceiver::Reserve(
       };
       cb.on_done = [this, rn](uint64_t, absl::Status status) { OnDone(rn, std::move(status)); };
       // A host-memory cache: the transport lands each layer in the blocks itself, on its delivery
-      // thread, through the fence the engine closes before it takes them back.
-      kvtransfer::ReceiveTarget target;
-      target.layers = std::move(reserved->layers);
-      target.fence = std::move(reserved->fence);
+      // thread, through the fence the engine closes before it takes them back (a device cache's
+      // target is empty: payloads then come to on_layer).
+      kvtransfer::ReceiveTarget target = std::move(*reserved);  // the blocks, without kv_seq
       d = transport_.Reserve(g, deadline, std::move(cb), std::move(target));
     }
     absl::MutexLock l(&mu_);

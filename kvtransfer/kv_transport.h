@@ -40,7 +40,6 @@
 #include <memory>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -48,7 +47,7 @@
 #include "absl/types/span.h"
 #include "engine/backend/kv_layout.h"
 #include "engine/kv/kv_cache.h"
-#include "engine/kv/kv_write_fence.h"
+#include "engine/kv/kv_write_fence.h"  // ReceiveTarget
 
 namespace pd::kvtransfer {
 
@@ -140,16 +139,12 @@ struct LayerPayload {
 // Where a receiver's transport writes each verified layer itself: the reserved sequence's blocks,
 // for every layer its KvCache::ExportSpans (host memory: a CPU-backend cache of the geometry's
 // receiver_dtype; at least n_blocks blocks, extra ones are ignored), and the fence the owner
-// closes before it frees or reuses those blocks (engine/kv/kv_write_fence.h). Each layer is
-// copied (or converted from the wire dtype) and hashed in one pass on the delivery thread, under
-// the fence; a layer whose checksum turns out wrong has then written reserved blocks that the
-// failed transfer leaves unused. A fence found closed ends the transfer (CANCELLED) without
-// writing.
-struct ReceiveTarget {
-  std::vector<std::vector<engine::KvSpan>> layers;  // [layer] -> ExportSpans(seq, layer)
-  std::shared_ptr<engine::KvWriteFence> fence;
-  bool empty() const { return layers.empty(); }
-};
+// closes before it frees or reuses those blocks (engine/kv/kv_write_fence.h; the scheduler's
+// ImportTarget is one). Each layer is copied (or converted from the wire dtype) and hashed in one
+// pass on the delivery thread, under the fence; a layer whose checksum turns out wrong has then
+// written reserved blocks that the failed transfer leaves unused. A fence found closed ends the
+// transfer (CANCELLED) without writing.
+using ReceiveTarget = engine::KvWriteTarget;
 
 // The receiver owner's callbacks for one transfer. Both run on the transport's delivery thread
 // (never the progress thread), in order: on_layer once per layer (layers in arrival order, each

@@ -55,6 +55,21 @@ absl::Status WithPrefix(const absl::Status& s, std::string_view prefix) {
   return absl::Status(s.code(), pd::StrCat(prefix, s.message()));
 }
 
+// The checksum of layer `layer` of transfer `id`'s payload, taken while landing it in `target`'s
+// blocks when there is a target (LandLayer, under its fence). CANCELLED when the owner has
+// already taken the blocks back.
+absl::StatusOr<uint64_t> HashOrLandLayer(const TransferGeometry& g, uint64_t id, int layer,
+                                         absl::Span<const uint8_t> payload,
+                                         const ReceiveTarget& target) {
+  if (target.empty()) return Checksum64(payload.data(), payload.size());
+  absl::StatusOr<uint64_t> landed;
+  if (!target.fence->Write([&] { landed = LandLayer(g, layer, payload, target.layers[layer]); })) {
+    return absl::CancelledError(
+        pd::StrCat("KV transfer ", id, ": the receiver took its reserved blocks back"));
+  }
+  return landed;
+}
+
 }  // namespace
 
 struct TransportBase::RecvState {
@@ -455,31 +470,17 @@ void TransportBase::HandleToReceiver(const MsgHeader& h, Buffer msg) {
       // when there is one): the loop thread goes on receiving the next one.
       Deliver([this, rp, layer, holder, expected] {
         if (rp->dead) return;
-        const absl::Span<const uint8_t> payload(holder->data() + sizeof(MsgHeader),
-                                                holder->size() - sizeof(MsgHeader));
-        uint64_t got = 0;
-        const bool landing = !rp->target.empty();
-        if (landing) {
-          absl::StatusOr<uint64_t> landed;
-          const bool open = rp->target.fence->Write(
-              [&] { landed = LandLayer(rp->g, layer, payload, rp->target.layers[layer]); });
-          absl::Status failed;
-          if (!open) {
-            failed = absl::CancelledError(pd::StrCat(
-                "KV transfer ", rp->id, ": the receiver took its reserved blocks back"));
-          } else if (!landed.ok()) {
-            failed = landed.status();  // sizes were checked: not expected
-          }
-          if (!failed.ok()) {
-            rp->dead = true;
-            Post([this, rp, failed] { FinishRecv(*rp, failed, true); });
-            return;
-          }
-          got = *landed;
-          *holder = Buffer();  // back to the pool now: the bytes are in the cache
-        } else {
-          got = Checksum64(payload.data(), payload.size());
+        const absl::StatusOr<uint64_t> hashed = HashOrLandLayer(
+            rp->g, rp->id, layer,
+            {holder->data() + sizeof(MsgHeader), holder->size() - sizeof(MsgHeader)}, rp->target);
+        if (!hashed.ok()) {
+          rp->dead = true;
+          Post([this, rp, st = hashed.status()] { FinishRecv(*rp, st, true); });
+          return;
         }
+        const uint64_t got = *hashed;
+        const bool landed = !rp->target.empty();
+        if (landed) *holder = Buffer();  // back to the pool now: the bytes are in the cache
         if (got != expected) {
           rp->dead = true;
           Post([this, rp, layer, got, expected] {
@@ -496,8 +497,8 @@ void TransportBase::HandleToReceiver(const MsgHeader& h, Buffer msg) {
         p.transfer_id = rp->id;
         p.layer = layer;
         p.geometry = rp->g;
-        p.landed = landing;
-        if (!landing) {
+        p.landed = landed;
+        if (!landed) {
           p.storage = std::move(*holder);
           p.offset = sizeof(MsgHeader);
         }

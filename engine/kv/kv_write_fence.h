@@ -11,10 +11,13 @@
 // function runs (one layer's copy, milliseconds): the function must not block on anything else.
 #pragma once
 
+#include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "engine/kv/kv_cache.h"
 
 namespace pd::engine {
 
@@ -47,6 +50,16 @@ class KvWriteFence {
  private:
   mutable absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// A reserved sequence's blocks handed to another thread: for every layer its
+// KvCache::ExportSpans (host memory), and the fence guarding them. The scheduler makes one per
+// importing sequence (Scheduler::ImportTarget); the KV transport lands layers in it
+// (kvtransfer::ReceiveTarget).
+struct KvWriteTarget {
+  std::vector<std::vector<KvSpan>> layers;  // [layer] -> ExportSpans(seq, layer)
+  std::shared_ptr<KvWriteFence> fence;
+  bool empty() const { return layers.empty(); }
 };
 
 }  // namespace pd::engine

@@ -117,15 +117,13 @@ class Scheduler final : public GenerationEngine {
   int max_context() const override { return max_context_; }
 
   // ---- Imported KV: the decode side of KV transfer (docs/scheduler.md, "Imported KV") ----
-  // The blocks reserved for an importing sequence, as on_reserved sees them.
-  struct ImportTarget {
+  // The blocks reserved for an importing sequence, as on_reserved sees them. On a host-memory
+  // cache (KvCache::host_memory) the KvWriteTarget part holds them for another thread to write
+  // through `fence` until the engine closes it (it does before it frees or reuses them: Cancel,
+  // the deadline, a failed import, shutdown) and once the import completed. Empty for a device
+  // cache: import with PostImport then.
+  struct ImportTarget : KvWriteTarget {
     int64_t kv_seq = -1;  // its KvCache id
-    // Host-memory caches (KvCache::host_memory): for every layer, ExportSpans of the reserved
-    // blocks, which another thread may write through `fence` until the engine closes it (it does
-    // before it frees or reuses them: Cancel, the deadline, a failed import, shutdown) and once
-    // the import completed. Empty for a device cache: import with PostImport then.
-    std::vector<std::vector<KvSpan>> layers;
-    std::shared_ptr<KvWriteFence> fence;
   };
   // Called on the engine thread with the importing sequence's blocks, or RESOURCE_EXHAUSTED
   // when the prompt's blocks are not free now (the request then prefills locally, as if given to
