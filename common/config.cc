@@ -10,6 +10,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
+#include "common/net.h"
 #include "common/status.h"
 #include "common/strings.h"
 
@@ -160,7 +161,7 @@ absl::Status ValidateEtcd(const EtcdOptions& etcd) {
     const std::string& e = etcd.endpoints[i];
     // The gateway is reached with plain HTTP; the port is required (etcd's default is 2379).
     if (e.rfind("http://", 0) != 0 || e.find('/', 7) != std::string::npos ||
-        e.find(':', 7) == std::string::npos || e.back() == ':') {
+        !SplitHostPort(std::string_view(e).substr(7), nullptr, nullptr).ok()) {
       return absl::InvalidArgumentError(
           StrCat("etcd.endpoints[", i, "]: must be http://host:port (got '", e, "')"));
     }
@@ -251,7 +252,7 @@ absl::Status ServeOptions::Validate() const {
       return absl::InvalidArgumentError(
           StrCat(at, ".role: must be prefill or decode (got '", n.role, "')"));
     }
-    if (n.address.empty() || n.address.find(':') == std::string::npos) {
+    if (!SplitHostPort(n.address, nullptr, nullptr).ok()) {
       return absl::InvalidArgumentError(
           StrCat(at, ".address: must be host:port (got '", n.address, "')"));
     }

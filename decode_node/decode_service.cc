@@ -4,55 +4,10 @@
 
 #include "common/strings.h"
 #include "decode_node/kv_receiver.h"
+#include "proto/node_convert.h"
 
 namespace pd::node {
 namespace nv1 = ::pdserve::node::v1;
-
-void QueueSink::OnTokens(const std::vector<int32_t>& tokens) {
-  absl::MutexLock lock(&mu_);
-  tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
-}
-
-void QueueSink::OnFinish(const engine::FinishInfo& info) {
-  absl::MutexLock lock(&mu_);
-  finish_ = info;
-}
-
-bool QueueSink::Wait(absl::Time deadline, std::vector<int32_t>* tokens,
-                     std::optional<engine::FinishInfo>* finish) {
-  absl::MutexLock lock(&mu_);
-  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !tokens_.empty() || finish_.has_value();
-  };
-  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
-  if (!ready()) return false;
-  tokens->insert(tokens->end(), tokens_.begin(), tokens_.end());
-  tokens_.clear();
-  if (finish_) *finish = finish_;
-  return true;
-}
-
-engine::SamplingParams FromProto(const nv1::Sampling& s) {
-  engine::SamplingParams p;
-  p.temperature = s.temperature();
-  p.top_k = s.top_k();
-  p.top_p = s.top_p();
-  p.min_p = s.min_p();
-  p.repetition_penalty = s.repetition_penalty();
-  p.penalty_last_n = s.penalty_last_n();
-  p.seed = s.seed();
-  return p;
-}
-
-void ToProto(const engine::SamplingParams& s, nv1::Sampling* out) {
-  out->set_temperature(s.temperature);
-  out->set_top_k(s.top_k);
-  out->set_top_p(s.top_p);
-  out->set_min_p(s.min_p);
-  out->set_repetition_penalty(s.repetition_penalty);
-  out->set_penalty_last_n(s.penalty_last_n);
-  out->set_seed(s.seed);
-}
 
 namespace {
 
@@ -80,7 +35,7 @@ grpc::Status DecodeService::Reserve(grpc::ServerContext* /*context*/,
   if (state_.draining()) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode node is draining (shutting down)");
   }
-  KvReceiver* receiver = state_.receiver();
+  KvReceiver* receiver = receiver_;
   if (receiver == nullptr) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "this decode node receives no KV (kv_transfer.enabled is off); send "
@@ -108,7 +63,7 @@ grpc::Status DecodeService::Reserve(grpc::ServerContext* /*context*/,
 
 grpc::Status DecodeService::Release(grpc::ServerContext*, const nv1::ReleaseRequest* request,
                                     nv1::ReleaseResponse*) {
-  KvReceiver* receiver = state_.receiver();
+  KvReceiver* receiver = receiver_;
   if (receiver == nullptr) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "this decode node receives no KV (kv_transfer.enabled is off)");
@@ -136,7 +91,7 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
   ActiveCall active(state_);
   if (request->reservation() != 0) {
     // Attaching to a request accepted by Reserve: allowed while draining (it is live here).
-    KvReceiver* receiver = state_.receiver();
+    KvReceiver* receiver = receiver_;
     if (receiver == nullptr) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           "reservation: this decode node receives no KV (kv_transfer.enabled is "

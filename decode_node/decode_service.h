@@ -17,34 +17,19 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "decode_node/node_server.h"
+#include "decode_node/kv_receiver.h"
 #include "engine/sched/engine_api.h"
+#include "node/node_server.h"
+#include "node/queue_sink.h"
 #include "pdserve/node/v1/node.grpc.pb.h"
 
 namespace pd::node {
 
-// A GenerationSink that hands tokens and the finish to the RPC thread waiting on it.
-class QueueSink final : public engine::GenerationSink {
- public:
-  void OnTokens(const std::vector<int32_t>& tokens) override;
-  void OnFinish(const engine::FinishInfo& info) override;
-  // Waits until tokens or the finish are there, or `deadline`; moves the tokens out. Returns
-  // true when something arrived.
-  bool Wait(absl::Time deadline, std::vector<int32_t>* tokens,
-            std::optional<engine::FinishInfo>* finish);
-
- private:
-  absl::Mutex mu_;
-  std::vector<int32_t> tokens_ ABSL_GUARDED_BY(mu_);
-  std::optional<engine::FinishInfo> finish_ ABSL_GUARDED_BY(mu_);
-};
-
-engine::SamplingParams FromProto(const ::pdserve::node::v1::Sampling& s);
-void ToProto(const engine::SamplingParams& s, ::pdserve::node::v1::Sampling* out);
-
 class DecodeService final : public ::pdserve::node::v1::Decode::Service {
  public:
-  explicit DecodeService(NodeState& state) : state_(state) {}
+  // `receiver` (null when the node receives no KV) opens the node's KV reservations.
+  explicit DecodeService(NodeState& state, KvReceiver* receiver = nullptr)
+      : state_(state), receiver_(receiver) {}
 
   // FAILED_PRECONDITION when the node receives no KV; INVALID_ARGUMENT for a bad deadline;
   // otherwise the engine's acceptance errors (KvReceiver::Reserve).
@@ -72,6 +57,7 @@ class DecodeService final : public ::pdserve::node::v1::Decode::Service {
                       grpc::ServerWriter<::pdserve::node::v1::GenerateResponse>* writer);
 
   NodeState& state_;
+  KvReceiver* const receiver_;
 };
 
 }  // namespace pd::node

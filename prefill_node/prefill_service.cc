@@ -6,8 +6,9 @@
 
 #include "absl/synchronization/mutex.h"
 #include "common/strings.h"
-#include "decode_node/decode_service.h"
 #include "kvtransfer/kv_transport.h"
+#include "node/queue_sink.h"
+#include "proto/node_convert.h"
 
 namespace pd::node {
 namespace nv1 = ::pdserve::node::v1;

@@ -15,7 +15,7 @@
 #pragma once
 
 #include "common/metrics.h"
-#include "decode_node/node_server.h"
+#include "node/node_server.h"
 #include "pdserve/node/v1/node.grpc.pb.h"
 
 namespace pd::node {

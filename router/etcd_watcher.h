@@ -25,7 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/config.h"
-#include "router/etcd_client.h"
+#include "common/etcd_client.h"
 #include "router/node_registry.h"
 
 namespace pd::router {

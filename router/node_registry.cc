@@ -4,6 +4,7 @@
 #include <tuple>
 
 #include "common/log.h"
+#include "common/net.h"
 #include "common/status.h"
 #include "common/strings.h"
 
@@ -68,7 +69,7 @@ absl::Status NodeRegistry::AddNode(const NodeOptions& n) {
     return absl::InvalidArgumentError(
         StrCat("node ", n.name, ": role must be prefill or decode (got '", n.role, "')"));
   }
-  if (n.address.empty() || n.address.find(':') == std::string::npos) {
+  if (!SplitHostPort(n.address, nullptr, nullptr).ok()) {
     return absl::InvalidArgumentError(
         StrCat("node ", n.name, ": address must be host:port (got '", n.address, "')"));
   }

@@ -8,6 +8,7 @@
 #include "common/status.h"
 #include "common/strings.h"
 #include "pdserve/node/v1/node.grpc.pb.h"
+#include "proto/node_convert.h"
 
 namespace pd::router {
 namespace nv1 = ::pdserve::node::v1;
@@ -158,14 +159,11 @@ void RemoteEngine::Shutdown() {
 
 namespace {
 
-void ToProtoSampling(const engine::SamplingParams& s, nv1::Sampling* out) {
-  out->set_temperature(s.temperature);
-  out->set_top_k(s.top_k);
-  out->set_top_p(s.top_p);
-  out->set_min_p(s.min_p);
-  out->set_repetition_penalty(s.repetition_penalty);
-  out->set_penalty_last_n(s.penalty_last_n);
-  out->set_seed(s.seed);
+// The retry rule: these codes say the node failed, not the request, so another node can serve
+// it (a prefill is tried on a second prefill node, a decode stream re-run elsewhere).
+bool NodeLost(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::UNKNOWN ||
+         code == grpc::StatusCode::INTERNAL;
 }
 
 // Decode.Release: the reservation's request ends on the decode node and its blocks are freed.
@@ -233,7 +231,7 @@ bool RemoteEngine::Disaggregate(Call& call, const NodeRegistry::Node* decode,
     nv1::PrefillRequest preq;
     preq.set_request_id(req.id);
     preq.mutable_prompt()->Add(req.prompt.begin(), req.prompt.end());
-    ToProtoSampling(req.sampling, preq.mutable_sampling());
+    node::ToProto(req.sampling, preq.mutable_sampling());
     for (int32_t t : req.stop_token_ids) preq.add_stop_token_ids(t);
     *preq.mutable_kv() = rresp.kv();
     nv1::PrefillResponse presp;
@@ -282,9 +280,7 @@ bool RemoteEngine::Disaggregate(Call& call, const NodeRegistry::Node* decode,
       return true;
     }
     const grpc::StatusCode code = pst.error_code();
-    const bool node_down = code == grpc::StatusCode::UNAVAILABLE ||
-                           code == grpc::StatusCode::UNKNOWN ||
-                           code == grpc::StatusCode::INTERNAL;
+    const bool node_down = NodeLost(code);
     PD_LOG(kWarning, "request ", req.id, ": prefill on ", pnode->options.name, " failed (",
            static_cast<int>(code), " ", pst.error_message(), ")");
     if (node_down) registry_.ReportFailure(pnode, StrCat(static_cast<int>(code), " ",
@@ -338,7 +334,7 @@ void RemoteEngine::Run(std::shared_ptr<Call> call) {
     nreq.set_request_id(attempt == 0 ? req.id : StrCat(req.id, "#retry", attempt));
     nreq.mutable_prompt()->Add(req.prompt.begin(), req.prompt.end());
     nreq.mutable_prompt()->Add(sent.begin(), sent.end());
-    ToProtoSampling(req.sampling, nreq.mutable_sampling());
+    node::ToProto(req.sampling, nreq.mutable_sampling());
     nreq.set_max_tokens(remaining);
     for (int32_t t : req.stop_token_ids) nreq.add_stop_token_ids(t);
     nreq.set_priority(req.priority);
@@ -438,9 +434,10 @@ void RemoteEngine::Run(std::shared_ptr<Call> call) {
     std::string reason;
     if (node_failed) {
       reason = "node_failed";
-    } else if (code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::CANCELLED ||
-               code == grpc::StatusCode::UNKNOWN || code == grpc::StatusCode::INTERNAL ||
+    } else if (NodeLost(code) || code == grpc::StatusCode::CANCELLED ||
                code == grpc::StatusCode::ABORTED || (status.ok() && !finish)) {
+      // Besides a failed node: a decode stream cancelled or aborted by its node (a drain that
+      // outlasted its grace), or one that ended without its finish message.
       reason = "unavailable";
       registry_.ReportFailure(node, StrCat(static_cast<int>(code), " ", status.error_message()));
     } else if (code == grpc::StatusCode::RESOURCE_EXHAUSTED) {

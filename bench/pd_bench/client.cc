@@ -31,23 +31,4 @@ void StreamTimer::Ended() {
   record_->e2e_s = Seconds(Clock::now() - sent_);
 }
 
-absl::Status SplitHostPort(const std::string& target, std::string* host, int* port) {
-  const auto bad = [&] {
-    return absl::InvalidArgumentError(
-        pd::StrCat("target '", target, "': expected HOST:PORT (or [IPV6]:PORT)"));
-  };
-  const size_t colon = target.rfind(':');
-  if (colon == std::string::npos || colon == 0) return bad();
-  std::string h = target.substr(0, colon);
-  if (h.front() == '[') {
-    if (h.size() < 3 || h.back() != ']') return bad();
-    h = h.substr(1, h.size() - 2);
-  }
-  int p = 0;
-  if (!absl::SimpleAtoi(target.substr(colon + 1), &p) || p <= 0 || p > 65535) return bad();
-  *host = h;
-  *port = p;
-  return absl::OkStatus();
-}
-
 }  // namespace pd::bench

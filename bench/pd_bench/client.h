@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "bench/pd_bench/stats.h"
+#include "common/net.h"
 
 namespace pd::bench {
 
@@ -69,8 +70,8 @@ class StreamTimer {
   RequestRecord* record_;
 };
 
-// Splits "host:port" / "[v6]:port". INVALID_ARGUMENT when malformed.
-absl::Status SplitHostPort(const std::string& target, std::string* host, int* port);
+// "host:port" / "[v6]:port" (common/net.h).
+using ::pd::SplitHostPort;
 
 // INVALID_ARGUMENT for a malformed target. No connection is made before the first call.
 absl::StatusOr<std::unique_ptr<ApiClient>> MakeGrpcClient(const ClientOptions& options);

@@ -60,4 +60,8 @@ struct ModelConfig {
   static absl::StatusOr<ModelConfig> FromGguf(const GgufFile& f);
 };
 
+// The context a sequence gets when none is configured: the training context, at most 4096 tokens
+// (the rule of every engine the node runtime builds, pdctl's, and the router's requests).
+inline int DefaultContext(int n_ctx_train) { return n_ctx_train < 4096 ? n_ctx_train : 4096; }
+
 }  // namespace pd::engine

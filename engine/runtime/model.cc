@@ -6,6 +6,7 @@
 
 #include "common/status.h"
 #include "common/strings.h"
+#include "engine/backend/op_support.h"
 
 namespace pd::engine {
 namespace {
@@ -53,8 +54,36 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(std::shared_ptr<const GgufFil
                                                    Backend& backend) {
   std::unique_ptr<Model> m(new Model(std::move(file), backend));
   PD_ASSIGN_OR_RETURN(m->config_, ModelConfig::FromGguf(*m->file_));
+  PD_RETURN_IF_ERROR(CheckBackend(*m->file_, BackendKind(backend.name())));
   PD_ASSIGN_OR_RETURN(m->weights_, Weights::Load(*m->file_, m->config_, backend));
   return m;
+}
+
+std::vector<std::string_view> Model::OpsUsed(const ModelConfig& c) {
+  std::vector<std::string_view> ops = {"GetRows", "MatMul",    "RmsNorm", "Rope",
+                                       "StoreKv", "Attention", "Add"};
+  ops.push_back(c.ffn_act == FfnActivation::kGeluTanh ? "GeGlu" : "SwiGlu");
+  if (c.qkv_bias) ops.push_back("AddBias");
+  if (c.embedding_scale > 0 || c.attention_scale > 0) ops.push_back("Scale");
+  return ops;
+}
+
+absl::Status Model::CheckBackend(const GgufFile& file, std::string_view backend_kind) {
+  PD_ASSIGN_OR_RETURN(const ModelConfig c, ModelConfig::FromGguf(file));
+  std::vector<DType> weight_types;  // of the matrices (norms and biases are 1-D)
+  for (const GgufTensorInfo& t : file.tensors()) {
+    if (t.shape.size() >= 2 &&
+        std::find(weight_types.begin(), weight_types.end(), t.type) == weight_types.end()) {
+      weight_types.push_back(t.type);
+    }
+  }
+  const std::vector<std::string> missing = MissingOps(backend_kind, OpsUsed(c), weight_types);
+  if (missing.empty()) return absl::OkStatus();
+  std::string list;
+  for (const std::string& op : missing) list = list.empty() ? op : StrCat(list, ", ", op);
+  return absl::UnimplementedError(
+      StrCat("the ", backend_kind, " backend cannot run this model (", c.arch, "): it lacks ", list,
+             " (docs/architecture.md, \"Backends\"); use backend: cpu"));
 }
 
 KvCacheOptions Model::KvOptions(int n_blocks, KvDType dtype, int block_size) const {

@@ -72,6 +72,13 @@ class Model {
   static absl::StatusOr<std::unique_ptr<Model>> Load(std::shared_ptr<const GgufFile> file,
                                                      Backend& backend);
 
+  // The Backend ops a forward pass of a model with config `c` calls ("MatMul", "Rope", ...).
+  static std::vector<std::string_view> OpsUsed(const ModelConfig& c);
+  // OK when a backend of kind `backend_kind` ("cpu", "cuda"; op_support.h) runs every op the
+  // model in `file` needs, with its weight types; else UNIMPLEMENTED naming each missing op. Needs
+  // no device: the node runtime asks before creating the backend. Load() checks it too.
+  static absl::Status CheckBackend(const GgufFile& file, std::string_view backend_kind);
+
   const ModelConfig& config() const { return config_; }
   const Weights& weights() const { return *weights_; }
   const GgufFile& file() const { return *file_; }

@@ -17,6 +17,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/utf8.h"
+
 namespace pd::engine::tokenizer_internal {
 
 inline constexpr uint32_t kReplacementChar = 0xFFFD;
@@ -44,11 +46,8 @@ std::vector<uint32_t> DecodeUtf8Lenient(std::string_view bytes);
 const std::string& ByteToUnicodeUtf8(uint8_t b);
 int UnicodeToByte(uint32_t cpt);
 
-// Strict UTF-8: length of the valid, complete sequence at the start of `s`, or 0 if `s` does not
-// start with one. *incomplete is set when `s` is a proper prefix of a valid sequence (so more
-// bytes could still complete it); otherwise the bytes are invalid and *invalid_len is the length
-// of the maximal subpart to replace with one U+FFFD (>= 1).
-size_t Utf8ValidSeqLen(std::string_view s, bool* incomplete, size_t* invalid_len);
+// Strict UTF-8 (common/utf8.h): the tokenizer's streaming detokenizer and SanitizeUtf8 use it.
+using ::pd::Utf8ValidSeqLen;
 
 // Replaces every invalid or truncated sequence in `s` by U+FFFD (one per maximal subpart).
 std::string SanitizeUtf8(std::string_view s);

@@ -17,7 +17,7 @@
 #include "common/strings.h"
 #include "pdserve/node/v1/node.grpc.pb.h"
 #include "pdserve/v1/chat.grpc.pb.h"
-#include "tests/router/serving_testing.h"
+#include "tests/frontend/serving_testing.h"
 #include "tests/testing/process.h"
 #include "tests/testing/tiny_model.h"
 
@@ -32,7 +32,7 @@ using ::testing::HasSubstr;
 // be killed in the middle of it), small enough to build in a moment.
 std::string SlowModelGguf() {
   engine::testing::TinyModelSpec spec;
-  spec.n_vocab = static_cast<int>(testing::ServingVocab().size());
+  spec.n_vocab = static_cast<int>(frontend::testing::ServingVocab().size());
   spec.n_embd = 384;
   spec.n_layer = 8;
   spec.n_head = 6;
@@ -40,7 +40,7 @@ std::string SlowModelGguf() {
   spec.n_ff = 1024;
   spec.type = engine::DType::kQ8_0;  // ~13 MiB: GgufBuilder writes at most 16 MiB of data
   spec.seed = 11;
-  spec.metadata = testing::AddServingVocab;
+  spec.metadata = frontend::testing::AddServingVocab;
   return engine::testing::TinyModel(spec);
 }
 
@@ -211,7 +211,7 @@ class ClusterTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir();
-    tiny_ = new std::string(dir_->Write("tiny.gguf", testing::ServingModelGguf()));
+    tiny_ = new std::string(dir_->Write("tiny.gguf", frontend::testing::ServingModelGguf()));
     slow_ = new std::string(dir_->Write("slow.gguf", SlowModelGguf()));
   }
   static void TearDownTestSuite() {

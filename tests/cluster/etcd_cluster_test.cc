@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/router/serving_testing.h"
+#include "tests/frontend/serving_testing.h"
 #include "tests/testing/process.h"
 
 namespace pd::router {
@@ -139,7 +139,7 @@ class EtcdClusterTest : public ::testing::Test {
     }
     etcd_ = std::make_unique<Etcd>(dir_.Write("etcd.keep", "") + ".d");
     ASSERT_TRUE(etcd_->WaitReady(absl::Seconds(15))) << etcd_->process().Stderr();
-    model_ = dir_.Write("tiny.gguf", testing::ServingModelGguf());
+    model_ = dir_.Write("tiny.gguf", frontend::testing::ServingModelGguf());
     config_ = dir_.Write("cluster.yaml", std::string(R"(
 model: {id: tiny, chat_template: chatml}
 threads: 1

@@ -9,16 +9,17 @@
 #include <set>
 
 #include "decode_node/decode_service.h"
-#include "decode_node/node_server.h"
+#include "node/node_server.h"
 #include "prefill_node/prefill_service.h"
+#include "proto/node_convert.h"
 #include "router/remote_engine.h"
-#include "tests/router/serving_testing.h"
+#include "tests/frontend/serving_testing.h"
 
 namespace pd::router {
 namespace {
 
 struct InProcessNode {
-  std::unique_ptr<testing::Stack> stack;
+  std::unique_ptr<frontend::testing::Stack> stack;
   std::unique_ptr<node::NodeState> state;
   std::unique_ptr<node::DecodeService> service;
   MetricsRegistry registry;
@@ -42,10 +43,10 @@ struct InProcessNode {
 
 std::unique_ptr<InProcessNode> StartNode(int kv_blocks) {
   auto n = std::make_unique<InProcessNode>();
-  testing::StackOptions so;
+  frontend::testing::StackOptions so;
   so.scheduler.kv_blocks = kv_blocks;
   so.scheduler.block_size = 16;
-  n->stack = testing::MakeStack(so);
+  n->stack = frontend::testing::MakeStack(so);
   n->Serve(0);
   return n;
 }
@@ -218,7 +219,7 @@ TEST(NodeApiTest, KvTransferCallsOnANodeWithoutTransportAreFailedPrecondition) {
 // Prefill.Prefill without a KV descriptor: the first token, equal to the first token a decode
 // node generates for the same greedy request.
 TEST(NodeApiTest, PrefillReturnsTheFirstToken) {
-  auto stack = testing::MakeStack();
+  auto stack = frontend::testing::MakeStack();
   node::NodeState state("prefill", *stack->scheduler);
   node::PrefillService service(state);
   MetricsRegistry registry;

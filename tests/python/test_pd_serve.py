@@ -1,6 +1,6 @@
 """pd-serve as a user starts it: the default model, ports picked by the OS, SIGTERM to stop.
 
-The gRPC API itself is exercised from C++ (tests/router/grpc_service_test.cc and
+The gRPC API itself is exercised from C++ (tests/frontend/grpc_service_test.cc and
 pd_serve_test.cc): the venv has no grpcio. Here: the ready line, the HTTP health endpoint on the
 announced port, a clean exit on SIGTERM, and config errors naming the key.
 """

@@ -1,4 +1,4 @@
-// The etcd gateway client (router/etcd_client.h): its JSON and base64, the node record schema,
+// The etcd gateway client (common/etcd_client.h): its JSON and base64, the node record schema,
 // error mapping and endpoint failover against a fake gateway (an httplib server on port 0), and
 // the router's EtcdNodeWatcher following that fake's keys into a NodeRegistry. The real etcd is
 // exercised by tests/cluster/etcd_cluster_test.cc.
@@ -15,9 +15,9 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "common/etcd_client.h"
 #include "common/status.h"
 #include "common/status_matchers.h"
-#include "router/etcd_client.h"
 #include "router/etcd_watcher.h"
 #include "router/node_registry.h"
 

@@ -27,11 +27,12 @@
 #include "engine/kv/kv_cache.h"
 #include "engine/model/gguf.h"
 #include "engine/model/model_finder.h"
-#include "engine/tokenizer/chat_template.h"
 #include "engine/runtime/model.h"
 #include "engine/sched/generate.h"
 #include "engine/sched/stop.h"
+#include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "node/engine_builder.h"
 #include "tools/pdctl/quantize_cmd.h"
 #include "tools/pdctl/up_cmd.h"
 
@@ -109,22 +110,21 @@ struct Engine {
 };
 
 absl::StatusOr<Engine> LoadEngine(EngineFlags& f) {
+  // The node runtime's engine construction (node/engine_builder.h): the same default model,
+  // backend check and context rule as pd-serve and the cluster's nodes.
+  node::EngineOptions eo;
+  eo.model_path = f.model;
+  eo.backend = f.backend;
+  eo.threads = f.threads;
+  eo.force_scalar = f.cpu_kernels == "scalar";
+  eo.context = f.ctx;
+  PD_ASSIGN_OR_RETURN(node::Engine built, node::BuildEngine(eo));
+  f.model = built.model_path;
   Engine e;
-  if (f.model.empty()) {
-    PD_ASSIGN_OR_RETURN(f.model, engine::FindDefaultModel());
-  }
-  if (f.backend == "cuda") {
-    PD_ASSIGN_OR_RETURN(e.backend, engine::CreateCudaBackend(0));
-  } else {
-    engine::CpuBackendOptions o;
-    o.threads = f.threads;
-    o.force_scalar = f.cpu_kernels == "scalar";
-    e.backend = engine::CreateCpuBackend(o);
-  }
-  PD_ASSIGN_OR_RETURN(std::unique_ptr<engine::GgufFile> file, engine::GgufFile::Open(f.model));
-  e.file = std::move(file);
-  PD_ASSIGN_OR_RETURN(e.model, engine::Model::Load(e.file, *e.backend));
-  int ctx = f.ctx > 0 ? f.ctx : std::min(e.model->config().n_ctx_train, 4096);
+  e.backend = std::move(built.backend);
+  e.file = std::move(built.file);
+  e.model = std::move(built.model);
+  const int ctx = built.context;
   const int block = 16;
   const int n_blocks = (ctx + block - 1) / block;
   const std::optional<engine::KvDType> kv_type = engine::ParseKvDType(f.kv_type);

@@ -8,6 +8,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "common/strings.h"
 #include "engine/backend/backend.h"
 #include "engine/backend/cuda/convert.cuh"
+#include "engine/backend/cuda/cuda_ops.h"
 #include "engine/backend/cuda/cuda_status.h"
 #include "engine/backend/cuda/device_buffer.h"
 #include "engine/backend/cuda/rmsnorm.cuh"
@@ -208,7 +210,8 @@ class CudaBackend final : public Backend {
   // F16 weights: x is first rounded to F16 into scratch (n*k*6 bytes of traffic), then
   // GemmEx with F16 inputs, FP32 accumulation (tensor cores) and F32 output.
   absl::Status MatMul(const Tensor& w, const Tensor& x, Tensor& y) override {
-    if (w.type != DType::kF32 && w.type != DType::kF16) {
+    if (std::find(cuda::kMatMulWeightTypes.begin(), cuda::kMatMulWeightTypes.end(), w.type) ==
+        cuda::kMatMulWeightTypes.end()) {
       return Unimplemented(pd::StrCat("MatMul with ", TypeName(w.type), " weights"));
     }
     if (x.type != DType::kF32 || y.type != DType::kF32) {

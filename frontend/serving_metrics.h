@@ -1,0 +1,67 @@
+// The pdserve_* Prometheus metrics of a serving process (docs/metrics.md), fed by the front end
+// (per request) and the scheduler (per step). Implemented on common/metrics.h's registry.
+// Thread safe: every method may be called from any thread; updates are lock-free atomics.
+#pragma once
+
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "common/metrics.h"
+#include "engine/sched/engine_api.h"
+
+namespace pd::frontend {
+
+// One engine step (a batched forward), as the scheduler reports it.
+struct StepStats {
+  int prefill_tokens = 0;  // prompt tokens computed in the step
+  int decode_tokens = 0;   // decode tokens computed in the step
+  double seconds = 0;      // wall time of the forward + sampling
+};
+
+class ServingMetrics {
+ public:
+  // Registers the metrics in `registry`, which must outlive this object. One ServingMetrics per
+  // registry (a second one would register the same names: PD_CHECK).
+  explicit ServingMetrics(MetricsRegistry& registry);
+
+  // A request was accepted by the engine (pdserve_requests_accepted_total). Every accepted
+  // request later ends in exactly one RequestFinished.
+  void RequestStarted();
+  // Time between two consecutive output tokens of one stream (TPOT / inter-token latency).
+  void TokenInterval(double seconds);
+  // A request ended: finish reason counter ("stop", "length", "cancelled", "deadline", "error"),
+  // prompt/generated token counters, and the TTFT, end-to-end and queue-time histograms from
+  // `timing` (phases never reached, absl::InfinitePast(), are not observed).
+  void RequestFinished(std::string_view finish_reason, int prompt_tokens, int completion_tokens,
+                       const engine::RequestTiming& timing);
+  // A request was refused or failed: errors counter by status code name ("INVALID_ARGUMENT", ...).
+  void Error(absl::StatusCode code);
+  // A scheduler step: prefill / decode step-time histograms (a mixed step counts in both).
+  void Step(const StepStats& step);
+  // Gauges: running / waiting sequences and KV blocks used / free.
+  void Load(const engine::EngineLoad& load);
+
+  ServingMetrics(const ServingMetrics&) = delete;
+  ServingMetrics& operator=(const ServingMetrics&) = delete;
+
+ private:
+  // Families and children owned by the registry (stable for its lifetime); children without
+  // labels are looked up once here.
+  Histogram& ttft_;
+  Histogram& tpot_;
+  Histogram& e2e_;
+  Histogram& queue_;
+  Histogram& prefill_step_;
+  Histogram& decode_step_;
+  Gauge& running_;
+  Gauge& waiting_;
+  Gauge& kv_used_;
+  Gauge& kv_free_;
+  Counter& prompt_tokens_;
+  Counter& generation_tokens_;
+  Counter& accepted_;
+  Family<Counter>& requests_;  // {finish_reason}
+  Family<Counter>& errors_;    // {code}
+};
+
+}  // namespace pd::frontend

@@ -1,0 +1,64 @@
+// How every process that runs the model builds its engine: pdctl (one sequence), pd-serve (the
+// colocated engine), pd-decode and pd-prefill. One place decides the default model, the backend,
+// the context rule and the Scheduler's options from the config, so the four cannot drift apart.
+//
+// Ownership: an Engine owns its backend, the mapped model file and the Model; a ServingEngine
+// owns an Engine's backend and file and a Scheduler, which owns the Model. Thread safety: the
+// builders are plain functions; what they return is owned by one thread (the Scheduler has its
+// own engine thread, engine/sched/scheduler.h).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/config.h"
+#include "engine/backend/backend.h"
+#include "engine/model/gguf.h"
+#include "engine/runtime/model.h"
+#include "engine/sched/scheduler.h"
+#include "frontend/serving_metrics.h"
+
+namespace pd::node {
+
+struct EngineOptions {
+  std::string model_path;       // "" = the default model (engine/model/model_finder.h)
+  std::string backend = "cpu";  // cpu | cuda
+  int threads = 0;              // CPU backend threads; 0 = all cores
+  bool force_scalar = false;    // CPU backend: the portable kernels even with AVX2
+  int context = 0;              // tokens per sequence; 0 = engine::DefaultContext()
+};
+
+// A model loaded on its backend.
+struct Engine {
+  std::unique_ptr<engine::Backend> backend;
+  std::shared_ptr<engine::GgufFile> file;
+  std::unique_ptr<engine::Model> model;
+  std::string model_path;  // the file actually loaded
+  int context = 0;         // the context rule applied
+};
+
+// Finds the model, checks that the backend runs every op it needs (UNIMPLEMENTED naming the
+// missing ops, before any device is touched), creates the backend, maps and loads the weights.
+// Errors: NOT_FOUND (no model), INVALID_ARGUMENT (unknown backend, malformed file), UNIMPLEMENTED,
+// UNAVAILABLE (no GPU for cuda).
+absl::StatusOr<Engine> BuildEngine(const EngineOptions& options);
+
+// The config's model / backend / threads / context as EngineOptions.
+EngineOptions EngineOptionsFrom(const ServeOptions& o);
+
+// A serving process's engine: the model under a started Scheduler.
+struct ServingEngine {
+  std::unique_ptr<engine::Backend> backend;
+  std::shared_ptr<engine::GgufFile> file;
+  std::unique_ptr<engine::Scheduler> scheduler;
+  std::string model_path;
+};
+
+// BuildEngine(EngineOptionsFrom(o)), then a Scheduler from the config's scheduler and kv
+// sections; its step observer feeds `metrics` (nullable, must outlive the engine). Errors: the
+// model's, INVALID_ARGUMENT for kv.dtype, the Scheduler's.
+absl::StatusOr<ServingEngine> BuildServingEngine(const ServeOptions& o,
+                                                 frontend::ServingMetrics* metrics);
+
+}  // namespace pd::node

@@ -1,0 +1,826 @@
+// HTTP-layer tests of frontend/http_server.h over loopback (port 0), with an httplib client.
+// The Frontend here is a test double at the layer boundary: it records the ApiRequest the server
+// built and plays scripted chunks, so that these tests check exactly the HTTP mapping (parsing,
+// JSON/SSE shapes, status codes, cancellation). tests/python/test_openai_api.py runs the real
+// pd-serve (frontend + scheduler + model) with the official OpenAI client.
+#include "frontend/http_server.h"
+
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <deque>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/metrics.h"
+#include "frontend/serving_metrics.h"
+
+namespace pd::frontend {
+namespace {
+
+using json = nlohmann::json;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// What a scripted request will do.
+struct Script {
+  absl::Status start_status;     // non-OK: Start fails with it
+  std::vector<ApiChunk> chunks;  // played in order (the last one should be finished)
+  bool endless = false;          // after the chunks: a text chunk every 5 ms until cancelled
+  bool silent = false;           // after the chunks: nothing at all until cancelled
+};
+
+// Shared between the frontend, its streams and the test.
+struct Record {
+  absl::Mutex mu;
+  std::vector<ApiRequest> requests ABSL_GUARDED_BY(mu);
+  int cancels ABSL_GUARDED_BY(mu) = 0;
+  int destroyed ABSL_GUARDED_BY(mu) = 0;
+};
+
+class ScriptedStream : public Stream {
+ public:
+  ScriptedStream(std::string id, Script script, std::shared_ptr<Record> record)
+      : id_(std::move(id)), record_(std::move(record)) {
+    for (auto& c : script.chunks) chunks_.push_back(std::move(c));
+    endless_ = script.endless;
+    silent_ = script.silent;
+  }
+  ~ScriptedStream() override {
+    absl::MutexLock lock(&record_->mu);
+    ++record_->destroyed;
+  }
+  const std::string& request_id() const override { return id_; }
+  bool Next(ApiChunk* chunk, absl::Time deadline) override {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return false;
+    if (!chunks_.empty()) {
+      *chunk = std::move(chunks_.front());
+      chunks_.pop_front();
+      finished_ = chunk->finished;
+      return true;
+    }
+    if (endless_) {
+      mu_.AwaitWithDeadline(absl::Condition(&cancelled_),
+                            std::min(deadline, absl::Now() + absl::Milliseconds(5)));
+      if (cancelled_) return Finish(chunk);
+      chunk->text = "x";
+      chunk->token_ids = {1};
+      return true;
+    }
+    if (silent_) {
+      mu_.AwaitWithDeadline(absl::Condition(&cancelled_), deadline);
+      if (cancelled_) return Finish(chunk);
+      return false;
+    }
+    return false;
+  }
+  void Cancel() override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_ || cancelled_) return;
+      cancelled_ = true;
+    }
+    absl::MutexLock lock(&record_->mu);
+    ++record_->cancels;
+  }
+
+ private:
+  bool Finish(ApiChunk* chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    finished_ = true;
+    chunk->finished = true;
+    chunk->status = absl::CancelledError("cancelled");
+    return true;
+  }
+  const std::string id_;
+  std::shared_ptr<Record> record_;
+  absl::Mutex mu_;
+  std::deque<ApiChunk> chunks_ ABSL_GUARDED_BY(mu_);
+  bool endless_ = false, silent_ = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+class ScriptedFrontend : public Frontend {
+ public:
+  explicit ScriptedFrontend(std::shared_ptr<Record> record) : record_(std::move(record)) {}
+  void SetScript(Script s) {
+    absl::MutexLock lock(&mu_);
+    script_ = std::move(s);
+  }
+  absl::StatusOr<std::unique_ptr<Stream>> Start(const ApiRequest& request) override {
+    Script s;
+    {
+      absl::MutexLock lock(&mu_);
+      s = script_;
+    }
+    {
+      absl::MutexLock lock(&record_->mu);
+      record_->requests.push_back(request);
+    }
+    if (!s.start_status.ok()) return s.start_status;
+    const std::string id = request.request_id.empty() ? "req-1" : request.request_id;
+    return std::unique_ptr<Stream>(new ScriptedStream(id, std::move(s), record_));
+  }
+  std::vector<ModelCard> Models() const override {
+    return {ModelCard{"tiny-llama", "llama", 256, 12345, "Q8_0"}};
+  }
+
+ private:
+  std::shared_ptr<Record> record_;
+  absl::Mutex mu_;
+  Script script_ ABSL_GUARDED_BY(mu_);
+};
+
+ApiChunk Text(std::string text, std::vector<int32_t> ids) {
+  ApiChunk c;
+  c.text = std::move(text);
+  c.token_ids = std::move(ids);
+  return c;
+}
+
+ApiChunk Finished(std::string reason, int prompt, int completion, absl::Status status = {}) {
+  ApiChunk c;
+  c.finished = true;
+  c.finish_reason = std::move(reason);
+  c.prompt_tokens = prompt;
+  c.completion_tokens = completion;
+  c.status = std::move(status);
+  return c;
+}
+
+Script HelloScript() {
+  Script s;
+  s.chunks = {Text("Hel", {10}), Text("", {11}), Text("lo é", {12, 13}), Finished("length", 5, 4)};
+  return s;
+}
+
+// Events of an SSE body: the payload of each "data: " line; comments are skipped.
+std::vector<std::string> SseData(const std::string& body) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    size_t end = body.find("\n\n", pos);
+    EXPECT_NE(end, std::string::npos) << "unterminated event: " << body.substr(pos);
+    if (end == std::string::npos) break;
+    const std::string event = body.substr(pos, end - pos);
+    pos = end + 2;
+    if (event.rfind(":", 0) == 0) continue;
+    EXPECT_EQ(event.rfind("data: ", 0), 0u) << event;
+    out.push_back(event.substr(6));
+  }
+  return out;
+}
+
+class HttpServerTest : public ::testing::Test {
+ protected:
+  void StartServer(HttpServerOptions options = {}) {
+    options.refresh_metrics = [this] { refreshes_.fetch_add(1); };
+    server_ = std::make_unique<HttpServer>(std::move(options), frontend_, registry_, &metrics_);
+    auto port = server_->Start("127.0.0.1", 0);
+    ASSERT_TRUE(port.ok()) << port.status();
+    port_ = *port;
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", port_);
+    client_->set_read_timeout(10, 0);
+  }
+  void SetUp() override { StartServer(); }
+  void TearDown() override {
+    if (server_) server_->Stop();
+  }
+
+  httplib::Result Post(const std::string& path, const std::string& body,
+                       const httplib::Headers& headers = {}) {
+    return client_->Post(path.c_str(), headers, body, "application/json");
+  }
+  static json Json(const httplib::Result& r) {
+    return json::parse(r->body, nullptr, /*allow_exceptions=*/false);
+  }
+  ApiRequest LastRequest() {
+    absl::MutexLock lock(&record_->mu);
+    return record_->requests.empty() ? ApiRequest{} : record_->requests.back();
+  }
+  int Cancels() {
+    absl::MutexLock lock(&record_->mu);
+    return record_->cancels;
+  }
+  int Destroyed() {
+    absl::MutexLock lock(&record_->mu);
+    return record_->destroyed;
+  }
+  // Expects an OpenAI-style error with `status`, `code` and (when not null) `param`.
+  static void ExpectError(const httplib::Result& r, int status, const std::string& code,
+                          const json& param) {
+    ASSERT_TRUE(r) << "no response";
+    EXPECT_EQ(r->status, status) << r->body;
+    const json j = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << r->body;
+    ASSERT_TRUE(j.contains("error")) << r->body;
+    EXPECT_EQ(j["error"]["code"], code) << r->body;
+    EXPECT_EQ(j["error"]["param"], param) << r->body;
+    EXPECT_TRUE(j["error"]["message"].is_string());
+    EXPECT_TRUE(j["error"]["type"].is_string());
+    EXPECT_EQ(r->get_header_value("Content-Type"), "application/json");
+  }
+
+  std::shared_ptr<Record> record_ = std::make_shared<Record>();
+  ScriptedFrontend frontend_{record_};
+  MetricsRegistry registry_;
+  ServingMetrics metrics_{registry_};
+  std::unique_ptr<HttpServer> server_;
+  std::unique_ptr<httplib::Client> client_;
+  int port_ = 0;
+  std::atomic<int> refreshes_{0};
+};
+
+TEST_F(HttpServerTest, ChatNonStreamingMapsFieldsAndAnswersChatCompletion) {
+  frontend_.SetScript(HelloScript());
+  const json req = {
+      {"model", "tiny-llama"},
+      {"messages",
+       {{{"role", "developer"}, {"content", "Be brief."}},
+        {{"role", "user"},
+         {"content",
+          {{{"type", "text"}, {"text", "Hi "}}, {{"type", "text"}, {"text", "there"}}}}}}},
+      {"max_completion_tokens", 4},
+      {"temperature", 0.5},
+      {"top_p", 0.9},
+      {"top_k", 7},
+      {"min_p", 0.1},
+      {"repetition_penalty", 1.1},
+      {"seed", 42},
+      {"stop", {"\n\n", "END"}},
+      {"n", 1},
+      {"user", "ignored"},
+      {"some_future_field", {{"x", 1}}},
+      {"priority", 3},
+      {"ignore_eos", true},
+      {"request_id", "abc"}};
+  auto r = Post("/v1/chat/completions", req.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->get_header_value("Content-Type"), "application/json");
+  const json j = Json(r);
+  EXPECT_EQ(j["id"], "chatcmpl-abc");
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_TRUE(j["created"].is_number_integer());
+  EXPECT_EQ(j["model"], "tiny-llama");
+  ASSERT_EQ(j["choices"].size(), 1u);
+  EXPECT_EQ(j["choices"][0]["index"], 0);
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "Hello é");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"],
+            (json{{"prompt_tokens", 5}, {"completion_tokens", 4}, {"total_tokens", 9}}));
+
+  const ApiRequest a = LastRequest();
+  EXPECT_EQ(a.model, "tiny-llama");
+  ASSERT_EQ(a.messages.size(), 2u);
+  EXPECT_EQ(a.messages[0].role, "system");
+  EXPECT_EQ(a.messages[0].content, "Be brief.");
+  EXPECT_EQ(a.messages[1].role, "user");
+  EXPECT_EQ(a.messages[1].content, "Hi there");
+  EXPECT_FALSE(a.prompt.has_value());
+  EXPECT_EQ(a.max_tokens, 4);
+  EXPECT_FLOAT_EQ(*a.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(*a.top_p, 0.9f);
+  EXPECT_EQ(*a.top_k, 7);
+  EXPECT_FLOAT_EQ(*a.min_p, 0.1f);
+  EXPECT_FLOAT_EQ(*a.repetition_penalty, 1.1f);
+  EXPECT_EQ(*a.seed, 42u);
+  EXPECT_THAT(a.stop, ElementsAre("\n\n", "END"));
+  EXPECT_EQ(a.priority, 3);
+  EXPECT_TRUE(a.ignore_eos);
+  EXPECT_EQ(a.request_id, "abc");
+  EXPECT_EQ(a.deadline, absl::InfiniteFuture());
+}
+
+TEST_F(HttpServerTest, UnsetFieldsStayUnsetAndNullCountsAsAbsent) {
+  frontend_.SetScript(HelloScript());
+  auto r = Post("/v1/chat/completions",
+                R"({"messages":[{"role":"user","content":"x"}],"temperature":null,"stop":"S",
+                    "max_tokens":null,"top_k":null})");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const ApiRequest a = LastRequest();
+  EXPECT_EQ(a.model, "");
+  EXPECT_FALSE(a.temperature || a.top_p || a.top_k || a.min_p || a.repetition_penalty || a.seed ||
+               a.max_tokens);
+  EXPECT_THAT(a.stop, ElementsAre("S"));
+  // Without a model in the request, responses name the served one.
+  EXPECT_EQ(Json(r)["model"], "tiny-llama");
+  EXPECT_EQ(Json(r)["id"], "chatcmpl-req-1");
+}
+
+TEST_F(HttpServerTest, UnsupportedFieldsAtTheirUnsetValuesPass) {
+  frontend_.SetScript(HelloScript());
+  auto r = Post("/v1/chat/completions",
+                R"({"messages":[{"role":"user","content":"x"}],"tools":[],"logit_bias":{},
+                    "top_logprobs":0,"logprobs":false,"presence_penalty":0,"frequency_penalty":0.0,
+                    "response_format":{"type":"text"},"best_of":1,"n":1})");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+}
+
+TEST_F(HttpServerTest, CompletionNonStreaming) {
+  frontend_.SetScript(HelloScript());
+  auto r = Post("/v1/completions", R"({"model":"tiny-llama","prompt":"Once","max_tokens":4})");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json j = Json(r);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["id"], "cmpl-req-1");
+  EXPECT_EQ(j["choices"][0]["text"], "Hello é");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(j["usage"]["total_tokens"], 9);
+  const ApiRequest a = LastRequest();
+  EXPECT_EQ(a.prompt, std::optional<std::string>("Once"));
+  EXPECT_TRUE(a.messages.empty());
+  EXPECT_EQ(a.max_tokens, 4);
+}
+
+TEST_F(HttpServerTest, ChatStreamingWithUsage) {
+  frontend_.SetScript(HelloScript());
+  auto r = Post("/v1/chat/completions",
+                R"({"messages":[{"role":"user","content":"x"}],"stream":true,
+                    "stream_options":{"include_usage":true}})");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
+  const std::vector<std::string> data = SseData(r->body);
+  // "Hel", "lo é" (the empty chunk sends nothing), the finish chunk, the usage chunk, [DONE].
+  ASSERT_EQ(data.size(), 5u) << r->body;
+  EXPECT_EQ(data.back(), "[DONE]");
+  std::string text;
+  for (size_t i = 0; i + 1 < data.size(); ++i) {
+    const json j = json::parse(data[i]);
+    EXPECT_EQ(j["object"], "chat.completion.chunk");
+    EXPECT_EQ(j["id"], "chatcmpl-req-1");
+    EXPECT_EQ(j["model"], "tiny-llama");
+    ASSERT_TRUE(j.contains("usage"));
+    if (i + 2 < data.size()) {
+      EXPECT_TRUE(j["usage"].is_null());
+      ASSERT_EQ(j["choices"].size(), 1u);
+      const json& c = j["choices"][0];
+      if (c["delta"].contains("content")) text += c["delta"]["content"].get<std::string>();
+      EXPECT_EQ(c["delta"].contains("role"), i == 0) << data[i];
+      EXPECT_EQ(c["finish_reason"].is_null(), i + 3 < data.size()) << data[i];
+    } else {
+      EXPECT_TRUE(j["choices"].empty());
+      EXPECT_EQ(j["usage"],
+                (json{{"prompt_tokens", 5}, {"completion_tokens", 4}, {"total_tokens", 9}}));
+    }
+  }
+  EXPECT_EQ(text, "Hello é");
+  EXPECT_EQ(json::parse(data[2])["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(json::parse(data[0])["choices"][0]["delta"]["role"], "assistant");
+}
+
+TEST_F(HttpServerTest, CompletionStreamingWithTokenIdsWithoutUsage) {
+  frontend_.SetScript(HelloScript());
+  auto r = Post("/v1/completions",
+                R"({"prompt":"x","stream":true,"stream_options":{"include_token_ids":true}})");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const std::vector<std::string> data = SseData(r->body);
+  // With token ids, the empty-text chunk is sent too (its token is news).
+  ASSERT_EQ(data.size(), 5u) << r->body;
+  EXPECT_EQ(data.back(), "[DONE]");
+  std::string text;
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i + 1 < data.size(); ++i) {
+    const json j = json::parse(data[i]);
+    EXPECT_EQ(j["object"], "text_completion");
+    EXPECT_FALSE(j.contains("usage"));
+    text += j["choices"][0]["text"].get<std::string>();
+    for (int32_t id : j["choices"][0]["token_ids"]) ids.push_back(id);
+  }
+  EXPECT_EQ(text, "Hello é");
+  EXPECT_THAT(ids, ElementsAre(10, 11, 12, 13));
+  EXPECT_EQ(json::parse(data[3])["choices"][0]["finish_reason"], "length");
+}
+
+TEST_F(HttpServerTest, RequestErrorsNameTheField) {
+  struct Case {
+    const char* path;
+    const char* body;
+    const char* param;  // nullptr: JSON null
+    const char* message_part;
+  };
+  const Case cases[] = {
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],)", nullptr,
+       "not valid JSON"},
+      {"/v1/chat/completions", R"([1,2])", nullptr, "JSON object"},
+      {"/v1/chat/completions", R"({"model":"m"})", "messages", "required"},
+      {"/v1/chat/completions", R"({"messages":[]})", "messages", "empty"},
+      {"/v1/chat/completions", R"({"messages":"hi"})", "messages", "list"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"tool","content":"x"}]})",
+       "messages[0].role", "tool"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user"}]})", "messages[0].content",
+       "required"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})",
+       "messages[0].content[0]", "text"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"n":2})", "n",
+       "n must be 1"},
+      {"/v1/chat/completions",
+       R"({"messages":[{"role":"user","content":"x"}],"temperature":"hot"})", "temperature",
+       "number"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"max_tokens":1.5})",
+       "max_tokens", "integer"},
+      {"/v1/chat/completions",
+       R"({"messages":[{"role":"user","content":"x"}],"max_tokens":99999999999})", "max_tokens",
+       "max_tokens"},
+      {"/v1/chat/completions",
+       R"({"messages":[{"role":"user","content":"x"}],"max_tokens":3,"max_completion_tokens":4})",
+       "max_completion_tokens", "disagree"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"stop":[1]})",
+       "stop[0]", "string"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"stream":"yes"})",
+       "stream", "boolean"},
+      {"/v1/chat/completions",
+       R"({"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":1}})",
+       "stream_options.include_usage", "boolean"},
+      {"/v1/chat/completions",
+       R"({"messages":[{"role":"user","content":"x"}],"presence_penalty":0.5})", "presence_penalty",
+       "not supported"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})",
+       "logprobs", "not supported"},
+      {"/v1/chat/completions",
+       R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", "tools",
+       "not supported"},
+      {"/v1/chat/completions",
+       R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
+       "response_format", "text"},
+      {"/v1/completions", R"({"prompt":[1,2,3]})", "prompt", "token ids"},
+      {"/v1/completions", R"({"prompt":["a","b"]})", "prompt", "one request per prompt"},
+      {"/v1/completions", R"({"model":"m"})", "prompt", "required"},
+      {"/v1/completions", R"({"prompt":"x","model":7})", "model", "string"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.body);
+    auto r = Post(c.path, c.body);
+    ExpectError(r, 400, "INVALID_ARGUMENT", c.param ? json(c.param) : json(nullptr));
+    if (r) {
+      EXPECT_THAT(Json(r)["error"]["message"].get<std::string>(), HasSubstr(c.message_part));
+    }
+  }
+  // None of them reached the frontend.
+  absl::MutexLock lock(&record_->mu);
+  EXPECT_TRUE(record_->requests.empty());
+}
+
+TEST_F(HttpServerTest, InvalidUtf8NamesTheField) {
+  const std::string body =
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"ok\"},{\"role\":\"user\",\"content\":\"bad "
+      "\xC3\x28 \xFF\"}]}";
+  auto r = Post("/v1/chat/completions", body);
+  ExpectError(r, 400, "INVALID_ARGUMENT", "messages[1].content");
+  EXPECT_THAT(Json(r)["error"]["message"].get<std::string>(), HasSubstr("UTF-8"));
+  // Outside any string: no field to name, still a 400.
+  r = Post("/v1/completions", "{\"prompt\":\"x\"}\xFF");
+  ExpectError(r, 400, "INVALID_ARGUMENT", nullptr);
+  EXPECT_THAT(Json(r)["error"]["message"].get<std::string>(), HasSubstr("UTF-8"));
+}
+
+TEST_F(HttpServerTest, FrontendErrorsMapToHttpStatuses) {
+  struct Case {
+    absl::Status status;
+    int http;
+    const char* code;
+    json param;
+  };
+  const Case cases[] = {
+      {absl::InvalidArgumentError("top_p must be in (0, 1], got 0"), 400, "INVALID_ARGUMENT",
+       "top_p"},
+      {absl::InvalidArgumentError("messages[2].role must be ..."), 400, "INVALID_ARGUMENT",
+       "messages[2].role"},
+      {absl::InvalidArgumentError("prompt + max_tokens exceed the context"), 400,
+       "INVALID_ARGUMENT", "prompt"},
+      {absl::NotFoundError("unknown model \"gpt-4\""), 404, "NOT_FOUND", "model"},
+      {absl::ResourceExhaustedError("queue full"), 429, "RESOURCE_EXHAUSTED", nullptr},
+      {absl::UnavailableError("shutting down"), 503, "UNAVAILABLE", nullptr},
+      {absl::DeadlineExceededError("deadline"), 504, "DEADLINE_EXCEEDED", nullptr},
+      {absl::UnauthenticatedError("no"), 401, "UNAUTHENTICATED", nullptr},
+      {absl::InternalError("boom"), 500, "INTERNAL", nullptr},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.status.ToString());
+    Script s;
+    s.start_status = c.status;
+    frontend_.SetScript(s);
+    auto r = Post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}]})");
+    ExpectError(r, c.http, c.code, c.param);
+    if (r) {
+      EXPECT_EQ(Json(r)["error"]["message"], std::string(c.status.message()));
+    }
+  }
+}
+
+TEST_F(HttpServerTest, FailureAfterAcceptance) {
+  Script s;
+  s.chunks = {Text("Hi", {1}), Finished("", 3, 1, absl::DeadlineExceededError("deadline passed"))};
+  frontend_.SetScript(s);
+  // Non-streaming: the status of the failure.
+  auto r = Post("/v1/completions", R"({"prompt":"x"})");
+  ExpectError(r, 504, "DEADLINE_EXCEEDED", nullptr);
+  // Streaming: already 200; the error is an event (OpenAI clients raise it), then [DONE].
+  frontend_.SetScript(s);
+  r = Post("/v1/completions", R"({"prompt":"x","stream":true})");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  const std::vector<std::string> data = SseData(r->body);
+  ASSERT_EQ(data.size(), 3u) << r->body;
+  EXPECT_EQ(json::parse(data[0])["choices"][0]["text"], "Hi");
+  EXPECT_EQ(json::parse(data[1])["error"]["code"], "DEADLINE_EXCEEDED");
+  EXPECT_EQ(data[2], "[DONE]");
+}
+
+TEST_F(HttpServerTest, UnknownPathIs404Json) {
+  auto r = client_->Get("/v1/nothing");
+  ExpectError(r, 404, "NOT_FOUND", nullptr);
+  EXPECT_THAT(Json(r)["error"]["message"].get<std::string>(), HasSubstr("/v1/nothing"));
+}
+
+TEST_F(HttpServerTest, ModelsAndHealth) {
+  auto r = client_->Get("/v1/models");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  const json j = Json(r);
+  EXPECT_EQ(j["object"], "list");
+  ASSERT_EQ(j["data"].size(), 1u);
+  EXPECT_EQ(j["data"][0]["id"], "tiny-llama");
+  EXPECT_EQ(j["data"][0]["object"], "model");
+  EXPECT_EQ(j["data"][0]["owned_by"], "pdserve");
+  EXPECT_EQ(j["data"][0]["context_length"], 256);
+  r = client_->Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(Json(r)["status"], "ok");
+}
+
+TEST_F(HttpServerTest, MetricsEndpointRefreshesAndCounts) {
+  frontend_.SetScript(HelloScript());
+  ASSERT_EQ(Post("/v1/completions", R"({"prompt":"x"})")->status, 200);
+  ASSERT_EQ(Post("/v1/completions", R"({"prompt":)")->status, 400);
+  auto r = client_->Get("/metrics");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  EXPECT_EQ(r->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
+  EXPECT_EQ(refreshes_.load(), 1);
+  EXPECT_THAT(
+      r->body,
+      HasSubstr("pdserve_http_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 1\n"));
+  EXPECT_THAT(
+      r->body,
+      HasSubstr("pdserve_http_requests_total{endpoint=\"/v1/completions\",status=\"400\"} 1\n"));
+  // The malformed request was refused by the HTTP layer, which counts it.
+  EXPECT_THAT(r->body, HasSubstr("pdserve_errors_total{code=\"INVALID_ARGUMENT\"} 1\n"));
+  EXPECT_THAT(r->body, HasSubstr("# TYPE pdserve_time_to_first_token_seconds histogram\n"));
+}
+
+TEST(HttpServerOptionsTest, BodyLimitAnswers413Json) {
+  auto record = std::make_shared<Record>();
+  ScriptedFrontend frontend(record);
+  frontend.SetScript(HelloScript());
+  MetricsRegistry registry;
+  HttpServerOptions options;
+  options.max_body_bytes = 1000;
+  HttpServer server(options, frontend, registry);
+  auto port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  httplib::Client client("127.0.0.1", *port);
+  const std::string big = json{{"prompt", std::string(5000, 'a')}}.dump();
+  auto r = client.Post("/v1/completions", big, "application/json");
+  ASSERT_TRUE(r) << "no response: " << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 413);
+  const json j = json::parse(r->body, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r->body;
+  EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr("1000 bytes"));
+  // Form-encoded bodies (curl -d) have httplib's own 8 KiB cap: the message says what to do.
+  options.max_body_bytes = 1 << 20;
+  MetricsRegistry registry2;
+  HttpServer server2(options, frontend, registry2);
+  auto port2 = server2.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port2.ok());
+  httplib::Client client2("127.0.0.1", *port2);
+  r = client2.Post("/v1/completions", json{{"prompt", std::string(9000, 'a')}}.dump(),
+                   "application/x-www-form-urlencoded");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 413);
+  EXPECT_THAT(r->body, HasSubstr("application/json"));
+  // A body under the limit passes.
+  r = client.Post("/v1/completions", R"({"prompt":"x"})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+}
+
+TEST(HttpServerOptionsTest, ApiKeys) {
+  auto record = std::make_shared<Record>();
+  ScriptedFrontend frontend(record);
+  frontend.SetScript(HelloScript());
+  MetricsRegistry registry;
+  HttpServerOptions options;
+  options.api_keys = {"k1", "sk-secret"};
+  HttpServer server(options, frontend, registry);
+  auto port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  httplib::Client client("127.0.0.1", *port);
+  const std::string body = R"({"prompt":"x"})";
+  // One keep-alive connection: a refused request must leave it usable for the next one.
+  client.set_keep_alive(true);
+  for (const httplib::Headers& h :
+       {httplib::Headers{}, httplib::Headers{{"Authorization", "Bearer nope"}},
+        httplib::Headers{{"Authorization", "sk-secret"}},
+        httplib::Headers{{"Authorization", "Bearer sk-secre"}},
+        httplib::Headers{{"x-api-key", "k2"}}}) {
+    auto r = client.Post("/v1/completions", h, body, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401) << r->body;
+    EXPECT_EQ(json::parse(r->body)["error"]["code"], "UNAUTHENTICATED");
+    EXPECT_EQ(json::parse(r->body)["error"]["type"], "authentication_error");
+    r = client.Get("/v1/models", h);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401);
+  }
+  auto r = client.Post("/v1/completions", {{"Authorization", "Bearer sk-secret"}}, body,
+                       "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  r = client.Post("/v1/completions", {{"x-api-key", "k1"}}, body, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  // Health and metrics stay open.
+  EXPECT_EQ(client.Get("/health")->status, 200);
+  EXPECT_EQ(client.Get("/metrics")->status, 200);
+  absl::MutexLock lock(&record->mu);
+  EXPECT_EQ(record->requests.size(), 2u);
+}
+
+TEST(HttpServerOptionsTest, RequestTimeoutSetsTheDeadline) {
+  auto record = std::make_shared<Record>();
+  ScriptedFrontend frontend(record);
+  frontend.SetScript(HelloScript());
+  MetricsRegistry registry;
+  HttpServerOptions options;
+  options.request_timeout = absl::Seconds(30);
+  HttpServer server(options, frontend, registry);
+  auto port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok());
+  httplib::Client client("127.0.0.1", *port);
+  const absl::Time before = absl::Now();
+  ASSERT_EQ(client.Post("/v1/completions", R"({"prompt":"x"})", "application/json")->status, 200);
+  absl::MutexLock lock(&record->mu);
+  ASSERT_EQ(record->requests.size(), 1u);
+  EXPECT_GE(record->requests[0].deadline, before + absl::Seconds(30));
+  EXPECT_LE(record->requests[0].deadline, absl::Now() + absl::Seconds(30));
+}
+
+TEST(HttpServerOptionsTest, ValidateAndStartErrors) {
+  HttpServerOptions o;
+  EXPECT_TRUE(o.Validate().ok());
+  o.threads = 0;
+  EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument);
+  o = {};
+  o.api_keys = {""};
+  EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument);
+
+  auto record = std::make_shared<Record>();
+  ScriptedFrontend frontend(record);
+  MetricsRegistry r1, r2;
+  HttpServer a({}, frontend, r1);
+  auto port = a.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok());
+  EXPECT_EQ(a.Start("127.0.0.1", 0).status().code(), absl::StatusCode::kFailedPrecondition);
+  HttpServer b({}, frontend, r2);
+  EXPECT_EQ(b.Start("127.0.0.1", *port).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(HttpStatusForTest, OneToOne) {
+  EXPECT_EQ(HttpStatusFor(absl::StatusCode::kInvalidArgument), 400);
+  EXPECT_EQ(HttpStatusFor(absl::StatusCode::kUnauthenticated), 401);
+  EXPECT_EQ(HttpStatusFor(absl::StatusCode::kNotFound), 404);
+  EXPECT_EQ(HttpStatusFor(absl::StatusCode::kResourceExhausted), 429);
+  EXPECT_EQ(HttpStatusFor(absl::StatusCode::kUnavailable), 503);
+  EXPECT_EQ(HttpStatusFor(absl::StatusCode::kDeadlineExceeded), 504);
+  EXPECT_EQ(HttpStatusFor(absl::StatusCode::kInternal), 500);
+  EXPECT_EQ(HttpStatusFor(absl::StatusCode::kDataLoss), 500);
+}
+
+// A raw client that sends a streaming request, reads `read_bytes` of the response, and closes
+// the connection (the way a browser tab or a killed client goes away).
+void PostAndHangUp(int port, const std::string& body, size_t read_bytes) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string req =
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+      "Content-Type: application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
+  std::string got;
+  char buf[512];
+  while (got.size() < read_bytes) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    ASSERT_GT(n, 0);
+    got.append(buf, n);
+  }
+  EXPECT_THAT(got, HasSubstr("200 OK"));
+  close(fd);
+}
+
+bool WaitFor(const std::function<bool()>& cond, absl::Duration timeout) {
+  const absl::Time end = absl::Now() + timeout;
+  while (absl::Now() < end) {
+    if (cond()) return true;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return cond();
+}
+
+TEST_F(HttpServerTest, ClientDisconnectMidStreamCancels) {
+  Script s;
+  s.endless = true;  // tokens keep coming until cancelled
+  frontend_.SetScript(s);
+  PostAndHangUp(port_, R"({"messages":[{"role":"user","content":"x"}],"stream":true})", 300);
+  EXPECT_TRUE(WaitFor([&] { return Cancels() == 1; }, absl::Seconds(3)));
+  EXPECT_TRUE(WaitFor([&] { return Destroyed() == 1; }, absl::Seconds(3)));
+}
+
+TEST_F(HttpServerTest, ClientDisconnectWhileIdleCancels) {
+  // Nothing is produced (the request waits in the queue): the keep-alive comments notice the
+  // closed connection.
+  Script s;
+  s.chunks = {Text("a", {1})};
+  s.silent = true;
+  frontend_.SetScript(s);
+  PostAndHangUp(port_, R"({"messages":[{"role":"user","content":"x"}],"stream":true})", 100);
+  EXPECT_TRUE(WaitFor([&] { return Cancels() == 1; }, absl::Seconds(3)));
+}
+
+TEST_F(HttpServerTest, BadRequestsAnsweredWhileAStreamRuns) {
+  Script s;
+  s.endless = true;
+  frontend_.SetScript(s);
+  absl::Notification got_data;
+  std::atomic<size_t> bytes{0};
+  std::thread streamer([&] {
+    httplib::Client c("127.0.0.1", port_);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/chat/completions";
+    req.body = R"({"messages":[{"role":"user","content":"x"}],"stream":true})";
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char*, size_t n, uint64_t, uint64_t) {
+      bytes += n;
+      if (!got_data.HasBeenNotified()) got_data.Notify();
+      return bytes < 20000;  // then hang up
+    };
+    c.send(req);
+  });
+  ASSERT_TRUE(got_data.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  auto r = Post("/v1/chat/completions", R"({"messages":[]})");
+  ExpectError(r, 400, "INVALID_ARGUMENT", "messages");
+  streamer.join();
+  EXPECT_TRUE(WaitFor([&] { return Cancels() == 1; }, absl::Seconds(3)));
+}
+
+TEST_F(HttpServerTest, StopEndsStreamsInProgress) {
+  Script s;
+  s.silent = true;
+  frontend_.SetScript(s);
+  std::thread client([&] {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(10, 0);
+    c.Post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"stream":true})",
+           "application/json");
+  });
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        absl::MutexLock l(&record_->mu);
+        return record_->requests.size() == 1;
+      },
+      absl::Seconds(3)));
+  const absl::Time start = absl::Now();
+  server_->Stop();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  client.join();
+  EXPECT_EQ(Cancels(), 1);
+  EXPECT_EQ(Destroyed(), 1);
+}
+
+}  // namespace
+}  // namespace pd::frontend
