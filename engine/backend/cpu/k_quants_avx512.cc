@@ -3,7 +3,7 @@
 // (Q2KRepackTilesZmm(), Q3KTileZmm() return nullptr otherwise). Like kernels_avx2.cc it calls no
 // inline function from shared headers.
 //
-// The AVX2 tiles (kernels_avx2.cc) spend most of their time unpacking 2-bit fields and applying
+// The AVX2 tiles (k_quants_avx2.cc) spend most of their time unpacking 2-bit fields and applying
 // sub-block scales, 32 weights per instruction. Here one ZMM holds two code vectors: the low 256
 // bits code vector kk (weights 32kk .. 32kk+31 of the super-block) and the high 256 bits code
 // vector 4 + kk (weights 128 + 32kk ..), the same shift and mask unpacking both, and VPDPWSSD
@@ -71,7 +71,7 @@ PD_ZMM_INLINE __m512i PairedActs(const BlockQ8_K* xb, int kk) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
-// Q2_K in llama.cpp's repacked orders (kernels.h q2_k_repack_*; kernels_avx2.cc TileQ2KRepack has
+// Q2_K in llama.cpp's repacked orders (kernels.h q2_k_repack_*; k_quants_avx2.cc TileQ2KRepack has
 // the F32 steps): per (row, column) and super-block the ZMM accumulator's low 8 lanes sum the
 // first half (sub-blocks 0-7, I_0) and its high 8 lanes the second (I_1); the mins' madd gives
 // M_0 in lanes 0-3 and M_1 in lanes 4-7. kHalves == 2 (GEMM): one FMA per half; 1 (GEMV): one
@@ -105,7 +105,7 @@ void TileQ2KRepackZmm(int64_t k, const char* w, size_t ws, const char* x, size_t
     }
     PD_ZMM_UNROLL for (int r = 0; r < R; ++r) {
       const BlockQ2_K* wb = reinterpret_cast<const BlockQ2_K*>(w + r * ws) + b;
-      // The same block of the next tile's rows (kernels_avx2.cc, PrefetchNextTile).
+      // The same block of the next tile's rows (kernels_avx2_internal.h, PrefetchNextTile).
       _mm_prefetch(reinterpret_cast<const char*>(wb) + R * ws, _MM_HINT_T1);
       _mm_prefetch(reinterpret_cast<const char*>(wb) + R * ws + 64, _MM_HINT_T1);
       const __m128i sb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb->scales));
@@ -175,7 +175,7 @@ void TileQ2KRepackZmm(int64_t k, const char* w, size_t ws, const char* x, size_t
   }
 }
 
-// Q3_K in gemm[kQ3_K]'s order (kernels_avx2.cc TileQ3_K: codes u = low2 | high << 2, signed
+// Q3_K in gemm[kQ3_K]'s order (k_quants_avx2.cc TileQ3_K: codes u = low2 | high << 2, signed
 // scales sc - 32 as int16 256 sc, 8 int32 lanes per block, offsets 4 bsum sc, one 8-lane FMA per
 // block with d_w * d_x / 256, and the same final lane sum). The ZMM's two halves hold code
 // vectors kk and 4 + kk (weights 32kk.. and 128 + 32kk..: qs bytes 0-31 and 32-63, hmask nibbles

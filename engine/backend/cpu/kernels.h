@@ -139,7 +139,7 @@ struct AttnKernels {
 };
 // Portable versions of both widths (the reference the SIMD ones are tested against).
 const AttnKernels& ScalarAttnKernels(int lanes);
-// The AVX2 versions (kernels_avx2.cc; the scalar 8-lane ones in a build without AVX2). Only call
+// The AVX2 versions (attention_avx2.cc; the scalar 8-lane ones in a build without AVX2). Only call
 // their entries where AVX2 + FMA run.
 const AttnKernels& Avx2AttnKernels();
 // True when the OS saves the opmask and ZMM state and CPUID leaf 7 (subleaf 0) reports every bit
@@ -215,7 +215,7 @@ struct Kernels {
   float (*quantize_kv_i8)(const float* x, int8_t* q, int64_t n);
   // The rotation of INT8 KV rows (kv_rotation.h): x <- scale * (H x) per block of
   // KvRotationBlock(head_dim) values, bit-exact with RotateKvRow in every table (the same
-  // butterflies; the AVX2 one keeps 64-value groups in registers, kernels_avx2.cc).
+  // butterflies; the AVX2 one keeps 64-value groups in registers, kv_i8_avx2.cc).
   void (*rotate_kv_row)(float* x, int head_dim, float scale);
   // One F16 row (head_dim values) into the INT8 scheme: F16 -> F32, rotate into the stored basis,
   // quantize; bit-exact with f16_to_f32 + QuantizeKvRowI8 below (`tmp`: head_dim floats of

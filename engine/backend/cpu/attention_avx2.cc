@@ -1,0 +1,173 @@
+// Attention's kernels in ggml's AVX2 order (AttnKernels, kernels.h; scalar twins in
+// kernels_scalar.cc, the AVX-512 order in attention_avx512.cc).
+// Compiled with -mavx2 -mfma -mf16c and run only after SelectKernels() has checked the CPU;
+// like every AVX2 file it calls no inline function from shared headers (see
+// kernels_avx2_internal.h).
+#include "engine/backend/cpu/kernels.h"
+
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+#include <algorithm>
+#include <vector>
+
+#include "engine/backend/cpu/kernels_avx2_internal.h"
+
+namespace pd::engine::cpu {
+namespace {
+
+// ggml_vec_dot_f32 built for AVX2: four 8-lane FMA accumulators over steps of 32 elements, then
+// (a0 + a2) + (a1 + a3), the two 128-bit halves added, and two horizontal adds.
+float AttnDotAvx2(const float* a, const float* b, int64_t n) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+  const int64_t np = n - n % 32;
+  for (int64_t i = 0; i < np; i += 32) {
+    for (int r = 0; r < 4; ++r) {
+      acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8 * r), _mm256_loadu_ps(b + i + 8 * r),
+                               acc[r]);
+    }
+  }
+  const __m256 x = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+  const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  const __m128 t1 = _mm_hadd_ps(t0, t0);
+  float s = _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+  for (int64_t i = np; i < n; ++i) s = __builtin_fmaf(a[i], b[i], s);
+  return s;
+}
+
+// ggml's AVX2 expf: x = n ln2 + b, a degree-5 polynomial j(b), and 2^n built from the bits of
+// the rounding constant's sum (k), with a two-factor scaling near the exponent range.
+inline __m256 GgmlExpAvx2(__m256 x) {
+  const __m256 r = _mm256_set1_ps(0x1.8p23f);
+  const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), r);
+  const __m256 n = _mm256_sub_ps(z, r);
+  const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                                    _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+  const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
+  const __m256 k =
+      _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1.f))));
+  const __m256 abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.f), n);
+  const __m256 near = _mm256_cmp_ps(abs_n, _mm256_set1_ps(126.f), _CMP_GT_OQ);
+  const __m256 u = _mm256_mul_ps(b, b);
+  const __m256 j = _mm256_fmadd_ps(
+      _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b,
+                                      _mm256_set1_ps(0x1.573e2ep-5f)),
+                      u,
+                      _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b,
+                                      _mm256_set1_ps(0x1.fffdb6p-2f))),
+      u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
+  const __m256 plain = _mm256_fmadd_ps(k, j, k);
+  if (_mm256_movemask_ps(near) == 0) return plain;
+  const __m256i g = _mm256_and_si256(
+      _mm256_castps_si256(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ)),
+      _mm256_set1_epi32(static_cast<int>(0x82000000u)));
+  const __m256 s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f000000)));
+  const __m256 s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+  const __m256 far = _mm256_cmp_ps(abs_n, _mm256_set1_ps(192.f), _CMP_GT_OQ);
+  const __m256 scaled = _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1);
+  return _mm256_blendv_ps(_mm256_blendv_ps(plain, scaled, near), _mm256_mul_ps(s1, s1), far);
+}
+
+// Sum of 8 lanes in tinyBLAS's and ggml_vec_soft_max_f32's order.
+inline float SumHalves(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+double AttnExpSumAvx2(const float* x, float max, float* y, int64_t n) {
+  const __m256 vm = _mm256_set1_ps(max);
+  double sum = 0.0;
+  for (int64_t i = 0; i + 8 <= n; i += 8) {
+    const __m256 e = GgmlExpAvx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
+    _mm256_storeu_ps(y + i, e);
+    sum += static_cast<double>(SumHalves(e));
+  }
+  return sum;
+}
+
+// The reduction trees of AttnReduceRef<8>, vectorized across columns (each lane one column).
+void AttnReduceAvx2(const float* rows, int n_rows, int64_t stride, int64_t cols, float* out) {
+  int64_t c = 0;
+  for (; c + 8 <= cols; c += 8) {
+    auto row = [&](int r) { return _mm256_loadu_ps(rows + r * stride + c); };
+    __m256 v[8];
+    if (n_rows == 8) {
+      for (int l = 0; l < 8; ++l) v[l] = row(l);
+      __m256 q[4];
+      for (int i = 0; i < 4; ++i) q[i] = _mm256_add_ps(v[i + 4], v[i]);
+      _mm256_storeu_ps(out + c, _mm256_add_ps(_mm256_add_ps(q[0], q[2]), _mm256_add_ps(q[1], q[3])));
+      continue;
+    }
+    for (int l = 0; l < 8; ++l) {
+      v[l] = _mm256_add_ps(_mm256_add_ps(row(l), row(l + 16)), _mm256_add_ps(row(l + 8), row(l + 24)));
+    }
+    __m256 q[4];
+    for (int i = 0; i < 4; ++i) q[i] = _mm256_add_ps(v[i + 4], v[i]);
+    _mm256_storeu_ps(out + c, _mm256_add_ps(_mm256_add_ps(q[0], q[1]), _mm256_add_ps(q[2], q[3])));
+  }
+  if (c < cols) {
+    ScalarAttnKernels(8).reduce(rows + c, n_rows, stride, cols - c, out + c);
+  }
+}
+
+// AttnVSumRef<8> with the accumulators of 8 columns in registers: one pass over the positions
+// per group of 8 accumulators (n_acc / 8 passes), each partial parked in `part`, then the tree.
+void AttnVSumAvx2(const float* p, const float* const* v, int64_t lo, int64_t hi, int n_acc,
+                  int64_t cols, float* out) {
+  const int passes = n_acc / 8;
+  int64_t c = 0;
+  for (; c + 8 <= cols; c += 8) {
+    alignas(32) float part[4][8][8];
+    for (int a = 0; a < passes; ++a) {
+      __m256 acc[8];
+      for (int l = 0; l < 8; ++l) acc[l] = _mm256_setzero_ps();
+      // Positions of this pass: j with (j / 8) % passes == a.
+      for (int64_t blk = lo / 8; blk * 8 <= hi; ++blk) {
+        if (blk % passes != a) continue;
+        const int64_t j0 = std::max<int64_t>(lo, blk * 8), j1 = std::min<int64_t>(hi, blk * 8 + 7);
+        for (int64_t j = j0; j <= j1; ++j) {
+          const int l = static_cast<int>(j % 8);
+          acc[l] = _mm256_fmadd_ps(_mm256_loadu_ps(v[j - lo] + c), _mm256_set1_ps(p[j - lo]),
+                                   acc[l]);
+        }
+      }
+      for (int l = 0; l < 8; ++l) _mm256_store_ps(part[a][l], acc[l]);
+    }
+    AttnReduceAvx2(&part[0][0][0], n_acc, 8, 8, out + c);
+  }
+  if (c < cols) {
+    std::vector<const float*> vv(static_cast<size_t>(hi - lo + 1));
+    for (int64_t j = lo; j <= hi; ++j) vv[j - lo] = v[j - lo] + c;
+    ScalarAttnKernels(8).vsum(p, vv.data(), lo, hi, n_acc, cols - c, out + c);
+  }
+}
+
+constexpr AttnKernels kAvx2Attn = {8, &AttnDotAvx2, &AttnExpSumAvx2, &AttnReduceAvx2,
+                                   &AttnVSumAvx2};
+
+
+}  // namespace
+
+namespace avx2 {
+
+// The AVX-512 order where the CPU has it (llama.cpp built for it uses that), else AVX2's.
+const AttnKernels& Avx2TableAttn() {
+  static const AttnKernels* const k = Avx512AttnKernels();
+  return k != nullptr ? *k : kAvx2Attn;
+}
+
+}  // namespace avx2
+
+const AttnKernels& Avx2AttnKernels() { return kAvx2Attn; }
+
+}  // namespace pd::engine::cpu
+
+#else  // no AVX2 build
+
+namespace pd::engine::cpu {
+const AttnKernels& Avx2AttnKernels() { return ScalarAttnKernels(8); }
+}  // namespace pd::engine::cpu
+
+#endif
