@@ -1,0 +1,285 @@
+// The CPU backend's Attention over a paged KV cache (F32, F16 or INT8), in ggml's order.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "engine/backend/cpu/cpu_backend_internal.h"
+#include "engine/backend/cpu/kernels.h"
+
+namespace pd::engine::cpu {
+
+// ---- Attention -----------------------------------------------------------------------------
+// One work item is (token, kv head): its n_heads / n_kv_heads query heads share every K/V row
+// read. Two passes over the visible positions: scores (scale, softcap) into a scratch row per
+// head, then the softmax probabilities and a weighted sum of V rows, all in ggml's order (see
+// the comment before the work loop). Per token and head: 4 *
+// head_dim * L flops over L visible positions; K/V bytes 2 * L * head_dim * elem per kv head
+// (INT8: elem 1, plus 4 bytes of scale per row). INT8 is dequantized on the fly: the key's scale
+// multiplies its unscaled int8 dot, the value's scale folds into the softmax weight.
+absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
+                                   const KvTensor& v_cache, const KvBatch& kv,
+                                   const AttentionParams& p, Tensor& out) {
+  PD_RETURN_IF_ERROR(CheckF32(q, "Attention q"));
+  PD_RETURN_IF_ERROR(CheckF32(out, "Attention out"));
+  PD_RETURN_IF_ERROR(CheckCache(k_cache, kv, "Attention k_cache"));
+  PD_RETURN_IF_ERROR(CheckCache(v_cache, kv, "Attention v_cache"));
+  if (p.n_heads <= 0 || p.n_kv_heads <= 0 || p.n_heads % p.n_kv_heads != 0 || p.head_dim <= 0 ||
+      p.window < 0 || !(p.softcap >= 0.f) || !std::isfinite(p.softcap) || !std::isfinite(p.scale)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Attention: n_heads ", p.n_heads, ", n_kv_heads ", p.n_kv_heads, ", head_dim ", p.head_dim,
+        ", window ", p.window, ", softcap ", p.softcap, ", scale ", p.scale));
+  }
+  const int64_t q_cols = static_cast<int64_t>(p.n_heads) * p.head_dim;
+  if (q.cols != q_cols || k_cache.n_kv_heads != p.n_kv_heads || k_cache.head_dim != p.head_dim ||
+      v_cache.n_kv_heads != p.n_kv_heads || v_cache.head_dim != p.head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Attention: q ", Describe(q), ", k_cache ", Describe(k_cache), ", v_cache ",
+        Describe(v_cache), " for ", p.n_heads, "/", p.n_kv_heads, " heads of ", p.head_dim));
+  }
+  PD_RETURN_IF_ERROR(CheckSameShape(q, out, "Attention q/out"));
+  if (!(out.data == q.data) && Overlap(q, out)) {
+    return absl::InvalidArgumentError("Attention: out partially overlaps q");
+  }
+  const int64_t n_tokens = q.rows;
+  PD_RETURN_IF_ERROR(CheckKvBatch(kv, n_tokens));
+  const int64_t cache_rows = std::min(k_cache.slots(), v_cache.slots());
+  int64_t max_visible = 0;
+  auto first_visible = [&](int64_t t) -> int64_t {
+    return p.window > 0 ? std::max<int64_t>(0, kv.pos[t] - p.window + 1) : 0;
+  };
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const int64_t lo = first_visible(t);
+    PD_RETURN_IF_ERROR(CheckSlots(kv, kv.seq[t], lo, kv.pos[t], cache_rows));
+    max_visible = std::max<int64_t>(max_visible, kv.pos[t] - lo + 1);
+  }
+
+  const int group = p.n_heads / p.n_kv_heads;
+  const int64_t hd = p.head_dim;
+  // q . k for an INT8 key (F32 and F16 keys are dotted as F32 rows in ggml's order below): the
+  // unscaled int8 dot times the key's scale. INT8 keys are stored rotated (kv_rotation.h): `qh`
+  // must be the query rotated by RotateKvRowOut.
+  auto dot_i8 = [&](int64_t slot, int64_t kvh, const float* qh) -> float {
+    float d;
+    std::memcpy(&d, k_cache.scale(slot, static_cast<int>(kvh)), sizeof(float));
+    return d * k_.dot_i8_f32(
+                   reinterpret_cast<const int8_t*>(k_cache.values(slot, static_cast<int>(kvh))),
+                   qh, hd);
+  };
+  // o += a * v for an INT8 value row: its scale folds into the weight (F32 and F16 rows are
+  // summed by ak.vsum below). The sum stays in the rotated basis until RotateKvRowOut.
+  auto axpy_i8 = [&](float a, int64_t slot, int64_t kvh, float* o) {
+    float d;
+    std::memcpy(&d, v_cache.scale(slot, static_cast<int>(kvh)), sizeof(float));
+    k_.axpy_i8(a * d, reinterpret_cast<const int8_t*>(v_cache.values(slot, static_cast<int>(kvh))),
+               o, hd);
+  };
+  // F16 rows shared by several query heads (GQA) are widened to F32 once and then dotted /
+  // accumulated in F32 by every head of the group: exact (f16 -> f32 is), for a quarter of the
+  // conversions with Gemma 3 270M's 4 heads per KV head.
+  const bool widen_k = k_cache.type == KvDType::kF16 && group > 1;
+  const bool widen_v = v_cache.type == KvDType::kF16 && group > 1;
+  // A prompt's rows of one sequence read the same keys and values again and again (row t all
+  // the positions before it): sequences with many rows in the batch get their visible K and V
+  // widened to F32 once, [kv head][position][head_dim], and the rows read those (the same F32
+  // kernels on the same values: bit-identical).
+  struct WideSeq {
+    int64_t lo = 0, hi = -1;  // positions widened (hi < lo: none)
+    int64_t rows = 0;         // batch rows of the sequence
+    size_t offset = 0;        // into widened_kv_ (K; V follows after n_kv_heads * span * hd)
+    int64_t span() const { return hi - lo + 1; }
+  };
+  std::vector<WideSeq> wide;
+  if (widen_k && widen_v && n_tokens >= 16) {
+    int32_t n_seq = 0;
+    for (int64_t t = 0; t < n_tokens; ++t) n_seq = std::max(n_seq, kv.seq[t] + 1);
+    wide.resize(static_cast<size_t>(n_seq));
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      WideSeq& w = wide[kv.seq[t]];
+      const int64_t lo = first_visible(t);
+      w.lo = w.rows == 0 ? lo : std::min(w.lo, lo);
+      w.hi = w.rows == 0 ? kv.pos[t] : std::max<int64_t>(w.hi, kv.pos[t]);
+      ++w.rows;
+    }
+    size_t total = 0;
+    std::vector<std::pair<int32_t, int64_t>> jobs;  // (sequence, kv head) to widen
+    for (int32_t sq = 0; sq < n_seq; ++sq) {
+      WideSeq& w = wide[sq];
+      if (w.rows < 8) {
+        w.hi = w.lo - 1;  // few rows: widening per row costs no more
+        continue;
+      }
+      w.offset = total;
+      total += 2 * static_cast<size_t>(p.n_kv_heads * w.span() * hd);
+      for (int64_t h = 0; h < p.n_kv_heads; ++h) jobs.emplace_back(sq, h);
+    }
+    if (widened_kv_.size() < total) widened_kv_.resize(total);
+    pool_.ParallelFor(static_cast<int64_t>(jobs.size()), [&](int64_t j0, int64_t j1) {
+      for (int64_t j = j0; j < j1; ++j) {
+        const auto [sq, h] = jobs[j];
+        const WideSeq& w = wide[sq];
+        float* kd = widened_kv_.data() + w.offset + h * w.span() * hd;
+        float* vd = kd + p.n_kv_heads * w.span() * hd;
+        for (int64_t pos = w.lo; pos <= w.hi; ++pos) {
+          const int64_t slot = SlotOf(kv, sq, pos);
+          k_.f16_to_f32(reinterpret_cast<const uint16_t*>(k_cache.values(slot, static_cast<int>(h))),
+                        kd + (pos - w.lo) * hd, hd);
+          k_.f16_to_f32(reinterpret_cast<const uint16_t*>(v_cache.values(slot, static_cast<int>(h))),
+                        vd + (pos - w.lo) * hd, hd);
+        }
+      }
+    });
+  }
+  // ggml's order (AttnKernels, kernels.h): positions are grouped by L = ak.lanes from position 0,
+  // as llama.cpp's KV cells are; masked positions count as exact zeros. A row flagged
+  // kRowOrderAttnWide (by default: a sequence with two or more rows in this batch) sums V like
+  // tinyBLAS (L accumulators), the others like ggml_vec_dot_f32 (4L).
+  const cpu::AttnKernels& ak = k_.attn();
+  const int64_t lanes = ak.lanes;
+  std::vector<int32_t> seq_rows;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    if (kv.seq[t] >= static_cast<int32_t>(seq_rows.size())) seq_rows.resize(kv.seq[t] + 1, 0);
+    ++seq_rows[kv.seq[t]];
+  }
+  const int64_t max_span = max_visible + 2 * lanes;
+  // Work items are (row, kv head, slice of the group's query heads). With fewer rows x kv heads
+  // than threads (decode of one sequence: Gemma 3 270M has one KV head) the group's heads are
+  // split so every thread has work; each slice widens the F16 rows it reads itself, and every
+  // head's arithmetic is the same whichever slice computes it.
+  const int64_t base_items = n_tokens * p.n_kv_heads;
+  const int64_t n_slices =
+      base_items >= pool_.num_threads()
+          ? 1
+          : std::min<int64_t>(group, (pool_.num_threads() + base_items - 1) / base_items);
+  pool_.ParallelFor(base_items * n_slices, [&](int64_t w0, int64_t w1) {
+    // Per-thread scratch, kept across calls: the accumulator rows alone are 256 KiB for Gemma
+    // (4 heads x 64 x 256 floats), and a fresh allocation per call (mmap'd, zeroed by the kernel)
+    // cost 4% of a decode step.
+    thread_local std::vector<float> scores, acc, widened, widened_v, rotated_q;
+    thread_local std::vector<const float*> vrows;
+    scores.resize(static_cast<size_t>(group * max_span));
+    if (v_cache.type == KvDType::kI8) acc.resize(static_cast<size_t>(group * 4 * lanes * hd));
+    widened.resize(static_cast<size_t>(hd));
+    if (k_cache.type == KvDType::kI8) rotated_q.resize(static_cast<size_t>(group * hd));
+    for (int64_t item = w0; item < w1; ++item) {
+      const int64_t slice = item % n_slices;
+      const int64_t t = item / n_slices / p.n_kv_heads;
+      const int64_t kvh = item / n_slices % p.n_kv_heads;
+      const int g0 = static_cast<int>(slice * group / n_slices);
+      const int g1 = static_cast<int>((slice + 1) * group / n_slices);
+      const int32_t seq = kv.seq[t];
+      const int64_t lo = first_visible(t), hi = kv.pos[t];
+      const int64_t a0 = lo - lo % lanes, a1 = (hi + lanes) / lanes * lanes, span = a1 - a0;
+      const bool attn_wide = kv.row_orders.empty() ? seq_rows[seq] > 1
+                                                   : (kv.row_orders[t] & kRowOrderAttnWide) != 0;
+      const int64_t n_acc = attn_wide ? lanes : 4 * lanes;
+      const float* qh = RowF32(q, t) + kvh * group * hd;  // the group's first query head
+      // This row's sequence widened above: its K and V rows in F32, indexed by position - w.lo.
+      const float* wk = nullptr;
+      const float* wv = nullptr;
+      if (!wide.empty() && wide[seq].hi >= wide[seq].lo) {
+        const WideSeq& w = wide[seq];
+        wk = widened_kv_.data() + w.offset + (kvh * w.span() + (lo - w.lo)) * hd;
+        wv = wk + p.n_kv_heads * w.span() * hd;
+      }
+      // INT8 keys are stored rotated: so is the query they are dotted with.
+      const float* qk = qh;
+      if (k_cache.type == KvDType::kI8) {
+        std::memcpy(rotated_q.data() + g0 * hd, qh + g0 * hd,
+                    static_cast<size_t>((g1 - g0) * hd) * sizeof(float));
+        for (int g = g0; g < g1; ++g) k_.rotate_kv_row(rotated_q.data() + g * hd, p.head_dim, 1.f);
+        qk = rotated_q.data();
+      }
+      // Pass 1: scores, -inf outside [lo, hi].
+      for (int g = g0; g < g1; ++g) {
+        float* sg = scores.data() + g * span;
+        std::fill(sg, sg + (lo - a0), -std::numeric_limits<float>::infinity());
+        std::fill(sg + (hi + 1 - a0), sg + span, -std::numeric_limits<float>::infinity());
+      }
+      for (int64_t pos = lo; pos <= hi; ++pos) {
+        const float* krow = nullptr;  // F32 key row, or nullptr for INT8
+        if (wk != nullptr) {
+          krow = wk + (pos - lo) * hd;
+        } else {
+          const int64_t slot = SlotOf(kv, seq, pos);
+          const char* raw = k_cache.values(slot, static_cast<int>(kvh));
+          if (k_cache.type == KvDType::kF32) {
+            krow = reinterpret_cast<const float*>(raw);
+          } else if (k_cache.type == KvDType::kF16) {
+            k_.f16_to_f32(reinterpret_cast<const uint16_t*>(raw), widened.data(), hd);
+            krow = widened.data();
+          }
+        }
+        for (int g = g0; g < g1; ++g) {
+          float s = krow != nullptr ? ak.dot(krow, qh + g * hd, hd)
+                                    : dot_i8(SlotOf(kv, seq, pos), kvh, qk + g * hd);
+          s *= p.scale;
+          if (p.softcap > 0.f) s = p.softcap * std::tanh(s / p.softcap);
+          scores[g * span + (pos - a0)] = s;
+        }
+      }
+      // Softmax: exponentials and their F64 sum over whole groups of L positions, then the
+      // probabilities scaled by the F32 reciprocal. The query is fully read by now, so out may
+      // alias q.
+      for (int g = g0; g < g1; ++g) {
+        float* sg = scores.data() + g * span;
+        const float m = k_.max(sg + (lo - a0), hi - lo + 1);
+        const float inv = static_cast<float>(1.0 / ak.exp_sum(sg, m, sg, span));
+        for (int64_t j = lo - a0; j <= hi - a0; ++j) sg[j] *= inv;
+      }
+      float* oh = RowF32(out, t) + kvh * group * hd;
+      // Pass 2: position pos adds p * v into accumulator pos % n_acc; then the accumulators are
+      // summed in ggml's tree. F32 and F16 rows go through ak.vsum, which keeps the accumulators
+      // in registers (F16 rows widened to F32 first: a prompt's once per sequence above, a
+      // decode row's here); INT8 rows, whose scale folds into the weight, through n_acc rows.
+      if (v_cache.type != KvDType::kI8) {
+        vrows.resize(static_cast<size_t>(hi - lo + 1));
+        if (wv == nullptr && v_cache.type == KvDType::kF16) {
+          widened_v.resize(static_cast<size_t>((hi - lo + 1) * hd));
+        }
+        for (int64_t pos = lo; pos <= hi; ++pos) {
+          const float* vr = nullptr;
+          if (wv != nullptr) {
+            vr = wv + (pos - lo) * hd;
+          } else {
+            const char* raw = v_cache.values(SlotOf(kv, seq, pos), static_cast<int>(kvh));
+            if (v_cache.type == KvDType::kF32) {
+              vr = reinterpret_cast<const float*>(raw);
+            } else {
+              float* dst = widened_v.data() + (pos - lo) * hd;
+              k_.f16_to_f32(reinterpret_cast<const uint16_t*>(raw), dst, hd);
+              vr = dst;
+            }
+          }
+          vrows[pos - lo] = vr;
+        }
+        for (int g = g0; g < g1; ++g) {
+          ak.vsum(scores.data() + g * span + (lo - a0), vrows.data(), lo, hi,
+                  static_cast<int>(n_acc), hd, oh + g * hd);
+        }
+        continue;
+      }
+      std::fill(acc.begin() + g0 * n_acc * hd, acc.begin() + g1 * n_acc * hd, 0.f);
+      for (int64_t pos = lo; pos <= hi; ++pos) {
+        const int64_t r = pos % n_acc;
+        for (int g = g0; g < g1; ++g) {
+          const float pj = scores[g * span + (pos - a0)];
+          float* ar = acc.data() + (g * n_acc + r) * hd;
+          axpy_i8(pj, SlotOf(kv, seq, pos), kvh, ar);
+        }
+      }
+      for (int g = g0; g < g1; ++g) {
+        ak.reduce(acc.data() + g * n_acc * hd, static_cast<int>(n_acc), hd, hd, oh + g * hd);
+        k_.rotate_kv_row(oh + g * hd, p.head_dim, 1.f);  // the weighted sum of rotated values, back
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace pd::engine::cpu

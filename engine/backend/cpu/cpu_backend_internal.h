@@ -1,0 +1,210 @@
+// Internal to the CPU backend (cpu_backend.cc, cpu_matmul.cc, cpu_attention.cc): the CpuBackend
+// class and the argument checks its ops share. Users create it through CreateCpuBackend
+// (engine/backend/backend.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "common/host_alloc.h"
+#include "common/status.h"
+#include "engine/backend/backend.h"
+#include "engine/backend/cpu/kernels.h"
+#include "engine/backend/cpu/thread_pool.h"
+#include "engine/quant/dtype.h"
+
+namespace pd::engine::cpu {
+
+inline constexpr size_t kAlignment = 64;
+
+// 64-byte aligned host memory. Owns its allocation.
+class HostBuffer final : public Buffer {
+ public:
+  HostBuffer(void* data, size_t size) : data_(data), size_(size) {}
+  ~HostBuffer() override { std::free(data_); }
+  void* data() override { return data_; }
+  size_t size() const override { return size_; }
+
+ private:
+  void* data_;
+  size_t size_;
+};
+
+// Argument checks shared by the ops (defined in cpu_backend.cc).
+bool IsSupported(DType t);
+// Weight types MatMul has kernels for: all but Q8_K, which is an activation format only (never in
+// model files). MatMul and MapWeights refuse it with UNIMPLEMENTED (before looking at the shape),
+// so that a model holding it fails at load time rather than in its first forward pass.
+bool HasMatMul(DType t);
+absl::Status NoMatMul(const Tensor& w, const char* what);
+std::string Describe(const Tensor& t);
+// A tensor whose type this backend runs, with a non-negative block-aligned shape and data.
+absl::Status CheckTensor(const Tensor& t, const char* what);
+// An F32 activation tensor.
+absl::Status CheckF32(const Tensor& t, const char* what);
+std::string Describe(const KvTensor& t);
+// A KV cache of a known type and positive shape whose block size is the batch's.
+absl::Status CheckCache(const KvTensor& t, const KvBatch& kv, const char* what);
+absl::Status CheckSameShape(const Tensor& a, const Tensor& b, const char* what);
+bool Overlap(const Tensor& a, const Tensor& b);
+// Checks the per-token spans of a batch.
+absl::Status CheckKvBatch(const KvBatch& kv, int64_t n_tokens);
+// Checks that positions [first, last] of sequence `seq` map to slots below `cache_rows`.
+absl::Status CheckSlots(const KvBatch& kv, int32_t seq, int64_t first, int64_t last,
+                        int64_t cache_rows);
+
+// Slot of an already checked position.
+inline int64_t SlotOf(const KvBatch& kv, int32_t seq, int64_t pos) {
+  return static_cast<int64_t>(kv.block_tables[seq][pos / kv.block_size]) * kv.block_size +
+         pos % kv.block_size;
+}
+
+inline float* RowF32(const Tensor& t, int64_t r) {
+  return static_cast<float*>(t.data) + r * t.cols;
+}
+
+// The CPU backend. Ops are defined in cpu_backend.cc, MatMul in cpu_matmul.cc and Attention in
+// cpu_attention.cc. Thread safety: as backend.h says, one engine thread at a time.
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(const Kernels& kernels, int threads) : k_(kernels), pool_(threads) {}
+
+  std::string_view name() const override { return "cpu"; }
+  bool host_memory() const override { return true; }
+
+  absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override {
+    void* p = AllocHost(bytes, kAlignment);
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cpu: cannot allocate ", bytes, " bytes of host memory"));
+    }
+    return std::unique_ptr<Buffer>(new HostBuffer(p, bytes));
+  }
+
+  absl::Status Upload(void* dst, const void* host_src, size_t bytes) override {
+    return Copy(dst, host_src, bytes, "Upload");
+  }
+  absl::Status Download(void* host_dst, const void* src, size_t bytes) override {
+    return Copy(host_dst, src, bytes, "Download");
+  }
+  absl::Status Zero(void* dst, size_t bytes) override {
+    if (bytes == 0) return absl::OkStatus();
+    if (dst == nullptr) return absl::InvalidArgumentError("Zero: null destination");
+    std::memset(dst, 0, bytes);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Tensor> MapWeights(const Tensor& host, std::unique_ptr<Buffer>* storage) override {
+    if (IsSupported(host.type) && !HasMatMul(host.type)) return NoMatMul(host, "MapWeights");
+    PD_RETURN_IF_ERROR(CheckTensor(host, "MapWeights"));
+    if (storage != nullptr) storage->reset();
+    return host;
+  }
+
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+  absl::Status MatMul(const Tensor& w, const Tensor& x, Tensor& y) override {
+    return MatMulImpl(w, x, y, {});
+  }
+  absl::Status MatMulRowOrder(const Tensor& w, const Tensor& x, Tensor& y,
+                              absl::Span<const uint8_t> row_orders) override {
+    if (static_cast<int64_t>(row_orders.size()) != x.rows) {
+      return absl::InvalidArgumentError(absl::StrCat("MatMulRowOrder: ", row_orders.size(),
+                                                     " row orders for x ", Describe(x)));
+    }
+    return MatMulImpl(w, x, y, row_orders);
+  }
+  absl::Status MatMulGroup(absl::Span<const Tensor* const> ws, const Tensor& x,
+                           absl::Span<Tensor* const> ys,
+                           absl::Span<const uint8_t> row_orders) override;
+  absl::Status MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
+                          absl::Span<const uint8_t> row_orders);
+  absl::Status GetRows(const Tensor& table, absl::Span<const int32_t> ids, Tensor& out) override;
+  absl::Status RmsNorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) override;
+  absl::Status Rope(Tensor& x, int n_heads, absl::Span<const int32_t> pos,
+                    const RopeParams& p) override;
+  absl::Status Add(const Tensor& a, const Tensor& b, Tensor& y) override;
+  absl::Status AddBias(const Tensor& x, const Tensor& bias, Tensor& y) override;
+  absl::Status SwiGlu(const Tensor& gate, const Tensor& up, Tensor& y) override;
+  absl::Status GeGlu(const Tensor& gate, const Tensor& up, Tensor& y) override;
+  absl::Status Scale(const Tensor& x, float s, Tensor& y) override;
+  absl::Status Softmax(Tensor& x) override;
+  absl::Status StoreKv(const Tensor& k, const Tensor& v, KvTensor& k_cache, KvTensor& v_cache,
+                       const KvBatch& kv) override;
+  absl::Status Attention(const Tensor& q, const KvTensor& k_cache, const KvTensor& v_cache,
+                         const KvBatch& kv, const AttentionParams& p, Tensor& out) override;
+
+ private:
+  static absl::Status Copy(void* dst, const void* src, size_t bytes, const char* what) {
+    if (bytes == 0) return absl::OkStatus();
+    if (dst == nullptr || src == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": null pointer"));
+    }
+    std::memmove(dst, src, bytes);
+    return absl::OkStatus();
+  }
+
+  // Scratch memory for converted activations, grown on demand and kept between calls; one slot
+  // per companion type that a MatMulGroup converts to.
+  static constexpr int kScratchSlots = 3;
+  absl::StatusOr<char*> Scratch(size_t bytes, int slot = 0) {
+    if (bytes > scratch_size_[slot]) {
+      void* p = AllocHost(bytes, kAlignment);
+      if (p == nullptr) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("cpu: cannot allocate ", bytes, " bytes of scratch memory"));
+      }
+      scratch_[slot].reset(static_cast<char*>(p));
+      scratch_size_[slot] = bytes;
+    }
+    return scratch_[slot].get();
+  }
+
+  // One MatMul after validation and activation conversion: what each weight chunk needs.
+  struct MatMulPlan {
+    const Tensor* w = nullptr;
+    Tensor* y = nullptr;
+    int64_t n = 0, m = 0, k = 0;
+    const char* xa = nullptr;  // activations in the weight's companion type
+    size_t xs = 0;             // their row stride
+    absl::Span<const uint8_t> row_orders;
+    int64_t chunk_rows = 0, n_chunks = 0;  // n_chunks 0: nothing to compute
+  };
+  // Validates y = x w^T, converts x to the companion type (into scratch slot `slot`, unless
+  // `converted` already holds that conversion: {type, data, stride}) and plans the chunks.
+  struct Converted {
+    DType type = DType::kF32;
+    const char* data = nullptr;
+    size_t stride = 0;
+  };
+  absl::Status PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
+                          absl::Span<const uint8_t> row_orders, int slot, Converted* converted,
+                          MatMulPlan* plan);
+  // Weight chunks [c0, c1) of a plan (tiles in llama.cpp's per-row orders).
+  void RunMatMulChunks(const MatMulPlan& p, int64_t c0, int64_t c1) const;
+
+  struct FreeDeleter {
+    void operator()(char* p) const { std::free(p); }
+  };
+
+  const Kernels& k_;
+  // llama.cpp repacks Q2_K only where it is built with AVX-512 (ggml_cpu_has_avx512; with
+  // -march=native, as llama-cpp-python builds it, a CPU with AVX512F).
+  const bool q2_k_repacked_ = __builtin_cpu_supports("avx512f");
+  cpu::ThreadPool pool_;
+  std::unique_ptr<char, FreeDeleter> scratch_[kScratchSlots];
+  size_t scratch_size_[kScratchSlots] = {};
+  std::vector<float> widened_kv_;  // Attention: prompts' F16 K/V widened once (reused)
+};
+
+}  // namespace pd::engine::cpu

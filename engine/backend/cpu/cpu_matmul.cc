@@ -1,0 +1,327 @@
+// The CPU backend's MatMul: planning (activation conversion, weight chunks, llama.cpp's per-row
+// tile orders) and the parallel loops over weight chunks.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "engine/backend/cpu/cpu_backend_internal.h"
+#include "engine/backend/cpu/kernels.h"
+#include "engine/quant/dtype.h"
+#include "engine/quant/k_quants.h"
+#include "engine/quant/q8_0.h"
+
+namespace pd::engine::cpu {
+namespace {
+
+// A MatMul work item covers this many weight bytes (rounded to whole 4-row tiles), so that it
+// stays in L2 while every activation tile streams past it: weights are read from memory once per
+// call whatever the batch size.
+constexpr size_t kMatMulChunkBytes = 256 << 10;
+// From this many activation rows on, Q8_0 and Q5_0 weights take the grouped 512-bit kernels (16
+// rows per register, so fewer rows leave most lanes empty).
+constexpr int64_t kGroupedMinRows = 4;
+
+// The type MatMul converts activations to for weights of type `w` (ggml's vec_dot_type). Only for
+// HasMatMul types.
+DType CompanionType(DType w) {
+  switch (w) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kQ8_0:
+    case DType::kW8A8:  // per-token INT8 rows
+      return w;
+    case DType::kW4A16:  // activations stay F32
+      return DType::kF32;
+    case DType::kQ4_0:
+    case DType::kQ5_0:
+      return DType::kQ8_0;
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+      return DType::kQ8_K;
+    case DType::kQ8_K:
+      break;
+  }
+  PD_CHECK_MSG(false, "no matmul for this weight type");
+}
+
+// The kernel that dots weights of type `w` with their companion activations.
+cpu::GemmType GemmTypeOf(DType w) {
+  switch (w) {
+    case DType::kF32: return cpu::GemmType::kF32;
+    case DType::kF16: return cpu::GemmType::kF16;
+    case DType::kBF16: return cpu::GemmType::kBF16;
+    case DType::kQ8_0: return cpu::GemmType::kQ8_0;
+    case DType::kQ4_0: return cpu::GemmType::kQ4_0;
+    case DType::kQ5_0: return cpu::GemmType::kQ5_0;
+    case DType::kQ2_K: return cpu::GemmType::kQ2_K;
+    case DType::kQ3_K: return cpu::GemmType::kQ3_K;
+    case DType::kQ4_K: return cpu::GemmType::kQ4_K;
+    case DType::kQ5_K: return cpu::GemmType::kQ5_K;
+    case DType::kQ6_K: return cpu::GemmType::kQ6_K;
+    case DType::kW8A8: return cpu::GemmType::kW8A8;
+    case DType::kW4A16: return cpu::GemmType::kW4A16;
+    case DType::kQ8_K: break;
+  }
+  PD_CHECK_MSG(false, "no matmul for this weight type");
+}
+
+}  // namespace
+
+// ---- MatMul --------------------------------------------------------------------------------
+// Bytes: weights m * row_bytes(w) once, activations n * k * 4 plus their converted copy, and per
+// weight chunk a pass over the converted activations (from cache). Flops: 2 * n * m * k.
+// Activations are converted to the weight's companion type (CompanionType: F16, BF16, Q8_0 for
+// Q8_0 and Q4_0, Q8_K for the k-quants) once per call, in parallel over rows.
+absl::Status CpuBackend::PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
+                                    absl::Span<const uint8_t> row_orders, int slot,
+                                    Converted* converted, MatMulPlan* plan) {
+  if (IsSupported(w.type) && !HasMatMul(w.type)) return NoMatMul(w, "MatMul");
+  PD_RETURN_IF_ERROR(CheckTensor(w, "MatMul w"));
+  PD_RETURN_IF_ERROR(CheckF32(x, "MatMul x"));
+  PD_RETURN_IF_ERROR(CheckF32(y, "MatMul y"));
+  if (x.cols != w.cols || y.rows != x.rows || y.cols != w.rows) {
+    return absl::InvalidArgumentError(absl::StrCat("MatMul: w ", Describe(w), ", x ", Describe(x),
+                                                   ", y ", Describe(y),
+                                                   " (want y [x.rows, w.rows], x.cols == w.cols)"));
+  }
+  if (Overlap(y, x) || Overlap(y, w)) {
+    return absl::InvalidArgumentError("MatMul: y must not overlap x or w");
+  }
+  const int64_t n = x.rows, m = w.rows, k = w.cols;
+  if (w.type == DType::kW8A8 && k > kW8A8MaxCols) {
+    return absl::InvalidArgumentError(absl::StrCat("MatMul: w8a8 rows of ", k,
+                                                   " exceed the kernels' limit of ", kW8A8MaxCols));
+  }
+  *plan = MatMulPlan{&w, &y, n, m, k, static_cast<const char*>(x.data), x.row_bytes(),
+                     row_orders, 0, 0};
+  if (n == 0 || m == 0) return absl::OkStatus();
+  if (k == 0) {
+    std::memset(y.data, 0, y.bytes());
+    return absl::OkStatus();
+  }
+
+  const DType xt = CompanionType(w.type);
+  const char* xa = static_cast<const char*>(x.data);
+  size_t xs = x.row_bytes();
+  if (xt != DType::kF32 && converted != nullptr && converted->data != nullptr &&
+      converted->type == xt) {
+    xa = converted->data;
+    xs = converted->stride;
+  } else if (xt != DType::kF32) {
+    // Convert every activation row once to the weight's companion type; every weight chunk below
+    // then reuses the converted rows.
+    xs = RowBytes(xt, k);
+    PD_ASSIGN_OR_RETURN(char* conv, Scratch(xs * static_cast<size_t>(n), slot));
+    const Kernels& kn = k_;
+    pool_.ParallelFor(
+        n,
+        [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) {
+            const float* src = RowF32(x, r);
+            char* dst = conv + r * xs;
+            switch (xt) {
+              case DType::kF16:
+                kn.f32_to_f16(src, reinterpret_cast<uint16_t*>(dst), k);
+                break;
+              case DType::kBF16:
+                kn.f32_to_bf16(src, reinterpret_cast<uint16_t*>(dst), k);
+                break;
+              case DType::kQ8_0:
+                kn.quantize_q8_0(src, reinterpret_cast<BlockQ8_0*>(dst), k);
+                break;
+              case DType::kQ8_K:
+                kn.quantize_q8_k(src, reinterpret_cast<BlockQ8_K*>(dst), k);
+                break;
+              case DType::kW8A8:
+                kn.quantize_w8a8(src, dst, k);
+                break;
+              case DType::kF32:
+              case DType::kW4A16:
+              case DType::kQ4_0:
+              case DType::kQ5_0:
+              case DType::kQ2_K:
+              case DType::kQ3_K:
+              case DType::kQ4_K:
+              case DType::kQ5_K:
+              case DType::kQ6_K:
+                PD_CHECK(false);  // never a companion type that needs converting
+            }
+          }
+        },
+        /*grain=*/std::max<int64_t>(1, 16384 / k));
+    xa = conv;
+    if (converted != nullptr) *converted = Converted{xt, xa, xs};
+  }
+  plan->xa = xa;
+  plan->xs = xs;
+  int64_t chunk_rows =
+      static_cast<int64_t>(kMatMulChunkBytes / w.row_bytes()) / cpu::kGemmTileW * cpu::kGemmTileW;
+  // At least 4 chunks per thread: a small model's K/V projections (256 rows) are one 256 KiB
+  // chunk, which left all but one thread idle during decode. Chunk starts stay multiples of the
+  // tile height, so the tiles (and the results) are the same for every thread count.
+  const int64_t min_chunks = 4 * static_cast<int64_t>(pool_.num_threads());
+  const int64_t balanced_rows =
+      ((m + min_chunks - 1) / min_chunks + cpu::kGemmTileW - 1) / cpu::kGemmTileW *
+      cpu::kGemmTileW;
+  chunk_rows = std::max<int64_t>(cpu::kGemmTileW, std::min(chunk_rows, balanced_rows));
+  plan->chunk_rows = chunk_rows;
+  plan->n_chunks = (m + chunk_rows - 1) / chunk_rows;
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
+                                    absl::Span<const uint8_t> row_orders) {
+  MatMulPlan p;
+  PD_RETURN_IF_ERROR(PlanMatMul(w, x, y, row_orders, /*slot=*/0, /*converted=*/nullptr, &p));
+  if (p.n_chunks == 0) return absl::OkStatus();
+  const int64_t n = p.n, m = p.m, k = p.k, chunk_rows = p.chunk_rows, n_chunks = p.n_chunks;
+  const char* wa = static_cast<const char*>(w.data);
+  const size_t ws = w.row_bytes();
+  float* ya = static_cast<float*>(y.data);
+  // Q8_0 and Q5_0 for a batch: activations laid out 16 rows per register once; Q8_0 weights read
+  // in place, Q5_0 chunks unpacked once per call (AVX512-VNNI only; bit-identical to the tiles
+  // below, so results do not depend on the batch size).
+  const cpu::GroupedKernels* grouped = nullptr;
+  if (n >= kGroupedMinRows && &k_ == cpu::Avx2Kernels()) {
+    if (w.type == DType::kQ8_0) grouped = cpu::Q8_0GroupedVnni();
+    if (w.type == DType::kQ5_0) grouped = cpu::Q5_0GroupedVnni();
+  }
+  if (grouped != nullptr) {
+    thread_local std::vector<char> xg_storage;
+    xg_storage.resize(grouped->x_bytes(n, k) + 64);
+    char* xg = xg_storage.data() + (64 - reinterpret_cast<uintptr_t>(xg_storage.data()) % 64) % 64;
+    grouped->pack_x(p.xa, p.xs, n, k, xg);
+    pool_.ParallelFor(n_chunks, [&](int64_t c0, int64_t c1) {
+      thread_local std::vector<char> wp;
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t r_begin = c * chunk_rows, rows = std::min(m, (c + 1) * chunk_rows) - r_begin;
+        const char* wc = wa + r_begin * ws;
+        if (grouped->pack_w == nullptr) {
+          grouped->gemm(k, wc, ws, rows, xg, n, ya + r_begin, m);
+        } else {
+          wp.resize(grouped->w_bytes(rows, k));
+          grouped->pack_w(wc, ws, rows, k, wp.data());
+          grouped->gemm(k, wp.data(), 0, rows, xg, n, ya + r_begin, m);
+        }
+      }
+    });
+    return absl::OkStatus();
+  }
+  pool_.ParallelFor(n_chunks, [&](int64_t c0, int64_t c1) { RunMatMulChunks(p, c0, c1); });
+  return absl::OkStatus();
+}
+
+void CpuBackend::RunMatMulChunks(const MatMulPlan& p, int64_t c0, int64_t c1) const {
+  const Tensor& w = *p.w;
+  const int64_t n = p.n, m = p.m, k = p.k, chunk_rows = p.chunk_rows;
+  const absl::Span<const uint8_t> row_orders = p.row_orders;
+  const char* xa = p.xa;
+  const size_t xs = p.xs;
+  const cpu::GemmTileFn tile = k_.gemm[static_cast<int>(GemmTypeOf(w.type))];
+  const char* wa = static_cast<const char*>(w.data);
+  const size_t ws = w.row_bytes();
+  float* ya = static_cast<float*>(p.y->data);
+  // llama.cpp's per-row orders (Backend::MatMulRowOrder): Q4_K matrices it repacks (rows a
+  // multiple of 8) take its repacked GEMM / GEMV orders, other k-quants its tiled order for
+  // sequences of 8+ rows; consecutive rows of one order share tiles. Q2_K is repacked too where
+  // llama.cpp would be (q2_k_repacked_).
+  const bool repacked_q4 = w.type == DType::kQ4_K && m % 8 == 0;
+  const bool repacked_q2 = w.type == DType::kQ2_K && m % 8 == 0 && q2_k_repacked_;
+  const bool repacked = repacked_q4 || repacked_q2;
+  const cpu::GemmTileFn wide_tile = k_.gemm_wide[static_cast<int>(GemmTypeOf(w.type))];
+  auto order_of = [&](int64_t i) -> uint8_t {
+    if (!row_orders.empty()) return row_orders[i];
+    return (i >= n - n % 4 ? kRowOrderGemv : 0) | (n >= 8 ? kRowOrderWide : 0);
+  };
+  auto tile_of = [&](int64_t i) -> cpu::GemmTileFn {
+    const uint8_t o = order_of(i);
+    if (repacked_q4) return (o & kRowOrderGemv) ? k_.q4_k_repack_gemv : k_.q4_k_repack_gemm;
+    if (repacked_q2) return (o & kRowOrderGemv) ? k_.q2_k_repack_gemv : k_.q2_k_repack_gemm;
+    if (wide_tile != nullptr && (o & kRowOrderWide)) return wide_tile;
+    return tile;
+  };
+  const bool per_row = repacked || wide_tile != nullptr;
+  const int64_t r_begin = c0 * chunk_rows, r_end = std::min(m, c1 * chunk_rows);
+  // Activation tiles outer, weight tiles inner: this chunk of weights stays in cache.
+  for (int64_t i = 0; i < n;) {
+    int nc = static_cast<int>(std::min<int64_t>(cpu::kGemmTileX, n - i));
+    cpu::GemmTileFn fn = tile;
+    if (per_row) {
+      fn = tile_of(i);
+      int same = 1;
+      while (same < nc && tile_of(i + same) == fn) ++same;
+      nc = same;
+    }
+    for (int64_t r = r_begin; r < r_end; r += cpu::kGemmTileW) {
+      const int nr = static_cast<int>(std::min<int64_t>(cpu::kGemmTileW, r_end - r));
+      fn(k, wa + r * ws, ws, nr, xa + i * xs, xs, nc, ya + i * m + r, m);
+    }
+    i += nc;
+  }
+}
+
+absl::Status CpuBackend::MatMulGroup(absl::Span<const Tensor* const> ws, const Tensor& x,
+                                     absl::Span<Tensor* const> ys,
+                                     absl::Span<const uint8_t> row_orders) {
+  if (ws.size() != ys.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("MatMulGroup: ", ws.size(), " weights, ",
+                                                   ys.size(), " outputs"));
+  }
+  if (static_cast<int64_t>(row_orders.size()) != x.rows) {
+    return absl::InvalidArgumentError(absl::StrCat("MatMulGroup: ", row_orders.size(),
+                                                   " row orders for x ", Describe(x)));
+  }
+  // Batches (the grouped VNNI GEMM) and groups with more companion types than scratch slots run
+  // one MatMul at a time.
+  bool one_loop = ws.size() > 1 && x.rows < kGroupedMinRows;
+  DType types[kScratchSlots];
+  int n_types = 0;
+  for (size_t i = 0; one_loop && i < ws.size(); ++i) {
+    const DType xt = CompanionType(ws[i]->type);
+    if (xt == DType::kF32 || std::find(types, types + n_types, xt) != types + n_types) continue;
+    if (n_types == kScratchSlots) {
+      one_loop = false;
+    } else {
+      types[n_types++] = xt;
+    }
+  }
+  if (!one_loop) {
+    for (size_t i = 0; i < ws.size(); ++i) {
+      PD_RETURN_IF_ERROR(MatMulImpl(*ws[i], x, *ys[i], row_orders));
+    }
+    return absl::OkStatus();
+  }
+  // Each matrix's chunks are the ones MatMul would use (so the same tiles and bits); the
+  // activations are converted once per companion type; one parallel loop runs all chunks.
+  Converted converted[kScratchSlots];
+  std::vector<MatMulPlan> plans(ws.size());
+  std::vector<int64_t> first(ws.size() + 1, 0);
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const DType xt = CompanionType(ws[i]->type);
+    const int slot =
+        xt == DType::kF32 ? 0 : static_cast<int>(std::find(types, types + n_types, xt) - types);
+    PD_RETURN_IF_ERROR(
+        PlanMatMul(*ws[i], x, *ys[i], row_orders, slot, &converted[slot], &plans[i]));
+    first[i + 1] = first[i] + plans[i].n_chunks;
+  }
+  pool_.ParallelFor(first.back(), [&](int64_t c0, int64_t c1) {
+    size_t j =
+        static_cast<size_t>(std::upper_bound(first.begin(), first.end(), c0) - first.begin()) - 1;
+    for (int64_t c = c0; c < c1;) {
+      while (c >= first[j + 1]) ++j;
+      const int64_t end = std::min(c1, first[j + 1]);
+      RunMatMulChunks(plans[j], c - first[j], end - first[j]);
+      c = end;
+    }
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace pd::engine::cpu
