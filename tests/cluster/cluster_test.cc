@@ -261,6 +261,29 @@ TEST_F(ClusterTest, PdctlUpOnePrefillOneDecodeAnswersGrpcAndHttp) {
   StopCluster(*c);
 }
 
+// `make run`'s demo: `pdctl up --complete` continues a prompt through the router's OpenAI API,
+// prints it with its timing, and stops the cluster; --chat and --complete exclude each other.
+TEST_F(ClusterTest, PdctlUpCompleteContinuesAPromptAndStops) {
+  TempDir dir;
+  const std::string config = dir.Write("cluster.yaml", kConfig);
+  Process up({PD_BIN_DIR "/pdctl", "up", "--prefill", "1", "--decode", "1", "--config", config,
+              "--model", *tiny_, "--complete", "hello world", "-n", "6", "--log-dir",
+              dir.Write("logs.keep", "") + ".d"});
+  const std::regex timing(
+      R"(^\((\d+) tokens; first token after \d+ ms; [\d.]+ tokens/s after it\)$)");
+  const std::string line = up.WaitForLine(timing, absl::Seconds(90));
+  ASSERT_FALSE(line.empty()) << up.Stderr();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(line, m, timing));
+  EXPECT_GE(std::stoi(m[1].str()), 1);
+  EXPECT_LE(std::stoi(m[1].str()), 6);
+  EXPECT_EQ(up.Wait(absl::Seconds(30)), 0) << up.Stderr();
+
+  Process both({PD_BIN_DIR "/pdctl", "up", "--chat", "hi", "--complete", "hello"});
+  EXPECT_NE(both.Wait(absl::Seconds(10)), 0);
+  EXPECT_THAT(both.Stderr(), HasSubstr("excludes"));
+}
+
 TEST_F(ClusterTest, GreedyOutputThroughTheClusterEqualsPdServe) {
   TempDir dir;
   const std::string config = dir.Write("serve.yaml", kConfig);

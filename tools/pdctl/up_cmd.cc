@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <httplib.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -9,9 +10,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
 #include <vector>
@@ -212,6 +215,78 @@ int Chat(const std::string& address, const std::string& message, int max_tokens)
   return 0;
 }
 
+// POST /v1/completions with stream=true (the path an OpenAI client takes), the continuation
+// printed as it arrives after the prompt; then its length, the time to the first token and the
+// decode rate (tokens after the first / the time since it), as a user would time it.
+int Complete(const std::string& http_url, const std::string& prompt, int max_tokens) {
+  httplib::Client client(http_url);
+  client.set_read_timeout(300, 0);
+  const nlohmann::json body = {{"prompt", prompt},
+                               {"max_tokens", max_tokens},
+                               {"temperature", 0},
+                               {"stream", true},
+                               {"stream_options", {{"include_usage", true}}}};
+  std::printf("\n%s", prompt.c_str());
+  std::fflush(stdout);
+  const auto start = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point first{};
+  std::string buffer, error;
+  int completion_tokens = -1, chunks = 0;
+  // SSE: "data: {json}\n\n" events, then "data: [DONE]".
+  const auto on_data = [&](const char* data, size_t n) {
+    buffer.append(data, n);
+    size_t end;
+    while ((end = buffer.find("\n\n")) != std::string::npos) {
+      const std::string event = buffer.substr(0, end);
+      buffer.erase(0, end + 2);
+      if (event.rfind("data: ", 0) != 0 || event == "data: [DONE]") continue;
+      const nlohmann::json j = nlohmann::json::parse(event.substr(6), nullptr, false);
+      if (j.is_discarded()) continue;
+      if (j.contains("error")) error = j["error"].value("message", j["error"].dump());
+      if (j.contains("usage") && j["usage"].is_object()) {
+        completion_tokens = j["usage"].value("completion_tokens", -1);
+      }
+      if (!j.contains("choices") || j["choices"].empty()) continue;
+      const std::string text = j["choices"][0].value("text", "");
+      if (text.empty()) continue;
+      if (chunks++ == 0) first = std::chrono::steady_clock::now();
+      std::fputs(text.c_str(), stdout);
+      std::fflush(stdout);
+    }
+    return true;
+  };
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.headers = {{"Content-Type", "application/json"}};
+  req.body = body.dump();
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    return on_data(data, n);
+  };
+  const httplib::Result res = client.send(req);
+  const auto done = std::chrono::steady_clock::now();
+  std::fputs("\n", stdout);
+  std::fflush(stdout);
+  if (!res) {
+    std::fprintf(stderr, "pdctl up: completion failed: %s\n",
+                 httplib::to_string(res.error()).c_str());
+    return 1;
+  }
+  if (res->status != 200 || !error.empty()) {
+    std::fprintf(stderr, "pdctl up: completion failed: HTTP %d %s\n", res->status,
+                 error.empty() ? res->body.c_str() : error.c_str());
+    return 1;
+  }
+  const auto secs = [](auto d) { return std::chrono::duration<double>(d).count(); };
+  const int tokens = completion_tokens >= 0 ? completion_tokens : chunks;
+  const double ttft = chunks > 0 ? secs(first - start) : secs(done - start);
+  const double rate = tokens > 1 && chunks > 0 ? (tokens - 1) / secs(done - first) : 0;
+  std::printf("(%d tokens; first token after %.0f ms; %.1f tokens/s after it)\n", tokens,
+              ttft * 1e3, rate);
+  std::fflush(stdout);
+  return 0;
+}
+
 }  // namespace
 
 CLI::App* AddUpCommand(CLI::App& app, UpFlags* f) {
@@ -225,16 +300,25 @@ CLI::App* AddUpCommand(CLI::App& app, UpFlags* f) {
                  "YAML config for every daemon (configs/cluster-local.yaml)");
   up->add_option("-m,--model", f->model, "GGUF model (default: the default model)");
   up->add_option("--grpc-port", f->grpc_port,
-                 "router gRPC port (0 = a free one; default: the config's, a free one with --chat)");
+                 "router gRPC port (0 = a free one; default: the config's; a free one with --chat "
+                 "or --complete)");
   up->add_option("--http-port", f->http_port,
-                 "router HTTP port (0 = a free one; default: the config's, a free one with --chat)");
+                 "router HTTP port (0 = a free one; default: the config's; a free one with --chat "
+                 "or --complete)");
   up->add_option("-t,--threads", f->threads,
                  "CPU threads per node (0 = the config's; 1 with --pin-cores)");
   up->add_flag("--pin-cores", f->pin_cores,
                "pin each node to one CPU of those pdctl may use, round robin, prefill nodes "
                "first (sched_setaffinity); the router is not pinned");
-  up->add_option("--chat", f->chat, "send this message through the router, print the answer, stop");
-  up->add_option("-n,--max-tokens", f->max_tokens, "--chat: most tokens of the answer");
+  auto* chat = up->add_option("--chat", f->chat,
+                              "send this chat message through the router's gRPC API, print the "
+                              "answer, stop");
+  auto* complete = up->add_option(
+      "--complete", f->complete,
+      "continue this text through the router's OpenAI /v1/completions (greedy, streamed), print "
+      "it with the time to first token and tokens/s, stop");
+  chat->excludes(complete);
+  up->add_option("-n,--max-tokens", f->max_tokens, "--chat / --complete: most tokens generated");
   up->add_option("--log-dir", f->log_dir, "where the daemons' logs go (default: a new temp dir)");
   up->add_option("--start-timeout", f->start_timeout_s, "seconds each daemon gets to be ready");
   return up;
@@ -322,8 +406,9 @@ int RunUp(const UpFlags& f) {
   {
     std::vector<std::string> args = {StrCat(bin, "/pd-router")};
     args.insert(args.end(), common.begin(), common.end());
-    const int grpc_port = f.grpc_port >= 0 ? f.grpc_port : (f.chat.empty() ? -1 : 0);
-    const int http_port = f.http_port >= 0 ? f.http_port : (f.chat.empty() ? -1 : 0);
+    const bool one_request = !f.chat.empty() || !f.complete.empty();
+    const int grpc_port = f.grpc_port >= 0 ? f.grpc_port : (one_request ? 0 : -1);
+    const int http_port = f.http_port >= 0 ? f.http_port : (one_request ? 0 : -1);
     if (grpc_port >= 0) args.insert(args.end(), {"--grpc-port", StrCat(grpc_port)});
     if (http_port >= 0) args.insert(args.end(), {"--http-port", StrCat(http_port)});
     for (const Child& c : children) {
@@ -347,6 +432,8 @@ int RunUp(const UpFlags& f) {
   int rc = 0;
   if (!f.chat.empty()) {
     rc = Chat(r.grpc, f.chat, f.max_tokens);
+  } else if (!f.complete.empty()) {
+    rc = Complete(r.http, f.complete, f.max_tokens);
   } else {
     std::fprintf(stderr, "pdctl up: running; Ctrl-C stops the cluster\n");
     const timespec tick{0, 200 * 1000 * 1000};

@@ -4,12 +4,14 @@
 // endpoints, and stops everything on SIGINT / SIGTERM: SIGTERM to the router, then to the nodes,
 // SIGKILL after a grace, every child waited for. Children also get SIGTERM if pdctl dies
 // (PR_SET_PDEATHSIG), so no daemon outlives it. With --chat it sends one chat message through the
-// router's gRPC API, prints the streamed answer and shuts down. With --pin-cores each node runs on
+// router's gRPC API, prints the streamed answer and shuts down; with --complete it continues a
+// prompt through the router's OpenAI /v1/completions (streamed, greedy), prints it with the time
+// to the first token and the tokens/s, and shuts down. With --pin-cores each node runs on
 // one CPU of its own (round robin over pdctl's allowed CPUs, prefill nodes first; one engine
 // thread unless --threads says otherwise); the router is not pinned.
 //
-// Exit codes: 0 (stopped by a signal, or --chat answered); 1 a daemon failed to start or the chat
-// request failed; 2 bad flags.
+// Exit codes: 0 (stopped by a signal, or --chat / --complete answered); 1 a daemon failed to start
+// or the request failed; 2 bad flags.
 #pragma once
 
 #include <string>
@@ -27,7 +29,8 @@ struct UpFlags {
   int http_port = -1;
   int threads = 0;         // per node; 0 = the config's (1 with pin_cores)
   bool pin_cores = false;  // each node on its own CPU (round robin over pdctl's allowed CPUs)
-  std::string chat;        // one message, then shut down
+  std::string chat;        // one chat message (gRPC), then shut down
+  std::string complete;    // one prompt to continue (OpenAI /v1/completions), then shut down
   int max_tokens = 128;
   std::string log_dir;  // daemons' stderr; "" = a new directory under $TMPDIR
   double start_timeout_s = 180;
