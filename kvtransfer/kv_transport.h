@@ -25,8 +25,8 @@
 // (ABORTED: the peer aborted; DATA_LOSS: checksum mismatch or short transfer; UNAVAILABLE: the
 // peer died or disconnected; DEADLINE_EXCEEDED: the descriptor's deadline passed; INVALID_ARGUMENT:
 // the sender's data does not fit the descriptor). On any failure the receiver's owner releases the
-// reserved blocks and prefills locally (DESIGN.md, request flow step 6). docs/kv_transfer.md
-// describes the protocol, the threads and the failure semantics.
+// reserved blocks and prefills locally (docs/architecture.md, request path step 6).
+// docs/kv_transfer.md describes the protocol, the threads and the failure semantics.
 //
 // Thread safety: every KvTransport and KvSendStream method may be called from any thread. Each
 // transport runs its own progress thread (UCX worker progress, deadlines) and a delivery thread

@@ -10,8 +10,8 @@
 // (Greedy output is identical to an uninterrupted run; a sampled one continues with a fresh RNG
 // state.)
 //
-// The disaggregated path (DESIGN.md, "One request"; docs/kv_transfer.md, "In the cluster"): on
-// the first attempt, when router.disaggregate is on, the prompt has at least
+// The disaggregated path (docs/architecture.md, "The request path"; docs/kv_transfer.md, "In the
+// cluster"): on the first attempt, when router.disaggregate is on, the prompt has at least
 // router.disaggregate_min_prompt tokens and a prefill node is healthy, the router reserves the
 // request on the chosen decode node (Decode.Reserve -> descriptor), has the prefill node with the
 // fewest pending prompt tokens run the prompt and push its KV there (Prefill.Prefill -> first

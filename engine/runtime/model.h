@@ -94,8 +94,8 @@ class Model {
   // `after_kv_store` (may be empty) runs once per layer, right after that layer's K/V of the
   // batch were written to `kv` and the backend synchronized, before its attention: the KV of
   // layer l is final from then on, so a KV transfer can send it while the later layers compute
-  // (DESIGN.md, request flow step 4). It runs on the calling thread and must not touch `kv`'s
-  // block tables.
+  // (docs/architecture.md, request path step 4). It runs on the calling thread and must not touch
+  // `kv`'s block tables.
   using LayerHook = std::function<void(int layer)>;
   absl::Status Forward(const Batch& batch, KvCache& kv, std::vector<float>* logits,
                        const LayerHook& after_kv_store = nullptr);

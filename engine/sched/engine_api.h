@@ -1,7 +1,7 @@
 // The seam between a front end (pd-serve's APIs, later the router) and whatever generates tokens:
 // a colocated Scheduler today, a remote decode node tomorrow. Token ids in, token ids out; chat
 // templates, tokenization of the prompt, detokenization and stop strings belong to the front end
-// (frontend/frontend.h), as DESIGN.md's request flow says.
+// (frontend/frontend.h), as docs/architecture.md's request path says.
 //
 // Threading: Submit/Cancel/Load may be called from any thread. A GenerationSink is called from
 // the engine's own thread, in order, and must not block (it hands the data to a queue).
