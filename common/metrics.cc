@@ -1,38 +1,29 @@
 #include "common/metrics.h"
 
-#include <charconv>
+#include <algorithm>
 #include <cmath>
 #include <set>
+#include <sstream>
 #include <type_traits>
 #include <utility>
 
 #include "common/status.h"
 #include "common/strings.h"
+#include "prometheus/check_names.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/metric_type.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
 
 namespace pd {
 namespace {
 
-bool IsMetricName(std::string_view name) {
-  if (name.empty()) return false;
-  for (size_t i = 0; i < name.size(); ++i) {
-    const char c = name[i];
-    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':';
-    if (!alpha && !(i > 0 && c >= '0' && c <= '9')) return false;
-  }
-  return true;
-}
-
-bool IsLabelName(std::string_view name) {
-  if (name.empty() || name.substr(0, 2) == "__") return false;
-  for (size_t i = 0; i < name.size(); ++i) {
-    const char c = name[i];
-    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
-    if (!alpha && !(i > 0 && c >= '0' && c <= '9')) return false;
-  }
-  return true;
-}
-
-// HELP text escaping: backslash and line feed (quotes stay as they are).
+// HELP text escaping: backslash and line feed (quotes stay as they are). prometheus-cpp 1.0.1's
+// TextSerializer writes HELP as it is, so a line feed would end the comment early.
 std::string EscapeHelp(std::string_view help) {
   std::string out;
   out.reserve(help.size());
@@ -48,79 +39,7 @@ std::string EscapeHelp(std::string_view help) {
   return out;
 }
 
-// `{a="x",b="y"` without the closing brace (so that histograms can append le), or "" when there
-// are no labels and no extra label.
-void AppendLabels(const std::vector<std::string>& names, const std::vector<std::string>& values,
-                  std::string_view extra_name, std::string_view extra_value, std::string* out) {
-  if (names.empty() && extra_name.empty()) return;
-  *out += '{';
-  bool first = true;
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (!first) *out += ',';
-    first = false;
-    *out += pd::StrCat(names[i], "=\"", EscapeLabelValue(values[i]), "\"");
-  }
-  if (!extra_name.empty()) {
-    if (!first) *out += ',';
-    *out += pd::StrCat(extra_name, "=\"", extra_value, "\"");
-  }
-  *out += '}';
-}
-
-void AppendSample(std::string_view name, std::string_view suffix,
-                  const std::vector<std::string>& label_names,
-                  const std::vector<std::string>& label_values, std::string_view extra_name,
-                  std::string_view extra_value, std::string_view value, std::string* out) {
-  *out += name;
-  *out += suffix;
-  AppendLabels(label_names, label_values, extra_name, extra_value, out);
-  *out += ' ';
-  *out += value;
-  *out += '\n';
-}
-
-template <typename T>
-constexpr const char* TypeName() {
-  if constexpr (std::is_same_v<T, Counter>) {
-    return "counter";
-  } else if constexpr (std::is_same_v<T, Gauge>) {
-    return "gauge";
-  } else {
-    return "histogram";
-  }
-}
-
 }  // namespace
-
-std::string FormatMetricValue(double value) {
-  if (std::isnan(value)) return "NaN";
-  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
-  char buf[64];
-  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), value);
-  PD_CHECK(ec == std::errc());
-  return std::string(buf, end);
-}
-
-std::string EscapeLabelValue(std::string_view value) {
-  std::string out;
-  out.reserve(value.size());
-  for (char c : value) {
-    switch (c) {
-      case '\\':
-        out += "\\\\";
-        break;
-      case '"':
-        out += "\\\"";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
 
 std::vector<double> ExponentialBuckets(double start, double factor, int count) {
   PD_CHECK(start > 0 && factor > 1 && count >= 1);
@@ -131,44 +50,41 @@ std::vector<double> ExponentialBuckets(double start, double factor, int count) {
 }
 
 void Counter::Increment(double amount) {
+  // prometheus-cpp ignores a negative amount; for us it is a bug.
   PD_CHECK_MSG(amount >= 0, "a counter only goes up");
-  value_.fetch_add(amount, std::memory_order_relaxed);
+  impl_->Increment(amount);
 }
 
-Histogram::Histogram(const std::vector<double>* bounds)
-    : bounds_(bounds), counts_(new std::atomic<uint64_t>[bounds->size() + 1]) {
-  for (size_t i = 0; i <= bounds_->size(); ++i) counts_[i].store(0, std::memory_order_relaxed);
-}
+double Counter::value() const { return impl_->Value(); }
+
+void Gauge::Set(double value) { impl_->Set(value); }
+void Gauge::Increment(double amount) { impl_->Increment(amount); }
+void Gauge::Decrement(double amount) { impl_->Decrement(amount); }
+double Gauge::value() const { return impl_->Value(); }
 
 void Histogram::Observe(double value) {
   if (std::isnan(value)) return;
-  // Buckets are few (~20): a linear scan beats a binary search's branches.
-  size_t i = 0;
-  while (i < bounds_->size() && value > (*bounds_)[i]) ++i;
-  counts_[i].fetch_add(1, std::memory_order_relaxed);
-  sum_.fetch_add(value, std::memory_order_relaxed);
+  impl_->Observe(value);
 }
 
 Histogram::Snapshot Histogram::Read() const {
+  // Collect() reads under the child's mutex: the counts and the sum belong together.
+  const prometheus::ClientMetric m = impl_->Collect();
   Snapshot s;
-  s.cumulative.resize(bounds_->size() + 1);
-  uint64_t running = 0;
-  for (size_t i = 0; i <= bounds_->size(); ++i) {
-    running += counts_[i].load(std::memory_order_relaxed);
-    s.cumulative[i] = running;
-  }
-  s.count = running;
-  s.sum = sum_.load(std::memory_order_relaxed);
+  s.cumulative.reserve(m.histogram.bucket.size());
+  for (const auto& b : m.histogram.bucket) s.cumulative.push_back(b.cumulative_count);
+  s.count = m.histogram.sample_count;
+  s.sum = m.histogram.sample_sum;
   return s;
 }
 
 template <typename T>
-Family<T>::Family(std::string name, std::string help, std::vector<std::string> label_names,
-                  std::vector<double> bounds)
+Family<T>::Family(std::string name, std::vector<std::string> label_names,
+                  std::vector<double> bounds, prometheus::Family<typename T::Impl>* impl)
     : name_(std::move(name)),
-      help_(std::move(help)),
       label_names_(std::move(label_names)),
-      bounds_(std::move(bounds)) {}
+      bounds_(std::move(bounds)),
+      impl_(impl) {}
 
 template <typename T>
 T& Family<T>::WithLabels(const std::vector<std::string>& label_values) {
@@ -176,54 +92,41 @@ T& Family<T>::WithLabels(const std::vector<std::string>& label_values) {
   absl::MutexLock lock(&mu_);
   auto& child = children_[label_values];
   if (child == nullptr) {
+    prometheus::Labels labels;
+    for (size_t i = 0; i < label_names_.size(); ++i) labels[label_names_[i]] = label_values[i];
+    typename T::Impl* impl;
     if constexpr (std::is_same_v<T, Histogram>) {
-      child = std::make_unique<Histogram>(&bounds_);
+      impl = &impl_->Add(labels, bounds_);
     } else {
-      child = std::make_unique<T>();
+      impl = &impl_->Add(labels);
     }
+    child.reset(new T(impl));
   }
   return *child;
-}
-
-template <typename T>
-void Family<T>::Render(std::string* out) const {
-  *out += pd::StrCat("# HELP ", name_, " ", EscapeHelp(help_), "\n");
-  *out += pd::StrCat("# TYPE ", name_, " ", TypeName<T>(), "\n");
-  absl::MutexLock lock(&mu_);
-  for (const auto& [values, child] : children_) {
-    if constexpr (std::is_same_v<T, Histogram>) {
-      const Histogram::Snapshot s = child->Read();
-      for (size_t i = 0; i < bounds_.size(); ++i) {
-        AppendSample(name_, "_bucket", label_names_, values, "le", FormatMetricValue(bounds_[i]),
-                     std::to_string(s.cumulative[i]), out);
-      }
-      AppendSample(name_, "_bucket", label_names_, values, "le", "+Inf", std::to_string(s.count),
-                   out);
-      AppendSample(name_, "_sum", label_names_, values, "", "", FormatMetricValue(s.sum), out);
-      AppendSample(name_, "_count", label_names_, values, "", "", std::to_string(s.count), out);
-    } else {
-      AppendSample(name_, "", label_names_, values, "", "", FormatMetricValue(child->value()), out);
-    }
-  }
 }
 
 template class Family<Counter>;
 template class Family<Gauge>;
 template class Family<Histogram>;
 
+MetricsRegistry::MetricsRegistry() : registry_(std::make_unique<prometheus::Registry>()) {}
+
+MetricsRegistry::~MetricsRegistry() = default;
+
 template <typename T>
 Family<T>& MetricsRegistry::Add(std::string_view name, std::string_view help,
                                 std::vector<std::string> label_names, std::vector<double> bounds) {
-  PD_CHECK_MSG(IsMetricName(name), std::string(name).c_str());
+  // Everything prometheus-cpp would throw std::invalid_argument for is checked here first.
+  const std::string name_str(name);
+  PD_CHECK_MSG(prometheus::CheckMetricName(name_str), name_str.c_str());
   std::set<std::string_view> seen;
   for (const std::string& label : label_names) {
-    PD_CHECK_MSG(IsLabelName(label), label.c_str());
+    PD_CHECK_MSG(prometheus::CheckLabelName(label), label.c_str());
     PD_CHECK_MSG(seen.insert(label).second, label.c_str());
     if constexpr (std::is_same_v<T, Histogram>) PD_CHECK_MSG(label != "le", label.c_str());
   }
   if constexpr (std::is_same_v<T, Counter>) {
-    PD_CHECK_MSG(name.size() > 6 && name.substr(name.size() - 6) == "_total",
-                 std::string(name).c_str());
+    PD_CHECK_MSG(name.size() > 6 && name.substr(name.size() - 6) == "_total", name_str.c_str());
   }
   if constexpr (std::is_same_v<T, Histogram>) {
     PD_CHECK(!bounds.empty());
@@ -232,13 +135,22 @@ Family<T>& MetricsRegistry::Add(std::string_view name, std::string_view help,
       PD_CHECK(i == 0 || bounds[i] > bounds[i - 1]);
     }
   }
-  auto* family = new Family<T>(std::string(name), std::string(help), std::move(label_names),
-                               std::move(bounds));
   absl::MutexLock lock(&mu_);
-  for (const auto& f : families_) {
-    PD_CHECK_MSG(f->name() != name, pd::StrCat("metric registered twice: ", name).c_str());
+  for (const Registered& r : families_) {
+    PD_CHECK_MSG(r.family->name() != name, pd::StrCat("metric registered twice: ", name).c_str());
   }
-  families_.emplace_back(family);
+  prometheus::detail::Builder<typename T::Impl> builder;
+  if constexpr (std::is_same_v<T, Counter>) {
+    builder = prometheus::BuildCounter();
+  } else if constexpr (std::is_same_v<T, Gauge>) {
+    builder = prometheus::BuildGauge();
+  } else {
+    builder = prometheus::BuildHistogram();
+  }
+  auto& impl = builder.Name(name_str).Help(std::string(help)).Register(*registry_);
+  auto* family = new Family<T>(name_str, std::move(label_names), std::move(bounds), &impl);
+  families_.push_back(
+      {std::unique_ptr<internal::FamilyBase>(family), std::string(help), T::Impl::metric_type});
   return *family;
 }
 
@@ -259,10 +171,34 @@ Family<Histogram>& MetricsRegistry::AddHistogram(std::string_view name, std::str
 }
 
 std::string MetricsRegistry::Render() const {
-  std::string out;
-  absl::MutexLock lock(&mu_);
-  for (const auto& f : families_) f->Render(&out);
-  return out;
+  // prometheus::Registry::Collect() groups families by type, lists a family's children in hash
+  // order and leaves out families without children. Put them back in registration order, sort
+  // the children, and keep empty families' HELP and TYPE (a scrape then shows every metric the
+  // process has, e.g. pdserve_errors_total before the first error).
+  std::vector<prometheus::MetricFamily> out;
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<prometheus::MetricFamily> collected = registry_->Collect();
+    std::map<std::string_view, prometheus::MetricFamily*> by_name;
+    for (prometheus::MetricFamily& f : collected) by_name[f.name] = &f;
+    out.reserve(families_.size());
+    for (const Registered& r : families_) {
+      prometheus::MetricFamily& f = out.emplace_back();
+      f.name = r.family->name();
+      f.help = EscapeHelp(r.help);
+      f.type = r.type;
+      if (auto it = by_name.find(f.name); it != by_name.end()) {
+        f.metric = std::move(it->second->metric);
+      }
+      std::sort(f.metric.begin(), f.metric.end(),
+                [](const prometheus::ClientMetric& a, const prometheus::ClientMetric& b) {
+                  return a.label < b.label;
+                });
+    }
+  }
+  std::ostringstream text;
+  prometheus::TextSerializer().Serialize(text, out);
+  return std::move(text).str();
 }
 
 }  // namespace pd

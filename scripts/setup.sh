@@ -11,6 +11,7 @@ APT_PACKAGES=(
   fortunes  # calibration/evaluation texts of pdctl quantize (testdata/texts/manifest.json)
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev libucx-dev libcpp-httplib-dev
   libxxhash-dev  # XXH3, the KV transfer's per-layer checksum (used header-only)
+  prometheus-cpp-dev  # the metrics registry and text serializer behind common/metrics.h (core only)
   ucx-utils  # ucx_perftest / ucx_info: bench/kv_transfer/run.sh compares the KV transport with it
   prometheus  # promtool and a server for tests/python/test_openai_api.py (they start their own)
   etcd-server  # tests/cluster/etcd_cluster_test.cc starts its own (cluster membership)

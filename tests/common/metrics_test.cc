@@ -51,15 +51,17 @@ TEST(MetricsTest, HistogramExactText) {
   p.Observe(0.05);
   p.Observe(2);
   p.Observe(std::numeric_limits<double>::quiet_NaN());  // dropped
+  // prometheus-cpp writes _count and _sum before the buckets (the format leaves the order of a
+  // histogram's series open; promtool and Prometheus accept it).
   EXPECT_EQ(registry.Render(),
             "# HELP pd_latency_seconds Latency.\n"
             "# TYPE pd_latency_seconds histogram\n"
+            "pd_latency_seconds_count{phase=\"prefill\"} 4\n"
+            "pd_latency_seconds_sum{phase=\"prefill\"} 2.056\n"
             "pd_latency_seconds_bucket{phase=\"prefill\",le=\"0.005\"} 2\n"
             "pd_latency_seconds_bucket{phase=\"prefill\",le=\"0.1\"} 3\n"
             "pd_latency_seconds_bucket{phase=\"prefill\",le=\"1\"} 3\n"
-            "pd_latency_seconds_bucket{phase=\"prefill\",le=\"+Inf\"} 4\n"
-            "pd_latency_seconds_sum{phase=\"prefill\"} 2.056\n"
-            "pd_latency_seconds_count{phase=\"prefill\"} 4\n");
+            "pd_latency_seconds_bucket{phase=\"prefill\",le=\"+Inf\"} 4\n");
 }
 
 TEST(MetricsTest, HistogramWithoutLabelsAndEmptyFamily) {
@@ -71,11 +73,11 @@ TEST(MetricsTest, HistogramWithoutLabelsAndEmptyFamily) {
   EXPECT_EQ(registry.Render(),
             "# HELP pd_step_seconds Step.\n"
             "# TYPE pd_step_seconds histogram\n"
+            "pd_step_seconds_count 2\n"
+            "pd_step_seconds_sum 21\n"
             "pd_step_seconds_bucket{le=\"1\"} 0\n"
             "pd_step_seconds_bucket{le=\"10\"} 1\n"
             "pd_step_seconds_bucket{le=\"+Inf\"} 2\n"
-            "pd_step_seconds_sum 21\n"
-            "pd_step_seconds_count 2\n"
             "# HELP pd_errors_total Errors.\n"
             "# TYPE pd_errors_total counter\n");
 }
@@ -90,15 +92,33 @@ TEST(MetricsTest, EscapesLabelValuesAndHelp) {
             "pd_x_total{v=\"a\\\"b\\\\c\\nd\"} 1\n");
 }
 
+// Sample values as prometheus-cpp's TextSerializer writes them: up to 16 significant digits,
+// "+Inf", "-Inf" and "Nan" (Prometheus parses NaN case-insensitively; promtool accepts it).
 TEST(MetricsTest, FormatsValues) {
-  EXPECT_EQ(FormatMetricValue(0), "0");
-  EXPECT_EQ(FormatMetricValue(42), "42");
-  EXPECT_EQ(FormatMetricValue(0.1), "0.1");
-  EXPECT_EQ(FormatMetricValue(-2.5), "-2.5");
-  EXPECT_EQ(FormatMetricValue(1e-9), "1e-09");
-  EXPECT_EQ(FormatMetricValue(std::numeric_limits<double>::infinity()), "+Inf");
-  EXPECT_EQ(FormatMetricValue(-std::numeric_limits<double>::infinity()), "-Inf");
-  EXPECT_EQ(FormatMetricValue(std::numeric_limits<double>::quiet_NaN()), "NaN");
+  MetricsRegistry registry;
+  auto& g = registry.AddGauge("pd_v", "V.", {"i"});
+  const double values[] = {0,
+                           42,
+                           0.1,
+                           -2.5,
+                           1e-9,
+                           123456789012,
+                           std::numeric_limits<double>::infinity(),
+                           -std::numeric_limits<double>::infinity(),
+                           std::numeric_limits<double>::quiet_NaN()};
+  for (size_t i = 0; i < std::size(values); ++i) g.WithLabels({std::to_string(i)}).Set(values[i]);
+  EXPECT_EQ(registry.Render(),
+            "# HELP pd_v V.\n"
+            "# TYPE pd_v gauge\n"
+            "pd_v{i=\"0\"} 0\n"
+            "pd_v{i=\"1\"} 42\n"
+            "pd_v{i=\"2\"} 0.1\n"
+            "pd_v{i=\"3\"} -2.5\n"
+            "pd_v{i=\"4\"} 1e-09\n"
+            "pd_v{i=\"5\"} 123456789012\n"
+            "pd_v{i=\"6\"} +Inf\n"
+            "pd_v{i=\"7\"} -Inf\n"
+            "pd_v{i=\"8\"} Nan\n");
 }
 
 TEST(MetricsTest, ExponentialBuckets) {
