@@ -13,7 +13,7 @@
 #      fails (a dependency only other modules need, e.g. PCRE2, or another module mid-edit), it
 #      configures a minimal project instead: common/, engine/quant/, engine/backend/ and
 #      tests/engine/backend/ through their own CMakeLists.txt, nothing else.
-#   4. Builds only cuda_backend_test (and what it links), runs it with PD_CUDA_BENCH=1: the
+#   4. Builds only cuda_backend_test (and what it links), runs it: the
 #      CPU-parity tests plus the timing of MatMul f16 4096x4096 x n={1,16,512} and RmsNorm.
 #
 # Environment:
@@ -188,7 +188,7 @@ echo "built in $(elapsed)"
 
 section "cuda_backend_test (parity with the CPU backend, then timings) [$(elapsed)]"
 TEST_LOG="$BUILD/cuda_backend_test.log"
-(cd "$ROOT" && PD_CUDA_BENCH=1 "$TEST_BIN" --gtest_color=no) 2>&1 | tee "$TEST_LOG"
+(cd "$ROOT" && "$TEST_BIN" --gtest_color=no) 2>&1 | tee "$TEST_LOG"
 RC=${PIPESTATUS[0]}
 
 section "summary [$(elapsed)]"

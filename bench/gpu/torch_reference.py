@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch reference for the CUDA backend's timings, measured in the same run on the same GPU.
 
-Reads the `[timing]` lines that cuda_backend_test printed (PD_CUDA_BENCH=1), runs the same shapes
+Reads the `[timing]` lines that cuda_backend_test printed (its Timing test), runs the same shapes
 through PyTorch the same way (200 / 1000 back-to-back ops timed on the host between two
 synchronisations, after 3 warm-up ops), and prints a markdown table: ours, PyTorch, ours/PyTorch
 speed ratio, and the physical limit of the shape on an H200 (HBM3e 4.8 TB/s; dense F16 tensor
@@ -36,7 +36,7 @@ def main() -> int:
     mm = {int(n): float(us) for n, us in re.findall(r"MatMul f16 m=4096 k=4096 n=(\d+)\s+([\d.]+) us/op", log)}
     rn = {int(r): float(us) for r, us in re.findall(r"RmsNorm rows=(\d+)\s+cols=4096\s+([\d.]+) us/op", log)}
     if not mm or not rn:
-        print("no [timing] lines in the test log (PD_CUDA_BENCH=1 unset, or the Timing test failed)")
+        print("no [timing] lines in the test log (the Timing test failed or did not run)")
         return 1
     dev = torch.device("cuda")
     print(f"reference: torch {torch.__version__} on {torch.cuda.get_device_name(0)}")

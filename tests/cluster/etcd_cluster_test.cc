@@ -132,11 +132,10 @@ std::pair<int, std::string> Chat(const std::string& http) {
 class EtcdClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (access(EtcdBinary().c_str(), X_OK) != 0) {
-      GTEST_SKIP() << EtcdBinary()
-                   << " not found: install etcd (Debian package etcd-server, "
-                      "scripts/setup.sh) or point PD_ETCD at its binary";
-    }
+    ASSERT_EQ(access(EtcdBinary().c_str(), X_OK), 0)
+        << EtcdBinary()
+        << " not found: install etcd (Debian package etcd-server, scripts/setup.sh) or point "
+           "PD_ETCD at its binary";
     etcd_ = std::make_unique<Etcd>(dir_.Write("etcd.keep", "") + ".d");
     ASSERT_TRUE(etcd_->WaitReady(absl::Seconds(15))) << etcd_->process().Stderr();
     model_ = dir_.Write("tiny.gguf", frontend::testing::ServingModelGguf());

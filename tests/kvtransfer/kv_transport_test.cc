@@ -43,10 +43,8 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     backend_ = engine::CreateCpuBackend({1});
+    // UCX (Debian's libucx) needs no special hardware: self, shared memory and TCP on loopback.
     auto probe = Make();
-    if (!probe.ok() && IsUcx()) {
-      GTEST_SKIP() << "UCX cannot create a context here: " << probe.status();
-    }
     PD_ASSERT_OK(probe);
     rx_ = std::move(*probe);
   }
@@ -613,7 +611,7 @@ class UcxProcessTest : public ::testing::Test {
     TransportOptions o;
     o.kind = "ucx";
     auto t = KvTransport::Create(o);
-    if (!t.ok()) GTEST_SKIP() << "UCX cannot create a context here: " << t.status();
+    PD_ASSERT_OK(t);
   }
 };
 

@@ -345,8 +345,7 @@ def test_metrics_after_traffic(client: openai.OpenAI, server: Server):
 
 def test_promtool_check_metrics(client: openai.OpenAI, server: Server):
     promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not installed (Debian package prometheus, scripts/setup.sh)")
+    assert promtool, "promtool not installed (Debian package prometheus, scripts/setup.sh)"
     client.completions.create(model=server.model, prompt="x", max_tokens=3)
     r = subprocess.run([promtool, "check", "metrics"], input=server.metrics(),
                        capture_output=True, text=True, timeout=60)
@@ -362,8 +361,7 @@ def _free_port() -> int:
 
 def test_prometheus_scrapes_pdserve(client: openai.OpenAI, server: Server, tmp_path: Path):
     prometheus = shutil.which("prometheus")
-    if prometheus is None:
-        pytest.skip("prometheus not installed (Debian package prometheus, scripts/setup.sh)")
+    assert prometheus, "prometheus not installed (Debian package prometheus, scripts/setup.sh)"
     target = urllib.parse.urlparse(server.url).netloc
     (tmp_path / "prometheus.yml").write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
@@ -419,8 +417,8 @@ def test_prometheus_scrapes_pdserve(client: openai.OpenAI, server: Server, tmp_p
 
 def test_default_model_chat(pd_serve_bin: Path, repo_root: Path):
     """The default model (Gemma 3 270M) through the HTTP API: its chat template, real text."""
-    if not (repo_root / "models" / "gemma-3-270m-q4_k_m.gguf").is_file():
-        pytest.skip("the default model is not installed (scripts/setup.sh)")
+    assert (repo_root / "models" / "gemma-3-270m-q4_k_m.gguf").is_file(), \
+        "the default model is not installed (scripts/setup.sh assembles it)"
     srv = _start(pd_serve_bin, [])  # no --model: the default one, no API key
     try:
         client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0,

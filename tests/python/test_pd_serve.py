@@ -44,8 +44,7 @@ def _wait_ready(proc: subprocess.Popen, timeout: float) -> re.Match:
 
 def test_default_model_ready_line_health_and_sigterm(pd_serve: Path, repo_root: Path):
     default_model = repo_root / "models" / "gemma-3-270m-q4_k_m.gguf"
-    if not default_model.is_file():
-        pytest.skip("the default model is not installed (scripts/setup.sh)")
+    assert default_model.is_file(), "the default model is not installed (scripts/setup.sh)"
     proc = subprocess.Popen(
         [str(pd_serve), "--grpc-port", "0", "--http-port", "0", "--threads", "2"],
         cwd=repo_root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

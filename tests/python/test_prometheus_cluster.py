@@ -7,14 +7,13 @@ shortened to 1 s, the targets file in a temporary folder). After a few chat requ
 router: every target is up with its `pool` label, every expression of the Grafana dashboard
 evaluates, the core panels and recording rules have data.
 
-Skips when `pdctl up` is not built yet (the newest pdctl's --help has no `up` subcommand) or
-Prometheus is not installed.
+A missing pdctl (conftest's `pdctl` fixture: $PDCTL, else build/bin/pdctl) or Prometheus (Debian's
+prometheus, installed by scripts/setup.sh) fails the tests: neither is optional.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import socket
@@ -38,21 +37,14 @@ KV_TRANSFER_PANELS = ("KV transfer latency", "KV transfer throughput", "KV trans
 
 
 @pytest.fixture(scope="module")
-def pdctl_up() -> Path:
-    """$PDCTL, else the newest build*/bin/pdctl."""
-    if os.environ.get("PDCTL"):
-        pdctl = Path(os.environ["PDCTL"])
-    else:
-        built = list(REPO.glob("build*/bin/pdctl"))
-        if not built:
-            pytest.skip("pdctl is not built")
-        pdctl = max(built, key=lambda p: p.stat().st_mtime)
+def pdctl_up(pdctl: Path) -> Path:
+    """conftest's pdctl (failing when it is not built), checked to have `pdctl up`."""
     help_text = subprocess.run([str(pdctl), "--help"], capture_output=True, text=True,
                                timeout=30).stdout
-    if not any(line.split()[:1] == ["up"] for line in help_text.splitlines()):
-        pytest.skip(f"{pdctl} has no `up` subcommand yet (the local cluster of issue 6)")
-    if shutil.which("prometheus") is None:
-        pytest.skip("prometheus not installed (Debian package prometheus, scripts/setup.sh)")
+    assert any(line.split()[:1] == ["up"] for line in help_text.splitlines()), \
+        f"{pdctl} --help lists no `up` subcommand (tools/pdctl/up_cmd.cc):\n{help_text}"
+    assert shutil.which("prometheus") is not None, \
+        "prometheus not installed (Debian package prometheus, scripts/setup.sh)"
     return pdctl
 
 

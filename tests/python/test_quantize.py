@@ -168,8 +168,8 @@ def test_rtn_every_type_loads_in_llama_cpp(qtype, rtn_outputs, f32_logits, synth
 
 @pytest.mark.parametrize("qtype", TYPES)
 def test_our_engine_runs_the_output(qtype, pdctl, rtn_outputs, f32_logits, tmp_path, request):
-    """Our forward pass on the quantized file matches llama.cpp's on the same file. Skipped for
-    the types whose CPU matmul kernels have not landed yet (UNIMPLEMENTED).
+    """Our forward pass on the quantized file matches llama.cpp's on the same file (every type
+    has CPU matmul kernels: an UNIMPLEMENTED from pdctl fails here).
 
     Both engines quantize the activations (Q8_0 / Q8_K) before the dot products with quantized
     weights, with small differences in rounding that this random model amplifies: on the F16
@@ -179,8 +179,6 @@ def test_our_engine_runs_the_output(qtype, pdctl, rtn_outputs, f32_logits, tmp_p
     ids, _ = f32_logits
     dump = tmp_path / "logits.f32"
     p = run(pdctl, "logits", "-m", out, "--prompt-ids", " ".join(map(str, ids)), "-o", dump)
-    if p.returncode != 0 and b"UNIMPLEMENTED" in p.stderr:
-        pytest.skip(f"no CPU kernels for {qtype} yet: {p.stderr.decode().strip()[:160]}")
     assert p.returncode == 0, p.stderr.decode(errors="replace")
     ours = np.fromfile(dump, dtype=np.float32)
     theirs = llama_logits(out, ids)[-1]
@@ -274,11 +272,9 @@ def test_builtin_texts_match_python(pdctl, tmp_path):
 
 
 def _vocab_only(repo_root: Path) -> Path:
-    for d in (repo_root / "testdata" / "tokenizer", repo_root.parent / "shared" / "testdata" /
-              "tokenizer"):
-        if (d / "ggml-vocab-llama-spm.gguf").is_file():
-            return d / "ggml-vocab-llama-spm.gguf"
-    pytest.skip("no vocabulary-only GGUF found")
+    path = repo_root / "testdata" / "tokenizer" / "ggml-vocab-llama-spm.gguf"  # in the repo
+    assert path.is_file(), path
+    return path
 
 
 @pytest.mark.parametrize("case", ["type", "method", "policy", "override", "input", "output",
