@@ -12,6 +12,9 @@
 // (HttpStatusFor). A client that disconnects during a stream cancels its request, which frees its
 // KV cache.
 //
+// This file and http_server.cc hold the server (routes, API keys, the streaming loop); the OpenAI
+// JSON is parsed in openai_request.h and rendered in openai_response.h.
+//
 // Ownership: the server borrows the Frontend, the registry and the ServingMetrics; they must
 // outlive it. Threads: Start() runs cpp-httplib's accept loop on a thread the server owns, and
 // requests on a pool of `options.threads` handler threads (a streaming response holds its thread
