@@ -1,0 +1,28 @@
+// Small helpers the pdctl subcommands share: the error exit, token id and file reading, and the
+// process's peak memory.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace pd::tools {
+
+// Prints "pdctl: error: STATUS" on stderr; returns the exit code: 2 for INVALID_ARGUMENT (bad
+// input), 1 otherwise.
+int Fail(const absl::Status& s);
+
+// Space-separated token ids ("2 1000 17"). INVALID_ARGUMENT names a word that is not an id in
+// [0, INT32_MAX].
+absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text);
+
+// The whole file. NOT_FOUND when it cannot be read.
+absl::StatusOr<std::string> ReadFile(const std::string& path);
+
+// This process's peak resident memory so far, in MiB.
+double PeakRssMiB();
+
+}  // namespace pd::tools
