@@ -1,0 +1,268 @@
+#!/usr/bin/env python3
+"""Time to first token per turn of one chat conversation with a long system prompt.
+
+Chat clients send the whole conversation every turn, so a server that reuses the KV of the prefix
+it has already computed answers turn 2..N in the time of their new tokens, and one that does not
+recomputes the whole conversation each turn. This script measures that, the way a user sees it:
+
+  * starts each system on the same model and thread count: `pd-serve`, the cluster
+    (`pdctl up --prefill 1 --decode 2`), and llama.cpp's `llama-server` (built by
+    bench/llamacpp/build_tools.sh from the llama-cpp-python sdist; the reference);
+  * runs one conversation through the official `openai` client against each: a system prompt of
+    --system-words words (1600: about 2,400 tokens), then --turns user turns, greedy, --max-tokens each, every turn
+    sending the whole history (system, user and assistant messages so far);
+  * times each turn from the request to the first streamed content chunk (TTFT);
+  * prints one markdown table (TTFT per turn and system, turns 2..N / turn 1, and the ratio to
+    llama-server measured in the same run) with the machine and the command.
+
+  .venv/bin/python bench/prefix_cache/multi_turn.py
+  .venv/bin/python bench/prefix_cache/multi_turn.py --systems pd-serve,llama-server --turns 5 \
+      --out bench/results/prefix_cache_multi_turn_<date>.md
+
+Issue 18's targets read off this table: TTFT of turns 2..5 <= 0.1x turn 1 on pd-serve and the
+cluster, and no turn slower than llama-server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import random
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Plain English words for a deterministic system prompt; about one token each for Gemma's,
+# Llama's and Qwen's vocabularies.
+WORDS = (
+    "the of and to in is that for it as was with be by on not he this are or his from at which "
+    "but have an they you were her she there one all we their has been if more when will would who "
+    "so no out up into do any time my than only its new some could these two may first then other "
+    "also over after most made such where many through before even back years way well down should "
+    "because each just those people how too little state good very make world still own see men "
+    "work long here both between life being under never day same another know while last might us "
+    "great old year off come since against go came right used take three place small found part "
+    "house water city river table garden letter story morning window school music market family"
+).split()
+
+QUESTIONS = [
+    "Summarize the rules above in one sentence.",
+    "Which rule matters most for a new visitor, and why?",
+    "Give one example of the second rule in practice.",
+    "What would you change about the rules?",
+    "Write a short closing line for the notice.",
+    "List three words that describe the place.",
+    "Who should read these rules first?",
+    "How long should a visit last?",
+]
+
+
+def system_prompt(n_words: int, seed: int) -> str:
+    rng = random.Random(seed)
+    words = [rng.choice(WORDS) for _ in range(n_words)]
+    lines = [" ".join(words[i:i + 12]).capitalize() + "." for i in range(0, len(words), 12)]
+    return "You keep the house rules of a small museum by the river. The rules:\n" + "\n".join(
+        f"{i + 1}. {line}" for i, line in enumerate(lines))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    import urllib.request
+    end = time.time() + timeout_s
+    while time.time() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} not ready after {timeout_s} s")
+
+
+class Server:
+    """One system under test: started on a free port, stopped with SIGTERM (then SIGKILL)."""
+
+    def __init__(self, name: str, args: list[str], port: int, log: Path):
+        self.name, self.url, self.log = name, f"http://127.0.0.1:{port}", log
+        self.proc = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def start(system: str, a: argparse.Namespace, logdir: Path) -> Server:
+    port = free_port()
+    log = logdir / f"{system}.log"
+    if system == "pd-serve":
+        args = [str(a.bin_dir / "pd-serve"), "-m", str(a.model), "--threads", str(a.threads),
+                "--ctx", str(a.ctx), "--http-port", str(port), "--grpc-port", "0"]
+    elif system == "cluster":
+        args = [str(a.bin_dir / "pdctl"), "up", "--prefill", "1", "--decode", "2", "-m",
+                str(a.model), "--http-port", str(port), "--grpc-port", "0", "--pin-cores"]
+    elif system == "llama-server":
+        args = [str(a.llama_bin / "llama-server"), "-m", str(a.model), "-t", str(a.threads),
+                "-tb", str(a.threads), "-c", str(a.ctx), "-np", "1", "--port", str(port),
+                "--host", "127.0.0.1"]
+    else:
+        raise SystemExit(f"unknown system '{system}' (pd-serve, cluster, llama-server)")
+    s = Server(system, args, port, log)
+    try:
+        wait_http(s.url, s.proc, a.start_timeout)
+    except RuntimeError as e:
+        s.stop()
+        raise SystemExit(f"{system}: {e}; log: {log}\n{log.read_text()[-2000:]}")
+    return s
+
+
+def converse(url: str, a: argparse.Namespace, system: str) -> list[dict]:
+    from openai import OpenAI
+    client = OpenAI(base_url=url + "/v1", api_key="none", timeout=a.request_timeout)
+    model = client.models.list().data[0].id
+    messages = [{"role": "system", "content": system}]
+    turns = []
+    for t in range(a.turns):
+        messages.append({"role": "user", "content": QUESTIONS[t % len(QUESTIONS)]})
+        t0 = time.perf_counter()
+        first = None
+        text = []
+        usage = None
+        stream = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=a.max_tokens, temperature=0, stream=True,
+            stream_options={"include_usage": True})
+        for chunk in stream:
+            if chunk.usage is not None:
+                usage = chunk.usage
+            if chunk.choices and chunk.choices[0].delta.content:
+                if first is None:
+                    first = time.perf_counter()
+                text.append(chunk.choices[0].delta.content)
+        end = time.perf_counter()
+        reply = "".join(text)
+        messages.append({"role": "assistant", "content": reply})
+        turns.append({"ttft_s": (first or end) - t0, "e2e_s": end - t0,
+                      "prompt_tokens": usage.prompt_tokens if usage else None,
+                      "completion_tokens": usage.completion_tokens if usage else None})
+        time.sleep(a.think)
+    return turns
+
+
+def machine() -> str:
+    model = "?"
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model == "?":
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    isa = "AVX-512" if "avx512f" in flags else ("AVX2" if "avx2" in flags else "scalar")
+    return (f"{model}, {os.cpu_count()} CPUs, best ISA {isa} "
+            f"(avx512_vnni {'yes' if 'avx512_vnni' in flags else 'no'}), kernel "
+            f"{platform.release()}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--systems", default="pd-serve,cluster,llama-server")
+    ap.add_argument("--model", type=Path, default=ROOT / "models" / "gemma-3-270m-q4_k_m.gguf")
+    ap.add_argument("--bin-dir", type=Path, default=ROOT / "build" / "bin")
+    ap.add_argument("--llama-bin", type=Path,
+                    help="folder with llama-server (default: bench/llamacpp/build_tools.sh's)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--system-words", type=int, default=1600,
+                    help="words of the system prompt (1600: about 2,400 Gemma tokens)")
+    ap.add_argument("--turns", type=int, default=5)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--think", type=float, default=0.5, help="seconds between turns")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--start-timeout", type=float, default=180)
+    ap.add_argument("--request-timeout", type=float, default=300)
+    ap.add_argument("--out", type=Path, help="also write the report here")
+    a = ap.parse_args()
+    systems = [s.strip() for s in a.systems.split(",") if s.strip()]
+    if "llama-server" in systems and a.llama_bin is None:
+        out = subprocess.run([str(ROOT / "bench/llamacpp/build_tools.sh")], check=True,
+                             capture_output=True, text=True).stdout
+        a.llama_bin = Path(out.strip().splitlines()[-1])
+    if not a.model.is_file():
+        raise SystemExit(f"model not found: {a.model}")
+
+    prompt = system_prompt(a.system_words, a.seed)
+    results: dict[str, list[dict]] = {}
+    logdir = Path(tempfile.mkdtemp(prefix="multi_turn."))
+    for system in systems:
+        print(f"{system}: starting", file=sys.stderr)
+        s = start(system, a, logdir)
+        try:
+            results[system] = converse(s.url, a, prompt)
+        finally:
+            s.stop()
+        print(f"{system}: TTFT " + ", ".join(f"{t['ttft_s']:.2f}" for t in results[system]) + " s",
+              file=sys.stderr)
+
+    ref = results.get("llama-server")
+    lines = [f"# Multi-turn chat: time to first token per turn ({datetime.date.today()})", "",
+             f"One conversation: a system prompt of {a.system_words} words, "
+             f"{a.turns} user turns, {a.max_tokens} greedy tokens each, the whole history sent "
+             f"every turn (openai client, streamed). Threads {a.threads}, context {a.ctx}, model "
+             f"`{a.model.name}`.", "",
+             f"Machine: {machine()}.", "",
+             "Command: `" + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]) + "`", "",
+             "| turn | prompt tokens | " + " | ".join(f"{s} TTFT s" for s in systems) +
+             (" | " + " | ".join(f"{s} / llama-server" for s in systems if s != "llama-server")
+              if ref else "") + " |",
+             "|" + " ---: |" * (2 + len(systems) + (len(systems) - 1 if ref else 0))]
+    for t in range(a.turns):
+        row = [str(t + 1)]
+        pt = next((r[t]["prompt_tokens"] for r in results.values() if r[t]["prompt_tokens"]), None)
+        row.append(str(pt) if pt else "-")
+        row += [f"{results[s][t]['ttft_s']:.3f}" for s in systems]
+        if ref:
+            row += [f"{results[s][t]['ttft_s'] / ref[t]['ttft_s']:.2f}x" for s in systems
+                    if s != "llama-server"]
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    for s in systems:
+        r = results[s]
+        if len(r) > 1:
+            later = statistics.median(x["ttft_s"] for x in r[1:])
+            target = "the reference" if s == "llama-server" else "issue 18's target: <= 0.10"
+            lines.append(f"- {s}: median TTFT of turns 2..{a.turns} / turn 1 = "
+                         f"{later / r[0]['ttft_s']:.2f} ({target})")
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if a.out:
+        a.out.write_text(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
