@@ -54,7 +54,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(std::shared_ptr<const GgufFil
                                                    Backend& backend) {
   std::unique_ptr<Model> m(new Model(std::move(file), backend));
   PD_ASSIGN_OR_RETURN(m->config_, ModelConfig::FromGguf(*m->file_));
-  PD_RETURN_IF_ERROR(CheckBackend(*m->file_, BackendKind(backend.name())));
+  PD_RETURN_IF_ERROR(CheckBackend(*m->file_, m->config_, BackendKind(backend.name())));
   PD_ASSIGN_OR_RETURN(m->weights_, Weights::Load(*m->file_, m->config_, backend));
   return m;
 }
@@ -70,6 +70,11 @@ std::vector<std::string_view> Model::OpsUsed(const ModelConfig& c) {
 
 absl::Status Model::CheckBackend(const GgufFile& file, std::string_view backend_kind) {
   PD_ASSIGN_OR_RETURN(const ModelConfig c, ModelConfig::FromGguf(file));
+  return CheckBackend(file, c, backend_kind);
+}
+
+absl::Status Model::CheckBackend(const GgufFile& file, const ModelConfig& c,
+                                 std::string_view backend_kind) {
   std::vector<DType> weight_types;  // of the matrices (norms and biases are 1-D)
   for (const GgufTensorInfo& t : file.tensors()) {
     if (t.shape.size() >= 2 &&

@@ -78,6 +78,9 @@ class Model {
   // model in `file` needs, with its weight types; else UNIMPLEMENTED naming each missing op. Needs
   // no device: the node runtime asks before creating the backend. Load() checks it too.
   static absl::Status CheckBackend(const GgufFile& file, std::string_view backend_kind);
+  // The same for a config already read from `file` (Load() checks with the config it parsed).
+  static absl::Status CheckBackend(const GgufFile& file, const ModelConfig& c,
+                                   std::string_view backend_kind);
 
   const ModelConfig& config() const { return config_; }
   const Weights& weights() const { return *weights_; }
