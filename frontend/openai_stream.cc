@@ -1,9 +1,9 @@
-#include "bench/pd_bench/sse.h"
+#include "frontend/openai_stream.h"
 
 #include "common/strings.h"
 #include "nlohmann/json.hpp"
 
-namespace pd::bench {
+namespace pd::frontend {
 
 void SseParser::Feed(std::string_view bytes, const Callback& on_event) {
   for (const char c : bytes) {
@@ -111,4 +111,4 @@ absl::StatusOr<OpenAiChunk> ParseOpenAiData(std::string_view data) {
   return chunk;
 }
 
-}  // namespace pd::bench
+}  // namespace pd::frontend

@@ -1,5 +1,6 @@
-// Server-sent events (text/event-stream), as OpenAI-compatible servers stream completions, and the
-// OpenAI stream chunk format carried in their `data:` fields.
+// The client side of the OpenAI-compatible streaming API: server-sent events (text/event-stream),
+// as OpenAI-compatible servers stream completions, and the OpenAI stream chunk format carried in
+// their `data:` fields. Read by pd-bench and `pdctl up --complete`.
 //
 // Thread safety: SseParser is used by one thread; ParseOpenAiData is a pure function.
 #pragma once
@@ -11,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace pd::bench {
+namespace pd::frontend {
 
 struct SseEvent {
   std::string event;  // the `event:` field; "" when absent ("message")
@@ -58,4 +59,4 @@ struct OpenAiChunk {
 // INVALID_ARGUMENT when `data` is neither "[DONE]" nor a JSON object.
 absl::StatusOr<OpenAiChunk> ParseOpenAiData(std::string_view data);
 
-}  // namespace pd::bench
+}  // namespace pd::frontend

@@ -4,13 +4,18 @@
 #include <httplib.h>
 
 #include "bench/pd_bench/client.h"
-#include "bench/pd_bench/sse.h"
+#include "frontend/openai_stream.h"
 #include "common/status.h"
 #include "common/strings.h"
 #include "nlohmann/json.hpp"
 
 namespace pd::bench {
 namespace {
+
+using frontend::OpenAiChunk;
+using frontend::ParseOpenAiData;
+using frontend::SseEvent;
+using frontend::SseParser;
 
 class HttpClient final : public ApiClient {
  public:

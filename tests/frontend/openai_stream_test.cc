@@ -1,11 +1,11 @@
 // The SSE line parser and OpenAI stream chunks.
-#include "bench/pd_bench/sse.h"
+#include "frontend/openai_stream.h"
 
 #include <vector>
 
 #include "gtest/gtest.h"
 
-namespace pd::bench {
+namespace pd::frontend {
 namespace {
 
 std::vector<SseEvent> FeedAll(const std::vector<std::string>& pieces, bool finish = true) {
@@ -109,4 +109,4 @@ TEST(OpenAiChunkTest, ErrorsAndGarbage) {
 }
 
 }  // namespace
-}  // namespace pd::bench
+}  // namespace pd::frontend

@@ -17,11 +17,14 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/strings.h"
+#include "frontend/openai_stream.h"
 #include "pdserve/v1/chat.grpc.pb.h"
 
 namespace pd::tools {
@@ -230,30 +233,21 @@ int Complete(const std::string& http_url, const std::string& prompt, int max_tok
   std::fflush(stdout);
   const auto start = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point first{};
-  std::string buffer, error;
+  std::string error;
   int completion_tokens = -1, chunks = 0;
-  // SSE: "data: {json}\n\n" events, then "data: [DONE]".
-  const auto on_data = [&](const char* data, size_t n) {
-    buffer.append(data, n);
-    size_t end;
-    while ((end = buffer.find("\n\n")) != std::string::npos) {
-      const std::string event = buffer.substr(0, end);
-      buffer.erase(0, end + 2);
-      if (event.rfind("data: ", 0) != 0 || event == "data: [DONE]") continue;
-      const nlohmann::json j = nlohmann::json::parse(event.substr(6), nullptr, false);
-      if (j.is_discarded()) continue;
-      if (j.contains("error")) error = j["error"].value("message", j["error"].dump());
-      if (j.contains("usage") && j["usage"].is_object()) {
-        completion_tokens = j["usage"].value("completion_tokens", -1);
-      }
-      if (!j.contains("choices") || j["choices"].empty()) continue;
-      const std::string text = j["choices"][0].value("text", "");
-      if (text.empty()) continue;
-      if (chunks++ == 0) first = std::chrono::steady_clock::now();
-      std::fputs(text.c_str(), stdout);
-      std::fflush(stdout);
+  frontend::SseParser sse;
+  const auto on_event = [&](const frontend::SseEvent& ev) {
+    absl::StatusOr<frontend::OpenAiChunk> c = frontend::ParseOpenAiData(ev.data);
+    if (!c.ok()) {
+      error = std::string(c.status().message());
+      return;
     }
-    return true;
+    if (c->error) error = c->error_message;
+    if (c->completion_tokens) completion_tokens = *c->completion_tokens;
+    if (c->text.empty()) return;
+    if (chunks++ == 0) first = std::chrono::steady_clock::now();
+    std::fputs(c->text.c_str(), stdout);
+    std::fflush(stdout);
   };
   httplib::Request req;
   req.method = "POST";
@@ -261,9 +255,11 @@ int Complete(const std::string& http_url, const std::string& prompt, int max_tok
   req.headers = {{"Content-Type", "application/json"}};
   req.body = body.dump();
   req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-    return on_data(data, n);
+    sse.Feed(std::string_view(data, n), on_event);
+    return true;
   };
   const httplib::Result res = client.send(req);
+  sse.Finish(on_event);
   const auto done = std::chrono::steady_clock::now();
   std::fputs("\n", stdout);
   std::fflush(stdout);
