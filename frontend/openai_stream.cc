@@ -100,13 +100,17 @@ absl::StatusOr<OpenAiChunk> ParseOpenAiData(std::string_view data) {
     chunk.finish_reason = string_of(choice, "finish_reason");
   }
   if (const auto usage = j.find("usage"); usage != j.end() && usage->is_object()) {
-    const auto count = [&](const char* key) -> std::optional<int> {
-      const auto it = usage->find(key);
-      if (it == usage->end() || !it->is_number_integer()) return std::nullopt;
+    const auto count = [](const nlohmann::json& obj, const char* key) -> std::optional<int> {
+      const auto it = obj.find(key);
+      if (it == obj.end() || !it->is_number_integer()) return std::nullopt;
       return static_cast<int>(it->get<int64_t>());
     };
-    chunk.prompt_tokens = count("prompt_tokens");
-    chunk.completion_tokens = count("completion_tokens");
+    chunk.prompt_tokens = count(*usage, "prompt_tokens");
+    chunk.completion_tokens = count(*usage, "completion_tokens");
+    if (const auto details = usage->find("prompt_tokens_details");
+        details != usage->end() && details->is_object()) {
+      chunk.cached_tokens = count(*details, "cached_tokens");
+    }
   }
   return chunk;
 }

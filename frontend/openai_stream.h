@@ -49,6 +49,9 @@ struct OpenAiChunk {
   std::string finish_reason;         // "" until the choice finishes
   std::optional<int> prompt_tokens;  // from "usage", when the chunk carries it
   std::optional<int> completion_tokens;
+  // usage.prompt_tokens_details.cached_tokens: prompt tokens the server took from its prefix
+  // cache. Unset when the server does not report it, which is not the same as 0.
+  std::optional<int> cached_tokens;
   // An in-stream {"error": {...}}: `error_code` is its "code" (string or number) or else its
   // "type", "error" when it has neither; `error_message` its "message".
   bool error = false;

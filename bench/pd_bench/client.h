@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "bench/pd_bench/stats.h"
@@ -28,10 +29,21 @@ struct ClientOptions {
   int grpc_channels = 4;             // gRPC: connections the streams are spread over
 };
 
+struct ChatMessage {
+  std::string role;  // "system", "user" or "assistant"
+  std::string content;
+};
+
 struct BenchRequest {
   int64_t id = 0;
   std::string prompt;
+  // Non-empty: sent as these chat messages (GenerateRequest.messages, /v1/chat/completions)
+  // instead of `prompt`, whatever ClientOptions::chat says. Multi-turn conversations use it.
+  std::vector<ChatMessage> messages;
   int max_tokens = 1;  // sent with ignore_eos, so that the output is exactly this long
+  // Keep the streamed text in RequestRecord::text (a conversation sends it back as the
+  // assistant's message of the next turn).
+  bool keep_text = false;
 };
 
 class ApiClient {
@@ -45,9 +57,10 @@ class ApiClient {
   // Sets the model every later request names ("" = none: the server's default).
   virtual void SetModel(const std::string& model) = 0;
 
-  // Sends `request` as a streaming call and fills the timing, token and status fields of `record`
-  // (send_s relative to `origin`). Blocks until the stream ends, fails or times out. Never throws;
-  // failures land in record->ok / error / error_message.
+  // Sends `request` as a streaming call and fills the timing, token, cached-token and status
+  // fields of `record` (send_s relative to `origin`; `text` only with request.keep_text). Blocks
+  // until the stream ends, fails or times out. Never throws; failures land in record->ok / error /
+  // error_message.
   virtual void Run(const BenchRequest& request, Clock::time_point origin,
                    RequestRecord* record) = 0;
 };

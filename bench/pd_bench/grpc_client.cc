@@ -27,6 +27,19 @@ std::string CodeName(grpc::StatusCode code) {
   return std::string(absl::StatusCodeToString(static_cast<absl::StatusCode>(code)));
 }
 
+// Usage.cached_tokens. Declared `int32` (proto3, no presence), a 0 is also what a server sends that
+// does not know the field; the record says so. Should the field become `optional int32`, its
+// presence is read exactly.
+template <typename Usage>
+void SetCachedTokens(const Usage& usage, RequestRecord* record) {
+  if constexpr (requires { usage.has_cached_tokens(); }) {
+    if (usage.has_cached_tokens()) record->cached_tokens = usage.cached_tokens();
+  } else {
+    record->cached_tokens = usage.cached_tokens();
+    record->cached_tokens_implicit = true;
+  }
+}
+
 class GrpcClient final : public ApiClient {
  public:
   explicit GrpcClient(const ClientOptions& options) : options_(options) {
@@ -68,7 +81,13 @@ class GrpcClient final : public ApiClient {
   void Run(const BenchRequest& request, Clock::time_point origin, RequestRecord* record) override {
     v1::GenerateRequest req;
     req.set_model(options_.model);
-    if (options_.chat) {
+    if (!request.messages.empty()) {
+      for (const ChatMessage& message : request.messages) {
+        v1::ChatMessage* m = req.mutable_messages()->add_messages();
+        m->set_role(message.role);
+        m->set_content(message.content);
+      }
+    } else if (options_.chat) {
       v1::ChatMessage* m = req.mutable_messages()->add_messages();
       m->set_role("user");
       m->set_content(request.prompt);
@@ -93,6 +112,7 @@ class GrpcClient final : public ApiClient {
     while (reader->Read(&resp)) {
       if (resp.has_delta()) {
         const v1::Delta& d = resp.delta();
+        if (request.keep_text) record->text += d.text();
         if (d.token_ids_size() > 0) {
           timer.Content(d.token_ids_size());
         } else if (!d.text().empty()) {
@@ -106,6 +126,7 @@ class GrpcClient final : public ApiClient {
         if (f.has_usage()) {
           record->prompt_tokens = f.usage().prompt_tokens();
           record->completion_tokens = f.usage().completion_tokens();
+          SetCachedTokens(f.usage(), record);
         }
       }
     }

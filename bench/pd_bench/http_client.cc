@@ -53,7 +53,12 @@ class HttpClient final : public ApiClient {
   void Run(const BenchRequest& request, Clock::time_point origin, RequestRecord* record) override {
     nlohmann::json body;
     if (!options_.model.empty()) body["model"] = options_.model;
-    if (options_.chat) {
+    if (!request.messages.empty()) {
+      body["messages"] = nlohmann::json::array();
+      for (const ChatMessage& m : request.messages) {
+        body["messages"].push_back({{"role", m.role}, {"content", m.content}});
+      }
+    } else if (options_.chat) {
       body["messages"] = nlohmann::json::array({{{"role", "user"}, {"content", request.prompt}}});
     } else {
       body["prompt"] = request.prompt;
@@ -100,18 +105,23 @@ class HttpClient final : public ApiClient {
         record->error_message = chunk->error_message;
         return;
       }
-      if (!chunk->text.empty()) timer.Content(1);
+      if (!chunk->text.empty()) {
+        timer.Content(1);
+        if (request.keep_text) record->text += chunk->text;
+      }
       if (!chunk->finish_reason.empty()) {
         finished = true;
         record->finish_reason = chunk->finish_reason;
       }
       if (chunk->prompt_tokens) record->prompt_tokens = chunk->prompt_tokens;
       if (chunk->completion_tokens) record->completion_tokens = chunk->completion_tokens;
+      if (chunk->cached_tokens) record->cached_tokens = chunk->cached_tokens;
     };
 
     httplib::Request req;
     req.method = "POST";
-    req.path = options_.chat ? "/v1/chat/completions" : "/v1/completions";
+    req.path =
+        options_.chat || !request.messages.empty() ? "/v1/chat/completions" : "/v1/completions";
     req.set_header("Accept", "text/event-stream");
     req.set_header("Content-Type", "application/json");
     req.body = body.dump();

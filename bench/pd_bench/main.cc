@@ -9,6 +9,7 @@
 
 #include "CLI/CLI.hpp"
 #include "bench/pd_bench/client.h"
+#include "bench/pd_bench/conversation.h"
 #include "bench/pd_bench/report.h"
 #include "bench/pd_bench/runner.h"
 #include "bench/pd_bench/workload.h"
@@ -54,7 +55,50 @@ struct Flags {
   bool save_requests = false;
   bool no_progress = false;
   int grpc_channels = 4;
+  // Multi-turn mode.
+  bool multi_turn = false;
+  std::optional<int64_t> conversations;
+  int turns = 4;
+  double think_time_ms = 0;
+  std::string think_time_dist = "fixed";
+  int system_prompts = 1;
+  int system_words = 256;
+  std::string system_prompt_assignment = "round-robin";
+  std::string user_words = "64";
 };
+
+absl::StatusOr<ConversationOptions> BuildConversations(const Flags& f) {
+  ConversationOptions c;
+  c.conversations = f.conversations.value_or(f.duration ? 0 : 10);
+  c.turns = f.turns;
+  c.think_time_ms = f.think_time_ms;
+  c.think_time = f.think_time_dist == "exponential" ? ThinkTime::kExponential : ThinkTime::kFixed;
+  c.system_prompts = f.system_prompts;
+  c.system_words = f.system_words;
+  c.assignment = f.system_prompt_assignment == "random" ? SystemPromptAssignment::kRandom
+                                                        : SystemPromptAssignment::kRoundRobin;
+  PD_ASSIGN_OR_RETURN(c.user_words, LengthDist::Parse(f.user_words));
+  PD_ASSIGN_OR_RETURN(c.output, LengthDist::Parse(f.output_tokens));
+  c.seed = f.seed;
+  PD_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+std::string DescribeConversations(const ConversationOptions& c) {
+  std::string s =
+      pd::StrCat(c.conversations > 0 ? pd::StrCat(c.conversations) : "unbounded",
+                 " conversations of ", c.turns, " turns, think time ", c.think_time_ms, " ms",
+                 c.think_time == ThinkTime::kExponential ? " (exponential)" : "", ", ");
+  if (c.system_prompts == 0) {
+    s += "no system prompt";
+  } else {
+    s +=
+        pd::StrCat(c.system_prompts, " system prompt(s) of ", c.system_words, " words (",
+                   c.assignment == SystemPromptAssignment::kRandom ? "random" : "round-robin", ")");
+  }
+  return s +
+         pd::StrCat(", user words=", c.user_words.ToString(), ", max_tokens=", c.output.ToString());
+}
 
 absl::StatusOr<std::vector<WorkloadClass>> BuildWorkload(const Flags& f) {
   if (!f.mix.empty()) return ParseMix(f.mix);
@@ -135,10 +179,65 @@ int Main(int argc, char** argv) {
   app.add_flag("--no-progress", f.no_progress, "no progress line on stderr");
   app.add_option("--grpc-channels", f.grpc_channels, "gRPC connections the streams are spread over")
       ->capture_default_str();
+  CLI::Option* multi_turn =
+      app.add_flag("--multi-turn", f.multi_turn,
+                   "multi-turn chat: conversations whose turns send the whole history; "
+                   "--rate/--concurrency start conversations")
+          ->excludes(prompt)
+          ->excludes(dist)
+          ->excludes(app.get_option("--mix"))
+          ->excludes(app.get_option("--num-requests"));
+  app.add_option("--conversations", f.conversations,
+                 "multi-turn: measured conversations (default 10 when --duration is not given)")
+      ->needs(multi_turn);
+  app.add_option("--turns", f.turns, "multi-turn: user turns per conversation")
+      ->needs(multi_turn)
+      ->capture_default_str();
+  app.add_option("--think-time-ms", f.think_time_ms,
+                 "multi-turn: pause between an answer and the next turn, ms (mean with "
+                 "--think-time-dist exponential)")
+      ->needs(multi_turn)
+      ->capture_default_str();
+  app.add_option("--think-time-dist", f.think_time_dist, "multi-turn: fixed or exponential")
+      ->needs(multi_turn)
+      ->check(CLI::IsMember({"fixed", "exponential"}))
+      ->capture_default_str();
+  app.add_option("--system-prompts", f.system_prompts,
+                 "multi-turn: distinct system prompts the conversations share (0: none)")
+      ->needs(multi_turn)
+      ->capture_default_str();
+  app.add_option("--system-words", f.system_words, "multi-turn: words (tokens) per system prompt")
+      ->needs(multi_turn)
+      ->capture_default_str();
+  app.add_option("--system-prompt-assignment", f.system_prompt_assignment,
+                 "multi-turn: round-robin (conversation c gets prompt c mod S) or random (seeded)")
+      ->needs(multi_turn)
+      ->check(CLI::IsMember({"round-robin", "random"}))
+      ->capture_default_str();
+  app.add_option("--user-words", f.user_words,
+                 "multi-turn: words (tokens) per user message: N, uniform:A:B or normal:MU:SIGMA")
+      ->needs(multi_turn)
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
+  if (f.multi_turn) {
+    if (app.count("--endpoint") > 0 && f.endpoint != "chat") {
+      return Fail(absl::InvalidArgumentError("--multi-turn sends chat requests: --endpoint chat"));
+    }
+    f.endpoint = "chat";
+  }
+  absl::StatusOr<ConversationOptions> conversations;
+  if (f.multi_turn) {
+    conversations = BuildConversations(f);
+    if (!conversations.ok()) return Fail(conversations.status());
+  }
   absl::StatusOr<std::vector<WorkloadClass>> classes = BuildWorkload(f);
   if (!classes.ok()) return Fail(classes.status());
+  if (f.multi_turn) {
+    // One class for the common table; its "prompt" is the user message length.
+    (*classes)[0].name = "chat";
+    (*classes)[0].prompt = conversations->user_words;
+  }
 
   RunOptions run;
   run.rate = f.rate;
@@ -150,7 +249,11 @@ int Main(int argc, char** argv) {
   run.seed = f.seed;
   run.progress = !f.no_progress;
   run.stop = &g_stop;
-  if (absl::Status s = ValidateRun(run, *classes); !s.ok()) return Fail(s);
+  if (absl::Status s =
+          f.multi_turn ? ValidateConversationRun(run, *conversations) : ValidateRun(run, *classes);
+      !s.ok()) {
+    return Fail(s);
+  }
 
   ClientOptions copts;
   copts.target = f.target;
@@ -172,31 +275,41 @@ int Main(int argc, char** argv) {
   slo.tpot_ms = f.slo_tpot_ms;
 
   std::signal(SIGINT, OnSigint);
-  const RunResult result = RunBenchmark(run, *classes, **client);
+  const RunResult result = f.multi_turn ? RunConversations(run, *conversations, **client)
+                                        : RunBenchmark(run, *classes, **client);
   std::signal(SIGINT, SIG_DFL);
   const Report report = BuildReport(*classes, result, slo);
 
   const bool any_shared = std::any_of(classes->begin(), classes->end(),
                                       [](const WorkloadClass& c) { return c.shared(); });
+  const std::string unit = f.multi_turn ? "conversations" : "requests";
   std::string arrivals;
   if (!any_shared) {
     arrivals = "one process per class";
   } else if (run.rate) {
-    arrivals = pd::StrCat("Poisson ", *run.rate, " req/s");
-    if (run.max_inflight) arrivals += pd::StrCat(" (at most ", *run.max_inflight, " in flight)");
+    arrivals = pd::StrCat("Poisson ", *run.rate, f.multi_turn ? " conversations/s" : " req/s");
+    if (run.max_inflight) {
+      arrivals += pd::StrCat(" (at most ", *run.max_inflight, " ", unit, " in flight)");
+    }
   } else {
-    arrivals = pd::StrCat("closed loop, concurrency ", run.concurrency.value_or(1));
+    arrivals = pd::StrCat("closed loop, concurrency ", run.concurrency.value_or(1),
+                          f.multi_turn ? " conversations" : "");
   }
+  const int64_t limit = f.multi_turn ? conversations->conversations : run.num_requests;
   std::string workload;
-  for (const WorkloadClass& c : *classes) workload += " " + DescribeClass(c);
+  if (f.multi_turn) {
+    workload = " " + DescribeConversations(*conversations);
+  } else {
+    for (const WorkloadClass& c : *classes) workload += " " + DescribeClass(c);
+  }
   std::vector<std::string> header = {
       pd::StrCat("pd-bench  api=", f.api, "  target=", f.target, "  model=", model,
                  "  endpoint=", f.endpoint),
       pd::StrCat("arrivals: ", arrivals, "; stop after ",
-                 run.num_requests > 0 ? pd::StrCat(run.num_requests, " requests") : "",
-                 run.num_requests > 0 && run.duration_s > 0 ? " or " : "",
+                 limit > 0 ? pd::StrCat(limit, " ", unit) : "",
+                 limit > 0 && run.duration_s > 0 ? " or " : "",
                  run.duration_s > 0 ? pd::StrCat(run.duration_s, " s") : "", "; warm-up ",
-                 run.warmup, "; seed ", run.seed),
+                 run.warmup, f.multi_turn ? " one-turn conversations" : "", "; seed ", run.seed),
       pd::StrCat("workload:", workload)};
   if (g_stop.load()) header.push_back("interrupted: statistics cover the requests sent so far");
   std::fputs(FormatTable(report, *classes, slo, header).c_str(), stdout);
@@ -222,7 +335,24 @@ int Main(int argc, char** argv) {
         {"prompt_tokens", f.mix.empty() && f.dist.empty() ? f.prompt_tokens : ""},
         {"output_tokens", f.mix.empty() && f.dist.empty() ? f.output_tokens : ""},
         {"interrupted", g_stop.load()},
+        {"multi_turn", nullptr},
     };
+    if (f.multi_turn) {
+      const ConversationOptions& c = *conversations;
+      config["num_requests"] = nullptr;
+      config["prompt_tokens"] = "";
+      config["multi_turn"] = {
+          {"conversations", c.conversations},
+          {"turns", c.turns},
+          {"think_time_ms", c.think_time_ms},
+          {"think_time_dist", f.think_time_dist},
+          {"system_prompts", c.system_prompts},
+          {"system_words", c.system_words},
+          {"system_prompt_assignment", f.system_prompt_assignment},
+          {"user_words", c.user_words.ToString()},
+          {"output_tokens", c.output.ToString()},
+      };
+    }
     const nlohmann::json j =
         ToJson(report, *classes, slo, config, f.save_requests ? &result.records : nullptr);
     std::ofstream out(f.json);

@@ -44,4 +44,17 @@ std::string BuildPrompt(int tokens, uint64_t seed) {
   return text;
 }
 
+namespace {
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+uint64_t MixSeed(uint64_t a, uint64_t b, uint64_t c) {
+  return SplitMix64(SplitMix64(SplitMix64(a) ^ b) ^ c);
+}
+
 }  // namespace pd::bench

@@ -22,4 +22,8 @@ const std::vector<std::string_view>& PromptWords();
 // `tokens` (>= 1) words; the same (tokens, seed) gives the same text.
 std::string BuildPrompt(int tokens, uint64_t seed);
 
+// A seed for the item (a, b, c), e.g. (run seed, arrival process, sequence number): splitmix64
+// applied in turn, so that neighbouring tuples get unrelated seeds.
+uint64_t MixSeed(uint64_t a, uint64_t b, uint64_t c);
+
 }  // namespace pd::bench

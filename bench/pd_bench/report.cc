@@ -16,6 +16,12 @@ std::string Fixed(double v, int decimals) {
   return buf;
 }
 
+nlohmann::json OrNull(const std::optional<double>& v) {
+  return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+}
+
+std::string Percent(double fraction) { return Fixed(100 * fraction, 1) + "%"; }
+
 nlohmann::json DistToJson(const DistStats& d) {
   nlohmann::json j;
   j["n"] = d.n;
@@ -48,7 +54,62 @@ Report BuildReport(const std::vector<WorkloadClass>& classes, const RunResult& r
   for (const auto& records : by_class) {
     report.classes.push_back(Summarize(records, result.duration_s, slo));
   }
+  if (std::any_of(all.begin(), all.end(), [](const RequestRecord* r) { return r->turn > 0; })) {
+    report.turns = SummarizeTurns(all);
+  }
   return report;
+}
+
+std::string FormatTurnTable(const TurnReport& t) {
+  const std::string na = "n/a";
+  const auto ms = [](const DistStats& d, double DistStats::*field) {
+    return d.n > 0 ? Fixed(d.*field, 2) : std::string("-");
+  };
+  const double turn1_p50 =
+      !t.turns.empty() && t.turns[0].ttft_ms.n > 0 ? t.turns[0].ttft_ms.p50 : 0;
+  std::vector<std::vector<std::string>> rows = {{"turn", "requests", "failed", "TTFT p50",
+                                                 "TTFT p90", "E2E p50", "prompt tok", "cached tok",
+                                                 "hit rate", "TTFT p50 / turn 1"}};
+  const auto add = [&](const std::string& label, const TurnSummary& s) {
+    rows.push_back({label, pd::StrCat(s.requests), pd::StrCat(s.failed),
+                    ms(s.ttft_ms, &DistStats::p50), ms(s.ttft_ms, &DistStats::p90),
+                    ms(s.e2e_ms, &DistStats::p50),
+                    s.prompt_tokens_mean ? Fixed(*s.prompt_tokens_mean, 1) : na,
+                    s.cached_tokens_mean ? Fixed(*s.cached_tokens_mean, 1) : na,
+                    s.cache_hit_rate ? Percent(*s.cache_hit_rate) : na,
+                    s.ttft_ms.n > 0 && turn1_p50 > 0 ? Fixed(s.ttft_ms.p50 / turn1_p50, 2)
+                                                     : std::string("-")});
+  };
+  for (const TurnSummary& s : t.turns) add(pd::StrCat(s.turn), s);
+  add("turns >= 2", t.later);
+  add("all", t.all);
+
+  std::vector<size_t> width(rows[0].size(), 0);
+  for (const auto& row : rows) {
+    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  }
+  std::string out =
+      "per turn (ms; prompt / cached tok: the server's counts, mean per request; hit rate: "
+      "cached / prompt tokens):\n";
+  for (const auto& row : rows) {
+    std::string line = row[0] + std::string(width[0] - row[0].size(), ' ');
+    for (size_t i = 1; i < row.size(); ++i) {
+      line += std::string(width[i] + 2 - row[i].size(), ' ') + row[i];
+    }
+    out += line + "\n";
+  }
+  out += pd::StrCat("cache hit rate (cached / prompt tokens): all turns ",
+                    t.all.cache_hit_rate ? Percent(*t.all.cache_hit_rate) : na, ", turns >= 2 ",
+                    t.later.cache_hit_rate ? Percent(*t.later.cache_hit_rate) : na, "\n");
+  out += pd::StrCat("TTFT p50 of turns >= 2 / TTFT p50 of turn 1: ",
+                    t.ttft_p50_ratio ? Fixed(*t.ttft_p50_ratio, 3) : std::string("-"), "\n");
+  if (!t.cached_reported) {
+    out +=
+        "cached tokens n/a: the server reported none (HTTP: no "
+        "usage.prompt_tokens_details.cached_tokens; gRPC: Usage.cached_tokens 0 throughout, "
+        "which a server without the field also sends)\n";
+  }
+  return out;
 }
 
 std::string FormatTable(const Report& report, const std::vector<WorkloadClass>& classes,
@@ -150,6 +211,7 @@ std::string FormatTable(const Report& report, const std::vector<WorkloadClass>& 
     for (const auto& [key, n] : cols[i]->errors) line += pd::StrCat(" ", key, "=", n);
     out += line + "\n";
   }
+  if (report.turns) out += FormatTurnTable(*report.turns) + rule + "\n";
   return out;
 }
 
@@ -181,6 +243,37 @@ nlohmann::json SummaryToJson(const Summary& s) {
   return j;
 }
 
+nlohmann::json TurnReportToJson(const TurnReport& t) {
+  const auto turn = [](const TurnSummary& s) {
+    nlohmann::json j;
+    if (s.turn > 0) j["turn"] = s.turn;
+    j["requests"] = s.requests;
+    j["completed"] = s.completed;
+    j["failed"] = s.failed;
+    j["ttft_ms"] = DistToJson(s.ttft_ms);
+    j["e2e_ms"] = DistToJson(s.e2e_ms);
+    j["prompt_tokens_mean"] = OrNull(s.prompt_tokens_mean);
+    j["cached_tokens_mean"] = OrNull(s.cached_tokens_mean);
+    // The sums behind the hit rate: none when no request reported both counts.
+    j["prompt_tokens_sum"] =
+        s.hit_rate_requests > 0 ? nlohmann::json(s.prompt_tokens_sum) : nullptr;
+    j["cached_tokens_sum"] =
+        s.hit_rate_requests > 0 ? nlohmann::json(s.cached_tokens_sum) : nullptr;
+    j["cache_hit_rate"] = OrNull(s.cache_hit_rate);
+    return j;
+  };
+  nlohmann::json j;
+  j["cached_tokens_reported"] = t.cached_reported;
+  j["cache_hit_rate"] = OrNull(t.all.cache_hit_rate);
+  j["cache_hit_rate_turns_2plus"] = OrNull(t.later.cache_hit_rate);
+  j["ttft_p50_ratio_turns_2plus_to_turn_1"] = OrNull(t.ttft_p50_ratio);
+  j["per_turn"] = nlohmann::json::array();
+  for (const TurnSummary& s : t.turns) j["per_turn"].push_back(turn(s));
+  j["turns_2plus"] = turn(t.later);
+  j["all"] = turn(t.all);
+  return j;
+}
+
 nlohmann::json ToJson(const Report& report, const std::vector<WorkloadClass>& classes,
                       const Slo& slo, const nlohmann::json& config,
                       const std::vector<RequestRecord>* records) {
@@ -206,13 +299,21 @@ nlohmann::json ToJson(const Report& report, const std::vector<WorkloadClass>& cl
     c["workload"] = w;
     j["classes"][classes[i].name] = c;
   }
+  if (report.turns) j["turns"] = TurnReportToJson(*report.turns);
   if (records != nullptr) {
+    std::vector<const RequestRecord*> all;
+    for (const RequestRecord& r : *records) all.push_back(&r);
+    const bool cached_reported = ServerReportsCachedTokens(all);
     nlohmann::json list = nlohmann::json::array();
     for (const RequestRecord& r : *records) {
       if (r.warmup) continue;
       nlohmann::json q;
       q["id"] = r.id;
       q["class"] = classes[r.class_index].name;
+      if (r.turn > 0) {
+        q["conversation"] = r.conversation;
+        q["turn"] = r.turn;
+      }
       q["ok"] = r.ok;
       if (!r.ok) {
         q["error"] = r.error;
@@ -221,6 +322,8 @@ nlohmann::json ToJson(const Report& report, const std::vector<WorkloadClass>& cl
       q["requested_prompt_tokens"] = r.requested_prompt_tokens;
       q["requested_output_tokens"] = r.requested_output_tokens;
       q["prompt_tokens"] = r.prompt_tokens ? nlohmann::json(*r.prompt_tokens) : nullptr;
+      const std::optional<int> cached = EffectiveCachedTokens(r, cached_reported);
+      q["cached_tokens"] = cached ? nlohmann::json(*cached) : nullptr;
       q["output_tokens"] = r.OutputTokens();
       q["finish_reason"] = r.finish_reason;
       q["scheduled_s"] = r.scheduled_s;

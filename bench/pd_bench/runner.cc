@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <list>
 #include <memory>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "bench/pd_bench/arrivals.h"
+#include "bench/pd_bench/conversation.h"
 #include "bench/pd_bench/prompt.h"
 #include "common/status.h"
 #include "common/strings.h"
@@ -19,15 +21,6 @@ namespace pd::bench {
 namespace {
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-// splitmix64: decorrelates the seeds of neighbouring (driver, sequence) pairs.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-uint64_t Mix(uint64_t a, uint64_t b, uint64_t c) { return Mix(Mix(Mix(a) ^ b) ^ c); }
 
 // State shared by every request thread of a run.
 class Shared {
@@ -41,19 +34,34 @@ class Shared {
   void Execute(int class_index, const LengthPair& lengths, std::string prompt, bool warmup,
                std::optional<Clock::time_point> scheduled) {
     RequestRecord r;
-    r.id = next_id_.fetch_add(1);
     r.class_index = class_index;
     r.warmup = warmup;
     r.requested_prompt_tokens = lengths.prompt_tokens;
     r.requested_output_tokens = lengths.output_tokens;
-    BenchRequest request{r.id, std::move(prompt), lengths.output_tokens};
+    BenchRequest request;
+    request.prompt = std::move(prompt);
+    request.max_tokens = lengths.output_tokens;
+    Execute(std::move(r), std::move(request), scheduled);
+  }
+
+  // Sends `request` (its id assigned here) and keeps `r`, filled in by the client, without its
+  // text; returns it with the text. `scheduled`: when the request was due, if not at its send.
+  RequestRecord Execute(RequestRecord r, BenchRequest request,
+                        std::optional<Clock::time_point> scheduled) {
+    r.id = request.id = next_id_.fetch_add(1);
     inflight_.fetch_add(1);
     client_.Run(request, origin_, &r);
     r.scheduled_s = scheduled ? Seconds(*scheduled - origin_) : r.send_s;
     (r.ok ? completed_ : failed_).fetch_add(1);
     inflight_.fetch_sub(1);
-    absl::MutexLock lock(&mu_);
-    records_.push_back(std::move(r));
+    std::string text = std::move(r.text);
+    r.text.clear();
+    {
+      absl::MutexLock lock(&mu_);
+      records_.push_back(r);
+    }
+    r.text = std::move(text);
+    return r;
   }
 
   int64_t inflight() const { return inflight_.load(); }
@@ -97,7 +105,7 @@ class Source {
     std::string prompt;
   };
   Planned Next() {
-    std::mt19937_64 rng(Mix(seed_, process_, seq_.fetch_add(1)));
+    std::mt19937_64 rng(MixSeed(seed_, process_, seq_.fetch_add(1)));
     Planned p;
     p.class_index = fixed_class_ >= 0 ? fixed_class_ : picker_.Pick(rng);
     p.lengths = classes_[p.class_index].Draw(rng);
@@ -145,22 +153,34 @@ class Budget {
   std::atomic<int64_t> claimed_{0};
 };
 
-void RunClosedLoop(Shared& shared, Source& source, Budget& budget, int concurrency, bool warmup) {
+// What an arrival process starts: one request, or a whole conversation. A JobSource plans the next
+// job (builds its texts) before its arrival time; the job then runs on a request thread, given the
+// time it was due (none in a closed loop). A JobSource may be called from several threads at once.
+using Job = std::function<void(std::optional<Clock::time_point> scheduled)>;
+using JobSource = std::function<Job()>;
+
+JobSource RequestJobs(Shared& shared, Source& source, bool warmup) {
+  return [&shared, &source, warmup]() -> Job {
+    return [&shared, warmup, p = std::make_shared<Source::Planned>(source.Next())](
+               std::optional<Clock::time_point> scheduled) {
+      shared.Execute(p->class_index, p->lengths, std::move(p->prompt), warmup, scheduled);
+    };
+  };
+}
+
+void RunClosedLoop(Budget& budget, int concurrency, const JobSource& next) {
   std::vector<std::thread> threads;
   threads.reserve(concurrency);
   for (int i = 0; i < concurrency; ++i) {
     threads.emplace_back([&] {
-      while (budget.Claim()) {
-        Source::Planned p = source.Next();
-        shared.Execute(p.class_index, p.lengths, std::move(p.prompt), warmup, std::nullopt);
-      }
+      while (budget.Claim()) next()(std::nullopt);
     });
   }
   for (std::thread& t : threads) t.join();
 }
 
-void RunPoisson(Shared& shared, Source& source, Budget& budget, double rate,
-                std::optional<int> max_inflight, uint64_t seed, Clock::time_point start) {
+void RunPoisson(Budget& budget, double rate, std::optional<int> max_inflight, uint64_t seed,
+                Clock::time_point start, const JobSource& next_job) {
   struct Worker {
     std::thread thread;
     std::shared_ptr<std::atomic<bool>> done;
@@ -185,8 +205,9 @@ void RunPoisson(Shared& shared, Source& source, Budget& budget, double rate,
     next += std::chrono::duration_cast<Clock::duration>(
         std::chrono::duration<double>(arrivals.NextGap()));
     if (budget.Expired(next) || !budget.Claim()) break;
-    // The request is built before its arrival time, so that its send is not delayed by that.
-    Source::Planned p = source.Next();
+    // The job (its request, or its conversation's first one) is built before its arrival time, so
+    // that its send is not delayed by that.
+    Job job = next_job();
     // Sleep in slices so that a stop request is seen promptly.
     while (Clock::now() < next && !budget.Stopped()) {
       std::this_thread::sleep_until(std::min(next, Clock::now() + std::chrono::milliseconds(100)));
@@ -198,14 +219,12 @@ void RunPoisson(Shared& shared, Source& source, Budget& budget, double rate,
     auto done = std::make_shared<std::atomic<bool>>(false);
     const Clock::time_point scheduled = next;
     outstanding.fetch_add(1);
-    workers.push_back(
-        Worker{std::thread([&shared, &outstanding, p = std::move(p), done, scheduled]() mutable {
-                 shared.Execute(p.class_index, p.lengths, std::move(p.prompt), /*warmup=*/false,
-                                scheduled);
-                 outstanding.fetch_sub(1);
-                 done->store(true);
-               }),
-               done});
+    workers.push_back(Worker{std::thread([&outstanding, job = std::move(job), done, scheduled] {
+                               job(scheduled);
+                               outstanding.fetch_sub(1);
+                               done->store(true);
+                             }),
+                             done});
     reap();
   }
   for (Worker& w : workers) w.thread.join();
@@ -277,6 +296,57 @@ int WarmupConcurrency(const RunOptions& options, const std::vector<WorkloadClass
   return std::max(1, std::min(c, options.warmup));
 }
 
+// Sleeps until `t`, in slices so that a stop is seen promptly. False when stopped or past the
+// budget's deadline by then.
+bool WaitUntil(const Budget& budget, Clock::time_point t) {
+  while (Clock::now() < t && !budget.Stopped()) {
+    std::this_thread::sleep_until(std::min(t, Clock::now() + std::chrono::milliseconds(100)));
+  }
+  return !budget.Stopped() && !budget.Expired(Clock::now());
+}
+
+// Sends the turns of `conversation` one after another, each after the previous answer and its
+// think time (the turn is due then: its `scheduled` time). The first turn is due at `scheduled`.
+// Ends early when a turn fails (there is no answer to build the next one on), or when the run is
+// stopped or past its deadline.
+void RunConversation(Shared& shared, const Budget& budget, const ConversationOptions& options,
+                     Conversation& conversation, bool warmup,
+                     std::optional<Clock::time_point> scheduled) {
+  while (!conversation.finished()) {
+    const int turn = conversation.next_turn();
+    RequestRecord r;
+    r.warmup = warmup;
+    r.conversation = conversation.index();
+    r.turn = turn;
+    r.requested_prompt_tokens = conversation.NextPromptTokens();
+    r.requested_output_tokens = TurnMaxTokens(options, conversation.index(), turn);
+    BenchRequest request;
+    request.messages = conversation.NextMessages();
+    request.max_tokens = r.requested_output_tokens;
+    request.keep_text = true;
+    RequestRecord done = shared.Execute(std::move(r), std::move(request), scheduled);
+    if (!done.ok) return;
+    conversation.AddAnswer(std::move(done.text), done.OutputTokens());
+    if (conversation.finished()) return;
+    scheduled = Clock::now() +
+                std::chrono::duration_cast<Clock::duration>(
+                    std::chrono::duration<double>(ThinkTimeS(options, conversation.index(), turn)));
+    if (!WaitUntil(budget, *scheduled)) return;
+  }
+}
+
+// Conversations 0, 1, ... of `options`, in the order they are asked for.
+JobSource ConversationJobs(Shared& shared, const Budget& budget, const ConversationOptions& options,
+                           bool warmup, std::atomic<int64_t>& next_index) {
+  return [&shared, &budget, &options, warmup, &next_index]() -> Job {
+    auto conversation = std::make_shared<Conversation>(options, next_index.fetch_add(1));
+    return [&shared, &budget, &options, warmup,
+            conversation](std::optional<Clock::time_point> scheduled) {
+      RunConversation(shared, budget, options, *conversation, warmup, scheduled);
+    };
+  };
+}
+
 }  // namespace
 
 absl::Status ValidateRun(const RunOptions& options, const std::vector<WorkloadClass>& classes) {
@@ -316,7 +386,8 @@ RunResult RunBenchmark(const RunOptions& options, const std::vector<WorkloadClas
     Source source(classes, -1, /*all=*/true, options.seed, /*process=*/1000);
     Budget budget(options.warmup, std::nullopt, options.stop);
     Progress progress(options.progress, "warm-up", options.warmup, shared);
-    RunClosedLoop(shared, source, budget, WarmupConcurrency(options, classes), /*warmup=*/true);
+    RunClosedLoop(budget, WarmupConcurrency(options, classes),
+                  RequestJobs(shared, source, /*warmup=*/true));
   }
   shared.ResetCounters();
 
@@ -337,14 +408,15 @@ RunResult RunBenchmark(const RunOptions& options, const std::vector<WorkloadClas
           std::make_unique<Source>(classes, fixed_class, /*all=*/false, options.seed, process));
       Source* source = sources.back().get();
       if (rate) {
-        const uint64_t arrival_seed = Mix(options.seed, process, 0xa11);
+        const uint64_t arrival_seed = MixSeed(options.seed, process, 0xa11);
         drivers.emplace_back(
             [&shared, &budget, &options, source, start, rate = *rate, arrival_seed] {
-              RunPoisson(shared, *source, budget, rate, options.max_inflight, arrival_seed, start);
+              RunPoisson(budget, rate, options.max_inflight, arrival_seed, start,
+                         RequestJobs(shared, *source, /*warmup=*/false));
             });
       } else {
         drivers.emplace_back([&shared, &budget, source, c = concurrency.value_or(1)] {
-          RunClosedLoop(shared, *source, budget, c, /*warmup=*/false);
+          RunClosedLoop(budget, c, RequestJobs(shared, *source, /*warmup=*/false));
         });
       }
     };
@@ -358,6 +430,78 @@ RunResult RunBenchmark(const RunOptions& options, const std::vector<WorkloadClas
       }
     }
     for (std::thread& t : drivers) t.join();
+  }
+  RunResult result;
+  result.duration_s = std::max(Seconds(Clock::now() - start), 1e-9);
+  result.records = shared.TakeRecords();
+  return result;
+}
+
+absl::Status ValidateConversationRun(const RunOptions& options,
+                                     const ConversationOptions& conversations) {
+  PD_RETURN_IF_ERROR(conversations.Validate());
+  if (options.rate && options.concurrency) {
+    return absl::InvalidArgumentError("give --rate or --concurrency, not both");
+  }
+  if (options.rate && !(*options.rate > 0)) return absl::InvalidArgumentError("--rate must be > 0");
+  if (options.concurrency && *options.concurrency < 1) {
+    return absl::InvalidArgumentError("--concurrency must be >= 1");
+  }
+  if (options.max_inflight && *options.max_inflight < 1) {
+    return absl::InvalidArgumentError("--max-concurrency must be >= 1");
+  }
+  if (options.duration_s < 0 || options.warmup < 0) {
+    return absl::InvalidArgumentError("--duration and --warmup must be >= 0");
+  }
+  if (conversations.conversations == 0 && options.duration_s == 0) {
+    return absl::InvalidArgumentError("give --conversations or --duration (or both)");
+  }
+  return absl::OkStatus();
+}
+
+RunResult RunConversations(const RunOptions& options, const ConversationOptions& conversations,
+                           ApiClient& client) {
+  PD_CHECK_OK(ValidateConversationRun(options, conversations));
+  const Clock::time_point origin = Clock::now();
+  const std::vector<WorkloadClass> no_classes;
+  Shared shared(no_classes, client, origin);
+
+  if (options.warmup > 0) {
+    // One-turn conversations from another seed: their system prompts are not the measured ones,
+    // so that those start cold.
+    ConversationOptions warm = conversations;
+    warm.seed = MixSeed(conversations.seed, 0x3a3, 0);
+    warm.turns = 1;
+    Budget budget(options.warmup, std::nullopt, options.stop);
+    Progress progress(options.progress, "warm-up", options.warmup, shared);
+    std::atomic<int64_t> next_index{0};
+    const int concurrency = options.concurrency.value_or(options.max_inflight.value_or(4));
+    RunClosedLoop(budget, std::max(1, std::min(concurrency, options.warmup)),
+                  ConversationJobs(shared, budget, warm, /*warmup=*/true, next_index));
+  }
+  shared.ResetCounters();
+
+  const Clock::time_point start = Clock::now();
+  std::optional<Clock::time_point> deadline;
+  if (options.duration_s > 0) {
+    deadline = start + std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double>(options.duration_s));
+  }
+  // The budget counts conversations; their turns are sent while it is neither stopped nor past
+  // its deadline.
+  Budget budget(conversations.conversations, deadline, options.stop);
+  std::atomic<int64_t> next_index{0};
+  {
+    Progress progress(options.progress, "measured",
+                      conversations.conversations * conversations.turns, shared);
+    const JobSource jobs =
+        ConversationJobs(shared, budget, conversations, /*warmup=*/false, next_index);
+    if (options.rate) {
+      RunPoisson(budget, *options.rate, options.max_inflight, MixSeed(options.seed, 0, 0xa11),
+                 start, jobs);
+    } else {
+      RunClosedLoop(budget, options.concurrency.value_or(1), jobs);
+    }
   }
   RunResult result;
   result.duration_s = std::max(Seconds(Clock::now() - start), 1e-9);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "bench/pd_bench/client.h"
+#include "bench/pd_bench/conversation.h"
 #include "bench/pd_bench/stats.h"
 #include "bench/pd_bench/workload.h"
 
@@ -49,5 +50,22 @@ RunResult RunBenchmark(const RunOptions& options, const std::vector<WorkloadClas
 // INVALID_ARGUMENT when the combination cannot run: no stop condition, both rate and concurrency,
 // shared classes without a process (never: concurrency 1 is the default), non-positive values.
 absl::Status ValidateRun(const RunOptions& options, const std::vector<WorkloadClass>& classes);
+
+// Multi-turn mode (conversation.h): the arrival process (`rate` or `concurrency`, as above) starts
+// conversations instead of requests: a closed loop keeps `concurrency` conversations going, a
+// Poisson process starts `rate` conversations per second (at most `max_inflight` at once). A
+// conversation sends its turns one after another, each after the previous answer and the think
+// time, and ends early when a turn fails. `conversations.conversations` is the budget (0 = none);
+// no turn is sent after `duration_s`, nor once `stop` is set. `num_requests` is not used. The
+// warm-up is `warmup` one-turn conversations with their own system prompts. The records have
+// class_index 0, `conversation` and `turn` set.
+// Precondition: ValidateConversationRun, client probed.
+RunResult RunConversations(const RunOptions& options, const ConversationOptions& conversations,
+                           ApiClient& client);
+
+// INVALID_ARGUMENT as ValidateRun, and for invalid conversation options or no stop condition
+// (neither conversations nor duration_s).
+absl::Status ValidateConversationRun(const RunOptions& options,
+                                     const ConversationOptions& conversations);
 
 }  // namespace pd::bench

@@ -102,4 +102,93 @@ Summary Summarize(const std::vector<const RequestRecord*>& records, double durat
   return s;
 }
 
+bool ServerReportsCachedTokens(const std::vector<const RequestRecord*>& records) {
+  for (const RequestRecord* r : records) {
+    if (r->warmup || !r->cached_tokens) continue;
+    if (!r->cached_tokens_implicit || *r->cached_tokens > 0) return true;
+  }
+  return false;
+}
+
+std::optional<int> EffectiveCachedTokens(const RequestRecord& r, bool server_reports) {
+  if (!r.cached_tokens) return std::nullopt;
+  if (r.cached_tokens_implicit && *r.cached_tokens == 0 && !server_reports) return std::nullopt;
+  return r.cached_tokens;
+}
+
+namespace {
+
+// Accumulates one TurnSummary.
+class TurnAccumulator {
+ public:
+  void Add(const RequestRecord& r, bool server_reports) {
+    ++s_.requests;
+    if (!r.ok) {
+      ++s_.failed;
+      return;
+    }
+    ++s_.completed;
+    ttft_.push_back(r.Ttft() * 1e3);
+    e2e_.push_back(r.e2e_s * 1e3);
+    const std::optional<int> cached = EffectiveCachedTokens(r, server_reports);
+    if (r.prompt_tokens) {
+      prompt_ += *r.prompt_tokens;
+      ++prompt_n_;
+    }
+    if (cached) {
+      cached_ += *cached;
+      ++cached_n_;
+    }
+    if (r.prompt_tokens && cached) {
+      ++s_.hit_rate_requests;
+      s_.prompt_tokens_sum += *r.prompt_tokens;
+      s_.cached_tokens_sum += *cached;
+    }
+  }
+
+  TurnSummary Finish(int turn) {
+    s_.turn = turn;
+    s_.ttft_ms = Describe(std::move(ttft_));
+    s_.e2e_ms = Describe(std::move(e2e_));
+    if (prompt_n_ > 0) s_.prompt_tokens_mean = prompt_ / prompt_n_;
+    if (cached_n_ > 0) s_.cached_tokens_mean = cached_ / cached_n_;
+    if (s_.prompt_tokens_sum > 0) {
+      s_.cache_hit_rate = static_cast<double>(s_.cached_tokens_sum) / s_.prompt_tokens_sum;
+    }
+    return s_;
+  }
+
+ private:
+  TurnSummary s_;
+  std::vector<double> ttft_, e2e_;
+  double prompt_ = 0, cached_ = 0;
+  int64_t prompt_n_ = 0, cached_n_ = 0;
+};
+
+}  // namespace
+
+TurnReport SummarizeTurns(const std::vector<const RequestRecord*>& records) {
+  TurnReport report;
+  report.cached_reported = ServerReportsCachedTokens(records);
+  std::vector<TurnAccumulator> turns;
+  TurnAccumulator all, later;
+  for (const RequestRecord* r : records) {
+    if (r->warmup || r->turn < 1) continue;
+    if (static_cast<size_t>(r->turn) > turns.size()) turns.resize(r->turn);
+    turns[r->turn - 1].Add(*r, report.cached_reported);
+    all.Add(*r, report.cached_reported);
+    if (r->turn >= 2) later.Add(*r, report.cached_reported);
+  }
+  for (size_t i = 0; i < turns.size(); ++i) {
+    report.turns.push_back(turns[i].Finish(static_cast<int>(i) + 1));
+  }
+  report.all = all.Finish(0);
+  report.later = later.Finish(0);
+  if (!report.turns.empty() && report.turns[0].ttft_ms.n > 0 && report.later.ttft_ms.n > 0 &&
+      report.turns[0].ttft_ms.p50 > 0) {
+    report.ttft_p50_ratio = report.later.ttft_ms.p50 / report.turns[0].ttft_ms.p50;
+  }
+  return report;
+}
+
 }  // namespace pd::bench

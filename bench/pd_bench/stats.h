@@ -23,6 +23,9 @@ struct RequestRecord {
   int64_t id = 0;
   int class_index = 0;
   bool warmup = false;  // warm-up requests are excluded from every statistic
+  // Multi-turn mode: the conversation (0, 1, ...) and its user turn (1-based); -1 and 0 otherwise.
+  int64_t conversation = -1;
+  int turn = 0;
   int requested_prompt_tokens = 0;
   int requested_output_tokens = 0;
 
@@ -38,7 +41,14 @@ struct RequestRecord {
   int stream_tokens = 0;             // tokens seen in the stream (token ids, else 1 per chunk)
   std::optional<int> prompt_tokens;  // server's usage, when reported
   std::optional<int> completion_tokens;
+  // Prompt tokens the server took from its prefix cache, when it reported them: HTTP
+  // usage.prompt_tokens_details.cached_tokens, gRPC Usage.cached_tokens. The gRPC field is a
+  // proto3 int32 without presence, so there 0 also stands for "not reported"
+  // (cached_tokens_implicit; see EffectiveCachedTokens).
+  std::optional<int> cached_tokens;
+  bool cached_tokens_implicit = false;
   std::string finish_reason;
+  std::string text;  // the streamed text, with BenchRequest::keep_text only
 
   bool ok = false;
   std::string error;  // status key: a gRPC code name, "http_503", "transport:...", ...
@@ -100,5 +110,40 @@ struct Summary {
 // per-class summary); `duration_s` is the measured phase's wall time (> 0).
 Summary Summarize(const std::vector<const RequestRecord*>& records, double duration_s,
                   const Slo& slo);
+
+// Multi-turn mode (records with turn >= 1): statistics per user turn, and how much of the prompts
+// the server's prefix cache served.
+
+// Whether the measured records show that the server reports cached tokens at all: some record has
+// an explicit count (HTTP), or an implicit one (gRPC) above 0.
+bool ServerReportsCachedTokens(const std::vector<const RequestRecord*>& records);
+
+// r's cached-token count as measured: unset when not reported, and an implicit 0 counts as not
+// reported unless `server_reports` (ServerReportsCachedTokens over the run).
+std::optional<int> EffectiveCachedTokens(const RequestRecord& r, bool server_reports);
+
+struct TurnSummary {
+  int turn = 0;  // 1-based; 0 in the pooled summaries
+  int64_t requests = 0, completed = 0, failed = 0;
+  DistStats ttft_ms, e2e_ms;  // over completed requests
+  // Means over the completed requests whose usage has the count; unset when none has.
+  std::optional<double> prompt_tokens_mean;  // the server's usage.prompt_tokens
+  std::optional<double> cached_tokens_mean;  // EffectiveCachedTokens
+  // Over the completed requests that report both counts (hit_rate_requests of them).
+  int64_t hit_rate_requests = 0, prompt_tokens_sum = 0, cached_tokens_sum = 0;
+  std::optional<double> cache_hit_rate;  // cached_tokens_sum / prompt_tokens_sum, when > 0
+};
+
+struct TurnReport {
+  std::vector<TurnSummary> turns;  // turns 1 .. the highest measured one, in order
+  TurnSummary all;                 // every turn pooled
+  TurnSummary later;               // turns >= 2 pooled
+  bool cached_reported = false;    // ServerReportsCachedTokens
+  // Median TTFT of turns >= 2 (pooled) over the median TTFT of turn 1; unset without both.
+  std::optional<double> ttft_p50_ratio;
+};
+
+// Over the non-warm-up records with turn >= 1 in `records`.
+TurnReport SummarizeTurns(const std::vector<const RequestRecord*>& records);
 
 }  // namespace pd::bench

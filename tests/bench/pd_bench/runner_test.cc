@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
@@ -191,6 +192,202 @@ TEST(RunnerTest, ValidationNamesTheProblem) {
   RunOptions fine;
   fine.duration_s = 1;
   EXPECT_TRUE(ValidateRun(fine, one).ok());
+}
+
+// A chat server: answers "answer-<id>" in max_tokens chunks, keeps every request's messages, and
+// fails the requests whose id is in `fail_ids`.
+class ChatFakeClient : public ApiClient {
+ public:
+  explicit ChatFakeClient(double token_s, std::set<int64_t> fail_ids = {})
+      : token_s_(token_s), fail_ids_(std::move(fail_ids)) {}
+
+  absl::StatusOr<std::string> Probe() override { return std::string("fake"); }
+  void SetModel(const std::string&) override {}
+
+  void Run(const BenchRequest& request, Clock::time_point origin, RequestRecord* record) override {
+    const int now = inflight_.fetch_add(1) + 1;
+    int prev = max_inflight_.load();
+    while (now > prev && !max_inflight_.compare_exchange_weak(prev, now)) {
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      messages_[request.id] = request.messages;
+    }
+    StreamTimer timer(origin, record);
+    timer.Sent();
+    if (fail_ids_.count(request.id)) {
+      timer.Ended();
+      record->error = "UNAVAILABLE";
+      inflight_.fetch_sub(1);
+      return;
+    }
+    const std::string answer = "answer-" + std::to_string(request.id);
+    for (int i = 0; i < request.max_tokens; ++i) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(token_s_));
+      timer.Content(1);
+      if (request.keep_text && i == 0) record->text += answer;
+    }
+    timer.Ended();
+    record->completion_tokens = request.max_tokens;
+    record->prompt_tokens = 10 * static_cast<int>(request.messages.size());
+    record->cached_tokens = 10 * static_cast<int>(request.messages.size() - 1);
+    record->ok = true;
+    inflight_.fetch_sub(1);
+  }
+
+  int max_inflight() const { return max_inflight_.load(); }
+  std::map<int64_t, std::vector<ChatMessage>> messages() const {
+    absl::MutexLock lock(&mu_);
+    return messages_;
+  }
+
+ private:
+  const double token_s_;
+  const std::set<int64_t> fail_ids_;
+  std::atomic<int> inflight_{0}, max_inflight_{0};
+  mutable absl::Mutex mu_;
+  std::map<int64_t, std::vector<ChatMessage>> messages_ ABSL_GUARDED_BY(mu_);
+};
+
+ConversationOptions Chats(int64_t n, int turns) {
+  ConversationOptions c;
+  c.conversations = n;
+  c.turns = turns;
+  c.system_prompts = 2;
+  c.system_words = 8;
+  c.user_words = LengthDist::Fixed(3);
+  c.output = LengthDist::Fixed(2);
+  c.seed = 3;
+  return c;
+}
+
+// The measured records of each conversation, by turn.
+std::map<int64_t, std::map<int, const RequestRecord*>> ByConversation(const RunResult& r) {
+  std::map<int64_t, std::map<int, const RequestRecord*>> by;
+  for (const RequestRecord& rec : r.records) {
+    if (!rec.warmup) by[rec.conversation][rec.turn] = &rec;
+  }
+  return by;
+}
+
+TEST(RunnerConversationTest, TurnsSendTheHistoryWithTheAnswersReturned) {
+  ChatFakeClient client(0.001);
+  RunOptions opts;
+  opts.concurrency = 2;
+  opts.warmup = 2;
+  opts.progress = false;
+  const ConversationOptions chats = Chats(5, 3);
+  ASSERT_TRUE(ValidateConversationRun(opts, chats).ok());
+  const RunResult r = RunConversations(opts, chats, client);
+  ASSERT_EQ(r.records.size(), 2u + 5 * 3);
+  EXPECT_LE(client.max_inflight(), 2);
+  const auto messages = client.messages();
+  int warm = 0;
+  for (const RequestRecord& rec : r.records) {
+    EXPECT_TRUE(rec.ok);
+    EXPECT_TRUE(rec.text.empty()) << "kept records drop the text";
+    EXPECT_EQ(rec.class_index, 0);
+    if (rec.warmup) {
+      ++warm;
+      EXPECT_EQ(rec.turn, 1);
+      // Warm-up conversations have system prompts of their own.
+      const std::string& system = messages.at(rec.id)[0].content;
+      EXPECT_NE(system, SystemPrompt(chats, 0));
+      EXPECT_NE(system, SystemPrompt(chats, 1));
+    }
+  }
+  EXPECT_EQ(warm, 2);
+  const auto by = ByConversation(r);
+  ASSERT_EQ(by.size(), 5u);
+  for (const auto& [conv, turns] : by) {
+    ASSERT_EQ(turns.size(), 3u) << conv;
+    for (const auto& [turn, rec] : turns) {
+      const std::vector<ChatMessage>& m = messages.at(rec->id);
+      ASSERT_EQ(m.size(), static_cast<size_t>(2 * turn)) << conv << " " << turn;
+      EXPECT_EQ(m[0].content, SystemPrompt(chats, static_cast<int>(conv % 2)));
+      EXPECT_EQ(m.back().content, UserMessage(chats, conv, turn));
+      EXPECT_EQ(rec->requested_prompt_tokens, 8 + 3 * turn + 2 * (turn - 1));
+      if (turn > 1) {
+        // The previous turn's messages and its answer as the server returned it.
+        const RequestRecord* prev = turns.at(turn - 1);
+        const std::vector<ChatMessage>& pm = messages.at(prev->id);
+        for (size_t i = 0; i < pm.size(); ++i) EXPECT_EQ(m[i].content, pm[i].content);
+        EXPECT_EQ(m[m.size() - 2].role, "assistant");
+        EXPECT_EQ(m[m.size() - 2].content, "answer-" + std::to_string(prev->id));
+        // Sent after the previous answer.
+        EXPECT_GE(rec->send_s + 1e-9, prev->send_s + prev->e2e_s);
+      }
+    }
+  }
+  const TurnReport t = SummarizeTurns([&] {
+    std::vector<const RequestRecord*> p;
+    for (const RequestRecord& rec : r.records) p.push_back(&rec);
+    return p;
+  }());
+  ASSERT_EQ(t.turns.size(), 3u);
+  EXPECT_EQ(t.turns[2].requests, 5);
+  // The fake reports prompt 10 x messages, cached 10 x (messages - 1): turn 2 has 4 messages.
+  EXPECT_DOUBLE_EQ(*t.turns[1].cache_hit_rate, 0.75);
+}
+
+TEST(RunnerConversationTest, ThinkTimeSeparatesTurns) {
+  ChatFakeClient client(0.0005);
+  RunOptions opts;
+  opts.concurrency = 3;
+  opts.progress = false;
+  ConversationOptions chats = Chats(3, 3);
+  chats.think_time_ms = 40;
+  const RunResult r = RunConversations(opts, chats, client);
+  for (const auto& [conv, turns] : ByConversation(r)) {
+    ASSERT_EQ(turns.size(), 3u);
+    for (int turn = 2; turn <= 3; ++turn) {
+      const RequestRecord* prev = turns.at(turn - 1);
+      const RequestRecord* rec = turns.at(turn);
+      EXPECT_GE(rec->send_s - (prev->send_s + prev->e2e_s), 0.040 - 1e-4) << conv << " " << turn;
+      // Due after the think time: no dispatch lag to speak of.
+      EXPECT_LT(rec->send_s - rec->scheduled_s, 0.25);
+    }
+  }
+  EXPECT_GE(r.duration_s, 0.08);
+}
+
+TEST(RunnerConversationTest, AFailedTurnEndsItsConversation) {
+  // Closed loop of one conversation: requests 0, 1 are conversation 0; 2 (its turn 3) fails.
+  ChatFakeClient client(0.0001, /*fail_ids=*/{2});
+  RunOptions opts;
+  opts.concurrency = 1;
+  opts.progress = false;
+  const RunResult r = RunConversations(opts, Chats(2, 4), client);
+  const auto by = ByConversation(r);
+  ASSERT_EQ(by.at(0).size(), 3u);
+  EXPECT_FALSE(by.at(0).at(3)->ok);
+  EXPECT_EQ(by.at(1).size(), 4u);
+  EXPECT_EQ(r.records.size(), 7u);
+}
+
+TEST(RunnerConversationTest, PoissonConversationsWithAtMostNActive) {
+  ChatFakeClient client(0.002);
+  RunOptions opts;
+  opts.rate = 1000;
+  opts.max_inflight = 2;
+  opts.progress = false;
+  const RunResult r = RunConversations(opts, Chats(6, 2), client);
+  EXPECT_EQ(r.records.size(), 12u);
+  EXPECT_LE(client.max_inflight(), 2);
+  EXPECT_EQ(ByConversation(r).size(), 6u);
+}
+
+TEST(RunnerConversationTest, ValidationNamesTheProblem) {
+  RunOptions opts;
+  opts.concurrency = 1;
+  EXPECT_TRUE(ValidateConversationRun(opts, Chats(1, 1)).ok());
+  EXPECT_EQ(ValidateConversationRun(opts, Chats(0, 1)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateConversationRun(opts, Chats(1, 0)).code(), absl::StatusCode::kInvalidArgument);
+  opts.rate = 1;
+  EXPECT_EQ(ValidateConversationRun(opts, Chats(1, 1)).code(), absl::StatusCode::kInvalidArgument);
+  opts.concurrency.reset();
+  opts.duration_s = 1;
+  EXPECT_TRUE(ValidateConversationRun(opts, Chats(0, 1)).ok());
 }
 
 }  // namespace
