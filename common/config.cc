@@ -231,6 +231,10 @@ absl::Status ServeOptions::Validate() const {
   PD_RETURN_IF_ERROR(Check(kv.memory_mib >= 1, "kv.memory_mib", "must be >= 1", kv.memory_mib));
   PD_RETURN_IF_ERROR(Check(kv.block_size >= 1 && kv.block_size <= 1024, "kv.block_size",
                            "must be in [1, 1024]", kv.block_size));
+  PD_RETURN_IF_ERROR(Check(prefix_cache.min_free_blocks >= 0, "prefix_cache.min_free_blocks",
+                           "must be >= 0", prefix_cache.min_free_blocks));
+  PD_RETURN_IF_ERROR(Check(prefix_cache.summary_blocks >= 0, "prefix_cache.summary_blocks",
+                           "must be >= 0", prefix_cache.summary_blocks));
   PD_RETURN_IF_ERROR(Check(limits.default_max_tokens >= 1, "limits.default_max_tokens",
                            "must be >= 1", limits.default_max_tokens));
   PD_RETURN_IF_ERROR(
@@ -268,15 +272,21 @@ absl::Status ServeOptions::Validate() const {
                            r.health_timeout_ms));
   PD_RETURN_IF_ERROR(Check(r.unhealthy_after >= 1, "router.unhealthy_after", "must be >= 1",
                            r.unhealthy_after));
-  if (r.decode_policy != "least_loaded" && r.decode_policy != "round_robin") {
-    return absl::InvalidArgumentError(StrCat(
-        "router.decode_policy: must be least_loaded or round_robin (got '", r.decode_policy, "')"));
+  if (r.decode_policy != "kv_aware" && r.decode_policy != "least_loaded" &&
+      r.decode_policy != "round_robin" && r.decode_policy != "random") {
+    return absl::InvalidArgumentError(
+        StrCat("router.decode_policy: must be kv_aware, least_loaded, round_robin or random (got '",
+               r.decode_policy, "')"));
   }
   if (r.prefill_policy != "fewest_pending_tokens" && r.prefill_policy != "round_robin") {
     return absl::InvalidArgumentError(
         StrCat("router.prefill_policy: must be fewest_pending_tokens or round_robin (got '",
                r.prefill_policy, "')"));
   }
+  PD_RETURN_IF_ERROR(Check(r.prefix_weight >= 0 && r.prefix_weight <= 1000, "router.prefix_weight",
+                           "must be in [0, 1000]", r.prefix_weight));
+  PD_RETURN_IF_ERROR(
+      Check(r.seq_cost_tokens >= 0, "router.seq_cost_tokens", "must be >= 0", r.seq_cost_tokens));
   PD_RETURN_IF_ERROR(
       Check(r.max_retries >= 0, "router.max_retries", "must be >= 0", r.max_retries));
   if (r.kv_wire != "f16" && r.kv_wire != "int8") {
@@ -337,6 +347,13 @@ absl::StatusOr<ServeOptions> ParseServeOptions(std::string_view yaml, std::strin
       top.Merge(k);
     }
     {
+      MapReader c = top.Child("prefix_cache");
+      c.Get("enabled", &o.prefix_cache.enabled);
+      c.Get("min_free_blocks", &o.prefix_cache.min_free_blocks);
+      c.Get("summary_blocks", &o.prefix_cache.summary_blocks);
+      top.Merge(c);
+    }
+    {
       MapReader l = top.Child("limits");
       l.Get("default_max_tokens", &o.limits.default_max_tokens);
       l.Get("max_tokens", &o.limits.max_tokens);
@@ -357,6 +374,8 @@ absl::StatusOr<ServeOptions> ParseServeOptions(std::string_view yaml, std::strin
       r.Get("unhealthy_after", &o.router.unhealthy_after);
       r.Get("decode_policy", &o.router.decode_policy);
       r.Get("prefill_policy", &o.router.prefill_policy);
+      r.Get("prefix_weight", &o.router.prefix_weight);
+      r.Get("seq_cost_tokens", &o.router.seq_cost_tokens);
       r.Get("max_retries", &o.router.max_retries);
       r.Get("disaggregate", &o.router.disaggregate);
       r.Get("kv_wire", &o.router.kv_wire);

@@ -47,6 +47,13 @@ struct KvConfigOptions {
   int block_size = 16;        // tokens per KV block
 };
 
+// Reuse of computed prompt prefixes (docs/kv_cache.md, "Prefix cache"); engine::PrefixCacheOptions.
+struct PrefixCacheConfigOptions {
+  bool enabled = true;        // keep the full prompt blocks of ended sequences for later prompts
+  int min_free_blocks = 0;    // released blocks beyond this many free ones are cached; 0: all
+  int summary_blocks = 4096;  // cached-block hashes a node reports to the router (KV-aware routing)
+};
+
 struct LimitsOptions {
   int default_max_tokens = 256;      // max_tokens when a request leaves it unset
   int max_tokens = 4096;             // largest max_tokens a request may ask for
@@ -77,8 +84,14 @@ struct RouterOptions {
   int health_interval_ms = 250;  // Node.Load poll per node
   int health_timeout_ms = 400;   // deadline of one poll
   int unhealthy_after = 2;       // consecutive failed polls before a node stops receiving work
-  std::string decode_policy = "least_loaded";            // least_loaded | round_robin
+  // kv_aware | least_loaded | round_robin | random (docs/cluster.md, "KV-aware routing")
+  std::string decode_policy = "kv_aware";
   std::string prefill_policy = "fewest_pending_tokens";  // fewest_pending_tokens | round_robin
+  // kv_aware: a decode node's cost for a request, in prompt tokens of work ahead of its first
+  // token, is  (prompt - prefix_weight * cached) + pending_prefill + seq_cost_tokens * sequences
+  // (cached: the prompt's leading tokens whose blocks the node reports in its cache summary).
+  double prefix_weight = 1.0;
+  int seq_cost_tokens = 64;
   int max_retries = 2;  // other decode nodes tried when one fails (also mid-stream)
   // Disaggregated path: prompts run on a prefill node and their KV is pushed to the decode node.
   // Off (or no healthy prefill node): decode nodes prefill themselves (colocated fallback).
@@ -113,6 +126,7 @@ struct ServeOptions {
   std::vector<std::string> api_keys;
   SchedulerConfigOptions scheduler;
   KvConfigOptions kv;
+  PrefixCacheConfigOptions prefix_cache;
   LimitsOptions limits;
   KvTransferOptions kv_transfer;  // pd-prefill / pd-decode
   double shutdown_grace_s = 10;  // on SIGINT/SIGTERM, time streams get to finish before cancel

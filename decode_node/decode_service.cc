@@ -159,6 +159,7 @@ grpc::Status DecodeService::Stream(grpc::ServerContext* context, const std::stri
       f->set_queue_s(Since(finish->timing.arrival, finish->timing.first_scheduled));
       f->set_preemptions(finish->timing.preemptions);
       f->set_kv_imported(finish->timing.kv_imported);
+      f->set_cached_tokens(finish->cached_tokens);
     }
     if (!writer->Write(r)) {
       if (!finish) {

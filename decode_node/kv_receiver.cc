@@ -138,7 +138,12 @@ absl::StatusOr<KvReceiver::Reserved> KvReceiver::Reserve(
     }
     // Reserve's AwaitWithDeadline re-checks r.reserved when mu_ is released.
   };
-  if (absl::Status s = scheduler_.SubmitImport(std::move(request), std::move(sink), on_reserved);
+  // A lossless wire (the cache's own dtype) delivers the bytes this node would compute: the
+  // prompt's blocks may then serve later prompts from the prefix cache (the next turn of a chat
+  // is prefilled here, on top of them). An INT8 wire into an f16 cache does not.
+  const bool publish = wire == scheduler_.kv_options().dtype;
+  if (absl::Status s =
+          scheduler_.SubmitImport(std::move(request), std::move(sink), on_reserved, publish);
       !s.ok()) {
     absl::MutexLock l(&mu_);
     res_.erase(rn);

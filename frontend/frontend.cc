@@ -69,7 +69,7 @@ class QueueSink final : public engine::GenerationSink {
     if (abandoned && q_->metrics != nullptr) {
       // Lock-free counter and histogram updates: cheap enough for the engine thread.
       q_->metrics->RequestFinished(engine::FinishReasonName(info.reason), info.prompt_tokens,
-                                   info.completion_tokens, info.timing);
+                                   info.completion_tokens, info.cached_tokens, info.timing);
       if (info.reason == FinishReason::kCancelled) {
         q_->metrics->Error(absl::StatusCode::kCancelled);
       } else if (info.reason == FinishReason::kDeadline) {
@@ -186,6 +186,7 @@ class LocalStream final : public Stream {
     out->finished = true;
     out->prompt_tokens = info.prompt_tokens;
     out->completion_tokens = info.completion_tokens;
+    out->cached_tokens = info.cached_tokens;
     out->timing = info.timing;
     if (stop_matched_) {
       out->finish_reason = "stop";
@@ -213,10 +214,10 @@ class LocalStream final : public Stream {
     }
     if (metrics_ == nullptr) return;
     // Every accepted request ends in exactly one RequestFinished; failures also count as errors.
-    metrics_->RequestFinished(out->status.ok()
-                                  ? std::string_view(out->finish_reason)
-                                  : std::string_view(engine::FinishReasonName(info.reason)),
-                              info.prompt_tokens, info.completion_tokens, info.timing);
+    metrics_->RequestFinished(
+        out->status.ok() ? std::string_view(out->finish_reason)
+                         : std::string_view(engine::FinishReasonName(info.reason)),
+        info.prompt_tokens, info.completion_tokens, info.cached_tokens, info.timing);
     if (!out->status.ok()) metrics_->Error(out->status.code());
   }
 

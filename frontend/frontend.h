@@ -48,6 +48,7 @@ struct ApiChunk {
   absl::Status status;             // non-OK: the request failed after it was accepted
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  int cached_tokens = 0;  // prompt tokens whose KV came from the prefix cache
   engine::RequestTiming timing;
 };
 

@@ -168,6 +168,7 @@ grpc::Status ChatService::Generate(grpc::ServerContext* context,
     finish->mutable_usage()->set_prompt_tokens(chunk.prompt_tokens);
     finish->mutable_usage()->set_completion_tokens(chunk.completion_tokens);
     finish->mutable_usage()->set_total_tokens(chunk.prompt_tokens + chunk.completion_tokens);
+    finish->mutable_usage()->set_cached_tokens(chunk.cached_tokens);
     const engine::RequestTiming& t = chunk.timing;
     if (t.first_token > t.arrival && t.arrival != absl::InfinitePast()) {
       finish->set_time_to_first_token_s(

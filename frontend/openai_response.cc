@@ -52,7 +52,8 @@ std::string Dump(const json& j) {
 json Usage(const ApiChunk& last) {
   return json{{"prompt_tokens", last.prompt_tokens},
               {"completion_tokens", last.completion_tokens},
-              {"total_tokens", last.prompt_tokens + last.completion_tokens}};
+              {"total_tokens", last.prompt_tokens + last.completion_tokens},
+              {"prompt_tokens_details", json{{"cached_tokens", last.cached_tokens}}}};
 }
 
 // One SSE event "data: {...}\n\n" of the stream's object type, with one choice (or none).

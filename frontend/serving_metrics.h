@@ -3,6 +3,8 @@
 // Thread safe: every method may be called from any thread; updates are lock-free atomics.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -30,15 +32,17 @@ class ServingMetrics {
   // Time between two consecutive output tokens of one stream (TPOT / inter-token latency).
   void TokenInterval(double seconds);
   // A request ended: finish reason counter ("stop", "length", "cancelled", "deadline", "error"),
-  // prompt/generated token counters, and the TTFT, end-to-end and queue-time histograms from
-  // `timing` (phases never reached, absl::InfinitePast(), are not observed).
+  // prompt/generated token counters, the prefix cache's query and hit token counters (its prompt
+  // tokens, of which cached_tokens came from the cache), and the TTFT, end-to-end and queue-time
+  // histograms from `timing` (phases never reached, absl::InfinitePast(), are not observed).
   void RequestFinished(std::string_view finish_reason, int prompt_tokens, int completion_tokens,
-                       const engine::RequestTiming& timing);
+                       int cached_tokens, const engine::RequestTiming& timing);
   // A request was refused or failed: errors counter by status code name ("INVALID_ARGUMENT", ...).
   void Error(absl::StatusCode code);
   // A scheduler step: prefill / decode step-time histograms (a mixed step counts in both).
   void Step(const StepStats& step);
-  // Gauges: running / waiting sequences and KV blocks used / free.
+  // Gauges: running / waiting sequences, KV blocks used / free, prefix-cached blocks; the
+  // eviction counter follows load.prefix_cache_evictions (one caller at a time: the engine).
   void Load(const engine::EngineLoad& load);
 
   ServingMetrics(const ServingMetrics&) = delete;
@@ -58,6 +62,11 @@ class ServingMetrics {
   Gauge& kv_used_;
   Gauge& kv_free_;
   Counter& prompt_tokens_;
+  Gauge& cached_blocks_;
+  Counter& evictions_;
+  Counter& cache_queries_;
+  Counter& cache_hits_;
+  std::atomic<int64_t> evictions_seen_{0};
   Counter& generation_tokens_;
   Counter& accepted_;
   Family<Counter>& requests_;  // {finish_reason}

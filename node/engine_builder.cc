@@ -55,6 +55,9 @@ absl::StatusOr<ServingEngine> BuildServingEngine(const ServeOptions& o,
   so.kv_bytes = o.kv.memory_mib << 20;
   so.block_size = o.kv.block_size;
   so.kv_dtype = *kv_dtype;
+  so.prefix_cache.enabled = o.prefix_cache.enabled;
+  so.prefix_cache.min_free_blocks = o.prefix_cache.min_free_blocks;
+  so.prefix_cache.summary_blocks = o.prefix_cache.summary_blocks;
   so.max_running_seqs = o.scheduler.max_running_seqs;
   so.max_waiting = o.scheduler.max_waiting;
   so.max_total_tokens = o.scheduler.max_total_tokens;

@@ -137,6 +137,9 @@ int NodeMain(const std::string& name, std::unique_ptr<NodeRole> role, int argc, 
   auto* o_ctx = app.add_option("-c,--ctx", ctx, "context per request");
   auto* o_kv_mib = app.add_option("--kv-mib", kv_mib, "KV cache memory budget in MiB");
   auto* o_grace = app.add_option("--shutdown-grace", grace, "seconds requests get on SIGTERM");
+  bool no_prefix_cache = false;
+  app.add_flag("--no-prefix-cache", no_prefix_cache,
+               "recompute every prompt (prefix_cache.enabled: false)");
   std::string node_name;
   auto* o_name = app.add_option("--name", node_name, "name registered in etcd (etcd.node_name)");
   CLI11_PARSE(app, argc, argv);
@@ -157,6 +160,7 @@ int NodeMain(const std::string& name, std::unique_ptr<NodeRole> role, int argc, 
   if (o_ctx->count()) o.model.context = ctx;
   if (o_kv_mib->count()) o.kv.memory_mib = kv_mib;
   if (o_grace->count()) o.shutdown_grace_s = grace;
+  if (no_prefix_cache) o.prefix_cache.enabled = false;
   if (o_name->count()) o.etcd.node_name = node_name;
   if (absl::Status v = o.Validate(); !v.ok()) {
     std::fprintf(stderr, "%s: error: %s\n", name.c_str(), std::string(v.message()).c_str());

@@ -177,6 +177,7 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
   response->set_first_token(first);
   response->set_stopped(stopped);
   response->set_prefill_s(absl::ToDoubleSeconds(computed - start));
+  response->set_cached_tokens(finish->cached_tokens);
   if (finish->timing.first_scheduled != absl::InfinitePast()) {
     response->set_queue_s(absl::ToDoubleSeconds(finish->timing.first_scheduled -
                                                 finish->timing.arrival));

@@ -7,6 +7,7 @@
 #include "common/net.h"
 #include "common/status.h"
 #include "common/strings.h"
+#include "engine/kv/block_hash.h"
 
 namespace pd::router {
 namespace nv1 = ::pdserve::node::v1;
@@ -184,6 +185,11 @@ void NodeRegistry::HealthLoop(Entry* e, uint64_t generation) {
     ctx.set_deadline(absl::ToChronoTime(start + timeout));
     nv1::EngineLoad l;
     const grpc::Status s = e->node.node->Load(&ctx, nv1::LoadRequest(), &l);
+    std::shared_ptr<const absl::flat_hash_set<uint64_t>> cached;  // built outside the lock
+    if (s.ok() && l.cached_block_hashes_size() > 0) {
+      cached = std::make_shared<const absl::flat_hash_set<uint64_t>>(
+          l.cached_block_hashes().begin(), l.cached_block_hashes().end());
+    }
     bool turned_unhealthy = false;
     std::string why;
     {
@@ -207,6 +213,9 @@ void NodeRegistry::HealthLoop(Entry* e, uint64_t generation) {
         st.load.kv_blocks_free = l.kv_blocks_free();
         st.load.kv_block_size = l.kv_block_size();
         st.load.pending_prefill_tokens = l.pending_prefill_tokens();
+        st.load.kv_blocks_cached = l.kv_blocks_cached();
+        st.load.prefix_cache_evictions = l.prefix_cache_evictions();
+        st.cached_blocks = std::move(cached);
         st.max_context = l.max_context();
       } else {
         why = StrCat(s.error_code(), " ", s.error_message());
@@ -275,17 +284,35 @@ void NodeRegistry::OnUnhealthy(std::function<void(const Node*)> listener) {
 }
 
 const NodeRegistry::Node* NodeRegistry::PickDecode(int64_t tokens,
-                                                   const std::vector<const Node*>& exclude) {
-  return Pick("decode", tokens, exclude);
+                                                   const std::vector<const Node*>& exclude,
+                                                   absl::Span<const int32_t> prompt,
+                                                   int* cached_tokens) {
+  return Pick("decode", tokens, exclude, prompt, cached_tokens);
 }
 
 const NodeRegistry::Node* NodeRegistry::PickPrefill(int64_t tokens,
                                                     const std::vector<const Node*>& exclude) {
-  return Pick("prefill", tokens, exclude);
+  return Pick("prefill", tokens, exclude, {}, nullptr);
+}
+
+int NodeRegistry::CachedPrefixTokens(const NodeStatus& s, absl::Span<const int32_t> prompt) {
+  if (s.cached_blocks == nullptr || s.load.kv_block_size < 1 || prompt.empty()) return 0;
+  const int block = s.load.kv_block_size;
+  const int limit = std::min(engine::CacheablePrefix(static_cast<int>(prompt.size())),
+                             static_cast<int>(prompt.size()) - 1);
+  uint64_t h = engine::kRootBlockHash;
+  int n = 0;
+  while ((n + 1) * block <= limit) {
+    h = engine::BlockHash(h, prompt.subspan(static_cast<size_t>(n) * block, block));
+    if (!s.cached_blocks->contains(h)) break;
+    ++n;
+  }
+  return n * block;
 }
 
 const NodeRegistry::Node* NodeRegistry::Pick(const std::string& role, int64_t tokens,
-                                             const std::vector<const Node*>& exclude) {
+                                             const std::vector<const Node*>& exclude,
+                                             absl::Span<const int32_t> prompt, int* cached_tokens) {
   absl::MutexLock lock(&mu_);
   std::vector<Entry*> candidates;
   for (auto& e : entries_) {
@@ -304,6 +331,24 @@ const NodeRegistry::Node* NodeRegistry::Pick(const std::string& role, int64_t to
   Entry* best = nullptr;
   if (policy == "round_robin") {
     best = candidates[round_robin_++ % candidates.size()];
+  } else if (policy == "random") {
+    random_state_ = engine::MixBlockHash(random_state_ + 0x9e3779b97f4a7c15ULL);
+    best = candidates[random_state_ % candidates.size()];
+  } else if (policy == "kv_aware") {
+    const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+    auto key = [&](const Entry* e) {
+      const NodeStatus& s = e->status;
+      const int64_t block = std::max(1, s.load.kv_block_size);
+      const int64_t free_tokens = int64_t{s.load.kv_blocks_free} * block - s.active_tokens;
+      const int seqs = std::max(s.load.running + s.load.waiting, s.active);
+      const double cost = static_cast<double>(prompt_len) -
+                          options_.prefix_weight * CachedPrefixTokens(s, prompt) +
+                          static_cast<double>(s.load.pending_prefill_tokens) +
+                          static_cast<double>(options_.seq_cost_tokens) * seqs;
+      return std::make_tuple(free_tokens >= tokens ? 0 : 1, cost, -free_tokens);
+    };
+    best = *std::min_element(candidates.begin(), candidates.end(),
+                             [&](const Entry* a, const Entry* b) { return key(a) < key(b); });
   } else if (role == "decode") {
     auto key = [tokens](const Entry* e) {
       const NodeStatus& s = e->status;
@@ -321,6 +366,7 @@ const NodeRegistry::Node* NodeRegistry::Pick(const std::string& role, int64_t to
     best = *std::min_element(candidates.begin(), candidates.end(),
                              [&](const Entry* a, const Entry* b) { return key(a) < key(b); });
   }
+  if (cached_tokens != nullptr) *cached_tokens = CachedPrefixTokens(best->status, prompt);
   return &best->node;
 }
 

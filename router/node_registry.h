@@ -15,11 +15,17 @@
 // node is out within ~1.3 s; a node returns with its next successful poll.
 //
 // Placement (named in config, router.decode_policy / router.prefill_policy):
-//   decode  least_loaded: among healthy decode nodes whose KV cache can hold the request at all
-//           (kv_blocks_total * block_size >= tokens), those with enough free blocks first, then
-//           the fewest sequences (the node's running + waiting, or the router's own streams on it
-//           if more: they are fresher than the last poll), then the most free blocks.
-//           round_robin: the next healthy node that can hold the request.
+//   decode  (only healthy decode nodes whose KV cache can hold the request at all:
+//           kv_blocks_total * block_size >= tokens; "sequences" below is the node's running +
+//           waiting, or the router's own streams on it if more: they are fresher than the poll)
+//           kv_aware (default): those with enough free blocks first, then the lowest cost
+//             (prompt - prefix_weight * cached) + pending_prefill_tokens
+//               + seq_cost_tokens * sequences,
+//           in prompt tokens of work ahead of the request's first token; `cached` is how many of
+//           the prompt's leading tokens the node holds, from the block-hash summary of its
+//           prefix cache in its last poll (docs/cluster.md, "KV-aware routing").
+//           least_loaded: those with enough free blocks first, then the fewest sequences, then
+//           the most free blocks. round_robin: the next one. random: a uniformly random one.
 //   prefill fewest_pending_tokens: the healthy prefill node with the fewest pending prompt tokens
 //           (last poll plus the router's own in-flight prompt tokens); round_robin.
 //
@@ -38,9 +44,11 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/config.h"
 #include "common/metrics.h"
 #include "engine/sched/engine_api.h"
@@ -55,6 +63,8 @@ struct NodeStatus {
   int consecutive_failures = 0;
   engine::EngineLoad load;  // from the last successful poll
   int max_context = 0;
+  // Chain hashes of the blocks in the node's prefix cache (its last poll); null if none.
+  std::shared_ptr<const absl::flat_hash_set<uint64_t>> cached_blocks;
   int active = 0;             // the router's requests on the node now
   int64_t active_tokens = 0;  // their prompt tokens (prefill) or KV tokens (decode)
 };
@@ -89,7 +99,14 @@ class NodeRegistry {
 
   // nullptr when no healthy node can take the request (`tokens`: prompt + max_tokens for decode,
   // prompt tokens for prefill). `exclude`: nodes already tried for this request.
-  const Node* PickDecode(int64_t tokens, const std::vector<const Node*>& exclude);
+  // `prompt` (may be empty): the request's prompt, for kv_aware; *cached_tokens (nullable) gets
+  // how many of its leading tokens the picked node holds in its prefix cache (any policy).
+  const Node* PickDecode(int64_t tokens, const std::vector<const Node*>& exclude,
+                         absl::Span<const int32_t> prompt = {}, int* cached_tokens = nullptr);
+  // The prompt's leading tokens whose K/V `status`'s node holds in its prefix cache, as far as
+  // its last summary tells: whole blocks, within what its scheduler reuses
+  // (engine::CacheablePrefix).
+  static int CachedPrefixTokens(const NodeStatus& status, absl::Span<const int32_t> prompt);
   const Node* PickPrefill(int64_t tokens, const std::vector<const Node*>& exclude);
 
   // A request to `node` failed at the transport level: it stops receiving work until a poll
@@ -116,8 +133,8 @@ class NodeRegistry {
   NodeRegistry(const RouterOptions& options, MetricsRegistry* metrics);
   void HealthLoop(Entry* e, uint64_t generation);
   void MarkUnhealthy(Entry* e, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
-  const Node* Pick(const std::string& role, int64_t tokens,
-                   const std::vector<const Node*>& exclude);
+  const Node* Pick(const std::string& role, int64_t tokens, const std::vector<const Node*>& exclude,
+                   absl::Span<const int32_t> prompt, int* cached_tokens);
   void Publish(const Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // The entry of `node`, or nullptr.
@@ -131,6 +148,7 @@ class NodeRegistry {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::function<void(const Node*)>> listeners_ ABSL_GUARDED_BY(mu_);
   uint64_t round_robin_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t random_state_ ABSL_GUARDED_BY(mu_) = 0x9e3779b97f4a7c15ULL;  // decode_policy random
 
   Family<Gauge>* healthy_gauge_ = nullptr;
   Family<Gauge>* member_gauge_ = nullptr;

@@ -267,6 +267,7 @@ bool RemoteEngine::Disaggregate(Call& call, const NodeRegistry::Node* decode,
       Phase("prefill", presp.prefill_s() - presp.queue_s());
       Phase("transfer", presp.transfer_tail_s());
       nreq.set_first_token(presp.first_token());
+      info.cached_tokens = presp.cached_tokens();
       if (!presp.stopped()) {
         // The first token is known now: stream it (TTFT) without waiting for the decode node.
         const absl::Time now = absl::Now();
@@ -317,10 +318,14 @@ void RemoteEngine::Run(std::shared_ptr<Call> call) {
   while (!done) {
     const int remaining = req.max_tokens - static_cast<int>(sent.size());
     const int64_t tokens = static_cast<int64_t>(req.prompt.size() + sent.size()) + remaining;
-    const NodeRegistry::Node* node = registry_.PickDecode(tokens, tried);
+    // The prompt as this attempt sends it: what the node's prefix cache may already hold.
+    std::vector<int32_t> full_prompt = req.prompt;
+    full_prompt.insert(full_prompt.end(), sent.begin(), sent.end());
+    int cached = 0;
+    const NodeRegistry::Node* node = registry_.PickDecode(tokens, tried, full_prompt, &cached);
     if (node == nullptr && !tried.empty()) {
       // Every untried node is gone: a node tried earlier may be healthy again.
-      node = registry_.PickDecode(tokens, {});
+      node = registry_.PickDecode(tokens, {}, full_prompt, &cached);
     }
     if (node == nullptr) {
       info.reason = FinishReason::kError;
@@ -343,8 +348,10 @@ void RemoteEngine::Run(std::shared_ptr<Call> call) {
     // The first attempt may prefill on a prefill node (the disaggregated path).
     bool disaggregated = false;
     size_t skip = 0;  // leading tokens of the decode stream the sink already has
+    // Only the part of the prompt the decode node does not hold counts: a next chat turn whose
+    // earlier turns are in the node's prefix cache is a short prefill there.
     if (attempt == 0 && options_.disaggregate &&
-        static_cast<int64_t>(req.prompt.size()) >= options_.disaggregate_min_prompt &&
+        static_cast<int64_t>(req.prompt.size()) - cached >= options_.disaggregate_min_prompt &&
         registry_.HealthyCount("prefill") > 0) {
       bool cancelled = false;
       const size_t before = sent.size();
@@ -413,6 +420,8 @@ void RemoteEngine::Run(std::shared_ptr<Call> call) {
     if (finish && status.ok()) {
       info.reason = ReasonFromName(finish->reason());
       info.timing.preemptions += finish->preemptions();
+      info.cached_tokens =
+          std::max(info.cached_tokens, std::min(finish->cached_tokens(), info.prompt_tokens));
       break;
     }
     if (cancelled) {

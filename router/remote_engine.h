@@ -12,7 +12,8 @@
 //
 // The disaggregated path (docs/architecture.md, "The request path"; docs/kv_transfer.md, "In the
 // cluster"): on the first attempt, when router.disaggregate is on, the prompt has at least
-// router.disaggregate_min_prompt tokens and a prefill node is healthy, the router reserves the
+// router.disaggregate_min_prompt tokens that the chosen decode node does not hold in its prefix
+// cache (NodeRegistry::CachedPrefixTokens) and a prefill node is healthy, the router reserves the
 // request on the chosen decode node (Decode.Reserve -> descriptor), has the prefill node with the
 // fewest pending prompt tokens run the prompt and push its KV there (Prefill.Prefill -> first
 // token, which goes to the sink at once: that is TTFT), then attaches to the request on the

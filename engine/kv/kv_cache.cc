@@ -44,6 +44,11 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
     return absl::InvalidArgumentError(pd::StrCat("KV cache type ", static_cast<int>(o.dtype),
                                                  " is not supported (f16, f32, int8)"));
   }
+  if (o.prefix_cache.min_free_blocks < 0 || o.prefix_cache.summary_blocks < 0) {
+    return absl::InvalidArgumentError(pd::StrCat(
+        "prefix cache options must be >= 0: min_free_blocks ", o.prefix_cache.min_free_blocks,
+        ", summary_blocks ", o.prefix_cache.summary_blocks));
+  }
   std::unique_ptr<KvCache> c(new KvCache(backend));
   c->options_ = o;
   for (int l = 0; l < o.n_layer; ++l) {
@@ -56,49 +61,23 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
       (kv == 0 ? c->k_ : c->v_).push_back(t);
     }
   }
-  c->free_.reserve(o.n_blocks);
-  for (int b = o.n_blocks - 1; b >= 0; --b) c->free_.push_back(b);
+  c->blocks_ = std::make_unique<BlockManager>(o.n_blocks, o.block_size, o.prefix_cache);
   return c;
 }
 
-absl::Status KvCache::Reserve(int64_t seq, int n_tokens) {
-  std::vector<int32_t>& table = tables_[seq];
-  const size_t need =
-      (static_cast<size_t>(n_tokens) + options_.block_size - 1) / options_.block_size;
-  if (need <= table.size()) return absl::OkStatus();
-  const size_t more = need - table.size();
-  if (more > free_.size()) {
-    if (table.empty()) tables_.erase(seq);
-    return absl::ResourceExhaustedError(pd::StrCat("KV cache full: sequence needs ", more,
-                                                   " more blocks, ", free_.size(), " free"));
-  }
-  for (size_t i = 0; i < more; ++i) {
-    table.push_back(free_.back());
-    free_.pop_back();
-  }
-  return absl::OkStatus();
-}
+absl::Status KvCache::Reserve(int64_t seq, int n_tokens) { return blocks_->Reserve(seq, n_tokens); }
 
-void KvCache::Free(int64_t seq) {
-  auto it = tables_.find(seq);
-  if (it == tables_.end()) return;
-  for (int32_t b : it->second) free_.push_back(b);
-  tables_.erase(it);
-}
+void KvCache::Free(int64_t seq) { blocks_->Free(seq); }
 
-const std::vector<int32_t>& KvCache::BlockTable(int64_t seq) const {
-  static const std::vector<int32_t> kEmpty;
-  auto it = tables_.find(seq);
-  return it == tables_.end() ? kEmpty : it->second;
-}
+const std::vector<int32_t>& KvCache::BlockTable(int64_t seq) const { return blocks_->Table(seq); }
 
 int KvCache::Capacity(int64_t seq) const {
   return static_cast<int>(BlockTable(seq).size()) * options_.block_size;
 }
 
 absl::StatusOr<std::vector<KvSpan>> KvCache::ExportSpans(int64_t seq, int layer) const {
-  auto it = tables_.find(seq);
-  if (it == tables_.end()) {
+  const std::vector<int32_t>& table = BlockTable(seq);
+  if (table.empty()) {
     return absl::NotFoundError(pd::StrCat("KV export: unknown sequence ", seq));
   }
   if (layer < 0 || layer >= options_.n_layer) {
@@ -107,9 +86,9 @@ absl::StatusOr<std::vector<KvSpan>> KvCache::ExportSpans(int64_t seq, int layer)
   }
   const size_t span = BlockBytes().span();
   std::vector<KvSpan> spans;
-  spans.reserve(2 * it->second.size());
-  for (size_t i = 0; i < it->second.size(); ++i) {
-    const size_t offset = static_cast<size_t>(it->second[i]) * span;
+  spans.reserve(2 * table.size());
+  for (size_t i = 0; i < table.size(); ++i) {
+    const size_t offset = static_cast<size_t>(table[i]) * span;
     for (KvPart part : {KvPart::kK, KvPart::kV}) {
       const KvTensor& t = part == KvPart::kK ? k_[layer] : v_[layer];
       spans.push_back(
@@ -121,8 +100,8 @@ absl::StatusOr<std::vector<KvSpan>> KvCache::ExportSpans(int64_t seq, int layer)
 
 absl::StatusOr<char*> KvCache::BlockAddress(int64_t seq, int layer, int block_index, KvPart part,
                                             const void* host, size_t bytes) const {
-  auto it = tables_.find(seq);
-  if (it == tables_.end()) {
+  const std::vector<int32_t>& table = BlockTable(seq);
+  if (table.empty()) {
     return absl::NotFoundError(
         pd::StrCat("KV block copy: unknown sequence ", seq, " (reserve its blocks first)"));
   }
@@ -130,7 +109,6 @@ absl::StatusOr<char*> KvCache::BlockAddress(int64_t seq, int layer, int block_in
     return absl::InvalidArgumentError(
         pd::StrCat("KV block copy: layer ", layer, " outside [0, ", options_.n_layer, ")"));
   }
-  const std::vector<int32_t>& table = it->second;
   if (block_index < 0 || static_cast<size_t>(block_index) >= table.size()) {
     return absl::OutOfRangeError(pd::StrCat("KV block copy: block index ", block_index,
                                             " of sequence ", seq, ", which owns ", table.size(),
@@ -159,6 +137,11 @@ absl::Status KvCache::Export(int64_t seq, int layer, int block_index, KvPart par
 absl::Status KvCache::Import(int64_t seq, int layer, int block_index, KvPart part,
                              const void* host_src, size_t bytes) {
   PD_ASSIGN_OR_RETURN(char* dst, BlockAddress(seq, layer, block_index, part, host_src, bytes));
+  if (blocks_->ReadOnly(BlockTable(seq)[block_index])) {
+    return absl::FailedPreconditionError(
+        pd::StrCat("KV import: block ", block_index, " of sequence ", seq,
+                   " is shared or in the prefix cache; it cannot be overwritten"));
+  }
   return backend_.Upload(dst, host_src, bytes);
 }
 

@@ -1,6 +1,8 @@
 // Paged KV cache: per layer, a K and a V cache of n_blocks blocks of block_size token slots (in
 // the layout of engine/backend/kv_layout.h: F16, F32, or INT8 values with an F32 scale per token
-// and head inside each block), a free-list block allocator and one block table per sequence.
+// and head inside each block), and a BlockManager (block_manager.h) that hands out the blocks:
+// one block table per sequence, and optionally the prefix cache, through which sequences with a
+// common prompt prefix share its full blocks (MatchPrefix, Publish; docs/kv_cache.md).
 //
 // A sequence's blocks can be exported and imported block by block (KV transfer between a prefill
 // and a decode node): each (layer, block, K or V) is one contiguous byte range of
@@ -14,12 +16,12 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/backend/backend.h"
+#include "engine/kv/block_manager.h"
 
 namespace pd::engine {
 
@@ -30,6 +32,9 @@ struct KvCacheOptions {
   int block_size = 16;
   int n_blocks = 0;               // total blocks per layer
   KvDType dtype = KvDType::kF16;  // f16 (serving default), f32 or int8
+  // Off unless the owner turns it on (the Scheduler does, from its options): a bare cache frees
+  // what a sequence releases.
+  PrefixCacheOptions prefix_cache{.enabled = false};
 };
 
 // Bytes of one block of one layer's K cache (V is the same).
@@ -62,11 +67,28 @@ class KvCache {
   // Bytes of one block of one layer for these options.
   static KvBlockBytes BlockBytesFor(const KvCacheOptions& options);
 
-  // Makes sequence `seq` own enough blocks for `n_tokens` positions in total (grows its table).
-  // RESOURCE_EXHAUSTED (and no change) if not enough free blocks.
+  // Makes sequence `seq` own enough blocks for `n_tokens` positions in total (grows its table),
+  // evicting unused cached blocks when the free list runs out. RESOURCE_EXHAUSTED (and no
+  // change) if free plus evictable blocks are too few.
   absl::Status Reserve(int64_t seq, int n_tokens);
-  // Returns all blocks of `seq` to the free list. No-op for an unknown sequence.
+  // Releases all blocks of `seq`: to the prefix cache those that are filed there, to the free
+  // list the others. No-op for an unknown sequence.
   void Free(int64_t seq);
+
+  // ---- prefix cache (BlockManager; no-ops when options().prefix_cache.enabled is false) -------
+  // For a sequence holding no blocks yet: takes the longest cached chain of full blocks equal to
+  // tokens[0, max_tokens)'s and returns the tokens it covers; their K/V are in place.
+  int MatchPrefix(int64_t seq, absl::Span<const int32_t> tokens, int max_tokens) {
+    return blocks_->MatchPrefix(seq, tokens, max_tokens);
+  }
+  // Files `seq`'s full blocks within tokens[0, n_tokens), whose K/V the caller has written and
+  // will not change, for later sequences to share.
+  void Publish(int64_t seq, absl::Span<const int32_t> tokens, int n_tokens) {
+    blocks_->Publish(seq, tokens, n_tokens);
+  }
+  PrefixCacheStats prefix_stats() const { return blocks_->stats(); }
+  std::vector<uint64_t> PrefixSummary() const { return blocks_->Summary(); }
+  const BlockManager& blocks() const { return *blocks_; }
   // Block table of `seq` (empty if unknown).
   const std::vector<int32_t>& BlockTable(int64_t seq) const;
   // Tokens the sequence's blocks can hold.
@@ -85,16 +107,17 @@ class KvCache {
   // == BlockBytes().span() bytes. Errors as Import.
   absl::Status Export(int64_t seq, int layer, int block_index, KvPart part, void* host_dst,
                       size_t bytes);
-  // Overwrites block `block_index` of `seq` (K or V of `layer`, a block the sequence already owns,
-  // see Reserve) with `bytes` bytes of the exported format from host memory. The sender's cache
-  // must have the same dtype, block_size, n_kv_heads and head_dim (the transfer descriptor
-  // carries them; only the size can be checked here). NOT_FOUND: unknown sequence;
-  // OUT_OF_RANGE: block_index outside its table; INVALID_ARGUMENT: bad layer, null data, or
-  // `bytes` != BlockBytes().span().
+  // Overwrites block `block_index` of `seq` (K or V of `layer`, a block the sequence alone owns,
+  // see Reserve; FAILED_PRECONDITION for a shared or cached one) with `bytes` bytes of the exported
+  // format from host memory. The sender's cache must have the same dtype, block_size, n_kv_heads
+  // and head_dim (the transfer descriptor carries them; only the size can be checked here).
+  // NOT_FOUND: unknown sequence; OUT_OF_RANGE: block_index outside its table; INVALID_ARGUMENT: bad
+  // layer, null data, or `bytes` != BlockBytes().span().
   absl::Status Import(int64_t seq, int layer, int block_index, KvPart part, const void* host_src,
                       size_t bytes);
 
-  int free_blocks() const { return static_cast<int>(free_.size()); }
+  // Blocks an allocation can get (free, or cached and unused).
+  int free_blocks() const { return blocks_->available_blocks(); }
   int total_blocks() const { return options_.n_blocks; }
   const KvCacheOptions& options() const { return options_; }
   KvTensor& k(int layer) { return k_[layer]; }
@@ -110,8 +133,7 @@ class KvCache {
   KvCacheOptions options_;
   std::vector<std::unique_ptr<Buffer>> buffers_;
   std::vector<KvTensor> k_, v_;
-  std::vector<int32_t> free_;  // stack of free block ids
-  std::map<int64_t, std::vector<int32_t>> tables_;
+  std::unique_ptr<BlockManager> blocks_;
 };
 
 }  // namespace pd::engine

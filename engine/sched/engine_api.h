@@ -59,6 +59,7 @@ struct FinishInfo {
   absl::Status status;         // OK unless reason == kError
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  int cached_tokens = 0;  // prompt tokens whose K/V came from the prefix cache
   RequestTiming timing;
 };
 
@@ -79,6 +80,17 @@ struct EngineLoad {
   int kv_blocks_free = 0;
   int kv_block_size = 0;            // tokens per block
   int64_t pending_prefill_tokens = 0;  // prompt tokens not yet computed, over all sequences
+  // Prefix cache (docs/kv_cache.md). kv_blocks_free counts the cached blocks nobody holds (an
+  // allocation evicts them); kv_blocks_cached counts every block filed in the cache, held or not.
+  int kv_blocks_cached = 0;
+  int64_t prefix_cache_evictions = 0;  // since the engine started
+  // Since the engine started: prompt tokens looked up in the cache (each request's prompt, once)
+  // and, of those, tokens whose K/V were found there.
+  int64_t prefix_cache_query_tokens = 0;
+  int64_t prefix_cache_hit_tokens = 0;
+  // Chain hashes (engine/kv/block_hash.h) of cached blocks, most recently used first, bounded by
+  // prefix_cache.summary_blocks; refreshed at most every 100 ms. Null when the cache is off.
+  std::shared_ptr<const std::vector<uint64_t>> cached_block_hashes;
 };
 
 class GenerationEngine {

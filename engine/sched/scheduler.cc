@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/strings.h"
+#include "engine/kv/block_hash.h"
 
 namespace pd::engine {
 
@@ -27,6 +28,7 @@ struct Scheduler::Sequence {
         arrival_order(in.arrival_order),
         export_layer(std::move(in.export_layer)),
         hold_kv(in.hold_kv),
+        publish_import(in.publish_import),
         sampler(in.request.sampling) {
     timing.arrival = in.arrival;
     timing.first_scheduled = absl::InfinitePast();
@@ -54,6 +56,9 @@ struct Scheduler::Sequence {
   const ExportLayer export_layer;  // SubmitExport's hook, or empty
   const bool hold_kv;              // keep the blocks after Finish once exported
   bool exported = false;           // export_layer ran for its prompt
+  const bool publish_import;       // SubmitImport(publish): file the imported prompt blocks
+  int cached_tokens = 0;           // prompt tokens taken from the prefix cache (until 1st token)
+  bool cache_counted = false;      // its prompt was looked up in the prefix cache once
   Sampler sampler;  // keeps its RNG state across preemptions
   RequestTiming timing;
 
@@ -92,6 +97,12 @@ absl::Status SchedulerOptions::Validate() const {
     return bad("token_budget", token_budget, ">= max_running_seqs");
   }
   if (prefill_chunk < 1) return bad("prefill_chunk", prefill_chunk, ">= 1");
+  if (prefix_cache.min_free_blocks < 0) {
+    return bad("prefix_cache.min_free_blocks", prefix_cache.min_free_blocks, ">= 0");
+  }
+  if (prefix_cache.summary_blocks < 0) {
+    return bad("prefix_cache.summary_blocks", prefix_cache.summary_blocks, ">= 0");
+  }
   if (max_context < 0) return bad("max_context", max_context, ">= 0");
   return absl::OkStatus();
 }
@@ -113,6 +124,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::CreateImpl(Model& model,
                                                                  const SchedulerOptions& options) {
   PD_RETURN_IF_ERROR(options.Validate());
   KvCacheOptions kvo = model.KvOptions(1, options.kv_dtype, options.block_size);
+  kvo.prefix_cache = options.prefix_cache;
   int64_t n_blocks = options.kv_blocks;
   if (n_blocks == 0) {
     const size_t per_block = KvCache::BytesFor(kvo);
@@ -190,9 +202,10 @@ absl::Status Scheduler::Submit(GenerationRequest request, std::shared_ptr<Genera
 
 absl::Status Scheduler::SubmitImport(GenerationRequest request,
                                      std::shared_ptr<GenerationSink> sink,
-                                     ImportReserved on_reserved) {
+                                     ImportReserved on_reserved, bool publish) {
   if (!on_reserved) return absl::InvalidArgumentError("on_reserved: must not be empty");
-  return Accept(std::move(request), std::move(sink), std::move(on_reserved));
+  return Accept(std::move(request), std::move(sink), std::move(on_reserved), nullptr, false,
+                publish);
 }
 
 void Scheduler::PostImport(const std::string& id, ImportTask task) {
@@ -241,8 +254,8 @@ void Scheduler::ApplyReleases() {
 }
 
 absl::Status Scheduler::Accept(GenerationRequest request, std::shared_ptr<GenerationSink> sink,
-                               ImportReserved on_reserved, ExportLayer export_layer,
-                               bool hold_kv) {
+                               ImportReserved on_reserved, ExportLayer export_layer, bool hold_kv,
+                               bool publish_import) {
   PD_RETURN_IF_ERROR(ValidateRequest(request, sink.get()));
   const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.max_tokens;
   absl::MutexLock l(&mu_);
@@ -265,7 +278,8 @@ absl::Status Scheduler::Accept(GenerationRequest request, std::shared_ptr<Genera
   live_tokens_ += total;
   incoming_prompt_tokens_ += static_cast<int64_t>(request.prompt.size());
   incoming_.push_back(Incoming{std::move(request), std::move(sink), absl::Now(), next_arrival_++,
-                               std::move(on_reserved), std::move(export_layer), hold_kv});
+                               std::move(on_reserved), std::move(export_layer), hold_kv,
+                               publish_import});
   wake_.Signal();
   return absl::OkStatus();
 }
@@ -428,6 +442,7 @@ void Scheduler::Finish(std::unique_ptr<Sequence> seq, FinishReason reason, absl:
   e.info.status = std::move(status);
   e.info.prompt_tokens = seq->n_prompt;
   e.info.completion_tokens = seq->n_generated;
+  e.info.cached_tokens = seq->cached_tokens;
   e.info.timing = seq->timing;
   events_.push_back(std::move(e));
   finished_ids_.push_back(seq->id);
@@ -542,6 +557,7 @@ void Scheduler::RunImports() {
     s->n_computed = s->n_prompt;
     s->timing.first_scheduled = now;
     s->timing.kv_imported = true;
+    if (s->publish_import) kv_->Publish(s->kv_id, s->tokens, CacheableTokens(*s));
     const int32_t token = *first;
     if (token < 0 || token >= n_vocab_) {
       Finish(std::move(owned), FinishReason::kError,
@@ -566,6 +582,24 @@ void Scheduler::RunImports() {
     s->running = true;
     s->admission = next_admission_++;
     running_.push_back(std::move(owned));
+  }
+}
+
+int Scheduler::CacheableTokens(const Sequence& seq) {
+  return CacheablePrefix(seq.order_prompt_len);
+}
+
+void Scheduler::MatchCachedPrefix(Sequence& seq) {
+  if (!options_.prefix_cache.enabled || seq.n_computed != 0) return;
+  // The last token is always computed: its row gives the logits of the next token.
+  const int usable = std::min(CacheableTokens(seq), static_cast<int>(seq.tokens.size()) - 1);
+  const int hit = kv_->MatchPrefix(seq.kv_id, seq.tokens, usable);
+  seq.n_computed = hit;
+  if (seq.n_generated == 0) seq.cached_tokens = hit;
+  if (!seq.cache_counted) {
+    seq.cache_counted = true;
+    cache_query_tokens_ += seq.n_prompt;
+    cache_hit_tokens_ += hit;
   }
 }
 
@@ -608,6 +642,7 @@ void Scheduler::PlanPrefill(StepPlan& plan) {
     if (!admitted && (admit_blocked || s->preempted_step == step_no_)) continue;  // or preempted
     if (admitted && s->planned > 0) continue;
     if (!admitted && static_cast<int>(running_.size()) >= options_.max_running_seqs) continue;
+    if (!admitted) MatchCachedPrefix(*s);
     int want = s->remaining();
     if (options_.chunked_prefill) {
       want = std::min({want, options_.prefill_chunk, plan.budget});
@@ -630,7 +665,11 @@ void Scheduler::PlanPrefill(StepPlan& plan) {
       want = options_.chunked_prefill ? std::min(want, room()) : (room() >= want ? want : 0);
     }
     if (want <= 0) {
-      if (!admitted) admit_blocked = true;
+      if (!admitted) {
+        admit_blocked = true;
+        kv_->Free(s->kv_id);  // the cached blocks it took, back to the cache
+        s->n_computed = 0;
+      }
       continue;
     }
     PD_CHECK_OK(kv_->Reserve(s->kv_id, s->n_computed + want));
@@ -696,6 +735,9 @@ void Scheduler::Execute(const StepPlan& plan, StepStats& stats) {
   for (Sequence* s : in_batch) {
     s->n_computed += s->planned;
     s->planned = 0;
+    if (options_.prefix_cache.enabled) {
+      kv_->Publish(s->kv_id, s->tokens, std::min(s->n_computed, CacheableTokens(*s)));
+    }
   }
   const absl::Time emitted = absl::Now();
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -742,6 +784,19 @@ void Scheduler::Publish(StepStats* stats) {
   load.kv_blocks_total = kv_blocks_total_;
   load.kv_blocks_free = kv_->free_blocks();
   load.kv_block_size = block_size_;
+  const PrefixCacheStats cache = kv_->prefix_stats();
+  load.kv_blocks_cached = cache.cached_blocks;
+  load.prefix_cache_evictions = cache.evictions;
+  load.prefix_cache_query_tokens = cache_query_tokens_;
+  load.prefix_cache_hit_tokens = cache_hit_tokens_;
+  if (options_.prefix_cache.enabled) {
+    const absl::Time now = absl::Now();
+    if (summary_ == nullptr || now - summary_time_ >= absl::Milliseconds(100)) {
+      summary_ = std::make_shared<const std::vector<uint64_t>>(kv_->PrefixSummary());
+      summary_time_ = now;
+    }
+    load.cached_block_hashes = summary_;
+  }
   for (const auto& s : waiting_) load.pending_prefill_tokens += s->remaining();
   for (const auto& s : running_) {
     if (!s->decoding()) load.pending_prefill_tokens += s->remaining();
@@ -763,6 +818,31 @@ void Scheduler::Publish(StepStats* stats) {
     stats->load.waiting += static_cast<int>(incoming_.size());
     stats->load.pending_prefill_tokens += incoming_prompt_tokens_;
   }
+}
+
+absl::Status Scheduler::AuditKv() const {
+  PD_CHECK_MSG(!options_.run_thread || !thread_.joinable(),
+               "Scheduler::AuditKv needs run_thread = false or a shut down scheduler");
+  PD_RETURN_IF_ERROR(kv_->blocks().Audit());
+  absl::flat_hash_set<int64_t> owners(held_.begin(), held_.end());
+  for (const auto* list : {&running_, &importing_}) {
+    for (const auto& s : *list) {
+      owners.insert(s->kv_id);
+      if (kv_->Capacity(s->kv_id) < s->n_computed) {
+        return absl::InternalError(pd::StrCat("request ", s->id, " computed ", s->n_computed,
+                                              " tokens but holds room for ",
+                                              kv_->Capacity(s->kv_id)));
+      }
+    }
+  }
+  for (int64_t seq : kv_->blocks().Sequences()) {
+    if (!owners.contains(seq)) {
+      return absl::InternalError(pd::StrCat("KV sequence ", seq,
+                                            " holds blocks but no live "
+                                            "running or importing request or held export owns it"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 void Scheduler::Deliver() {

@@ -70,6 +70,10 @@ struct SchedulerOptions {
   int kv_blocks = 0;
   int block_size = 16;               // tokens per KV block
   KvDType kv_dtype = KvDType::kF16;  // f16, f32 or int8; passed through to KvCacheOptions
+  // Reuse of the K/V of prompt prefixes already computed (docs/kv_cache.md, "Prefix cache"): a
+  // new sequence starts from the longest cached chain of full blocks equal to its prompt's, and
+  // the full prompt blocks of every sequence stay cached after it ends until memory is needed.
+  PrefixCacheOptions prefix_cache;
 
   int max_running_seqs = 32;  // sequences holding KV at once
   int max_waiting = 256;      // accepted requests not running (queued or preempted)
@@ -137,8 +141,10 @@ class Scheduler final : public GenerationEngine {
   // reserves blocks for the whole prompt and calls `on_reserved` (not null). While importing, the
   // sequence holds its blocks, takes no part in steps and is never preempted; Cancel and the
   // deadline end it as usual.
+  // publish: the imported K/V are bit for bit what this node would compute (a lossless wire):
+  // the prompt's full blocks then go into the prefix cache when the import completes.
   absl::Status SubmitImport(GenerationRequest request, std::shared_ptr<GenerationSink> sink,
-                            ImportReserved on_reserved);
+                            ImportReserved on_reserved, bool publish = false);
   // Queues `task` for the importing request `id` (run at the next intake, in order). Ignored when
   // `id` is not importing (any more).
   void PostImport(const std::string& id, ImportTask task);
@@ -178,6 +184,12 @@ class Scheduler final : public GenerationEngine {
   // schedules, forwards, samples, streams. Only with options.run_thread == false.
   StepStats Step();
 
+  // Checks the KV bookkeeping: the block manager's invariants (BlockManager::Audit), and that
+  // every sequence holding blocks is a live request or a held export, and every live running or
+  // importing one holds enough blocks for its computed tokens. INTERNAL naming what is broken.
+  // Only with options.run_thread == false (between Step() calls) or after Shutdown.
+  absl::Status AuditKv() const;
+
   const SchedulerOptions& options() const { return options_; }
   int kv_blocks_total() const { return kv_blocks_total_; }
   // The KV cache's shape and dtype (fixed at Create; any thread): what a KV transfer checks.
@@ -193,6 +205,7 @@ class Scheduler final : public GenerationEngine {
     ImportReserved on_reserved;  // set: SubmitImport
     ExportLayer export_layer;    // set: SubmitExport
     bool hold_kv = false;        // SubmitExport(hold_kv)
+    bool publish_import = false;  // SubmitImport(publish)
   };
   struct Event;  // sink call queued during a step, delivered at its end
 
@@ -204,7 +217,12 @@ class Scheduler final : public GenerationEngine {
   absl::Status ValidateRequest(const GenerationRequest& request, const GenerationSink* sink) const;
   absl::Status Accept(GenerationRequest request, std::shared_ptr<GenerationSink> sink,
                       ImportReserved on_reserved, ExportLayer export_layer = nullptr,
-                      bool hold_kv = false);
+                      bool hold_kv = false, bool publish_import = false);
+  // Leading tokens of `seq` whose K/V rows have the numerics of any prompt's interior rows
+  // (docs/numerics.md): the only rows the prefix cache files or reuses.
+  static int CacheableTokens(const Sequence& seq);
+  // Takes a waiting sequence's cached prefix at its admission (prefix_cache.enabled).
+  void MatchCachedPrefix(Sequence& seq);
   void RunImports();  // posted import tasks and completions (engine thread)
   static void CloseImportFence(Sequence& seq);  // before an importing sequence's blocks change
   void ApplyReleases();  // ReleaseExportedKv calls (engine thread)
@@ -260,6 +278,10 @@ class Scheduler final : public GenerationEngine {
   std::vector<int64_t> finished_tokens_;
   std::vector<float> logits_;
   int64_t next_seq_id_ = 0;
+  int64_t cache_query_tokens_ = 0;  // prompt tokens looked up in the prefix cache
+  int64_t cache_hit_tokens_ = 0;    // of those, tokens found
+  std::shared_ptr<const std::vector<uint64_t>> summary_;  // EngineLoad::cached_block_hashes
+  absl::Time summary_time_ = absl::InfinitePast();
   int64_t next_admission_ = 0;
   int64_t step_no_ = 0;
 

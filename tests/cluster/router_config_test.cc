@@ -60,8 +60,13 @@ TEST(RouterConfigTest, ErrorsNameTheFullKey) {
                   .status()
                   .message(),
               HasSubstr("router.nodes[1].name: 'a' is used twice"));
-  EXPECT_THAT(ParseServeOptions("router:\n  decode_policy: random\n", "t").status().message(),
-              HasSubstr("router.decode_policy: must be least_loaded or round_robin"));
+  EXPECT_THAT(ParseServeOptions("router:\n  decode_policy: nearest\n", "t").status().message(),
+              HasSubstr("router.decode_policy: must be kv_aware, least_loaded, round_robin or "
+                        "random"));
+  EXPECT_THAT(ParseServeOptions("router:\n  prefix_weight: -1\n", "t").status().message(),
+              HasSubstr("router.prefix_weight"));
+  EXPECT_THAT(ParseServeOptions("router:\n  seq_cost_tokens: -1\n", "t").status().message(),
+              HasSubstr("router.seq_cost_tokens"));
   EXPECT_THAT(ParseServeOptions("router:\n  nodes: 3\n", "t").status().message(),
               HasSubstr("router.nodes: expected a list"));
   EXPECT_THAT(ParseServeOptions("router:\n  helth_interval_ms: 3\n", "t").status().message(),

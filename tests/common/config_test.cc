@@ -59,6 +59,9 @@ TEST(ConfigTest, ServeYamlShowsTheDefaults) {
   EXPECT_EQ(a.kv.dtype, b.kv.dtype);
   EXPECT_EQ(a.kv.memory_mib, b.kv.memory_mib);
   EXPECT_EQ(a.kv.block_size, b.kv.block_size);
+  EXPECT_EQ(a.prefix_cache.enabled, b.prefix_cache.enabled);
+  EXPECT_EQ(a.prefix_cache.min_free_blocks, b.prefix_cache.min_free_blocks);
+  EXPECT_EQ(a.prefix_cache.summary_blocks, b.prefix_cache.summary_blocks);
   EXPECT_EQ(a.limits.default_max_tokens, b.limits.default_max_tokens);
   EXPECT_EQ(a.limits.max_tokens, b.limits.max_tokens);
   EXPECT_EQ(a.limits.max_body_bytes, b.limits.max_body_bytes);
@@ -70,6 +73,8 @@ TEST(ConfigTest, ServeYamlShowsTheDefaults) {
   EXPECT_EQ(a.router.unhealthy_after, b.router.unhealthy_after);
   EXPECT_EQ(a.router.decode_policy, b.router.decode_policy);
   EXPECT_EQ(a.router.prefill_policy, b.router.prefill_policy);
+  EXPECT_EQ(a.router.prefix_weight, b.router.prefix_weight);
+  EXPECT_EQ(a.router.seq_cost_tokens, b.router.seq_cost_tokens);
   EXPECT_EQ(a.router.max_retries, b.router.max_retries);
   EXPECT_EQ(a.router.disaggregate, b.router.disaggregate);
   EXPECT_EQ(a.router.kv_wire, b.router.kv_wire);
@@ -102,6 +107,7 @@ scheduler:
   prefill_chunk: 32
   priority: false
 kv: {dtype: int8, memory_mib: 64, block_size: 32}
+prefix_cache: {enabled: false, min_free_blocks: 5, summary_blocks: 10}
 limits: {default_max_tokens: 16, max_tokens: 128, max_body_bytes: 4096, max_stop: 2}
 shutdown_grace_s: 0.5
 )",
@@ -130,6 +136,9 @@ shutdown_grace_s: 0.5
   EXPECT_EQ(o->kv.dtype, "int8");
   EXPECT_EQ(o->kv.memory_mib, 64);
   EXPECT_EQ(o->kv.block_size, 32);
+  EXPECT_FALSE(o->prefix_cache.enabled);
+  EXPECT_EQ(o->prefix_cache.min_free_blocks, 5);
+  EXPECT_EQ(o->prefix_cache.summary_blocks, 10);
   EXPECT_EQ(o->limits.default_max_tokens, 16);
   EXPECT_EQ(o->limits.max_tokens, 128);
   EXPECT_EQ(o->limits.max_body_bytes, 4096);
@@ -177,6 +186,9 @@ TEST(ConfigTest, ValidateNamesTheField) {
   bad("kv: {dtype: q4}", "kv.dtype");
   bad("kv: {memory_mib: 0}", "kv.memory_mib");
   bad("kv: {block_size: 0}", "kv.block_size");
+  bad("prefix_cache: {min_free_blocks: -1}", "prefix_cache.min_free_blocks");
+  bad("prefix_cache: {summary_blocks: -2}", "prefix_cache.summary_blocks");
+  bad("prefix_cache: {enable: true}", "prefix_cache.enable");
   bad("scheduler: {max_running_seqs: 0}", "scheduler.max_running_seqs");
   bad("scheduler: {max_running_seqs: 8, token_budget: 4}", "scheduler.token_budget");
   bad("scheduler: {prefill_chunk: 0}", "scheduler.prefill_chunk");

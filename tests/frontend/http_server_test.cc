@@ -279,8 +279,10 @@ TEST_F(HttpServerTest, ChatNonStreamingMapsFieldsAndAnswersChatCompletion) {
   EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(j["choices"][0]["message"]["content"], "Hello é");
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
-  EXPECT_EQ(j["usage"],
-            (json{{"prompt_tokens", 5}, {"completion_tokens", 4}, {"total_tokens", 9}}));
+  EXPECT_EQ(j["usage"], (json{{"prompt_tokens", 5},
+                              {"completion_tokens", 4},
+                              {"total_tokens", 9},
+                              {"prompt_tokens_details", {{"cached_tokens", 0}}}}));
 
   const ApiRequest a = LastRequest();
   EXPECT_EQ(a.model, "tiny-llama");
@@ -377,8 +379,10 @@ TEST_F(HttpServerTest, ChatStreamingWithUsage) {
       EXPECT_EQ(c["finish_reason"].is_null(), i + 3 < data.size()) << data[i];
     } else {
       EXPECT_TRUE(j["choices"].empty());
-      EXPECT_EQ(j["usage"],
-                (json{{"prompt_tokens", 5}, {"completion_tokens", 4}, {"total_tokens", 9}}));
+      EXPECT_EQ(j["usage"], (json{{"prompt_tokens", 5},
+                                  {"completion_tokens", 4},
+                                  {"total_tokens", 9},
+                                  {"prompt_tokens_details", {{"cached_tokens", 0}}}}));
     }
   }
   EXPECT_EQ(text, "Hello é");

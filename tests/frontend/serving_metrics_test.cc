@@ -51,7 +51,7 @@ TEST(ServingMetricsTest, RequestLifecycle) {
   t.first_scheduled = t.arrival + absl::Milliseconds(3);
   t.first_token = t.arrival + absl::Milliseconds(200);
   t.finished = t.arrival + absl::Seconds(3);
-  metrics.RequestFinished("length", 17, 5, t);
+  metrics.RequestFinished("length", 17, 5, 16, t);
   const std::string text = registry.Render();
   EXPECT_THAT(text, HasSubstr("pdserve_requests_accepted_total 1\n"));
   EXPECT_THAT(text, HasSubstr("pdserve_requests_total{finish_reason=\"length\"} 1\n"));
@@ -78,7 +78,7 @@ TEST(ServingMetricsTest, PhasesNeverReachedAreNotObserved) {
   t.first_scheduled = absl::InfinitePast();  // never scheduled
   t.first_token = absl::UnixEpoch();         // left at absl::Time's default: also never
   t.finished = t.arrival + absl::Milliseconds(1500);
-  metrics.RequestFinished("cancelled", 9, 0, t);
+  metrics.RequestFinished("cancelled", 9, 0, 0, t);
   const std::string text = registry.Render();
   EXPECT_THAT(text, HasSubstr("pdserve_requests_total{finish_reason=\"cancelled\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("pdserve_time_to_first_token_seconds_count 0\n"));

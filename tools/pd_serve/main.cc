@@ -97,6 +97,9 @@ int Main(int argc, char** argv) {
   app.add_option("--api-key", api_keys, "accepted API key (repeatable; adds to the config's)");
   auto* o_kv_dtype = app.add_option("--kv-dtype", kv_dtype, "KV cache type: f16, int8 or f32");
   auto* o_kv_mib = app.add_option("--kv-mib", kv_mib, "KV cache memory budget in MiB");
+  bool no_prefix_cache = false;
+  app.add_flag("--no-prefix-cache", no_prefix_cache,
+               "recompute every prompt (prefix_cache.enabled: false)");
   auto* o_running = app.add_option("--max-running-seqs", max_running, "sequences holding KV");
   auto* o_waiting = app.add_option("--max-waiting", max_waiting, "queued requests before 429s");
   auto* o_budget = app.add_option("--token-budget", token_budget, "tokens per engine step");
@@ -129,6 +132,7 @@ int Main(int argc, char** argv) {
   if (const char* env = std::getenv("PDSERVE_API_KEYS")) AddApiKeys(env, &o.api_keys);
   if (o_kv_dtype->count()) o.kv.dtype = kv_dtype;
   if (o_kv_mib->count()) o.kv.memory_mib = kv_mib;
+  if (no_prefix_cache) o.prefix_cache.enabled = false;
   if (o_running->count()) o.scheduler.max_running_seqs = max_running;
   if (o_waiting->count()) o.scheduler.max_waiting = max_waiting;
   if (o_budget->count()) o.scheduler.token_budget = token_budget;

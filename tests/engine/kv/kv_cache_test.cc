@@ -204,5 +204,30 @@ TEST(KvCacheTest, ExportImportErrors) {
               StatusIs(absl::StatusCode::kNotFound));
 }
 
+TEST(KvCacheTest, PrefixCacheSharesBlocksAndRefusesToOverwriteThem) {
+  auto backend = CreateCpuBackend();
+  KvCacheOptions o = Small(8);
+  o.prefix_cache.enabled = true;
+  auto kv = KvCache::Create(o, *backend);
+  PD_ASSERT_OK(kv);
+  KvCache& c = **kv;
+  const std::vector<int32_t> tokens = {5, 6, 7, 8, 9, 10};
+  PD_ASSERT_OK(c.Reserve(1, 6));
+  c.Publish(1, tokens, 6);  // the first block (4 tokens) is filed
+  c.Free(1);
+  EXPECT_EQ(c.free_blocks(), 8);  // cached but unused blocks count as free
+  EXPECT_EQ(c.prefix_stats().evictable_blocks, 1);
+  EXPECT_EQ(c.MatchPrefix(2, tokens, 5), 4);
+  const size_t span = c.BlockBytes().span();
+  std::vector<char> buf(span, 1);
+  EXPECT_THAT(c.Import(2, 0, 0, KvPart::kK, buf.data(), span),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  PD_ASSERT_OK(c.Reserve(2, 6));
+  PD_EXPECT_OK(c.Import(2, 0, 1, KvPart::kK, buf.data(), span));  // its own block
+  PD_EXPECT_OK(c.blocks().Audit());
+  o.prefix_cache.min_free_blocks = -1;
+  EXPECT_THAT(KvCache::Create(o, *backend), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
 }  // namespace
 }  // namespace pd::engine

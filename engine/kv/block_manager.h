@@ -1,0 +1,124 @@
+// The host side of the paged KV cache: which block ids each sequence's table holds, and the
+// prefix cache over them. It never touches K/V bytes (KvCache owns the storage on a backend).
+//
+// Every block is in exactly one of three states:
+//   free    : no content worth keeping, on the free list;
+//   held    : in the table of one or more sequences (ref_count = the number of tables);
+//   cached  : held by nobody, but its K/V are a full block of some prompt, filed under its chain
+//             hash (block_hash.h) and kept in an LRU list until an allocation needs the block.
+// A held block may be filed too (a sequence still running whose full blocks were published);
+// another sequence with the same prefix then shares it (ref_count > 1).
+//
+// Sharing rule: only FULL blocks are ever shared, and a full block is never written again. A
+// sequence writes only its own last, partial block, which is not filed until it is full. So no
+// block is written while it has two owners and no copy-on-write is needed: sharing a partial block
+// would save less than one block per sequence and would need a device copy on the first divergent
+// write.
+//
+// Not thread safe: owned by the engine thread, like KvCache.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+
+namespace pd::engine {
+
+struct PrefixCacheOptions {
+  bool enabled = true;  // keep released full blocks for reuse (off: released blocks are freed)
+  // Released blocks are kept in the cache only while at least this many blocks stay free (the
+  // rest are evicted, least recently used first, when sequences release theirs). 0: the cache may
+  // hold every block no sequence holds; allocations evict what they need.
+  int min_free_blocks = 0;
+  // Hashes in a node's load report (BlockManager::Summary), most recently used first.
+  int summary_blocks = 4096;
+};
+
+struct PrefixCacheStats {
+  int cached_blocks = 0;     // filed blocks (held or in the LRU)
+  int evictable_blocks = 0;  // filed blocks no sequence holds (the LRU)
+  int64_t evictions = 0;     // filed blocks dropped to make room, since creation
+};
+
+class BlockManager {
+ public:
+  BlockManager(int n_blocks, int block_size, PrefixCacheOptions options);
+
+  // Makes `seq` hold enough blocks for n_tokens positions, taking free blocks first and then
+  // evicting least recently used cached ones. RESOURCE_EXHAUSTED (and no change) when free plus
+  // evictable blocks are too few.
+  absl::Status Reserve(int64_t seq, int n_tokens);
+  // Releases every block of `seq`: a block nobody else holds goes to the LRU if it is filed, else
+  // to the free list. No-op for an unknown sequence.
+  void Free(int64_t seq);
+
+  // For a sequence holding no blocks: finds the longest chain of filed blocks equal to the full
+  // blocks of tokens[0, max_tokens) and makes `seq` hold them (their ref counts go up; they leave
+  // the LRU). Returns the tokens they cover (a multiple of block_size; 0 when caching is off).
+  int MatchPrefix(int64_t seq, absl::Span<const int32_t> tokens, int max_tokens);
+  // How many leading tokens of `tokens` MatchPrefix would cover, without taking anything.
+  int CachedPrefix(absl::Span<const int32_t> tokens, int max_tokens) const;
+  // Files the full blocks of `seq` that cover tokens[0, n_tokens) and are not filed yet: the
+  // caller says their K/V are written and final. A block whose chain hash is already filed under
+  // another block stays private (freed on release). No-op when caching is off. `tokens` are the
+  // sequence's tokens (at least n_tokens of them).
+  void Publish(int64_t seq, absl::Span<const int32_t> tokens, int n_tokens);
+
+  const std::vector<int32_t>& Table(int64_t seq) const;
+  // Ids of the sequences holding blocks (any order).
+  std::vector<int64_t> Sequences() const;
+  // Blocks an allocation can get: free plus evictable.
+  int available_blocks() const;
+  int free_list_blocks() const { return static_cast<int>(free_.size()); }
+  // True when block `block` is shared or filed: nothing may write it.
+  bool ReadOnly(int32_t block) const;
+  PrefixCacheStats stats() const;
+  // Chain hashes of filed blocks, most recently used first, at most options.summary_blocks.
+  std::vector<uint64_t> Summary() const;
+  int block_size() const { return block_size_; }
+  int n_blocks() const { return static_cast<int>(blocks_.size()); }
+  bool caching() const { return options_.enabled; }
+
+  // Checks every invariant (each block in exactly one state, ref counts equal the references
+  // from tables, the hash index and the LRU agree with the blocks). INTERNAL naming the first
+  // broken one. O(blocks + table entries): for tests and debugging.
+  absl::Status Audit() const;
+
+ private:
+  struct Block {
+    int ref_count = 0;
+    bool filed = false;
+    bool in_lru = false;
+    uint64_t hash = 0;
+    uint64_t parent = 0;
+    std::vector<int32_t> tokens;  // filed: the block's tokens (to rule out hash collisions)
+    std::list<int32_t>::iterator lru_pos;
+  };
+  struct SeqState {
+    std::vector<int32_t> table;
+    int n_filed = 0;  // leading blocks whose chain hashes are known (filed or duplicates)
+    uint64_t last_hash = 0;
+  };
+
+  // The filed block for `hash` whose parent and tokens match, or -1.
+  int32_t Lookup(uint64_t hash, uint64_t parent, absl::Span<const int32_t> tokens) const;
+  void Unfile(int32_t block);  // drops it from the hash index
+  int32_t TakeBlock();         // a free block, evicting the LRU front if needed; -1 if none
+  void Evict(int32_t block);   // LRU front -> free list
+
+  const int block_size_;
+  const PrefixCacheOptions options_;
+  std::vector<Block> blocks_;
+  std::vector<int32_t> free_;  // stack of free block ids
+  std::list<int32_t> lru_;     // evictable filed blocks, least recently used first
+  absl::flat_hash_map<uint64_t, int32_t> index_;  // chain hash -> filed block
+  absl::flat_hash_map<int64_t, SeqState> seqs_;
+  int n_filed_ = 0;
+  int64_t evictions_ = 0;
+};
+
+}  // namespace pd::engine
