@@ -95,8 +95,10 @@ absl::StatusOr<KvReceiver::Reserved> KvReceiver::Reserve(
                       deadline](absl::StatusOr<engine::Scheduler::ImportTarget> reserved) {
     std::optional<absl::StatusOr<kvtransfer::TransferDescriptor>> d;
     if (reserved.ok()) {
-      const kvtransfer::TransferGeometry g =
+      kvtransfer::TransferGeometry g =
           kvtransfer::TransferGeometry::ForCache(scheduler_.kv_options(), n_prompt, wire);
+      // Blocks this node took from its prefix cache do not travel (docs/cluster.md).
+      g.first_block = reserved->first_block;
       kvtransfer::ReceiveCallbacks cb;
       cb.on_layer = [this, id](kvtransfer::LayerPayload payload) {
         if (layers_ != nullptr) layers_->WithLabels({payload.landed ? "landed" : "engine"}).Increment();

@@ -94,19 +94,19 @@ void ConvertBlock(KvDType from, const void* src, KvDType to, void* dst, int bloc
 
 namespace {
 
-// The checks PackLayer, LayerRuns and LandLayer share: `spans` hold at least the layer's n_blocks
-// blocks in ExportSpans order, each a non-null span of `source`'s size. `what` names the caller
-// in the message.
+// The checks PackLayer, LayerRuns and LandLayer share: `spans` hold at least the layer's
+// total_blocks blocks in ExportSpans order, those from first_block on each a non-null span of
+// `source`'s size. `what` names the caller in the message.
 absl::Status CheckSpans(const TransferGeometry& g, KvDType source, int layer,
                         absl::Span<const engine::KvSpan> spans, std::string_view what = "Push") {
-  const size_t n = 2 * static_cast<size_t>(g.n_blocks());
-  if (spans.size() < n) {
+  const size_t total = 2 * static_cast<size_t>(g.total_blocks());
+  if (spans.size() < total) {
     return absl::InvalidArgumentError(pd::StrCat(
-        what, ": layer ", layer, " has ", spans.size(), " spans, the transfer needs ", n, " (",
-        g.n_blocks(), " blocks of ", g.block_size, " for ", g.n_tokens, " tokens, K and V)"));
+        what, ": layer ", layer, " has ", spans.size(), " spans, the transfer needs ", total, " (",
+        g.total_blocks(), " blocks of ", g.block_size, " for ", g.n_tokens, " tokens, K and V)"));
   }
   const size_t src_bytes = g.SpanBytes(source);
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 2 * static_cast<size_t>(g.first_block); i < total; ++i) {
     const engine::KvSpan& sp = spans[i];
     const engine::KvPart part = i % 2 == 0 ? engine::KvPart::kK : engine::KvPart::kV;
     if (sp.layer != layer || sp.block_index != static_cast<int>(i / 2) || sp.part != part) {
@@ -125,9 +125,11 @@ absl::Status CheckSpans(const TransferGeometry& g, KvDType source, int layer,
   return absl::OkStatus();
 }
 
-// ExportSpans index of the span at wire position `w` (K blocks first, then V blocks).
-inline size_t SpanOfWire(size_t w, size_t n_blocks) {
-  return w < n_blocks ? 2 * w : 2 * (w - n_blocks) + 1;
+// ExportSpans index of the span at wire position `w` (K blocks first, then V blocks; the wire
+// starts at g.first_block).
+inline size_t SpanOfWire(const TransferGeometry& g, size_t w) {
+  const size_t nb = static_cast<size_t>(g.n_blocks()), first = static_cast<size_t>(g.first_block);
+  return w < nb ? 2 * (first + w) : 2 * (first + w - nb) + 1;
 }
 
 }  // namespace
@@ -146,7 +148,7 @@ absl::Status PackLayer(const TransferGeometry& g, KvDType source, int layer,
   if (checksum != nullptr) hash.emplace();
   for (size_t w = 0; w < 2 * nb; ++w) {
     uint8_t* dst = out.data() + w * wire_bytes;
-    ConvertBlock(source, spans[SpanOfWire(w, nb)].data, g.wire_dtype, dst, g.block_size,
+    ConvertBlock(source, spans[SpanOfWire(g, w)].data, g.wire_dtype, dst, g.block_size,
                  g.n_kv_heads, g.head_dim);
     if (hash) hash->Update(dst, wire_bytes);  // while the block is still in L1
   }
@@ -167,7 +169,7 @@ absl::Status LayerRuns(const TransferGeometry& g, KvDType source, int layer,
   const size_t bytes = g.SpanBytes(source);
   runs->clear();
   for (size_t w = 0; w < 2 * nb; ++w) {
-    const uint8_t* p = static_cast<const uint8_t*>(spans[SpanOfWire(w, nb)].data);
+    const uint8_t* p = static_cast<const uint8_t*>(spans[SpanOfWire(g, w)].data);
     if (!runs->empty() && runs->back().data + runs->back().bytes == p) {
       runs->back().bytes += bytes;
     } else {
@@ -201,7 +203,7 @@ absl::StatusOr<uint64_t> LandLayer(const TransferGeometry& g, int layer,
   for (size_t w = 0; w < 2 * nb; ++w) {
     const uint8_t* src = payload.data() + w * wire_bytes;
     hash.Update(src, wire_bytes);  // then the copy reads the block from L1
-    ConvertBlock(g.wire_dtype, src, g.receiver_dtype, spans[SpanOfWire(w, nb)].data, g.block_size,
+    ConvertBlock(g.wire_dtype, src, g.receiver_dtype, spans[SpanOfWire(g, w)].data, g.block_size,
                  g.n_kv_heads, g.head_dim);
   }
   return hash.Digest();
@@ -234,7 +236,7 @@ absl::Status ImportLayer(const TransferGeometry& g, int layer, absl::Span<const 
   const int nb = g.n_blocks();
   for (int w = 0; w < 2 * nb; ++w) {  // wire order: K of every block, then V
     const engine::KvPart part = w < nb ? engine::KvPart::kK : engine::KvPart::kV;
-    const int block = w < nb ? w : w - nb;
+    const int block = g.first_block + (w < nb ? w : w - nb);
     const uint8_t* src = payload.data() + static_cast<size_t>(w) * wire_bytes;
     if (g.wire_dtype == o.dtype) {
       PD_RETURN_IF_ERROR(cache.Import(seq, layer, block, part, src, wire_bytes));

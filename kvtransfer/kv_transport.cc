@@ -16,7 +16,7 @@ namespace pd::kvtransfer {
 namespace {
 
 constexpr uint32_t kDescriptorMagic = 0x444b4450;  // "PDKD" little-endian
-constexpr uint16_t kDescriptorVersion = 1;
+constexpr uint16_t kDescriptorVersion = 2;         // 2: geometry.first_block
 
 bool ValidDType(uint8_t t) { return t <= static_cast<uint8_t>(KvDType::kI8); }
 
@@ -78,6 +78,11 @@ absl::Status TransferGeometry::Validate() const {
   PD_RETURN_IF_ERROR(range("head_dim", head_dim, 1 << 14));
   PD_RETURN_IF_ERROR(range("block_size", block_size, 1 << 12));
   PD_RETURN_IF_ERROR(range("n_tokens", n_tokens, 1 << 24));
+  if (first_block < 0 || first_block >= total_blocks()) {
+    return absl::InvalidArgumentError(
+        pd::StrCat("transfer geometry: first_block = ", first_block, " (must be in [0, ",
+                   total_blocks(), "): at least the last block of ", n_tokens, " tokens travels)"));
+  }
   if (!ValidDType(static_cast<uint8_t>(receiver_dtype)) ||
       !ValidDType(static_cast<uint8_t>(wire_dtype))) {
     return absl::InvalidArgumentError("transfer geometry: unknown receiver or wire dtype");
@@ -131,6 +136,7 @@ std::string TransferDescriptor::Serialize() const {
   w.Put(static_cast<int32_t>(geometry.n_tokens));
   w.Put(static_cast<uint8_t>(geometry.receiver_dtype));
   w.Put(static_cast<uint8_t>(geometry.wire_dtype));
+  w.Put(static_cast<int32_t>(geometry.first_block));
   const int64_t deadline_us = deadline == absl::InfiniteFuture()
                                   ? std::numeric_limits<int64_t>::max()
                                   : absl::ToUnixMicros(deadline);
@@ -155,18 +161,21 @@ absl::StatusOr<TransferDescriptor> TransferDescriptor::Parse(std::string_view by
   if (!r.Get(&address_len) || address_len > (1u << 20) || !r.GetBytes(address_len, &d.address)) {
     return bad("truncated or oversized address");
   }
-  int32_t v[5];
+  int32_t v[5], first_block = 0;
   uint8_t dt[2];
   int64_t deadline_us = 0;
   if (!r.Get(&d.transfer_id)) return bad("truncated");
   for (int32_t& x : v) {
     if (!r.Get(&x)) return bad("truncated");
   }
-  if (!r.Get(&dt[0]) || !r.Get(&dt[1]) || !r.Get(&deadline_us)) return bad("truncated");
+  if (!r.Get(&dt[0]) || !r.Get(&dt[1]) || !r.Get(&first_block) || !r.Get(&deadline_us)) {
+    return bad("truncated");
+  }
   if (r.left() != 0) return bad(pd::StrCat(r.left(), " trailing bytes"));
   if (!ValidDType(dt[0]) || !ValidDType(dt[1])) return bad("unknown dtype");
   d.geometry = {
-      v[0], v[1], v[2], v[3], v[4], static_cast<KvDType>(dt[0]), static_cast<KvDType>(dt[1])};
+      v[0],       v[1], v[2], v[3], v[4], static_cast<KvDType>(dt[0]), static_cast<KvDType>(dt[1]),
+      first_block};
   PD_RETURN_IF_ERROR(d.geometry.Validate());
   d.deadline = deadline_us == std::numeric_limits<int64_t>::max()
                    ? absl::InfiniteFuture()

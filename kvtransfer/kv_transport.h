@@ -63,13 +63,18 @@ struct TransferGeometry {
   int n_tokens = 0;                        // positions to move (the prompt)
   KvDType receiver_dtype = KvDType::kF16;  // the receiver's KvCache dtype (import converts)
   KvDType wire_dtype = KvDType::kF16;      // what travels: kI8 compresses f16/f32 KV
+  // The sequence's blocks before this one are not sent: the receiver already holds them (a
+  // prompt prefix from its prefix cache, docs/cluster.md). In [0, total_blocks()).
+  int first_block = 0;
 
-  // Blocks per layer: ceil(n_tokens / block_size).
-  int n_blocks() const { return block_size > 0 ? (n_tokens + block_size - 1) / block_size : 0; }
+  // The sequence's blocks per layer: ceil(n_tokens / block_size).
+  int total_blocks() const { return block_size > 0 ? (n_tokens + block_size - 1) / block_size : 0; }
+  // Blocks per layer on the wire: blocks first_block .. total_blocks() - 1.
+  int n_blocks() const { return total_blocks() - first_block; }
   // Bytes of one block's K (or V) in dtype `t` (scales included for kI8).
   size_t SpanBytes(KvDType t) const;
   // Payload bytes of one layer on the wire: n_blocks * 2 * SpanBytes(wire_dtype): the K spans of
-  // blocks 0..n-1, then their V spans (kv_codec.h).
+  // blocks first_block..total-1, then their V spans (kv_codec.h).
   size_t LayerBytes() const { return static_cast<size_t>(n_blocks()) * 2 * SpanBytes(wire_dtype); }
   size_t TotalBytes() const { return LayerBytes() * static_cast<size_t>(n_layer); }
   // INVALID_ARGUMENT naming the field when a count is out of range (<= 0, > 1 << 20, layers

@@ -5,7 +5,8 @@ Chat clients send the whole conversation every turn, so a server that reuses the
 it has already computed answers turn 2..N in the time of their new tokens, and one that does not
 recomputes the whole conversation each turn. This script measures that, the way a user sees it:
 
-  * starts each system on the same model and thread count: `pd-serve`, the cluster
+  * starts each system on the same model and thread count: `pd-serve` (prefix cache on, the
+    default), `pd-serve-nocache` (`--no-prefix-cache`), the cluster
     (`pdctl up --prefill 1 --decode 2`), and llama.cpp's `llama-server` (built by
     bench/llamacpp/build_tools.sh from the llama-cpp-python sdist; the reference);
   * runs one conversation through the official `openai` client against each: a system prompt of
@@ -118,9 +119,11 @@ class Server:
 def start(system: str, a: argparse.Namespace, logdir: Path) -> Server:
     port = free_port()
     log = logdir / f"{system}.log"
-    if system == "pd-serve":
+    if system in ("pd-serve", "pd-serve-nocache"):
         args = [str(a.bin_dir / "pd-serve"), "-m", str(a.model), "--threads", str(a.threads),
                 "--ctx", str(a.ctx), "--http-port", str(port), "--grpc-port", "0"]
+        if system == "pd-serve-nocache":
+            args.append("--no-prefix-cache")
     elif system == "cluster":
         args = [str(a.bin_dir / "pdctl"), "up", "--prefill", "1", "--decode", "2", "-m",
                 str(a.model), "--http-port", str(port), "--grpc-port", "0", "--pin-cores"]
@@ -129,7 +132,8 @@ def start(system: str, a: argparse.Namespace, logdir: Path) -> Server:
                 "-tb", str(a.threads), "-c", str(a.ctx), "-np", "1", "--port", str(port),
                 "--host", "127.0.0.1"]
     else:
-        raise SystemExit(f"unknown system '{system}' (pd-serve, cluster, llama-server)")
+        raise SystemExit(
+            f"unknown system '{system}' (pd-serve, pd-serve-nocache, cluster, llama-server)")
     s = Server(system, args, port, log)
     try:
         wait_http(s.url, s.proc, a.start_timeout)
@@ -166,9 +170,17 @@ def converse(url: str, a: argparse.Namespace, system: str) -> list[dict]:
         messages.append({"role": "assistant", "content": reply})
         turns.append({"ttft_s": (first or end) - t0, "e2e_s": end - t0,
                       "prompt_tokens": usage.prompt_tokens if usage else None,
-                      "completion_tokens": usage.completion_tokens if usage else None})
+                      "completion_tokens": usage.completion_tokens if usage else None,
+                      "cached_tokens": cached_tokens(usage)})
         time.sleep(a.think)
     return turns
+
+
+def cached_tokens(usage) -> int | None:
+    """usage.prompt_tokens_details.cached_tokens, or None when the server does not report it."""
+    details = getattr(usage, "prompt_tokens_details", None) if usage is not None else None
+    value = getattr(details, "cached_tokens", None) if details is not None else None
+    return value if isinstance(value, int) else None
 
 
 def machine() -> str:
@@ -190,7 +202,7 @@ def machine() -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--systems", default="pd-serve,cluster,llama-server")
+    ap.add_argument("--systems", default="pd-serve-nocache,pd-serve,cluster,llama-server")
     ap.add_argument("--model", type=Path, default=ROOT / "models" / "gemma-3-270m-q4_k_m.gguf")
     ap.add_argument("--bin-dir", type=Path, default=ROOT / "build" / "bin")
     ap.add_argument("--llama-bin", type=Path,
@@ -249,12 +261,20 @@ def main() -> int:
             row += [f"{results[s][t]['ttft_s'] / ref[t]['ttft_s']:.2f}x" for s in systems
                     if s != "llama-server"]
         lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "Cached prompt tokens reported per turn (`usage.prompt_tokens_details.cached_tokens`; "
+              "n/a: not reported):", ""]
+    for s in systems:
+        lines.append(f"- {s}: " + ", ".join(
+            "n/a" if x.get("cached_tokens") is None else str(x["cached_tokens"])
+            for x in results[s]))
     lines.append("")
     for s in systems:
         r = results[s]
         if len(r) > 1:
             later = statistics.median(x["ttft_s"] for x in r[1:])
-            target = "the reference" if s == "llama-server" else "issue 18's target: <= 0.10"
+            target = ("the reference" if s == "llama-server" else
+                      "the cache off" if s == "pd-serve-nocache" else
+                      "issue 18's target: <= 0.10")
             lines.append(f"- {s}: median TTFT of turns 2..{a.turns} / turn 1 = "
                          f"{later / r[0]['ttft_s']:.2f} ({target})")
     report = "\n".join(lines) + "\n"

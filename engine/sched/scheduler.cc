@@ -370,10 +370,23 @@ void Scheduler::Pull(std::vector<std::pair<std::string, FinishReason>>* cancels)
     ImportReserved on_reserved = std::move(in.on_reserved);
     auto seq = std::make_unique<Sequence>(std::move(in), next_seq_id_++);
     if (on_reserved) {
+      // A lossless import starts after the blocks this node already holds (never the whole
+      // prompt: the sender's last block always travels).
+      const int hit = seq->publish_import && options_.prefix_cache.enabled
+                          ? kv_->MatchPrefix(seq->kv_id, seq->tokens,
+                                             std::min(CacheableTokens(*seq), seq->n_prompt - 1))
+                          : 0;
       if (kv_->Reserve(seq->kv_id, seq->n_prompt).ok()) {
         seq->importing = true;
+        seq->cached_tokens = hit;
+        if (!seq->cache_counted) {
+          seq->cache_counted = true;
+          cache_query_tokens_ += seq->n_prompt;
+          cache_hit_tokens_ += hit;
+        }
         ImportTarget target;
         target.kv_seq = seq->kv_id;
+        target.first_block = hit / block_size_;
         if (kv_->host_memory()) {
           for (int l = 0; l < kv_options_.n_layer; ++l) {
             target.layers.push_back(*kv_->ExportSpans(seq->kv_id, l));  // reserved just now
@@ -791,7 +804,10 @@ void Scheduler::Publish(StepStats* stats) {
   load.prefix_cache_hit_tokens = cache_hit_tokens_;
   if (options_.prefix_cache.enabled) {
     const absl::Time now = absl::Now();
-    if (summary_ == nullptr || now - summary_time_ >= absl::Milliseconds(100)) {
+    // At most every 100 ms while busy, and always when going idle (no later step would refresh
+    // what the last one filed or released).
+    const bool idle = running_.empty() && waiting_.empty() && importing_.empty();
+    if (summary_ == nullptr || idle || now - summary_time_ >= absl::Milliseconds(100)) {
       summary_ = std::make_shared<const std::vector<uint64_t>>(kv_->PrefixSummary());
       summary_time_ = now;
     }

@@ -128,6 +128,9 @@ class Scheduler final : public GenerationEngine {
   // cache: import with PostImport then.
   struct ImportTarget : KvWriteTarget {
     int64_t kv_seq = -1;  // its KvCache id
+    // Leading blocks the sequence took from the prefix cache (SubmitImport with publish): they
+    // hold the prompt's K/V already and are shared, so only blocks from this one on are written.
+    int first_block = 0;
   };
   // Called on the engine thread with the importing sequence's blocks, or RESOURCE_EXHAUSTED
   // when the prompt's blocks are not free now (the request then prefills locally, as if given to
@@ -142,7 +145,9 @@ class Scheduler final : public GenerationEngine {
   // sequence holds its blocks, takes no part in steps and is never preempted; Cancel and the
   // deadline end it as usual.
   // publish: the imported K/V are bit for bit what this node would compute (a lossless wire):
-  // the prompt's full blocks then go into the prefix cache when the import completes.
+  // the prompt's longest cached prefix is then taken from the prefix cache at the reservation
+  // (ImportTarget::first_block; only the rest is imported), and the prompt's full blocks go into
+  // the cache when the import completes.
   absl::Status SubmitImport(GenerationRequest request, std::shared_ptr<GenerationSink> sink,
                             ImportReserved on_reserved, bool publish = false);
   // Queues `task` for the importing request `id` (run at the next intake, in order). Ignored when

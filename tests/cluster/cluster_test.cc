@@ -633,5 +633,113 @@ TEST_F(ClusterTest, DeadPrefillNodeTheOtherPrefillNodeTakesItsWork) {
   StopCluster(*c);
 }
 
+// KV-aware routing (docs/cluster.md): turn 1 of a chat, long enough for the prefill node, lands
+// on a decode node that files the imported blocks; turn 2 (the same conversation plus a short
+// message) goes to that node, is prefilled there on top of its cache and says so in usage; when
+// that node dies, turn 3 still completes elsewhere (the cache is lost, nothing else).
+TEST_F(ClusterTest, ChatTurnsFollowTheirCachedPrefixAndSurviveTheNodeDying) {
+  TempDir dir;
+  std::unique_ptr<Cluster> c = StartClusterWithConfig(
+      dir, StrCat(kConfig, "router: {disaggregate_min_prompt: 100}\n"), *tiny_, 1, 2);
+  ASSERT_NE(c, nullptr);
+  std::string words;
+  for (int i = 0; i < 40; ++i) words += (i ? " " : "") + std::string(i % 2 ? "cat" : "mat");
+  pdserve::v1::GenerateRequest turn = GreedyRequest(words, 6);
+  Result r1 = Generate(c->grpc, turn);
+  ASSERT_TRUE(r1.status.ok()) << r1.status.error_message();
+  ASSERT_TRUE(r1.finish.has_value());
+  const int prompt1 = r1.finish->usage().prompt_tokens();
+  ASSERT_GE(prompt1, 100);
+  std::string rm = HttpGet(c->http, "/metrics");
+  EXPECT_EQ(Metric(rm, "pdserve_router_prefill_path_total{path=\"kv_transfer\"}"), 1);
+  // The node's summary reaches the router with its next poll (250 ms).
+  absl::SleepFor(absl::Milliseconds(700));
+
+  auto* assistant = turn.mutable_messages()->add_messages();
+  assistant->set_role("assistant");
+  assistant->set_content(r1.text);
+  auto* next = turn.mutable_messages()->add_messages();
+  next->set_role("user");
+  next->set_content("the cat");
+  Result r2 = Generate(c->grpc, turn);
+  ASSERT_TRUE(r2.status.ok()) << r2.status.error_message();
+  ASSERT_TRUE(r2.finish.has_value());
+  EXPECT_EQ(r2.ids.size(), 6u);
+  // Turn 1's prompt rows below L - L % 4, in whole blocks of 16.
+  EXPECT_GE(r2.finish->usage().cached_tokens(), (prompt1 - 3) / 16 * 16);
+  EXPECT_LT(r2.finish->usage().cached_tokens(), r2.finish->usage().prompt_tokens());
+  rm = HttpGet(c->http, "/metrics");
+  EXPECT_EQ(Metric(rm, "pdserve_router_prefill_path_total{path=\"decode_local\"}"), 1)
+      << "turn 1: " << prompt1 << " tokens; turn 2: " << r2.finish->usage().prompt_tokens()
+      << ", cached " << r2.finish->usage().cached_tokens();
+  const double d0 = Metric(rm, "pdserve_router_placements_total{node=\"d0\",role=\"decode\"}");
+  const double d1 = Metric(rm, "pdserve_router_placements_total{node=\"d1\",role=\"decode\"}");
+  EXPECT_TRUE((d0 == 2 && d1 == 0) || (d0 == 0 && d1 == 2)) << d0 << " " << d1;
+  const std::string holder = d0 == 2 ? "d0" : "d1";
+  EXPECT_GT(Metric(HttpGet(c->Find(holder)->http, "/metrics"), "pdserve_prefix_cache_blocks"), 0);
+
+  kill(c->Find(holder)->pid, SIGKILL);
+  absl::SleepFor(absl::Milliseconds(1500));  // evicted after two failed polls
+  next = turn.mutable_messages()->add_messages();
+  next->set_role("assistant");
+  next->set_content(r2.text);
+  next = turn.mutable_messages()->add_messages();
+  next->set_role("user");
+  next->set_content("the mat");
+  Result r3 = Generate(c->grpc, turn);
+  ASSERT_TRUE(r3.status.ok()) << r3.status.error_message();
+  EXPECT_EQ(r3.ids.size(), 6u);
+  ExpectKvBackToBaseline(*c, {holder});
+  c->pdctl->Signal(SIGTERM);
+  c->pdctl->Wait(absl::Seconds(20));
+}
+
+// With every prompt sent to the prefill node (disaggregate_min_prompt 0), a next turn travels
+// only as the blocks its decode node lacks (the descriptor's first_block): fewer KV bytes than
+// turn 1 although the prompt is longer, and the same greedy tokens as a cluster without caches.
+TEST_F(ClusterTest, ANextTurnPushesOnlyTheBlocksTheDecodeNodeLacks) {
+  std::vector<int32_t> turn2_ids[2];
+  double bytes[2][2] = {};
+  for (int cache = 0; cache < 2; ++cache) {
+    TempDir dir;
+    std::unique_ptr<Cluster> c = StartClusterWithConfig(
+        dir,
+        StrCat(kConfig, "router: {disaggregate_min_prompt: 0}\nprefix_cache: {enabled: ",
+               cache ? "true" : "false", "}\n"),
+        *tiny_, 1, 1);
+    ASSERT_NE(c, nullptr);
+    std::string words;
+    for (int i = 0; i < 40; ++i) words += (i ? " " : "") + std::string(i % 3 ? "cat" : "mat");
+    pdserve::v1::GenerateRequest turn = GreedyRequest(words, 6);
+    Result r1 = Generate(c->grpc, turn);
+    ASSERT_TRUE(r1.status.ok()) << r1.status.error_message();
+    const std::string p0 = c->Find("p0")->http;
+    bytes[cache][0] = Metric(HttpGet(p0, "/metrics"), "pdserve_kv_transfer_bytes_total");
+    absl::SleepFor(absl::Milliseconds(500));
+    auto* assistant = turn.mutable_messages()->add_messages();
+    assistant->set_role("assistant");
+    assistant->set_content(r1.text);
+    auto* next = turn.mutable_messages()->add_messages();
+    next->set_role("user");
+    next->set_content("the cat sat");
+    Result r2 = Generate(c->grpc, turn);
+    ASSERT_TRUE(r2.status.ok()) << r2.status.error_message();
+    ASSERT_TRUE(r2.finish.has_value());
+    EXPECT_EQ(r2.finish->usage().cached_tokens() > 0, cache == 1);
+    bytes[cache][1] =
+        Metric(HttpGet(p0, "/metrics"), "pdserve_kv_transfer_bytes_total") - bytes[cache][0];
+    turn2_ids[cache] = r2.ids;
+    EXPECT_EQ(Metric(HttpGet(c->http, "/metrics"),
+                     "pdserve_router_prefill_path_total{path=\"kv_transfer\"}"),
+              2);
+    ExpectKvBackToBaseline(*c);
+    StopCluster(*c);
+  }
+  EXPECT_EQ(turn2_ids[1], turn2_ids[0]);
+  EXPECT_GT(bytes[0][1], bytes[0][0]);      // no cache: the longer prompt, all of it
+  EXPECT_LT(bytes[1][1], bytes[1][0] / 2);  // cache: only the blocks after turn 1's
+  EXPECT_EQ(bytes[1][0], bytes[0][0]);      // turn 1 is the same either way
+}
+
 }  // namespace
 }  // namespace pd::router

@@ -309,7 +309,7 @@ TEST(TransferDescriptor, RoundTripsAndRejectsGarbage) {
   d.transport = "ucx";
   d.address = std::string("\0\1\2binary\xff", 10);
   d.transfer_id = 0x123456789;
-  d.geometry = {18, 1, 256, 16, 4000, KvDType::kF16, KvDType::kI8};
+  d.geometry = {18, 1, 256, 16, 4000, KvDType::kF16, KvDType::kI8, 200};
   d.deadline = absl::FromUnixMicros(1790000000123456);
   const std::string bytes = d.Serialize();
   auto back = TransferDescriptor::Parse(bytes);
@@ -333,9 +333,66 @@ TEST(TransferDescriptor, RoundTripsAndRejectsGarbage) {
   bad[0] ^= 1;
   EXPECT_THAT(TransferDescriptor::Parse(bad),
               StatusIs(absl::StatusCode::kInvalidArgument, "magic"));
+  d.geometry.first_block = 250;  // 4000 tokens are 250 blocks: one at least must travel
+  EXPECT_THAT(TransferDescriptor::Parse(d.Serialize()),
+              StatusIs(absl::StatusCode::kInvalidArgument, "first_block = 250"));
+  d.geometry.first_block = -1;
+  EXPECT_THAT(TransferDescriptor::Parse(d.Serialize()),
+              StatusIs(absl::StatusCode::kInvalidArgument, "first_block"));
+  d.geometry.first_block = 0;
   d.geometry.head_dim = 0;
   EXPECT_THAT(TransferDescriptor::Parse(d.Serialize()),
               StatusIs(absl::StatusCode::kInvalidArgument, "head_dim"));
+}
+
+// A receiver that holds a prompt's first blocks (its prefix cache) gets only the rest: the
+// payload starts at first_block, and packing, landing and importing write exactly those blocks.
+TEST(FirstBlock, OnlyTheBlocksFromFirstBlockTravelAndLand) {
+  auto backend = engine::CreateCpuBackend({1});
+  auto src = *engine::KvCache::Create(CacheOptions(KvDType::kF16), *backend);
+  PD_ASSERT_OK(FillRandom(*src, 1, 70, 4));  // 5 blocks of 16
+  for (KvDType wire : {KvDType::kF16, KvDType::kI8}) {
+    SCOPED_TRACE(engine::KvDTypeName(wire));
+    auto landed = *engine::KvCache::Create(CacheOptions(KvDType::kF16), *backend);
+    auto imported = *engine::KvCache::Create(CacheOptions(KvDType::kF16), *backend);
+    PD_ASSERT_OK(FillRandom(*landed, 5, 70, 9));  // blocks 0-1 must keep these bytes
+    PD_ASSERT_OK(FillRandom(*imported, 5, 70, 9));
+    TransferGeometry g = TransferGeometry::ForCache(landed->options(), 70, wire);
+    const size_t full = g.LayerBytes();
+    g.first_block = 2;
+    EXPECT_EQ(g.total_blocks(), 5);
+    EXPECT_EQ(g.n_blocks(), 3);
+    EXPECT_EQ(g.LayerBytes(), full / 5 * 3);
+    std::vector<uint8_t> payload(g.LayerBytes());
+    for (int l = 0; l < g.n_layer; ++l) {
+      const auto spans = *src->ExportSpans(1, l);
+      PD_ASSERT_OK(PackLayer(g, KvDType::kF16, l, spans, absl::MakeSpan(payload)));
+      if (wire == KvDType::kF16) {
+        std::vector<ByteRun> runs;
+        uint64_t sum = 0;
+        PD_ASSERT_OK(LayerRuns(g, KvDType::kF16, l, spans, &runs, &sum));
+        EXPECT_EQ(sum, Checksum64(payload.data(), payload.size()));
+      }
+      PD_ASSERT_OK(LandLayer(g, l, payload, *landed->ExportSpans(5, l)).status());
+      PD_ASSERT_OK(ImportLayer(g, l, payload, *imported, 5));
+    }
+    auto before = *engine::KvCache::Create(CacheOptions(KvDType::kF16), *backend);
+    PD_ASSERT_OK(FillRandom(*before, 5, 70, 9));
+    for (int l = 0; l < g.n_layer; ++l) {
+      for (int b = 0; b < 5; ++b) {
+        for (auto part : {engine::KvPart::kK, engine::KvPart::kV}) {
+          EXPECT_EQ(BlockBytes(*landed, 5, l, b, part), BlockBytes(*imported, 5, l, b, part));
+          if (b < 2) {  // untouched
+            EXPECT_EQ(BlockBytes(*landed, 5, l, b, part), BlockBytes(*before, 5, l, b, part));
+          } else if (wire == KvDType::kF16) {  // a copy of the sender's
+            EXPECT_EQ(BlockBytes(*landed, 5, l, b, part), BlockBytes(*src, 1, l, b, part));
+          } else {
+            EXPECT_NE(BlockBytes(*landed, 5, l, b, part), BlockBytes(*before, 5, l, b, part));
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(TransferGeometry, SizesFollowTheKvLayout) {

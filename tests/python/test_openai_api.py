@@ -165,7 +165,12 @@ def test_chat_streaming_equals_non_streaming(client: openai.OpenAI, server: Serv
     assert all(f is None for f in finishes[:-1])
     # include_usage: a last chunk without choices carries the usage; the others carry none.
     assert chunks[-1].choices == []
-    assert chunks[-1].usage.model_dump() == full.usage.model_dump()
+    # The same usage, except that the second request found the first one's prompt blocks in the
+    # prefix cache (the prompt is under 16 tokens here when the template is short: then none).
+    streamed, whole = chunks[-1].usage.model_dump(), full.usage.model_dump()
+    assert streamed.pop("prompt_tokens_details")["cached_tokens"] >= \
+        whole.pop("prompt_tokens_details")["cached_tokens"]
+    assert streamed == whole
     assert all(ch.usage is None for ch in chunks[:-1])
 
 
@@ -341,6 +346,32 @@ def test_metrics_after_traffic(client: openai.OpenAI, server: Server):
     assert server.metric('pdserve_requests_total{finish_reason="length"}') >= 1
     assert server.metric("pdserve_kv_blocks_free") > 0
     assert 'pdserve_http_requests_total{endpoint="/v1/chat/completions",status="200"}' in text
+
+
+def test_prefix_cache_reports_cached_tokens(client: openai.OpenAI, server: Server):
+    """A next chat turn reuses the KV of the earlier turn's prompt: usage says how much (whole
+    blocks of 16 tokens, never the whole prompt), streaming and not, and the Prometheus counters
+    move by the same amounts."""
+    system = {"role": "system", "content": " ".join(f"rule{i} applies" for i in range(60))}
+    first = [system, {"role": "user", "content": "Which rule comes first?"}]
+    hits0 = server.metric("pdserve_prefix_cache_hits_tokens_total")
+    queries0 = server.metric("pdserve_prefix_cache_queries_tokens_total")
+    r1 = client.chat.completions.create(model=server.model, messages=first, max_tokens=4,
+                                        temperature=0)
+    assert r1.usage.prompt_tokens_details.cached_tokens == 0
+    second = first + [{"role": "assistant", "content": r1.choices[0].message.content},
+                      {"role": "user", "content": "And the last one?"}]
+    stream = client.chat.completions.create(model=server.model, messages=second, max_tokens=4,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    usage = [c.usage for c in stream if c.usage is not None][-1]
+    cached = usage.prompt_tokens_details.cached_tokens
+    assert cached >= r1.usage.prompt_tokens - 16 - 3, (cached, r1.usage.prompt_tokens)
+    assert cached % 16 == 0 and 0 < cached < usage.prompt_tokens
+    assert server.metric("pdserve_prefix_cache_hits_tokens_total") - hits0 == cached
+    assert (server.metric("pdserve_prefix_cache_queries_tokens_total") - queries0 ==
+            r1.usage.prompt_tokens + usage.prompt_tokens)
+    assert server.metric("pdserve_prefix_cache_blocks") >= cached // 16
 
 
 def test_promtool_check_metrics(client: openai.OpenAI, server: Server):

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/status_matchers.h"
 #include "engine/sched/scheduler.h"
 #include "tests/testing/tiny_model.h"
 
@@ -157,6 +158,87 @@ TEST(SchedulerImportTest, ImportedPromptThenDecodeEqualsALocalRun) {
   EXPECT_EQ(sink->info->reason, FinishReason::kLength);
   EXPECT_EQ(sink->info->completion_tokens, 12);
   EXPECT_EQ(sink->tokens, want);  // decoding continued from the imported K/V
+  EXPECT_EQ(s->Load().kv_blocks_free, 16);
+}
+
+// A lossless import (publish) starts after the prompt blocks the node already holds: the
+// reservation names them (first_block), only the rest is written, the result is a local run's,
+// the cached tokens are reported, and the imported blocks serve the next prompt.
+TEST(SchedulerImportTest, ALosslessImportReusesTheCachedPrefixAndFilesTheRest) {
+  auto env = MakeEnv();
+  std::vector<int32_t> prompt = Req("x", 1).prompt;                 // 20 tokens
+  for (int i = 0; i < 30; ++i) prompt.push_back((7 * i + 3) % 96);  // 50: 3 blocks + 2
+  GenerationRequest req = Req("imp", 10);
+  req.prompt = prompt;
+  auto s = MakeScheduler(*env);
+  // Without publish nothing is taken from the cache; with it, blocks 0-1 come from the request
+  // that ran here before with the same first 36 tokens.
+  GenerationRequest earlier = req;
+  earlier.id = "earlier";
+  earlier.prompt.resize(36);
+  earlier.max_tokens = 2;
+  auto first = std::make_shared<Sink>();
+  ASSERT_TRUE(s->Submit(earlier, first).ok());
+  RunUntilDone(*s, *first);
+  GenerationRequest local_req = req;
+  local_req.id = "local";
+  auto local = std::make_shared<Sink>();
+  {
+    auto fresh = MakeScheduler(*env);
+    ASSERT_TRUE(fresh->Submit(local_req, local).ok());
+    RunUntilDone(*fresh, *local);
+  }
+  Prefilled p = PrefillElsewhere(*env, prompt);
+  auto sink = std::make_shared<Sink>();
+  std::optional<absl::StatusOr<Scheduler::ImportTarget>> reserved;
+  ASSERT_TRUE(s->SubmitImport(
+                   req, sink,
+                   [&](absl::StatusOr<Scheduler::ImportTarget> r) { reserved = std::move(r); },
+                   /*publish=*/true)
+                  .ok());
+  s->Step();
+  ASSERT_TRUE(reserved.has_value() && reserved->ok());
+  const int first_block = (*reserved)->first_block;
+  EXPECT_EQ(first_block, 2);
+  s->PostImport("imp", [&](KvCache& dst, int64_t seq) -> absl::Status {
+    const size_t span = p.src->BlockBytes().span();
+    std::vector<uint8_t> buf(span);
+    for (int layer = 0; layer < p.src->options().n_layer; ++layer) {
+      for (int b = 0; b < 4; ++b) {
+        for (KvPart part : {KvPart::kK, KvPart::kV}) {
+          PD_RETURN_IF_ERROR(p.src->Export(0, layer, b, part, buf.data(), span));
+          const absl::Status st = dst.Import(seq, layer, b, part, buf.data(), span);
+          if (b < first_block) {  // shared with the cache: must not be written
+            if (st.code() != absl::StatusCode::kFailedPrecondition) {
+              return absl::InternalError("a cached block was writable");
+            }
+          } else {
+            PD_RETURN_IF_ERROR(st);
+          }
+        }
+      }
+    }
+    return absl::OkStatus();
+  });
+  s->CompleteImport("imp", p.first_token);
+  RunUntilDone(*s, *sink);
+  ASSERT_TRUE(sink->info.has_value());
+  EXPECT_TRUE(sink->info->status.ok()) << sink->info->status;
+  EXPECT_EQ(sink->tokens, local->tokens);
+  EXPECT_EQ(sink->info->cached_tokens, 32);
+  EXPECT_TRUE(sink->info->timing.kv_imported);
+  PD_EXPECT_OK(s->AuditKv());
+  // The imported third block (tokens 32..47, within the prompt's interior 48) is filed now.
+  GenerationRequest later = req;
+  later.id = "later";
+  later.prompt.push_back(11);
+  later.prompt.push_back(12);
+  later.max_tokens = 1;
+  auto next = std::make_shared<Sink>();
+  ASSERT_TRUE(s->Submit(later, next).ok());
+  RunUntilDone(*s, *next);
+  ASSERT_TRUE(next->info.has_value());
+  EXPECT_EQ(next->info->cached_tokens, 48);
   EXPECT_EQ(s->Load().kv_blocks_free, 16);
 }
 
