@@ -112,8 +112,18 @@ class MapReader {
   absl::Status Finish() const {
     PD_RETURN_IF_ERROR(status_);
     if (!IsMap()) return absl::OkStatus();
+    std::vector<std::pair<std::string, int>> seen;  // key, line
     for (auto it = node_.begin(); it != node_.end(); ++it) {
       const std::string key = it->first.Scalar();
+      const int line = it->first.Mark().line + 1;
+      for (const auto& [k, first_line] : seen) {
+        // yaml-cpp keeps both and reads the first: a silent surprise, so refuse it.
+        if (k == key) {
+          return absl::InvalidArgumentError(
+              StrCat(Join(key), ": duplicate key (lines ", first_line, " and ", line, ")"));
+        }
+      }
+      seen.emplace_back(key, line);
       bool known = false;
       for (const std::string& u : used_) known = known || u == key;
       if (!known) {

@@ -585,7 +585,12 @@ TEST_F(ClusterTest, PrefillNodeKilledDuringAPromptTheDecodeNodeTakesOver) {
   std::string prompt;
   for (int i = 0; i < 11; ++i) prompt += "the cat sat on the mat and ";  // ~220 of 256 tokens
   TempDir dir;
-  std::unique_ptr<Cluster> c = StartCluster(dir, *slow_, 1, 1);
+  // Without prefix caches: the second run of the prompt must be computed again, slowly enough
+  // to be caught pending on the prefill node.
+  std::unique_ptr<Cluster> c = StartClusterWithConfig(
+      dir,
+      StrCat(kConfig, "prefix_cache: {enabled: false}\nrouter: {disaggregate_min_prompt: 0}\n"),
+      *slow_, 1, 1);
   ASSERT_NE(c, nullptr);
   Result want = Generate(c->grpc, GreedyRequest(prompt, 12));  // through the prefill node
   ASSERT_TRUE(want.status.ok()) << want.status.error_message();

@@ -189,6 +189,8 @@ TEST(ConfigTest, ValidateNamesTheField) {
   bad("prefix_cache: {min_free_blocks: -1}", "prefix_cache.min_free_blocks");
   bad("prefix_cache: {summary_blocks: -2}", "prefix_cache.summary_blocks");
   bad("prefix_cache: {enable: true}", "prefix_cache.enable");
+  bad("router: {max_retries: 1, max_retries: 2}", "router.max_retries: duplicate key");
+  bad("threads: 1\nthreads: 2\n", "threads: duplicate key (lines 1 and 2)");
   bad("scheduler: {max_running_seqs: 0}", "scheduler.max_running_seqs");
   bad("scheduler: {max_running_seqs: 8, token_budget: 4}", "scheduler.token_budget");
   bad("scheduler: {prefill_chunk: 0}", "scheduler.prefill_chunk");
