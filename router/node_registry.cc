@@ -335,8 +335,11 @@ const NodeRegistry::Node* NodeRegistry::Pick(const std::string& role, int64_t to
     random_state_ = engine::MixBlockHash(random_state_ + 0x9e3779b97f4a7c15ULL);
     best = candidates[random_state_ % candidates.size()];
   } else if (policy == "kv_aware") {
+    // One cost per candidate (the prompt hashed once per block size), then the minimum.
     const int64_t prompt_len = static_cast<int64_t>(prompt.size());
-    auto key = [&](const Entry* e) {
+    std::vector<std::tuple<int, double, int64_t>> keys;
+    keys.reserve(candidates.size());
+    for (const Entry* e : candidates) {
       const NodeStatus& s = e->status;
       const int64_t block = std::max(1, s.load.kv_block_size);
       const int64_t free_tokens = int64_t{s.load.kv_blocks_free} * block - s.active_tokens;
@@ -345,10 +348,9 @@ const NodeRegistry::Node* NodeRegistry::Pick(const std::string& role, int64_t to
                           options_.prefix_weight * CachedPrefixTokens(s, prompt) +
                           static_cast<double>(s.load.pending_prefill_tokens) +
                           static_cast<double>(options_.seq_cost_tokens) * seqs;
-      return std::make_tuple(free_tokens >= tokens ? 0 : 1, cost, -free_tokens);
-    };
-    best = *std::min_element(candidates.begin(), candidates.end(),
-                             [&](const Entry* a, const Entry* b) { return key(a) < key(b); });
+      keys.emplace_back(free_tokens >= tokens ? 0 : 1, cost, -free_tokens);
+    }
+    best = candidates[std::min_element(keys.begin(), keys.end()) - keys.begin()];
   } else if (role == "decode") {
     auto key = [tokens](const Entry* e) {
       const NodeStatus& s = e->status;
