@@ -121,6 +121,33 @@ def test_fixed_lengths_over_both_apis(pd_bench, server, tmp_path, api):
     assert j["config"]["api"] == api and j["config"]["model"]
 
 
+@pytest.mark.parametrize("api", ["grpc", "http"])
+def test_multi_turn_reads_cached_tokens_over_both_apis(pd_bench, server, tmp_path, api):
+    """--multi-turn against a real pd-serve: every turn sends the whole conversation, and from
+    turn 2 the server reports whole 16-token blocks of it as served from its prefix cache."""
+    p, j = run_bench(pd_bench, tmp_path, "--api", api, "--target", server[api], "--multi-turn",
+                     "--conversations", "3", "--turns", "3", "--concurrency", "3",
+                     "--system-prompts", "1", "--system-words", "48", "--user-words", "12",
+                     "--output-tokens", "4", "--think-time-ms", "0", "--seed", str(len(api)),
+                     "--save-requests")
+    assert p.returncode == 0, p.stderr
+    t = j["turns"]
+    assert [x["turn"] for x in t["per_turn"]] == [1, 2, 3]
+    assert t["cached_tokens_reported"] is True
+    assert 0 < t["cache_hit_rate_turns_2plus"] < 1
+    by_conv: dict[int, list[dict]] = {}
+    for r in j["requests"]:
+        assert r["ok"]
+        by_conv.setdefault(r["conversation"], []).append(r)
+    for turns in by_conv.values():
+        turns.sort(key=lambda r: r["turn"])
+        for prev, cur in zip(turns, turns[1:]):
+            assert cur["prompt_tokens"] > prev["prompt_tokens"]
+            # Turn k+1 starts with turn k's prompt: its blocks are in the cache.
+            assert cur["cached_tokens"] >= (prev["prompt_tokens"] - 3) // 16 * 16
+            assert cur["cached_tokens"] % 16 == 0
+
+
 def test_mix_reports_each_class(pd_bench, server, tmp_path):
     p, j = run_bench(pd_bench, tmp_path, "--api", "grpc", "--target", server["grpc"], "-n", "10",
                      "--mix", "short:prompt=8,output=6,concurrency=2;long:prompt=64,output=2,rate=8")
