@@ -245,6 +245,12 @@ absl::Status ServeOptions::Validate() const {
                            "must be >= 0", prefix_cache.min_free_blocks));
   PD_RETURN_IF_ERROR(Check(prefix_cache.summary_blocks >= 0, "prefix_cache.summary_blocks",
                            "must be >= 0", prefix_cache.summary_blocks));
+  PD_RETURN_IF_ERROR(Check(prefix_cache.compress_idle_ms >= 0, "prefix_cache.compress_idle_ms",
+                           "must be >= 0", prefix_cache.compress_idle_ms));
+  if (prefix_cache.compress_idle_ms > 0 && kv.dtype != "f16") {
+    return absl::InvalidArgumentError(StrCat(
+        "prefix_cache.compress_idle_ms: compresses f16 KV blocks to INT8; kv.dtype is ", kv.dtype));
+  }
   PD_RETURN_IF_ERROR(Check(limits.default_max_tokens >= 1, "limits.default_max_tokens",
                            "must be >= 1", limits.default_max_tokens));
   PD_RETURN_IF_ERROR(
@@ -361,6 +367,7 @@ absl::StatusOr<ServeOptions> ParseServeOptions(std::string_view yaml, std::strin
       c.Get("enabled", &o.prefix_cache.enabled);
       c.Get("min_free_blocks", &o.prefix_cache.min_free_blocks);
       c.Get("summary_blocks", &o.prefix_cache.summary_blocks);
+      c.Get("compress_idle_ms", &o.prefix_cache.compress_idle_ms);
       top.Merge(c);
     }
     {

@@ -52,6 +52,9 @@ struct PrefixCacheConfigOptions {
   bool enabled = true;        // keep the full prompt blocks of ended sequences for later prompts
   int min_free_blocks = 0;    // released blocks beyond this many free ones are cached; 0: all
   int summary_blocks = 4096;  // cached-block hashes a node reports to the router (KV-aware routing)
+  // > 0: cached blocks unused this long are compressed to INT8 (twice the prefixes per byte;
+  // hits on them are no longer bit for bit the cache-off result). f16 KV, CPU backend. 0: off.
+  int compress_idle_ms = 0;
 };
 
 struct LimitsOptions {

@@ -77,6 +77,11 @@ ServingMetrics::ServingMetrics(MetricsRegistry& registry)
                          .AddGauge("pdserve_prefix_cache_blocks",
                                    "KV blocks filed in the prefix cache (held or not).")
                          .Get()),
+      compressed_blocks_(registry
+                             .AddGauge("pdserve_prefix_cache_compressed_blocks",
+                                       "Prefix-cache blocks held compressed to INT8 "
+                                       "(prefix_cache.compress_idle_ms).")
+                             .Get()),
       evictions_(registry
                      .AddCounter("pdserve_prefix_cache_evictions_total",
                                  "Prefix-cache blocks evicted to make room for new KV.")
@@ -146,6 +151,7 @@ void ServingMetrics::Load(const engine::EngineLoad& load) {
   kv_used_.Set(load.kv_blocks_total - load.kv_blocks_free);
   kv_free_.Set(load.kv_blocks_free);
   cached_blocks_.Set(load.kv_blocks_cached);
+  compressed_blocks_.Set(load.kv_blocks_compressed);
   const int64_t seen = evictions_seen_.exchange(load.prefix_cache_evictions);
   if (load.prefix_cache_evictions > seen) evictions_.Increment(load.prefix_cache_evictions - seen);
 }

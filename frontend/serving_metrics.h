@@ -63,6 +63,7 @@ class ServingMetrics {
   Gauge& kv_free_;
   Counter& prompt_tokens_;
   Gauge& cached_blocks_;
+  Gauge& compressed_blocks_;
   Counter& evictions_;
   Counter& cache_queries_;
   Counter& cache_hits_;

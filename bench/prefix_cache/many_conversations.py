@@ -10,6 +10,8 @@ whether its history is in that node's cache: `random` placement finds it on 1 of
 Systems (each alone on the machine, same model, same KV memory per engine):
   pd-serve-nocache   pd-serve --no-prefix-cache
   pd-serve           pd-serve (prefix cache on: the default)
+  pd-serve-compress  pd-serve with prefix_cache.compress_idle_ms (--compress-idle-ms): cached blocks
+                     idle that long are held in INT8, two per block of memory
   cluster-random     pdctl up --prefill 1 --decode D, router.decode_policy random
   cluster-kv_aware   the same with router.decode_policy kv_aware (the default)
 
@@ -51,11 +53,15 @@ def cluster_config(a: argparse.Namespace, policy: str, path: Path) -> None:
 def start(system: str, a: argparse.Namespace, logdir: Path) -> Server:
     port = free_port()
     log = logdir / f"{system}.log"
-    if system in ("pd-serve", "pd-serve-nocache"):
+    if system in ("pd-serve", "pd-serve-nocache", "pd-serve-compress"):
         args = [str(a.bin_dir / "pd-serve"), "-m", str(a.model), "--threads", str(a.threads),
                 "--kv-mib", str(a.kv_mib), "--http-port", str(port), "--grpc-port", "0"]
         if system == "pd-serve-nocache":
             args.append("--no-prefix-cache")
+        if system == "pd-serve-compress":
+            config = logdir / "compress.yaml"
+            config.write_text(f"prefix_cache: {{compress_idle_ms: {a.compress_idle_ms}}}\n")
+            args += ["--config", str(config)]
     elif system.startswith("cluster-"):
         config = logdir / f"{system}.yaml"
         cluster_config(a, system.split("-", 1)[1], config)
@@ -107,6 +113,8 @@ def main() -> int:
     ap.add_argument("--output-tokens", type=int, default=24)
     ap.add_argument("--think-ms", type=int, default=300)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--compress-idle-ms", type=int, default=200,
+                    help="pd-serve-compress: prefix_cache.compress_idle_ms")
     ap.add_argument("--start-timeout", type=float, default=180)
     ap.add_argument("--out", type=Path, help="also write the report here")
     a = ap.parse_args()

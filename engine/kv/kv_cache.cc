@@ -1,7 +1,10 @@
 #include "engine/kv/kv_cache.h"
 
+#include <cstring>
+
 #include "common/status.h"
 #include "common/strings.h"
+#include "engine/backend/cpu/kernels.h"
 
 namespace pd::engine {
 namespace {
@@ -44,6 +47,16 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
     return absl::InvalidArgumentError(pd::StrCat("KV cache type ", static_cast<int>(o.dtype),
                                                  " is not supported (f16, f32, int8)"));
   }
+  if (o.prefix_cache.compress_idle_ms < 0) {
+    return absl::InvalidArgumentError(pd::StrCat("prefix cache compress_idle_ms must be >= 0, got ",
+                                                 o.prefix_cache.compress_idle_ms));
+  }
+  if (o.prefix_cache.compress_idle_ms > 0 && (o.dtype != KvDType::kF16 || !backend.host_memory())) {
+    return absl::InvalidArgumentError(
+        pd::StrCat("prefix cache compression (compress_idle_ms ", o.prefix_cache.compress_idle_ms,
+                   ") needs an f16 KV cache in host memory (the CPU backend); this cache is ",
+                   KvDTypeName(o.dtype), " on ", backend.name()));
+  }
   if (o.prefix_cache.min_free_blocks < 0 || o.prefix_cache.summary_blocks < 0) {
     return absl::InvalidArgumentError(pd::StrCat(
         "prefix cache options must be >= 0: min_free_blocks ", o.prefix_cache.min_free_blocks,
@@ -68,6 +81,81 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
 absl::Status KvCache::Reserve(int64_t seq, int n_tokens) { return blocks_->Reserve(seq, n_tokens); }
 
 void KvCache::Free(int64_t seq) { blocks_->Free(seq); }
+
+int KvCache::MatchPrefix(int64_t seq, absl::Span<const int32_t> tokens, int max_tokens) {
+  if (options_.prefix_cache.compress_idle_ms <= 0) {
+    return blocks_->MatchPrefix(seq, tokens, max_tokens);
+  }
+  return blocks_->MatchPrefix(seq, tokens, max_tokens, [this](int32_t b, int32_t page, int slot) {
+    ExpandBlock(b, page, slot);
+  });
+}
+
+int KvCache::CompressIdle(absl::Time now, int max_blocks) {
+  if (options_.prefix_cache.compress_idle_ms <= 0) return 0;
+  return blocks_->CompressIdle(
+      now, absl::Milliseconds(options_.prefix_cache.compress_idle_ms), max_blocks,
+      [this](int32_t b, int32_t page, int slot) { CompressBlock(b, page, slot); });
+}
+
+bool KvCache::HasIdleBlocks(absl::Time now) const {
+  return options_.prefix_cache.compress_idle_ms > 0 &&
+         blocks_->HasIdleBlocks(now, absl::Milliseconds(options_.prefix_cache.compress_idle_ms));
+}
+
+// One block's K and V of every layer, F16 [block_size][n_kv_heads][head_dim], become INT8 rows in
+// the engine's INT8 KV scheme (rotated, one F32 scale per row: kv_layout.h) written into half of
+// the page's span; the scales go to page_scales_. Two such halves fill one F16 span exactly.
+// The kernel table's fused rows (AVX-512 where the CPU has it, else AVX2 or scalar twins that
+// give the same bytes). Per block: reads 2 x span x layers bytes, writes half as many.
+void KvCache::CompressBlock(int32_t block, int32_t page, int slot) {
+  const cpu::Kernels& k = cpu::SelectKernels(/*force_scalar=*/false);
+  const int hd = options_.head_dim;
+  const size_t rows = static_cast<size_t>(options_.block_size) * options_.n_kv_heads;
+  const size_t span = BlockBytes().span();
+  std::vector<float>& scales = page_scales_[int64_t{page} * BlockManager::kPageSlots + slot];
+  scales.resize(static_cast<size_t>(options_.n_layer) * 2 * rows);
+  std::vector<float> tmp(hd);
+  std::vector<uint16_t> row(hd);
+  for (int l = 0; l < options_.n_layer; ++l) {
+    for (int part = 0; part < 2; ++part) {
+      char* base = static_cast<char*>((part == 0 ? k_ : v_)[l].data);
+      const uint16_t* src = reinterpret_cast<const uint16_t*>(base + block * span);
+      int8_t* dst = reinterpret_cast<int8_t*>(base + page * span + slot * (span / 2));
+      float* sc = scales.data() + (static_cast<size_t>(l) * 2 + part) * rows;
+      // In place (page == block, slot 0): INT8 row r lands on bytes [r hd, (r + 1) hd), before
+      // F16 row r + 1 starts (2 (r + 1) hd), so no row is overwritten before it is read; row r
+      // itself is copied out first.
+      for (size_t r = 0; r < rows; ++r) {
+        std::memcpy(row.data(), src + r * hd, hd * sizeof(uint16_t));
+        sc[r] = k.quantize_kv_i8_f16(row.data(), tmp.data(), dst + r * hd, hd);
+      }
+    }
+  }
+}
+
+void KvCache::ExpandBlock(int32_t block, int32_t page, int slot) {
+  const cpu::Kernels& k = cpu::SelectKernels(/*force_scalar=*/false);
+  const int hd = options_.head_dim;
+  const size_t rows = static_cast<size_t>(options_.block_size) * options_.n_kv_heads;
+  const size_t span = BlockBytes().span();
+  auto it = page_scales_.find(int64_t{page} * BlockManager::kPageSlots + slot);
+  PD_CHECK(it != page_scales_.end());
+  const std::vector<float>& scales = it->second;
+  std::vector<float> tmp(hd);
+  for (int l = 0; l < options_.n_layer; ++l) {
+    for (int part = 0; part < 2; ++part) {
+      char* base = static_cast<char*>((part == 0 ? k_ : v_)[l].data);
+      const int8_t* src = reinterpret_cast<const int8_t*>(base + page * span + slot * (span / 2));
+      uint16_t* dst = reinterpret_cast<uint16_t*>(base + block * span);
+      const float* sc = scales.data() + (static_cast<size_t>(l) * 2 + part) * rows;
+      for (size_t r = 0; r < rows; ++r) {
+        k.dequantize_kv_i8_f16(src + r * hd, sc[r], tmp.data(), dst + r * hd, hd);
+      }
+    }
+  }
+  page_scales_.erase(it);
+}
 
 const std::vector<int32_t>& KvCache::BlockTable(int64_t seq) const { return blocks_->Table(seq); }
 

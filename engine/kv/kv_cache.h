@@ -19,7 +19,9 @@
 #include <memory>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "engine/backend/backend.h"
 #include "engine/kv/block_manager.h"
 
@@ -78,9 +80,13 @@ class KvCache {
   // ---- prefix cache (BlockManager; no-ops when options().prefix_cache.enabled is false) -------
   // For a sequence holding no blocks yet: takes the longest cached chain of full blocks equal to
   // tokens[0, max_tokens)'s and returns the tokens it covers; their K/V are in place.
-  int MatchPrefix(int64_t seq, absl::Span<const int32_t> tokens, int max_tokens) {
-    return blocks_->MatchPrefix(seq, tokens, max_tokens);
-  }
+  // Compressed blocks on the chain are expanded back into free blocks (lossy: INT8).
+  int MatchPrefix(int64_t seq, absl::Span<const int32_t> tokens, int max_tokens);
+  // prefix_cache.compress_idle_ms > 0: compresses up to `max_blocks` cached blocks unused for
+  // that long into INT8 page slots (BlockManager::CompressIdle); returns how many. No-op when off.
+  int CompressIdle(absl::Time now, int max_blocks);
+  // Whether CompressIdle(now) has work.
+  bool HasIdleBlocks(absl::Time now) const;
   // Files `seq`'s full blocks within tokens[0, n_tokens), whose K/V the caller has written and
   // will not change, for later sequences to share.
   void Publish(int64_t seq, absl::Span<const int32_t> tokens, int n_tokens) {
@@ -134,6 +140,12 @@ class KvCache {
   std::vector<std::unique_ptr<Buffer>> buffers_;
   std::vector<KvTensor> k_, v_;
   std::unique_ptr<BlockManager> blocks_;
+  // Compression: per page slot (page * kPageSlots + slot), the F32 scales of its rows
+  // [layer][K, V][block_size * n_kv_heads]; the INT8 values are in the page block itself (the
+  // first and second half of each layer's K and V span).
+  absl::flat_hash_map<int64_t, std::vector<float>> page_scales_;
+  void CompressBlock(int32_t block, int32_t page, int slot);
+  void ExpandBlock(int32_t block, int32_t page, int slot);
 };
 
 }  // namespace pd::engine

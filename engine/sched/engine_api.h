@@ -83,6 +83,7 @@ struct EngineLoad {
   // Prefix cache (docs/kv_cache.md). kv_blocks_free counts the cached blocks nobody holds (an
   // allocation evicts them); kv_blocks_cached counts every block filed in the cache, held or not.
   int kv_blocks_cached = 0;
+  int kv_blocks_compressed = 0;        // of kv_blocks_cached: held compressed (compress_idle_ms)
   int64_t prefix_cache_evictions = 0;  // since the engine started
   // Since the engine started: prompt tokens looked up in the cache (each request's prompt, once)
   // and, of those, tokens whose K/V were found there.

@@ -103,6 +103,9 @@ absl::Status SchedulerOptions::Validate() const {
   if (prefix_cache.summary_blocks < 0) {
     return bad("prefix_cache.summary_blocks", prefix_cache.summary_blocks, ">= 0");
   }
+  if (prefix_cache.compress_idle_ms < 0) {
+    return bad("prefix_cache.compress_idle_ms", prefix_cache.compress_idle_ms, ">= 0");
+  }
   if (max_context < 0) return bad("max_context", max_context, ">= 0");
   return absl::OkStatus();
 }
@@ -329,13 +332,30 @@ StepStats Scheduler::Step() {
 
 void Scheduler::Loop() {
   while (true) {
+    bool compress = false;
     {
       absl::MutexLock l(&mu_);
       while (!stop_ && incoming_.empty() && cancels_.empty() && import_tasks_.empty() &&
              import_done_.empty() && releases_.empty() && !engine_busy_) {
-        wake_.Wait(&mu_);
+        // Idle with cached blocks to compress: wake for them (kv_ is this thread's).
+        if (options_.prefix_cache.compress_idle_ms > 0 &&
+            kv_->prefix_stats().evictable_blocks > kv_->prefix_stats().compressed_blocks) {
+          if (!wake_.WaitWithTimeout(
+                  &mu_, absl::Milliseconds(std::max(options_.prefix_cache.compress_idle_ms, 10)))) {
+            continue;
+          }
+          compress = kv_->HasIdleBlocks(absl::Now());
+          if (compress) break;
+        } else {
+          wake_.Wait(&mu_);
+        }
       }
       if (stop_) return;
+    }
+    if (compress) {
+      kv_->CompressIdle(absl::Now(), kCompressPerStep);
+      Publish(nullptr);
+      continue;
     }
     const StepStats stats = RunStep();
     if (stats.batch.empty()) {
@@ -783,6 +803,8 @@ StepStats Scheduler::RunStep() {
   StepStats stats;
   stats.preemptions = plan.preemptions;
   Execute(plan, stats);
+  // Idle cached blocks to INT8 (prefix_cache.compress_idle_ms), a bounded number per step.
+  kv_->CompressIdle(absl::Now(), kCompressPerStep);
   stats.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
   Publish(&stats);
   if (!stats.batch.empty() && options_.step_observer) options_.step_observer(stats);
@@ -799,6 +821,7 @@ void Scheduler::Publish(StepStats* stats) {
   load.kv_block_size = block_size_;
   const PrefixCacheStats cache = kv_->prefix_stats();
   load.kv_blocks_cached = cache.cached_blocks;
+  load.kv_blocks_compressed = cache.compressed_blocks;
   load.prefix_cache_evictions = cache.evictions;
   load.prefix_cache_query_tokens = cache_query_tokens_;
   load.prefix_cache_hit_tokens = cache_hit_tokens_;

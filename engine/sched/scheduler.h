@@ -242,6 +242,7 @@ class Scheduler final : public GenerationEngine {
   };
 
   void Loop();
+  static constexpr int kCompressPerStep = 64;  // blocks compressed per step at most
   // Engine-thread work (no lock held unless named *Locked).
   StepStats RunStep();
   void PullLocked(std::deque<Incoming>* arrived,

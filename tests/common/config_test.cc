@@ -62,6 +62,7 @@ TEST(ConfigTest, ServeYamlShowsTheDefaults) {
   EXPECT_EQ(a.prefix_cache.enabled, b.prefix_cache.enabled);
   EXPECT_EQ(a.prefix_cache.min_free_blocks, b.prefix_cache.min_free_blocks);
   EXPECT_EQ(a.prefix_cache.summary_blocks, b.prefix_cache.summary_blocks);
+  EXPECT_EQ(a.prefix_cache.compress_idle_ms, b.prefix_cache.compress_idle_ms);
   EXPECT_EQ(a.limits.default_max_tokens, b.limits.default_max_tokens);
   EXPECT_EQ(a.limits.max_tokens, b.limits.max_tokens);
   EXPECT_EQ(a.limits.max_body_bytes, b.limits.max_body_bytes);
@@ -189,6 +190,8 @@ TEST(ConfigTest, ValidateNamesTheField) {
   bad("prefix_cache: {min_free_blocks: -1}", "prefix_cache.min_free_blocks");
   bad("prefix_cache: {summary_blocks: -2}", "prefix_cache.summary_blocks");
   bad("prefix_cache: {enable: true}", "prefix_cache.enable");
+  bad("prefix_cache: {compress_idle_ms: -1}", "prefix_cache.compress_idle_ms");
+  bad("kv: {dtype: int8}\nprefix_cache: {compress_idle_ms: 100}", "prefix_cache.compress_idle_ms");
   bad("router: {max_retries: 1, max_retries: 2}", "router.max_retries: duplicate key");
   bad("threads: 1\nthreads: 2\n", "threads: duplicate key (lines 1 and 2)");
   bad("scheduler: {max_running_seqs: 0}", "scheduler.max_running_seqs");

@@ -8,6 +8,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <tuple>
 #include <vector>
 
 #include "common/status_matchers.h"
@@ -184,12 +185,67 @@ TEST(BlockManagerTest, PublishContinuesAChainTakenFromTheCache) {
   PD_EXPECT_OK(m.Audit());
 }
 
+// Compression (compress_idle_ms): idle cached blocks move into page slots, two per page, and
+// their blocks are freed; the entries keep their place in the index and the LRU; a hit expands
+// them into free blocks; pressure evicts them like any cached block.
+TEST(BlockManagerTest, IdleBlocksCompressTwoPerPageAndExpandOnAHit) {
+  BlockManager m(8, 2, PrefixCacheOptions{.compress_idle_ms = 1});
+  const std::vector<int32_t> p = Tokens(8, 0);  // 4 blocks
+  Compute(m, 1, p);
+  m.Free(1);
+  const absl::Time later = absl::Now() + absl::Seconds(1);
+  EXPECT_FALSE(m.HasIdleBlocks(absl::Now() - absl::Seconds(1), absl::Milliseconds(1)));
+  EXPECT_TRUE(m.HasIdleBlocks(later, absl::Milliseconds(1)));
+  std::vector<std::tuple<int32_t, int32_t, int>> moves;
+  auto record = [&](int32_t b, int32_t page, int slot) { moves.emplace_back(b, page, slot); };
+  EXPECT_EQ(m.CompressIdle(later, absl::Milliseconds(1), 3, record), 3);  // bounded
+  EXPECT_EQ(m.CompressIdle(later, absl::Milliseconds(1), 10, record), 1);
+  EXPECT_EQ(m.CompressIdle(later, absl::Milliseconds(1), 10, record), 0);  // all compressed
+  ASSERT_EQ(moves.size(), 4u);
+  EXPECT_EQ(std::get<1>(moves[0]), std::get<1>(moves[1]));  // two per page
+  EXPECT_NE(std::get<2>(moves[0]), std::get<2>(moves[1]));
+  PrefixCacheStats st = m.stats();
+  EXPECT_EQ(st.compressed_blocks, 4);
+  EXPECT_EQ(st.pages, 2);
+  EXPECT_EQ(st.cached_blocks, 4);
+  EXPECT_EQ(m.free_list_blocks(), 6);  // 8 - 2 pages: the four blocks' memory is now two
+  EXPECT_EQ(m.available_blocks(), 8);
+  EXPECT_TRUE(m.ReadOnly(std::get<1>(moves[0])));
+  EXPECT_EQ(m.Summary().size(), 4u);
+  PD_EXPECT_OK(m.Audit());
+  EXPECT_EQ(m.CachedPrefix(p, 8), 8);
+  // A hit expands the chain's compressed entries (page -> a free block each).
+  std::vector<std::tuple<int32_t, int32_t, int>> expanded;
+  ASSERT_EQ(m.MatchPrefix(
+                2, p, 6,
+                [&](int32_t b, int32_t page, int slot) { expanded.emplace_back(b, page, slot); }),
+            6);
+  ASSERT_EQ(expanded.size(), 3u);
+  EXPECT_EQ(m.stats().expansions, 3);
+  EXPECT_EQ(m.stats().compressed_blocks, 1);
+  PD_EXPECT_OK(m.Audit());
+  // Without an expand callback a compressed entry ends the match.
+  EXPECT_EQ(m.MatchPrefix(3, p, 8), 6);
+  m.Free(2);
+  m.Free(3);
+  PD_EXPECT_OK(m.Audit());
+  // Pressure: taking every block evicts the compressed entry and its page too.
+  PD_ASSERT_OK(m.Reserve(4, 16));
+  EXPECT_EQ(m.stats().compressed_blocks, 0);
+  EXPECT_EQ(m.stats().pages, 0);
+  PD_EXPECT_OK(m.Audit());
+  m.Free(4);
+  EXPECT_EQ(m.available_blocks(), 8);
+  PD_EXPECT_OK(m.Audit());
+}
+
 // 10,000 random requests: reserve with or without a cache lookup, grow, publish, release at
 // random points (finish, preemption, cancellation). After every operation the audit holds; at the
 // end every block is free or cached-and-unused.
 TEST(BlockManagerTest, RandomWorkloadNeverLeaksOrDoubleFrees) {
   std::mt19937 rng(7);
-  BlockManager m(64, 4, PrefixCacheOptions{.min_free_blocks = 2});
+  BlockManager m(64, 4, PrefixCacheOptions{.min_free_blocks = 2, .compress_idle_ms = 1});
+  const auto nop = [](int32_t, int32_t, int) {};
   const std::vector<std::vector<int32_t>> prefixes = {Tokens(12, 0), Tokens(20, 1000),
                                                       Tokens(7, 2000)};
   struct Live {
@@ -201,6 +257,10 @@ TEST(BlockManagerTest, RandomWorkloadNeverLeaksOrDoubleFrees) {
   int started = 0;
   while (started < 10000 || !live.empty()) {
     const int op = static_cast<int>(rng() % 4);
+    if (rng() % 8 == 0) {  // idle blocks compressed now and then
+      m.CompressIdle(absl::Now() + absl::Seconds(1), absl::Milliseconds(1),
+                     static_cast<int>(rng() % 5), nop);
+    }
     if (op == 0 && started < 10000) {
       Live l;
       l.tokens = prefixes[rng() % prefixes.size()];
@@ -208,7 +268,7 @@ TEST(BlockManagerTest, RandomWorkloadNeverLeaksOrDoubleFrees) {
       for (int i = 0; i < extra; ++i) l.tokens.push_back(static_cast<int32_t>(rng() % 50));
       const int64_t id = next++;
       ++started;
-      l.computed = m.MatchPrefix(id, l.tokens, static_cast<int>(l.tokens.size()) - 1);
+      l.computed = m.MatchPrefix(id, l.tokens, static_cast<int>(l.tokens.size()) - 1, nop);
       ASSERT_EQ(l.computed % 4, 0);
       if (!m.Reserve(id, l.computed + 1).ok()) {
         m.Free(id);  // no room: give the cached blocks back, drop the request
@@ -239,7 +299,8 @@ TEST(BlockManagerTest, RandomWorkloadNeverLeaksOrDoubleFrees) {
   EXPECT_EQ(m.available_blocks(), 64);
   EXPECT_TRUE(m.Sequences().empty());
   EXPECT_GT(m.stats().evictions, 0);
-  EXPECT_GE(m.free_list_blocks(), 2);
+  EXPECT_GT(m.stats().compressions, 0);
+  EXPECT_GT(m.stats().expansions, 0);
 }
 
 }  // namespace

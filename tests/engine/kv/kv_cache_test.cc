@@ -2,12 +2,16 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "common/status_matchers.h"
+#include "engine/backend/kv_rotation.h"
+#include "engine/quant/fp16.h"
 
 namespace pd::engine {
 namespace {
@@ -227,6 +231,87 @@ TEST(KvCacheTest, PrefixCacheSharesBlocksAndRefusesToOverwriteThem) {
   PD_EXPECT_OK(c.blocks().Audit());
   o.prefix_cache.min_free_blocks = -1;
   EXPECT_THAT(KvCache::Create(o, *backend), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// Compression of idle cached blocks (compress_idle_ms): the bytes go to INT8 in a page slot and
+// come back on a hit within the INT8 scheme's error. Per row of head_dim values x, stored as
+// x' = H x / b (H the Walsh-Hadamard matrix of the rotation block b, H H = b I) and quantized
+// with step s = max|x'| / 127, each element of x' is off by at most s / 2, so
+// ||x' - q s||_2 <= sqrt(hd) s / 2; rotating back multiplies norms by sqrt(b); the F16 rounding
+// of the expanded row adds at most |x_i| 2^-11 + tiny per element.
+TEST(KvCacheTest, CompressedBlocksExpandWithinTheInt8Bound) {
+  auto backend = CreateCpuBackend();
+  KvCacheOptions o = Small(8);
+  o.head_dim = 64;
+  o.prefix_cache.enabled = true;
+  o.prefix_cache.compress_idle_ms = 1;
+  auto kv = KvCache::Create(o, *backend);
+  PD_ASSERT_OK(kv);
+  KvCache& c = **kv;
+  const std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8, 9};  // 2 full blocks + 1
+  PD_ASSERT_OK(c.Reserve(1, 9));
+  const size_t span = c.BlockBytes().span();
+  const size_t rows = 4 * 2, hd = 64;
+  std::vector<std::vector<uint16_t>> original;  // [layer * 2 + part] block 0 and 1 values
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (int l = 0; l < 2; ++l) {
+    for (KvPart part : {KvPart::kK, KvPart::kV}) {
+      std::vector<uint16_t> both;
+      for (int b = 0; b < 3; ++b) {
+        std::vector<float> f(rows * hd);
+        for (size_t i = 0; i < f.size(); ++i) f[i] = normal(rng) * (i % 17 == 0 ? 8.f : 1.f);
+        std::vector<uint16_t> h(f.size());
+        for (size_t i = 0; i < f.size(); ++i) h[i] = F32ToF16(f[i]);
+        PD_ASSERT_OK(c.Import(1, l, b, part, h.data(), span));
+        if (b < 2) both.insert(both.end(), h.begin(), h.end());
+      }
+      original.push_back(both);
+    }
+  }
+  c.Publish(1, tokens, 8);
+  c.Free(1);
+  EXPECT_TRUE(c.HasIdleBlocks(absl::Now() + absl::Seconds(1)));
+  EXPECT_EQ(c.CompressIdle(absl::Now() + absl::Seconds(1), 10), 2);
+  EXPECT_EQ(c.prefix_stats().compressed_blocks, 2);
+  EXPECT_EQ(c.prefix_stats().pages, 1);
+  EXPECT_EQ(c.blocks().free_list_blocks(), 7);
+  PD_EXPECT_OK(c.blocks().Audit());
+  ASSERT_EQ(c.MatchPrefix(2, tokens, 8), 8);
+  EXPECT_EQ(c.prefix_stats().expansions, 2);
+  const int b_rot = KvRotationBlock(hd);
+  for (int l = 0; l < 2; ++l) {
+    for (KvPart part : {KvPart::kK, KvPart::kV}) {
+      const std::vector<uint16_t>& want = original[l * 2 + static_cast<int>(part)];
+      for (int b = 0; b < 2; ++b) {
+        std::vector<uint16_t> got(rows * hd);
+        PD_ASSERT_OK(c.Export(2, l, b, part, got.data(), span));
+        for (size_t r = 0; r < rows; ++r) {
+          const uint16_t* x = want.data() + (b * rows + r) * hd;
+          // max |x'| over the rotated row, bounded by its L2 norm: ||x'|| = ||x|| / sqrt(b).
+          double norm2 = 0, err2 = 0, maxabs = 0;
+          for (size_t i = 0; i < hd; ++i) {
+            const double v = F16ToF32(x[i]);
+            norm2 += v * v;
+            maxabs = std::max(maxabs, std::abs(v));
+            const double e = F16ToF32(got[r * hd + i]) - v;
+            err2 += e * e;
+          }
+          const double step = std::sqrt(norm2 / b_rot) / 127;
+          const double bound = std::sqrt(double(b_rot)) * std::sqrt(double(hd)) * step / 2 +
+                               std::sqrt(double(hd)) * maxabs * std::ldexp(1.0, -11) + 1e-6;
+          ASSERT_LE(std::sqrt(err2), bound) << "layer " << l << " block " << b << " row " << r;
+          ASSERT_GT(std::sqrt(err2), 0) << "lossless? the test would not see a wrong page";
+        }
+      }
+    }
+  }
+  PD_EXPECT_OK(c.blocks().Audit());
+  // Only f16 caches in host memory compress.
+  KvCacheOptions i8 = o;
+  i8.dtype = KvDType::kI8;
+  EXPECT_THAT(KvCache::Create(i8, *backend),
+              StatusIs(absl::StatusCode::kInvalidArgument, "needs an f16 KV cache"));
 }
 
 }  // namespace

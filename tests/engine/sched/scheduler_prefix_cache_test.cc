@@ -247,6 +247,64 @@ TEST(PrefixCacheTest, PressureEvictsInsteadOfFailing) {
   }
 }
 
+// compress_idle_ms: blocks left idle are compressed by the engine's steps, the next request with
+// that prefix expands them (reported as cached), and the bookkeeping holds. The hit is INT8-lossy,
+// so its tokens are not compared with the cache-off run; they must still be a full answer.
+TEST(PrefixCacheTest, IdleBlocksAreCompressedAndExpandedByTheNextHit) {
+  auto env = MakeEnv(DType::kF32);
+  SchedulerOptions o;
+  o.kv_blocks = 32;
+  o.block_size = 4;
+  o.run_thread = false;
+  o.prefix_cache.compress_idle_ms = 1;
+  auto sched = Scheduler::Create(*env->model, o);
+  PD_ASSERT_OK(sched);
+  Scheduler& s = **sched;
+  const std::vector<int32_t> system = Random(40, 31);
+  auto first = std::make_shared<Sink>();
+  PD_ASSERT_OK(s.Submit(Req("a", Concat(system, Random(5, 32)), 4), first));
+  RunToIdle(s);
+  absl::SleepFor(absl::Milliseconds(5));
+  s.Step();  // nothing to run: the step compresses what has been idle for 1 ms
+  EngineLoad load = s.Load();
+  EXPECT_EQ(load.kv_blocks_compressed, 11);  // 45 tokens: rows below 44 in blocks of 4
+  EXPECT_EQ(load.kv_blocks_free, load.kv_blocks_total);
+  PD_EXPECT_OK(s.AuditKv());
+  auto second = std::make_shared<Sink>();
+  PD_ASSERT_OK(s.Submit(Req("b", Concat(system, Random(6, 33)), 4), second));
+  RunToIdle(s);
+  ASSERT_TRUE(second->done());
+  EXPECT_TRUE(second->info().status.ok());
+  EXPECT_EQ(second->tokens().size(), 4u);
+  EXPECT_EQ(second->info().cached_tokens, 40);
+  load = s.Load();
+  EXPECT_LT(load.kv_blocks_compressed, 11);  // the shared 10 blocks were expanded
+  EXPECT_EQ(load.kv_blocks_free, load.kv_blocks_total);
+  PD_EXPECT_OK(s.AuditKv());
+  o.prefix_cache.compress_idle_ms = -1;
+  EXPECT_THAT(o.Validate(), ::pd::testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                                    "prefix_cache.compress_idle_ms"));
+}
+
+// With its own thread, an idle engine wakes to compress (no request needs to arrive).
+TEST(PrefixCacheTest, AnIdleEngineThreadCompressesOnItsOwn) {
+  auto env = MakeEnv(DType::kF32);
+  SchedulerOptions o;
+  o.kv_blocks = 32;
+  o.block_size = 4;
+  o.prefix_cache.compress_idle_ms = 20;
+  auto sched = Scheduler::Create(*env->model, o);
+  PD_ASSERT_OK(sched);
+  auto sink = std::make_shared<Sink>();
+  PD_ASSERT_OK((*sched)->Submit(Req("a", Random(33, 41), 3), sink));
+  const absl::Time end = absl::Now() + absl::Seconds(5);
+  while ((*sched)->Load().kv_blocks_compressed < 8 && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_TRUE(sink->done());
+  EXPECT_EQ((*sched)->Load().kv_blocks_compressed, 8);  // 33 tokens: rows below 32
+}
+
 // 10,000 random requests over a few shared prefixes, a KV budget small enough for preemption and
 // eviction, random cancellations (waiting, prefilling and decoding): after every step the audit
 // holds; at the end every block is free or cached and unused, and the published load agrees.
