@@ -33,7 +33,6 @@ class NodeService final : public nv1::Node::Service {
     out->set_draining(state_.draining());
     out->set_kv_transfer(state_.kv_transfer());
     out->set_kv_blocks_cached(l.kv_blocks_cached);
-    out->set_prefix_cache_evictions(l.prefix_cache_evictions);
     if (l.cached_block_hashes != nullptr) {
       out->mutable_cached_block_hashes()->Add(l.cached_block_hashes->begin(),
                                               l.cached_block_hashes->end());

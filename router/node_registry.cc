@@ -172,6 +172,7 @@ void NodeRegistry::Publish(const Entry& e) {
     set("kv_blocks_total", s.load.kv_blocks_total);
     set("kv_blocks_free", s.load.kv_blocks_free);
     set("pending_prefill_tokens", static_cast<double>(s.load.pending_prefill_tokens));
+    set("kv_blocks_cached", s.load.kv_blocks_cached);
     set("active", s.active);
   }
 }
@@ -214,7 +215,6 @@ void NodeRegistry::HealthLoop(Entry* e, uint64_t generation) {
         st.load.kv_block_size = l.kv_block_size();
         st.load.pending_prefill_tokens = l.pending_prefill_tokens();
         st.load.kv_blocks_cached = l.kv_blocks_cached();
-        st.load.prefix_cache_evictions = l.prefix_cache_evictions();
         st.cached_blocks = std::move(cached);
         st.max_context = l.max_context();
       } else {
@@ -334,9 +334,11 @@ const NodeRegistry::Node* NodeRegistry::Pick(const std::string& role, int64_t to
   } else if (policy == "random") {
     random_state_ = engine::MixBlockHash(random_state_ + 0x9e3779b97f4a7c15ULL);
     best = candidates[random_state_ % candidates.size()];
-  } else if (policy == "kv_aware") {
-    // One cost per candidate (the prompt hashed once per block size), then the minimum.
-    const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+  } else if (role == "decode") {
+    // least_loaded and kv_aware: nodes with room for the request first, then the policy's measure
+    // (sequences; or the cost in prompt tokens ahead of the first token), then the most free KV.
+    // One key per candidate: kv_aware's hashes the prompt up to the first uncached block.
+    const bool kv_aware = policy == "kv_aware";
     std::vector<std::tuple<int, double, int64_t>> keys;
     keys.reserve(candidates.size());
     for (const Entry* e : candidates) {
@@ -344,23 +346,15 @@ const NodeRegistry::Node* NodeRegistry::Pick(const std::string& role, int64_t to
       const int64_t block = std::max(1, s.load.kv_block_size);
       const int64_t free_tokens = int64_t{s.load.kv_blocks_free} * block - s.active_tokens;
       const int seqs = std::max(s.load.running + s.load.waiting, s.active);
-      const double cost = static_cast<double>(prompt_len) -
-                          options_.prefix_weight * CachedPrefixTokens(s, prompt) +
-                          static_cast<double>(s.load.pending_prefill_tokens) +
-                          static_cast<double>(options_.seq_cost_tokens) * seqs;
-      keys.emplace_back(free_tokens >= tokens ? 0 : 1, cost, -free_tokens);
+      const double measure =
+          kv_aware ? static_cast<double>(prompt.size()) -
+                         options_.prefix_weight * CachedPrefixTokens(s, prompt) +
+                         static_cast<double>(s.load.pending_prefill_tokens) +
+                         static_cast<double>(options_.seq_cost_tokens) * seqs
+                   : static_cast<double>(seqs);
+      keys.emplace_back(free_tokens >= tokens ? 0 : 1, measure, -free_tokens);
     }
     best = candidates[std::min_element(keys.begin(), keys.end()) - keys.begin()];
-  } else if (role == "decode") {
-    auto key = [tokens](const Entry* e) {
-      const NodeStatus& s = e->status;
-      const int64_t block = std::max(1, s.load.kv_block_size);
-      const int64_t free_tokens = int64_t{s.load.kv_blocks_free} * block - s.active_tokens;
-      const int seqs = std::max(s.load.running + s.load.waiting, s.active);
-      return std::make_tuple(free_tokens >= tokens ? 0 : 1, seqs, -free_tokens);
-    };
-    best = *std::min_element(candidates.begin(), candidates.end(),
-                             [&](const Entry* a, const Entry* b) { return key(a) < key(b); });
   } else {
     auto key = [](const Entry* e) {
       return e->status.load.pending_prefill_tokens + e->status.active_tokens;

@@ -347,6 +347,13 @@ JobSource ConversationJobs(Shared& shared, const Budget& budget, const Conversat
   };
 }
 
+// When a run of --duration stops sending (none without it).
+std::optional<Clock::time_point> Deadline(const RunOptions& options, Clock::time_point start) {
+  if (options.duration_s <= 0) return std::nullopt;
+  return start + std::chrono::duration_cast<Clock::duration>(
+                     std::chrono::duration<double>(options.duration_s));
+}
+
 }  // namespace
 
 absl::Status ValidateRun(const RunOptions& options, const std::vector<WorkloadClass>& classes) {
@@ -392,11 +399,7 @@ RunResult RunBenchmark(const RunOptions& options, const std::vector<WorkloadClas
   shared.ResetCounters();
 
   const Clock::time_point start = Clock::now();
-  std::optional<Clock::time_point> deadline;
-  if (options.duration_s > 0) {
-    deadline = start + std::chrono::duration_cast<Clock::duration>(
-                           std::chrono::duration<double>(options.duration_s));
-  }
+  const std::optional<Clock::time_point> deadline = Deadline(options, start);
   Budget budget(options.num_requests, deadline, options.stop);
   std::vector<std::unique_ptr<Source>> sources;
   std::vector<std::thread> drivers;
@@ -482,11 +485,7 @@ RunResult RunConversations(const RunOptions& options, const ConversationOptions&
   shared.ResetCounters();
 
   const Clock::time_point start = Clock::now();
-  std::optional<Clock::time_point> deadline;
-  if (options.duration_s > 0) {
-    deadline = start + std::chrono::duration_cast<Clock::duration>(
-                           std::chrono::duration<double>(options.duration_s));
-  }
+  const std::optional<Clock::time_point> deadline = Deadline(options, start);
   // The budget counts conversations; their turns are sent while it is neither stopped nor past
   // its deadline.
   Budget budget(conversations.conversations, deadline, options.stop);

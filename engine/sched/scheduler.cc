@@ -338,8 +338,10 @@ void Scheduler::Loop() {
       while (!stop_ && incoming_.empty() && cancels_.empty() && import_tasks_.empty() &&
              import_done_.empty() && releases_.empty() && !engine_busy_) {
         // Idle with cached blocks to compress: wake for them (kv_ is this thread's).
+        const PrefixCacheStats cache = kv_->prefix_stats();
+        // Uncompressed cached blocks (the LRU's blocks, not its compressed entries) wait.
         if (options_.prefix_cache.compress_idle_ms > 0 &&
-            kv_->prefix_stats().evictable_blocks > kv_->prefix_stats().compressed_blocks) {
+            cache.evictable_blocks > cache.compressed_blocks) {
           if (!wake_.WaitWithTimeout(
                   &mu_, absl::Milliseconds(std::max(options_.prefix_cache.compress_idle_ms, 10)))) {
             continue;
@@ -398,12 +400,7 @@ void Scheduler::Pull(std::vector<std::pair<std::string, FinishReason>>* cancels)
                           : 0;
       if (kv_->Reserve(seq->kv_id, seq->n_prompt).ok()) {
         seq->importing = true;
-        seq->cached_tokens = hit;
-        if (!seq->cache_counted) {
-          seq->cache_counted = true;
-          cache_query_tokens_ += seq->n_prompt;
-          cache_hit_tokens_ += hit;
-        }
+        NoteCacheLookup(*seq, hit);
         ImportTarget target;
         target.kv_seq = seq->kv_id;
         target.first_block = hit / block_size_;
@@ -628,12 +625,15 @@ void Scheduler::MatchCachedPrefix(Sequence& seq) {
   const int usable = std::min(CacheableTokens(seq), static_cast<int>(seq.tokens.size()) - 1);
   const int hit = kv_->MatchPrefix(seq.kv_id, seq.tokens, usable);
   seq.n_computed = hit;
-  if (seq.n_generated == 0) seq.cached_tokens = hit;
-  if (!seq.cache_counted) {
-    seq.cache_counted = true;
-    cache_query_tokens_ += seq.n_prompt;
-    cache_hit_tokens_ += hit;
-  }
+  NoteCacheLookup(seq, hit);
+}
+
+void Scheduler::NoteCacheLookup(Sequence& seq, int hit) {
+  if (seq.n_generated == 0) seq.cached_tokens = hit;  // what its first token was computed on
+  if (seq.cache_counted) return;                     // a re-admission after preemption
+  seq.cache_counted = true;
+  cache_query_tokens_ += seq.n_prompt;
+  cache_hit_tokens_ += hit;
 }
 
 void Scheduler::PlanDecode(StepPlan& plan) {

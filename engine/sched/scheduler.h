@@ -228,6 +228,9 @@ class Scheduler final : public GenerationEngine {
   static int CacheableTokens(const Sequence& seq);
   // Takes a waiting sequence's cached prefix at its admission (prefix_cache.enabled).
   void MatchCachedPrefix(Sequence& seq);
+  // Records a lookup that found `hit` tokens: the request's cached_tokens and, for its first
+  // lookup only, the query / hit token counts.
+  void NoteCacheLookup(Sequence& seq, int hit);
   void RunImports();  // posted import tasks and completions (engine thread)
   static void CloseImportFence(Sequence& seq);  // before an importing sequence's blocks change
   void ApplyReleases();  // ReleaseExportedKv calls (engine thread)

@@ -12,33 +12,19 @@
 #include "decode_node/kv_receiver.h"
 #include "engine/sched/scheduler.h"
 #include "kvtransfer/kv_transport.h"
-#include "tests/testing/tiny_model.h"
+#include "tests/testing/tiny_engine.h"
 
 namespace pd::node {
 namespace {
 
 using engine::FinishReason;
 
-struct Env {
-  std::string bytes;
-  std::unique_ptr<engine::Backend> backend;
-  std::unique_ptr<engine::Model> model;
-};
+using Env = engine::testing::TinyEngine;
 
 std::unique_ptr<Env> MakeEnv() {
-  auto env = std::make_unique<Env>();
   engine::testing::TinyModelSpec spec;
   spec.n_layer = 3;
-  env->bytes = engine::testing::TinyModel(spec);
-  env->backend = engine::CreateCpuBackend();
-  auto file =
-      engine::GgufFile::Parse(pd::MappedFile::Borrow(env->bytes.data(), env->bytes.size()));
-  PD_CHECK_OK(file.status());
-  auto model =
-      engine::Model::Load(std::shared_ptr<const engine::GgufFile>(std::move(*file)), *env->backend);
-  PD_CHECK_OK(model.status());
-  env->model = std::move(*model);
-  return env;
+  return engine::testing::MakeTinyEngine(spec);
 }
 
 class Sink : public engine::GenerationSink {

@@ -13,28 +13,14 @@
 #include "absl/synchronization/mutex.h"
 #include "common/status_matchers.h"
 #include "engine/sched/scheduler.h"
-#include "tests/testing/tiny_model.h"
+#include "tests/testing/tiny_engine.h"
 
 namespace pd::engine {
 namespace {
 
-struct Env {
-  std::string bytes;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<Model> model;
-};
+using Env = testing::TinyEngine;
 
-std::unique_ptr<Env> MakeEnv() {
-  auto env = std::make_unique<Env>();
-  env->bytes = testing::TinyModel(testing::TinyModelSpec{});
-  env->backend = CreateCpuBackend();
-  auto file = GgufFile::Parse(MappedFile::Borrow(env->bytes.data(), env->bytes.size()));
-  PD_CHECK_OK(file.status());
-  auto model = Model::Load(std::shared_ptr<const GgufFile>(std::move(*file)), *env->backend);
-  PD_CHECK_OK(model.status());
-  env->model = std::move(*model);
-  return env;
-}
+std::unique_ptr<Env> MakeEnv() { return testing::MakeTinyEngine(); }
 
 class Sink : public GenerationSink {
  public:
