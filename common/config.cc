@@ -315,6 +315,9 @@ absl::Status ServeOptions::Validate() const {
                            "must be >= 0", r.disaggregate_min_prompt));
   PD_RETURN_IF_ERROR(Check(kv_transfer.staging_mib >= 1, "kv_transfer.staging_mib",
                            "must be >= 1", kv_transfer.staging_mib));
+  PD_RETURN_IF_ERROR(Check(kv_transfer.prefix_pull_min_tokens >= 1,
+                           "kv_transfer.prefix_pull_min_tokens", "must be >= 1",
+                           kv_transfer.prefix_pull_min_tokens));
   PD_RETURN_IF_ERROR(ValidateEtcd(etcd));
   return absl::OkStatus();
 }
@@ -406,6 +409,8 @@ absl::StatusOr<ServeOptions> ParseServeOptions(std::string_view yaml, std::strin
       t.Get("ucx_tls", &o.kv_transfer.ucx_tls);
       t.Get("peer_failure", &o.kv_transfer.peer_failure);
       t.Get("staging_mib", &o.kv_transfer.staging_mib);
+      t.Get("prefix_pull", &o.kv_transfer.prefix_pull);
+      t.Get("prefix_pull_min_tokens", &o.kv_transfer.prefix_pull_min_tokens);
       top.Merge(t);
     }
     {

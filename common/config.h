@@ -72,6 +72,11 @@ struct KvTransferOptions {
   // one host (faster). A dead sender is noticed by the router either way.
   bool peer_failure = false;
   int64_t staging_mib = 256;  // idle staging buffers kept for reuse
+  // pd-prefill: fetch the prompt prefix that the decode node holds and this node's prefix cache
+  // lacks from the decode node (Decode.SendPrefix) instead of computing it, when it is at least
+  // prefix_pull_min_tokens long (docs/cluster.md, "Prefix pull").
+  bool prefix_pull = true;
+  int prefix_pull_min_tokens = 64;
 };
 
 // One node the router sends work to (pd-router; configs/cluster-local.yaml).

@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "decode_node/decode_service.h"
-#include "decode_node/kv_receiver.h"
+#include "node/kv_receiver.h"
 #include "node/node_role.h"
 
 namespace pd::node {

@@ -3,7 +3,8 @@
 #include <utility>
 
 #include "common/strings.h"
-#include "decode_node/kv_receiver.h"
+#include "node/kv_push.h"
+#include "node/kv_receiver.h"
 #include "proto/node_convert.h"
 
 namespace pd::node {
@@ -72,6 +73,60 @@ grpc::Status DecodeService::Release(grpc::ServerContext*, const nv1::ReleaseRequ
   return grpc::Status::OK;
 }
 
+grpc::Status DecodeService::SendPrefix(grpc::ServerContext* context,
+                                       const nv1::SendPrefixRequest* request,
+                                       nv1::SendPrefixResponse* response) {
+  ActiveCall active(state_);
+  KvReceiver* receiver = receiver_;
+  if (receiver == nullptr || state_.transport() == nullptr) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "this decode node has no KV transport (kv_transfer.enabled is off)");
+  }
+  absl::StatusOr<KvReceiver::Held> held = receiver->Prefix(request->reservation());
+  if (!held.ok()) return ToGrpc(held.status());
+  absl::StatusOr<kvtransfer::TransferDescriptor> d =
+      kvtransfer::TransferDescriptor::Parse(request->kv().transport());
+  if (!d.ok()) return ToGrpc(d.status());
+  engine::Scheduler& sched = *state_.scheduler();
+  const engine::KvCacheOptions& kv = sched.kv_options();
+  const int n = d->geometry.n_tokens;
+  if (n % kv.block_size != 0 || n > held->cached_tokens) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        StrCat("kv: a prefix of ", n, " tokens was asked for; reservation ", request->reservation(),
+               " took ", held->cached_tokens, " tokens (whole blocks of ", kv.block_size,
+               ") from this node's prefix cache"));
+  }
+  // Only bit-exact copies are worth filing in the receiver's prefix cache.
+  if (d->geometry.wire_dtype != kv.dtype || d->geometry.receiver_dtype != kv.dtype) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        StrCat("kv: a prefix is sent only as it is cached here (", engine::KvDTypeName(kv.dtype),
+               "); the receiver asked for ", engine::KvDTypeName(d->geometry.wire_dtype), " into ",
+               engine::KvDTypeName(d->geometry.receiver_dtype)));
+  }
+  if (absl::Status s = d->geometry.CheckCache(kv); !s.ok()) return ToGrpc(s);
+  absl::StatusOr<std::unique_ptr<kvtransfer::KvSendStream>> stream =
+      state_.transport()->Connect(*d, kv.dtype);
+  if (!stream.ok()) return ToGrpc(stream.status());
+  // The prefix and its next prompt token: the prefix's rows come from the cache (the reservation
+  // holds them), the one row after it is computed, and the step that computes it exports every
+  // layer. n < prompt size: a reservation never takes the prompt's last token from the cache.
+  engine::GenerationRequest g;
+  g.id = StrCat(held->request_id, "/send-prefix");
+  g.prompt.assign(held->prompt.begin(), held->prompt.begin() + n + 1);
+  g.max_tokens = 1;
+  if (context->deadline() != std::chrono::system_clock::time_point::max()) {
+    g.deadline = absl::FromChrono(context->deadline());
+  }
+  absl::StatusOr<PushedPrompt> pushed =
+      RunAndPush(sched, std::move(g), *std::move(stream), d->deadline,
+                 [context] { return context->IsCancelled(); });
+  if (!pushed.ok()) return ToGrpc(pushed.status());
+  response->set_kv_bytes(static_cast<int64_t>(d->geometry.TotalBytes()));
+  return grpc::Status::OK;
+}
+
 engine::GenerationRequest DecodeService::ToEngine(const nv1::ReserveRequest& reserve) {
   const nv1::GenerateRequest& request = reserve.request();
   engine::GenerationRequest g;
@@ -101,8 +156,8 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
     if (request->has_first_token()) first = request->first_token();
     absl::StatusOr<KvReceiver::Attached> a = receiver->Attach(request->reservation(), first);
     if (!a.ok()) return ToGrpc(a.status());
-    const grpc::Status st = Stream(context, a->request_id,
-                                   std::static_pointer_cast<QueueSink>(a->sink), writer);
+    const grpc::Status st =
+        Stream(context, a->request_id, std::static_pointer_cast<QueueSink>(a->sink), writer);
     receiver->Release(request->reservation());
     return st;
   }

@@ -4,7 +4,9 @@
 // the finish. Without a reservation the node prefills the prompt itself (the colocated fallback,
 // and the path a router takes on retries: prompt + tokens already sent). Reserve accepts a request
 // whose prompt's KV a prefill node pushes (KvReceiver); Generate with that reservation attaches to
-// it and streams it (docs/kv_transfer.md, "In the cluster").
+// it and streams it (docs/kv_transfer.md, "In the cluster"). SendPrefix hands the part of a
+// reservation's prompt that this node had cached to a prefill node that lacks it (docs/cluster.md,
+// "Prefix pull").
 //
 // Ownership: borrows the NodeState (and through it the engine), which must outlive it. Thread
 // safety: one gRPC sync-server thread per call; the engine's sinks only fill a per-call queue.
@@ -17,8 +19,8 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "decode_node/kv_receiver.h"
 #include "engine/sched/engine_api.h"
+#include "node/kv_receiver.h"
 #include "node/node_server.h"
 #include "node/queue_sink.h"
 #include "pdserve/node/v1/node.grpc.pb.h"
@@ -48,6 +50,13 @@ class DecodeService final : public ::pdserve::node::v1::Decode::Service {
   grpc::Status Generate(grpc::ServerContext* context,
                         const ::pdserve::node::v1::GenerateRequest* request,
                         grpc::ServerWriter<::pdserve::node::v1::GenerateResponse>* writer) override;
+
+  // Runs the reservation's prompt prefix plus one token (the cached rows are reused: one row is
+  // computed) and pushes the prefix's blocks to the caller's descriptor (kv_push.h). Errors as
+  // the proto says (node.proto, Decode.SendPrefix).
+  grpc::Status SendPrefix(grpc::ServerContext* context,
+                          const ::pdserve::node::v1::SendPrefixRequest* request,
+                          ::pdserve::node::v1::SendPrefixResponse* response) override;
 
  private:
   static engine::GenerationRequest ToEngine(const ::pdserve::node::v1::ReserveRequest& reserve);

@@ -82,7 +82,7 @@ absl::Status Run(const std::string& name, std::unique_ptr<NodeRole>& role, const
       PD_LOG(kWarning, name, ": KV transfer off: ", t.status().ToString());
     } else {
       transport = *std::move(t);
-      state.SetKvTransport(transport.get());
+      state.SetKvTransport(transport.get(), o.kv_transfer);
     }
   }
   PD_ASSIGN_OR_RETURN(grpc::Service * service, role->Start(state));

@@ -46,7 +46,12 @@ class NodeState {
   engine::Scheduler* scheduler() { return &scheduler_; }
   MetricsRegistry* metrics() { return metrics_; }
   // Set before the server starts; the transport outlives the server.
-  void SetKvTransport(kvtransfer::KvTransport* transport) { transport_ = transport; }
+  void SetKvTransport(kvtransfer::KvTransport* transport, const KvTransferOptions& options = {}) {
+    transport_ = transport;
+    kv_transfer_options_ = options;
+  }
+  // The node's kv_transfer config (defaults when the transport was set without it).
+  const KvTransferOptions& kv_transfer_options() const { return kv_transfer_options_; }
   kvtransfer::KvTransport* transport() { return transport_; }
   bool kv_transfer() const { return transport_ != nullptr; }
   bool draining() const { return draining_.load(); }
@@ -59,6 +64,7 @@ class NodeState {
   engine::Scheduler& scheduler_;
   MetricsRegistry* const metrics_;
   kvtransfer::KvTransport* transport_ = nullptr;
+  KvTransferOptions kv_transfer_options_;
   std::atomic<bool> draining_{false};
   std::atomic<int> active_{0};
 };

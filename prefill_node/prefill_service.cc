@@ -1,12 +1,17 @@
 #include "prefill_node/prefill_service.h"
 
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
+#include "absl/container/flat_hash_set.h"
+#include "common/log.h"
 #include "common/strings.h"
-#include "kvtransfer/kv_transport.h"
+#include "engine/kv/block_hash.h"
+#include "node/kv_push.h"
 #include "node/queue_sink.h"
 #include "proto/node_convert.h"
 
@@ -21,17 +26,10 @@ const std::vector<double>& TransferBuckets() {
   return b;
 }
 
-// When the export hook pushed the first and the last layer (engine thread -> RPC thread).
-struct PushTimes {
-  absl::Mutex mu;
-  absl::Time first = absl::InfinitePast();
-  absl::Time last = absl::InfinitePast();
-  int64_t kv_seq = -1;  // the exported sequence, whose blocks the scheduler holds for the send
-};
-
 }  // namespace
 
-PrefillService::PrefillService(NodeState& state) : state_(state) {
+PrefillService::PrefillService(NodeState& state, KvReceiver* receiver)
+    : state_(state), receiver_(receiver) {
   if (MetricsRegistry* m = state.metrics()) {
     transfer_s_ = &m->AddHistogram("pdserve_kv_transfer_seconds",
                                    "One request's KV transfer to a decode node: first layer "
@@ -48,7 +46,119 @@ PrefillService::PrefillService(NodeState& state) : state_(state) {
                   .Get();
     failures_ = &m->AddCounter("pdserve_kv_transfer_failures_total",
                                "KV transfers that failed, by status code.", {"code"});
+    pulls_ = &m->AddCounter("pdserve_kv_prefix_pulls_total",
+                            "Prompt prefixes fetched from a decode node instead of computed, by "
+                            "result (ok, or the failure's status code).",
+                            {"result"});
+    pull_tokens_ = &m->AddCounter("pdserve_kv_prefix_pull_tokens_total",
+                                  "Prompt tokens whose K/V were fetched from decode nodes.")
+                        .Get();
   }
+}
+
+void PrefillService::CountPull(std::string_view result) {
+  if (pulls_ != nullptr) pulls_->WithLabels({std::string(result)}).Increment();
+}
+
+nv1::Decode::Stub& PrefillService::DecodeStub(const std::string& address) {
+  absl::MutexLock l(&mu_);
+  std::unique_ptr<nv1::Decode::Stub>& stub = decode_[address];
+  if (stub == nullptr) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
+    stub = nv1::Decode::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  }
+  return *stub;
+}
+
+int PrefillService::OwnCachedBlocks(absl::Span<const int32_t> prompt, int max_blocks) const {
+  const engine::EngineLoad load = state_.scheduler()->Load();
+  if (load.cached_block_hashes == nullptr || load.cached_block_hashes->empty()) return 0;
+  const absl::flat_hash_set<uint64_t> have(load.cached_block_hashes->begin(),
+                                           load.cached_block_hashes->end());
+  const std::vector<uint64_t> want = engine::BlockHashes(
+      prompt, state_.scheduler()->kv_options().block_size, static_cast<size_t>(max_blocks));
+  int n = 0;
+  while (n < static_cast<int>(want.size()) && have.contains(want[n])) ++n;
+  return n;
+}
+
+int PrefillService::PullPrefix(grpc::ServerContext* context, const nv1::PrefillRequest& request,
+                               const kvtransfer::TransferDescriptor& d) {
+  engine::Scheduler& sched = *state_.scheduler();
+  const KvTransferOptions& opt = state_.kv_transfer_options();
+  if (receiver_ == nullptr || !opt.prefix_pull || !sched.options().prefix_cache.enabled ||
+      request.kv_source().address().empty() || d.geometry.first_block <= 0) {
+    return 0;
+  }
+  const int block = sched.kv_options().block_size;
+  const int n = d.geometry.first_block * block;  // what the decode node holds
+  if (n >= request.prompt_size()) return 0;      // never: a reservation leaves the last block
+  const absl::Span<const int32_t> prompt(request.prompt().data(), request.prompt_size());
+  const int own = OwnCachedBlocks(prompt, d.geometry.first_block);
+  if (n - own * block < opt.prefix_pull_min_tokens) return 0;
+
+  // 1. Reserve the prefix's blocks here: those this node holds are taken from its cache, the
+  // rest will be written by the transfer (and filed in the cache once it completed).
+  engine::GenerationRequest g;
+  g.id = StrCat(request.request_id(), "/pull-prefix");
+  g.prompt.assign(prompt.begin(), prompt.begin() + n);
+  g.max_tokens = 1;
+  auto sink = std::make_shared<QueueSink>();
+  absl::StatusOr<KvReceiver::Reserved> r =
+      receiver_->Reserve(std::move(g), sink, sched.kv_options().dtype, d.deadline);
+  if (!r.ok()) {
+    CountPull(absl::StatusCodeToString(r.status().code()));
+    PD_LOG(kInfo, "request ", request.request_id(), ": no prefix pull (", r.status().ToString(),
+           "); computing it");
+    return 0;
+  }
+  auto drop = [&](const absl::Status& why) {
+    receiver_->Drop(r->reservation);
+    CountPull(absl::StatusCodeToString(why.code()));
+    PD_LOG(kWarning, "request ", request.request_id(), ": prefix pull from ",
+           request.kv_source().address(), " failed (", why.ToString(), "); computing it");
+    return 0;
+  };
+  if (r->descriptor.empty()) {
+    return drop(absl::ResourceExhaustedError("no free KV blocks for the prefix here now"));
+  }
+  absl::StatusOr<kvtransfer::TransferDescriptor> mine =
+      kvtransfer::TransferDescriptor::Parse(r->descriptor);
+  if (!mine.ok()) return drop(mine.status());
+
+  // 2. The decode node pushes what this node lacks; the call answers once it was acknowledged.
+  nv1::SendPrefixRequest sreq;
+  sreq.set_reservation(request.kv_source().reservation());
+  sreq.mutable_kv()->set_transport(r->descriptor);
+  nv1::SendPrefixResponse sresp;
+  std::unique_ptr<grpc::ClientContext> ctx = grpc::ClientContext::FromServerContext(*context);
+  ctx->set_deadline(absl::ToChronoTime(std::min(d.deadline, mine->deadline)));
+  const grpc::Status st =
+      DecodeStub(request.kv_source().address()).SendPrefix(ctx.get(), sreq, &sresp);
+  if (!st.ok()) return drop(FromGrpc(st));
+
+  // 3. Complete the import with the prompt's next token: the reservation's request ends at once
+  // (max_tokens 1) and its blocks go into this node's prefix cache.
+  absl::StatusOr<KvReceiver::Attached> a = receiver_->Attach(r->reservation, prompt[n]);
+  if (!a.ok()) return drop(a.status());
+  std::vector<int32_t> tokens;
+  std::optional<engine::FinishInfo> finish;
+  while (!finish && absl::Now() < d.deadline) {
+    sink->Wait(absl::Now() + absl::Milliseconds(20), &tokens, &finish);
+  }
+  receiver_->Release(r->reservation);
+  if (!finish || !finish->timing.kv_imported) {
+    CountPull(finish ? "not_imported" : "DEADLINE_EXCEEDED");
+    return 0;
+  }
+  const int pulled = n - mine->geometry.first_block * block;
+  CountPull("ok");
+  if (pull_tokens_ != nullptr) pull_tokens_->Increment(pulled);
+  return pulled;
 }
 
 grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
@@ -87,15 +197,8 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
     if (!s.ok()) return ToGrpc(s.status());
     stream = *std::move(s);
   }
-  auto fail = [&](const grpc::Status& why) {
-    if (stream != nullptr) {
-      stream->Abort(absl::AbortedError(StrCat("the prefill failed: ", why.error_message())));
-      if (failures_ != nullptr) {
-        failures_->WithLabels({absl::StatusCodeToString(FromGrpc(why).code())}).Increment();
-      }
-    }
-    return why;
-  };
+  const absl::Time start = absl::Now();
+  const int pulled = push ? PullPrefix(context, *request, d) : 0;
 
   engine::GenerationRequest g;
   g.id = request->request_id();
@@ -107,106 +210,32 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
   if (context->deadline() != std::chrono::system_clock::time_point::max()) {
     g.deadline = absl::FromChrono(context->deadline());
   }
-  const std::string id = g.id;
-  auto sink = std::make_shared<QueueSink>();
-  const absl::Time start = absl::Now();
-  auto times = std::make_shared<PushTimes>();
-  // The transport reads the prompt's blocks in place until the stream ended: the scheduler holds
-  // them (hold_kv) until this function returns, on every path (the stream has ended or been
-  // aborted by then, and the request has finished).
-  struct ReleaseHeld {
-    engine::Scheduler& sched;
-    const std::shared_ptr<PushTimes>& times;
-    ~ReleaseHeld() {
-      int64_t seq;
-      {
-        absl::MutexLock l(&times->mu);
-        seq = times->kv_seq;
-      }
-      if (seq >= 0) sched.ReleaseExportedKv(seq);
+  absl::StatusOr<PushedPrompt> run = RunAndPush(sched, std::move(g), stream, d.deadline,
+                                                [context] { return context->IsCancelled(); });
+  if (!run.ok()) {
+    if (stream != nullptr && failures_ != nullptr) {
+      failures_->WithLabels({absl::StatusCodeToString(run.status().code())}).Increment();
     }
-  } release_held{sched, times};
-  absl::Status submitted;
-  if (stream != nullptr) {
-    const int n_layer = sched.kv_options().n_layer;
-    submitted = sched.SubmitExport(
-        std::move(g), sink,
-        [stream, times, n_layer](const engine::KvCache& kv, int64_t seq, int layer) {
-          absl::StatusOr<std::vector<engine::KvSpan>> spans = kv.ExportSpans(seq, layer);
-          const absl::Time now = absl::Now();
-          {
-            absl::MutexLock l(&times->mu);
-            times->kv_seq = seq;
-            if (layer == 0) times->first = now;
-            if (layer == n_layer - 1) times->last = now;
-          }
-          if (!spans.ok()) {
-            stream->Abort(spans.status());
-            return;
-          }
-          // A failed push ends the stream; its final status reaches the RPC thread.
-          (void)stream->Push(layer, *spans);
-        },
-        /*hold_kv=*/true);
-  } else {
-    submitted = sched.Submit(std::move(g), sink);
+    return ToGrpc(run.status());
   }
-  if (!submitted.ok()) return fail(ToGrpc(submitted));
-  std::vector<int32_t> tokens;
-  std::optional<engine::FinishInfo> finish;
-  bool cancelled = false;
-  while (!finish) {
-    sink->Wait(absl::Now() + absl::Milliseconds(20), &tokens, &finish);
-    if (!cancelled && context->IsCancelled()) {
-      sched.Cancel(id, engine::FinishReason::kCancelled);
-      cancelled = true;
-    }
-  }
-  if (cancelled) return fail(grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled"));
-  if (finish->reason == engine::FinishReason::kError) return fail(ToGrpc(finish->status));
-  if (finish->reason == engine::FinishReason::kDeadline) {
-    return fail(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed during prefill"));
-  }
-  if (tokens.empty()) {
-    return fail(grpc::Status(grpc::StatusCode::INTERNAL, "the prefill produced no token"));
-  }
-  const absl::Time computed = absl::Now();
-  const int32_t first = tokens[0];
+  const int32_t first = run->first_token;
   bool stopped = false;
   for (int32_t t : request->stop_token_ids()) stopped |= t == first;
   response->set_first_token(first);
   response->set_stopped(stopped);
-  response->set_prefill_s(absl::ToDoubleSeconds(computed - start));
-  response->set_cached_tokens(finish->cached_tokens);
-  if (finish->timing.first_scheduled != absl::InfinitePast()) {
-    response->set_queue_s(absl::ToDoubleSeconds(finish->timing.first_scheduled -
-                                                finish->timing.arrival));
+  response->set_prefill_s(absl::ToDoubleSeconds(run->computed - start));
+  response->set_cached_tokens(run->finish.cached_tokens);
+  response->set_pulled_tokens(std::min(pulled, run->finish.cached_tokens));
+  if (run->finish.timing.first_scheduled != absl::InfinitePast()) {
+    response->set_queue_s(
+        absl::ToDoubleSeconds(run->finish.timing.first_scheduled - run->finish.timing.arrival));
   }
   if (stream != nullptr) {
-    if (absl::Status c = stream->Complete(); !c.ok()) return fail(ToGrpc(c));
-    const absl::Duration wait = std::max(d.deadline - absl::Now(), absl::ZeroDuration());
-    const absl::Status st = stream->Wait(wait + absl::Seconds(1));
-    if (!st.ok()) {
-      stream->Abort(st);
-      if (failures_ != nullptr) {
-        failures_->WithLabels({absl::StatusCodeToString(st.code())}).Increment();
-      }
-      return ToGrpc(absl::Status(st.code(), StrCat("KV transfer: ", st.message())));
-    }
-    const absl::Time acked = absl::Now();
-    absl::Time first_push, last_push;
-    {
-      absl::MutexLock l(&times->mu);
-      first_push = times->first;
-      last_push = times->last;
-    }
-    if (last_push == absl::InfinitePast()) last_push = computed;
-    if (first_push == absl::InfinitePast()) first_push = last_push;
-    response->set_transfer_tail_s(absl::ToDoubleSeconds(acked - last_push));
+    response->set_transfer_tail_s(absl::ToDoubleSeconds(run->acked - run->last_push));
     response->set_kv_bytes(static_cast<int64_t>(d.geometry.TotalBytes()));
     if (transfer_s_ != nullptr) {
-      transfer_s_->Observe(absl::ToDoubleSeconds(acked - first_push));
-      tail_s_->Observe(absl::ToDoubleSeconds(acked - last_push));
+      transfer_s_->Observe(absl::ToDoubleSeconds(run->acked - run->first_push));
+      tail_s_->Observe(absl::ToDoubleSeconds(run->acked - run->last_push));
       bytes_->Increment(static_cast<double>(d.geometry.TotalBytes()));
     }
   }

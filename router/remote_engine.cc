@@ -234,6 +234,9 @@ bool RemoteEngine::Disaggregate(Call& call, const NodeRegistry::Node* decode,
     node::ToProto(req.sampling, preq.mutable_sampling());
     for (int32_t t : req.stop_token_ids) preq.add_stop_token_ids(t);
     *preq.mutable_kv() = rresp.kv();
+    // The prefix the decode node holds, which the prefill node may fetch rather than compute.
+    preq.mutable_kv_source()->set_address(decode->options.address);
+    preq.mutable_kv_source()->set_reservation(rresp.reservation());
     nv1::PrefillResponse presp;
     grpc::ClientContext pctx;
     absl::Time pdeadline = absl::Now() + absl::Seconds(options_.kv_transfer_timeout_s);

@@ -9,8 +9,13 @@ recomputes the whole conversation each turn. This script measures that, the way 
     default), `pd-serve-nocache` (`--no-prefix-cache`), the cluster
     (`pdctl up --prefill 1 --decode 2`), and llama.cpp's `llama-server` (built by
     bench/llamacpp/build_tools.sh from the llama-cpp-python sdist; the reference);
+    `cluster-pull` / `cluster-nopull`: `pdctl up --prefill 2 --decode 1` with the prefill nodes
+    taken in turn (`router.prefill_policy: round_robin`) and every turn of at least 256 new
+    tokens disaggregated, with the prefix pull (docs/cluster.md) on or off: each turn's prefill
+    node lacks what the other one computed, which the decode node holds;
   * runs one conversation through the official `openai` client against each: a system prompt of
-    --system-words words (1600: about 2,400 tokens), then --turns user turns, greedy, --max-tokens each, every turn
+    --system-words words (1600: about 2,400 tokens), then --turns user turns (a question, after
+    a pasted passage of --user-words words when > 0), greedy, --max-tokens each, every turn
     sending the whole history (system, user and assistant messages so far);
   * times each turn from the request to the first streamed content chunk (TTFT);
   * prints one markdown table (TTFT per turn and system, turns 2..N / turn 1, and the ratio to
@@ -19,6 +24,8 @@ recomputes the whole conversation each turn. This script measures that, the way 
   .venv/bin/python bench/prefix_cache/multi_turn.py
   .venv/bin/python bench/prefix_cache/multi_turn.py --systems pd-serve,llama-server --turns 5 \
       --out bench/results/prefix_cache_multi_turn_<date>.md
+  .venv/bin/python bench/prefix_cache/multi_turn.py --systems cluster-nopull,cluster-pull \
+      --user-words 400
 
 Issue 18's targets read off this table: TTFT of turns 2..5 <= 0.1x turn 1 on pd-serve and the
 cluster, and no turn slower than llama-server.
@@ -127,13 +134,23 @@ def start(system: str, a: argparse.Namespace, logdir: Path) -> Server:
     elif system == "cluster":
         args = [str(a.bin_dir / "pdctl"), "up", "--prefill", "1", "--decode", "2", "-m",
                 str(a.model), "--http-port", str(port), "--grpc-port", "0", "--pin-cores"]
+    elif system in ("cluster-pull", "cluster-nopull"):
+        config = logdir / f"{system}.yaml"
+        config.write_text(
+            f"model: {{context: {a.ctx}}}\n"
+            "router: {prefill_policy: round_robin, disaggregate_min_prompt: 256}\n"
+            f"kv_transfer: {{prefix_pull: {'true' if system == 'cluster-pull' else 'false'}}}\n")
+        args = [str(a.bin_dir / "pdctl"), "up", "--prefill", "2", "--decode", "1", "-m",
+                str(a.model), "--http-port", str(port), "--grpc-port", "0", "--pin-cores",
+                "--config", str(config)]
     elif system == "llama-server":
         args = [str(a.llama_bin / "llama-server"), "-m", str(a.model), "-t", str(a.threads),
                 "-tb", str(a.threads), "-c", str(a.ctx), "-np", "1", "--port", str(port),
                 "--host", "127.0.0.1"]
     else:
         raise SystemExit(
-            f"unknown system '{system}' (pd-serve, pd-serve-nocache, cluster, llama-server)")
+            f"unknown system '{system}' (pd-serve, pd-serve-nocache, cluster, cluster-pull, "
+            "cluster-nopull, llama-server)")
     s = Server(system, args, port, log)
     try:
         wait_http(s.url, s.proc, a.start_timeout)
@@ -143,6 +160,12 @@ def start(system: str, a: argparse.Namespace, logdir: Path) -> Server:
     return s
 
 
+def passage(n_words: int, seed: int) -> str:
+    rng = random.Random(seed)
+    words = [rng.choice(WORDS) for _ in range(n_words)]
+    return " ".join(" ".join(words[i:i + 12]).capitalize() + "." for i in range(0, n_words, 12))
+
+
 def converse(url: str, a: argparse.Namespace, system: str) -> list[dict]:
     from openai import OpenAI
     client = OpenAI(base_url=url + "/v1", api_key="none", timeout=a.request_timeout)
@@ -150,7 +173,11 @@ def converse(url: str, a: argparse.Namespace, system: str) -> list[dict]:
     messages = [{"role": "system", "content": system}]
     turns = []
     for t in range(a.turns):
-        messages.append({"role": "user", "content": QUESTIONS[t % len(QUESTIONS)]})
+        question = QUESTIONS[t % len(QUESTIONS)]
+        if a.user_words > 0:
+            note = passage(a.user_words, a.seed + 1 + t)
+            question = f"A visitor left this note:\n{note}\n{question}"
+        messages.append({"role": "user", "content": question})
         t0 = time.perf_counter()
         first = None
         text = []
@@ -212,6 +239,8 @@ def main() -> int:
     ap.add_argument("--system-words", type=int, default=1600,
                     help="words of the system prompt (1600: about 2,400 Gemma tokens)")
     ap.add_argument("--turns", type=int, default=5)
+    ap.add_argument("--user-words", type=int, default=0,
+                    help="words of a passage pasted into each user turn (0: questions only)")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--think", type=float, default=0.5, help="seconds between turns")
     ap.add_argument("--seed", type=int, default=1)
@@ -243,7 +272,9 @@ def main() -> int:
     ref = results.get("llama-server")
     lines = [f"# Multi-turn chat: time to first token per turn ({datetime.date.today()})", "",
              f"One conversation: a system prompt of {a.system_words} words, "
-             f"{a.turns} user turns, {a.max_tokens} greedy tokens each, the whole history sent "
+             f"{a.turns} user turns"
+             + (f" (each pasting a {a.user_words}-word passage)" if a.user_words else "") +
+             f", {a.max_tokens} greedy tokens each, the whole history sent "
              f"every turn (openai client, streamed). Threads {a.threads}, context {a.ctx}, model "
              f"`{a.model.name}`.", "",
              f"Machine: {machine()}.", "",

@@ -746,5 +746,70 @@ TEST_F(ClusterTest, ANextTurnPushesOnlyTheBlocksTheDecodeNodeLacks) {
   EXPECT_EQ(bytes[1][0], bytes[0][0]);      // turn 1 is the same either way
 }
 
+// A decode node that holds a prompt prefix the prefill node lacks (turn 1 was short, so the decode
+// node prefilled it itself) hands it over: the prefill node fetches those blocks with
+// Decode.SendPrefix and computes only the rest. The greedy tokens are those of a cluster without
+// caches, of one whose prefill node computes the prefix itself (prefix_pull off), and of one whose
+// transfers are all corrupted (the pull fails and the prefix is computed; the push fails and the
+// decode node prefills).
+TEST_F(ClusterTest, APrefillNodePullsThePrefixOnlyTheDecodeNodeHolds) {
+  enum { kNoCache, kNoPull, kPull, kCorrupt, kVariants };
+  std::vector<int32_t> turn2_ids[kVariants];
+  for (int variant = 0; variant < kVariants; ++variant) {
+    SCOPED_TRACE(StrCat("variant ", variant));
+    TempDir dir;
+    std::vector<std::string> env;
+    if (variant == kCorrupt) env.push_back("PDSERVE_TEST_KV_FAULTS=corrupt_layer=1");
+    std::unique_ptr<Cluster> c = StartClusterWithConfig(
+        dir,
+        StrCat(kConfig, "router: {disaggregate_min_prompt: 48}\nprefix_cache: {enabled: ",
+               variant != kNoCache ? "true" : "false", "}\nkv_transfer: {prefix_pull: ",
+               variant != kNoPull ? "true" : "false", ", prefix_pull_min_tokens: 16}\n"),
+        *tiny_, 1, 1, env);
+    ASSERT_NE(c, nullptr);
+    // Turn 1 is under disaggregate_min_prompt: the decode node prefills it and files its blocks.
+    pdserve::v1::GenerateRequest turn = GreedyRequest("the cat sat on the mat by the door", 4);
+    Result r1 = Generate(c->grpc, turn);
+    ASSERT_TRUE(r1.status.ok()) << r1.status.error_message();
+    absl::SleepFor(absl::Milliseconds(300));
+    auto* assistant = turn.mutable_messages()->add_messages();
+    assistant->set_role("assistant");
+    assistant->set_content(r1.text);
+    std::string words;
+    for (int i = 0; i < 24; ++i) words += (i ? " " : "") + std::string(i % 4 ? "dog" : "sat");
+    auto* next = turn.mutable_messages()->add_messages();
+    next->set_role("user");
+    next->set_content(words);
+    Result r2 = Generate(c->grpc, turn);
+    ASSERT_TRUE(r2.status.ok()) << r2.status.error_message();
+    ASSERT_TRUE(r2.finish.has_value());
+    turn2_ids[variant] = r2.ids;
+    const std::string router = HttpGet(c->http, "/metrics");
+    EXPECT_EQ(Metric(router, "pdserve_router_prefill_path_total{path=\"decode_local\"}"), 1);
+    EXPECT_EQ(Metric(router, variant == kCorrupt
+                                 ? "pdserve_router_prefill_path_total{path=\"transfer_fallback\"}"
+                                 : "pdserve_router_prefill_path_total{path=\"kv_transfer\"}"),
+              1);
+    const std::string p0 = HttpGet(c->Find("p0")->http, "/metrics");
+    if (variant == kPull) {
+      EXPECT_EQ(Metric(p0, "pdserve_kv_prefix_pulls_total{result=\"ok\"}"), 1) << p0;
+      EXPECT_GE(Metric(p0, "pdserve_kv_prefix_pull_tokens_total"), 16);
+    } else if (variant == kCorrupt) {
+      EXPECT_EQ(Metric(p0, "pdserve_kv_prefix_pulls_total{result=\"DATA_LOSS\"}"), 1) << p0;
+    } else {
+      EXPECT_THAT(p0, ::testing::Not(HasSubstr("pdserve_kv_prefix_pulls_total{")));
+    }
+    // With caches, turn 1's whole blocks were not sent again (the decode node held them).
+    if (variant != kCorrupt) {
+      EXPECT_EQ(r2.finish->usage().cached_tokens() > 0, variant != kNoCache);
+    }
+    ExpectKvBackToBaseline(*c);
+    StopCluster(*c);
+  }
+  for (int variant = 1; variant < kVariants; ++variant) {
+    EXPECT_EQ(turn2_ids[variant], turn2_ids[kNoCache]) << "variant " << variant;
+  }
+}
+
 }  // namespace
 }  // namespace pd::router

@@ -1,7 +1,10 @@
-// KvReceiver (pd-decode's reservations) and the prefill side's export hook over a real
+// KvReceiver (a node's reservations) and RunAndPush (the sending side, kv_push.h) over a real
 // in-process KvTransport: a prefill Scheduler pushes each layer as SubmitExport computes it, the
-// decode Scheduler imports it, and the decode continues with the same tokens as a local run.
-// Also the failure paths: attach without a first token, drop, expiry, unknown reservations.
+// decode Scheduler imports it, and the decode continues with the same tokens as a local run; and
+// the prefix pull, where a decode node's cached prefix goes the other way. Also the failure
+// paths: attach without a first token, drop, expiry, unknown reservations.
+#include "node/kv_receiver.h"
+
 #include <gtest/gtest.h>
 
 #include <optional>
@@ -9,9 +12,9 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "decode_node/kv_receiver.h"
 #include "engine/sched/scheduler.h"
 #include "kvtransfer/kv_transport.h"
+#include "node/kv_push.h"
 #include "tests/testing/tiny_engine.h"
 
 namespace pd::node {
@@ -124,24 +127,12 @@ class KvReceiverTest : public ::testing::Test {
     auto d = kvtransfer::TransferDescriptor::Parse(descriptor);
     if (!d.ok()) return d.status();
     auto prefill = MakeScheduler(*env_);
-    std::shared_ptr<kvtransfer::KvSendStream> stream;
-    {
-      auto s = tx_->Connect(*d, src);
-      if (!s.ok()) return s.status();
-      stream = std::move(*s);
-    }
-    auto sink = std::make_shared<Sink>();
-    PD_RETURN_IF_ERROR(prefill->SubmitExport(
-        Req("p", 1), sink, [stream](const engine::KvCache& kv, int64_t seq, int layer) {
-          auto spans = kv.ExportSpans(seq, layer);
-          PD_CHECK_OK(spans.status());
-          (void)stream->Push(layer, *spans);  // a failed push ends the stream: see Wait
-        }));
-    EXPECT_TRUE(sink->WaitFinish());
-    PD_RETURN_IF_ERROR(stream->Complete());
-    PD_RETURN_IF_ERROR(stream->Wait(absl::Seconds(5)));
-    absl::MutexLock l(&sink->mu);
-    return sink->tokens.at(0);
+    absl::StatusOr<std::unique_ptr<kvtransfer::KvSendStream>> stream = tx_->Connect(*d, src);
+    if (!stream.ok()) return stream.status();
+    absl::StatusOr<PushedPrompt> pushed =
+        RunAndPush(*prefill, Req("p", 1), *std::move(stream), d->deadline, nullptr);
+    if (!pushed.ok()) return pushed.status();
+    return pushed->first_token;
   }
 
   std::unique_ptr<Env> env_;
@@ -186,8 +177,8 @@ TEST_F(KvReceiverTest, PushedKvThenAttachWithTheFirstTokenEqualsALocalRun) {
 
 TEST_F(KvReceiverTest, AttachWithoutAFirstTokenPrefillsLocally) {
   auto sink = std::make_shared<Sink>();
-  auto r = receiver_->Reserve(Req("d", 10), sink, engine::KvDType::kF16,
-                              absl::Now() + absl::Seconds(5));
+  auto r =
+      receiver_->Reserve(Req("d", 10), sink, engine::KvDType::kF16, absl::Now() + absl::Seconds(5));
   ASSERT_TRUE(r.ok()) << r.status();
   auto a = receiver_->Attach(r->reservation, std::nullopt);
   ASSERT_TRUE(a.ok()) << a.status();
@@ -206,8 +197,8 @@ TEST_F(KvReceiverTest, AttachWithoutAFirstTokenPrefillsLocally) {
 TEST_F(KvReceiverTest, UnknownDoubleAndDroppedReservations) {
   EXPECT_EQ(receiver_->Attach(12345, 1).status().code(), absl::StatusCode::kNotFound);
   auto sink = std::make_shared<Sink>();
-  auto r = receiver_->Reserve(Req("d", 4), sink, engine::KvDType::kF16,
-                              absl::Now() + absl::Seconds(5));
+  auto r =
+      receiver_->Reserve(Req("d", 4), sink, engine::KvDType::kF16, absl::Now() + absl::Seconds(5));
   ASSERT_TRUE(r.ok());
   receiver_->Drop(r->reservation);
   ASSERT_TRUE(sink->WaitFinish());
@@ -220,8 +211,8 @@ TEST_F(KvReceiverTest, UnknownDoubleAndDroppedReservations) {
   ExpectAllFree(*decode_);
 
   auto sink2 = std::make_shared<Sink>();
-  auto r2 = receiver_->Reserve(Req("e", 4), sink2, engine::KvDType::kF16,
-                               absl::Now() + absl::Seconds(5));
+  auto r2 =
+      receiver_->Reserve(Req("e", 4), sink2, engine::KvDType::kF16, absl::Now() + absl::Seconds(5));
   ASSERT_TRUE(r2.ok());
   ASSERT_TRUE(receiver_->Attach(r2->reservation, std::nullopt).ok());
   EXPECT_EQ(receiver_->Attach(r2->reservation, std::nullopt).status().code(),
@@ -276,12 +267,96 @@ TEST_F(KvReceiverTest, ATransferThatNeverComesEndsAtItsDeadlineWithALocalPrefill
 TEST_F(KvReceiverTest, AcceptanceErrorsComeBackAndLeaveNothing) {
   engine::GenerationRequest bad = Req("d", 4);
   bad.prompt = {};
-  EXPECT_EQ(receiver_->Reserve(bad, std::make_shared<Sink>(), engine::KvDType::kF16,
-                               absl::Now() + absl::Seconds(5))
+  EXPECT_EQ(receiver_
+                ->Reserve(bad, std::make_shared<Sink>(), engine::KvDType::kF16,
+                          absl::Now() + absl::Seconds(5))
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(receiver_->live(), 0);
+}
+
+// The prefix pull (docs/cluster.md): a decode reservation took a prompt's first blocks from the
+// decode node's prefix cache (KvReceiver::Prefix says how many); a prefill node that lacks them
+// reserves that prefix with its own KvReceiver, the decode node pushes it (RunAndPush of the prefix
+// plus one token, the cached rows reused), and the prefill node's next run of the whole prompt
+// starts after it, with a local run's tokens.
+TEST_F(KvReceiverTest, APrefixCachedOnTheDecodeNodeIsPulledAndReusedByThePrefillNode) {
+  engine::GenerationRequest full = Req("full", 10);
+  for (int i = 0; i < 20; ++i) full.prompt.push_back(3 + (i * 7) % 90);  // 42 tokens, 2 blocks
+  const int n_cached = 32;
+  std::vector<int32_t> want;
+  {
+    auto local = MakeScheduler(*env_);
+    auto sink = std::make_shared<Sink>();
+    ASSERT_TRUE(local->Submit(full, sink).ok());
+    ASSERT_TRUE(sink->WaitFinish());
+    absl::MutexLock l(&sink->mu);
+    want = sink->tokens;
+  }
+  // The decode node ran the prompt once: its first two blocks are in its cache.
+  {
+    auto sink = std::make_shared<Sink>();
+    engine::GenerationRequest warm = full;
+    warm.id = "warm";
+    warm.max_tokens = 1;
+    ASSERT_TRUE(decode_->Submit(warm, sink).ok());
+    ASSERT_TRUE(sink->WaitFinish());
+  }
+  auto dsink = std::make_shared<Sink>();
+  auto d = receiver_->Reserve(full, dsink, engine::KvDType::kF16, absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(d.ok()) << d.status();
+  absl::StatusOr<KvReceiver::Held> held = receiver_->Prefix(d->reservation);
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(held->cached_tokens, n_cached);
+  EXPECT_EQ(held->prompt, full.prompt);
+  EXPECT_EQ(receiver_->Prefix(777).status().code(), absl::StatusCode::kNotFound);
+
+  // The prefill node reserves the prefix; the decode node pushes it from its cache.
+  auto prefill = MakeScheduler(*env_);
+  KvReceiver pull(*prefill, *tx_, nullptr);
+  engine::GenerationRequest prefix = full;
+  prefix.id = "full/pull-prefix";
+  prefix.prompt.resize(n_cached);
+  prefix.max_tokens = 1;
+  auto psink = std::make_shared<Sink>();
+  auto p = pull.Reserve(prefix, psink, engine::KvDType::kF16, absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(p.ok()) << p.status();
+  absl::StatusOr<kvtransfer::TransferDescriptor> pd =
+      kvtransfer::TransferDescriptor::Parse(p->descriptor);
+  ASSERT_TRUE(pd.ok()) << pd.status();
+  EXPECT_EQ(pd->geometry.first_block, 0);  // the prefill node holds nothing yet
+  auto stream = rx_->Connect(*pd, engine::KvDType::kF16);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  engine::GenerationRequest send = full;
+  send.id = "full/send-prefix";
+  send.prompt.resize(n_cached + 1);
+  send.max_tokens = 1;
+  absl::StatusOr<PushedPrompt> sent =
+      RunAndPush(*decode_, send, *std::move(stream), pd->deadline, nullptr);
+  ASSERT_TRUE(sent.ok()) << sent.status();
+  EXPECT_EQ(sent->finish.cached_tokens, n_cached);  // the decode node computed one row
+  ASSERT_TRUE(pull.Attach(p->reservation, full.prompt[n_cached]).ok());
+  ASSERT_TRUE(psink->WaitFinish());
+  pull.Release(p->reservation);
+  {
+    absl::MutexLock l(&psink->mu);
+    EXPECT_TRUE(psink->info->timing.kv_imported);
+  }
+  // The whole prompt on the prefill node starts after the pulled prefix, with the same tokens.
+  auto fsink = std::make_shared<Sink>();
+  ASSERT_TRUE(prefill->Submit(full, fsink).ok());
+  ASSERT_TRUE(fsink->WaitFinish());
+  {
+    absl::MutexLock l(&fsink->mu);
+    EXPECT_EQ(fsink->info->cached_tokens, n_cached);
+    EXPECT_EQ(fsink->tokens, want);
+  }
+  receiver_->Drop(d->reservation);
+  ASSERT_TRUE(dsink->WaitFinish());
+  pull.Shutdown();
+  ExpectAllFree(*prefill);
+  ExpectAllFree(*decode_);
 }
 
 }  // namespace

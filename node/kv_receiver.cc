@@ -1,4 +1,4 @@
-#include "decode_node/kv_receiver.h"
+#include "node/kv_receiver.h"
 
 #include <utility>
 #include <vector>
@@ -11,6 +11,8 @@ namespace pd::node {
 
 struct KvReceiver::Res {
   std::string id;
+  std::vector<int32_t> prompt;
+  int cached_tokens = 0;  // the prefix taken from the cache at the reservation
   std::shared_ptr<engine::GenerationSink> sink;
   absl::Time expires;
   bool reserved = false;  // the engine thread ran on_reserved
@@ -29,7 +31,8 @@ KvReceiver::KvReceiver(engine::Scheduler& scheduler, kvtransfer::KvTransport& tr
   if (metrics != nullptr) {
     received_ = &metrics->AddCounter(
         "pdserve_kv_transfer_received_total",
-        "KV transfers received by a decode node, by result (ok, or the failure's status code).",
+        "KV transfers received by this node (decode: prompts; prefill: prefix pulls), by "
+        "result (ok, or the failure's status code).",
         {"result"});
     layers_ = &metrics->AddCounter(
         "pdserve_kv_transfer_layers_total",
@@ -65,7 +68,7 @@ void KvReceiver::Shutdown() {
     if (reservations_ != nullptr) reservations_->Set(0);
   }
   for (uint64_t id : aborts) {
-    transport_.AbortReceive(id, absl::UnavailableError("the decode node is shutting down"));
+    transport_.AbortReceive(id, absl::UnavailableError("the node is shutting down"));
   }
 }
 
@@ -85,6 +88,7 @@ absl::StatusOr<KvReceiver::Reserved> KvReceiver::Reserve(
     rn = next_++;
     auto r = std::make_unique<Res>();
     r->id = id;
+    r->prompt = request.prompt;
     r->sink = sink;
     r->expires = deadline + attach_grace_;
     res_[rn] = std::move(r);
@@ -94,6 +98,8 @@ absl::StatusOr<KvReceiver::Reserved> KvReceiver::Reserve(
   auto on_reserved = [this, rn, id, n_prompt, wire,
                       deadline](absl::StatusOr<engine::Scheduler::ImportTarget> reserved) {
     std::optional<absl::StatusOr<kvtransfer::TransferDescriptor>> d;
+    const int cached =
+        reserved.ok() ? reserved->first_block * scheduler_.kv_options().block_size : 0;
     if (reserved.ok()) {
       kvtransfer::TransferGeometry g =
           kvtransfer::TransferGeometry::ForCache(scheduler_.kv_options(), n_prompt, wire);
@@ -101,7 +107,8 @@ absl::StatusOr<KvReceiver::Reserved> KvReceiver::Reserve(
       g.first_block = reserved->first_block;
       kvtransfer::ReceiveCallbacks cb;
       cb.on_layer = [this, id](kvtransfer::LayerPayload payload) {
-        if (layers_ != nullptr) layers_->WithLabels({payload.landed ? "landed" : "engine"}).Increment();
+        if (layers_ != nullptr)
+          layers_->WithLabels({payload.landed ? "landed" : "engine"}).Increment();
         if (payload.landed) return;  // the transport wrote it into the reserved blocks
         auto p = std::make_shared<kvtransfer::LayerPayload>(std::move(payload));
         scheduler_.PostImport(id, [p](engine::KvCache& kv, int64_t seq) {
@@ -131,6 +138,7 @@ absl::StatusOr<KvReceiver::Reserved> KvReceiver::Reserve(
     }
     Res& r = *it->second;
     r.reserved = true;
+    r.cached_tokens = cached;
     if (d.has_value() && d->ok()) {
       r.transfer_id = (*d)->transfer_id;
       r.transferring = true;
@@ -161,9 +169,18 @@ absl::StatusOr<KvReceiver::Reserved> KvReceiver::Reserve(
     res_.erase(rn);
     if (reservations_ != nullptr) reservations_->Set(static_cast<double>(res_.size()));
     return absl::DeadlineExceededError(
-        "the decode node's engine did not reserve the KV blocks before the transfer deadline");
+        "the node's engine did not reserve the KV blocks before the transfer deadline");
   }
   return Reserved{rn, r->descriptor};
+}
+
+absl::StatusOr<KvReceiver::Held> KvReceiver::Prefix(uint64_t rn) const {
+  absl::MutexLock l(&mu_);
+  auto it = res_.find(rn);
+  if (it == res_.end()) {
+    return absl::NotFoundError(StrCat("reservation ", rn, " is unknown or expired on this node"));
+  }
+  return Held{it->second->id, it->second->prompt, it->second->cached_tokens};
 }
 
 void KvReceiver::MaybeComplete(Res& r) {
@@ -203,8 +220,7 @@ absl::StatusOr<KvReceiver::Attached> KvReceiver::Attach(uint64_t rn,
     absl::MutexLock l(&mu_);
     auto it = res_.find(rn);
     if (it == res_.end()) {
-      return absl::NotFoundError(
-          StrCat("reservation ", rn, " is unknown or expired on this decode node"));
+      return absl::NotFoundError(StrCat("reservation ", rn, " is unknown or expired on this node"));
     }
     Res& r = *it->second;
     if (r.attached) {

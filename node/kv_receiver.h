@@ -1,7 +1,9 @@
-// pd-decode's side of KV transfer: the reservations Decode.Reserve hands out.
+// The receiving side of KV transfer: the reservations pd-decode's Decode.Reserve hands out, and
+// those pd-prefill opens to fetch a prompt prefix from a decode node (docs/cluster.md, "Prefix
+// pull").
 //
 // A reservation is one request accepted by the Scheduler through SubmitImport whose prompt's K/V
-// a prefill node pushes over the node's KvTransport. Its life:
+// another node pushes over this node's KvTransport. Its life:
 //
 //   Reserve (RPC thread)        SubmitImport; the engine thread reserves the prompt's blocks and
 //                               opens a transfer (KvTransport::Reserve) -> the descriptor. With a
@@ -38,6 +40,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -95,6 +98,16 @@ class KvReceiver {
   void Drop(uint64_t reservation);
 
   int live() const;  // reservations not yet released
+
+  struct Held {
+    std::string request_id;
+    std::vector<int32_t> prompt;
+    // Leading prompt tokens the reservation took from this node's prefix cache (whole blocks):
+    // what Decode.SendPrefix may send on. 0 until the engine reserved the blocks.
+    int cached_tokens = 0;
+  };
+  // What reservation `reservation` holds. NOT_FOUND for an unknown or expired one.
+  absl::StatusOr<Held> Prefix(uint64_t reservation) const;
 
  private:
   struct Res;

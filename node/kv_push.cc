@@ -1,0 +1,113 @@
+#include "node/kv_push.h"
+
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "common/strings.h"
+#include "node/queue_sink.h"
+
+namespace pd::node {
+namespace {
+
+// When the export hook pushed the first and the last layer (engine thread -> caller).
+struct PushTimes {
+  absl::Mutex mu;
+  absl::Time first = absl::InfinitePast();
+  absl::Time last = absl::InfinitePast();
+  int64_t kv_seq = -1;  // the exported sequence, whose blocks the scheduler holds for the send
+};
+
+}  // namespace
+
+absl::StatusOr<PushedPrompt> RunAndPush(engine::Scheduler& sched, engine::GenerationRequest request,
+                                        std::shared_ptr<kvtransfer::KvSendStream> stream,
+                                        absl::Time transfer_deadline,
+                                        const std::function<bool()>& cancelled) {
+  auto fail = [&](absl::Status why) {
+    if (stream != nullptr)
+      stream->Abort(absl::AbortedError(StrCat("the prefill failed: ", why.message())));
+    return why;
+  };
+  const std::string id = request.id;
+  auto sink = std::make_shared<QueueSink>();
+  const auto times = std::make_shared<PushTimes>();
+  // The transport reads the prompt's blocks in place until the stream ended: the scheduler holds
+  // them (hold_kv) until this function returns, on every path (the stream has ended or been
+  // aborted by then, and the request has finished).
+  struct ReleaseHeld {
+    engine::Scheduler& sched;
+    const std::shared_ptr<PushTimes>& times;
+    ~ReleaseHeld() {
+      int64_t seq;
+      {
+        absl::MutexLock l(&times->mu);
+        seq = times->kv_seq;
+      }
+      if (seq >= 0) sched.ReleaseExportedKv(seq);
+    }
+  } release_held{sched, times};
+  absl::Status submitted;
+  if (stream != nullptr) {
+    const int n_layer = sched.kv_options().n_layer;
+    submitted = sched.SubmitExport(
+        std::move(request), sink,
+        [stream, times, n_layer](const engine::KvCache& kv, int64_t seq, int layer) {
+          absl::StatusOr<std::vector<engine::KvSpan>> spans = kv.ExportSpans(seq, layer);
+          const absl::Time now = absl::Now();
+          {
+            absl::MutexLock l(&times->mu);
+            times->kv_seq = seq;
+            if (layer == 0) times->first = now;
+            if (layer == n_layer - 1) times->last = now;
+          }
+          if (!spans.ok()) {
+            stream->Abort(spans.status());
+            return;
+          }
+          // A failed push ends the stream; its final status reaches the caller's Wait.
+          (void)stream->Push(layer, *spans);
+        },
+        /*hold_kv=*/true);
+  } else {
+    submitted = sched.Submit(std::move(request), sink);
+  }
+  if (!submitted.ok()) return fail(submitted);
+  std::vector<int32_t> tokens;
+  std::optional<engine::FinishInfo> finish;
+  bool was_cancelled = false;
+  while (!finish) {
+    sink->Wait(absl::Now() + absl::Milliseconds(20), &tokens, &finish);
+    if (!was_cancelled && cancelled && cancelled()) {
+      sched.Cancel(id, engine::FinishReason::kCancelled);
+      was_cancelled = true;
+    }
+  }
+  if (was_cancelled) return fail(absl::CancelledError("the call was cancelled"));
+  if (finish->reason == engine::FinishReason::kError) return fail(finish->status);
+  if (finish->reason == engine::FinishReason::kDeadline) {
+    return fail(absl::DeadlineExceededError("deadline passed during prefill"));
+  }
+  if (tokens.empty()) return fail(absl::InternalError("the prefill produced no token"));
+  PushedPrompt out;
+  out.first_token = tokens[0];
+  out.finish = *std::move(finish);
+  out.computed = absl::Now();
+  out.first_push = out.last_push = out.acked = out.computed;
+  if (stream == nullptr) return out;
+  if (absl::Status c = stream->Complete(); !c.ok()) return fail(c);
+  const absl::Duration wait = std::max(transfer_deadline - absl::Now(), absl::ZeroDuration());
+  const absl::Status st = stream->Wait(wait + absl::Seconds(1));
+  if (!st.ok()) {
+    stream->Abort(st);
+    return absl::Status(st.code(), StrCat("KV transfer: ", st.message()));
+  }
+  out.acked = absl::Now();
+  absl::MutexLock l(&times->mu);
+  if (times->last != absl::InfinitePast()) out.last_push = times->last;
+  out.first_push = times->first != absl::InfinitePast() ? times->first : out.last_push;
+  return out;
+}
+
+}  // namespace pd::node
