@@ -12,8 +12,13 @@ Systems (each alone on the machine, same model, same KV memory per engine):
   pd-serve           pd-serve (prefix cache on: the default)
   pd-serve-compress  pd-serve with prefix_cache.compress_idle_ms (--compress-idle-ms): cached blocks
                      idle that long are held in INT8, two per block of memory
-  cluster-random     pdctl up --prefill 1 --decode D, router.decode_policy random
+  cluster-random     pdctl up --prefill P --decode D, router.decode_policy random
   cluster-kv_aware   the same with router.decode_policy kv_aware (the default)
+
+With prefill nodes (--prefill, default 1) a turn whose uncached part is long is prefilled there,
+on top of the prefill node's own cache, which holds every conversation it computed: that hides
+part of what placement decides. --prefill 0 leaves every prefill to the chosen decode node, so the
+hit rate is that of decode placement alone.
 
 The load is pd-bench's multi-turn mode (bench/pd_bench/README.md); the hit rate is the sum of the
 cached prompt tokens the server reports (usage.prompt_tokens_details.cached_tokens) over the sum
@@ -65,9 +70,9 @@ def start(system: str, a: argparse.Namespace, logdir: Path) -> Server:
     elif system.startswith("cluster-"):
         config = logdir / f"{system}.yaml"
         cluster_config(a, system.split("-", 1)[1], config)
-        args = [str(a.bin_dir / "pdctl"), "up", "--config", str(config), "--prefill", "1",
-                "--decode", str(a.decode), "-m", str(a.model), "--http-port", str(port),
-                "--grpc-port", "0"]
+        args = [str(a.bin_dir / "pdctl"), "up", "--config", str(config),
+                "--prefill", str(a.prefill), "--decode", str(a.decode), "-m", str(a.model),
+                "--http-port", str(port), "--grpc-port", "0"]
     else:
         raise SystemExit(f"unknown system '{system}'")
     s = Server(system, args, port, log)
@@ -103,6 +108,7 @@ def main() -> int:
     ap.add_argument("--bin-dir", type=Path, default=ROOT / "build" / "bin")
     ap.add_argument("--threads", type=int, default=2, help="pd-serve threads")
     ap.add_argument("--decode", type=int, default=3, help="cluster decode nodes")
+    ap.add_argument("--prefill", type=int, default=1, help="cluster prefill nodes (0: none)")
     ap.add_argument("--kv-mib", type=int, default=64, help="KV memory per engine (MiB)")
     ap.add_argument("--conversations", type=int, default=24)
     ap.add_argument("--turns", type=int, default=4)
@@ -136,7 +142,8 @@ def main() -> int:
              f"{a.system_prompts} shared system prompts of {a.system_words} words, user messages "
              f"of {a.user_words} words, {a.output_tokens} tokens per answer, {a.think_ms} ms think "
              f"time (pd-bench --multi-turn, HTTP). KV memory {a.kv_mib} MiB per engine; "
-             f"pd-serve {a.threads} threads; cluster: 1 prefill + {a.decode} decode nodes, "
+             f"pd-serve {a.threads} threads; cluster: {a.prefill} prefill + {a.decode} decode "
+             "nodes, "
              f"1 thread each, model `{a.model.name}`.", "",
              f"Machine: {machine()}.", "",
              "Command: `" + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]) + "`", "",

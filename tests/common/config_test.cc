@@ -85,6 +85,8 @@ TEST(ConfigTest, ServeYamlShowsTheDefaults) {
   EXPECT_EQ(a.kv_transfer.ucx_tls, b.kv_transfer.ucx_tls);
   EXPECT_EQ(a.kv_transfer.peer_failure, b.kv_transfer.peer_failure);
   EXPECT_EQ(a.kv_transfer.staging_mib, b.kv_transfer.staging_mib);
+  EXPECT_EQ(a.kv_transfer.prefix_pull, b.kv_transfer.prefix_pull);
+  EXPECT_EQ(a.kv_transfer.prefix_pull_min_tokens, b.kv_transfer.prefix_pull_min_tokens);
   EXPECT_EQ(a.etcd.endpoints, b.etcd.endpoints);
   EXPECT_EQ(a.etcd.prefix, b.etcd.prefix);
   EXPECT_EQ(a.etcd.lease_ttl_s, b.etcd.lease_ttl_s);
@@ -210,11 +212,13 @@ TEST(ConfigTest, ValidateNamesTheField) {
   bad("router: {kv_transfer_timeout_ms: 0}", "router.kv_transfer_timeout_ms");
   bad("router: {disaggregate_min_prompt: -1}", "router.disaggregate_min_prompt");
   bad("kv_transfer: {staging_mib: 0}", "kv_transfer.staging_mib");
+  bad("kv_transfer: {prefix_pull_min_tokens: 0}", "kv_transfer.prefix_pull_min_tokens");
 }
 
 TEST(ConfigTest, KvTransferAndDisaggregationFields) {
   absl::StatusOr<ServeOptions> o = ParseServeOptions(
-      "kv_transfer: {enabled: false, ucx_tls: 'tcp,self', peer_failure: true, staging_mib: 64}\n"
+      "kv_transfer: {enabled: false, ucx_tls: 'tcp,self', peer_failure: true, staging_mib: 64, "
+      "prefix_pull: false, prefix_pull_min_tokens: 128}\n"
       "router: {disaggregate: false, kv_wire: int8, kv_transfer_timeout_ms: 500, "
       "disaggregate_min_prompt: 32}\n",
       "f");
@@ -223,6 +227,8 @@ TEST(ConfigTest, KvTransferAndDisaggregationFields) {
   EXPECT_EQ(o->kv_transfer.ucx_tls, "tcp,self");
   EXPECT_TRUE(o->kv_transfer.peer_failure);
   EXPECT_EQ(o->kv_transfer.staging_mib, 64);
+  EXPECT_FALSE(o->kv_transfer.prefix_pull);
+  EXPECT_EQ(o->kv_transfer.prefix_pull_min_tokens, 128);
   EXPECT_FALSE(o->router.disaggregate);
   EXPECT_EQ(o->router.kv_wire, "int8");
   EXPECT_EQ(o->router.kv_transfer_timeout_ms, 500);
