@@ -7,7 +7,8 @@ recomputes the whole conversation each turn. This script measures that, the way 
 
   * starts each system on the same model and thread count: `pd-serve` (prefix cache on, the
     default), `pd-serve-nocache` (`--no-prefix-cache`), the cluster
-    (`pdctl up --prefill 1 --decode 2`), and llama.cpp's `llama-server` (built by
+    (`pdctl up --prefill 1 --decode 2 --pin-cores`: one core per daemon; `cluster-unpinned`: the
+    same with --threads threads per daemon on any core), and llama.cpp's `llama-server` (built by
     bench/llamacpp/build_tools.sh from the llama-cpp-python sdist; the reference);
     `cluster-pull` / `cluster-nopull`: `pdctl up --prefill 2 --decode 1` with the prefill nodes
     taken in turn (`router.prefill_policy: round_robin`) and every turn of at least 256 new
@@ -131,9 +132,13 @@ def start(system: str, a: argparse.Namespace, logdir: Path) -> Server:
                 "--ctx", str(a.ctx), "--http-port", str(port), "--grpc-port", "0"]
         if system == "pd-serve-nocache":
             args.append("--no-prefix-cache")
-    elif system == "cluster":
+    elif system in ("cluster", "cluster-unpinned"):
         args = [str(a.bin_dir / "pdctl"), "up", "--prefill", "1", "--decode", "2", "-m",
-                str(a.model), "--http-port", str(port), "--grpc-port", "0", "--pin-cores"]
+                str(a.model), "--http-port", str(port), "--grpc-port", "0"]
+        # Pinned: one core per daemon (3 daemons on this machine's cores, round robin).
+        # Unpinned: every daemon may use --threads threads on any core; in one conversation only
+        # one daemon works at a time (idle engine threads sleep), so it gets the whole machine.
+        args += ["--pin-cores"] if system == "cluster" else ["--threads", str(a.threads)]
     elif system in ("cluster-pull", "cluster-nopull"):
         config = logdir / f"{system}.yaml"
         config.write_text(
@@ -149,8 +154,8 @@ def start(system: str, a: argparse.Namespace, logdir: Path) -> Server:
                 "--host", "127.0.0.1"]
     else:
         raise SystemExit(
-            f"unknown system '{system}' (pd-serve, pd-serve-nocache, cluster, cluster-pull, "
-            "cluster-nopull, llama-server)")
+            f"unknown system '{system}' (pd-serve, pd-serve-nocache, cluster, cluster-unpinned, "
+            "cluster-pull, cluster-nopull, llama-server)")
     s = Server(system, args, port, log)
     try:
         wait_http(s.url, s.proc, a.start_timeout)
