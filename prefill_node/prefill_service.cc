@@ -199,6 +199,7 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
   }
   const absl::Time start = absl::Now();
   const int pulled = push ? PullPrefix(context, *request, d) : 0;
+  const absl::Time pulled_at = absl::Now();
 
   engine::GenerationRequest g;
   g.id = request->request_id();
@@ -226,6 +227,7 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
   response->set_prefill_s(absl::ToDoubleSeconds(run->computed - start));
   response->set_cached_tokens(run->finish.cached_tokens);
   response->set_pulled_tokens(std::min(pulled, run->finish.cached_tokens));
+  response->set_pull_s(absl::ToDoubleSeconds(pulled_at - start));
   if (run->finish.timing.first_scheduled != absl::InfinitePast()) {
     response->set_queue_s(
         absl::ToDoubleSeconds(run->finish.timing.first_scheduled - run->finish.timing.arrival));

@@ -267,7 +267,8 @@ bool RemoteEngine::Disaggregate(Call& call, const NodeRegistry::Node* decode,
     if (pst.ok()) {
       Path("kv_transfer");
       Phase("prefill_queue", presp.queue_s());
-      Phase("prefill", presp.prefill_s() - presp.queue_s());
+      if (presp.pulled_tokens() > 0) Phase("prefix_pull", presp.pull_s());
+      Phase("prefill", presp.prefill_s() - presp.pull_s() - presp.queue_s());
       Phase("transfer", presp.transfer_tail_s());
       nreq.set_first_token(presp.first_token());
       info.cached_tokens = presp.cached_tokens();

@@ -215,6 +215,19 @@ def cached_tokens(usage) -> int | None:
     return value if isinstance(value, int) else None
 
 
+def ttft_phases(url: str) -> dict[str, tuple[float, float]]:
+    """The router's pdserve_router_ttft_phase_seconds: phase -> (count, sum of seconds)."""
+    import urllib.request
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, list[float]] = {}
+    for m in re.finditer(r'^pdserve_router_ttft_phase_seconds_(count|sum)\{phase="([a-z_]+)"\} '
+                         r'(\S+)$', text, re.M):
+        entry = out.setdefault(m.group(2), [0.0, 0.0])
+        entry[0 if m.group(1) == "count" else 1] = float(m.group(3))
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
 def machine() -> str:
     model = "?"
     flags: set[str] = set()
@@ -263,12 +276,15 @@ def main() -> int:
 
     prompt = system_prompt(a.system_words, a.seed)
     results: dict[str, list[dict]] = {}
+    phases: dict[str, dict[str, tuple[float, float]]] = {}
     logdir = Path(tempfile.mkdtemp(prefix="multi_turn."))
     for system in systems:
         print(f"{system}: starting", file=sys.stderr)
         s = start(system, a, logdir)
         try:
             results[system] = converse(s.url, a, prompt)
+            if system.startswith("cluster"):
+                phases[system] = ttft_phases(s.url)
         finally:
             s.stop()
         print(f"{system}: TTFT " + ", ".join(f"{t['ttft_s']:.2f}" for t in results[system]) + " s",
@@ -313,6 +329,12 @@ def main() -> int:
                       "issue 18's target: <= 0.10")
             lines.append(f"- {s}: median TTFT of turns 2..{a.turns} / turn 1 = "
                          f"{later / r[0]['ttft_s']:.2f} ({target})")
+    if phases:
+        lines += ["", "The router's TTFT phases over the whole run "
+                  "(`pdserve_router_ttft_phase_seconds`: count, mean s):", ""]
+        for s_, ph in phases.items():
+            lines.append(f"- {s_}: " + ", ".join(
+                f"{name} {int(c)} x {tot / c:.3f}" for name, (c, tot) in sorted(ph.items()) if c))
     report = "\n".join(lines) + "\n"
     print(report)
     if a.out:

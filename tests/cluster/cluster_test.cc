@@ -794,6 +794,8 @@ TEST_F(ClusterTest, APrefillNodePullsThePrefixOnlyTheDecodeNodeHolds) {
     if (variant == kPull) {
       EXPECT_EQ(Metric(p0, "pdserve_kv_prefix_pulls_total{result=\"ok\"}"), 1) << p0;
       EXPECT_GE(Metric(p0, "pdserve_kv_prefix_pull_tokens_total"), 16);
+      EXPECT_EQ(Metric(router, "pdserve_router_ttft_phase_seconds_count{phase=\"prefix_pull\"}"),
+                1);
     } else if (variant == kCorrupt) {
       EXPECT_EQ(Metric(p0, "pdserve_kv_prefix_pulls_total{result=\"DATA_LOSS\"}"), 1) << p0;
     } else {
