@@ -294,9 +294,10 @@ absl::Status ServeOptions::Validate() const {
         StrCat("router.decode_policy: must be kv_aware, least_loaded, round_robin or random (got '",
                r.decode_policy, "')"));
   }
-  if (r.prefill_policy != "fewest_pending_tokens" && r.prefill_policy != "round_robin") {
+  if (r.prefill_policy != "kv_aware" && r.prefill_policy != "fewest_pending_tokens" &&
+      r.prefill_policy != "round_robin") {
     return absl::InvalidArgumentError(
-        StrCat("router.prefill_policy: must be fewest_pending_tokens or round_robin (got '",
+        StrCat("router.prefill_policy: must be kv_aware, fewest_pending_tokens or round_robin (got '",
                r.prefill_policy, "')"));
   }
   PD_RETURN_IF_ERROR(Check(r.prefix_weight >= 0 && r.prefix_weight <= 1000, "router.prefix_weight",

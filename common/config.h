@@ -94,7 +94,8 @@ struct RouterOptions {
   int unhealthy_after = 2;       // consecutive failed polls before a node stops receiving work
   // kv_aware | least_loaded | round_robin | random (docs/cluster.md, "KV-aware routing")
   std::string decode_policy = "kv_aware";
-  std::string prefill_policy = "fewest_pending_tokens";  // fewest_pending_tokens | round_robin
+  // kv_aware | fewest_pending_tokens | round_robin (router/node_registry.h)
+  std::string prefill_policy = "kv_aware";
   // kv_aware: a decode node's cost for a request, in prompt tokens of work ahead of its first
   // token, is  (prompt - prefix_weight * cached) + pending_prefill + seq_cost_tokens * sequences
   // (cached: the prompt's leading tokens whose blocks the node reports in its cache summary).

@@ -291,8 +291,10 @@ const NodeRegistry::Node* NodeRegistry::PickDecode(int64_t tokens,
 }
 
 const NodeRegistry::Node* NodeRegistry::PickPrefill(int64_t tokens,
-                                                    const std::vector<const Node*>& exclude) {
-  return Pick("prefill", tokens, exclude, {}, nullptr);
+                                                    const std::vector<const Node*>& exclude,
+                                                    absl::Span<const int32_t> prompt,
+                                                    int decode_cached) {
+  return Pick("prefill", tokens, exclude, prompt, nullptr, decode_cached);
 }
 
 int NodeRegistry::CachedPrefixTokens(const NodeStatus& s, absl::Span<const int32_t> prompt) {
@@ -312,7 +314,8 @@ int NodeRegistry::CachedPrefixTokens(const NodeStatus& s, absl::Span<const int32
 
 const NodeRegistry::Node* NodeRegistry::Pick(const std::string& role, int64_t tokens,
                                              const std::vector<const Node*>& exclude,
-                                             absl::Span<const int32_t> prompt, int* cached_tokens) {
+                                             absl::Span<const int32_t> prompt, int* cached_tokens,
+                                             int decode_cached) {
   absl::MutexLock lock(&mu_);
   std::vector<Entry*> candidates;
   for (auto& e : entries_) {
@@ -356,8 +359,18 @@ const NodeRegistry::Node* NodeRegistry::Pick(const std::string& role, int64_t to
     }
     best = candidates[std::min_element(keys.begin(), keys.end()) - keys.begin()];
   } else {
-    auto key = [](const Entry* e) {
-      return e->status.load.pending_prefill_tokens + e->status.active_tokens;
+    // fewest_pending_tokens: prompt tokens queued there. kv_aware adds what this prompt would
+    // cost there: the part that neither the node's cache nor the decode node (whose prefix the
+    // node pulls, docs/cluster.md) holds.
+    const bool kv_aware = policy == "kv_aware";
+    auto key = [&](const Entry* e) {
+      const NodeStatus& s = e->status;
+      double k = static_cast<double>(s.load.pending_prefill_tokens + s.active_tokens);
+      if (kv_aware) {
+        const int held = std::max(CachedPrefixTokens(s, prompt), decode_cached);
+        k += static_cast<double>(prompt.size()) - options_.prefix_weight * held;
+      }
+      return k;
     };
     best = *std::min_element(candidates.begin(), candidates.end(),
                              [&](const Entry* a, const Entry* b) { return key(a) < key(b); });

@@ -26,8 +26,13 @@
 //           prefix cache in its last poll (docs/cluster.md, "KV-aware routing").
 //           least_loaded: those with enough free blocks first, then the fewest sequences, then
 //           the most free blocks. round_robin: the next one. random: a uniformly random one.
-//   prefill fewest_pending_tokens: the healthy prefill node with the fewest pending prompt tokens
-//           (last poll plus the router's own in-flight prompt tokens); round_robin.
+//   prefill kv_aware (default): the healthy prefill node of lowest
+//             pending + (prompt - prefix_weight * max(cached, decode_cached)),
+//           pending being its pending prompt tokens (last poll plus the router's own in-flight
+//           prompt tokens), cached the prompt's leading tokens in its cache summary, and
+//           decode_cached those the chosen decode node holds (the prefill node pulls them from
+//           there, docs/cluster.md "Prefix pull"). fewest_pending_tokens: the lowest pending;
+//           round_robin.
 //
 // Ownership: owns the channels, the stubs and the health threads (joined by RemoveNode and the
 // destructor). Thread safety: every method may be called from any thread; Node pointers stay
@@ -107,7 +112,10 @@ class NodeRegistry {
   // its last summary tells: whole blocks, within what its scheduler reuses
   // (engine::CacheablePrefix).
   static int CachedPrefixTokens(const NodeStatus& status, absl::Span<const int32_t> prompt);
-  const Node* PickPrefill(int64_t tokens, const std::vector<const Node*>& exclude);
+  // `prompt` and `decode_cached` (the prompt's leading tokens the chosen decode node holds) are
+  // for kv_aware.
+  const Node* PickPrefill(int64_t tokens, const std::vector<const Node*>& exclude,
+                          absl::Span<const int32_t> prompt = {}, int decode_cached = 0);
 
   // A request to `node` failed at the transport level: it stops receiving work until a poll
   // succeeds.
@@ -134,7 +142,7 @@ class NodeRegistry {
   void HealthLoop(Entry* e, uint64_t generation);
   void MarkUnhealthy(Entry* e, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
   const Node* Pick(const std::string& role, int64_t tokens, const std::vector<const Node*>& exclude,
-                   absl::Span<const int32_t> prompt, int* cached_tokens);
+                   absl::Span<const int32_t> prompt, int* cached_tokens, int decode_cached = 0);
   void Publish(const Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // The entry of `node`, or nullptr.

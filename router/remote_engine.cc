@@ -189,13 +189,14 @@ FinishReason ReasonFromName(const std::string& name) {
 
 bool RemoteEngine::Disaggregate(Call& call, const NodeRegistry::Node* decode,
                                 nv1::GenerateRequest& nreq, std::vector<int32_t>& sent,
-                                engine::FinishInfo& info, bool* cancelled) {
+                                engine::FinishInfo& info, bool* cancelled, int decode_cached) {
   const engine::GenerationRequest& req = call.request;
   const int64_t n_prompt = static_cast<int64_t>(req.prompt.size());
   std::vector<const NodeRegistry::Node*> tried;
   // At most two prefill nodes: a dead one is retried once elsewhere.
   for (int prefill_try = 0; prefill_try < 2; ++prefill_try) {
-    const NodeRegistry::Node* pnode = registry_.PickPrefill(n_prompt, tried);
+    const NodeRegistry::Node* pnode =
+        registry_.PickPrefill(n_prompt, tried, req.prompt, decode_cached);
     if (pnode == nullptr) {
       if (prefill_try == 0) return false;
       break;
@@ -290,7 +291,7 @@ bool RemoteEngine::Disaggregate(Call& call, const NodeRegistry::Node* decode,
            static_cast<int>(code), " ", pst.error_message(), ")");
     if (node_down) registry_.ReportFailure(pnode, StrCat(static_cast<int>(code), " ",
                                                          pst.error_message()));
-    if (node_down && prefill_try == 0 && registry_.PickPrefill(n_prompt, tried) != nullptr) {
+    if (node_down && prefill_try == 0 && registry_.PickPrefill(n_prompt, tried, req.prompt, decode_cached) != nullptr) {
       // Another prefill node: a fresh reservation (the old transfer may hold pushed layers),
       // under an id of its own: the decode node ends the released request on its engine thread,
       // which may not have happened yet when the new Reserve arrives.
@@ -359,7 +360,7 @@ void RemoteEngine::Run(std::shared_ptr<Call> call) {
         registry_.HealthyCount("prefill") > 0) {
       bool cancelled = false;
       const size_t before = sent.size();
-      disaggregated = Disaggregate(*call, node, nreq, sent, info, &cancelled);
+      disaggregated = Disaggregate(*call, node, nreq, sent, info, &cancelled, cached);
       skip = sent.size() - before;
       if (cancelled) {
         if (nreq.reservation() != 0) ReleaseReservation(*node, nreq.reservation());

@@ -87,7 +87,7 @@ class RemoteEngine final : public engine::GenerationEngine {
   // cancelled meanwhile.
   bool Disaggregate(Call& call, const NodeRegistry::Node* decode,
                     pdserve::node::v1::GenerateRequest& nreq, std::vector<int32_t>& sent,
-                    engine::FinishInfo& info, bool* cancelled);
+                    engine::FinishInfo& info, bool* cancelled, int decode_cached);
   void Path(const char* path);
   void Phase(const char* phase, double seconds);
   void NodeFailed(const NodeRegistry::Node* node);

@@ -1,7 +1,7 @@
-// NodeRegistry's decode placement (router/node_registry.h) against fake nodes on loopback whose
+// NodeRegistry's placement (router/node_registry.h) against fake nodes on loopback whose
 // Node.Load reports a chosen load and prefix-cache summary: kv_aware sends a prompt where its
-// prefix is cached unless that node is loaded, CachedPrefixTokens reads the summary as the node's
-// scheduler would reuse it, and random placement spreads.
+// prefix is cached unless that node is loaded (decode and prefill nodes), CachedPrefixTokens
+// reads the summary as the node's scheduler would reuse it, and random placement spreads.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
@@ -21,7 +21,7 @@ namespace nv1 = ::pdserve::node::v1;
 
 class FakeDecode final : public nv1::Node::Service {
  public:
-  FakeDecode() {
+  explicit FakeDecode(std::string role = "decode") : role_(std::move(role)) {
     grpc::ServerBuilder b;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     b.RegisterService(this);
@@ -31,7 +31,7 @@ class FakeDecode final : public nv1::Node::Service {
 
   grpc::Status Load(grpc::ServerContext*, const nv1::LoadRequest*, nv1::EngineLoad* l) override {
     absl::MutexLock lock(&mu_);
-    l->set_role("decode");
+    l->set_role(role_);
     l->set_kv_blocks_total(1024);
     l->set_kv_blocks_free(1024);
     l->set_kv_block_size(16);
@@ -55,6 +55,7 @@ class FakeDecode final : public nv1::Node::Service {
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
 
  private:
+  const std::string role_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
   absl::Mutex mu_;
@@ -153,6 +154,44 @@ TEST(NodeRegistryPlacementTest, RandomSpreadsAndRoundRobinAlternates) {
       seen.insert(n->options.name);
     }
     EXPECT_EQ(seen.size(), 2u) << policy;
+  }
+}
+
+// Prefill placement: kv_aware weighs a node's pending prompt tokens against the part of this
+// prompt it would compute, which is neither in its cache nor in the chosen decode node's (which it
+// pulls from there); fewest_pending_tokens looks at the queue only.
+TEST(NodeRegistryPlacementTest, KvAwarePrefillWeighsItsCacheAndTheDecodeNodes) {
+  const std::vector<int32_t> turn1 = Prompt(200, 1000);
+  std::vector<int32_t> turn2 = turn1;
+  for (int i = 0; i < 40; ++i) turn2.push_back(7);
+  for (const std::string policy : {"kv_aware", "fewest_pending_tokens"}) {
+    SCOPED_TRACE(policy);
+    FakeDecode a("prefill"), b("prefill");
+    a.Set({}, 0);
+    b.Set(engine::BlockHashes(turn1, 16), 100);  // 192 tokens of turn 2 cached, 100 queued
+    RouterOptions o;
+    o.health_interval_ms = 10;
+    o.health_timeout_ms = 500;
+    o.prefill_policy = policy;
+    auto reg = NodeRegistry::Create(o, nullptr);
+    ASSERT_TRUE(reg.ok()) << reg.status();
+    ASSERT_TRUE((*reg)->AddNode({"a", "prefill", a.address()}).ok());
+    ASSERT_TRUE((*reg)->AddNode({"b", "prefill", b.address()}).ok());
+    for (int i = 0; i < 500 && ((*reg)->HealthyCount("prefill") < 2 || a.polls() < 2 ||
+                                b.polls() < 2);
+         ++i) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_EQ((*reg)->HealthyCount("prefill"), 2);
+    const bool kv = policy == std::string("kv_aware");
+    // a: 0 + 240; b: 100 + (240 - 192).
+    const NodeRegistry::Node* n = (*reg)->PickPrefill(240, {}, turn2, 0);
+    ASSERT_NE(n, nullptr);
+    EXPECT_EQ(n->options.name, kv ? "b" : "a");
+    // The decode node holds those 192 tokens too: a pulls them, and its queue is shorter.
+    n = (*reg)->PickPrefill(240, {}, turn2, 192);
+    ASSERT_NE(n, nullptr);
+    EXPECT_EQ(n->options.name, "a");
   }
 }
 
