@@ -11,6 +11,12 @@
 //              (formats of up to ~7 bits per weight on a 260 MiB L3), so this measures the kernel.
 //   case dram: enough distinct matrices, called in turn, that together they hold >= 1 GiB: every
 //              call reads its weights from DRAM.
+// rows/<format>/<n>/<t>: the small-batch decode path. n F32 activation rows (n decode sequences,
+//   or the n = K+1 rows a speculative step verifies), every row in the one-token (GEMV) order,
+//   against the default model's shapes: Q8_0 as its 262,144 x 640 output head (178 MB), the
+//   others 2048 x 2048 matrices, enough of them to hold >= 256 MiB, called in turn (from DRAM).
+//   Counter GBps = weight bytes / s; rows_per_s = n * calls / s. Bandwidth-bound means the time
+//   per call barely grows with n.
 // Weights hold random codes with finite, normal super-scales (every bit pattern of a code or a
 // sub-block scale is valid; W8A8 codes avoid -128): kernel speed does not depend on the values.
 // W8A8 (pdserve's INT8 weights x per-token INT8 activations) and W4A16 (INT4 groups of 128 x F32
@@ -135,7 +141,8 @@ void BM_DramRead(benchmark::State& state) {
 std::vector<int> ScaleOffsets(DType t) {
   switch (t) {
     case DType::kQ8_0:
-    case DType::kQ4_0: return {0};
+    case DType::kQ4_0:
+    case DType::kQ5_0: return {0};
     case DType::kQ2_K: return {80, 82};
     case DType::kQ3_K: return {108};
     case DType::kQ4_K:
@@ -254,6 +261,42 @@ void BM_Gemv(benchmark::State& state, DType t, bool dram, int threads) {
   state.counters["set_MiB"] = static_cast<double>(set.matrix_bytes * set.count) / (1 << 20);
 }
 
+void BM_Rows(benchmark::State& state, DType t, int n, int threads) {
+  const int64_t rows = t == DType::kQ8_0 ? 262144 : 2048;
+  const int64_t cols = t == DType::kQ8_0 ? 640 : 2048;
+  const size_t matrix_bytes = RowBytes(t, cols) * rows;
+  const int count = static_cast<int>(((size_t{256} << 20) + matrix_bytes - 1) / matrix_bytes);
+  static DType set_type = DType::kF32;
+  static HostBytes set;
+  if (set == nullptr || set_type != t) {
+    g_read_buffer.reset();
+    set.reset();
+    set = AllocBytes(matrix_bytes * count);
+    for (int i = 0; i < count; ++i) FillWeights(t, set.get() + i * matrix_bytes, matrix_bytes, i + 1);
+    set_type = t;
+  }
+  std::unique_ptr<Backend> be = CreateCpuBackend({.threads = threads});
+  std::vector<float> xv(cols * n), yv(rows * n);
+  Rng rng{7};
+  for (float& f : xv) f = static_cast<float>(static_cast<int32_t>(rng.Next() >> 32)) * 0x1p-31f;
+  Tensor x{DType::kF32, cols, n, xv.data()};
+  Tensor y{DType::kF32, rows, n, yv.data()};
+  const std::vector<uint8_t> orders(n, kRowOrderGemv);
+  std::vector<Tensor> w(count);
+  for (int i = 0; i < count; ++i) w[i] = Tensor{t, cols, rows, set.get() + i * matrix_bytes};
+  for (int i = 0; i < count; ++i) PD_CHECK_OK(be->MatMulRowOrder(w[i], x, y, orders));
+  int next = 0;
+  for (auto _ : state) {
+    PD_CHECK_OK(be->MatMulRowOrder(w[next], x, y, orders));
+    benchmark::DoNotOptimize(yv.data());
+    if (++next == count) next = 0;
+  }
+  state.counters["GBps"] = benchmark::Counter(
+      static_cast<double>(matrix_bytes) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+  state.counters["rows_per_s"] = benchmark::Counter(
+      static_cast<double>(n) * state.iterations(), benchmark::Counter::kIsRate);
+}
+
 void RegisterAll() {
   for (int threads : {1, 2}) {
     benchmark::RegisterBenchmark("dram_read", BM_DramRead)  // named dram_read/<threads>
@@ -270,6 +313,16 @@ void RegisterAll() {
         const std::string name = pd::StrCat("gemv/", Traits(t).name, "/", dram ? "dram" : "l3",
                                             "/", threads);
         benchmark::RegisterBenchmark(name.c_str(), BM_Gemv, t, dram, threads)
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
+  }
+  for (DType t : {DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {
+    for (int n : {1, 2, 3, 4, 5, 8}) {
+      for (int threads : {1, 2}) {
+        const std::string name = pd::StrCat("rows/", Traits(t).name, "/", n, "/", threads);
+        benchmark::RegisterBenchmark(name.c_str(), BM_Rows, t, n, threads)
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond);
       }

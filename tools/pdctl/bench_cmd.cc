@@ -62,12 +62,19 @@ CLI::App* AddBenchCommand(CLI::App& app, BenchFlags* flags) {
                    "also time batched decoding: this many sequences take one token per step "
                    "(tg_batch_tok_s: all sequences' tokens per second)")
       ->check(CLI::PositiveNumber);
+  bench
+      ->add_option("--verify", flags->verify,
+                   "also time speculative-verification steps: one sequence takes this many "
+                   "generated tokens per step (K drafted + 1), logits for each (tg_step_ms: a "
+                   "one-token step, tg_verify_step_ms: such a step; _cpu_ms: process CPU time)")
+      ->check(CLI::PositiveNumber);
   return bench;
 }
 
 int RunBench(const BenchFlags& flags) {
   const EngineFlags& f = flags.engine;
   const int pp = flags.pp, tg = flags.tg, reps = flags.reps, batch_seqs = flags.batch;
+  const int verify_rows = flags.verify;
   const double t0 = NowSeconds();
   auto e = LoadEngine(f);
   if (!e.ok()) return Fail(e.status());
@@ -124,6 +131,23 @@ int RunBench(const BenchFlags& flags) {
     for (int s = 1; s <= batch_seqs; ++s) kv.Free(s);
     return absl::OkStatus();
   };
+  // Verification steps: one sequence takes `verify_rows` tokens per step at the positions that
+  // follow (all accepted), in a generated token's orders, until it holds about tg tokens.
+  auto decode_verify = [&](int n) -> absl::Status {
+    kv.Free(0);
+    int32_t token = BenchToken(0);
+    for (int pos = 0; pos + verify_rows <= std::max(n, verify_rows); pos += verify_rows) {
+      PD_RETURN_IF_ERROR(kv.Reserve(0, pos + verify_rows));
+      engine::Batch batch;
+      for (int j = 0; j < verify_rows; ++j) {
+        batch.AddOrdered(token + j, pos + j, 0, true, /*prompt_len=*/0);
+      }
+      PD_RETURN_IF_ERROR(model.Forward(batch, kv, &logits));
+      token = engine::ArgMax(absl::MakeConstSpan(logits.data(), n_vocab));
+    }
+    return absl::OkStatus();
+  };
+  auto verify_steps = [&](int n) { return std::max(n, verify_rows) / verify_rows; };
   // First token after the load: an 8-token prompt (touches every weight page).
   const double t1 = NowSeconds();
   if (auto s = prompt(8); !s.ok()) return Fail(s);
@@ -133,9 +157,12 @@ int RunBench(const BenchFlags& flags) {
   if (auto s = decode(std::min(tg, 16)); !s.ok()) return Fail(s);
   // Rates per wall second, and per second of this process's CPU time (all threads): on a
   // machine shared with other work the latter moves less for single-threaded runs.
-  std::vector<double> pp_rates, tg_rates, pp_cpu, tg_cpu, tgb_rates, tgb_cpu;
+  std::vector<double> pp_rates, tg_rates, pp_cpu, tg_cpu, tgb_rates, tgb_cpu, tgv_ms, tgv_cpu_ms;
   if (batch_seqs > 1) {
     if (auto s = decode_batch(std::min(tg, 4)); !s.ok()) return Fail(s);
+  }
+  if (verify_rows > 1) {
+    if (auto s = decode_verify(std::min(tg, 4 * verify_rows)); !s.ok()) return Fail(s);
   }
   for (int r = 0; r < reps; ++r) {
     double t = NowSeconds(), c = CpuSeconds();
@@ -152,7 +179,16 @@ int RunBench(const BenchFlags& flags) {
       tgb_rates.push_back(static_cast<double>(tg) * batch_seqs / (NowSeconds() - t));
       tgb_cpu.push_back(static_cast<double>(tg) * batch_seqs / (CpuSeconds() - c));
     }
+    if (verify_rows > 1) {
+      t = NowSeconds(), c = CpuSeconds();
+      if (auto s = decode_verify(tg); !s.ok()) return Fail(s);
+      tgv_ms.push_back(1e3 * (NowSeconds() - t) / verify_steps(tg));
+      tgv_cpu_ms.push_back(1e3 * (CpuSeconds() - c) / verify_steps(tg));
+    }
   }
+  std::vector<double> tg_ms, tg_cpu_ms;
+  for (double r : tg_rates) tg_ms.push_back(1e3 / r);
+  for (double r : tg_cpu) tg_cpu_ms.push_back(1e3 / r);
   auto list = [](const std::vector<double>& v) {
     std::string s = "[";
     for (size_t i = 0; i < v.size(); ++i) s += pd::StrCat(i ? ", " : "", v[i]);
@@ -166,12 +202,14 @@ int RunBench(const BenchFlags& flags) {
       "\"tg_tok_s\": %s, \"pp_tok_per_cpu_s\": %s, \"tg_tok_per_cpu_s\": %s, \"peak_rss_mib\": "
       "%.1f, \"rss_file_mib\": %.1f, \"rss_anon_mib\": %.1f, "
       "\"weights_bytes\": %zu, \"batch\": %d, \"tg_batch_tok_s\": %s, \"tg_batch_tok_per_cpu_s\": "
-      "%s}\n",
+      "%s, \"verify\": %d, \"tg_step_ms\": %s, \"tg_step_cpu_ms\": %s, \"tg_verify_step_ms\": %s, "
+      "\"tg_verify_step_cpu_ms\": %s}\n",
       e->model_path.c_str(), threads, f.kv_type.c_str(), pp, tg, load_s, first_s,
       list(pp_rates).c_str(), list(tg_rates).c_str(), list(pp_cpu).c_str(), list(tg_cpu).c_str(),
       PeakRssMiB(), ProcStatusMiB("RssFile"), ProcStatusMiB("RssAnon"),
       static_cast<size_t>(model.weights().total_bytes), batch_seqs, list(tgb_rates).c_str(),
-      list(tgb_cpu).c_str());
+      list(tgb_cpu).c_str(), verify_rows, list(tg_ms).c_str(), list(tg_cpu_ms).c_str(),
+      list(tgv_ms).c_str(), list(tgv_cpu_ms).c_str());
   return 0;
 }
 

@@ -19,6 +19,7 @@ struct BenchFlags {
   int tg = 128;   // generated tokens
   int reps = 3;   // repetitions
   int batch = 1;  // > 1: also time batched decoding of this many sequences
+  int verify = 1;  // > 1: also time steps of this many rows of one sequence (speculative verify)
 };
 
 CLI::App* AddBenchCommand(CLI::App& app, BenchFlags* flags);
