@@ -368,6 +368,160 @@ void GemmGrouped(int64_t k, const void* w, size_t w_stride, int64_t rows, const 
   }
 }
 
+// ---- Q8_0 / Q5_0 x Q8_0 for small batches: four activation rows per 512-bit register ----------
+//
+// The tiles keep, per (weight row, activation row) pair, 8 int32 lanes per block (lane p = the
+// dot of four-byte group p) in a 256-bit register; the grouped kernel above turns that around
+// with one activation row per lane, which wastes 12 of 16 lanes at 4 rows. Here a ZMM holds
+// groups 0-3 (the block's first 16 bytes) of four activation rows, one 128-bit lane per row, and a
+// second ZMM groups 4-7; each weight row's 16-byte halves are broadcast to the four 128-bit lanes.
+// One VPDPBUSD + CVT + FMA per half then computes the tiles' lanes p (and p + 4) for four pairs at
+// once, with the tiles' per-lane start values, scale products d_w * d_x and FMA per block in block
+// order; at the end lo + hi gives each row's (l0 + l4, l1 + l5, l2 + l6, l3 + l7), reduced in the
+// tiles' order ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)). So the results are the tiles'
+// bits (the AVX2 tiles', ggml's x86 order) for every batch: 7 ZMM operations per weight row and
+// block for four activation rows where the 4x4 tile issues 16 YMM ones.
+
+// Per block and group of four activation rows (PackQuadX): the rows' first and second 16 bytes
+// (lane c = row c), the Q8_0 start values -128 * (sum of each four-byte group) and the rows'
+// scales, each repeated over the row's four int32 lanes.
+struct XQuadBlock {
+  int8_t lo[64];
+  int8_t hi[64];
+  int32_t start_lo[16];
+  int32_t start_hi[16];
+  float d[16];
+};
+static_assert(sizeof(XQuadBlock) == 320);
+
+size_t QuadXBytes(int64_t n, int64_t k) {
+  return static_cast<size_t>((n + 3) / 4) * static_cast<size_t>(k / kQ8_0BlockSize) *
+         sizeof(XQuadBlock);
+}
+
+// Blocks are laid out [block][group]; rows past n repeat the last row (their results are never
+// stored).
+void PackQuadX(const void* x, size_t xs, int64_t n, int64_t k, void* out) {
+  const int64_t nb = k / kQ8_0BlockSize, groups = (n + 3) / 4;
+  auto* o = static_cast<XQuadBlock*>(out);
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t g = 0; g < groups; ++g) {
+      XQuadBlock& q = o[b * groups + g];
+      for (int c = 0; c < 4; ++c) {
+        const int64_t row = std::min<int64_t>(g * 4 + c, n - 1);
+        const auto* xb =
+            reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(x) + row * xs) + b;
+        std::memcpy(q.lo + 16 * c, xb->qs, 16);
+        std::memcpy(q.hi + 16 * c, xb->qs + 16, 16);
+        for (int p = 0; p < 4; ++p) {
+          int32_t lo = 0, hi = 0;
+          for (int j = 0; j < 4; ++j) {
+            lo += xb->qs[4 * p + j];
+            hi += xb->qs[16 + 4 * p + j];
+          }
+          q.start_lo[4 * c + p] = -128 * lo;
+          q.start_hi[4 * c + p] = -128 * hi;
+          q.d[4 * c + p] = HalfToFloatVnni(xb->d);
+        }
+      }
+    }
+  }
+}
+
+// R weight rows x G groups of four activation rows. kQ8: Q8_0 weight blocks (w XOR 0x80 against
+// start -128 * sum); otherwise Q5_0 blocks (codes 0..31 against -16 * sum = start >> 3, exact).
+template <int R, int G, bool kQ8>
+void QuadRows(int64_t nb, const char* w, size_t ws, const XQuadBlock* xq, int64_t groups,
+              int n_valid, float* y, int64_t ys) {
+  __m512 acc[R][G][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) acc[r][g][0] = acc[r][g][1] = _mm512_setzero_ps();
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t b = 0; b < nb; ++b) {
+    const XQuadBlock* xb = xq + b * groups;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      __m512i wlo, whi;
+      float dw;
+      if constexpr (kQ8) {
+        const BlockQ8_0* wb = reinterpret_cast<const BlockQ8_0*>(w + r * ws) + b;
+        // 64 rows ahead, as far as the 4x4 tiles' 16 tiles.
+        _mm_prefetch(reinterpret_cast<const char*>(wb) + 64 * ws, _MM_HINT_T1);
+        wlo = _mm512_xor_si512(
+            _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb->qs))),
+            bias);
+        whi = _mm512_xor_si512(
+            _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb->qs + 16))),
+            bias);
+        dw = HalfToFloatVnni(wb->d);
+      } else {
+        const BlockQ5_0* wb = reinterpret_cast<const BlockQ5_0*>(w + r * ws) + b;
+        _mm_prefetch(reinterpret_cast<const char*>(wb) + 64 * ws, _MM_HINT_T1);
+        const __m256i u = UnpackQ5_0Vnni(wb);
+        wlo = _mm512_broadcast_i32x4(_mm256_castsi256_si128(u));
+        whi = _mm512_broadcast_i32x4(_mm256_extracti128_si256(u, 1));
+        dw = HalfToFloatVnni(wb->d);
+      }
+      const __m512 dwv = _mm512_set1_ps(dw);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) {
+        __m512i slo = _mm512_loadu_si512(xb[g].start_lo);
+        __m512i shi = _mm512_loadu_si512(xb[g].start_hi);
+        if constexpr (!kQ8) {
+          slo = _mm512_srai_epi32(slo, 3);
+          shi = _mm512_srai_epi32(shi, 3);
+        }
+        const __m512 s = _mm512_mul_ps(dwv, _mm512_loadu_ps(xb[g].d));
+        const __m512i dlo = _mm512_dpbusd_epi32(slo, wlo, _mm512_loadu_si512(xb[g].lo));
+        const __m512i dhi = _mm512_dpbusd_epi32(shi, whi, _mm512_loadu_si512(xb[g].hi));
+        acc[r][g][0] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(dlo), acc[r][g][0]);
+        acc[r][g][1] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(dhi), acc[r][g][1]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int g = 0; g < G; ++g) {
+      // Lanes 4c + p: t_p = l_p + l_{p+4}; then (t0 + t2) + (t1 + t3) per row.
+      const __m512 t = _mm512_add_ps(acc[r][g][0], acc[r][g][1]);
+      const __m512 u = _mm512_add_ps(t, _mm512_permute_ps(t, 0x4E));  // t0+t2, t1+t3
+      const __m512 v = _mm512_add_ps(u, _mm512_permute_ps(u, 0xB1));  // (t0+t2)+(t1+t3)
+      alignas(64) float lanes[16];
+      _mm512_store_ps(lanes, v);
+      for (int c = 0; c < 4 && g * 4 + c < n_valid; ++c) y[(g * 4 + c) * ys + r] = lanes[4 * c];
+    }
+  }
+}
+
+// y[c * ys + r] for `rows` weight rows (raw Q8_0 or Q5_0 blocks, `w_stride` bytes apart) and n
+// activation rows packed by PackQuadX: groups of four rows two at a time, four weight rows per
+// step (R x G accumulators: 16 of the 32 ZMM registers).
+template <bool kQ8>
+void GemmQuad(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* packed_x,
+              int64_t n, float* y, int64_t ys) {
+  const int64_t nb = k / kQ8_0BlockSize, groups = (n + 3) / 4;
+  const char* wc = static_cast<const char*>(w);
+  const auto* xq = static_cast<const XQuadBlock*>(packed_x);
+  using Fn = void (*)(int64_t, const char*, size_t, const XQuadBlock*, int64_t, int, float*,
+                      int64_t);
+  static constexpr Fn kFns[4][2] = {
+      {&QuadRows<1, 1, kQ8>, &QuadRows<1, 2, kQ8>},
+      {&QuadRows<2, 1, kQ8>, &QuadRows<2, 2, kQ8>},
+      {&QuadRows<3, 1, kQ8>, &QuadRows<3, 2, kQ8>},
+      {&QuadRows<4, 1, kQ8>, &QuadRows<4, 2, kQ8>},
+  };
+  for (int64_t g = 0; g < groups; g += 2) {
+    const int gs = static_cast<int>(std::min<int64_t>(2, groups - g));
+    const int n_valid = static_cast<int>(std::min<int64_t>(8, n - g * 4));
+    for (int64_t r = 0; r < rows; r += 4) {
+      const int rs = static_cast<int>(std::min<int64_t>(4, rows - r));
+      kFns[rs - 1][gs - 1](nb, wc + r * w_stride, w_stride, xq + g, groups, n_valid,
+                           y + g * 4 * ys + r, ys);
+    }
+  }
+}
+
 bool UseVnni() {
   static const bool use = [] {
     const char* off = std::getenv("PDSERVE_CPU_NO_VNNI");
@@ -378,6 +532,18 @@ bool UseVnni() {
 }
 
 }  // namespace
+
+const GroupedKernels* Q8_0QuadVnni() {
+  static constexpr GroupedKernels kKernels = {&QuadXBytes, &PackQuadX, nullptr, nullptr,
+                                              &GemmQuad<true>};
+  return UseVnni() ? &kKernels : nullptr;
+}
+
+const GroupedKernels* Q5_0QuadVnni() {
+  static constexpr GroupedKernels kKernels = {&QuadXBytes, &PackQuadX, nullptr, nullptr,
+                                              &GemmQuad<false>};
+  return UseVnni() ? &kKernels : nullptr;
+}
 
 GemmTileFn Q8_0TileVnni() { return UseVnni() ? &VnniTable<Q8Vnni>::Gemm : nullptr; }
 GemmTileFn Q5_0TileVnni() { return UseVnni() ? &VnniTable<Q5_0Vnni>::Gemm : nullptr; }
@@ -404,6 +570,8 @@ GemmTileFn Q8_0TileVnni() { return nullptr; }
 GemmTileFn Q5_0TileVnni() { return nullptr; }
 const GroupedKernels* Q8_0GroupedVnni() { return nullptr; }
 const GroupedKernels* Q5_0GroupedVnni() { return nullptr; }
+const GroupedKernels* Q8_0QuadVnni() { return nullptr; }
+const GroupedKernels* Q5_0QuadVnni() { return nullptr; }
 }  // namespace pd::engine::cpu
 
 #endif

@@ -179,6 +179,10 @@ class CpuBackend final : public Backend {
     size_t xs = 0;             // their row stride
     absl::Span<const uint8_t> row_orders;
     int64_t chunk_rows = 0, n_chunks = 0;  // n_chunks 0: nothing to compute
+    // Small batches of Q8_0 / Q5_0 (kernels.h Q8_0QuadVnni): the kernel and the activations it
+    // packed; nullptr: the tiles.
+    const GroupedKernels* quad = nullptr;
+    const char* quad_x = nullptr;
   };
   // Validates y = x w^T, converts x to the companion type (into scratch slot `slot`, unless
   // `converted` already holds that conversion: {type, data, stride}) and plans the chunks.
@@ -186,6 +190,7 @@ class CpuBackend final : public Backend {
     DType type = DType::kF32;
     const char* data = nullptr;
     size_t stride = 0;
+    const char* quad_x = nullptr;  // Q8_0 rows packed for the quad kernels, once per group
   };
   absl::Status PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
                           absl::Span<const uint8_t> row_orders, int slot, Converted* converted,
@@ -205,6 +210,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<char, FreeDeleter> scratch_[kScratchSlots];
   size_t scratch_size_[kScratchSlots] = {};
   std::vector<float> widened_kv_;  // Attention: prompts' F16 K/V widened once (reused)
+  std::vector<char> quad_x_[kScratchSlots];  // PlanMatMul: packed activations of small batches
 };
 
 }  // namespace pd::engine::cpu

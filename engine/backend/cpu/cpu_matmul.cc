@@ -21,8 +21,16 @@ namespace {
 // call whatever the batch size.
 constexpr size_t kMatMulChunkBytes = 256 << 10;
 // From this many activation rows on, Q8_0 and Q5_0 weights take the grouped 512-bit kernels (16
-// rows per register, so fewer rows leave most lanes empty).
-constexpr int64_t kGroupedMinRows = 4;
+// rows per register). Their cost per weight block does not depend on how many of the 16 lanes
+// are filled, so fewer rows leave most of the work wasted: with 4 rows the grouped Q8_0 head took
+// 3.0x the time of the 4x4 tiles (gemv_bench rows/q8_0/4/1: 34 ms against 11 ms of CPU).
+constexpr int64_t kGroupedMinRows = 12;
+// From this many rows up to kGroupedMinRows, Q8_0 and Q5_0 weights take the quad kernels (four
+// activation rows per 512-bit register, a group of four costing the same however many are
+// filled); fewer rows keep the 256-bit tiles, which were faster at 2 rows (gemv_bench rows/*/2/1:
+// Q8_0 head 10.8 against 11.7 ms, Q5_0 255 against 350 us) and, for Q5_0, level at 3.
+constexpr int64_t kQuadMinRowsQ8_0 = 3;
+constexpr int64_t kQuadMinRowsQ5_0 = 4;
 
 // The type MatMul converts activations to for weights of type `w` (ggml's vec_dot_type). Only for
 // HasMatMul types.
@@ -161,6 +169,24 @@ absl::Status CpuBackend::PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
   }
   plan->xa = xa;
   plan->xs = xs;
+  // A few Q8_0 rows against Q8_0 / Q5_0 weights: packed once for the quad kernels (shared by a
+  // MatMulGroup's matrices through `converted`).
+  if (n < kGroupedMinRows && &k_ == cpu::Avx2Kernels()) {
+    if (w.type == DType::kQ8_0 && n >= kQuadMinRowsQ8_0) plan->quad = cpu::Q8_0QuadVnni();
+    if (w.type == DType::kQ5_0 && n >= kQuadMinRowsQ5_0) plan->quad = cpu::Q5_0QuadVnni();
+  }
+  if (plan->quad != nullptr) {
+    if (converted != nullptr && converted->quad_x != nullptr && converted->data == xa) {
+      plan->quad_x = converted->quad_x;
+    } else {
+      std::vector<char>& buf = quad_x_[slot];
+      buf.resize(plan->quad->x_bytes(n, k) + 64);
+      char* aligned = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
+      plan->quad->pack_x(xa, xs, n, k, aligned);
+      plan->quad_x = aligned;
+      if (converted != nullptr && converted->data == xa) converted->quad_x = aligned;
+    }
+  }
   int64_t chunk_rows =
       static_cast<int64_t>(kMatMulChunkBytes / w.row_bytes()) / cpu::kGemmTileW * cpu::kGemmTileW;
   // At least 4 chunks per thread: a small model's K/V projections (256 rows) are one 256 KiB
@@ -228,6 +254,11 @@ void CpuBackend::RunMatMulChunks(const MatMulPlan& p, int64_t c0, int64_t c1) co
   const char* wa = static_cast<const char*>(w.data);
   const size_t ws = w.row_bytes();
   float* ya = static_cast<float*>(p.y->data);
+  const int64_t r_begin = c0 * chunk_rows, r_end = std::min(m, c1 * chunk_rows);
+  if (p.quad != nullptr) {
+    p.quad->gemm(k, wa + r_begin * ws, ws, r_end - r_begin, p.quad_x, n, ya + r_begin, m);
+    return;
+  }
   // llama.cpp's per-row orders (Backend::MatMulRowOrder): Q4_K matrices it repacks (rows a
   // multiple of 8) take its repacked GEMM / GEMV orders, other k-quants its tiled order for
   // sequences of 8+ rows; consecutive rows of one order share tiles. Q2_K is repacked too where
@@ -248,7 +279,6 @@ void CpuBackend::RunMatMulChunks(const MatMulPlan& p, int64_t c0, int64_t c1) co
     return tile;
   };
   const bool per_row = repacked || wide_tile != nullptr;
-  const int64_t r_begin = c0 * chunk_rows, r_end = std::min(m, c1 * chunk_rows);
   // Activation tiles outer, weight tiles inner: this chunk of weights stays in cache.
   for (int64_t i = 0; i < n;) {
     int nc = static_cast<int>(std::min<int64_t>(cpu::kGemmTileX, n - i));

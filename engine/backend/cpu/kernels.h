@@ -91,6 +91,13 @@ struct GroupedKernels {
 };
 const GroupedKernels* Q8_0GroupedVnni();
 const GroupedKernels* Q5_0GroupedVnni();
+// The same contract for small batches (2 to ~11 activation rows: a few decode sequences, or the
+// K+1 rows of one sequence that a speculative step verifies): four activation rows per 512-bit
+// register (one 128-bit lane each, avx512_vnni.cc), weight blocks read in place and broadcast.
+// pack_x's layout serves both types. Results equal the AVX2 tiles' bit for bit; nullptr without
+// AVX512-VNNI (or with PDSERVE_CPU_NO_VNNI set).
+const GroupedKernels* Q8_0QuadVnni();
+const GroupedKernels* Q5_0QuadVnni();
 // The AVX2 table's Q8_0 and Q5_0 tiles without the VNNI dispatch (tests compare the two).
 void GemmQ8_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                   size_t x_stride, int nc, float* y, int64_t y_stride);

@@ -283,6 +283,33 @@ TEST_P(CpuBackendTest, MatMulGroupEqualsOneMatMulEach) {
               StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+// A generated token's logits must not depend on how many other rows share its step (decode
+// sequences, or the K+1 rows a speculative step verifies): every row of an n-row MatMulRowOrder
+// in the one-token order equals a one-row MatMul of that row bit for bit, for row counts that take
+// the tiles (1-2), the quad kernels (3-11) and the grouped ones (12+) on AVX512-VNNI CPUs.
+TEST_P(CpuBackendTest, DecodeRowsEqualOneRowEach) {
+  const int64_t k = 640, m = 72;
+  for (DType type : {DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {
+    const int64_t kk = (type == DType::kQ4_K || type == DType::kQ6_K) ? 512 : k;
+    std::vector<double> unused;
+    HostTensor w = MakeWeights(type, m, kk, RandomVec(rng_, m * kk), &unused);
+    for (int64_t n : {2, 3, 4, 5, 8, 9, 11, 12, 17}) {
+      SCOPED_TRACE(::testing::Message() << Traits(type).name << " n " << n);
+      HostTensor x = F32(n, kk, RandomVec(rng_, n * kk, 2.f));
+      HostTensor y(DType::kF32, n, m);
+      const std::vector<uint8_t> orders(static_cast<size_t>(n), kRowOrderGemv);
+      ASSERT_THAT(be_->MatMulRowOrder(w.t, x.t, y.t, orders), IsOk());
+      for (int64_t r = 0; r < n; ++r) {
+        Tensor xr{DType::kF32, kk, 1, static_cast<float*>(x.t.data) + r * kk};
+        HostTensor yr(DType::kF32, 1, m);
+        ASSERT_THAT(be_->MatMulRowOrder(w.t, xr, yr.t, {kRowOrderGemv}), IsOk());
+        ASSERT_EQ(std::memcmp(yr.t.data, static_cast<float*>(y.t.data) + r * m, m * 4), 0)
+            << "row " << r;
+      }
+    }
+  }
+}
+
 TEST_P(CpuBackendTest, MatMulValidation) {
   HostTensor w(DType::kQ8_0, 4, 64), x(DType::kF32, 2, 64), y(DType::kF32, 2, 4);
   EXPECT_THAT(be_->MatMul(w.t, x.t, y.t), IsOk());

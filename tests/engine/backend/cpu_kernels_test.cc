@@ -362,12 +362,13 @@ TEST(Q5_0VnniTest, BitIdenticalToTheAvx2Tile) {
 // batch): odd and even row counts (the 2-row steps and the tail), activation counts that fill one
 // group, part of one, and several, and k with one or many blocks.
 template <typename W>
-void ExpectGroupedEqualsTiles(const GroupedKernels* g, GemmTileFn tiles, uint32_t seed) {
+void ExpectGroupedEqualsTiles(const GroupedKernels* g, GemmTileFn tiles, uint32_t seed,
+                              std::initializer_list<int64_t> ns = {4, 7, 16, 17, 40}) {
   std::mt19937 rng(seed);
   for (int64_t k : {32, 640, 2048}) {
     const int64_t nb = k / 32;
     for (int64_t rows : {1, 3, 4, 9}) {
-      for (int64_t n : {4, 7, 16, 17, 40}) {
+      for (int64_t n : ns) {
         const std::vector<W> w = RandomWeightBlocks<W>(rng, rows * nb);
         const std::vector<BlockQ8_0> x = RandomActivationBlocks(rng, n * nb);
         const size_t ws = nb * sizeof(W), xs = nb * sizeof(BlockQ8_0);
@@ -414,6 +415,22 @@ TEST(GroupedVnniTest, Q5_0BitIdenticalToTheAvx2Tiles) {
   const GroupedKernels* g = Q5_0GroupedVnni();
   if (g == nullptr) GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_NO_VNNI is set)";
   ExpectGroupedEqualsTiles<BlockQ5_0>(g, &GemmQ5_0Avx2, 22);
+}
+
+// The small-batch quad kernels (four activation rows per 512-bit register) give the AVX2 tiles'
+// bits for Q8_0 and Q5_0 weights, so a decode sequence's logits do not depend on how many other
+// sequences (or speculative rows) share its step: every row count from 1 to 11 (one or two groups
+// of four per pass, padded groups, a second pass), weight rows in steps of four and leftovers.
+TEST(QuadVnniTest, Q8_0BitIdenticalToTheAvx2Tiles) {
+  const GroupedKernels* g = Q8_0QuadVnni();
+  if (g == nullptr) GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_NO_VNNI is set)";
+  ExpectGroupedEqualsTiles<BlockQ8_0>(g, &GemmQ8_0Avx2, 23, {1, 2, 3, 4, 5, 6, 7, 8, 9, 11});
+}
+
+TEST(QuadVnniTest, Q5_0BitIdenticalToTheAvx2Tiles) {
+  const GroupedKernels* g = Q5_0QuadVnni();
+  if (g == nullptr) GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_NO_VNNI is set)";
+  ExpectGroupedEqualsTiles<BlockQ5_0>(g, &GemmQ5_0Avx2, 24, {1, 2, 3, 4, 5, 6, 7, 8, 9, 11});
 }
 
 // INT8 KV quantization (kernels.h, engine/backend/kv_layout.h): bit-exact between the tables, and
