@@ -144,8 +144,173 @@ void AttnVSumAvx2(const float* p, const float* const* v, int64_t lo, int64_t hi,
   }
 }
 
-constexpr AttnKernels kAvx2Attn = {8, &AttnDotAvx2, &AttnExpSumAvx2, &AttnReduceAvx2,
-                                   &AttnVSumAvx2};
+// Lane j of the result is AttnDotAvx2's lane sum of x[j], bit for bit: the two 128-bit halves
+// added, then (t0 + t1) + (t2 + t3) as its two horizontal adds do, for 8 keys at once.
+inline __m256 ReduceAdd8(const __m256* x) {
+  __m256 t[4];  // t[m]: keys 2m and 2m + 1, 4 lanes each: x[i] + x[i + 4]
+  for (int m = 0; m < 4; ++m) {
+    t[m] = _mm256_add_ps(_mm256_permute2f128_ps(x[2 * m], x[2 * m + 1], 0x20),
+                         _mm256_permute2f128_ps(x[2 * m], x[2 * m + 1], 0x31));
+  }
+  // (t0 + t1, t2 + t3) per key: keys 4n, 4n + 2 in the low half, 4n + 1, 4n + 3 in the high one.
+  const __m256 h0 = _mm256_hadd_ps(t[0], t[1]);
+  const __m256 h1 = _mm256_hadd_ps(t[2], t[3]);
+  const __m256 r = _mm256_hadd_ps(h0, h1);  // keys 0, 2, 4, 6, 1, 3, 5, 7
+  return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// AttnDotAvx2 of up to 8 keys against NQ (<= 2) query heads: each key's 32-element step loaded
+// once for both heads, the combined vectors summed by ReduceAdd8.
+template <int NQ>
+void AttnDotsBlockAvx2(const float* q, int64_t q_stride, const float* const* k, int n_k,
+                       int64_t n, float* out, int64_t out_stride) {
+  const int64_t np = n - n % 32;
+  __m256 x[NQ][8];
+  for (int j = 0; j < n_k; ++j) {
+    __m256 acc[NQ][4];
+    for (int g = 0; g < NQ; ++g) {
+      for (int r = 0; r < 4; ++r) acc[g][r] = _mm256_setzero_ps();
+    }
+    const float* kj = k[j];
+    for (int64_t i = 0; i < np; i += 32) {
+      __m256 kv[4];
+      for (int r = 0; r < 4; ++r) kv[r] = _mm256_loadu_ps(kj + i + 8 * r);
+      for (int g = 0; g < NQ; ++g) {
+        for (int r = 0; r < 4; ++r) {
+          acc[g][r] =
+              _mm256_fmadd_ps(kv[r], _mm256_loadu_ps(q + g * q_stride + i + 8 * r), acc[g][r]);
+        }
+      }
+    }
+    for (int g = 0; g < NQ; ++g) {
+      x[g][j] = _mm256_add_ps(_mm256_add_ps(acc[g][0], acc[g][2]),
+                              _mm256_add_ps(acc[g][1], acc[g][3]));
+    }
+  }
+  for (int g = 0; g < NQ; ++g) {
+    for (int j = n_k; j < 8; ++j) x[g][j] = _mm256_setzero_ps();
+    alignas(32) float s[8];
+    _mm256_store_ps(s, ReduceAdd8(x[g]));
+    const float* qg = q + g * q_stride;
+    for (int j = 0; j < n_k; ++j) {
+      float v = s[j];
+      for (int64_t i = np; i < n; ++i) v = __builtin_fmaf(k[j][i], qg[i], v);
+      out[g * out_stride + j] = v;
+    }
+  }
+}
+
+void AttnDotsAvx2(const float* q, int64_t q_stride, int n_q, const float* const* k, int n_k,
+                  int64_t n, float* out, int64_t out_stride) {
+  for (int g = 0; g < n_q; g += 2) {
+    const float* qg = q + g * q_stride;
+    float* og = out + g * out_stride;
+    for (int j = 0; j < n_k; j += 8) {
+      const int nk = std::min(n_k - j, 8);
+      if (n_q - g >= 2) {
+        AttnDotsBlockAvx2<2>(qg, q_stride, k + j, nk, n, og + j, out_stride);
+      } else {
+        AttnDotsBlockAvx2<1>(qg, q_stride, k + j, nk, n, og + j, out_stride);
+      }
+    }
+  }
+}
+
+// AttnVSumAvx2 for NQ heads over NC 8-column chunks from column c0, one accumulator (position
+// modulo n_acc) at a time, each V segment loaded once for all NQ heads (NQ x NC <= 8
+// accumulators). With 32 accumulators, l, l + 8, l + 16, l + 24 are combined as AttnReduceAvx2
+// combines its rows; the 8 left are summed in its tree for that row count.
+template <int NQ, int NC>
+void AttnVSumsColsAvx2(const float* p, int64_t p_stride, const float* const* v, int64_t lo,
+                       int64_t hi, int n_acc, int64_t c0, float* out, int64_t out_stride) {
+  constexpr int kW = 8 * NC;
+  alignas(32) float quad[4][NQ][kW];
+  alignas(32) float part[NQ][8][kW];
+  const int rounds = n_acc / 8;
+  for (int l = 0; l < 8; ++l) {
+    for (int a = 0; a < rounds; ++a) {
+      const int r = l + 8 * a;
+      __m256 acc[NQ][NC];
+      for (int g = 0; g < NQ; ++g) {
+        for (int c = 0; c < NC; ++c) acc[g][c] = _mm256_setzero_ps();
+      }
+      for (int64_t j = lo + ((r - lo % n_acc) + n_acc) % n_acc; j <= hi; j += n_acc) {
+        const float* vr = v[j - lo] + c0;
+        __m256 pg[NQ];
+        for (int g = 0; g < NQ; ++g) pg[g] = _mm256_set1_ps(p[g * p_stride + (j - lo)]);
+        for (int c = 0; c < NC; ++c) {
+          const __m256 vv = _mm256_loadu_ps(vr + 8 * c);
+          for (int g = 0; g < NQ; ++g) acc[g][c] = _mm256_fmadd_ps(vv, pg[g], acc[g][c]);
+        }
+      }
+      float* dst = rounds == 1 ? &part[0][l][0] : &quad[a][0][0];
+      const int64_t g_stride = rounds == 1 ? 8 * kW : kW;
+      for (int g = 0; g < NQ; ++g) {
+        for (int c = 0; c < NC; ++c) _mm256_store_ps(dst + g * g_stride + 8 * c, acc[g][c]);
+      }
+    }
+    if (rounds == 1) continue;
+    for (int g = 0; g < NQ; ++g) {  // (r[l] + r[l + 16]) + (r[l + 8] + r[l + 24])
+      for (int c = 0; c < kW; c += 8) {
+        const __m256 x = _mm256_add_ps(
+            _mm256_add_ps(_mm256_load_ps(&quad[0][g][c]), _mm256_load_ps(&quad[2][g][c])),
+            _mm256_add_ps(_mm256_load_ps(&quad[1][g][c]), _mm256_load_ps(&quad[3][g][c])));
+        _mm256_store_ps(&part[g][l][c], x);
+      }
+    }
+  }
+  for (int g = 0; g < NQ; ++g) {
+    for (int c = 0; c < kW; c += 8) {
+      __m256 q[4];
+      for (int i = 0; i < 4; ++i) {
+        q[i] = _mm256_add_ps(_mm256_load_ps(&part[g][i + 4][c]), _mm256_load_ps(&part[g][i][c]));
+      }
+      // AttnReduceAvx2's last step: (q0 + q2) + (q1 + q3) for 8 rows, pairs for 32.
+      const __m256 s = rounds == 1
+                           ? _mm256_add_ps(_mm256_add_ps(q[0], q[2]), _mm256_add_ps(q[1], q[3]))
+                           : _mm256_add_ps(_mm256_add_ps(q[0], q[1]), _mm256_add_ps(q[2], q[3]));
+      _mm256_storeu_ps(out + g * out_stride + c0 + c, s);
+    }
+  }
+}
+
+template <int NQ>
+void AttnVSumsHeadsAvx2(const float* p, int64_t p_stride, const float* const* v, int64_t lo,
+                        int64_t hi, int n_acc, int64_t cols, float* out, int64_t out_stride) {
+  constexpr int kNc = NQ >= 3 ? 2 : 8 / NQ;  // NQ x kNc <= 8 accumulators of 16 registers
+  int64_t c = 0;
+  for (; c + 8 * kNc <= cols; c += 8 * kNc) {
+    AttnVSumsColsAvx2<NQ, kNc>(p, p_stride, v, lo, hi, n_acc, c, out, out_stride);
+  }
+  for (; c + 8 <= cols; c += 8) {
+    AttnVSumsColsAvx2<NQ, 1>(p, p_stride, v, lo, hi, n_acc, c, out, out_stride);
+  }
+  if (c < cols) {
+    std::vector<const float*> vc(static_cast<size_t>(hi - lo + 1));
+    for (int64_t j = lo; j <= hi; ++j) vc[j - lo] = v[j - lo] + c;
+    for (int g = 0; g < NQ; ++g) {
+      ScalarAttnKernels(8).vsum(p + g * p_stride, vc.data(), lo, hi, n_acc, cols - c,
+                                out + g * out_stride + c);
+    }
+  }
+}
+
+void AttnVSumsAvx2(const float* p, int64_t p_stride, int n_q, const float* const* v, int64_t lo,
+                   int64_t hi, int n_acc, int64_t cols, float* out, int64_t out_stride) {
+  for (int g = 0; g < n_q; g += 4) {
+    const float* pg = p + g * p_stride;
+    float* og = out + g * out_stride;
+    switch (std::min(n_q - g, 4)) {
+      case 1: AttnVSumsHeadsAvx2<1>(pg, p_stride, v, lo, hi, n_acc, cols, og, out_stride); break;
+      case 2: AttnVSumsHeadsAvx2<2>(pg, p_stride, v, lo, hi, n_acc, cols, og, out_stride); break;
+      case 3: AttnVSumsHeadsAvx2<3>(pg, p_stride, v, lo, hi, n_acc, cols, og, out_stride); break;
+      default: AttnVSumsHeadsAvx2<4>(pg, p_stride, v, lo, hi, n_acc, cols, og, out_stride); break;
+    }
+  }
+}
+
+constexpr AttnKernels kAvx2Attn = {8,           &AttnDotAvx2,  &AttnExpSumAvx2, &AttnReduceAvx2,
+                                   &AttnVSumAvx2, &AttnDotsAvx2, &AttnVSumsAvx2};
 
 
 }  // namespace

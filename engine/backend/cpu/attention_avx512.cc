@@ -139,8 +139,178 @@ void AttnVSum512(const float* p, const float* const* v, int64_t lo, int64_t hi, 
   }
 }
 
-constexpr AttnKernels kAvx512Attn = {16, &AttnDot512, &AttnExpSum512, &AttnReduce512,
-                                     &AttnVSum512};
+// Lane j of the result is _mm512_reduce_add_ps(x[j]), bit for bit: the same three levels of
+// adds per key (upper 256 bits onto the lower, upper 128 onto the lower, then (q0 + q2) +
+// (q1 + q3)), done for 16 keys at once by interleaving the keys' halves into whole vectors.
+// 15 adds and 30 shuffles for 16 keys instead of 16 x (4 adds + 4 shuffles).
+inline __m512 ReduceAdd16(const __m512* x) {
+  __m512 h[8];  // h[m]: keys 2m and 2m + 1, 8 lanes each: x[i] + x[i + 8]
+  for (int m = 0; m < 8; ++m) {
+    h[m] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * m], x[2 * m + 1], 0x44),
+                         _mm512_shuffle_f32x4(x[2 * m], x[2 * m + 1], 0xEE));
+  }
+  __m512 q[4];  // q[n]: 128-bit lane k = key 4n + k, 4 lanes each: h[i] + h[i + 4]
+  for (int n = 0; n < 4; ++n) {
+    q[n] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * n], h[2 * n + 1], 0x88),
+                         _mm512_shuffle_f32x4(h[2 * n], h[2 * n + 1], 0xDD));
+  }
+  __m512 y[2];  // y[p]: lane k = (q0 + q2, q1 + q3) of key 8p + k, then of key 8p + 4 + k
+  for (int p = 0; p < 2; ++p) {
+    y[p] = _mm512_add_ps(_mm512_shuffle_ps(q[2 * p], q[2 * p + 1], 0x44),
+                         _mm512_shuffle_ps(q[2 * p], q[2 * p + 1], 0xEE));
+  }
+  // Element 4k + m holds key 4m + k.
+  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88),
+                                 _mm512_shuffle_ps(y[0], y[1], 0xDD));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, r);
+}
+
+// AttnDot512 of up to 16 keys against NQ query heads: each key's 64-element step is loaded once
+// for all NQ heads (4 NQ accumulators in registers), the combined vectors are parked and summed
+// by ReduceAdd16. Per pair and 64 elements: 4 FMAs, 4 query loads, 4 / NQ key loads.
+template <int NQ>
+void AttnDotsBlock512(const float* q, int64_t q_stride, const float* const* k, int n_k,
+                      int64_t n, float* out, int64_t out_stride) {
+  const int64_t np = n - n % 64;
+  __m512 x[NQ][16];
+  for (int j = 0; j < n_k; ++j) {
+    __m512 acc[NQ][4];
+    for (int g = 0; g < NQ; ++g) {
+      for (int r = 0; r < 4; ++r) acc[g][r] = _mm512_setzero_ps();
+    }
+    const float* kj = k[j];
+    for (int64_t i = 0; i < np; i += 64) {
+      __m512 kv[4];
+      for (int r = 0; r < 4; ++r) kv[r] = _mm512_loadu_ps(kj + i + 16 * r);
+      for (int g = 0; g < NQ; ++g) {
+        for (int r = 0; r < 4; ++r) {
+          acc[g][r] =
+              _mm512_fmadd_ps(kv[r], _mm512_loadu_ps(q + g * q_stride + i + 16 * r), acc[g][r]);
+        }
+      }
+    }
+    for (int g = 0; g < NQ; ++g) {
+      x[g][j] = _mm512_add_ps(_mm512_add_ps(acc[g][0], acc[g][2]),
+                              _mm512_add_ps(acc[g][1], acc[g][3]));
+    }
+  }
+  for (int g = 0; g < NQ; ++g) {
+    for (int j = n_k; j < 16; ++j) x[g][j] = _mm512_setzero_ps();
+    alignas(64) float s[16];
+    _mm512_store_ps(s, ReduceAdd16(x[g]));
+    const float* qg = q + g * q_stride;
+    for (int j = 0; j < n_k; ++j) {
+      float v = s[j];
+      for (int64_t i = np; i < n; ++i) v = __builtin_fmaf(k[j][i], qg[i], v);
+      out[g * out_stride + j] = v;
+    }
+  }
+}
+
+void AttnDots512(const float* q, int64_t q_stride, int n_q, const float* const* k, int n_k,
+                 int64_t n, float* out, int64_t out_stride) {
+  for (int g = 0; g < n_q; g += 4) {
+    const float* qg = q + g * q_stride;
+    float* og = out + g * out_stride;
+    for (int j = 0; j < n_k; j += 16) {
+      const int nk = n_k - j < 16 ? n_k - j : 16;
+      switch (n_q - g < 4 ? n_q - g : 4) {
+        case 1: AttnDotsBlock512<1>(qg, q_stride, k + j, nk, n, og + j, out_stride); break;
+        case 2: AttnDotsBlock512<2>(qg, q_stride, k + j, nk, n, og + j, out_stride); break;
+        case 3: AttnDotsBlock512<3>(qg, q_stride, k + j, nk, n, og + j, out_stride); break;
+        default: AttnDotsBlock512<4>(qg, q_stride, k + j, nk, n, og + j, out_stride); break;
+      }
+    }
+  }
+}
+
+// AttnVSum512 for NQ heads over NC 16-column chunks starting at column c0, one accumulator
+// (position modulo n_acc) at a time: its positions j, j + n_acc, ... in order, each V segment
+// loaded once and FMA'd into all NQ heads' registers (NQ x NC accumulators, at most 16). The
+// accumulators of l, l + 16, l + 32, l + 48 are combined as AttnReduce512 combines its 64 rows,
+// and the 16 rows left go through its tree.
+template <int NQ, int NC>
+void AttnVSumsCols512(const float* p, int64_t p_stride, const float* const* v, int64_t lo,
+                      int64_t hi, int n_acc, int64_t c0, float* out, int64_t out_stride) {
+  constexpr int kW = 16 * NC;
+  alignas(64) float quad[4][NQ][kW];
+  alignas(64) float part[NQ][16][kW];
+  const int rounds = n_acc / 16;
+  for (int l = 0; l < 16; ++l) {
+    for (int a = 0; a < rounds; ++a) {
+      const int r = l + 16 * a;
+      __m512 acc[NQ][NC];
+      for (int g = 0; g < NQ; ++g) {
+        for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_setzero_ps();
+      }
+      for (int64_t j = lo + ((r - lo % n_acc) + n_acc) % n_acc; j <= hi; j += n_acc) {
+        const float* vr = v[j - lo] + c0;
+        __m512 pg[NQ];
+        for (int g = 0; g < NQ; ++g) pg[g] = _mm512_set1_ps(p[g * p_stride + (j - lo)]);
+        for (int c = 0; c < NC; ++c) {
+          const __m512 vv = _mm512_loadu_ps(vr + 16 * c);
+          for (int g = 0; g < NQ; ++g) acc[g][c] = _mm512_fmadd_ps(vv, pg[g], acc[g][c]);
+        }
+      }
+      float* dst = rounds == 1 ? &part[0][l][0] : &quad[a][0][0];
+      const int64_t g_stride = rounds == 1 ? 16 * kW : kW;
+      for (int g = 0; g < NQ; ++g) {
+        for (int c = 0; c < NC; ++c) _mm512_store_ps(dst + g * g_stride + 16 * c, acc[g][c]);
+      }
+    }
+    if (rounds == 1) continue;
+    for (int g = 0; g < NQ; ++g) {  // (r[l] + r[l + 32]) + (r[l + 16] + r[l + 48])
+      for (int c = 0; c < kW; c += 16) {
+        const __m512 x = _mm512_add_ps(
+            _mm512_add_ps(_mm512_load_ps(&quad[0][g][c]), _mm512_load_ps(&quad[2][g][c])),
+            _mm512_add_ps(_mm512_load_ps(&quad[1][g][c]), _mm512_load_ps(&quad[3][g][c])));
+        _mm512_store_ps(&part[g][l][c], x);
+      }
+    }
+  }
+  for (int g = 0; g < NQ; ++g) {
+    AttnReduce512(&part[g][0][0], 16, kW, kW, out + g * out_stride + c0);
+  }
+}
+
+template <int NQ>
+void AttnVSumsHeads512(const float* p, int64_t p_stride, const float* const* v, int64_t lo,
+                       int64_t hi, int n_acc, int64_t cols, float* out, int64_t out_stride) {
+  constexpr int kNc = 16 / (NQ == 3 ? 4 : NQ);  // chunks per pass: NQ x kNc <= 16 accumulators
+  int64_t c = 0;
+  for (; c + 16 * kNc <= cols; c += 16 * kNc) {
+    AttnVSumsCols512<NQ, kNc>(p, p_stride, v, lo, hi, n_acc, c, out, out_stride);
+  }
+  for (; c + 16 <= cols; c += 16) {
+    AttnVSumsCols512<NQ, 1>(p, p_stride, v, lo, hi, n_acc, c, out, out_stride);
+  }
+  if (c < cols) {  // the last columns through the single-head kernel's reference tail
+    for (int g = 0; g < NQ; ++g) {
+      std::vector<const float*> vc(static_cast<size_t>(hi - lo + 1));
+      for (int64_t j = lo; j <= hi; ++j) vc[j - lo] = v[j - lo] + c;
+      ScalarAttnKernels(16).vsum(p + g * p_stride, vc.data(), lo, hi, n_acc, cols - c,
+                                 out + g * out_stride + c);
+    }
+  }
+}
+
+void AttnVSums512(const float* p, int64_t p_stride, int n_q, const float* const* v, int64_t lo,
+                  int64_t hi, int n_acc, int64_t cols, float* out, int64_t out_stride) {
+  for (int g = 0; g < n_q; g += 4) {
+    const float* pg = p + g * p_stride;
+    float* og = out + g * out_stride;
+    switch (n_q - g < 4 ? n_q - g : 4) {
+      case 1: AttnVSumsHeads512<1>(pg, p_stride, v, lo, hi, n_acc, cols, og, out_stride); break;
+      case 2: AttnVSumsHeads512<2>(pg, p_stride, v, lo, hi, n_acc, cols, og, out_stride); break;
+      case 3: AttnVSumsHeads512<3>(pg, p_stride, v, lo, hi, n_acc, cols, og, out_stride); break;
+      default: AttnVSumsHeads512<4>(pg, p_stride, v, lo, hi, n_acc, cols, og, out_stride); break;
+    }
+  }
+}
+
+constexpr AttnKernels kAvx512Attn = {16,           &AttnDot512,  &AttnExpSum512, &AttnReduce512,
+                                     &AttnVSum512, &AttnDots512, &AttnVSums512};
 
 // AVX512F and AVX512DQ (CPUID leaf 7, EBX bits 16 and 17) with ZMM, YMM and XMM state enabled by
 // the OS (XCR0 bits 1, 2, 5, 6 and 7).

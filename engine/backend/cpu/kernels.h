@@ -143,6 +143,20 @@ struct AttnKernels {
   // rows (the accumulators of a few columns at a time live in registers).
   void (*vsum)(const float* p, const float* const* v, int64_t lo, int64_t hi, int n_acc,
                int64_t cols, float* out);
+  // The scores of a KV head's query heads against a run of keys, bit for bit `dot`:
+  //   out[g * out_stride + j] = dot(k[j], q + g * q_stride, n)   for g < n_q, j < n_k.
+  // The SIMD versions read each key once for up to four query heads and sum the lanes of `lanes`
+  // keys at once (a transpose whose adds are, per key, exactly those of dot's lane sum), so no
+  // key pays a horizontal reduction of its own.
+  void (*dots)(const float* q, int64_t q_stride, int n_q, const float* const* k, int n_k,
+               int64_t n, float* out, int64_t out_stride);
+  // vsum for the query heads of one KV head, bit for bit:
+  //   out + g * out_stride = vsum(p + g * p_stride, v, lo, hi, n_acc, cols)   for g < n_q.
+  // The SIMD versions walk the positions one accumulator (position modulo n_acc) at a time, so
+  // each loaded V segment feeds every head's accumulator and each V byte is read once per call
+  // instead of once per head.
+  void (*vsums)(const float* p, int64_t p_stride, int n_q, const float* const* v, int64_t lo,
+                int64_t hi, int n_acc, int64_t cols, float* out, int64_t out_stride);
 };
 // Portable versions of both widths (the reference the SIMD ones are tested against).
 const AttnKernels& ScalarAttnKernels(int lanes);

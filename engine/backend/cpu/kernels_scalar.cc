@@ -526,10 +526,37 @@ void AttnVSumRef(const float* p, const float* const* v, int64_t lo, int64_t hi, 
   AttnReduceRef<L>(rows.data(), n_acc, cols, cols, out);
 }
 
-constexpr AttnKernels kScalarAttn8 = {8, &AttnDotRef<8>, &AttnExpSumRef<8>, &AttnReduceRef<8>,
-                                      &AttnVSumRef<8>};
-constexpr AttnKernels kScalarAttn16 = {16, &AttnDotRef<16>, &AttnExpSumRef<16>,
-                                       &AttnReduceRef<16>, &AttnVSumRef<16>};
+// The batched entries are the single ones in a loop: that is their contract.
+template <int L>
+void AttnDotsRef(const float* q, int64_t q_stride, int n_q, const float* const* k, int n_k,
+                 int64_t n, float* out, int64_t out_stride) {
+  for (int g = 0; g < n_q; ++g) {
+    for (int j = 0; j < n_k; ++j) out[g * out_stride + j] = AttnDotRef<L>(k[j], q + g * q_stride, n);
+  }
+}
+
+template <int L>
+void AttnVSumsRef(const float* p, int64_t p_stride, int n_q, const float* const* v, int64_t lo,
+                  int64_t hi, int n_acc, int64_t cols, float* out, int64_t out_stride) {
+  for (int g = 0; g < n_q; ++g) {
+    AttnVSumRef<L>(p + g * p_stride, v, lo, hi, n_acc, cols, out + g * out_stride);
+  }
+}
+
+constexpr AttnKernels kScalarAttn8 = {8,
+                                      &AttnDotRef<8>,
+                                      &AttnExpSumRef<8>,
+                                      &AttnReduceRef<8>,
+                                      &AttnVSumRef<8>,
+                                      &AttnDotsRef<8>,
+                                      &AttnVSumsRef<8>};
+constexpr AttnKernels kScalarAttn16 = {16,
+                                       &AttnDotRef<16>,
+                                       &AttnExpSumRef<16>,
+                                       &AttnReduceRef<16>,
+                                       &AttnVSumRef<16>,
+                                       &AttnDotsRef<16>,
+                                       &AttnVSumsRef<16>};
 const AttnKernels& ScalarAttn() { return kScalarAttn8; }
 
 constexpr Kernels kScalar = {

@@ -760,6 +760,116 @@ void ExpectAttnKernelsEqual(const AttnKernels& ref, const AttnKernels& simd) {
   }
 }
 
+// The batched entries against the single ones of the same table (their contract) and against
+// the scalar table: dots for 1..6 query heads (the SIMD kernels take heads four or two at a
+// time), key runs that leave partial lane groups, head_dims with and without tails, keys far apart
+// in magnitude (big cancellations, so any change in the order of the adds shows) and near
+// FLT_MAX / FLT_MIN; vsums for positions not aligned to the accumulators, both accumulator
+// counts and widths that leave partial chunks.
+void ExpectBatchedAttnKernelsEqual(const AttnKernels& ref, const AttnKernels& simd) {
+  ASSERT_EQ(ref.lanes, simd.lanes);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_int_distribution<int> kind(0, 9);
+  auto value = [&](float big) {
+    const int c = kind(rng);
+    return c == 0 ? normal(rng) * big : c == 1 ? normal(rng) * 1e-30f : normal(rng);
+  };
+  for (int64_t n : {1, 7, 32, 63, 64, 65, 100, 128, 200, 256, 300}) {
+    for (int n_q : {1, 2, 3, 4, 5, 6}) {
+      for (int n_k : {1, 5, 8, 15, 16, 17, 40}) {
+        // Magnitudes up to 2^60 per product term stay far from overflow in any order of sums.
+        const float big = (n_k + n_q) % 3 == 0 ? 1e15f : 1e4f;
+        const int64_t q_stride = n + 3, out_stride = n_k + 2;
+        std::vector<float> q(n_q * q_stride), keys(n_k * (n + 1));
+        for (float& x : q) x = value(big);
+        for (float& x : keys) x = value(big);
+        std::vector<const float*> k(n_k);
+        for (int j = 0; j < n_k; ++j) k[j] = keys.data() + j * (n + 1);
+        std::vector<float> outr(n_q * out_stride, -1.f), outs(n_q * out_stride, -1.f);
+        ref.dots(q.data(), q_stride, n_q, k.data(), n_k, n, outr.data(), out_stride);
+        simd.dots(q.data(), q_stride, n_q, k.data(), n_k, n, outs.data(), out_stride);
+        for (int g = 0; g < n_q; ++g) {
+          for (int j = 0; j < out_stride; ++j) {
+            const float single = j < n_k ? simd.dot(k[j], q.data() + g * q_stride, n) : -1.f;
+            const float r = outr[g * out_stride + j], s = outs[g * out_stride + j];
+            ASSERT_EQ(std::bit_cast<uint32_t>(r), std::bit_cast<uint32_t>(s))
+                << "dots n " << n << " n_q " << n_q << " n_k " << n_k << " g " << g << " j " << j;
+            ASSERT_EQ(std::bit_cast<uint32_t>(single), std::bit_cast<uint32_t>(s))
+                << "dots vs dot n " << n << " n_q " << n_q << " n_k " << n_k << " g " << g
+                << " j " << j;
+          }
+        }
+      }
+    }
+  }
+  // Near the ends of the float range: products near FLT_MAX / 16 (sums stay finite) and
+  // subnormal products.
+  for (float mag : {1.8e18f, 1e-22f}) {
+    const int64_t n = 256;
+    std::vector<float> q(4 * n), keys(16 * n);
+    for (float& x : q) x = normal(rng) * mag;
+    for (float& x : keys) x = normal(rng);
+    keys[5] = 0.f;
+    std::vector<const float*> k(16);
+    for (int j = 0; j < 16; ++j) k[j] = keys.data() + j * n;
+    std::vector<float> outr(4 * 16), outs(4 * 16);
+    ref.dots(q.data(), n, 4, k.data(), 16, n, outr.data(), 16);
+    simd.dots(q.data(), n, 4, k.data(), 16, n, outs.data(), 16);
+    ASSERT_EQ(std::memcmp(outr.data(), outs.data(), outr.size() * sizeof(float)), 0)
+        << "dots magnitude " << mag;
+  }
+  for (int n_acc : {ref.lanes, 4 * ref.lanes}) {
+    for (auto [lo, hi] : {std::pair<int64_t, int64_t>{0, 0}, {3, 40}, {17, 300}, {64, 127},
+                          {5, 1000}}) {
+      for (int64_t cols : {7, 16, 20, 40, 64, 72, 256}) {
+        for (int n_q : {1, 2, 3, 4, 5}) {
+          const int64_t len = hi - lo + 1, p_stride = len + 5, out_stride = cols + 1;
+          std::vector<float> p(n_q * p_stride), vals(len * cols);
+          for (float& x : p) x = std::fabs(normal(rng));
+          for (float& x : vals) x = value(1e6f);
+          std::vector<const float*> rows(len);
+          for (int64_t j = 0; j < len; ++j) rows[j] = vals.data() + j * cols;
+          std::vector<float> outr(n_q * out_stride, -1.f), outs(n_q * out_stride, -1.f);
+          ref.vsums(p.data(), p_stride, n_q, rows.data(), lo, hi, n_acc, cols, outr.data(),
+                    out_stride);
+          simd.vsums(p.data(), p_stride, n_q, rows.data(), lo, hi, n_acc, cols, outs.data(),
+                     out_stride);
+          ASSERT_EQ(std::memcmp(outr.data(), outs.data(), outr.size() * sizeof(float)), 0)
+              << "vsums n_acc " << n_acc << " lo " << lo << " hi " << hi << " cols " << cols
+              << " n_q " << n_q;
+          std::vector<float> single(cols);
+          for (int g = 0; g < n_q; ++g) {
+            simd.vsum(p.data() + g * p_stride, rows.data(), lo, hi, n_acc, cols, single.data());
+            ASSERT_EQ(std::memcmp(single.data(), outs.data() + g * out_stride, cols * sizeof(float)),
+                      0)
+                << "vsums vs vsum n_acc " << n_acc << " lo " << lo << " hi " << hi << " cols "
+                << cols << " g " << g;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(AttnKernelsTest, ScalarBatchedEntriesMatchTheSingleOnes) {
+  ExpectBatchedAttnKernelsEqual(ScalarAttnKernels(8), ScalarAttnKernels(8));
+  ExpectBatchedAttnKernelsEqual(ScalarAttnKernels(16), ScalarAttnKernels(16));
+}
+
+TEST(AttnKernelsTest, Avx2BatchedEntriesMatchTheScalarOnes) {
+  if (Avx2Kernels() == nullptr || &SelectKernels(false) != Avx2Kernels()) {
+    GTEST_SKIP() << "AVX2 kernels not available on this build/CPU";
+  }
+  ExpectBatchedAttnKernelsEqual(ScalarAttnKernels(8), Avx2AttnKernels());
+}
+
+TEST(AttnKernelsTest, Avx512BatchedEntriesMatchTheScalarOnes) {
+  const AttnKernels* k = Avx512AttnKernels();
+  if (k == nullptr) GTEST_SKIP() << "no AVX512F + AVX512DQ on this CPU";
+  ExpectBatchedAttnKernelsEqual(ScalarAttnKernels(16), *k);
+}
+
 TEST(AttnKernelsTest, Avx2MatchesTheScalarEightLaneOrder) {
   if (Avx2Kernels() == nullptr || &SelectKernels(false) != Avx2Kernels()) {
     GTEST_SKIP() << "AVX2 kernels not available on this build/CPU";
