@@ -90,7 +90,9 @@ int Main(int argc, char** argv) {
   const cpu::AttnKernels& ak =
       attn == "avx2" ? cpu::Avx2AttnKernels() : cpu::SelectKernels(false).attn();
   std::printf("# attention kernels: %d lanes (%s)\n", ak.lanes,
-              ak.lanes == 16 ? "AVX-512" : cpu::Avx2Kernels() != nullptr ? "AVX2" : "scalar");
+              ak.lanes == 16                  ? "AVX-512"
+              : cpu::Avx2Kernels() != nullptr ? "AVX2"
+                                              : "scalar");
   std::printf("%-5s %6s %5s %3s %12s %12s %18s\n", "kv", "ctx", "rows", "thr", "ms/call",
               "us/row/layer", "output-hash");
 

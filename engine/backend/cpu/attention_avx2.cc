@@ -8,6 +8,7 @@
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "engine/backend/cpu/kernels_avx2_internal.h"
@@ -159,11 +160,19 @@ inline __m256 ReduceAdd8(const __m256* x) {
   return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+// 8 F32 values from F32 or (widened exactly) F16 ones; one value for the scalar tails.
+inline __m256 Load8(const float* x) { return _mm256_loadu_ps(x); }
+inline __m256 Load8(const uint16_t* x) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+}
+inline float Value(const float* x, int64_t i) { return x[i]; }
+inline float Value(const uint16_t* x, int64_t i) { return _cvtsh_ss(x[i]); }
+
 // AttnDotAvx2 of up to 8 keys against NQ (<= 2) query heads: each key's 32-element step loaded
 // once for both heads, the combined vectors summed by ReduceAdd8.
-template <int NQ>
-void AttnDotsBlockAvx2(const float* q, int64_t q_stride, const float* const* k, int n_k,
-                       int64_t n, float* out, int64_t out_stride) {
+template <int NQ, typename T>
+void AttnDotsBlockAvx2(const float* q, int64_t q_stride, const T* const* k, int n_k, int64_t n,
+                       float* out, int64_t out_stride) {
   const int64_t np = n - n % 32;
   __m256 x[NQ][8];
   for (int j = 0; j < n_k; ++j) {
@@ -171,10 +180,10 @@ void AttnDotsBlockAvx2(const float* q, int64_t q_stride, const float* const* k, 
     for (int g = 0; g < NQ; ++g) {
       for (int r = 0; r < 4; ++r) acc[g][r] = _mm256_setzero_ps();
     }
-    const float* kj = k[j];
+    const T* kj = k[j];
     for (int64_t i = 0; i < np; i += 32) {
       __m256 kv[4];
-      for (int r = 0; r < 4; ++r) kv[r] = _mm256_loadu_ps(kj + i + 8 * r);
+      for (int r = 0; r < 4; ++r) kv[r] = Load8(kj + i + 8 * r);
       for (int g = 0; g < NQ; ++g) {
         for (int r = 0; r < 4; ++r) {
           acc[g][r] =
@@ -183,8 +192,8 @@ void AttnDotsBlockAvx2(const float* q, int64_t q_stride, const float* const* k, 
       }
     }
     for (int g = 0; g < NQ; ++g) {
-      x[g][j] = _mm256_add_ps(_mm256_add_ps(acc[g][0], acc[g][2]),
-                              _mm256_add_ps(acc[g][1], acc[g][3]));
+      x[g][j] =
+          _mm256_add_ps(_mm256_add_ps(acc[g][0], acc[g][2]), _mm256_add_ps(acc[g][1], acc[g][3]));
     }
   }
   for (int g = 0; g < NQ; ++g) {
@@ -194,23 +203,24 @@ void AttnDotsBlockAvx2(const float* q, int64_t q_stride, const float* const* k, 
     const float* qg = q + g * q_stride;
     for (int j = 0; j < n_k; ++j) {
       float v = s[j];
-      for (int64_t i = np; i < n; ++i) v = __builtin_fmaf(k[j][i], qg[i], v);
+      for (int64_t i = np; i < n; ++i) v = __builtin_fmaf(Value(k[j], i), qg[i], v);
       out[g * out_stride + j] = v;
     }
   }
 }
 
-void AttnDotsAvx2(const float* q, int64_t q_stride, int n_q, const float* const* k, int n_k,
-                  int64_t n, float* out, int64_t out_stride) {
+template <typename T>
+void AttnDotsAvx2(const float* q, int64_t q_stride, int n_q, const T* const* k, int n_k, int64_t n,
+                  float* out, int64_t out_stride) {
   for (int g = 0; g < n_q; g += 2) {
     const float* qg = q + g * q_stride;
     float* og = out + g * out_stride;
     for (int j = 0; j < n_k; j += 8) {
       const int nk = std::min(n_k - j, 8);
       if (n_q - g >= 2) {
-        AttnDotsBlockAvx2<2>(qg, q_stride, k + j, nk, n, og + j, out_stride);
+        AttnDotsBlockAvx2<2, T>(qg, q_stride, k + j, nk, n, og + j, out_stride);
       } else {
-        AttnDotsBlockAvx2<1>(qg, q_stride, k + j, nk, n, og + j, out_stride);
+        AttnDotsBlockAvx2<1, T>(qg, q_stride, k + j, nk, n, og + j, out_stride);
       }
     }
   }
@@ -220,9 +230,9 @@ void AttnDotsAvx2(const float* q, int64_t q_stride, int n_q, const float* const*
 // modulo n_acc) at a time, each V segment loaded once for all NQ heads (NQ x NC <= 8
 // accumulators). With 32 accumulators, l, l + 8, l + 16, l + 24 are combined as AttnReduceAvx2
 // combines its rows; the 8 left are summed in its tree for that row count.
-template <int NQ, int NC>
-void AttnVSumsColsAvx2(const float* p, int64_t p_stride, const float* const* v, int64_t lo,
-                       int64_t hi, int n_acc, int64_t c0, float* out, int64_t out_stride) {
+template <int NQ, int NC, typename T>
+void AttnVSumsColsAvx2(const float* p, int64_t p_stride, const T* const* v, int64_t lo, int64_t hi,
+                       int n_acc, int64_t c0, float* out, int64_t out_stride) {
   constexpr int kW = 8 * NC;
   alignas(32) float quad[4][NQ][kW];
   alignas(32) float part[NQ][8][kW];
@@ -235,11 +245,11 @@ void AttnVSumsColsAvx2(const float* p, int64_t p_stride, const float* const* v, 
         for (int c = 0; c < NC; ++c) acc[g][c] = _mm256_setzero_ps();
       }
       for (int64_t j = lo + ((r - lo % n_acc) + n_acc) % n_acc; j <= hi; j += n_acc) {
-        const float* vr = v[j - lo] + c0;
+        const T* vr = v[j - lo] + c0;
         __m256 pg[NQ];
         for (int g = 0; g < NQ; ++g) pg[g] = _mm256_set1_ps(p[g * p_stride + (j - lo)]);
         for (int c = 0; c < NC; ++c) {
-          const __m256 vv = _mm256_loadu_ps(vr + 8 * c);
+          const __m256 vv = Load8(vr + 8 * c);
           for (int g = 0; g < NQ; ++g) acc[g][c] = _mm256_fmadd_ps(vv, pg[g], acc[g][c]);
         }
       }
@@ -274,44 +284,62 @@ void AttnVSumsColsAvx2(const float* p, int64_t p_stride, const float* const* v, 
   }
 }
 
-template <int NQ>
-void AttnVSumsHeadsAvx2(const float* p, int64_t p_stride, const float* const* v, int64_t lo,
-                        int64_t hi, int n_acc, int64_t cols, float* out, int64_t out_stride) {
+template <int NQ, typename T>
+void AttnVSumsHeadsAvx2(const float* p, int64_t p_stride, const T* const* v, int64_t lo, int64_t hi,
+                        int n_acc, int64_t cols, float* out, int64_t out_stride) {
   constexpr int kNc = NQ >= 3 ? 2 : 8 / NQ;  // NQ x kNc <= 8 accumulators of 16 registers
   int64_t c = 0;
   for (; c + 8 * kNc <= cols; c += 8 * kNc) {
-    AttnVSumsColsAvx2<NQ, kNc>(p, p_stride, v, lo, hi, n_acc, c, out, out_stride);
+    AttnVSumsColsAvx2<NQ, kNc, T>(p, p_stride, v, lo, hi, n_acc, c, out, out_stride);
   }
   for (; c + 8 <= cols; c += 8) {
-    AttnVSumsColsAvx2<NQ, 1>(p, p_stride, v, lo, hi, n_acc, c, out, out_stride);
+    AttnVSumsColsAvx2<NQ, 1, T>(p, p_stride, v, lo, hi, n_acc, c, out, out_stride);
   }
   if (c < cols) {
-    std::vector<const float*> vc(static_cast<size_t>(hi - lo + 1));
+    std::vector<const T*> vc(static_cast<size_t>(hi - lo + 1));
     for (int64_t j = lo; j <= hi; ++j) vc[j - lo] = v[j - lo] + c;
-    for (int g = 0; g < NQ; ++g) {
-      ScalarAttnKernels(8).vsum(p + g * p_stride, vc.data(), lo, hi, n_acc, cols - c,
-                                out + g * out_stride + c);
+    if constexpr (std::is_same_v<T, float>) {
+      ScalarAttnKernels(8).vsums(p, p_stride, NQ, vc.data(), lo, hi, n_acc, cols - c, out + c,
+                                 out_stride);
+    } else {
+      ScalarAttnKernels(8).vsums_f16(p, p_stride, NQ, vc.data(), lo, hi, n_acc, cols - c, out + c,
+                                     out_stride);
     }
   }
 }
 
-void AttnVSumsAvx2(const float* p, int64_t p_stride, int n_q, const float* const* v, int64_t lo,
+template <typename T>
+void AttnVSumsAvx2(const float* p, int64_t p_stride, int n_q, const T* const* v, int64_t lo,
                    int64_t hi, int n_acc, int64_t cols, float* out, int64_t out_stride) {
   for (int g = 0; g < n_q; g += 4) {
     const float* pg = p + g * p_stride;
     float* og = out + g * out_stride;
     switch (std::min(n_q - g, 4)) {
-      case 1: AttnVSumsHeadsAvx2<1>(pg, p_stride, v, lo, hi, n_acc, cols, og, out_stride); break;
-      case 2: AttnVSumsHeadsAvx2<2>(pg, p_stride, v, lo, hi, n_acc, cols, og, out_stride); break;
-      case 3: AttnVSumsHeadsAvx2<3>(pg, p_stride, v, lo, hi, n_acc, cols, og, out_stride); break;
-      default: AttnVSumsHeadsAvx2<4>(pg, p_stride, v, lo, hi, n_acc, cols, og, out_stride); break;
+      case 1:
+        AttnVSumsHeadsAvx2<1, T>(pg, p_stride, v, lo, hi, n_acc, cols, og, out_stride);
+        break;
+      case 2:
+        AttnVSumsHeadsAvx2<2, T>(pg, p_stride, v, lo, hi, n_acc, cols, og, out_stride);
+        break;
+      case 3:
+        AttnVSumsHeadsAvx2<3, T>(pg, p_stride, v, lo, hi, n_acc, cols, og, out_stride);
+        break;
+      default:
+        AttnVSumsHeadsAvx2<4, T>(pg, p_stride, v, lo, hi, n_acc, cols, og, out_stride);
+        break;
     }
   }
 }
 
-constexpr AttnKernels kAvx2Attn = {8,           &AttnDotAvx2,  &AttnExpSumAvx2, &AttnReduceAvx2,
-                                   &AttnVSumAvx2, &AttnDotsAvx2, &AttnVSumsAvx2};
-
+constexpr AttnKernels kAvx2Attn = {8,
+                                   &AttnDotAvx2,
+                                   &AttnExpSumAvx2,
+                                   &AttnReduceAvx2,
+                                   &AttnVSumAvx2,
+                                   &AttnDotsAvx2<float>,
+                                   &AttnVSumsAvx2<float>,
+                                   &AttnDotsAvx2<uint16_t>,
+                                   &AttnVSumsAvx2<uint16_t>};
 
 }  // namespace
 

@@ -19,6 +19,7 @@
 #endif
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace pd::engine::cpu {
@@ -160,18 +161,26 @@ inline __m512 ReduceAdd16(const __m512* x) {
                          _mm512_shuffle_ps(q[2 * p], q[2 * p + 1], 0xEE));
   }
   // Element 4k + m holds key 4m + k.
-  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88),
-                                 _mm512_shuffle_ps(y[0], y[1], 0xDD));
+  const __m512 r =
+      _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   return _mm512_permutexvar_ps(order, r);
 }
 
+// 16 F32 values from F32 or (widened exactly) F16 ones; one value for the scalar tails.
+inline __m512 Load16(const float* x) { return _mm512_loadu_ps(x); }
+inline __m512 Load16(const uint16_t* x) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+}
+inline float Value(const float* x, int64_t i) { return x[i]; }
+inline float Value(const uint16_t* x, int64_t i) { return _cvtsh_ss(x[i]); }
+
 // AttnDot512 of up to 16 keys against NQ query heads: each key's 64-element step is loaded once
 // for all NQ heads (4 NQ accumulators in registers), the combined vectors are parked and summed
 // by ReduceAdd16. Per pair and 64 elements: 4 FMAs, 4 query loads, 4 / NQ key loads.
-template <int NQ>
-void AttnDotsBlock512(const float* q, int64_t q_stride, const float* const* k, int n_k,
-                      int64_t n, float* out, int64_t out_stride) {
+template <int NQ, typename T>
+void AttnDotsBlock512(const float* q, int64_t q_stride, const T* const* k, int n_k, int64_t n,
+                      float* out, int64_t out_stride) {
   const int64_t np = n - n % 64;
   __m512 x[NQ][16];
   for (int j = 0; j < n_k; ++j) {
@@ -179,10 +188,10 @@ void AttnDotsBlock512(const float* q, int64_t q_stride, const float* const* k, i
     for (int g = 0; g < NQ; ++g) {
       for (int r = 0; r < 4; ++r) acc[g][r] = _mm512_setzero_ps();
     }
-    const float* kj = k[j];
+    const T* kj = k[j];
     for (int64_t i = 0; i < np; i += 64) {
       __m512 kv[4];
-      for (int r = 0; r < 4; ++r) kv[r] = _mm512_loadu_ps(kj + i + 16 * r);
+      for (int r = 0; r < 4; ++r) kv[r] = Load16(kj + i + 16 * r);
       for (int g = 0; g < NQ; ++g) {
         for (int r = 0; r < 4; ++r) {
           acc[g][r] =
@@ -191,8 +200,8 @@ void AttnDotsBlock512(const float* q, int64_t q_stride, const float* const* k, i
       }
     }
     for (int g = 0; g < NQ; ++g) {
-      x[g][j] = _mm512_add_ps(_mm512_add_ps(acc[g][0], acc[g][2]),
-                              _mm512_add_ps(acc[g][1], acc[g][3]));
+      x[g][j] =
+          _mm512_add_ps(_mm512_add_ps(acc[g][0], acc[g][2]), _mm512_add_ps(acc[g][1], acc[g][3]));
     }
   }
   for (int g = 0; g < NQ; ++g) {
@@ -202,24 +211,33 @@ void AttnDotsBlock512(const float* q, int64_t q_stride, const float* const* k, i
     const float* qg = q + g * q_stride;
     for (int j = 0; j < n_k; ++j) {
       float v = s[j];
-      for (int64_t i = np; i < n; ++i) v = __builtin_fmaf(k[j][i], qg[i], v);
+      for (int64_t i = np; i < n; ++i) v = __builtin_fmaf(Value(k[j], i), qg[i], v);
       out[g * out_stride + j] = v;
     }
   }
 }
 
-void AttnDots512(const float* q, int64_t q_stride, int n_q, const float* const* k, int n_k,
-                 int64_t n, float* out, int64_t out_stride) {
+template <typename T>
+void AttnDotsT512(const float* q, int64_t q_stride, int n_q, const T* const* k, int n_k, int64_t n,
+                  float* out, int64_t out_stride) {
   for (int g = 0; g < n_q; g += 4) {
     const float* qg = q + g * q_stride;
     float* og = out + g * out_stride;
     for (int j = 0; j < n_k; j += 16) {
       const int nk = n_k - j < 16 ? n_k - j : 16;
       switch (n_q - g < 4 ? n_q - g : 4) {
-        case 1: AttnDotsBlock512<1>(qg, q_stride, k + j, nk, n, og + j, out_stride); break;
-        case 2: AttnDotsBlock512<2>(qg, q_stride, k + j, nk, n, og + j, out_stride); break;
-        case 3: AttnDotsBlock512<3>(qg, q_stride, k + j, nk, n, og + j, out_stride); break;
-        default: AttnDotsBlock512<4>(qg, q_stride, k + j, nk, n, og + j, out_stride); break;
+        case 1:
+          AttnDotsBlock512<1, T>(qg, q_stride, k + j, nk, n, og + j, out_stride);
+          break;
+        case 2:
+          AttnDotsBlock512<2, T>(qg, q_stride, k + j, nk, n, og + j, out_stride);
+          break;
+        case 3:
+          AttnDotsBlock512<3, T>(qg, q_stride, k + j, nk, n, og + j, out_stride);
+          break;
+        default:
+          AttnDotsBlock512<4, T>(qg, q_stride, k + j, nk, n, og + j, out_stride);
+          break;
       }
     }
   }
@@ -230,9 +248,9 @@ void AttnDots512(const float* q, int64_t q_stride, int n_q, const float* const* 
 // loaded once and FMA'd into all NQ heads' registers (NQ x NC accumulators, at most 16). The
 // accumulators of l, l + 16, l + 32, l + 48 are combined as AttnReduce512 combines its 64 rows,
 // and the 16 rows left go through its tree.
-template <int NQ, int NC>
-void AttnVSumsCols512(const float* p, int64_t p_stride, const float* const* v, int64_t lo,
-                      int64_t hi, int n_acc, int64_t c0, float* out, int64_t out_stride) {
+template <int NQ, int NC, typename T>
+void AttnVSumsCols512(const float* p, int64_t p_stride, const T* const* v, int64_t lo, int64_t hi,
+                      int n_acc, int64_t c0, float* out, int64_t out_stride) {
   constexpr int kW = 16 * NC;
   alignas(64) float quad[4][NQ][kW];
   alignas(64) float part[NQ][16][kW];
@@ -245,11 +263,11 @@ void AttnVSumsCols512(const float* p, int64_t p_stride, const float* const* v, i
         for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_setzero_ps();
       }
       for (int64_t j = lo + ((r - lo % n_acc) + n_acc) % n_acc; j <= hi; j += n_acc) {
-        const float* vr = v[j - lo] + c0;
+        const T* vr = v[j - lo] + c0;
         __m512 pg[NQ];
         for (int g = 0; g < NQ; ++g) pg[g] = _mm512_set1_ps(p[g * p_stride + (j - lo)]);
         for (int c = 0; c < NC; ++c) {
-          const __m512 vv = _mm512_loadu_ps(vr + 16 * c);
+          const __m512 vv = Load16(vr + 16 * c);
           for (int g = 0; g < NQ; ++g) acc[g][c] = _mm512_fmadd_ps(vv, pg[g], acc[g][c]);
         }
       }
@@ -274,43 +292,62 @@ void AttnVSumsCols512(const float* p, int64_t p_stride, const float* const* v, i
   }
 }
 
-template <int NQ>
-void AttnVSumsHeads512(const float* p, int64_t p_stride, const float* const* v, int64_t lo,
-                       int64_t hi, int n_acc, int64_t cols, float* out, int64_t out_stride) {
+template <int NQ, typename T>
+void AttnVSumsHeads512(const float* p, int64_t p_stride, const T* const* v, int64_t lo, int64_t hi,
+                       int n_acc, int64_t cols, float* out, int64_t out_stride) {
   constexpr int kNc = 16 / (NQ == 3 ? 4 : NQ);  // chunks per pass: NQ x kNc <= 16 accumulators
   int64_t c = 0;
   for (; c + 16 * kNc <= cols; c += 16 * kNc) {
-    AttnVSumsCols512<NQ, kNc>(p, p_stride, v, lo, hi, n_acc, c, out, out_stride);
+    AttnVSumsCols512<NQ, kNc, T>(p, p_stride, v, lo, hi, n_acc, c, out, out_stride);
   }
   for (; c + 16 <= cols; c += 16) {
-    AttnVSumsCols512<NQ, 1>(p, p_stride, v, lo, hi, n_acc, c, out, out_stride);
+    AttnVSumsCols512<NQ, 1, T>(p, p_stride, v, lo, hi, n_acc, c, out, out_stride);
   }
-  if (c < cols) {  // the last columns through the single-head kernel's reference tail
-    for (int g = 0; g < NQ; ++g) {
-      std::vector<const float*> vc(static_cast<size_t>(hi - lo + 1));
-      for (int64_t j = lo; j <= hi; ++j) vc[j - lo] = v[j - lo] + c;
-      ScalarAttnKernels(16).vsum(p + g * p_stride, vc.data(), lo, hi, n_acc, cols - c,
-                                 out + g * out_stride + c);
+  if (c < cols) {  // the last columns through the scalar reference
+    std::vector<const T*> vc(static_cast<size_t>(hi - lo + 1));
+    for (int64_t j = lo; j <= hi; ++j) vc[j - lo] = v[j - lo] + c;
+    if constexpr (std::is_same_v<T, float>) {
+      ScalarAttnKernels(16).vsums(p, p_stride, NQ, vc.data(), lo, hi, n_acc, cols - c, out + c,
+                                  out_stride);
+    } else {
+      ScalarAttnKernels(16).vsums_f16(p, p_stride, NQ, vc.data(), lo, hi, n_acc, cols - c, out + c,
+                                      out_stride);
     }
   }
 }
 
-void AttnVSums512(const float* p, int64_t p_stride, int n_q, const float* const* v, int64_t lo,
-                  int64_t hi, int n_acc, int64_t cols, float* out, int64_t out_stride) {
+template <typename T>
+void AttnVSumsT512(const float* p, int64_t p_stride, int n_q, const T* const* v, int64_t lo,
+                   int64_t hi, int n_acc, int64_t cols, float* out, int64_t out_stride) {
   for (int g = 0; g < n_q; g += 4) {
     const float* pg = p + g * p_stride;
     float* og = out + g * out_stride;
     switch (n_q - g < 4 ? n_q - g : 4) {
-      case 1: AttnVSumsHeads512<1>(pg, p_stride, v, lo, hi, n_acc, cols, og, out_stride); break;
-      case 2: AttnVSumsHeads512<2>(pg, p_stride, v, lo, hi, n_acc, cols, og, out_stride); break;
-      case 3: AttnVSumsHeads512<3>(pg, p_stride, v, lo, hi, n_acc, cols, og, out_stride); break;
-      default: AttnVSumsHeads512<4>(pg, p_stride, v, lo, hi, n_acc, cols, og, out_stride); break;
+      case 1:
+        AttnVSumsHeads512<1, T>(pg, p_stride, v, lo, hi, n_acc, cols, og, out_stride);
+        break;
+      case 2:
+        AttnVSumsHeads512<2, T>(pg, p_stride, v, lo, hi, n_acc, cols, og, out_stride);
+        break;
+      case 3:
+        AttnVSumsHeads512<3, T>(pg, p_stride, v, lo, hi, n_acc, cols, og, out_stride);
+        break;
+      default:
+        AttnVSumsHeads512<4, T>(pg, p_stride, v, lo, hi, n_acc, cols, og, out_stride);
+        break;
     }
   }
 }
 
-constexpr AttnKernels kAvx512Attn = {16,           &AttnDot512,  &AttnExpSum512, &AttnReduce512,
-                                     &AttnVSum512, &AttnDots512, &AttnVSums512};
+constexpr AttnKernels kAvx512Attn = {16,
+                                     &AttnDot512,
+                                     &AttnExpSum512,
+                                     &AttnReduce512,
+                                     &AttnVSum512,
+                                     &AttnDotsT512<float>,
+                                     &AttnVSumsT512<float>,
+                                     &AttnDotsT512<uint16_t>,
+                                     &AttnVSumsT512<uint16_t>};
 
 // AVX512F and AVX512DQ (CPUID leaf 7, EBX bits 16 and 17) with ZMM, YMM and XMM state enabled by
 // the OS (XCR0 bits 1, 2, 5, 6 and 7).

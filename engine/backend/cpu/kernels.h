@@ -148,8 +148,8 @@ struct AttnKernels {
   // The SIMD versions read each key once for up to four query heads and sum the lanes of `lanes`
   // keys at once (a transpose whose adds are, per key, exactly those of dot's lane sum), so no
   // key pays a horizontal reduction of its own.
-  void (*dots)(const float* q, int64_t q_stride, int n_q, const float* const* k, int n_k,
-               int64_t n, float* out, int64_t out_stride);
+  void (*dots)(const float* q, int64_t q_stride, int n_q, const float* const* k, int n_k, int64_t n,
+               float* out, int64_t out_stride);
   // vsum for the query heads of one KV head, bit for bit:
   //   out + g * out_stride = vsum(p + g * p_stride, v, lo, hi, n_acc, cols)   for g < n_q.
   // The SIMD versions walk the positions one accumulator (position modulo n_acc) at a time, so
@@ -157,6 +157,12 @@ struct AttnKernels {
   // instead of once per head.
   void (*vsums)(const float* p, int64_t p_stride, int n_q, const float* const* v, int64_t lo,
                 int64_t hi, int n_acc, int64_t cols, float* out, int64_t out_stride);
+  // dots and vsums on F16 rows (keys / values), widened to F32 as they are loaded: the bits of
+  // dots / vsums on the widened rows (f16 -> f32 is exact), without writing the F32 rows out.
+  void (*dots_f16)(const float* q, int64_t q_stride, int n_q, const uint16_t* const* k, int n_k,
+                   int64_t n, float* out, int64_t out_stride);
+  void (*vsums_f16)(const float* p, int64_t p_stride, int n_q, const uint16_t* const* v, int64_t lo,
+                    int64_t hi, int n_acc, int64_t cols, float* out, int64_t out_stride);
 };
 // Portable versions of both widths (the reference the SIMD ones are tested against).
 const AttnKernels& ScalarAttnKernels(int lanes);

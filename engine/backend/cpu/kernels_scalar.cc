@@ -531,7 +531,8 @@ template <int L>
 void AttnDotsRef(const float* q, int64_t q_stride, int n_q, const float* const* k, int n_k,
                  int64_t n, float* out, int64_t out_stride) {
   for (int g = 0; g < n_q; ++g) {
-    for (int j = 0; j < n_k; ++j) out[g * out_stride + j] = AttnDotRef<L>(k[j], q + g * q_stride, n);
+    for (int j = 0; j < n_k; ++j)
+      out[g * out_stride + j] = AttnDotRef<L>(k[j], q + g * q_stride, n);
   }
 }
 
@@ -543,20 +544,52 @@ void AttnVSumsRef(const float* p, int64_t p_stride, int n_q, const float* const*
   }
 }
 
+std::vector<float> WidenRows(const uint16_t* const* rows, int64_t n_rows, int64_t n,
+                             std::vector<const float*>* ptrs) {
+  std::vector<float> wide(static_cast<size_t>(n_rows * n));
+  ptrs->resize(static_cast<size_t>(n_rows));
+  for (int64_t j = 0; j < n_rows; ++j) {
+    for (int64_t i = 0; i < n; ++i) wide[j * n + i] = F16ToF32(rows[j][i]);
+    (*ptrs)[j] = wide.data() + j * n;
+  }
+  return wide;
+}
+
+template <int L>
+void AttnDotsF16Ref(const float* q, int64_t q_stride, int n_q, const uint16_t* const* k, int n_k,
+                    int64_t n, float* out, int64_t out_stride) {
+  std::vector<const float*> kw;
+  const std::vector<float> wide = WidenRows(k, n_k, n, &kw);
+  AttnDotsRef<L>(q, q_stride, n_q, kw.data(), n_k, n, out, out_stride);
+}
+
+template <int L>
+void AttnVSumsF16Ref(const float* p, int64_t p_stride, int n_q, const uint16_t* const* v,
+                     int64_t lo, int64_t hi, int n_acc, int64_t cols, float* out,
+                     int64_t out_stride) {
+  std::vector<const float*> vw;
+  const std::vector<float> wide = WidenRows(v, hi - lo + 1, cols, &vw);
+  AttnVSumsRef<L>(p, p_stride, n_q, vw.data(), lo, hi, n_acc, cols, out, out_stride);
+}
+
 constexpr AttnKernels kScalarAttn8 = {8,
                                       &AttnDotRef<8>,
                                       &AttnExpSumRef<8>,
                                       &AttnReduceRef<8>,
                                       &AttnVSumRef<8>,
                                       &AttnDotsRef<8>,
-                                      &AttnVSumsRef<8>};
+                                      &AttnVSumsRef<8>,
+                                      &AttnDotsF16Ref<8>,
+                                      &AttnVSumsF16Ref<8>};
 constexpr AttnKernels kScalarAttn16 = {16,
                                        &AttnDotRef<16>,
                                        &AttnExpSumRef<16>,
                                        &AttnReduceRef<16>,
                                        &AttnVSumRef<16>,
                                        &AttnDotsRef<16>,
-                                       &AttnVSumsRef<16>};
+                                       &AttnVSumsRef<16>,
+                                       &AttnDotsF16Ref<16>,
+                                       &AttnVSumsF16Ref<16>};
 const AttnKernels& ScalarAttn() { return kScalarAttn8; }
 
 constexpr Kernels kScalar = {

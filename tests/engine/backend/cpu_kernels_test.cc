@@ -796,10 +796,36 @@ void ExpectBatchedAttnKernelsEqual(const AttnKernels& ref, const AttnKernels& si
             ASSERT_EQ(std::bit_cast<uint32_t>(r), std::bit_cast<uint32_t>(s))
                 << "dots n " << n << " n_q " << n_q << " n_k " << n_k << " g " << g << " j " << j;
             ASSERT_EQ(std::bit_cast<uint32_t>(single), std::bit_cast<uint32_t>(s))
-                << "dots vs dot n " << n << " n_q " << n_q << " n_k " << n_k << " g " << g
-                << " j " << j;
+                << "dots vs dot n " << n << " n_q " << n_q << " n_k " << n_k << " g " << g << " j "
+                << j;
           }
         }
+      }
+    }
+  }
+  // F16 keys (values within F16's range): the F16 entry equals dots on the widened rows.
+  for (int64_t n : {1, 40, 64, 100, 128, 256, 300}) {
+    for (int n_q : {1, 2, 3, 4, 5}) {
+      for (int n_k : {1, 9, 16, 33}) {
+        std::vector<float> q(n_q * n);
+        for (float& x : q) x = value(1e4f);
+        std::vector<uint16_t> k16(n_k * n);
+        std::vector<float> kw(n_k * n);
+        for (size_t i = 0; i < k16.size(); ++i) {
+          k16[i] = F32ToF16(value(100.f));
+          kw[i] = F16ToF32(k16[i]);
+        }
+        std::vector<const uint16_t*> k(n_k);
+        std::vector<const float*> kf(n_k);
+        for (int j = 0; j < n_k; ++j) k[j] = k16.data() + j * n, kf[j] = kw.data() + j * n;
+        std::vector<float> outr(n_q * n_k), outs(n_q * n_k), outw(n_q * n_k);
+        ref.dots_f16(q.data(), n, n_q, k.data(), n_k, n, outr.data(), n_k);
+        simd.dots_f16(q.data(), n, n_q, k.data(), n_k, n, outs.data(), n_k);
+        simd.dots(q.data(), n, n_q, kf.data(), n_k, n, outw.data(), n_k);
+        ASSERT_EQ(std::memcmp(outr.data(), outs.data(), outr.size() * sizeof(float)), 0)
+            << "dots_f16 n " << n << " n_q " << n_q << " n_k " << n_k;
+        ASSERT_EQ(std::memcmp(outw.data(), outs.data(), outr.size() * sizeof(float)), 0)
+            << "dots_f16 vs dots n " << n << " n_q " << n_q << " n_k " << n_k;
       }
     }
   }
@@ -820,8 +846,8 @@ void ExpectBatchedAttnKernelsEqual(const AttnKernels& ref, const AttnKernels& si
         << "dots magnitude " << mag;
   }
   for (int n_acc : {ref.lanes, 4 * ref.lanes}) {
-    for (auto [lo, hi] : {std::pair<int64_t, int64_t>{0, 0}, {3, 40}, {17, 300}, {64, 127},
-                          {5, 1000}}) {
+    for (auto [lo, hi] :
+         {std::pair<int64_t, int64_t>{0, 0}, {3, 40}, {17, 300}, {64, 127}, {5, 1000}}) {
       for (int64_t cols : {7, 16, 20, 40, 64, 72, 256}) {
         for (int n_q : {1, 2, 3, 4, 5}) {
           const int64_t len = hi - lo + 1, p_stride = len + 5, out_stride = cols + 1;
@@ -838,11 +864,37 @@ void ExpectBatchedAttnKernelsEqual(const AttnKernels& ref, const AttnKernels& si
           ASSERT_EQ(std::memcmp(outr.data(), outs.data(), outr.size() * sizeof(float)), 0)
               << "vsums n_acc " << n_acc << " lo " << lo << " hi " << hi << " cols " << cols
               << " n_q " << n_q;
+          // The same positions as F16 rows (values rounded to F16 first).
+          std::vector<uint16_t> v16(len * cols);
+          std::vector<float> vw(len * cols);
+          for (size_t i = 0; i < v16.size(); ++i) {
+            v16[i] = F32ToF16(std::clamp(vals[i], -6e4f, 6e4f));
+            vw[i] = F16ToF32(v16[i]);
+          }
+          std::vector<const uint16_t*> rows16(len);
+          std::vector<const float*> rowsw(len);
+          for (int64_t j = 0; j < len; ++j) {
+            rows16[j] = v16.data() + j * cols;
+            rowsw[j] = vw.data() + j * cols;
+          }
+          std::vector<float> outr16(outr.size()), outs16(outr.size()), outw(outr.size());
+          ref.vsums_f16(p.data(), p_stride, n_q, rows16.data(), lo, hi, n_acc, cols, outr16.data(),
+                        out_stride);
+          simd.vsums_f16(p.data(), p_stride, n_q, rows16.data(), lo, hi, n_acc, cols, outs16.data(),
+                         out_stride);
+          simd.vsums(p.data(), p_stride, n_q, rowsw.data(), lo, hi, n_acc, cols, outw.data(),
+                     out_stride);
+          ASSERT_EQ(std::memcmp(outr16.data(), outs16.data(), outr.size() * sizeof(float)), 0)
+              << "vsums_f16 n_acc " << n_acc << " lo " << lo << " hi " << hi << " cols " << cols
+              << " n_q " << n_q;
+          ASSERT_EQ(std::memcmp(outw.data(), outs16.data(), outr.size() * sizeof(float)), 0)
+              << "vsums_f16 vs vsums n_acc " << n_acc << " lo " << lo << " hi " << hi << " cols "
+              << cols << " n_q " << n_q;
           std::vector<float> single(cols);
           for (int g = 0; g < n_q; ++g) {
             simd.vsum(p.data() + g * p_stride, rows.data(), lo, hi, n_acc, cols, single.data());
-            ASSERT_EQ(std::memcmp(single.data(), outs.data() + g * out_stride, cols * sizeof(float)),
-                      0)
+            ASSERT_EQ(
+                std::memcmp(single.data(), outs.data() + g * out_stride, cols * sizeof(float)), 0)
                 << "vsums vs vsum n_acc " << n_acc << " lo " << lo << " hi " << hi << " cols "
                 << cols << " g " << g;
           }
