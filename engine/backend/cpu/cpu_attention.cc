@@ -79,6 +79,22 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
     k_.axpy_i8(a * d, reinterpret_cast<const int8_t*>(v_cache.values(slot, static_cast<int>(kvh))),
                o, hd);
   };
+  // The addresses of head kvh's rows at positions lo..hi of sequence `sq` in cache `c`, walking
+  // the block table a block at a time (a slot's block and offset cost two divisions, which per
+  // position showed in profiles).
+  auto row_addresses = [&]<typename T>(const KvTensor& c, int32_t sq, int64_t kvh, int64_t lo,
+                                       int64_t hi, std::vector<const T*>& out) {
+    out.resize(static_cast<size_t>(hi - lo + 1));
+    const int64_t bs = kv.block_size;
+    const size_t row_elems = static_cast<size_t>(c.row_elems());
+    for (int64_t pos = lo; pos <= hi;) {
+      const int64_t off = pos % bs, n = std::min(bs - off, hi - pos + 1);
+      const T* r = reinterpret_cast<const T*>(
+          c.values(int64_t{kv.block_tables[sq][pos / bs]} * bs + off, static_cast<int>(kvh)));
+      for (int64_t i = 0; i < n; ++i) out[pos - lo + i] = r + i * row_elems;
+      pos += n;
+    }
+  };
   // F16 rows shared by several query heads (GQA) are widened to F32 once and then dotted /
   // accumulated in F32 by every head of the group: exact (f16 -> f32 is), for a quarter of the
   // conversions with Gemma 3 270M's 4 heads per KV head.
@@ -160,11 +176,11 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
     // Per-thread scratch, kept across calls: the accumulator rows alone are 256 KiB for Gemma
     // (4 heads x 64 x 256 floats), and a fresh allocation per call (mmap'd, zeroed by the kernel)
     // cost 4% of a decode step.
-    thread_local std::vector<float> scores, acc, widened, widened_v, rotated_q;
-    thread_local std::vector<const float*> vrows;
+    thread_local std::vector<float> scores, acc, rotated_q;
+    thread_local std::vector<const float*> rows;         // F32 K or V rows (cache or widened)
+    thread_local std::vector<const uint16_t*> rows_f16;  // F16 ones in the cache
     scores.resize(static_cast<size_t>(group * max_span));
     if (v_cache.type == KvDType::kI8) acc.resize(static_cast<size_t>(group * 4 * lanes * hd));
-    widened.resize(static_cast<size_t>(hd));
     if (k_cache.type == KvDType::kI8) rotated_q.resize(static_cast<size_t>(group * hd));
     for (int64_t item = w0; item < w1; ++item) {
       const int64_t slice = item % n_slices;
@@ -195,32 +211,42 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
         for (int g = g0; g < g1; ++g) k_.rotate_kv_row(rotated_q.data() + g * hd, p.head_dim, 1.f);
         qk = rotated_q.data();
       }
-      // Pass 1: scores, -inf outside [lo, hi].
+      // Pass 1: scores (ak.dots: bit for bit ak.dot per pair), -inf outside [lo, hi].
       for (int g = g0; g < g1; ++g) {
         float* sg = scores.data() + g * span;
         std::fill(sg, sg + (lo - a0), -std::numeric_limits<float>::infinity());
         std::fill(sg + (hi + 1 - a0), sg + span, -std::numeric_limits<float>::infinity());
       }
-      for (int64_t pos = lo; pos <= hi; ++pos) {
-        const float* krow = nullptr;  // F32 key row, or nullptr for INT8
-        if (wk != nullptr) {
-          krow = wk + (pos - lo) * hd;
-        } else {
-          const int64_t slot = SlotOf(kv, seq, pos);
-          const char* raw = k_cache.values(slot, static_cast<int>(kvh));
-          if (k_cache.type == KvDType::kF32) {
-            krow = reinterpret_cast<const float*>(raw);
-          } else if (k_cache.type == KvDType::kF16) {
-            k_.f16_to_f32(reinterpret_cast<const uint16_t*>(raw), widened.data(), hd);
-            krow = widened.data();
+      if (k_cache.type == KvDType::kI8) {
+        for (int64_t pos = lo; pos <= hi; ++pos) {
+          for (int g = g0; g < g1; ++g) {
+            scores[g * span + (pos - a0)] = dot_i8(SlotOf(kv, seq, pos), kvh, qk + g * hd);
           }
         }
-        for (int g = g0; g < g1; ++g) {
-          float s = krow != nullptr ? ak.dot(krow, qh + g * hd, hd)
-                                    : dot_i8(SlotOf(kv, seq, pos), kvh, qk + g * hd);
-          s *= p.scale;
-          if (p.softcap > 0.f) s = p.softcap * std::tanh(s / p.softcap);
-          scores[g * span + (pos - a0)] = s;
+      } else {
+        // F32 and F16 keys, all the slice's heads per key read (F16 keys widened as loaded).
+        float* s0 = scores.data() + g0 * span + (lo - a0);
+        const int n_k = static_cast<int>(hi - lo + 1);
+        if (wk != nullptr) {
+          rows.resize(static_cast<size_t>(n_k));
+          for (int j = 0; j < n_k; ++j) rows[j] = wk + j * hd;
+          ak.dots(qh + g0 * hd, hd, g1 - g0, rows.data(), n_k, hd, s0, span);
+        } else if (k_cache.type == KvDType::kF32) {
+          row_addresses(k_cache, seq, kvh, lo, hi, rows);
+          ak.dots(qh + g0 * hd, hd, g1 - g0, rows.data(), n_k, hd, s0, span);
+        } else {
+          row_addresses(k_cache, seq, kvh, lo, hi, rows_f16);
+          ak.dots_f16(qh + g0 * hd, hd, g1 - g0, rows_f16.data(), n_k, hd, s0, span);
+        }
+      }
+      for (int g = g0; g < g1; ++g) {
+        float* sg = scores.data() + g * span + (lo - a0);
+        if (p.softcap > 0.f) {
+          for (int64_t j = 0; j <= hi - lo; ++j) {
+            sg[j] = p.softcap * std::tanh(sg[j] * p.scale / p.softcap);
+          }
+        } else {
+          for (int64_t j = 0; j <= hi - lo; ++j) sg[j] *= p.scale;
         }
       }
       // Softmax: exponentials and their F64 sum over whole groups of L positions, then the
@@ -234,33 +260,25 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
       }
       float* oh = RowF32(out, t) + kvh * group * hd;
       // Pass 2: position pos adds p * v into accumulator pos % n_acc; then the accumulators are
-      // summed in ggml's tree. F32 and F16 rows go through ak.vsum, which keeps the accumulators
-      // in registers (F16 rows widened to F32 first: a prompt's once per sequence above, a
-      // decode row's here); INT8 rows, whose scale folds into the weight, through n_acc rows.
+      // summed in ggml's tree. F32 and F16 rows go through ak.vsums, which keeps the accumulators
+      // in registers and reads each V row once for all the slice's heads (F16 rows widened as
+      // they are loaded, or a prompt's once per sequence above); INT8 rows, whose scale folds
+      // into the weight, through n_acc rows.
       if (v_cache.type != KvDType::kI8) {
-        vrows.resize(static_cast<size_t>(hi - lo + 1));
-        if (wv == nullptr && v_cache.type == KvDType::kF16) {
-          widened_v.resize(static_cast<size_t>((hi - lo + 1) * hd));
-        }
-        for (int64_t pos = lo; pos <= hi; ++pos) {
-          const float* vr = nullptr;
-          if (wv != nullptr) {
-            vr = wv + (pos - lo) * hd;
-          } else {
-            const char* raw = v_cache.values(SlotOf(kv, seq, pos), static_cast<int>(kvh));
-            if (v_cache.type == KvDType::kF32) {
-              vr = reinterpret_cast<const float*>(raw);
-            } else {
-              float* dst = widened_v.data() + (pos - lo) * hd;
-              k_.f16_to_f32(reinterpret_cast<const uint16_t*>(raw), dst, hd);
-              vr = dst;
-            }
-          }
-          vrows[pos - lo] = vr;
-        }
-        for (int g = g0; g < g1; ++g) {
-          ak.vsum(scores.data() + g * span + (lo - a0), vrows.data(), lo, hi,
-                  static_cast<int>(n_acc), hd, oh + g * hd);
+        const float* p0 = scores.data() + g0 * span + (lo - a0);
+        if (wv != nullptr) {
+          rows.resize(static_cast<size_t>(hi - lo + 1));
+          for (int64_t j = 0; j <= hi - lo; ++j) rows[j] = wv + j * hd;
+          ak.vsums(p0, span, g1 - g0, rows.data(), lo, hi, static_cast<int>(n_acc), hd,
+                   oh + g0 * hd, hd);
+        } else if (v_cache.type == KvDType::kF32) {
+          row_addresses(v_cache, seq, kvh, lo, hi, rows);
+          ak.vsums(p0, span, g1 - g0, rows.data(), lo, hi, static_cast<int>(n_acc), hd,
+                   oh + g0 * hd, hd);
+        } else {
+          row_addresses(v_cache, seq, kvh, lo, hi, rows_f16);
+          ak.vsums_f16(p0, span, g1 - g0, rows_f16.data(), lo, hi, static_cast<int>(n_acc), hd,
+                       oh + g0 * hd, hd);
         }
         continue;
       }
