@@ -28,6 +28,8 @@
 
 #include "common/status_matchers.h"
 #include "engine/backend/backend.h"
+#include "engine/backend/cpu/cpu_backend_internal.h"
+#include "engine/backend/cpu/kernels.h"
 #include "engine/backend/cpu/thread_pool.h"
 #include "engine/backend/kv_rotation.h"
 #include "engine/quant/fp16.h"
@@ -944,6 +946,97 @@ TEST(CpuBackendDecodeTest, SplitHeadsGiveTheBitsOfOneThread) {
     if (dt == KvDType::kF32) f32_out = outs[0];
     if (dt == KvDType::kF16) {
       ASSERT_EQ(std::memcmp(f32_out.data(), outs[0].data(), f32_out.size() * sizeof(float)), 0);
+    }
+  }
+}
+
+// Gemma 3 270M's attention shape (4 query heads per KV head of 256) on 16-slot blocks in shuffled
+// order: a 40-row prompt of sequence 0 (F16: widened once per sequence), a decode row of sequence
+// 1 at position 150 with a sliding window of 100 or none, and the same decode row alone (one row:
+// ggml_vec_dot_f32's 4L accumulators). Returns both outputs, concatenated.
+std::vector<float> RunGemmaShapedAttention(Backend& be, KvDType type, int window) {
+  std::mt19937 rng(77);
+  const AttentionParams p{4, 1, 256, 1.f / 16.f, window, 0.f};
+  const int bs = 16, n_blocks = 16;
+  HostKv kc(type, n_blocks, bs, p.n_kv_heads, p.head_dim);
+  HostKv vc(type, n_blocks, bs, p.n_kv_heads, p.head_dim);
+  const std::vector<int32_t> t0 = {9, 2, 14}, t1 = {3, 11, 0, 7, 5, 13, 1, 8, 10, 12};
+  std::vector<int32_t> pos, seq;
+  for (int i = 0; i < 151; ++i) pos.push_back(i), seq.push_back(1);
+  for (int i = 0; i < 40; ++i) pos.push_back(i), seq.push_back(0);
+  const int64_t n = static_cast<int64_t>(pos.size());
+  KvBatch store{pos, seq, {t0, t1}, bs, {}};
+  HostTensor k = F32(n, p.head_dim, RandomVec(rng, n * p.head_dim, 2.f));
+  HostTensor v = F32(n, p.head_dim, RandomVec(rng, n * p.head_dim));
+  EXPECT_THAT(be.StoreKv(k.t, v.t, kc.t, vc.t, store), IsOk());
+  const int64_t cols = int64_t{p.n_heads} * p.head_dim;
+  // Batch: the prompt rows of sequence 0 and the decode row of sequence 1.
+  std::vector<int32_t> bpos(pos.begin() + 151, pos.end()), bseq(40, 0);
+  bpos.push_back(150), bseq.push_back(1);
+  KvBatch kv{bpos, bseq, {t0, t1}, bs, {}};
+  HostTensor q = F32(41, cols, RandomVec(rng, 41 * cols, 2.f));
+  HostTensor out(DType::kF32, 41, cols);
+  EXPECT_THAT(be.Attention(q.t, kc.t, vc.t, kv, p, out.t), IsOk());
+  std::vector<float> result(out.f(), out.f() + out.t.numel());
+  std::vector<int32_t> p1 = {150}, s1 = {1};
+  KvBatch one{p1, s1, {t0, t1}, bs, {}};
+  HostTensor q1 = F32(1, cols, std::vector<float>(q.f() + 40 * cols, q.f() + 41 * cols));
+  HostTensor o1(DType::kF32, 1, cols);
+  EXPECT_THAT(be.Attention(q1.t, kc.t, vc.t, one, p, o1.t), IsOk());
+  result.insert(result.end(), o1.f(), o1.f() + cols);
+  return result;
+}
+
+const cpu::AttnKernels& Avx2AttnOnly() { return cpu::Avx2AttnKernels(); }
+const cpu::AttnKernels& Avx512Attn() { return *cpu::Avx512AttnKernels(); }
+const cpu::AttnKernels& ScalarAttn16() { return cpu::ScalarAttnKernels(16); }
+
+// Attention's work loop over each SIMD attention table against the scalar twins of the same
+// order, bit for bit (F32 and F16 caches; INT8 ones keep the per-pair path): the AVX2 table (what
+// CPUs without AVX-512 run, forced here) against the scalar backend's 8-lane order, and the
+// AVX-512 table against the scalar 16-lane one; 1 and 3 threads (heads split across threads).
+TEST(CpuBackendAttnOrderTest, SimdAttentionMatchesItsScalarTwinBitForBit) {
+  const cpu::Kernels* avx2 = cpu::Avx2Kernels();
+  if (avx2 == nullptr || &cpu::SelectKernels(false) != avx2) {
+    GTEST_SKIP() << "AVX2 kernels not available on this build/CPU";
+  }
+  static cpu::Kernels avx2_attn = *avx2, avx512_attn = *avx2, scalar8 = cpu::ScalarKernels(),
+                      scalar16 = cpu::ScalarKernels();
+  avx2_attn.attn = &Avx2AttnOnly;
+  avx512_attn.attn = &Avx512Attn;
+  scalar16.attn = &ScalarAttn16;
+  std::vector<std::pair<const cpu::Kernels*, const cpu::Kernels*>> pairs = {{&avx2_attn, &scalar8}};
+  if (cpu::Avx512AttnKernels() != nullptr) pairs.emplace_back(&avx512_attn, &scalar16);
+  for (auto [simd, scalar] : pairs) {
+    for (int threads : {1, 3}) {
+      cpu::CpuBackend a(*simd, threads), b(*scalar, threads);
+      SCOPED_TRACE(::testing::Message() << "lanes " << simd->attn().lanes << " threads "
+                                        << threads);
+      uint32_t seed = 300;
+      for (const AttentionVariant& var : AttentionVariants()) {
+        if (var.cache == KvDType::kI8) continue;
+        SCOPED_TRACE(::testing::Message() << "cache " << KvDTypeName(var.cache) << " hd "
+                                          << var.head_dim << " heads " << var.n_heads << "/"
+                                          << var.n_kv_heads);
+        std::unique_ptr<HostKv> kc, vc;
+        std::vector<float> qv;
+        std::vector<int32_t> pos, seq;
+        const std::vector<float> x = RunAttention(a, var, seed, &kc, &vc, &qv, &pos, &seq);
+        const std::vector<float> y = RunAttention(b, var, seed, &kc, &vc, &qv, &pos, &seq);
+        ++seed;
+        ASSERT_EQ(x.size(), y.size());
+        ASSERT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0);
+      }
+      for (KvDType type : {KvDType::kF32, KvDType::kF16}) {
+        for (int window : {0, 100}) {
+          SCOPED_TRACE(::testing::Message() << "gemma shape " << KvDTypeName(type) << " window "
+                                            << window);
+          const std::vector<float> x = RunGemmaShapedAttention(a, type, window);
+          const std::vector<float> y = RunGemmaShapedAttention(b, type, window);
+          ASSERT_EQ(x.size(), y.size());
+          ASSERT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0);
+        }
+      }
     }
   }
 }
