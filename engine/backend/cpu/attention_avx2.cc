@@ -177,26 +177,26 @@ void AttnDotsBlockAvx2(const float* q, int64_t q_stride, const T* const* k, int 
   __m256 x[NQ][8];
   for (int j = 0; j < n_k; ++j) {
     __m256 acc[NQ][4];
-    for (int g = 0; g < NQ; ++g) {
-      for (int r = 0; r < 4; ++r) acc[g][r] = _mm256_setzero_ps();
+    PD_UNROLL for (int g = 0; g < NQ; ++g) {
+      PD_UNROLL for (int r = 0; r < 4; ++r) acc[g][r] = _mm256_setzero_ps();
     }
     const T* kj = k[j];
     for (int64_t i = 0; i < np; i += 32) {
       __m256 kv[4];
-      for (int r = 0; r < 4; ++r) kv[r] = Load8(kj + i + 8 * r);
-      for (int g = 0; g < NQ; ++g) {
-        for (int r = 0; r < 4; ++r) {
+      PD_UNROLL for (int r = 0; r < 4; ++r) kv[r] = Load8(kj + i + 8 * r);
+      PD_UNROLL for (int g = 0; g < NQ; ++g) {
+        PD_UNROLL for (int r = 0; r < 4; ++r) {
           acc[g][r] =
               _mm256_fmadd_ps(kv[r], _mm256_loadu_ps(q + g * q_stride + i + 8 * r), acc[g][r]);
         }
       }
     }
-    for (int g = 0; g < NQ; ++g) {
+    PD_UNROLL for (int g = 0; g < NQ; ++g) {
       x[g][j] =
           _mm256_add_ps(_mm256_add_ps(acc[g][0], acc[g][2]), _mm256_add_ps(acc[g][1], acc[g][3]));
     }
   }
-  for (int g = 0; g < NQ; ++g) {
+  PD_UNROLL for (int g = 0; g < NQ; ++g) {
     for (int j = n_k; j < 8; ++j) x[g][j] = _mm256_setzero_ps();
     alignas(32) float s[8];
     _mm256_store_ps(s, ReduceAdd8(x[g]));
@@ -241,26 +241,29 @@ void AttnVSumsColsAvx2(const float* p, int64_t p_stride, const T* const* v, int6
     for (int a = 0; a < rounds; ++a) {
       const int r = l + 8 * a;
       __m256 acc[NQ][NC];
-      for (int g = 0; g < NQ; ++g) {
-        for (int c = 0; c < NC; ++c) acc[g][c] = _mm256_setzero_ps();
+      PD_UNROLL for (int g = 0; g < NQ; ++g) {
+        PD_UNROLL for (int c = 0; c < NC; ++c) acc[g][c] = _mm256_setzero_ps();
       }
       for (int64_t j = lo + ((r - lo % n_acc) + n_acc) % n_acc; j <= hi; j += n_acc) {
         const T* vr = v[j - lo] + c0;
         __m256 pg[NQ];
-        for (int g = 0; g < NQ; ++g) pg[g] = _mm256_set1_ps(p[g * p_stride + (j - lo)]);
-        for (int c = 0; c < NC; ++c) {
+        PD_UNROLL for (int g = 0; g < NQ; ++g) pg[g] = _mm256_set1_ps(p[g * p_stride + (j - lo)]);
+        PD_UNROLL for (int c = 0; c < NC; ++c) {
           const __m256 vv = Load8(vr + 8 * c);
-          for (int g = 0; g < NQ; ++g) acc[g][c] = _mm256_fmadd_ps(vv, pg[g], acc[g][c]);
+          PD_UNROLL for (int g = 0; g < NQ; ++g) acc[g][c] = _mm256_fmadd_ps(vv, pg[g], acc[g][c]);
         }
       }
       float* dst = rounds == 1 ? &part[0][l][0] : &quad[a][0][0];
       const int64_t g_stride = rounds == 1 ? 8 * kW : kW;
-      for (int g = 0; g < NQ; ++g) {
-        for (int c = 0; c < NC; ++c) _mm256_store_ps(dst + g * g_stride + 8 * c, acc[g][c]);
+      PD_UNROLL for (int g = 0; g < NQ; ++g) {
+        PD_UNROLL for (int c = 0; c < NC; ++c) {
+          _mm256_store_ps(dst + g * g_stride + 8 * c, acc[g][c]);
+        }
       }
     }
     if (rounds == 1) continue;
-    for (int g = 0; g < NQ; ++g) {  // (r[l] + r[l + 16]) + (r[l + 8] + r[l + 24])
+    // (r[l] + r[l + 16]) + (r[l + 8] + r[l + 24])
+    PD_UNROLL for (int g = 0; g < NQ; ++g) {
       for (int c = 0; c < kW; c += 8) {
         const __m256 x = _mm256_add_ps(
             _mm256_add_ps(_mm256_load_ps(&quad[0][g][c]), _mm256_load_ps(&quad[2][g][c])),
@@ -269,10 +272,10 @@ void AttnVSumsColsAvx2(const float* p, int64_t p_stride, const T* const* v, int6
       }
     }
   }
-  for (int g = 0; g < NQ; ++g) {
+  PD_UNROLL for (int g = 0; g < NQ; ++g) {
     for (int c = 0; c < kW; c += 8) {
       __m256 q[4];
-      for (int i = 0; i < 4; ++i) {
+      PD_UNROLL for (int i = 0; i < 4; ++i) {
         q[i] = _mm256_add_ps(_mm256_load_ps(&part[g][i + 4][c]), _mm256_load_ps(&part[g][i][c]));
       }
       // AttnReduceAvx2's last step: (q0 + q2) + (q1 + q3) for 8 rows, pairs for 32.

@@ -22,6 +22,11 @@
 #include <type_traits>
 #include <vector>
 
+// Fully unrolls the loop that follows (heads, column chunks: at most 16), so that the
+// accumulator arrays stay in registers: GCC at -O2 does not peel such nests itself and kept
+// them in a stack array, a load and a store around every FMA.
+#define PD_ATTN_UNROLL _Pragma("GCC unroll 16")
+
 namespace pd::engine::cpu {
 namespace {
 
@@ -185,26 +190,26 @@ void AttnDotsBlock512(const float* q, int64_t q_stride, const T* const* k, int n
   __m512 x[NQ][16];
   for (int j = 0; j < n_k; ++j) {
     __m512 acc[NQ][4];
-    for (int g = 0; g < NQ; ++g) {
-      for (int r = 0; r < 4; ++r) acc[g][r] = _mm512_setzero_ps();
+    PD_ATTN_UNROLL for (int g = 0; g < NQ; ++g) {
+      PD_ATTN_UNROLL for (int r = 0; r < 4; ++r) acc[g][r] = _mm512_setzero_ps();
     }
     const T* kj = k[j];
     for (int64_t i = 0; i < np; i += 64) {
       __m512 kv[4];
-      for (int r = 0; r < 4; ++r) kv[r] = Load16(kj + i + 16 * r);
-      for (int g = 0; g < NQ; ++g) {
-        for (int r = 0; r < 4; ++r) {
+      PD_ATTN_UNROLL for (int r = 0; r < 4; ++r) kv[r] = Load16(kj + i + 16 * r);
+      PD_ATTN_UNROLL for (int g = 0; g < NQ; ++g) {
+        PD_ATTN_UNROLL for (int r = 0; r < 4; ++r) {
           acc[g][r] =
               _mm512_fmadd_ps(kv[r], _mm512_loadu_ps(q + g * q_stride + i + 16 * r), acc[g][r]);
         }
       }
     }
-    for (int g = 0; g < NQ; ++g) {
+    PD_ATTN_UNROLL for (int g = 0; g < NQ; ++g) {
       x[g][j] =
           _mm512_add_ps(_mm512_add_ps(acc[g][0], acc[g][2]), _mm512_add_ps(acc[g][1], acc[g][3]));
     }
   }
-  for (int g = 0; g < NQ; ++g) {
+  PD_ATTN_UNROLL for (int g = 0; g < NQ; ++g) {
     for (int j = n_k; j < 16; ++j) x[g][j] = _mm512_setzero_ps();
     alignas(64) float s[16];
     _mm512_store_ps(s, ReduceAdd16(x[g]));
@@ -259,27 +264,34 @@ void AttnVSumsCols512(const float* p, int64_t p_stride, const T* const* v, int64
     for (int a = 0; a < rounds; ++a) {
       const int r = l + 16 * a;
       __m512 acc[NQ][NC];
-      for (int g = 0; g < NQ; ++g) {
-        for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_setzero_ps();
+      PD_ATTN_UNROLL for (int g = 0; g < NQ; ++g) {
+        PD_ATTN_UNROLL for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_setzero_ps();
       }
       for (int64_t j = lo + ((r - lo % n_acc) + n_acc) % n_acc; j <= hi; j += n_acc) {
         const T* vr = v[j - lo] + c0;
         __m512 pg[NQ];
-        for (int g = 0; g < NQ; ++g) pg[g] = _mm512_set1_ps(p[g * p_stride + (j - lo)]);
-        for (int c = 0; c < NC; ++c) {
+        PD_ATTN_UNROLL for (int g = 0; g < NQ; ++g) {
+          pg[g] = _mm512_set1_ps(p[g * p_stride + (j - lo)]);
+        }
+        PD_ATTN_UNROLL for (int c = 0; c < NC; ++c) {
           const __m512 vv = Load16(vr + 16 * c);
-          for (int g = 0; g < NQ; ++g) acc[g][c] = _mm512_fmadd_ps(vv, pg[g], acc[g][c]);
+          PD_ATTN_UNROLL for (int g = 0; g < NQ; ++g) {
+            acc[g][c] = _mm512_fmadd_ps(vv, pg[g], acc[g][c]);
+          }
         }
       }
       float* dst = rounds == 1 ? &part[0][l][0] : &quad[a][0][0];
       const int64_t g_stride = rounds == 1 ? 16 * kW : kW;
-      for (int g = 0; g < NQ; ++g) {
-        for (int c = 0; c < NC; ++c) _mm512_store_ps(dst + g * g_stride + 16 * c, acc[g][c]);
+      PD_ATTN_UNROLL for (int g = 0; g < NQ; ++g) {
+        PD_ATTN_UNROLL for (int c = 0; c < NC; ++c) {
+          _mm512_store_ps(dst + g * g_stride + 16 * c, acc[g][c]);
+        }
       }
     }
     if (rounds == 1) continue;
-    for (int g = 0; g < NQ; ++g) {  // (r[l] + r[l + 32]) + (r[l + 16] + r[l + 48])
-      for (int c = 0; c < kW; c += 16) {
+    // (r[l] + r[l + 32]) + (r[l + 16] + r[l + 48])
+    PD_ATTN_UNROLL for (int g = 0; g < NQ; ++g) {
+      PD_ATTN_UNROLL for (int c = 0; c < kW; c += 16) {
         const __m512 x = _mm512_add_ps(
             _mm512_add_ps(_mm512_load_ps(&quad[0][g][c]), _mm512_load_ps(&quad[2][g][c])),
             _mm512_add_ps(_mm512_load_ps(&quad[1][g][c]), _mm512_load_ps(&quad[3][g][c])));
@@ -287,7 +299,7 @@ void AttnVSumsCols512(const float* p, int64_t p_stride, const T* const* v, int64
       }
     }
   }
-  for (int g = 0; g < NQ; ++g) {
+  PD_ATTN_UNROLL for (int g = 0; g < NQ; ++g) {
     AttnReduce512(&part[g][0][0], 16, kW, kW, out + g * out_stride + c0);
   }
 }
