@@ -342,7 +342,9 @@ constexpr AttnKernels kAvx2Attn = {8,
                                    &AttnDotsAvx2<float>,
                                    &AttnVSumsAvx2<float>,
                                    &AttnDotsAvx2<uint16_t>,
-                                   &AttnVSumsAvx2<uint16_t>};
+                                   &AttnVSumsAvx2<uint16_t>,
+                                   &AttnVSumsRowByRow<float, &AttnVSumsAvx2<float>>,
+                                   &AttnVSumsRowByRow<uint16_t, &AttnVSumsAvx2<uint16_t>>};
 
 }  // namespace
 

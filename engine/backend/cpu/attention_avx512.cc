@@ -22,7 +22,7 @@
 #include <type_traits>
 #include <vector>
 
-// Fully unrolls the loop that follows (heads, column chunks: at most 16), so that the
+// Fully unrolls the loop that follows (heads, units, column chunks: at most 16), so that the
 // accumulator arrays stay in registers: GCC at -O2 does not peel such nests itself and kept
 // them in a stack array, a load and a store around every FMA.
 #define PD_ATTN_UNROLL _Pragma("GCC unroll 16")
@@ -351,6 +351,154 @@ void AttnVSumsT512(const float* p, int64_t p_stride, int n_q, const T* const* v,
   }
 }
 
+// ---- vsums_rows: (row, head) units of a prompt's rows sharing the V rows ----------------------
+// A unit u is one query row's head: probabilities p[u][j - lo[u]] for positions j in
+// [lo[u], hi[u]], output row out[u]. AttnVSumsCols512's loop with U units instead of NQ heads:
+// per accumulator (position modulo n_acc) the positions in order, each V segment loaded once and
+// FMA'd into every unit whose range holds the position; a unit's accumulator sees exactly the
+// positions, in the order, of its own vsum. `pt` holds the probabilities position-major,
+// pt[(j - lo_min) * U + u], so that a position's U weights are one cache line.
+struct VSumsUnits {
+  const float* p[16];
+  int64_t lo[16], hi[16];
+  float* out[16];
+  int64_t lo_min, hi_max, lo_all, hi_all;  // union and common ranges
+};
+
+template <int U, int NC, typename T>
+void AttnVSumsUnitsCols512(const VSumsUnits& un, const float* pt, const T* const* v, int64_t base,
+                           int n_acc, int64_t c0) {
+  constexpr int kW = 16 * NC;
+  alignas(64) float quad[4][U][kW];
+  alignas(64) float part[U][16][kW];
+  const int rounds = n_acc / 16;
+  for (int l = 0; l < 16; ++l) {
+    for (int a = 0; a < rounds; ++a) {
+      const int r = l + 16 * a;
+      __m512 acc[U][NC];
+      PD_ATTN_UNROLL for (int u = 0; u < U; ++u) {
+        PD_ATTN_UNROLL for (int c = 0; c < NC; ++c) acc[u][c] = _mm512_setzero_ps();
+      }
+      int64_t j = un.lo_min + ((r - un.lo_min % n_acc) + n_acc) % n_acc;
+      auto add = [&](int64_t pos, bool check) __attribute__((always_inline)) {
+        const T* vr = v[pos - base] + c0;
+        const float* w = pt + (pos - un.lo_min) * U;
+        __m512 vv[NC];
+        PD_ATTN_UNROLL for (int c = 0; c < NC; ++c) vv[c] = Load16(vr + 16 * c);
+        PD_ATTN_UNROLL for (int u = 0; u < U; ++u) {
+          if (check && (pos < un.lo[u] || pos > un.hi[u])) continue;
+          const __m512 pu = _mm512_set1_ps(w[u]);
+          PD_ATTN_UNROLL for (int c = 0; c < NC; ++c) {
+            acc[u][c] = _mm512_fmadd_ps(vv[c], pu, acc[u][c]);
+          }
+        }
+      };
+      for (; j <= un.hi_max && j < un.lo_all; j += n_acc) add(j, true);
+      for (; j <= un.hi_all; j += n_acc) add(j, false);
+      for (; j <= un.hi_max; j += n_acc) add(j, true);
+      float* dst = rounds == 1 ? &part[0][l][0] : &quad[a][0][0];
+      const int64_t u_stride = rounds == 1 ? 16 * kW : kW;
+      PD_ATTN_UNROLL for (int u = 0; u < U; ++u) {
+        PD_ATTN_UNROLL for (int c = 0; c < NC; ++c) {
+          _mm512_store_ps(dst + u * u_stride + 16 * c, acc[u][c]);
+        }
+      }
+    }
+    if (rounds == 1) continue;
+    // (r[l] + r[l + 32]) + (r[l + 16] + r[l + 48])
+    PD_ATTN_UNROLL for (int u = 0; u < U; ++u) {
+      PD_ATTN_UNROLL for (int c = 0; c < kW; c += 16) {
+        const __m512 x = _mm512_add_ps(
+            _mm512_add_ps(_mm512_load_ps(&quad[0][u][c]), _mm512_load_ps(&quad[2][u][c])),
+            _mm512_add_ps(_mm512_load_ps(&quad[1][u][c]), _mm512_load_ps(&quad[3][u][c])));
+        _mm512_store_ps(&part[u][l][c], x);
+      }
+    }
+  }
+  PD_ATTN_UNROLL for (int u = 0; u < U; ++u) {
+    AttnReduce512(&part[u][0][0], 16, kW, kW, un.out[u] + c0);
+  }
+}
+
+template <int U, typename T>
+void AttnVSumsUnits512(VSumsUnits& un, const T* const* v, int64_t base, int n_acc, int64_t cols) {
+  un.lo_min = un.lo_all = un.lo[0];
+  un.hi_max = un.hi_all = un.hi[0];
+  for (int u = 1; u < U; ++u) {
+    un.lo_min = un.lo[u] < un.lo_min ? un.lo[u] : un.lo_min;
+    un.lo_all = un.lo[u] > un.lo_all ? un.lo[u] : un.lo_all;
+    un.hi_max = un.hi[u] > un.hi_max ? un.hi[u] : un.hi_max;
+    un.hi_all = un.hi[u] < un.hi_all ? un.hi[u] : un.hi_all;
+  }
+  thread_local std::vector<float> pt;
+  pt.resize(static_cast<size_t>((un.hi_max - un.lo_min + 1) * U));
+  for (int u = 0; u < U; ++u) {
+    for (int64_t j = un.lo[u]; j <= un.hi[u]; ++j)
+      pt[(j - un.lo_min) * U + u] = un.p[u][j - un.lo[u]];
+  }
+  constexpr int kNc = 16 / U;
+  int64_t c = 0;
+  for (; c + 16 * kNc <= cols; c += 16 * kNc) {
+    AttnVSumsUnitsCols512<U, kNc, T>(un, pt.data(), v, base, n_acc, c);
+  }
+  if constexpr (kNc > 1) {
+    for (; c + 16 <= cols; c += 16)
+      AttnVSumsUnitsCols512<U, 1, T>(un, pt.data(), v, base, n_acc, c);
+  }
+  if (c < cols) {  // the last columns through the scalar reference, unit by unit
+    for (int u = 0; u < U; ++u) {
+      std::vector<const T*> vc(static_cast<size_t>(un.hi[u] - un.lo[u] + 1));
+      for (int64_t j = un.lo[u]; j <= un.hi[u]; ++j) vc[j - un.lo[u]] = v[j - base] + c;
+      if constexpr (std::is_same_v<T, float>) {
+        ScalarAttnKernels(16).vsums(un.p[u], 0, 1, vc.data(), un.lo[u], un.hi[u], n_acc, cols - c,
+                                    un.out[u] + c, 0);
+      } else {
+        ScalarAttnKernels(16).vsums_f16(un.p[u], 0, 1, vc.data(), un.lo[u], un.hi[u], n_acc,
+                                        cols - c, un.out[u] + c, 0);
+      }
+    }
+  }
+}
+
+// The n_rows x n_q units in groups of 16 (one V segment per 16 FMAs), then 8, 4, 2, 1 (more
+// columns per pass, 16 accumulators in all).
+template <typename T>
+void AttnVSumsRowsT512(const float* const* p, int64_t p_stride, int n_q, int n_rows,
+                       const T* const* v, int64_t base, const int64_t* lo, const int64_t* hi,
+                       int n_acc, int64_t cols, float* const* out, int64_t out_stride) {
+  const int n_units = n_q * n_rows;
+  VSumsUnits un;
+  for (int u0 = 0; u0 < n_units;) {
+    const int left = n_units - u0;
+    const int nu = left >= 16 ? 16 : left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+    for (int i = 0; i < nu; ++i) {
+      const int r = (u0 + i) / n_q, g = (u0 + i) % n_q;
+      un.p[i] = p[r] + g * p_stride;
+      un.lo[i] = lo[r];
+      un.hi[i] = hi[r];
+      un.out[i] = out[r] + g * out_stride;
+    }
+    switch (nu) {
+      case 16:
+        AttnVSumsUnits512<16, T>(un, v, base, n_acc, cols);
+        break;
+      case 8:
+        AttnVSumsUnits512<8, T>(un, v, base, n_acc, cols);
+        break;
+      case 4:
+        AttnVSumsUnits512<4, T>(un, v, base, n_acc, cols);
+        break;
+      case 2:
+        AttnVSumsUnits512<2, T>(un, v, base, n_acc, cols);
+        break;
+      default:
+        AttnVSumsUnits512<1, T>(un, v, base, n_acc, cols);
+        break;
+    }
+    u0 += nu;
+  }
+}
+
 constexpr AttnKernels kAvx512Attn = {16,
                                      &AttnDot512,
                                      &AttnExpSum512,
@@ -359,7 +507,9 @@ constexpr AttnKernels kAvx512Attn = {16,
                                      &AttnDotsT512<float>,
                                      &AttnVSumsT512<float>,
                                      &AttnDotsT512<uint16_t>,
-                                     &AttnVSumsT512<uint16_t>};
+                                     &AttnVSumsT512<uint16_t>,
+                                     &AttnVSumsRowsT512<float>,
+                                     &AttnVSumsRowsT512<uint16_t>};
 
 // AVX512F and AVX512DQ (CPUID leaf 7, EBX bits 16 and 17) with ZMM, YMM and XMM state enabled by
 // the OS (XCR0 bits 1, 2, 5, 6 and 7).

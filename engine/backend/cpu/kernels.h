@@ -163,7 +163,33 @@ struct AttnKernels {
                    int64_t n, float* out, int64_t out_stride);
   void (*vsums_f16)(const float* p, int64_t p_stride, int n_q, const uint16_t* const* v, int64_t lo,
                     int64_t hi, int n_acc, int64_t cols, float* out, int64_t out_stride);
+  // vsums for n_rows query rows of one sequence (a prompt's rows) against the same V rows, bit for
+  // bit, each row with its own range [lo[r], hi[r]]:
+  //   vsums(p[r], p_stride, n_q, v + (lo[r] - base), lo[r], hi[r], n_acc, cols, out[r], out_stride)
+  // for r < n_rows, where v[j - base] is position j's row for j in [base, max hi], base <= every
+  // lo[r]. The AVX-512 version takes the (row, head) pairs 16 at a time, their accumulators in
+  // registers, and loads each V segment once per 16 pairs instead of once per row (positions
+  // outside a row's range are skipped, never given a zero weight: 0 * inf would be NaN); the
+  // others call vsums row by row.
+  void (*vsums_rows)(const float* const* p, int64_t p_stride, int n_q, int n_rows,
+                     const float* const* v, int64_t base, const int64_t* lo, const int64_t* hi,
+                     int n_acc, int64_t cols, float* const* out, int64_t out_stride);
+  void (*vsums_rows_f16)(const float* const* p, int64_t p_stride, int n_q, int n_rows,
+                         const uint16_t* const* v, int64_t base, const int64_t* lo,
+                         const int64_t* hi, int n_acc, int64_t cols, float* const* out,
+                         int64_t out_stride);
 };
+
+// AttnKernels::vsums_rows as a loop over the rows with a table's vsums (`VSums`): the scalar
+// twins, and the AVX2 table.
+template <typename T, auto VSums>
+void AttnVSumsRowByRow(const float* const* p, int64_t p_stride, int n_q, int n_rows,
+                       const T* const* v, int64_t base, const int64_t* lo, const int64_t* hi,
+                       int n_acc, int64_t cols, float* const* out, int64_t out_stride) {
+  for (int r = 0; r < n_rows; ++r) {
+    VSums(p[r], p_stride, n_q, v + (lo[r] - base), lo[r], hi[r], n_acc, cols, out[r], out_stride);
+  }
+}
 // Portable versions of both widths (the reference the SIMD ones are tested against).
 const AttnKernels& ScalarAttnKernels(int lanes);
 // The AVX2 versions (attention_avx2.cc; the scalar 8-lane ones in a build without AVX2). Only call

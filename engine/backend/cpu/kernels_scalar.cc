@@ -580,7 +580,9 @@ constexpr AttnKernels kScalarAttn8 = {8,
                                       &AttnDotsRef<8>,
                                       &AttnVSumsRef<8>,
                                       &AttnDotsF16Ref<8>,
-                                      &AttnVSumsF16Ref<8>};
+                                      &AttnVSumsF16Ref<8>,
+                                      &AttnVSumsRowByRow<float, &AttnVSumsRef<8>>,
+                                      &AttnVSumsRowByRow<uint16_t, &AttnVSumsF16Ref<8>>};
 constexpr AttnKernels kScalarAttn16 = {16,
                                        &AttnDotRef<16>,
                                        &AttnExpSumRef<16>,
@@ -589,7 +591,9 @@ constexpr AttnKernels kScalarAttn16 = {16,
                                        &AttnDotsRef<16>,
                                        &AttnVSumsRef<16>,
                                        &AttnDotsF16Ref<16>,
-                                       &AttnVSumsF16Ref<16>};
+                                       &AttnVSumsF16Ref<16>,
+                                       &AttnVSumsRowByRow<float, &AttnVSumsRef<16>>,
+                                       &AttnVSumsRowByRow<uint16_t, &AttnVSumsF16Ref<16>>};
 const AttnKernels& ScalarAttn() { return kScalarAttn8; }
 
 constexpr Kernels kScalar = {

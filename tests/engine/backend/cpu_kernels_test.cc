@@ -10,15 +10,16 @@
 // within 2 ulps, plus division and product).
 #include <gtest/gtest.h>
 
-#include <bit>
-
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 #include <initializer_list>
+#include <limits>
 #include <random>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -902,6 +903,120 @@ void ExpectBatchedAttnKernelsEqual(const AttnKernels& ref, const AttnKernels& si
       }
     }
   }
+}
+
+// vsums_rows (a prompt's rows against the same V rows, each row its own range) against the
+// table's vsums row by row and against `ref`'s vsums_rows: 1..9 rows of 1..5 heads with
+// overlapping, nested, disjoint and equal ranges (causal rows, sliding windows), rows not in
+// position order, both accumulator counts, widths with partial chunks, F32 and F16 rows. The
+// position just before each row's range holds +inf: a zero weight given to it would turn the
+// row's sums into NaN.
+void ExpectVSumsRowsEqual(const AttnKernels& ref, const AttnKernels& simd) {
+  ASSERT_EQ(ref.lanes, simd.lanes);
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (int trial = 0; trial < 120; ++trial) {
+    const int n_rows = 1 + trial % 9, n_q = 1 + trial % 5;
+    const int n_acc = trial % 2 == 0 ? ref.lanes : 4 * ref.lanes;
+    const int64_t cols = std::array<int64_t, 5>{7, 16, 40, 64, 256}[trial / 2 % 5];
+    const int64_t base = std::uniform_int_distribution<int64_t>(0, 40)(rng);
+    std::vector<int64_t> lo(n_rows), hi(n_rows);
+    const int shape = trial / 10 % 4;  // causal, window, random, equal
+    const int64_t window = std::uniform_int_distribution<int64_t>(1, 60)(rng);
+    for (int r = 0; r < n_rows; ++r) {
+      const int64_t pos = base + std::uniform_int_distribution<int64_t>(0, 300)(rng);
+      hi[r] = shape == 3 ? base + 200 : pos;
+      lo[r] = shape == 0 || shape == 3 ? base
+              : shape == 1             ? std::max(base, pos - window + 1)
+                                       : std::uniform_int_distribution<int64_t>(base, pos)(rng);
+    }
+    int64_t hi_max = base;
+    for (int r = 0; r < n_rows; ++r) hi_max = std::max(hi_max, hi[r]);
+    const int64_t len = hi_max - base + 1, p_stride = len + 3, out_stride = cols + 2;
+    std::vector<float> vals(len * cols), probs(n_rows * n_q * p_stride);
+    for (float& x : vals) x = normal(rng) * (normal(rng) > 2.f ? 1e6f : 1.f);
+    for (float& x : probs) x = std::fabs(normal(rng));
+    bool inf_row = false;
+    for (int r = 0; r < n_rows; ++r) {
+      if (lo[r] > base) vals[(lo[r] - 1 - base) * cols] = INFINITY, inf_row = true;
+    }
+    std::vector<int64_t> inf_at;
+    for (int64_t j = 0; j < len; ++j) {
+      if (std::isinf(vals[j * cols])) inf_at.push_back(base + j);
+    }
+    std::vector<const float*> rows(len);
+    for (int64_t j = 0; j < len; ++j) rows[j] = vals.data() + j * cols;
+    std::vector<const float*> p(n_rows);
+    for (int r = 0; r < n_rows; ++r) p[r] = probs.data() + r * n_q * p_stride;
+    // The same positions as F16 rows (values rounded to F16 first; +inf stays).
+    std::vector<uint16_t> v16(len * cols);
+    std::vector<float> vw(len * cols);
+    for (size_t i = 0; i < v16.size(); ++i) {
+      v16[i] = F32ToF16(std::isinf(vals[i]) ? vals[i] : std::clamp(vals[i], -6e4f, 6e4f));
+      vw[i] = F16ToF32(v16[i]);
+    }
+    std::vector<const uint16_t*> rows16(len);
+    std::vector<const float*> rowsw(len);
+    for (int64_t j = 0; j < len; ++j)
+      rows16[j] = v16.data() + j * cols, rowsw[j] = vw.data() + j * cols;
+    const size_t out_size = static_cast<size_t>(n_rows * n_q * out_stride);
+    auto outs_of = [&](std::vector<float>& o) {
+      std::vector<float*> ptrs(n_rows);
+      for (int r = 0; r < n_rows; ++r) ptrs[r] = o.data() + r * n_q * out_stride;
+      return ptrs;
+    };
+    std::vector<float> outr(out_size, -1.f), outs(out_size, -1.f), single(out_size, -1.f);
+    std::vector<float> outr16(out_size, -1.f), outs16(out_size, -1.f), single16(out_size, -1.f);
+    ref.vsums_rows(p.data(), p_stride, n_q, n_rows, rows.data(), base, lo.data(), hi.data(), n_acc,
+                   cols, outs_of(outr).data(), out_stride);
+    simd.vsums_rows(p.data(), p_stride, n_q, n_rows, rows.data(), base, lo.data(), hi.data(), n_acc,
+                    cols, outs_of(outs).data(), out_stride);
+    ref.vsums_rows_f16(p.data(), p_stride, n_q, n_rows, rows16.data(), base, lo.data(), hi.data(),
+                       n_acc, cols, outs_of(outr16).data(), out_stride);
+    simd.vsums_rows_f16(p.data(), p_stride, n_q, n_rows, rows16.data(), base, lo.data(), hi.data(),
+                        n_acc, cols, outs_of(outs16).data(), out_stride);
+    for (int r = 0; r < n_rows; ++r) {
+      float* o = single.data() + r * n_q * out_stride;
+      simd.vsums(p[r], p_stride, n_q, rows.data() + (lo[r] - base), lo[r], hi[r], n_acc, cols, o,
+                 out_stride);
+      simd.vsums(p[r], p_stride, n_q, rowsw.data() + (lo[r] - base), lo[r], hi[r], n_acc, cols,
+                 single16.data() + r * n_q * out_stride, out_stride);
+      bool sees_inf = false;
+      for (int64_t j : inf_at) sees_inf |= j >= lo[r] && j <= hi[r];
+      for (int g = 0; g < n_q && !sees_inf; ++g) {
+        for (int64_t c = 0; c < cols; ++c) {
+          ASSERT_TRUE(std::isfinite(outs[(r * n_q + g) * out_stride + c]))
+              << "trial " << trial << " row " << r << " head " << g << " col " << c;
+        }
+      }
+    }
+    const std::string what = "trial " + std::to_string(trial) + " rows " + std::to_string(n_rows) +
+                             " n_q " + std::to_string(n_q) + " cols " + std::to_string(cols) +
+                             " n_acc " + std::to_string(n_acc) +
+                             (inf_row ? " (+inf before a range)" : "");
+    ASSERT_EQ(std::memcmp(outr.data(), outs.data(), out_size * sizeof(float)), 0) << what;
+    ASSERT_EQ(std::memcmp(single.data(), outs.data(), out_size * sizeof(float)), 0) << what;
+    ASSERT_EQ(std::memcmp(outr16.data(), outs16.data(), out_size * sizeof(float)), 0) << what;
+    ASSERT_EQ(std::memcmp(single16.data(), outs16.data(), out_size * sizeof(float)), 0) << what;
+  }
+}
+
+TEST(AttnKernelsTest, ScalarVSumsRowsMatchesVSumsRowByRow) {
+  ExpectVSumsRowsEqual(ScalarAttnKernels(8), ScalarAttnKernels(8));
+  ExpectVSumsRowsEqual(ScalarAttnKernels(16), ScalarAttnKernels(16));
+}
+
+TEST(AttnKernelsTest, Avx2VSumsRowsMatchesTheScalarOne) {
+  if (Avx2Kernels() == nullptr || &SelectKernels(false) != Avx2Kernels()) {
+    GTEST_SKIP() << "AVX2 kernels not available on this build/CPU";
+  }
+  ExpectVSumsRowsEqual(ScalarAttnKernels(8), Avx2AttnKernels());
+}
+
+TEST(AttnKernelsTest, Avx512VSumsRowsMatchesTheScalarOne) {
+  const AttnKernels* k = Avx512AttnKernels();
+  if (k == nullptr) GTEST_SKIP() << "no AVX512F + AVX512DQ on this CPU";
+  ExpectVSumsRowsEqual(ScalarAttnKernels(16), *k);
 }
 
 TEST(AttnKernelsTest, ScalarBatchedEntriesMatchTheSingleOnes) {
