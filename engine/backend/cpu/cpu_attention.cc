@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -15,10 +16,10 @@
 namespace pd::engine::cpu {
 
 // ---- Attention -----------------------------------------------------------------------------
-// One work item is (token, kv head): its n_heads / n_kv_heads query heads share every K/V row
-// read. Two passes over the visible positions: scores (scale, softcap) into a scratch row per
-// head, then the softmax probabilities and a weighted sum of V rows, all in ggml's order (see
-// the comment before the work loop). Per token and head: 4 *
+// One work item is (tile of a sequence's rows, kv head): its rows and their n_heads / n_kv_heads
+// query heads share every K/V row read. Two passes over the visible positions: scores (scale,
+// softcap) into a scratch row per head, then the softmax probabilities and a weighted sum of V
+// rows, all in ggml's order (see the comment before the work loop). Per token and head: 4 *
 // head_dim * L flops over L visible positions; K/V bytes 2 * L * head_dim * elem per kv head
 // (INT8: elem 1, plus 4 bytes of scale per row). INT8 is dequantized on the fly: the key's scale
 // multiplies its unscaled int8 dot, the value's scale folds into the softmax weight.
@@ -49,14 +50,12 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
   const int64_t n_tokens = q.rows;
   PD_RETURN_IF_ERROR(CheckKvBatch(kv, n_tokens));
   const int64_t cache_rows = std::min(k_cache.slots(), v_cache.slots());
-  int64_t max_visible = 0;
   auto first_visible = [&](int64_t t) -> int64_t {
     return p.window > 0 ? std::max<int64_t>(0, kv.pos[t] - p.window + 1) : 0;
   };
   for (int64_t t = 0; t < n_tokens; ++t) {
     const int64_t lo = first_visible(t);
     PD_RETURN_IF_ERROR(CheckSlots(kv, kv.seq[t], lo, kv.pos[t], cache_rows));
-    max_visible = std::max<int64_t>(max_visible, kv.pos[t] - lo + 1);
   }
 
   const int group = p.n_heads / p.n_kv_heads;
@@ -162,12 +161,60 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
     if (kv.seq[t] >= static_cast<int32_t>(seq_rows.size())) seq_rows.resize(kv.seq[t] + 1, 0);
     ++seq_rows[kv.seq[t]];
   }
-  const int64_t max_span = max_visible + 2 * lanes;
-  // Work items are (row, kv head, slice of the group's query heads). With fewer rows x kv heads
+  auto attn_wide = [&](int64_t t) {
+    return kv.row_orders.empty() ? seq_rows[kv.seq[t]] > 1
+                                 : (kv.row_orders[t] & kRowOrderAttnWide) != 0;
+  };
+  // A prompt's rows of one sequence go in tiles of up to kTileRows rows close in position (sorted
+  // by position, ranges within kTileSlack of the tile's first row): a tile's rows read each block
+  // of keys while it is in L1 (ak.dots per row, kKeyBlock keys at a time) and each V segment once
+  // for all of them (ak.vsums_rows), where a row alone streams the whole visible K and V from L2
+  // or L3. Every (row, head, position) keeps its own range and order: the same bits as row by row.
+  // INT8 caches and rows alone in their sequence (decode) go one row per tile.
+  constexpr int kTileRows = 8;
+  constexpr int64_t kTileSlack = 64, kKeyBlock = 32;
+  std::vector<int32_t> order(static_cast<size_t>(n_tokens));
+  for (int64_t t = 0; t < n_tokens; ++t) order[t] = static_cast<int32_t>(t);
+  const bool tiled = k_cache.type != KvDType::kI8 && v_cache.type != KvDType::kI8;
+  if (tiled) {
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      return kv.seq[a] != kv.seq[b] ? kv.seq[a] < kv.seq[b] : kv.pos[a] < kv.pos[b];
+    });
+  }
+  struct Tile {
+    int32_t first = 0, n = 0;  // rows order[first .. first + n)
+    int64_t span = 0;          // scores per (row, head): positions a0 .. a1 of the tile
+  };
+  std::vector<Tile> tiles;
+  int64_t max_scratch = 0;
+  for (int32_t i = 0; i < n_tokens;) {
+    const int64_t t0 = order[i];
+    Tile tile{i, 1, 0};
+    while (tiled && tile.n < kTileRows && i + tile.n < n_tokens) {
+      const int64_t t = order[i + tile.n];
+      if (kv.seq[t] != kv.seq[t0] || attn_wide(t) != attn_wide(t0) ||
+          std::abs(kv.pos[t] - kv.pos[t0]) > kTileSlack ||
+          std::abs(first_visible(t) - first_visible(t0)) > kTileSlack) {
+        break;
+      }
+      ++tile.n;
+    }
+    int64_t a0 = std::numeric_limits<int64_t>::max(), a1 = 0;
+    for (int32_t r = 0; r < tile.n; ++r) {
+      const int64_t t = order[i + r], lo = first_visible(t);
+      a0 = std::min(a0, lo - lo % lanes);
+      a1 = std::max<int64_t>(a1, (kv.pos[t] + lanes) / lanes * lanes);
+    }
+    tile.span = a1 - a0;
+    max_scratch = std::max(max_scratch, tile.n * group * tile.span);
+    tiles.push_back(tile);
+    i += tile.n;
+  }
+  // Work items are (tile, kv head, slice of the group's query heads). With fewer tiles x kv heads
   // than threads (decode of one sequence: Gemma 3 270M has one KV head) the group's heads are
   // split so every thread has work; each slice widens the F16 rows it reads itself, and every
   // head's arithmetic is the same whichever slice computes it.
-  const int64_t base_items = n_tokens * p.n_kv_heads;
+  const int64_t base_items = static_cast<int64_t>(tiles.size()) * p.n_kv_heads;
   const int64_t n_slices =
       base_items >= pool_.num_threads()
           ? 1
@@ -179,114 +226,161 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
     thread_local std::vector<float> scores, acc, rotated_q;
     thread_local std::vector<const float*> rows;         // F32 K or V rows (cache or widened)
     thread_local std::vector<const uint16_t*> rows_f16;  // F16 ones in the cache
-    scores.resize(static_cast<size_t>(group * max_span));
+    if (scores.size() < static_cast<size_t>(max_scratch)) {
+      scores.resize(static_cast<size_t>(max_scratch));
+    }
     if (v_cache.type == KvDType::kI8) acc.resize(static_cast<size_t>(group * 4 * lanes * hd));
     if (k_cache.type == KvDType::kI8) rotated_q.resize(static_cast<size_t>(group * hd));
     for (int64_t item = w0; item < w1; ++item) {
       const int64_t slice = item % n_slices;
-      const int64_t t = item / n_slices / p.n_kv_heads;
+      const Tile& tile = tiles[item / n_slices / p.n_kv_heads];
       const int64_t kvh = item / n_slices % p.n_kv_heads;
       const int g0 = static_cast<int>(slice * group / n_slices);
       const int g1 = static_cast<int>((slice + 1) * group / n_slices);
-      const int32_t seq = kv.seq[t];
-      const int64_t lo = first_visible(t), hi = kv.pos[t];
-      const int64_t a0 = lo - lo % lanes, a1 = (hi + lanes) / lanes * lanes, span = a1 - a0;
-      const bool attn_wide = kv.row_orders.empty() ? seq_rows[seq] > 1
-                                                   : (kv.row_orders[t] & kRowOrderAttnWide) != 0;
-      const int64_t n_acc = attn_wide ? lanes : 4 * lanes;
-      const float* qh = RowF32(q, t) + kvh * group * hd;  // the group's first query head
-      // This row's sequence widened above: its K and V rows in F32, indexed by position - w.lo.
+      const int nr = tile.n;
+      const int32_t* trow = order.data() + tile.first;
+      const int32_t seq = kv.seq[trow[0]];
+      // Row r of the tile: positions [lo[r], hi[r]], its scores at sc(r, g)[pos - a0], the
+      // tile's union of positions [lo_min, hi_max].
+      int64_t lo[kTileRows], hi[kTileRows];
+      int64_t a0 = std::numeric_limits<int64_t>::max(), lo_min = a0, hi_max = 0;
+      for (int r = 0; r < nr; ++r) {
+        lo[r] = first_visible(trow[r]);
+        hi[r] = kv.pos[trow[r]];
+        a0 = std::min(a0, lo[r] - lo[r] % lanes);
+        lo_min = std::min(lo_min, lo[r]);
+        hi_max = std::max(hi_max, hi[r]);
+      }
+      const int64_t span = tile.span;
+      auto sc = [&](int r, int g) { return scores.data() + (r * group + g) * span; };
+      const int64_t n_acc = attn_wide(trow[0]) ? lanes : 4 * lanes;
+      // Row r's query (the group's first head).
+      auto q_row = [&](int r) { return RowF32(q, trow[r]) + kvh * group * hd; };
+      // This tile's sequence widened above: its K and V rows in F32, indexed by position - w.lo.
       const float* wk = nullptr;
       const float* wv = nullptr;
       if (!wide.empty() && wide[seq].hi >= wide[seq].lo) {
         const WideSeq& w = wide[seq];
-        wk = widened_kv_.data() + w.offset + (kvh * w.span() + (lo - w.lo)) * hd;
+        wk = widened_kv_.data() + w.offset + (kvh * w.span() + (lo_min - w.lo)) * hd;
         wv = wk + p.n_kv_heads * w.span() * hd;
       }
-      // INT8 keys are stored rotated: so is the query they are dotted with.
-      const float* qk = qh;
+      // Pass 1: scores (ak.dots: bit for bit ak.dot per pair), -inf outside [lo, hi].
+      for (int r = 0; r < nr; ++r) {
+        for (int g = g0; g < g1; ++g) {
+          float* sg = sc(r, g);
+          std::fill(sg, sg + (lo[r] - a0), -std::numeric_limits<float>::infinity());
+          std::fill(sg + (hi[r] + 1 - a0), sg + span, -std::numeric_limits<float>::infinity());
+        }
+      }
       if (k_cache.type == KvDType::kI8) {
+        // INT8 keys are stored rotated: so is the query they are dotted with (tiles of one row).
+        const float* qh = q_row(0);
         std::memcpy(rotated_q.data() + g0 * hd, qh + g0 * hd,
                     static_cast<size_t>((g1 - g0) * hd) * sizeof(float));
         for (int g = g0; g < g1; ++g) k_.rotate_kv_row(rotated_q.data() + g * hd, p.head_dim, 1.f);
-        qk = rotated_q.data();
-      }
-      // Pass 1: scores (ak.dots: bit for bit ak.dot per pair), -inf outside [lo, hi].
-      for (int g = g0; g < g1; ++g) {
-        float* sg = scores.data() + g * span;
-        std::fill(sg, sg + (lo - a0), -std::numeric_limits<float>::infinity());
-        std::fill(sg + (hi + 1 - a0), sg + span, -std::numeric_limits<float>::infinity());
-      }
-      if (k_cache.type == KvDType::kI8) {
-        for (int64_t pos = lo; pos <= hi; ++pos) {
+        for (int64_t pos = lo[0]; pos <= hi[0]; ++pos) {
           for (int g = g0; g < g1; ++g) {
-            scores[g * span + (pos - a0)] = dot_i8(SlotOf(kv, seq, pos), kvh, qk + g * hd);
+            sc(0, g)[pos - a0] = dot_i8(SlotOf(kv, seq, pos), kvh, rotated_q.data() + g * hd);
           }
         }
       } else {
-        // F32 and F16 keys, all the slice's heads per key read (F16 keys widened as loaded).
-        float* s0 = scores.data() + g0 * span + (lo - a0);
-        const int n_k = static_cast<int>(hi - lo + 1);
+        // F32 and F16 keys, all the slice's heads per key read (F16 keys widened as loaded); a
+        // tile's rows take the keys kKeyBlock at a time, each block for every row while in L1.
+        const bool f16 = wk == nullptr && k_cache.type == KvDType::kF16;
+        const int64_t n_k = hi_max - lo_min + 1;
         if (wk != nullptr) {
           rows.resize(static_cast<size_t>(n_k));
-          for (int j = 0; j < n_k; ++j) rows[j] = wk + j * hd;
-          ak.dots(qh + g0 * hd, hd, g1 - g0, rows.data(), n_k, hd, s0, span);
-        } else if (k_cache.type == KvDType::kF32) {
-          row_addresses(k_cache, seq, kvh, lo, hi, rows);
-          ak.dots(qh + g0 * hd, hd, g1 - g0, rows.data(), n_k, hd, s0, span);
+          for (int64_t j = 0; j < n_k; ++j) rows[j] = wk + j * hd;
+        } else if (!f16) {
+          row_addresses(k_cache, seq, kvh, lo_min, hi_max, rows);
         } else {
-          row_addresses(k_cache, seq, kvh, lo, hi, rows_f16);
-          ak.dots_f16(qh + g0 * hd, hd, g1 - g0, rows_f16.data(), n_k, hd, s0, span);
+          row_addresses(k_cache, seq, kvh, lo_min, hi_max, rows_f16);
         }
-      }
-      for (int g = g0; g < g1; ++g) {
-        float* sg = scores.data() + g * span + (lo - a0);
-        if (p.softcap > 0.f) {
-          for (int64_t j = 0; j <= hi - lo; ++j) {
-            sg[j] = p.softcap * std::tanh(sg[j] * p.scale / p.softcap);
+        const int64_t block = nr == 1 ? n_k : kKeyBlock;
+        for (int64_t kb = lo_min; kb <= hi_max; kb += block) {
+          for (int r = 0; r < nr; ++r) {
+            const int64_t j0 = std::max(kb, lo[r]), j1 = std::min(kb + block - 1, hi[r]);
+            if (j0 > j1) continue;
+            const float* qg = q_row(r) + g0 * hd;
+            float* s0 = sc(r, g0) + (j0 - a0);
+            const int nk = static_cast<int>(j1 - j0 + 1);
+            if (f16) {
+              ak.dots_f16(qg, hd, g1 - g0, rows_f16.data() + (j0 - lo_min), nk, hd, s0, span);
+            } else {
+              ak.dots(qg, hd, g1 - g0, rows.data() + (j0 - lo_min), nk, hd, s0, span);
+            }
           }
-        } else {
-          for (int64_t j = 0; j <= hi - lo; ++j) sg[j] *= p.scale;
         }
       }
-      // Softmax: exponentials and their F64 sum over whole groups of L positions, then the
-      // probabilities scaled by the F32 reciprocal. The query is fully read by now, so out may
-      // alias q.
-      for (int g = g0; g < g1; ++g) {
-        float* sg = scores.data() + g * span;
-        const float m = k_.max(sg + (lo - a0), hi - lo + 1);
-        const float inv = static_cast<float>(1.0 / ak.exp_sum(sg, m, sg, span));
-        for (int64_t j = lo - a0; j <= hi - a0; ++j) sg[j] *= inv;
+      for (int r = 0; r < nr; ++r) {
+        for (int g = g0; g < g1; ++g) {
+          float* sg = sc(r, g) + (lo[r] - a0);
+          if (p.softcap > 0.f) {
+            for (int64_t j = 0; j <= hi[r] - lo[r]; ++j) {
+              sg[j] = p.softcap * std::tanh(sg[j] * p.scale / p.softcap);
+            }
+          } else {
+            for (int64_t j = 0; j <= hi[r] - lo[r]; ++j) sg[j] *= p.scale;
+          }
+        }
       }
-      float* oh = RowF32(out, t) + kvh * group * hd;
+      // Softmax: exponentials and their F64 sum over whole groups of L positions (the row's own
+      // groups, from lo - lo % L), then the probabilities scaled by the F32 reciprocal. The
+      // tile's queries are fully read by now, so out may alias q.
+      for (int r = 0; r < nr; ++r) {
+        const int64_t ar0 = lo[r] - lo[r] % lanes, ar1 = (hi[r] + lanes) / lanes * lanes;
+        for (int g = g0; g < g1; ++g) {
+          float* sg = sc(r, g);
+          const float m = k_.max(sg + (lo[r] - a0), hi[r] - lo[r] + 1);
+          const float inv =
+              static_cast<float>(1.0 / ak.exp_sum(sg + (ar0 - a0), m, sg + (ar0 - a0), ar1 - ar0));
+          for (int64_t j = lo[r] - a0; j <= hi[r] - a0; ++j) sg[j] *= inv;
+        }
+      }
       // Pass 2: position pos adds p * v into accumulator pos % n_acc; then the accumulators are
-      // summed in ggml's tree. F32 and F16 rows go through ak.vsums, which keeps the accumulators
-      // in registers and reads each V row once for all the slice's heads (F16 rows widened as
-      // they are loaded, or a prompt's once per sequence above); INT8 rows, whose scale folds
-      // into the weight, through n_acc rows.
+      // summed in ggml's tree. F32 and F16 rows go through ak.vsums (one row) or ak.vsums_rows
+      // (a tile), which keep the accumulators in registers and read each V row once for all the
+      // slice's heads (and the tile's rows; F16 rows widened as they are loaded, or a prompt's
+      // once per sequence above); INT8 rows, whose scale folds into the weight, through n_acc
+      // rows.
       if (v_cache.type != KvDType::kI8) {
-        const float* p0 = scores.data() + g0 * span + (lo - a0);
+        const float* pr[kTileRows];
+        float* orow[kTileRows];
+        for (int r = 0; r < nr; ++r) {
+          pr[r] = sc(r, g0) + (lo[r] - a0);
+          orow[r] = RowF32(out, trow[r]) + kvh * group * hd + g0 * hd;
+        }
+        const bool f16 = wv == nullptr && v_cache.type == KvDType::kF16;
+        const int64_t n_v = hi_max - lo_min + 1;
         if (wv != nullptr) {
-          rows.resize(static_cast<size_t>(hi - lo + 1));
-          for (int64_t j = 0; j <= hi - lo; ++j) rows[j] = wv + j * hd;
-          ak.vsums(p0, span, g1 - g0, rows.data(), lo, hi, static_cast<int>(n_acc), hd,
-                   oh + g0 * hd, hd);
-        } else if (v_cache.type == KvDType::kF32) {
-          row_addresses(v_cache, seq, kvh, lo, hi, rows);
-          ak.vsums(p0, span, g1 - g0, rows.data(), lo, hi, static_cast<int>(n_acc), hd,
-                   oh + g0 * hd, hd);
+          rows.resize(static_cast<size_t>(n_v));
+          for (int64_t j = 0; j < n_v; ++j) rows[j] = wv + j * hd;
+        } else if (!f16) {
+          row_addresses(v_cache, seq, kvh, lo_min, hi_max, rows);
         } else {
-          row_addresses(v_cache, seq, kvh, lo, hi, rows_f16);
-          ak.vsums_f16(p0, span, g1 - g0, rows_f16.data(), lo, hi, static_cast<int>(n_acc), hd,
-                       oh + g0 * hd, hd);
+          row_addresses(v_cache, seq, kvh, lo_min, hi_max, rows_f16);
+        }
+        if (nr == 1 && f16) {
+          ak.vsums_f16(pr[0], span, g1 - g0, rows_f16.data(), lo[0], hi[0], static_cast<int>(n_acc),
+                       hd, orow[0], hd);
+        } else if (nr == 1) {
+          ak.vsums(pr[0], span, g1 - g0, rows.data(), lo[0], hi[0], static_cast<int>(n_acc), hd,
+                   orow[0], hd);
+        } else if (f16) {
+          ak.vsums_rows_f16(pr, span, g1 - g0, nr, rows_f16.data(), lo_min, lo, hi,
+                            static_cast<int>(n_acc), hd, orow, hd);
+        } else {
+          ak.vsums_rows(pr, span, g1 - g0, nr, rows.data(), lo_min, lo, hi, static_cast<int>(n_acc),
+                        hd, orow, hd);
         }
         continue;
       }
+      float* oh = RowF32(out, trow[0]) + kvh * group * hd;
       std::fill(acc.begin() + g0 * n_acc * hd, acc.begin() + g1 * n_acc * hd, 0.f);
-      for (int64_t pos = lo; pos <= hi; ++pos) {
+      for (int64_t pos = lo[0]; pos <= hi[0]; ++pos) {
         const int64_t r = pos % n_acc;
         for (int g = g0; g < g1; ++g) {
-          const float pj = scores[g * span + (pos - a0)];
+          const float pj = sc(0, g)[pos - a0];
           float* ar = acc.data() + (g * n_acc + r) * hd;
           axpy_i8(pj, SlotOf(kv, seq, pos), kvh, ar);
         }

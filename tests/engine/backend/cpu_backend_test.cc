@@ -1041,6 +1041,92 @@ TEST(CpuBackendAttnOrderTest, SimdAttentionMatchesItsScalarTwinBitForBit) {
   }
 }
 
+// A batch of prompt rows of several sequences (chunked prefill: each chunk after a stored
+// prefix), rows shuffled out of position order, plus a decode row, against each row alone in a
+// batch of one (flagged kRowOrderAttnWide where its sequence has several rows, as the batch
+// flags it): Attention's tiles of prompt rows give every row the bits of the row-by-row path.
+// Every kernel table (SIMD, forced AVX2, scalar twins), 1 and 3 threads, F32 / F16 / INT8
+// caches, sliding windows and softcapping, odd head dims.
+TEST(CpuBackendAttnOrderTest, PromptRowTilesMatchRowByRowBitForBit) {
+  std::vector<std::pair<std::string, const cpu::Kernels*>> tables = {
+      {"selected", &cpu::SelectKernels(false)}, {"scalar", &cpu::ScalarKernels()}};
+  static cpu::Kernels avx2_attn, avx512_attn, scalar16 = cpu::ScalarKernels();
+  scalar16.attn = &ScalarAttn16;
+  tables.emplace_back("scalar16", &scalar16);
+  if (const cpu::Kernels* avx2 = cpu::Avx2Kernels();
+      avx2 != nullptr && &cpu::SelectKernels(false) == avx2) {
+    avx2_attn = *avx2, avx512_attn = *avx2;
+    avx2_attn.attn = &Avx2AttnOnly;
+    avx512_attn.attn = &Avx512Attn;
+    tables.emplace_back("avx2", &avx2_attn);
+    if (cpu::Avx512AttnKernels() != nullptr) tables.emplace_back("avx512", &avx512_attn);
+  }
+  const std::vector<AttentionParams> shapes = {{4, 1, 256, 1.f / 16.f, 0, 0.f},
+                                               {4, 1, 256, 1.f / 16.f, 37, 0.f},
+                                               {6, 2, 40, 0.2f, 0, 0.f},
+                                               {6, 3, 20, 0.3f, 5, 5.f}};
+  for (const auto& [name, table] : tables) {
+    for (int threads : {1, 3}) {
+      cpu::CpuBackend be(*table, threads);
+      for (KvDType type : {KvDType::kF32, KvDType::kF16, KvDType::kI8}) {
+        for (const AttentionParams& p : shapes) {
+          SCOPED_TRACE(::testing::Message()
+                       << name << " threads " << threads << " cache " << KvDTypeName(type) << " hd "
+                       << p.head_dim << " heads " << p.n_heads << "/" << p.n_kv_heads << " window "
+                       << p.window);
+          std::mt19937 rng(static_cast<uint32_t>(p.head_dim * 7 + p.window + threads));
+          const int bs = 16, n_blocks = 16;
+          HostKv kc(type, n_blocks, bs, p.n_kv_heads, p.head_dim);
+          HostKv vc(type, n_blocks, bs, p.n_kv_heads, p.head_dim);
+          // Sequences of 90, 130 and 3 positions over shuffled blocks.
+          std::vector<int32_t> blocks(n_blocks);
+          for (int i = 0; i < n_blocks; ++i) blocks[i] = i;
+          std::shuffle(blocks.begin(), blocks.end(), rng);
+          const std::vector<int32_t> t0(blocks.begin(), blocks.begin() + 6),
+              t1(blocks.begin() + 6, blocks.begin() + 15), t2(blocks.begin() + 15, blocks.end());
+          const std::vector<absl::Span<const int32_t>> tables_of = {t0, t1, t2};
+          std::vector<int32_t> pos, seq;
+          for (auto [s, len] : {std::pair{0, 90}, {1, 130}, {2, 3}}) {
+            for (int i = 0; i < len; ++i) pos.push_back(i), seq.push_back(s);
+          }
+          const int64_t n = static_cast<int64_t>(pos.size());
+          const int64_t kv_cols = int64_t{p.n_kv_heads} * p.head_dim;
+          KvBatch store{pos, seq, tables_of, bs, {}};
+          HostTensor k = F32(n, kv_cols, RandomVec(rng, n * kv_cols, 2.f));
+          HostTensor v = F32(n, kv_cols, RandomVec(rng, n * kv_cols));
+          ASSERT_THAT(be.StoreKv(k.t, v.t, kc.t, vc.t, store), IsOk());
+          // The batch: positions 50..89 of sequence 0, 61..129 of sequence 1 and the decode
+          // row 2 of sequence 2, shuffled.
+          std::vector<std::pair<int32_t, int32_t>> rows;  // (seq, pos)
+          for (int i = 50; i < 90; ++i) rows.emplace_back(0, i);
+          for (int i = 61; i < 130; ++i) rows.emplace_back(1, i);
+          rows.emplace_back(2, 2);
+          std::shuffle(rows.begin(), rows.end(), rng);
+          std::vector<int32_t> bpos, bseq;
+          for (auto [s, ps] : rows) bseq.push_back(s), bpos.push_back(ps);
+          const int64_t m = static_cast<int64_t>(rows.size());
+          const int64_t cols = int64_t{p.n_heads} * p.head_dim;
+          HostTensor q = F32(m, cols, RandomVec(rng, m * cols, 2.f));
+          HostTensor out(DType::kF32, m, cols);
+          KvBatch kv{bpos, bseq, tables_of, bs, {}};
+          ASSERT_THAT(be.Attention(q.t, kc.t, vc.t, kv, p, out.t), IsOk());
+          for (int64_t t = 0; t < m; ++t) {
+            std::vector<int32_t> p1 = {bpos[t]}, s1 = {bseq[t]};
+            const std::vector<uint8_t> order = {bseq[t] == 2 ? uint8_t{0} : kRowOrderAttnWide};
+            KvBatch one{p1, s1, tables_of, bs, order};
+            HostTensor q1 =
+                F32(1, cols, std::vector<float>(q.f() + t * cols, q.f() + (t + 1) * cols));
+            HostTensor o1(DType::kF32, 1, cols);
+            ASSERT_THAT(be.Attention(q1.t, kc.t, vc.t, one, p, o1.t), IsOk());
+            ASSERT_EQ(std::memcmp(o1.f(), out.f() + t * cols, cols * sizeof(float)), 0)
+                << "row " << t << " seq " << bseq[t] << " pos " << bpos[t];
+          }
+        }
+      }
+    }
+  }
+}
+
 // The AVX2 and the scalar kernel tables on the same INT8 workload: the stored caches are
 // bit-identical (quantization is exact in both) and the outputs agree to F32 rounding.
 TEST(CpuBackendInt8Test, SimdMatchesScalarOnInt8Kv) {
