@@ -60,7 +60,7 @@ void PrefillService::CountPull(std::string_view result) {
   if (pulls_ != nullptr) pulls_->WithLabels({std::string(result)}).Increment();
 }
 
-nv1::Decode::Stub& PrefillService::DecodeStub(const std::string& address) {
+nv1::Decode::Stub& PrefillService::DecodeClient(const std::string& address) {
   absl::MutexLock l(&mu_);
   std::unique_ptr<nv1::Decode::Stub>& stub = decode_[address];
   if (stub == nullptr) {
@@ -79,11 +79,8 @@ int PrefillService::OwnCachedBlocks(absl::Span<const int32_t> prompt, int max_bl
   if (load.cached_block_hashes == nullptr || load.cached_block_hashes->empty()) return 0;
   const absl::flat_hash_set<uint64_t> have(load.cached_block_hashes->begin(),
                                            load.cached_block_hashes->end());
-  const std::vector<uint64_t> want = engine::BlockHashes(
-      prompt, state_.scheduler()->kv_options().block_size, static_cast<size_t>(max_blocks));
-  int n = 0;
-  while (n < static_cast<int>(want.size()) && have.contains(want[n])) ++n;
-  return n;
+  return engine::LeadingHeldBlocks(prompt, state_.scheduler()->kv_options().block_size, max_blocks,
+                                   [&](uint64_t h) { return have.contains(h); });
 }
 
 int PrefillService::PullPrefix(grpc::ServerContext* context, const nv1::PrefillRequest& request,
@@ -138,7 +135,7 @@ int PrefillService::PullPrefix(grpc::ServerContext* context, const nv1::PrefillR
   std::unique_ptr<grpc::ClientContext> ctx = grpc::ClientContext::FromServerContext(*context);
   ctx->set_deadline(absl::ToChronoTime(std::min(d.deadline, mine->deadline)));
   const grpc::Status st =
-      DecodeStub(request.kv_source().address()).SendPrefix(ctx.get(), sreq, &sresp);
+      DecodeClient(request.kv_source().address()).SendPrefix(ctx.get(), sreq, &sresp);
   if (!st.ok()) return drop(FromGrpc(st));
 
   // 3. Complete the import with the prompt's next token: the reservation's request ends at once

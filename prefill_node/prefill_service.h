@@ -55,7 +55,8 @@ class PrefillService final : public ::pdserve::node::v1::Prefill::Service {
                  const kvtransfer::TransferDescriptor& d);
   // How many leading blocks of `prompt` this node's last cache summary holds.
   int OwnCachedBlocks(absl::Span<const int32_t> prompt, int max_blocks) const;
-  ::pdserve::node::v1::Decode::Stub& DecodeStub(const std::string& address);
+  // The gRPC client (generated Decode::Stub) of the decode node at `address`, made once.
+  ::pdserve::node::v1::Decode::Stub& DecodeClient(const std::string& address);
   void CountPull(std::string_view result);
 
   NodeState& state_;

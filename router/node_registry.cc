@@ -302,14 +302,9 @@ int NodeRegistry::CachedPrefixTokens(const NodeStatus& s, absl::Span<const int32
   const int block = s.load.kv_block_size;
   const int limit = std::min(engine::CacheablePrefix(static_cast<int>(prompt.size())),
                              static_cast<int>(prompt.size()) - 1);
-  uint64_t h = engine::kRootBlockHash;
-  int n = 0;
-  while ((n + 1) * block <= limit) {
-    h = engine::BlockHash(h, prompt.subspan(static_cast<size_t>(n) * block, block));
-    if (!s.cached_blocks->contains(h)) break;
-    ++n;
-  }
-  return n * block;
+  return block * engine::LeadingHeldBlocks(prompt, block, limit / block, [&](uint64_t h) {
+           return s.cached_blocks->contains(h);
+         });
 }
 
 const NodeRegistry::Node* NodeRegistry::Pick(const std::string& role, int64_t tokens,

@@ -38,7 +38,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from multi_turn import ROOT, Server, free_port, machine, wait_http  # noqa: E402
+from multi_turn import (ROOT, Server, free_port, machine, wait_http,  # noqa: E402
+                        write_report)
 
 import subprocess  # noqa: E402
 
@@ -163,10 +164,7 @@ def main() -> int:
         ratio = kva["turns"]["cache_hit_rate"] / rnd["turns"]["cache_hit_rate"]
         lines += ["", f"KV-aware routing / random placement, cluster hit rate: {ratio:.2f}x "
                   "(issue 18's target: >= 2x)"]
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if a.out:
-        a.out.write_text(report)
+    write_report(lines, a.out)
     return 0
 
 

@@ -228,6 +228,14 @@ def ttft_phases(url: str) -> dict[str, tuple[float, float]]:
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
+def write_report(lines: list[str], out: Path | None) -> None:
+    """Prints the markdown report and, with --out, writes it there too."""
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if out:
+        out.write_text(report)
+
+
 def machine() -> str:
     model = "?"
     flags: set[str] = set()
@@ -335,10 +343,7 @@ def main() -> int:
         for s_, ph in phases.items():
             lines.append(f"- {s_}: " + ", ".join(
                 f"{name} {int(c)} x {tot / c:.3f}" for name, (c, tot) in sorted(ph.items()) if c))
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if a.out:
-        a.out.write_text(report)
+    write_report(lines, a.out)
     return 0
 
 

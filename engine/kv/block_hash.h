@@ -59,4 +59,19 @@ inline std::vector<uint64_t> BlockHashes(absl::Span<const int32_t> tokens, int b
   return out;
 }
 
+// How many leading full blocks of `tokens`, at most `max_blocks`, are held according to
+// `held(chain hash)` (e.g. a node's cache summary): the chain stops at the first block that is not.
+template <typename Held>
+int LeadingHeldBlocks(absl::Span<const int32_t> tokens, int block_size, int max_blocks,
+                      const Held& held) {
+  uint64_t h = kRootBlockHash;
+  int n = 0;
+  while (n < max_blocks && static_cast<size_t>(n + 1) * block_size <= tokens.size()) {
+    h = BlockHash(h, tokens.subspan(static_cast<size_t>(n) * block_size, block_size));
+    if (!held(h)) break;
+    ++n;
+  }
+  return n;
+}
+
 }  // namespace pd::engine

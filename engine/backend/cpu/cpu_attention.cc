@@ -264,6 +264,21 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
         wk = widened_kv_.data() + w.offset + (kvh * w.span() + (lo_min - w.lo)) * hd;
         wv = wk + p.n_kv_heads * w.span() * hd;
       }
+      // The tile's rows [lo_min, hi_max] of `cache` (K or V): the widened copy `w` or the
+      // cache's F32 rows into `rows`, or its F16 rows into `rows_f16`; true for F16.
+      auto gather = [&](const KvTensor& cache, const float* w) {
+        if (w != nullptr) {
+          rows.resize(static_cast<size_t>(hi_max - lo_min + 1));
+          for (int64_t j = 0; j <= hi_max - lo_min; ++j) rows[j] = w + j * hd;
+          return false;
+        }
+        if (cache.type != KvDType::kF16) {
+          row_addresses(cache, seq, kvh, lo_min, hi_max, rows);
+          return false;
+        }
+        row_addresses(cache, seq, kvh, lo_min, hi_max, rows_f16);
+        return true;
+      };
       // Pass 1: scores (ak.dots: bit for bit ak.dot per pair), -inf outside [lo, hi].
       for (int r = 0; r < nr; ++r) {
         for (int g = g0; g < g1; ++g) {
@@ -286,16 +301,8 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
       } else {
         // F32 and F16 keys, all the slice's heads per key read (F16 keys widened as loaded); a
         // tile's rows take the keys kKeyBlock at a time, each block for every row while in L1.
-        const bool f16 = wk == nullptr && k_cache.type == KvDType::kF16;
+        const bool f16 = gather(k_cache, wk);
         const int64_t n_k = hi_max - lo_min + 1;
-        if (wk != nullptr) {
-          rows.resize(static_cast<size_t>(n_k));
-          for (int64_t j = 0; j < n_k; ++j) rows[j] = wk + j * hd;
-        } else if (!f16) {
-          row_addresses(k_cache, seq, kvh, lo_min, hi_max, rows);
-        } else {
-          row_addresses(k_cache, seq, kvh, lo_min, hi_max, rows_f16);
-        }
         const int64_t block = nr == 1 ? n_k : kKeyBlock;
         for (int64_t kb = lo_min; kb <= hi_max; kb += block) {
           for (int r = 0; r < nr; ++r) {
@@ -350,16 +357,7 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
           pr[r] = sc(r, g0) + (lo[r] - a0);
           orow[r] = RowF32(out, trow[r]) + kvh * group * hd + g0 * hd;
         }
-        const bool f16 = wv == nullptr && v_cache.type == KvDType::kF16;
-        const int64_t n_v = hi_max - lo_min + 1;
-        if (wv != nullptr) {
-          rows.resize(static_cast<size_t>(n_v));
-          for (int64_t j = 0; j < n_v; ++j) rows[j] = wv + j * hd;
-        } else if (!f16) {
-          row_addresses(v_cache, seq, kvh, lo_min, hi_max, rows);
-        } else {
-          row_addresses(v_cache, seq, kvh, lo_min, hi_max, rows_f16);
-        }
+        const bool f16 = gather(v_cache, wv);
         if (nr == 1 && f16) {
           ak.vsums_f16(pr[0], span, g1 - g0, rows_f16.data(), lo[0], hi[0], static_cast<int>(n_acc),
                        hd, orow[0], hd);
