@@ -234,6 +234,13 @@ absl::Status ServeOptions::Validate() const {
                            s.token_budget));
   PD_RETURN_IF_ERROR(
       Check(s.prefill_chunk >= 1, "scheduler.prefill_chunk", "must be >= 1", s.prefill_chunk));
+  PD_RETURN_IF_ERROR(Check(s.step_time_stretch == 0 || s.step_time_stretch >= 1,
+                           "scheduler.step_time_stretch", "must be 0 (off) or >= 1",
+                           s.step_time_stretch));
+  PD_RETURN_IF_ERROR(Check(s.min_prefill_chunk >= 1, "scheduler.min_prefill_chunk",
+                           "must be >= 1", s.min_prefill_chunk));
+  PD_RETURN_IF_ERROR(Check(s.prefill_pace_steps >= 0, "scheduler.prefill_pace_steps",
+                           "must be >= 0", s.prefill_pace_steps));
   if (kv.dtype != "f16" && kv.dtype != "int8" && kv.dtype != "f32") {
     return absl::InvalidArgumentError(
         StrCat("kv.dtype: must be f16, int8 or f32 (got '", kv.dtype, "')"));
@@ -356,6 +363,9 @@ absl::StatusOr<ServeOptions> ParseServeOptions(std::string_view yaml, std::strin
       s.Get("token_budget", &o.scheduler.token_budget);
       s.Get("chunked_prefill", &o.scheduler.chunked_prefill);
       s.Get("prefill_chunk", &o.scheduler.prefill_chunk);
+      s.Get("step_time_stretch", &o.scheduler.step_time_stretch);
+      s.Get("prefill_pace_steps", &o.scheduler.prefill_pace_steps);
+      s.Get("min_prefill_chunk", &o.scheduler.min_prefill_chunk);
       s.Get("priority", &o.scheduler.priority);
       top.Merge(s);
     }

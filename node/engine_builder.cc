@@ -65,6 +65,9 @@ absl::StatusOr<ServingEngine> BuildServingEngine(const ServeOptions& o,
   so.token_budget = o.scheduler.token_budget;
   so.chunked_prefill = o.scheduler.chunked_prefill;
   so.prefill_chunk = o.scheduler.prefill_chunk;
+  so.step_time_stretch = o.scheduler.step_time_stretch;
+  so.prefill_pace_steps = o.scheduler.prefill_pace_steps;
+  so.min_prefill_chunk = o.scheduler.min_prefill_chunk;
   so.enable_priority = o.scheduler.priority;
   so.max_context = built.context;
   if (metrics != nullptr) {

@@ -97,6 +97,11 @@ absl::Status SchedulerOptions::Validate() const {
     return bad("token_budget", token_budget, ">= max_running_seqs");
   }
   if (prefill_chunk < 1) return bad("prefill_chunk", prefill_chunk, ">= 1");
+  if (!(step_time_stretch == 0 || step_time_stretch >= 1)) {
+    return bad("step_time_stretch", step_time_stretch, "0 (off) or >= 1");
+  }
+  if (min_prefill_chunk < 1) return bad("min_prefill_chunk", min_prefill_chunk, ">= 1");
+  if (prefill_pace_steps < 0) return bad("prefill_pace_steps", prefill_pace_steps, ">= 0");
   if (prefix_cache.min_free_blocks < 0) {
     return bad("prefix_cache.min_free_blocks", prefix_cache.min_free_blocks, ">= 0");
   }
@@ -653,6 +658,8 @@ void Scheduler::PlanDecode(StepPlan& plan) {
     s->planned = 1;
     s->planned_prefill = false;
     plan.budget -= 1;
+    plan.shape.decode_tokens += 1;
+    plan.shape.decode_context += s->n_computed + 1;
     plan.decode.push_back(s);
   }
 }
@@ -670,6 +677,23 @@ void Scheduler::PlanPrefill(StepPlan& plan) {
   bool any_prefill = false;
   bool admit_blocked = false;  // a waiting sequence did not fit: later ones may not overtake it
   const absl::Time now = absl::Now();
+  // Step-time budget: only while tokens decode in this step (a prompt-only step stalls nobody).
+  // Such a step takes the pending prompt tokens spread over prefill_pace_steps steps (so that
+  // a steady flow of prompts gives steps of about equal length, not a few long ones among short
+  // ones), within the time budget once the fit is ready, and at least min_prefill_chunk.
+  const bool timed = options_.chunked_prefill && options_.step_time_stretch > 0 &&
+                     !plan.decode.empty();
+  const double budget_s =
+      timed && step_time_.ready() ? options_.step_time_stretch * step_time_.TypicalDecodeStep()
+                                  : 0;
+  int paced = INT_MAX;  // prompt tokens for this step by pacing
+  if (timed && options_.prefill_pace_steps > 0) {
+    int64_t pending = 0;
+    for (const Sequence* s : candidates) pending += s->remaining();
+    paced = static_cast<int>(std::min<int64_t>(
+        INT_MAX, (pending + options_.prefill_pace_steps - 1) / options_.prefill_pace_steps));
+  }
+  int timed_tokens = 0;  // prompt tokens the time budget allowed so far
   for (Sequence* s : candidates) {
     const bool admitted = s->running;
     if (!admitted && (admit_blocked || s->preempted_step == step_no_)) continue;  // or preempted
@@ -681,6 +705,19 @@ void Scheduler::PlanPrefill(StepPlan& plan) {
       want = std::min({want, options_.prefill_chunk, plan.budget});
     } else if (want > plan.budget && any_prefill) {
       want = 0;  // the whole prompt in a later step, alone if need be
+    }
+    // Before any preemption for room: a chunk the time budget drops needs no blocks.
+    bool out_of_time = false;
+    if (timed && want > 0) {
+      int allowed = std::min(want, std::max(0, paced - timed_tokens));
+      if (step_time_.ready()) {
+        allowed = step_time_.MaxPrefill(plan.shape, s->n_computed, allowed, budget_s);
+      }
+      allowed = std::max(allowed, std::min(want, options_.min_prefill_chunk - timed_tokens));
+      out_of_time = allowed < want;
+      want = allowed;
+      timed_tokens += want;
+      plan.prefill_time_limited |= out_of_time;
     }
     auto room = [&] {  // tokens it can compute with its blocks and the free ones
       return kv_->Capacity(s->kv_id) + kv_->free_blocks() * block_size_ - s->n_computed;
@@ -696,6 +733,13 @@ void Scheduler::PlanPrefill(StepPlan& plan) {
     }
     if (want > 0) {
       want = options_.chunked_prefill ? std::min(want, room()) : (room() >= want ? want : 0);
+    }
+    if (want <= 0 && out_of_time) {
+      if (!admitted) {
+        kv_->Free(s->kv_id);  // the cached blocks it took, back to the cache
+        s->n_computed = 0;
+      }
+      break;  // the step is full in time; later sequences wait as well
     }
     if (want <= 0) {
       if (!admitted) {
@@ -715,8 +759,10 @@ void Scheduler::PlanPrefill(StepPlan& plan) {
     s->planned = want;
     s->planned_prefill = true;
     plan.budget -= want;
+    plan.shape.AddChunk(s->n_computed, want);
     any_prefill = true;
     plan.prefill.push_back(s);
+    if (out_of_time) break;
   }
 }
 
@@ -806,6 +852,20 @@ StepStats Scheduler::RunStep() {
   // Idle cached blocks to INT8 (prefix_cache.compress_idle_ms), a bounded number per step.
   kv_->CompressIdle(absl::Now(), kCompressPerStep);
   stats.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  stats.prefill_time_limited = plan.prefill_time_limited;
+  if (stats.prefill_tokens > 0 && stats.decode_tokens > 0) {
+    PD_LOG(kDebug, "step ", step_no_, ": ", stats.decode_tokens, " decode + ",
+           stats.prefill_tokens, " prompt tokens in ", stats.seconds * 1e3, " ms (fit ",
+           step_time_.ready() ? "ready" : "not ready", ", predicted ",
+           step_time_.Predict(plan.shape) * 1e3, " ms, median step ",
+           step_time_.TypicalDecodeStep() * 1e3, " ms", plan.prefill_time_limited ? ", cut" : "",
+           ")");
+  }
+  if (!stats.batch.empty()) {
+    step_time_.Observe(plan.shape, options_.step_time_source
+                                       ? options_.step_time_source(plan.shape)
+                                       : stats.seconds);
+  }
   Publish(&stats);
   if (!stats.batch.empty() && options_.step_observer) options_.step_observer(stats);
   Deliver();

@@ -39,6 +39,7 @@
 #include "engine/runtime/model.h"
 #include "engine/sched/engine_api.h"
 #include "engine/sched/sampler.h"
+#include "engine/sched/step_time.h"
 
 namespace pd::engine {
 
@@ -56,6 +57,8 @@ struct StepStats {
   int decode_tokens = 0;   // decode tokens computed in the step (one per decoding sequence)
   double seconds = 0;      // wall time of the step: intake, scheduling, forward, sampling
   int preemptions = 0;     // sequences whose KV was dropped in this step
+  // The step-time budget cut this step's prompt tokens (SchedulerOptions::step_time_stretch).
+  bool prefill_time_limited = false;
   std::vector<StepSequence> batch;  // batch composition: decode tokens first, then chunks
   EngineLoad load;                  // the load after the step
 };
@@ -86,6 +89,17 @@ struct SchedulerOptions {
   // by decode tokens. Off: a prompt runs whole in one step (alone if it exceeds the budget).
   bool chunked_prefill = true;
   int prefill_chunk = 512;
+  // Step-time budget (docs/scheduler.md): while sequences decode, a step takes the pending prompt
+  // tokens spread over `prefill_pace_steps` steps (0: no pacing), capped so that the step's
+  // predicted time stays <= step_time_stretch x the median recent step (a fit of step times
+  // learned online), but at least `min_prefill_chunk` tokens so that prompts always progress.
+  // step_time_stretch 0 = all of this off: chunks of `prefill_chunk` whatever they cost.
+  double step_time_stretch = 1.4;
+  int prefill_pace_steps = 8;
+  int min_prefill_chunk = 16;
+  // The seconds the step-time fit learns for a step of this shape; empty (the normal case): the
+  // step's measured wall time. Tests set it to model a machine with known costs.
+  std::function<double(const StepShape&)> step_time_source;
   // On: higher GenerationRequest::priority is admitted first and preempted last; off: FCFS.
   bool enable_priority = true;
   // Prompt + max_tokens accepted; 0 = the model's trained context. Capped by the KV capacity.
@@ -242,6 +256,8 @@ class Scheduler final : public GenerationEngine {
     std::vector<Sequence*> prefill;  // a chunk each
     int budget = 0;                  // tokens left
     int preemptions = 0;
+    StepShape shape;                 // what the step computes, for the step-time fit
+    bool prefill_time_limited = false;
   };
 
   void Loop();
@@ -293,6 +309,7 @@ class Scheduler final : public GenerationEngine {
   absl::Time summary_time_ = absl::InfinitePast();
   int64_t next_admission_ = 0;
   int64_t step_no_ = 0;
+  StepTimeModel step_time_;  // step cost fit for the step-time budget
 
   mutable absl::Mutex mu_;
   absl::CondVar wake_;

@@ -55,6 +55,9 @@ TEST(ConfigTest, ServeYamlShowsTheDefaults) {
   EXPECT_EQ(a.scheduler.token_budget, b.scheduler.token_budget);
   EXPECT_EQ(a.scheduler.chunked_prefill, b.scheduler.chunked_prefill);
   EXPECT_EQ(a.scheduler.prefill_chunk, b.scheduler.prefill_chunk);
+  EXPECT_EQ(a.scheduler.step_time_stretch, b.scheduler.step_time_stretch);
+  EXPECT_EQ(a.scheduler.min_prefill_chunk, b.scheduler.min_prefill_chunk);
+  EXPECT_EQ(a.scheduler.prefill_pace_steps, b.scheduler.prefill_pace_steps);
   EXPECT_EQ(a.scheduler.priority, b.scheduler.priority);
   EXPECT_EQ(a.kv.dtype, b.kv.dtype);
   EXPECT_EQ(a.kv.memory_mib, b.kv.memory_mib);
@@ -108,6 +111,9 @@ scheduler:
   token_budget: 64
   chunked_prefill: no
   prefill_chunk: 32
+  step_time_stretch: 1.25
+  min_prefill_chunk: 8
+  prefill_pace_steps: 4
   priority: false
 kv: {dtype: int8, memory_mib: 64, block_size: 32}
 prefix_cache: {enabled: false, min_free_blocks: 5, summary_blocks: 10}
@@ -135,6 +141,9 @@ shutdown_grace_s: 0.5
   EXPECT_EQ(o->scheduler.token_budget, 64);
   EXPECT_FALSE(o->scheduler.chunked_prefill);
   EXPECT_EQ(o->scheduler.prefill_chunk, 32);
+  EXPECT_EQ(o->scheduler.step_time_stretch, 1.25);
+  EXPECT_EQ(o->scheduler.min_prefill_chunk, 8);
+  EXPECT_EQ(o->scheduler.prefill_pace_steps, 4);
   EXPECT_FALSE(o->scheduler.priority);
   EXPECT_EQ(o->kv.dtype, "int8");
   EXPECT_EQ(o->kv.memory_mib, 64);
@@ -199,6 +208,10 @@ TEST(ConfigTest, ValidateNamesTheField) {
   bad("scheduler: {max_running_seqs: 0}", "scheduler.max_running_seqs");
   bad("scheduler: {max_running_seqs: 8, token_budget: 4}", "scheduler.token_budget");
   bad("scheduler: {prefill_chunk: 0}", "scheduler.prefill_chunk");
+  bad("scheduler: {step_time_stretch: 0.5}", "scheduler.step_time_stretch");
+  bad("scheduler: {step_time_stretch: fast}", "scheduler.step_time_stretch");
+  bad("scheduler: {min_prefill_chunk: 0}", "scheduler.min_prefill_chunk");
+  bad("scheduler: {prefill_pace_steps: -1}", "scheduler.prefill_pace_steps");
   bad("scheduler: {max_waiting: -1}", "scheduler.max_waiting");
   bad("limits: {default_max_tokens: 0}", "limits.default_max_tokens");
   bad("limits: {default_max_tokens: 100, max_tokens: 10}", "limits.max_tokens");

@@ -380,6 +380,162 @@ TEST(SchedulerTest, ChunkedPrefillNeverStallsRunningStreams) {
   ExpectAllBlocksFree(*sched);
 }
 
+// The step-time budget (SchedulerOptions::step_time_stretch) on a modelled machine whose steps
+// cost 1 ms + 1 ms per decode token + 0.5 ms per prompt token: a prompt that arrives while
+// streams decode is cut so that no step takes more than the stretch times the median recent
+// step, the prompt still progresses by at least min_prefill_chunk tokens per step, a step with
+// nothing decoding takes whole chunks, and every output is the one the request gets alone.
+struct TimedRun {
+  std::vector<StepStats> steps;
+  std::vector<std::vector<int32_t>> outputs;
+};
+
+TimedRun RunTimed(Env& env, const std::vector<GenerationRequest>& reqs, double stretch,
+                  std::vector<double>* step_costs) {
+  auto cost = [](const StepShape& s) {
+    return 1e-3 + 1e-3 * s.decode_tokens + 0.5e-3 * s.prefill_tokens;
+  };
+  SchedulerOptions o = Small(/*threaded=*/false);
+  o.kv_blocks = 128;
+  o.token_budget = 128;
+  o.prefill_chunk = 64;
+  o.step_time_stretch = stretch;
+  o.min_prefill_chunk = 2;
+  o.step_time_source = cost;
+  auto sched = MakeScheduler(env, o);
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  TimedRun run;
+  // Requests 0..n-2 arrive one per step (so that the fit sees prompt steps next to decode
+  // steps); the last one, the long prompt, after 24 steps, when the others all decode.
+  for (int step = 0; step < 400; ++step) {
+    const size_t next = sinks.size();
+    if (next + 1 < reqs.size() || (next + 1 == reqs.size() && step == 24)) {
+      sinks.push_back(std::make_shared<RecordingSink>());
+      PD_CHECK_OK(sched->Submit(reqs[next], sinks.back()));
+    }
+    const EngineLoad load = sched->Load();
+    if (sinks.size() == reqs.size() && load.running == 0 && load.waiting == 0) break;
+    StepStats st = sched->Step();
+    StepShape shape;
+    shape.decode_tokens = st.decode_tokens;
+    shape.prefill_tokens = st.prefill_tokens;
+    if (step_costs != nullptr && !st.batch.empty()) step_costs->push_back(cost(shape));
+    run.steps.push_back(std::move(st));
+  }
+  for (auto& s : sinks) {
+    EXPECT_TRUE(s->finished());
+    run.outputs.push_back(s->tokens());
+  }
+  ExpectAllBlocksFree(*sched);
+  return run;
+}
+
+TEST(SchedulerTest, StepTimeBudgetCutsChunksThatWouldStallStreams) {
+  auto env = MakeEnv();
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 5; ++i) reqs.push_back(Req("d" + std::to_string(i), Prompt(6, 10 + i), 60));
+  reqs.push_back(Req("long", Prompt(120, 99), 4));
+  std::vector<double> costs;
+  const TimedRun timed = RunTimed(*env, reqs, /*stretch=*/1.5, &costs);
+  const TimedRun untimed = RunTimed(*env, reqs, /*stretch=*/0, nullptr);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(timed.outputs[i], Reference(*env, reqs[i])) << reqs[i].id;
+    EXPECT_EQ(untimed.outputs[i], timed.outputs[i]) << reqs[i].id;
+  }
+  // Off: the long prompt runs in chunks of 64 beside the decodes (a 38 ms step next to 6 ms ones).
+  int untimed_max = 0;
+  for (const StepStats& s : untimed.steps) untimed_max = std::max(untimed_max, s.prefill_tokens);
+  EXPECT_EQ(untimed_max, 64);
+  // On: each step that carries prompt tokens next to decode tokens costs at most 1.5x the median
+  // of the last 64 decode-carrying steps before it, or carries only the min_prefill_chunk floor
+  // (as every such step does before the fit is ready).
+  int limited = 0;
+  std::vector<double> decode_costs;
+  size_t k = 0;  // index into costs (steps with a batch)
+  for (const StepStats& s : timed.steps) {
+    if (s.batch.empty()) continue;
+    const double c = costs[k++];
+    if (s.prefill_time_limited) {
+      ++limited;
+      EXPECT_GT(s.decode_tokens, 0);
+      if (decode_costs.empty()) {  // the first step beside a decode: the floor only
+        EXPECT_EQ(s.prefill_tokens, 2);
+        decode_costs.push_back(c);
+        continue;
+      }
+      std::vector<double> window(decode_costs.end() - std::min<size_t>(64, decode_costs.size()),
+                                 decode_costs.end());
+      std::nth_element(window.begin(), window.begin() + window.size() / 2, window.end());
+      const double median = window[window.size() / 2];
+      EXPECT_TRUE(c <= 1.5 * median * (1 + 1e-9) || s.prefill_tokens <= 2)
+          << "step cost " << c << " > 1.5 x median " << median << " with " << s.prefill_tokens
+          << " prompt tokens";
+      EXPECT_GE(s.prefill_tokens, 2) << "below min_prefill_chunk";
+    }
+    if (s.decode_tokens > 0) decode_costs.push_back(c);
+  }
+  // 5 decoding streams: 6 ms steps, budget 9 ms, 6 prompt tokens a step for the 120-token prompt.
+  EXPECT_GE(limited, 10) << "the long prompt was not cut by time";
+}
+
+TEST(SchedulerTest, PromptWorkIsPacedOverSteps) {
+  auto env = MakeEnv();
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 5; ++i) reqs.push_back(Req("d" + std::to_string(i), Prompt(6, 30 + i), 60));
+  reqs.push_back(Req("long", Prompt(120, 98), 4));
+  // A stretch this large never binds: what is left is pacing, ceil(pending / 8) prompt tokens a
+  // step while streams decode (at least min_prefill_chunk = 2).
+  const TimedRun run = RunTimed(*env, reqs, /*stretch=*/1000, nullptr);
+  std::vector<int> long_chunks;
+  for (const StepStats& s : run.steps) {
+    for (const StepSequence& q : s.batch) {
+      if (q.id == "long" && q.prefill) long_chunks.push_back(q.tokens);
+    }
+  }
+  std::vector<int> want;
+  for (int left = 120; left > 0;) {
+    const int take = std::min(left, std::max(2, (left + 7) / 8));
+    want.push_back(take);
+    left -= take;
+  }
+  EXPECT_EQ(long_chunks, want);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(run.outputs[i], Reference(*env, reqs[i])) << reqs[i].id;
+  }
+}
+
+TEST(SchedulerTest, StepTimeBudgetLeavesPromptOnlyStepsWhole) {
+  auto env = MakeEnv();
+  // Train the fit on decode steps and prompt steps, then let everything finish: a prompt that
+  // arrives when nothing decodes runs in whole chunks.
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 5; ++i) reqs.push_back(Req("d" + std::to_string(i), Prompt(6, 20 + i), 20));
+  reqs.push_back(Req("late", Prompt(100, 7), 2));
+  SchedulerOptions o = Small(/*threaded=*/false);
+  o.kv_blocks = 128;
+  o.token_budget = 128;
+  o.prefill_chunk = 64;
+  o.min_prefill_chunk = 2;
+  o.step_time_source = [](const StepShape& s) {
+    return 1e-3 + 1e-3 * s.decode_tokens + 0.5e-3 * s.prefill_tokens;
+  };
+  auto sched = MakeScheduler(*env, o);
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (size_t i = 0; i + 1 < reqs.size(); ++i) {
+    sinks.push_back(std::make_shared<RecordingSink>());
+    PD_ASSERT_OK(sched->Submit(reqs[i], sinks.back()));
+    sched->Step();
+  }
+  RunToIdle(*sched);
+  sinks.push_back(std::make_shared<RecordingSink>());
+  PD_ASSERT_OK(sched->Submit(reqs.back(), sinks.back()));
+  const StepStats first = sched->Step();
+  EXPECT_EQ(first.prefill_tokens, 64);
+  EXPECT_FALSE(first.prefill_time_limited);
+  RunToIdle(*sched);
+  EXPECT_EQ(sinks.back()->tokens(), Reference(*env, reqs.back()));
+}
+
 TEST(SchedulerTest, PrefillChunkSplitsPromptsAcrossSequences) {
   auto env = MakeEnv();
   SchedulerOptions o = Small(/*threaded=*/false);
