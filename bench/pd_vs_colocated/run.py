@@ -10,8 +10,9 @@ Workload (pd-bench, streaming gRPC by default, Poisson arrivals, seeded, identic
 and lengths for both systems at a given rate): a shared Poisson process split by weight into
   chat  prompt uniform 50-200 tokens, output uniform 64-128 tokens (weight 0.85)
   long  prompt uniform 2048-4096 tokens, output 16 tokens        (weight 0.15)
-at each rate in --rates for --duration seconds (no new request after it; every request has
---timeout seconds, a late one is a failure). Each (rate, system) run starts the system afresh,
+at each rate in --rates for --duration seconds, or longer so that --min-requests (50) arrive (no
+new request after it; every request has --timeout seconds, a late one is a failure), once per
+seed in --seeds (1,2,3); percentiles pool the seeds, with 95 % bootstrap intervals. Each (rate, system) run starts the system afresh,
 primes it with one tiny request, snapshots /metrics, runs pd-bench, snapshots /metrics, stops it.
 Runs are interleaved (rate 1 colocated, rate 1 disaggregated, rate 2 ...) so that a drift in the
 machine's load hits both systems alike.
@@ -24,7 +25,7 @@ for every request. A system sustains a rate when it keeps up with it: >= --susta
 the requests sent complete (no error or timeout) and the chat requests' median TTFT stays within
 their TTFT SLO (under overload the queue, and with it the median, runs away). Target (the
 issue): at the highest rate both sustain, p99 TPOT disaggregated <= 0.5 x colocated, with goodput
-no lower.
+no lower, and intervals that do not overlap.
 
 Which path the cluster took is read from /metrics: the router's
 pdserve_router_placements_total{role="prefill"} (0 = every request was prefilled by its decode
@@ -294,8 +295,14 @@ def path_info(before, after):
     return info
 
 
-def run_one(args, system_cls, rate, cfg, outdir):
-    name = f"{system_cls.name}_r{rate:g}"
+def window_s(args, rate):
+    """The arrival window at `rate`: --duration, or longer so that about --min-requests arrive."""
+    return max(args.duration, args.min_requests / rate if rate > 0 else 0.0)
+
+
+def run_one(args, system_cls, rate, seed, cfg, outdir):
+    name = f"{system_cls.name}_r{rate:g}_s{seed}"
+    duration = window_s(args, rate)
     rundir = os.path.join(outdir, name)
     os.makedirs(rundir, exist_ok=True)
     load_before = load_avg()
@@ -309,13 +316,13 @@ def run_one(args, system_cls, rate, cfg, outdir):
         before = {k: get_metrics(u) for k, u in sysobj.metric_urls.items()}
         jpath = os.path.join(rundir, "pd-bench.json")
         cmd = [args.bench, "--api", args.api, "--target", target, "--rate", f"{rate:g}",
-               "--duration", f"{args.duration:g}", "--seed", str(args.seed), "--mix",
+               "--duration", f"{duration:g}", "--seed", str(seed), "--mix",
                mix_spec(args), "--timeout", f"{args.timeout:g}", "--no-progress",
                "--save-requests", "--json", jpath]
         log(f"{name}: {shlex.join(cmd)}")
         t0 = time.time()
         r = subprocess.run(cmd, capture_output=True, text=True,
-                           timeout=args.duration + args.timeout + 120)
+                           timeout=duration + args.timeout + 120)
         wall = time.time() - t0
         with open(os.path.join(rundir, "pd-bench.txt"), "w") as f:
             f.write(r.stdout + r.stderr)
@@ -331,7 +338,8 @@ def run_one(args, system_cls, rate, cfg, outdir):
     with open(jpath) as f:
         res = json.load(f)
     res["_run"] = {
-        "name": name, "system": system_cls.name, "rate": rate, "system_cmd": shlex.join(sysobj.cmd),
+        "name": name, "system": system_cls.name, "rate": rate, "seed": seed,
+        "duration": duration, "system_cmd": shlex.join(sysobj.cmd),
         "bench_cmd": shlex.join(cmd), "bench_wall_s": wall, "run_wall_s": time.time() - t_start,
         "load_before": load_before, "load_after": load_avg(), "pinning": sysobj.pinning,
         "path": path_info(before, after) if system_cls is Disaggregated else None,
@@ -356,18 +364,31 @@ def fmt(x, nd=0):
 
 
 def analyse(results, args):
-    """{rate: {system: {"all": summary, "chat": ..., "long": ..., "_run": ...}}}"""
+    """{rate: {system: {"all": summary, "chat": ..., "long": ..., "_run": first run,
+    "groups": [records of each seed's run], "window_s": arrival windows summed, "seeds": [...]}}},
+    the summaries over the records of every seed's run pooled."""
     slo = slo_of(args)
-    by_rate = {}
+    pooled = {}
     for res in results:
         run = res["_run"]
-        recs = res.get("requests", [])
-        window = float(res.get("config", {}).get("duration_s") or args.duration)
-        entry = {"all": stats.summarize(recs, window, slo),
-                 "chat": stats.summarize(recs, window, slo, {"chat"}),
-                 "long": stats.summarize(recs, window, slo, {"long"}), "_run": run}
-        by_rate.setdefault(run["rate"], {})[run["system"]] = entry
-    return by_rate
+        window = float(run.get("duration") or res.get("config", {}).get("duration_s")
+                       or args.duration)
+        e = pooled.setdefault(run["rate"], {}).setdefault(
+            run["system"], {"_run": run, "groups": [], "window_s": 0.0, "seeds": []})
+        e["groups"].append(res.get("requests", []))
+        e["window_s"] += window
+        e["seeds"].append(run.get("seed", args.seed))
+    for systems in pooled.values():
+        for e in systems.values():
+            recs = [r for g in e["groups"] for r in g]
+            e["all"] = stats.summarize(recs, e["window_s"], slo)
+            e["chat"] = stats.summarize(recs, e["window_s"], slo, {"chat"})
+            e["long"] = stats.summarize(recs, e["window_s"], slo, {"long"})
+    return pooled
+
+
+def fmt_ci(ci, nd=0):
+    return "-" if ci is None else f"[{ci[0]:.{nd}f}, {ci[1]:.{nd}f}]"
 
 
 def report(by_rate, args, meta):
@@ -406,19 +427,58 @@ def report(by_rate, args, meta):
                  f"| {fmt(stats.ratio(g['tpot_ms']['p99'], c['tpot_ms']['p99']), 2)} "
                  f"| {fmt(c['goodput'], 3)} | {fmt(g['goodput'], 3)} | {'yes' if both else 'no'} "
                  f"| {path} |")
+    L.append("")
+    L.append("95 % bootstrap intervals (requests resampled within each seed's run, the two "
+             "systems independently):")
+    L.append("")
+    L.append("| rate req/s | seeds | requests coloc / disagg | p99 TPOT colocated ms | "
+             "p99 TPOT disaggregated ms | ratio [95 % CI] | goodput colocated | "
+             "goodput disaggregated |")
+    L.append("|" + "---|" * 8)
+    cis = {}
+    for rate in sorted(by_rate):
+        d = by_rate[rate]
+        if not all(s in d for s in SYSTEMS):
+            continue
+        e = stats.evaluate_target_ci({s: d[s]["groups"] for s in SYSTEMS}, slo,
+                                     d["colocated"]["window_s"], rate)
+        cis[rate] = e
+        L.append(f"| {rate:g} | {e['seeds']} | {d['colocated']['all']['sent']} / "
+                 f"{d['disaggregated']['all']['sent']} "
+                 f"| {fmt(e['tpot_p99_colocated'], 1)} {fmt_ci(e['tpot_p99_colocated_ci'], 1)} "
+                 f"| {fmt(e['tpot_p99_disaggregated'], 1)} "
+                 f"{fmt_ci(e['tpot_p99_disaggregated_ci'], 1)} "
+                 f"| {fmt(e['tpot_p99_ratio'], 2)} {fmt_ci(e['tpot_p99_ratio_ci'], 2)} "
+                 f"| {fmt(e['goodput_colocated'], 3)} {fmt_ci(e['goodput_colocated_ci'], 3)} "
+                 f"| {fmt(e['goodput_disaggregated'], 3)} "
+                 f"{fmt_ci(e['goodput_disaggregated_ci'], 3)} |")
     ratios = "\n".join(L)
+    if verdict["rate"] is not None and verdict["rate"] in cis:
+        e = cis[verdict["rate"]]
+        verdict["ci"] = e
+        verdict["tpot_point_ok"] = verdict["tpot_ok"]
+        verdict["met"] = bool(e["met"])
+        verdict["tpot_ok"] = bool(e["tpot_ok"])
     if verdict["rate"] is None:
         v = ("**No rate is sustained by both systems**: the target cannot be evaluated; "
              "lower the rates.")
     else:
         v = ("Highest rate both sustain: "
              f"**{verdict['rate']:g} req/s**. p99 TPOT disaggregated / colocated = "
-             f"**{fmt(verdict['tpot_p99_ratio'], 2)}** (target <= 0.5: "
-             f"{'met' if verdict['tpot_ok'] else 'missed'}); goodput disaggregated "
+             f"**{fmt(verdict['tpot_p99_ratio'], 2)}** (point estimate <= 0.5: "
+             f"{'yes' if verdict.get('tpot_point_ok', verdict['tpot_ok']) else 'no'}); "
+             "goodput disaggregated "
              f"{fmt(verdict['goodput_disaggregated'], 3)} vs colocated "
              f"{fmt(verdict['goodput_colocated'], 3)} req/s (no lower: "
-             f"{'met' if verdict['goodput_ok'] else 'missed'}). **Target "
-             f"{'MET' if verdict['met'] else 'NOT MET'}.**")
+             f"{'met' if verdict['goodput_ok'] else 'missed'}). "
+             + (f"With intervals: disaggregated p99 TPOT "
+                f"{fmt_ci(verdict['ci']['tpot_p99_disaggregated_ci'], 1)} ms vs 0.5 x colocated "
+                f"{fmt_ci(tuple(0.5 * x for x in verdict['ci']['tpot_p99_colocated_ci']), 1)} ms "
+                f"({'no overlap' if verdict['ci']['tpot_ok'] else 'not separated'}), ratio 95 % CI "
+                f"{fmt_ci(verdict['ci']['tpot_p99_ratio_ci'], 2)}, over "
+                f"{verdict['ci']['seeds']} seed(s). "
+                if verdict.get("ci") and verdict["ci"]["tpot_p99_colocated_ci"] else "")
+             + f"**Target {'MET' if verdict['met'] else 'NOT MET'}.**")
     return table, ratios, v, verdict, slo.describe()
 
 
@@ -504,12 +564,13 @@ def write_markdown(path, by_rate, args, meta, png_ok):
           f"`{json.dumps(pins)}`", "",
           "## Workload and SLO", "",
           f"pd-bench `--api {args.api} --mix \"{mix_spec(args)}\" --rate R --duration "
-          f"{args.duration:g} --seed {args.seed} --timeout {args.timeout:g}`: one Poisson "
+          f"max({args.duration:g}, {args.min_requests}/R) --seed S --timeout {args.timeout:g}` "
+          f"for each seed S in {args.seeds}: one Poisson "
           "process split by weight, the same arrival times and lengths for both systems at each "
           "rate; every request streamed with `ignore_eos`. Config for every daemon:", "",
           "```yaml", meta["config"].strip(), "```", "",
-          f"SLO: {slo_text}. Goodput = requests meeting it / {args.duration:g} s (the arrival "
-          f"window); attainment = those / requests sent (failed and timed-out requests count "
+          f"SLO: {slo_text}. Goodput = requests meeting it / the arrival windows (summed over "
+          f"seeds); attainment = those / requests sent (failed and timed-out requests count "
           f"as missing it). A system sustains a rate when >= "
           f"{100 * args.sustain_completed:.0f} % of the requests sent complete and the chat "
           f"requests' median TTFT is <= {args.slo_ttft_chat_ms:g} ms (it keeps up; latency "
@@ -517,9 +578,11 @@ def write_markdown(path, by_rate, args, meta, png_ok):
           "request; percentiles over requests, linear interpolation.", "",
           "## Results", "", table, "", ratios, "",
           "Raw pd-bench JSON (per-request records), /metrics snapshots and daemon logs: "
-          f"`{os.path.relpath(args.out, ROOT)}/`. Few requests per run (rate x "
-          f"{args.duration:g} s): a p99 is close to the maximum; the paired arrivals make the "
-          "two systems' numbers comparable run by run.", ""]
+          f"`{os.path.relpath(args.out, ROOT)}/`. Percentiles pool every seed's requests; "
+          "the intervals are 95 % percentile-bootstrap intervals (2,000 resamples, requests "
+          "resampled within each seed's run). With few requests a p99 is close to the maximum "
+          "and its interval is wide: the target counts as met only when the intervals separate.",
+          ""]
     with open(path, "w") as f:
         f.write("\n".join(md))
     return verdict, table, ratios, verdict_line
@@ -539,7 +602,14 @@ def main():
     ap.add_argument("--rates", help="req/s, comma-separated (default 0.08,0.12,0.16,0.2)")
     ap.add_argument("--duration", type=float, help="arrival window per run in s (default 65)")
     ap.add_argument("--timeout", type=float, help="per request, s (default 75)")
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1, help="the seed of runs saved without one")
+    ap.add_argument("--seeds", default=None,
+                    help="pd-bench seeds: every (rate, system) runs once per seed, the records "
+                    "are pooled, and intervals resample within each seed's run (default 1,2,3; "
+                    "--quick: 1)")
+    ap.add_argument("--min-requests", type=int, default=None,
+                    help="arrival window per run at least this many / rate seconds (default 50; "
+                    "--quick: 0)")
     ap.add_argument("--long-frac", type=float, default=0.15, help="share of long prompts")
     ap.add_argument("--chat-prompt", default="uniform:50:200")
     ap.add_argument("--chat-output", default="uniform:64:128")
@@ -576,6 +646,8 @@ def main():
     q = args.quick
     args.rates = args.rates or ("0.1,0.25" if q else "0.08,0.12,0.16,0.2")
     args.duration = args.duration or (20.0 if q else 65.0)
+    args.seeds = args.seeds or ("1" if q else "1,2,3")
+    args.min_requests = args.min_requests if args.min_requests is not None else (0 if q else 50)
     args.timeout = args.timeout or (40.0 if q else 75.0)
     args.long_prompt = args.long_prompt or ("uniform:2048:2560" if q else "uniform:2048:4096")
     args.bench = args.bench or os.path.join(args.bin_dir, "pd-bench")
@@ -590,7 +662,8 @@ def main():
         with open(meta_path) as f:
             meta = json.load(f)
         # The workload as run; the SLO and --sustain-completed as given now (re-evaluation).
-        for k in ("api", "rates", "duration", "timeout", "seed", "long_frac", "chat_prompt",
+        for k in ("api", "rates", "duration", "timeout", "seed", "seeds", "min_requests",
+                  "long_frac", "chat_prompt",
                   "chat_output", "long_prompt", "long_output"):
             if k in meta.get("args", {}):
                 setattr(args, k, meta["args"][k])
@@ -623,9 +696,11 @@ def main():
         wanted = [systems[s] for s in args.systems.split(",")]
         t0 = time.time()
         results = []
-        for rate in [float(x) for x in args.rates.split(",")]:
-            for cls in wanted:
-                results.append(run_one(args, cls, rate, cfg, args.out))
+        seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+        for seed in seeds:
+            for rate in [float(x) for x in args.rates.split(",")]:
+                for cls in wanted:
+                    results.append(run_one(args, cls, rate, seed, cfg, args.out))
         meta.update(load_after=load_avg(), wall_s=time.time() - t0)
         with open(meta_path, "w") as f:
             json.dump(meta, f, indent=1)

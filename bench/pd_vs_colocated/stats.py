@@ -10,6 +10,7 @@ None), "tpot_s" (float or None: requests with one output token have none), "erro
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass, field
 
 
@@ -151,6 +152,110 @@ def evaluate_target(by_rate, min_completed, max_ttft_p50_ms, max_tpot_ratio=0.5)
     out["tpot_ok"] = r is not None and r <= max_tpot_ratio
     out["goodput_ok"] = (c["goodput"] is not None and d["goodput"] is not None
                          and d["goodput"] >= c["goodput"])
+    out["met"] = out["tpot_ok"] and out["goodput_ok"]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Confidence intervals (issue 19: ">= 50 requests per rate, at least 3 seeds, and bootstrap
+# confidence intervals on every percentile").
+
+
+def _resample(groups, rng):
+    """One bootstrap resample of records kept in groups (one group per seed's run): each group is
+    resampled with replacement to its own size, so that every resample has each seed's share and
+    a seed whose run went differently (a busier machine) cannot vanish or dominate by chance."""
+    out = []
+    for g in groups:
+        out.extend(g[rng.randrange(len(g))] for _ in range(len(g)))
+    return out
+
+
+def bootstrap_ci(groups, statistic, n_boot=2000, level=0.95, seed=0):
+    """Percentile-bootstrap interval (lo, hi) of statistic(records) over the records in `groups`
+    (a list of lists; empty groups are dropped). None when there are no records or the statistic
+    is None on the data. Resamples where the statistic is None (say, no TPOT in a resample) are
+    skipped; an interval needs most resamples to have one."""
+    groups = [list(g) for g in groups if g]
+    if not groups or statistic([r for g in groups for r in g]) is None:
+        return None
+    rng = random.Random(seed)
+    vals = []
+    for _ in range(n_boot):
+        v = statistic(_resample(groups, rng))
+        if v is not None:
+            vals.append(v)
+    if len(vals) < 0.9 * n_boot:
+        return None
+    a = (1.0 - level) / 2.0
+    return percentile(vals, a), percentile(vals, 1.0 - a)
+
+
+def ratio_ci(groups_num, groups_den, statistic, n_boot=2000, level=0.95, seed=0):
+    """Interval of statistic(num) / statistic(den), the two systems resampled independently
+    (their requests are different requests; only the arrival times are shared)."""
+    num = [list(g) for g in groups_num if g]
+    den = [list(g) for g in groups_den if g]
+    if not num or not den:
+        return None
+    rng = random.Random(seed)
+    vals = []
+    for _ in range(n_boot):
+        r = ratio(statistic(_resample(num, rng)), statistic(_resample(den, rng)))
+        if r is not None:
+            vals.append(r)
+    if len(vals) < 0.9 * n_boot:
+        return None
+    a = (1.0 - level) / 2.0
+    return percentile(vals, a), percentile(vals, 1.0 - a)
+
+
+def tpot_ms_quantile(q):
+    """statistic: the q-quantile of the completed requests' TPOT in ms."""
+    def f(recs):
+        return percentile([1000.0 * r["tpot_s"] for r in recs
+                           if r.get("ok") and r.get("tpot_s") is not None], q)
+    return f
+
+
+def goodput_of(slo, duration_s):
+    """statistic: requests meeting `slo` per second of `duration_s` (the arrival windows of all
+    the runs pooled)."""
+    def f(recs):
+        return sum(1 for r in recs if meets_slo(r, slo)) / duration_s if duration_s else None
+    return f
+
+
+def evaluate_target_ci(runs, slo, duration_s, rate, max_tpot_ratio=0.5, n_boot=2000, seed=0):
+    """The target at `rate` with intervals. runs: {"colocated": [records of each seed's run],
+    "disaggregated": [...]} (lists of record lists); duration_s: the arrival windows summed over
+    seeds (the same for both systems). Met when the 95 % interval of the disaggregated p99 TPOT
+    lies below max_tpot_ratio x the interval of the colocated one (the intervals do not
+    overlap) and the disaggregated goodput is no lower (point estimates; the goodput
+    intervals are reported beside them)."""
+    c, d = runs["colocated"], runs["disaggregated"]
+    p99 = tpot_ms_quantile(0.99)
+    pooled_c = [r for g in c for r in g]
+    pooled_d = [r for g in d for r in g]
+    gp = goodput_of(slo, duration_s)
+    out = {
+        "rate": rate, "max_tpot_ratio": max_tpot_ratio,
+        "tpot_p99_colocated": p99(pooled_c), "tpot_p99_disaggregated": p99(pooled_d),
+        "tpot_p99_colocated_ci": bootstrap_ci(c, p99, n_boot, seed=seed),
+        "tpot_p99_disaggregated_ci": bootstrap_ci(d, p99, n_boot, seed=seed + 1),
+        "tpot_p99_ratio_ci": ratio_ci(d, c, p99, n_boot, seed=seed + 2),
+        "goodput_colocated": gp(pooled_c), "goodput_disaggregated": gp(pooled_d),
+        "goodput_colocated_ci": bootstrap_ci(c, gp, n_boot, seed=seed + 3),
+        "goodput_disaggregated_ci": bootstrap_ci(d, gp, n_boot, seed=seed + 4),
+        "seeds": min(len(c), len(d)),
+    }
+    out["tpot_p99_ratio"] = ratio(out["tpot_p99_disaggregated"], out["tpot_p99_colocated"])
+    ci_c, ci_d = out["tpot_p99_colocated_ci"], out["tpot_p99_disaggregated_ci"]
+    out["tpot_ok"] = (ci_c is not None and ci_d is not None
+                      and ci_d[1] < max_tpot_ratio * ci_c[0])
+    out["goodput_ok"] = (out["goodput_colocated"] is not None
+                         and out["goodput_disaggregated"] is not None
+                         and out["goodput_disaggregated"] >= out["goodput_colocated"])
     out["met"] = out["tpot_ok"] and out["goodput_ok"]
     return out
 

@@ -132,7 +132,8 @@ def bench(server: Server, a: argparse.Namespace, conc: int, out: Path) -> dict:
     cmd = [str(a.bin_dir / "pd-bench"), "--api", "http", "--target", f"127.0.0.1:{server.port}",
            "--concurrency", str(conc), "--prompt-tokens", str(a.prompt_tokens),
            "--output-tokens", str(a.output_tokens), "-n", str(n), "--warmup", str(conc),
-           "--seed", str(a.seed), "--temperature", "0", "--no-progress", "--json", str(out)]
+           "--seed", str(a.seed), "--temperature", "0", "--no-progress", "--save-requests",
+           "--json", str(out)]
     log(f"{server.name} c={conc}: {n} requests")
     t0 = time.time()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -166,9 +167,9 @@ def report(results: dict, a: argparse.Namespace, systems: list[str], argv: str) 
         f"- llama-server: {a.llama_bin}, -np = streams, -fa {a.llama_fa}",
         f"- command: `{argv}`",
         "",
-        "| streams | system | requests | output tok/s | x llama-server | TTFT p50 ms | TTFT p99 ms "
-        "| ITL p50 ms | ITL p99 ms | ITL p99 / p50 | wall s |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| streams | system | requests | failed | output tok/s | x llama-server | TTFT p50 ms "
+        "| TTFT p99 ms | ITL p50 ms | ITL p99 ms | ITL p99 / p50 | wall s |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     checks = []
     for conc, per in results.items():
@@ -183,7 +184,8 @@ def report(results: dict, a: argparse.Namespace, systems: list[str], argv: str) 
             itl50, itl99 = g(o, "itl_ms", "p50"), g(o, "itl_ms", "p99")
             ratio = tps / ref_tps if ref_tps and s != "llama-server" else None
             lines.append(
-                f"| {conc} | {s} | {o['completed']} | {fmt(tps, 1)} | {fmt(ratio, 2)} "
+                f"| {conc} | {s} | {o['completed']} | {o.get('failed', 0)} "
+                f"| {fmt(tps, 1)} | {fmt(ratio, 2)} "
                 f"| {fmt(g(o, 'ttft_ms', 'p50'))} | {fmt(g(o, 'ttft_ms', 'p99'))} "
                 f"| {fmt(itl50, 1)} | {fmt(itl99, 1)} "
                 f"| {fmt(itl99 / itl50 if itl50 and itl99 else None, 2)} | {r['_wall_s']:.0f} |")

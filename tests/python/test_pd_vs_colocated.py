@@ -110,6 +110,61 @@ def test_highest_common_rate_and_target():
     assert stats.evaluate_target(by_rate, 0.95, 100)["met"] is None
 
 
+def test_bootstrap_interval_covers_the_quantile_and_narrows_with_data():
+    import random
+    rng = random.Random(4)
+    small = [[rng.expovariate(1.0) for _ in range(20)] for _ in range(3)]
+    big = [[rng.expovariate(1.0) for _ in range(2000)] for _ in range(3)]
+    med = lambda xs: stats.percentile(xs, 0.5)  # noqa: E731
+    lo_s, hi_s = stats.bootstrap_ci(small, med, n_boot=500)
+    lo_b, hi_b = stats.bootstrap_ci(big, med, n_boot=500)
+    true_median = 0.6931  # ln 2 for Exp(1)
+    assert lo_b < true_median < hi_b
+    assert hi_b - lo_b < (hi_s - lo_s) / 4  # 100x the data: about 10x narrower
+    assert stats.bootstrap_ci(small, med, n_boot=500) == (lo_s, hi_s)  # seeded: reproducible
+    assert stats.bootstrap_ci([[1.0] * 10], med) == (1.0, 1.0)
+    assert stats.bootstrap_ci([[], []], med) is None
+    assert stats.bootstrap_ci([[1.0]], lambda xs: None) is None
+
+
+def test_bootstrap_resamples_within_each_seed():
+    # Two seeds' runs, one on a slower machine: every resample keeps 10 of each, so the median
+    # of the pooled records can never leave the gap between them.
+    groups = [[1.0] * 10, [5.0] * 10]
+    lo, hi = stats.bootstrap_ci(groups, lambda xs: sum(xs) / len(xs), n_boot=300)
+    assert lo == hi == 3.0
+
+
+def test_target_with_intervals_needs_separation():
+    import random
+    rng = random.Random(1)
+    slo = stats.Slo(tpot_ms=1000)
+
+    def runs(mean_tpot_s, n, seeds=3):
+        return [[rec(tpot=rng.gauss(mean_tpot_s, 0.1 * mean_tpot_s)) for _ in range(n)]
+                for _ in range(seeds)]
+    # 3 x 60 requests per system, disaggregated TPOT a third of colocated: separated, met.
+    clear = {"colocated": runs(0.090, 60), "disaggregated": runs(0.030, 60)}
+    v = stats.evaluate_target_ci(clear, slo, 3 * 60.0, 0.2, n_boot=400)
+    assert v["seeds"] == 3
+    assert v["tpot_ok"] and v["goodput_ok"] and v["met"]
+    lo, hi = v["tpot_p99_ratio_ci"]
+    assert lo < v["tpot_p99_ratio"] < hi < 0.5
+    # One outlier among 12 colocated requests makes a 0.45 point ratio: not separated.
+    few_c = [[rec(tpot=0.02) for _ in range(11)] + [rec(tpot=0.105)]]
+    few_d = [[rec(tpot=0.035 + 0.001 * i) for i in range(12)]]
+    v = stats.evaluate_target_ci({"colocated": few_c, "disaggregated": few_d}, slo, 60.0, 0.2,
+                                 n_boot=400)
+    assert v["tpot_p99_ratio"] < 0.5
+    assert not v["tpot_ok"] and not v["met"]
+    # Lower goodput: missed even when TPOT separates.
+    strict = stats.Slo(ttft_ms={"chat": 400})
+    slow = {"colocated": [[rec(tpot=0.09, ttft=0.2)] * 60 for _ in range(3)],
+            "disaggregated": [[rec(tpot=0.03, ttft=0.5)] * 60 for _ in range(3)]}
+    v = stats.evaluate_target_ci(slow, strict, 180.0, 0.2, n_boot=200)
+    assert v["goodput_disaggregated"] == 0.0 and not v["goodput_ok"] and not v["met"]
+
+
 def test_counter_delta_sums_matching_labels():
     before = ('# TYPE pdserve_router_placements_total counter\n'
               'pdserve_router_placements_total{node="d0",role="decode"} 3\n')
