@@ -171,6 +171,16 @@ def _resample(groups, rng):
     return out
 
 
+def _interval(values, n_boot, level):
+    """The central `level` interval of the bootstrap values (None entries dropped), or None when
+    fewer than 90 % of the n_boot resamples had a value."""
+    vals = [v for v in values if v is not None]
+    if len(vals) < 0.9 * n_boot:
+        return None
+    a = (1.0 - level) / 2.0
+    return percentile(vals, a), percentile(vals, 1.0 - a)
+
+
 def bootstrap_ci(groups, statistic, n_boot=2000, level=0.95, seed=0):
     """Percentile-bootstrap interval (lo, hi) of statistic(records) over the records in `groups`
     (a list of lists; empty groups are dropped). None when there are no records or the statistic
@@ -180,15 +190,7 @@ def bootstrap_ci(groups, statistic, n_boot=2000, level=0.95, seed=0):
     if not groups or statistic([r for g in groups for r in g]) is None:
         return None
     rng = random.Random(seed)
-    vals = []
-    for _ in range(n_boot):
-        v = statistic(_resample(groups, rng))
-        if v is not None:
-            vals.append(v)
-    if len(vals) < 0.9 * n_boot:
-        return None
-    a = (1.0 - level) / 2.0
-    return percentile(vals, a), percentile(vals, 1.0 - a)
+    return _interval((statistic(_resample(groups, rng)) for _ in range(n_boot)), n_boot, level)
 
 
 def ratio_ci(groups_num, groups_den, statistic, n_boot=2000, level=0.95, seed=0):
@@ -199,15 +201,8 @@ def ratio_ci(groups_num, groups_den, statistic, n_boot=2000, level=0.95, seed=0)
     if not num or not den:
         return None
     rng = random.Random(seed)
-    vals = []
-    for _ in range(n_boot):
-        r = ratio(statistic(_resample(num, rng)), statistic(_resample(den, rng)))
-        if r is not None:
-            vals.append(r)
-    if len(vals) < 0.9 * n_boot:
-        return None
-    a = (1.0 - level) / 2.0
-    return percentile(vals, a), percentile(vals, 1.0 - a)
+    return _interval((ratio(statistic(_resample(num, rng)), statistic(_resample(den, rng)))
+                      for _ in range(n_boot)), n_boot, level)
 
 
 def tpot_ms_quantile(q):

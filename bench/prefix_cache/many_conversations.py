@@ -38,8 +38,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from multi_turn import (ROOT, Server, free_port, machine, wait_http,  # noqa: E402
-                        write_report)
+from multi_turn import ROOT, Server, free_port, machine, write_report  # noqa: E402
 
 import subprocess  # noqa: E402
 
@@ -78,7 +77,7 @@ def start(system: str, a: argparse.Namespace, logdir: Path) -> Server:
         raise SystemExit(f"unknown system '{system}'")
     s = Server(system, args, port, log)
     try:
-        wait_http(s.url, s.proc, a.start_timeout)
+        s.ready(a.start_timeout)
     except RuntimeError as e:
         s.stop()
         raise SystemExit(f"{system}: {e}; log: {log}\n{log.read_text()[-2000:]}")

@@ -36,12 +36,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
-import platform
 import random
 import re
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -50,6 +46,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import benchlib  # noqa: E402
 
 # Plain English words for a deterministic system prompt; about one token each for Gemma's,
 # Llama's and Qwen's vocabularies.
@@ -84,44 +83,8 @@ def system_prompt(n_words: int, seed: int) -> str:
         f"{i + 1}. {line}" for i, line in enumerate(lines))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
-    import urllib.request
-    end = time.time() + timeout_s
-    while time.time() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} not ready after {timeout_s} s")
-
-
-class Server:
-    """One system under test: started on a free port, stopped with SIGTERM (then SIGKILL)."""
-
-    def __init__(self, name: str, args: list[str], port: int, log: Path):
-        self.name, self.url, self.log = name, f"http://127.0.0.1:{port}", log
-        self.proc = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+Server = benchlib.ServerProcess
+free_port = benchlib.free_port
 
 
 def start(system: str, a: argparse.Namespace, logdir: Path) -> Server:
@@ -158,7 +121,7 @@ def start(system: str, a: argparse.Namespace, logdir: Path) -> Server:
             "cluster-pull, cluster-nopull, llama-server)")
     s = Server(system, args, port, log)
     try:
-        wait_http(s.url, s.proc, a.start_timeout)
+        s.ready(a.start_timeout)
     except RuntimeError as e:
         s.stop()
         raise SystemExit(f"{system}: {e}; log: {log}\n{log.read_text()[-2000:]}")
@@ -237,20 +200,7 @@ def write_report(lines: list[str], out: Path | None) -> None:
 
 
 def machine() -> str:
-    model = "?"
-    flags: set[str] = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model == "?":
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    isa = "AVX-512" if "avx512f" in flags else ("AVX2" if "avx2" in flags else "scalar")
-    return (f"{model}, {os.cpu_count()} CPUs, best ISA {isa} "
-            f"(avx512_vnni {'yes' if 'avx512_vnni' in flags else 'no'}), kernel "
-            f"{platform.release()}")
+    return benchlib.machine()
 
 
 def main() -> int:

@@ -33,6 +33,9 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import benchlib  # noqa: E402
 
 
 def first_existing(*paths):
@@ -167,12 +170,7 @@ def run_scenario(args, name, sched, bench_args, outdir, workdir):
     return res
 
 
-def g(d, *keys):
-    for k in keys:
-        if d is None:
-            return None
-        d = d.get(k)
-    return d
+g = benchlib.dig
 
 
 def fmt(x, nd=1):

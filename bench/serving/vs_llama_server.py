@@ -26,80 +26,25 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shlex
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import benchlib  # noqa: E402
 
 
 def log(*a) -> None:
     print("[vs_llama_server]", *a, file=sys.stderr, flush=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_facts() -> tuple[str, str]:
-    model, flags = "?", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model == "?":
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    keep = ["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni",
-            "avx512_bf16", "avx_vnni"]
-    return model, " ".join(f for f in keep if f in flags)
-
-
-class Server:
-    """One system under test on a free port; stopped with SIGTERM (then SIGKILL)."""
-
-    def __init__(self, name: str, args: list[str], port: int, logfile: Path, timeout_s: float):
-        self.name, self.port, self.logfile = name, port, logfile
-        self.proc = subprocess.Popen(args, stdout=logfile.open("w"), stderr=subprocess.STDOUT,
-                                     start_new_session=True, cwd=ROOT)
-        end = time.time() + timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{name} exited ({self.proc.returncode}) before it was ready; "
-                                 f"log {logfile}:\n{logfile.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() > end:
-                self.stop()
-                raise SystemExit(f"{name} not ready after {timeout_s} s; log {logfile}")
-            time.sleep(0.5)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-
-
-def start(system: str, a: argparse.Namespace, conc: int, workdir: Path) -> Server:
-    port = free_port()
+def start(system: str, a: argparse.Namespace, conc: int, workdir: Path) -> benchlib.ServerProcess:
+    port = benchlib.free_port()
     tokens_per_slot = a.prompt_tokens + a.output_tokens + 64  # BOS, template slack
     if system in ("pd-serve", "pd-serve-nobudget"):
         # KV for every slot at once (f16: 2 bytes x layers x kv heads x head dim x 2 per token;
@@ -124,10 +69,17 @@ def start(system: str, a: argparse.Namespace, conc: int, workdir: Path) -> Serve
     else:
         raise SystemExit(f"unknown system '{system}' (pd-serve, pd-serve-nobudget, llama-server)")
     log(f"{system} c={conc}: " + shlex.join(args))
-    return Server(system, args, port, workdir / f"{system}_c{conc}.log", a.start_timeout)
+    logfile = workdir / f"{system}_c{conc}.log"
+    server = benchlib.ServerProcess(system, args, port, logfile, cwd=ROOT)
+    try:
+        server.ready(a.start_timeout)
+    except RuntimeError as e:
+        server.stop()
+        raise SystemExit(f"{system}: {e}; log {logfile}:\n{logfile.read_text()[-2000:]}")
+    return server
 
 
-def bench(server: Server, a: argparse.Namespace, conc: int, out: Path) -> dict:
+def bench(server: benchlib.ServerProcess, a: argparse.Namespace, conc: int, out: Path) -> dict:
     n = max(a.min_requests, a.rounds * conc)
     cmd = [str(a.bin_dir / "pd-bench"), "--api", "http", "--target", f"127.0.0.1:{server.port}",
            "--concurrency", str(conc), "--prompt-tokens", str(a.prompt_tokens),
@@ -142,12 +94,7 @@ def bench(server: Server, a: argparse.Namespace, conc: int, out: Path) -> dict:
     return res
 
 
-def g(d, *keys):
-    for k in keys:
-        if d is None:
-            return None
-        d = d.get(k)
-    return d
+g = benchlib.dig
 
 
 def fmt(x, nd=0) -> str:
@@ -155,12 +102,11 @@ def fmt(x, nd=0) -> str:
 
 
 def report(results: dict, a: argparse.Namespace, systems: list[str], argv: str) -> str:
-    model, flags = cpu_facts()
     isa = os.environ.get("PDSERVE_CPU_ISA", "auto (the CPU's best)")
     lines = [
         f"# pd-serve vs llama-server under load, {datetime.date.today().isoformat()}",
         "",
-        f"- machine: {model}, {os.cpu_count()} logical CPUs; flags: {flags}",
+        f"- machine: {benchlib.machine()}",
         f"- pdserve kernel set: {isa}; {a.threads} threads per server",
         f"- model: {a.model.name}; prompts {a.prompt_tokens} random-word tokens (+BOS), "
         f"{a.output_tokens} output tokens (ignore_eos), closed loop, OpenAI HTTP streaming",
