@@ -93,8 +93,10 @@ struct SchedulerOptions {
   // tokens spread over `prefill_pace_steps` steps (0: no pacing), capped so that the step's
   // predicted time stays <= step_time_stretch x the median recent step (a fit of step times
   // learned online), but at least `min_prefill_chunk` tokens so that prompts always progress.
-  // step_time_stretch 0 = all of this off: chunks of `prefill_chunk` whatever they cost.
-  double step_time_stretch = 1.4;
+  // step_time_stretch 0 = all of this off: chunks of `prefill_chunk` whatever they cost. Off
+  // here, so that a Scheduler's steps depend on its inputs only (tests, tools); the daemons'
+  // config turns it on (scheduler.step_time_stretch, default 1.4).
+  double step_time_stretch = 0;
   int prefill_pace_steps = 8;
   int min_prefill_chunk = 16;
   // The seconds the step-time fit learns for a step of this shape; empty (the normal case): the

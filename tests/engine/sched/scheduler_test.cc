@@ -515,6 +515,7 @@ TEST(SchedulerTest, StepTimeBudgetLeavesPromptOnlyStepsWhole) {
   o.kv_blocks = 128;
   o.token_budget = 128;
   o.prefill_chunk = 64;
+  o.step_time_stretch = 1.5;
   o.min_prefill_chunk = 2;
   o.step_time_source = [](const StepShape& s) {
     return 1e-3 + 1e-3 * s.decode_tokens + 0.5e-3 * s.prefill_tokens;
