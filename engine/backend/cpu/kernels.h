@@ -62,15 +62,22 @@ using GemmTileFn = void (*)(int64_t k, const void* w, size_t w_stride, int nr, c
 // not "0"). The AVX2 table's Q8_0 and Q5_0 entries call them when present.
 // 512-bit k-quant tiles (k_quants_avx512.cc; AVX512F + BW + VL + VNNI, PDSERVE_CPU_NO_VNNI
 // unset): the same bits as the AVX2 tables' entries they stand in for; nullptr members elsewhere.
+// q4_k_repack_gemv and q6_k (gemm[kQ6_K]) apply the sub-block scales with VPDPWSSD on 64 weights
+// per instruction, so a tile of several activation rows (a few decode sequences, or the K+1 rows
+// of a speculative step, each in the one-row order) costs much less than that many one-row tiles.
 struct ZmmKQuantTiles {
   GemmTileFn q2_k_repack_gemm = nullptr;
   GemmTileFn q2_k_repack_gemv = nullptr;
   GemmTileFn q3_k = nullptr;  // gemm[kQ3_K]
+  GemmTileFn q4_k_repack_gemv = nullptr;
+  GemmTileFn q6_k = nullptr;  // gemm[kQ6_K]
 };
 ZmmKQuantTiles ZmmKQuantTilesIfSupported();
-// The AVX2 Q3_K tiles that ZmmKQuantTiles::q3_k stands in for (without the 512-bit dispatch), so
-// that tests can compare the two bit for bit. Only call where AVX2 runs.
+// The AVX2 tiles that ZmmKQuantTiles' q3_k, q4_k_repack_gemv and q6_k stand in for (without the
+// 512-bit dispatch), so that tests can compare them bit for bit. Only call where AVX2 runs.
 GemmTileFn Q3KTileAvx2Only();
+GemmTileFn Q4KRepackGemvTileAvx2Only();
+GemmTileFn Q6KTileAvx2Only();
 GemmTileFn Q8_0TileVnni();
 GemmTileFn Q5_0TileVnni();
 // Q8_0 or Q5_0 weights x many Q8_0 activation rows (batched decode, prompts) on 512-bit VPDPBUSD
