@@ -100,7 +100,8 @@ const GroupedKernels* Q8_0GroupedVnni();
 const GroupedKernels* Q5_0GroupedVnni();
 // The same contract for small batches (2 to ~11 activation rows: a few decode sequences, or the
 // K+1 rows of one sequence that a speculative step verifies): four activation rows per 512-bit
-// register (one 128-bit lane each, avx512_vnni.cc), weight blocks read in place and broadcast.
+// register (one 128-bit lane each, avx512_vnni.cc), weight blocks read in place and broadcast; a
+// last row alone in its group of four (n = 5, 9) takes the 256-bit tile's form in the same pass.
 // pack_x's layout serves both types. Results equal the AVX2 tiles' bit for bit; nullptr without
 // AVX512-VNNI (or with PDSERVE_CPU_NO_VNNI set).
 const GroupedKernels* Q8_0QuadVnni();
