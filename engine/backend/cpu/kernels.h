@@ -58,7 +58,7 @@ using GemmTileFn = void (*)(int64_t k, const void* w, size_t w_stride, int nr, c
                             size_t x_stride, int nc, float* y, int64_t y_stride);
 
 // The AVX512-VNNI Q8_0 and Q5_0 (x Q8_0) tiles (avx512_vnni.cc), bit-identical to the AVX2
-// table's; nullptr when the CPU lacks AVX512F/VL/VNNI or PDSERVE_CPU_NO_VNNI is set (non-empty,
+// table's; nullptr when the CPU lacks AVX512F/BW/VL/VNNI or PDSERVE_CPU_NO_VNNI is set (non-empty,
 // not "0"). The AVX2 table's Q8_0 and Q5_0 entries call them when present.
 // 512-bit k-quant tiles (k_quants_avx512.cc; AVX512F + BW + VL + VNNI, PDSERVE_CPU_NO_VNNI
 // unset): the same bits as the AVX2 tables' entries they stand in for; nullptr members elsewhere.
