@@ -16,7 +16,10 @@
 //   against the default model's shapes: Q8_0 as its 262,144 x 640 output head (178 MB), the
 //   others 2048 x 2048 matrices, enough of them to hold >= 256 MiB, called in turn (from DRAM).
 //   Counter GBps = weight bytes / s; rows_per_s = n * calls / s. Bandwidth-bound means the time
-//   per call barely grows with n.
+//   per call barely grows with n. Kernels on AVX-512 VNNI CPUs: Q8_0 / Q5_0 the 256-bit VNNI
+//   tiles (1-2 rows), the quad kernels (3-4 to 11 rows), the grouped ones (12+); Q4_K (repacked
+//   GEMV order) and Q6_K the ZMM tiles, four rows per weight unpacking (n = 5: a second pass
+//   over the chunk for the fifth row). With PDSERVE_CPU_NO_VNNI=1, the AVX2 4x4 tiles.
 // Weights hold random codes with finite, normal super-scales (every bit pattern of a code or a
 // sub-block scale is valid; W8A8 codes avoid -128): kernel speed does not depend on the values.
 // W8A8 (pdserve's INT8 weights x per-token INT8 activations) and W4A16 (INT4 groups of 128 x F32

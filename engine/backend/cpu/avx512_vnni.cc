@@ -1,9 +1,9 @@
 // AVX512-VNNI kernels for Q8_0 and Q5_0 weights x Q8_0 activations: tiles on the 256-bit (VL)
 // form of VPDPBUSD (Q8_0TileVnni(), Q5_0TileVnni(): decode, one to three activation rows) and a
 // grouped GEMM on the 512-bit form (Q8_0GroupedVnni(), Q5_0GroupedVnni(): batches and prompts).
-// This file alone is compiled with -mavx512f -mavx512vl -mavx512vnni (plus AVX2/FMA/F16C); its
-// kernels run only when CPUID reports those instructions. Like kernels_avx2.cc, it calls no inline
-// function from shared headers.
+// This file alone is compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni (plus
+// AVX2/FMA/F16C); its kernels run only when CPUID reports those instructions. Like
+// kernels_avx2.cc, it calls no inline function from shared headers.
 //
 // VPDPBUSD multiplies unsigned by signed bytes and adds each group of four products to an int32
 // lane, starting from the lane's previous value.
@@ -18,7 +18,8 @@
 // x86 order (tests/engine/backend/cpu_kernels_test.cc).
 #include "engine/backend/cpu/kernels.h"
 
-#if defined(__x86_64__) && defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__F16C__)
+#if defined(__x86_64__) && defined(__AVX512VNNI__) && defined(__AVX512VL__) && \
+    defined(__AVX512BW__) && defined(__F16C__)
 
 #include <cpuid.h>
 #include <immintrin.h>
@@ -94,20 +95,17 @@ inline __m128 QuadScaleVnni(const char* p, size_t stride) {
   return _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(bits)));
 }
 
-// The 32 codes (0..31) of a Q5_0 block in weight order.
+// The 32 codes (0..31) of a Q5_0 block in weight order: the nibbles, and 16 added to byte j
+// where bit j of qh is set (qh as an AVX512BW byte mask: one instruction for the fifth bits,
+// where spreading them to bytes with shuffles and compares took six).
 inline __m256i UnpackQ5_0Vnni(const BlockQ5_0* wb) {
   const __m256i m4 = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(16);
-  const __m256i spread = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202,
-                                            0x0303030303030303);
-  const __m256i bits = _mm256_set1_epi64x(0x8040201008040201);
   const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb->qs));
   uint32_t h;
   std::memcpy(&h, wb->qh, 4);
-  const __m256i hb = _mm256_and_si256(
-      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(h)), spread), bits);
   const __m256i lo = _mm256_and_si256(
       _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1), m4);
-  return _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(hb, bits), sixteen));
+  return _mm256_mask_add_epi8(lo, static_cast<__mmask32>(h), lo, sixteen);
 }
 
 // Q5_0 x Q8_0, four blocks per step like the AVX2 tile (one f16 -> f32 conversion for their
@@ -430,20 +428,44 @@ void PackQuadX(const void* x, size_t xs, int64_t n, int64_t k, void* out) {
 
 // R weight rows x G groups of four activation rows. kQ8: Q8_0 weight blocks (w XOR 0x80 against
 // start -128 * sum); otherwise Q5_0 blocks (codes 0..31 against -16 * sum = start >> 3, exact).
-template <int R, int G, bool kQ8>
+//
+// kTail: one more activation row, alone in the group after the G groups (n = 5 or 9; 5 is the
+// K + 1 rows of a speculative step with K = 4), in the 256-bit tile's form (TileQ8Vnni /
+// TileQ5_0Vnni): the block as one YMM of eight int32 lanes with the tiles' start values, scale
+// product d_w * d_x, FMA per block and final lane sum, so the tile's bits. It costs 6
+// instructions per weight block where a second group of four would cost 9 for one useful row.
+template <int R, int G, bool kQ8, bool kTail>
 void QuadRows(int64_t nb, const char* w, size_t ws, const XQuadBlock* xq, int64_t groups,
               int n_valid, float* y, int64_t ys) {
   __m512 acc[R][G][2];
+  __m256 tacc[R];
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
+  for (int r = 0; r < R; ++r) {
+    tacc[r] = _mm256_setzero_ps();
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) acc[r][g][0] = acc[r][g][1] = _mm512_setzero_ps();
+  }
   const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t b = 0; b < nb; ++b) {
     const XQuadBlock* xb = xq + b * groups;
+    // The tail row (lane 0 of group G): its 32 bytes, start values and scale, as the tile has them.
+    __m256i tx = _mm256_setzero_si256(), tstart = _mm256_setzero_si256();
+    __m256 tdx = _mm256_setzero_ps();
+    if constexpr (kTail) {
+      const XQuadBlock& t = xb[G];
+      tx = _mm256_inserti128_si256(
+          _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.lo))),
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(t.hi)), 1);
+      tstart = _mm256_inserti128_si256(
+          _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.start_lo))),
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(t.start_hi)), 1);
+      if constexpr (!kQ8) tstart = _mm256_srai_epi32(tstart, 3);
+      tdx = _mm256_set1_ps(t.d[0]);
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       __m512i wlo, whi;
+      __m256i wt;  // the block's 32 unsigned operands in order, for the tail row
       float dw;
       if constexpr (kQ8) {
         const BlockQ8_0* wb = reinterpret_cast<const BlockQ8_0*>(w + r * ws) + b;
@@ -455,6 +477,7 @@ void QuadRows(int64_t nb, const char* w, size_t ws, const XQuadBlock* xq, int64_
         whi = _mm512_xor_si512(
             _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb->qs + 16))),
             bias);
+        wt = _mm256_blend_epi32(_mm512_castsi512_si256(wlo), _mm512_castsi512_si256(whi), 0xF0);
         dw = HalfToFloatVnni(wb->d);
       } else {
         const BlockQ5_0* wb = reinterpret_cast<const BlockQ5_0*>(w + r * ws) + b;
@@ -462,6 +485,7 @@ void QuadRows(int64_t nb, const char* w, size_t ws, const XQuadBlock* xq, int64_
         const __m256i u = UnpackQ5_0Vnni(wb);
         wlo = _mm512_broadcast_i32x4(_mm256_castsi256_si128(u));
         whi = _mm512_broadcast_i32x4(_mm256_extracti128_si256(u, 1));
+        wt = u;
         dw = HalfToFloatVnni(wb->d);
       }
       const __m512 dwv = _mm512_set1_ps(dw);
@@ -479,6 +503,11 @@ void QuadRows(int64_t nb, const char* w, size_t ws, const XQuadBlock* xq, int64_
         acc[r][g][0] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(dlo), acc[r][g][0]);
         acc[r][g][1] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(dhi), acc[r][g][1]);
       }
+      if constexpr (kTail) {
+        const __m256i dot = _mm256_dpbusd_epi32(tstart, wt, tx);
+        const __m256 st = _mm256_mul_ps(_mm512_castps512_ps256(dwv), tdx);
+        tacc[r] = _mm256_fmadd_ps(st, _mm256_cvtepi32_ps(dot), tacc[r]);
+      }
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -491,33 +520,42 @@ void QuadRows(int64_t nb, const char* w, size_t ws, const XQuadBlock* xq, int64_
       _mm512_store_ps(lanes, v);
       for (int c = 0; c < 4 && g * 4 + c < n_valid; ++c) y[(g * 4 + c) * ys + r] = lanes[4 * c];
     }
+    if constexpr (kTail) y[4 * G * ys + r] = HSumVnni(tacc[r]);
   }
 }
 
 // y[c * ys + r] for `rows` weight rows (raw Q8_0 or Q5_0 blocks, `w_stride` bytes apart) and n
 // activation rows packed by PackQuadX: groups of four rows two at a time, four weight rows per
-// step (R x G accumulators: 16 of the 32 ZMM registers).
+// step (R x G accumulators: 16 of the 32 ZMM registers); a last group holding a single row
+// (n = 5, 9) rides along with the pass before it as QuadRows' tail.
 template <bool kQ8>
 void GemmQuad(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* packed_x,
               int64_t n, float* y, int64_t ys) {
   const int64_t nb = k / kQ8_0BlockSize, groups = (n + 3) / 4;
+  const bool tail = n > 4 && n % 4 == 1;
+  const int64_t full_groups = tail ? groups - 1 : groups;
   const char* wc = static_cast<const char*>(w);
   const auto* xq = static_cast<const XQuadBlock*>(packed_x);
   using Fn = void (*)(int64_t, const char*, size_t, const XQuadBlock*, int64_t, int, float*,
                       int64_t);
-  static constexpr Fn kFns[4][2] = {
-      {&QuadRows<1, 1, kQ8>, &QuadRows<1, 2, kQ8>},
-      {&QuadRows<2, 1, kQ8>, &QuadRows<2, 2, kQ8>},
-      {&QuadRows<3, 1, kQ8>, &QuadRows<3, 2, kQ8>},
-      {&QuadRows<4, 1, kQ8>, &QuadRows<4, 2, kQ8>},
+  static constexpr Fn kFns[2][4][2] = {
+      {{&QuadRows<1, 1, kQ8, false>, &QuadRows<1, 2, kQ8, false>},
+       {&QuadRows<2, 1, kQ8, false>, &QuadRows<2, 2, kQ8, false>},
+       {&QuadRows<3, 1, kQ8, false>, &QuadRows<3, 2, kQ8, false>},
+       {&QuadRows<4, 1, kQ8, false>, &QuadRows<4, 2, kQ8, false>}},
+      {{&QuadRows<1, 1, kQ8, true>, &QuadRows<1, 2, kQ8, true>},
+       {&QuadRows<2, 1, kQ8, true>, &QuadRows<2, 2, kQ8, true>},
+       {&QuadRows<3, 1, kQ8, true>, &QuadRows<3, 2, kQ8, true>},
+       {&QuadRows<4, 1, kQ8, true>, &QuadRows<4, 2, kQ8, true>}},
   };
-  for (int64_t g = 0; g < groups; g += 2) {
-    const int gs = static_cast<int>(std::min<int64_t>(2, groups - g));
-    const int n_valid = static_cast<int>(std::min<int64_t>(8, n - g * 4));
+  for (int64_t g = 0; g < full_groups; g += 2) {
+    const int gs = static_cast<int>(std::min<int64_t>(2, full_groups - g));
+    const int with_tail = tail && g + gs == full_groups ? 1 : 0;
+    const int n_valid = static_cast<int>(std::min<int64_t>(4 * gs, n - g * 4));
     for (int64_t r = 0; r < rows; r += 4) {
       const int rs = static_cast<int>(std::min<int64_t>(4, rows - r));
-      kFns[rs - 1][gs - 1](nb, wc + r * w_stride, w_stride, xq + g, groups, n_valid,
-                           y + g * 4 * ys + r, ys);
+      kFns[with_tail][rs - 1][gs - 1](nb, wc + r * w_stride, w_stride, xq + g, groups, n_valid,
+                                      y + g * 4 * ys + r, ys);
     }
   }
 }
@@ -526,7 +564,7 @@ bool UseVnni() {
   static const bool use = [] {
     const char* off = std::getenv("PDSERVE_CPU_NO_VNNI");
     if (off != nullptr && off[0] != '\0' && off[0] != '0') return false;
-    return CpuHasAvx512(bit_AVX512F | bit_AVX512VL, bit_AVX512VNNI);  // OS ZMM state too
+    return CpuHasAvx512(bit_AVX512F | bit_AVX512BW | bit_AVX512VL, bit_AVX512VNNI);  // + OS state
   }();
   return use;
 }

@@ -805,6 +805,8 @@ void GemmQ2KRepackDispatch(int64_t k, const void* w, size_t w_stride, int nr, co
 }  // namespace
 
 GemmTileFn Q3KTileAvx2Only() { return &TileTable<Q3KTile>::Gemm; }
+GemmTileFn Q4KRepackGemvTileAvx2Only() { return &TileTable<Q4KRepackGemvTile>::Gemm; }
+GemmTileFn Q6KTileAvx2Only() { return &TileTable<Q6KTile>::Gemm; }
 
 namespace avx2 {
 
@@ -832,6 +834,8 @@ void GemmQ5_K(int64_t k, const void* w, size_t w_stride, int nr, const void* x, 
 
 void GemmQ6_K(int64_t k, const void* w, size_t w_stride, int nr, const void* x, size_t x_stride,
               int nc, float* y, int64_t y_stride) {
+  static const GemmTileFn zmm = ZmmKQuantTilesIfSupported().q6_k;
+  if (zmm != nullptr) return zmm(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
   TileTable<Q6KTile>::Gemm(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
 }
 
@@ -857,6 +861,8 @@ void GemmQ4KRepackGemm(int64_t k, const void* w, size_t w_stride, int nr, const 
 
 void GemmQ4KRepackGemv(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                        size_t x_stride, int nc, float* y, int64_t y_stride) {
+  static const GemmTileFn zmm = ZmmKQuantTilesIfSupported().q4_k_repack_gemv;
+  if (zmm != nullptr) return zmm(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
   TileTable<Q4KRepackGemvTile>::Gemm(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
 }
 
@@ -876,6 +882,8 @@ void GemmQ2KRepackGemv(int64_t k, const void* w, size_t w_stride, int nr, const 
 
 namespace pd::engine::cpu {
 GemmTileFn Q3KTileAvx2Only() { return nullptr; }
+GemmTileFn Q4KRepackGemvTileAvx2Only() { return nullptr; }
+GemmTileFn Q6KTileAvx2Only() { return nullptr; }
 }  // namespace pd::engine::cpu
 
 #endif

@@ -285,6 +285,212 @@ void TileQ3KZmm(int64_t k, const char* w, size_t ws, const char* x, size_t xs, f
   }
 }
 
+// ---- Q4_K (repacked GEMV order) and Q6_K (vec_dot order): decode rows ----------------------
+//
+// The AVX2 tiles (k_quants_avx2.cc TileQ4KRepackGemv, TileQ6_K) spend three instructions per 32
+// weights and (row, column) pair (maddubs, madd with the sub-block scales, add), so a 4-column
+// tile, a few decode sequences or a speculative step's rows, costs nearly four times one column.
+// Here one ZMM holds 64 weights (two 32-weight code vectors) and MADDUBS + VPDPWSSD apply the
+// int16 sub-block scales and accumulate: two instructions per 64 weights and pair. Each ZMM's
+// codes cover 64 consecutive weights, so the activations are read in place, one 64-byte load.
+// The weights are unpacked once per tile (four weight rows x up to four activation rows).
+// Integer sums are exact, so only the grouping of integer additions differs from the AVX2 tiles;
+// the F32 steps (conversion, scale products, FMAs, final lane sums) are theirs, so the results are
+// the AVX2 tiles' bits (tests/engine/backend/k_quant_kernels_test.cc).
+
+// pshufb indices (per 128-bit lane) that widen Q4_K scale bytes sc_0..sc_7 (the low 8 bytes of
+// every lane) to int16 for the ZMM of sub-blocks 2p (lanes 0-1) and 2p + 1 (lanes 2-3).
+struct Q4KScaleIdx {
+  alignas(64) uint8_t idx[4][64];
+};
+constexpr Q4KScaleIdx MakeQ4KScaleIdx() {
+  Q4KScaleIdx t{};
+  for (int p = 0; p < 4; ++p) {
+    for (int lane = 0; lane < 4; ++lane) {
+      const auto sub = static_cast<uint8_t>(2 * p + lane / 2);
+      for (int j = 0; j < 8; ++j) {
+        t.idx[p][16 * lane + 2 * j] = sub;
+        t.idx[p][16 * lane + 2 * j + 1] = 0x80;
+      }
+    }
+  }
+  return t;
+}
+constexpr Q4KScaleIdx kQ4KScaleIdx = MakeQ4KScaleIdx();
+
+// vpermw indices for Q6_K: the ZMM of code vectors 2p and 2p + 1 covers sub-blocks 4p .. 4p + 3,
+// one per 128-bit lane (16 weights = 8 int16 lanes after maddubs).
+struct Q6KScaleIdx {
+  alignas(64) uint16_t idx[4][32];
+};
+constexpr Q6KScaleIdx MakeQ6KScaleIdx() {
+  Q6KScaleIdx t{};
+  for (int p = 0; p < 4; ++p) {
+    for (int i = 0; i < 32; ++i) t.idx[p][i] = static_cast<uint16_t>(4 * p + i / 8);
+  }
+  return t;
+}
+constexpr Q6KScaleIdx kQ6KScaleIdx = MakeQ6KScaleIdx();
+
+// The block R rows further (the next tile's), as PrefetchNextTile does for the AVX2 tiles.
+template <int R, size_t kBlockBytes>
+PD_ZMM_INLINE void PrefetchNextTileZmm(const void* block, size_t ws) {
+  const char* p = static_cast<const char*>(block) + R * ws;
+  PD_ZMM_UNROLL for (size_t i = 0; i < (kBlockBytes + 63) / 64; ++i) {
+    _mm_prefetch(p + 64 * i, _MM_HINT_T1);
+  }
+}
+
+// Q4_K in llama.cpp's repacked GEMV order (TileQ4KRepackGemv: per super-block and pair one FMA
+// of the exact scaled dot with d_w * d_x and one of the mins with dmin_w * d_x, four weight rows
+// in the lanes of one 4-lane vector; y = acc - macc). ZMM p holds the low nibbles of qs[32p ..
+// 32p + 31] (sub-block 2p, weights 64p ..) and their high nibbles (sub-block 2p + 1) after them:
+// activations 64p .. 64p + 63. Per weight row and block: 12 ops to unpack, 4 scale shuffles, ~16
+// scalar ops for scales and mins; per pair 8 (MADDUBS + VPDPWSSD per ZMM), the mins' madd, and
+// a quarter of two 4-row lane sums (13 + 5 ops).
+template <int R, int C>
+void TileQ4KRepackGemvZmm(int64_t k, const char* w, size_t ws, const char* x, size_t xs,
+                          float* y, int64_t ys) {
+  static_assert(R <= 4, "one 4-lane accumulator per column holds the tile's rows");
+  const int64_t nb = k / kQK;
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i nibble_shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+  __m128 acc[C], macc[C];
+  PD_ZMM_UNROLL for (int c = 0; c < C; ++c) acc[c] = macc[c] = _mm_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ8_K* xb[C];
+    PD_ZMM_UNROLL for (int c = 0; c < C; ++c) {
+      xb[c] = reinterpret_cast<const BlockQ8_K*>(x + c * xs) + b;
+    }
+    __m128i ddm = _mm_setzero_si128();  // (d, dmin) f16 pairs of the four rows
+    __m512i isum[4][C];
+    // Each row's mins as int16 [m0 m0 m1 m1 .. m7 m7] (one per bsum), dotted after the rows.
+    alignas(32) int16_t mdup[4][16] = {};
+    PD_ZMM_UNROLL for (int r = 0; r < 4; ++r) {
+      PD_ZMM_UNROLL for (int c = 0; c < C; ++c) isum[r][c] = _mm512_setzero_si512();
+    }
+    PD_ZMM_UNROLL for (int r = 0; r < R; ++r) {
+      const BlockQ4_K* wb = reinterpret_cast<const BlockQ4_K*>(w + r * ws) + b;
+      PrefetchNextTileZmm<R, sizeof(BlockQ4_K)>(wb, ws);
+      // Scales and mins (k_quants_avx2.cc DecodeScalesK4): sc_0..7 and m_0..7 as 8 bytes each.
+      uint32_t a[3];
+      std::memcpy(a, wb->scales, 12);
+      const uint32_t sc03 = a[0] & 0x3f3f3f3fu, m03 = a[1] & 0x3f3f3f3fu;
+      const uint32_t sc47 = (a[2] & 0x0f0f0f0fu) | ((a[0] >> 2) & 0x30303030u);
+      const uint32_t m47 = ((a[2] >> 4) & 0x0f0f0f0fu) | ((a[1] >> 2) & 0x30303030u);
+      const uint64_t sc8 = sc03 | uint64_t{sc47} << 32, m8 = m03 | uint64_t{m47} << 32;
+      const __m512i scz = _mm512_set1_epi64(static_cast<int64_t>(sc8));
+      const __m128i m8x = _mm_cvtsi64_si128(static_cast<int64_t>(m8));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(mdup[r]),
+                         _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8x, m8x)));
+      uint32_t ddm_r;
+      std::memcpy(&ddm_r, &wb->d, 4);  // d, then dmin
+      ddm = _mm_mask_set1_epi32(ddm, static_cast<__mmask8>(1u << r), static_cast<int>(ddm_r));
+      PD_ZMM_UNROLL for (int p = 0; p < 4; ++p) {
+        const __m512i q = _mm512_broadcast_i64x4(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb->qs + 32 * p)));
+        const __m512i u = _mm512_and_si512(_mm512_srlv_epi64(q, nibble_shift), m4);
+        const __m512i s = _mm512_shuffle_epi8(
+            scz, _mm512_load_si512(reinterpret_cast<const void*>(kQ4KScaleIdx.idx[p])));
+        PD_ZMM_UNROLL for (int c = 0; c < C; ++c) {
+          const __m512i xv = _mm512_loadu_si512(xb[c]->qs + 64 * p);
+          isum[r][c] = _mm512_dpwssd_epi32(isum[r][c], _mm512_maddubs_epi16(u, xv), s);
+        }
+      }
+    }
+    // [d0 dmin0 d1 dmin1 ...] -> d0..d3 and dmin0..dmin3.
+    const __m256 pairs = _mm256_cvtph_ps(ddm);
+    const __m256 split = _mm256_permutevar8x32_ps(pairs, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+    const __m128 vdw = _mm256_castps256_ps128(split), vdminw = _mm256_extractf128_ps(split, 1);
+    PD_ZMM_UNROLL for (int c = 0; c < C; ++c) {
+      const __m128 dx = _mm_set1_ps(xb[c]->d);
+      const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb[c]->bsums));
+      __m256i t[4], m[4];
+      PD_ZMM_UNROLL for (int r = 0; r < 4; ++r) {
+        t[r] = _mm256_add_epi32(_mm512_castsi512_si256(isum[r][c]),
+                                _mm512_extracti64x4_epi64(isum[r][c], 1));
+        m[r] = _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(mdup[r])),
+                                 bsums);
+      }
+      const __m128i it = HSum4Zmm(t[0], t[1], t[2], t[3]);
+      const __m128i im = HSum4Zmm(m[0], m[1], m[2], m[3]);
+      acc[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(it), _mm_mul_ps(vdw, dx), acc[c]);
+      macc[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(im), _mm_mul_ps(vdminw, dx), macc[c]);
+    }
+  }
+  PD_ZMM_UNROLL for (int c = 0; c < C; ++c) {
+    alignas(16) float out[4];
+    _mm_store_ps(out, _mm_sub_ps(acc[c], macc[c]));
+    for (int r = 0; r < R; ++r) y[c * ys + r] = out[r];
+  }
+}
+
+// Q6_K in gemm[kQ6_K]'s order (TileQ6_K: codes u = low4 | high2 << 4, offsets 32 sc bsum, 8 int32
+// lanes per block, one 8-lane FMA per block with d_w * d_x, the HSum lane sum at the end). ZMM p
+// holds code vectors 2p and 2p + 1 (activations 64p .. 64p + 63): for half h = p / 2, the low
+// (p even) or high (p odd) nibbles of ql[64h .. 64h + 63] and bits of qh[32h .. 32h + 31]
+// shifted into bits 4-5 by per-256-bit amounts. Adding its two 256-bit halves gives the AVX2
+// tile's lane j (bytes 4j .. 4j + 3 of every code vector) exactly. Per weight row and block: 14
+// ops to unpack, 4 scale permutes; per pair 8, plus 7 for the offsets and the FMA.
+template <int R, int C>
+void TileQ6KZmm(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y,
+                int64_t ys) {
+  const int64_t nb = k / kQK;
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  const __m512i shl_even = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2);  // code vectors 4h, 4h + 1
+  const __m512i shr_odd = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);   // 4h + 2, 4h + 3
+  __m256 acc[R][C];
+  PD_ZMM_UNROLL for (int r = 0; r < R; ++r) {
+    PD_ZMM_UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ8_K* xb[C];
+    PD_ZMM_UNROLL for (int c = 0; c < C; ++c) {
+      xb[c] = reinterpret_cast<const BlockQ8_K*>(x + c * xs) + b;
+    }
+    PD_ZMM_UNROLL for (int r = 0; r < R; ++r) {
+      const BlockQ6_K* wb = reinterpret_cast<const BlockQ6_K*>(w + r * ws) + b;
+      PrefetchNextTileZmm<R, sizeof(BlockQ6_K)>(wb, ws);
+      const __m256i sc16 =
+          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb->scales)));
+      const __m512i scz = _mm512_castsi256_si512(sc16);
+      __m512i isum[C];
+      PD_ZMM_UNROLL for (int c = 0; c < C; ++c) isum[c] = _mm512_setzero_si512();
+      PD_ZMM_UNROLL for (int h = 0; h < 2; ++h) {
+        const __m512i ql = _mm512_loadu_si512(wb->ql + 64 * h);
+        const __m512i hq = _mm512_broadcast_i64x4(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb->qh + 32 * h)));
+        PD_ZMM_UNROLL for (int odd = 0; odd < 2; ++odd) {
+          const int p = 2 * h + odd;
+          const __m512i lo4 = _mm512_and_si512(odd ? _mm512_srli_epi16(ql, 4) : ql, m4);
+          const __m512i hb = odd ? _mm512_srlv_epi64(hq, shr_odd) : _mm512_sllv_epi64(hq, shl_even);
+          const __m512i u = _mm512_or_si512(lo4, _mm512_and_si512(hb, m30));
+          const __m512i s = _mm512_permutexvar_epi16(
+              _mm512_load_si512(reinterpret_cast<const void*>(kQ6KScaleIdx.idx[p])), scz);
+          PD_ZMM_UNROLL for (int c = 0; c < C; ++c) {
+            const __m512i xv = _mm512_loadu_si512(xb[c]->qs + 64 * p);
+            isum[c] = _mm512_dpwssd_epi32(isum[c], _mm512_maddubs_epi16(u, xv), s);
+          }
+        }
+      }
+      PD_ZMM_UNROLL for (int c = 0; c < C; ++c) {
+        const __m256i lanes = _mm256_add_epi32(_mm512_castsi512_si256(isum[c]),
+                                               _mm512_extracti64x4_epi64(isum[c], 1));
+        const __m256i offs = _mm256_madd_epi16(
+            sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb[c]->bsums)));
+        const __m256i total = _mm256_sub_epi32(lanes, _mm256_slli_epi32(offs, 5));
+        // TileQ6_K's BlockScale and AccumulateBlock: f32(d_w) * d_x, then one FMA per lane.
+        const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi16(static_cast<int16_t>(wb->d))),
+                                       _mm256_set1_ps(xb[c]->d));
+        acc[r][c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(total), acc[r][c]);
+      }
+    }
+  }
+  PD_ZMM_UNROLL for (int r = 0; r < R; ++r) {
+    PD_ZMM_UNROLL for (int c = 0; c < C; ++c) y[c * ys + r] = HSumF32Zmm(acc[r][c]);
+  }
+}
+
 using TileImplZmm = void (*)(int64_t, const char*, size_t, const char*, size_t, float*, int64_t);
 
 template <int kHalves>
@@ -317,6 +523,29 @@ void GemmQ3KZmm(int64_t k, const void* w, size_t w_stride, int nr, const void* x
                          x_stride, y, y_stride);
 }
 static_assert(kGemmTileW == 4 && kGemmTileX == 4, "the tables list 4x4 instantiations");
+// Every R x C instantiation of a tile template and the GemmTileFn that dispatches on nr, nc.
+template <template <int, int> class T>
+struct ZmmTable {
+  static constexpr TileImplZmm kFns[4][4] = {
+      {T<1, 1>::Fn, T<1, 2>::Fn, T<1, 3>::Fn, T<1, 4>::Fn},
+      {T<2, 1>::Fn, T<2, 2>::Fn, T<2, 3>::Fn, T<2, 4>::Fn},
+      {T<3, 1>::Fn, T<3, 2>::Fn, T<3, 3>::Fn, T<3, 4>::Fn},
+      {T<4, 1>::Fn, T<4, 2>::Fn, T<4, 3>::Fn, T<4, 4>::Fn},
+  };
+  static void Gemm(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
+                   size_t x_stride, int nc, float* y, int64_t y_stride) {
+    kFns[nr - 1][nc - 1](k, static_cast<const char*>(w), w_stride, static_cast<const char*>(x),
+                         x_stride, y, y_stride);
+  }
+};
+template <int R, int C>
+struct Q4KRepackGemvZmm {
+  static constexpr TileImplZmm Fn = &TileQ4KRepackGemvZmm<R, C>;
+};
+template <int R, int C>
+struct Q6KZmm {
+  static constexpr TileImplZmm Fn = &TileQ6KZmm<R, C>;
+};
 
 // The 256-bit VNNI tiles' conditions (AVX512F + VL + VNNI, ZMM state enabled by the OS,
 // PDSERVE_CPU_NO_VNNI unset; avx512_vnni.cc), plus AVX512BW for the 512-bit byte and word ops.
@@ -327,7 +556,8 @@ bool CpuHasZmmKQuants() { return Q8_0TileVnni() != nullptr && __builtin_cpu_supp
 ZmmKQuantTiles ZmmKQuantTilesIfSupported() {
   static const bool ok = CpuHasZmmKQuants();
   if (!ok) return {};
-  return {&Q2KRepackTable<2>::Gemm, &Q2KRepackTable<1>::Gemm, &GemmQ3KZmm};
+  return {&Q2KRepackTable<2>::Gemm, &Q2KRepackTable<1>::Gemm, &GemmQ3KZmm,
+          &ZmmTable<Q4KRepackGemvZmm>::Gemm, &ZmmTable<Q6KZmm>::Gemm};
 }
 
 }  // namespace pd::engine::cpu

@@ -58,19 +58,26 @@ using GemmTileFn = void (*)(int64_t k, const void* w, size_t w_stride, int nr, c
                             size_t x_stride, int nc, float* y, int64_t y_stride);
 
 // The AVX512-VNNI Q8_0 and Q5_0 (x Q8_0) tiles (avx512_vnni.cc), bit-identical to the AVX2
-// table's; nullptr when the CPU lacks AVX512F/VL/VNNI or PDSERVE_CPU_NO_VNNI is set (non-empty,
+// table's; nullptr when the CPU lacks AVX512F/BW/VL/VNNI or PDSERVE_CPU_NO_VNNI is set (non-empty,
 // not "0"). The AVX2 table's Q8_0 and Q5_0 entries call them when present.
 // 512-bit k-quant tiles (k_quants_avx512.cc; AVX512F + BW + VL + VNNI, PDSERVE_CPU_NO_VNNI
 // unset): the same bits as the AVX2 tables' entries they stand in for; nullptr members elsewhere.
+// q4_k_repack_gemv and q6_k (gemm[kQ6_K]) apply the sub-block scales with VPDPWSSD on 64 weights
+// per instruction, so a tile of several activation rows (a few decode sequences, or the K+1 rows
+// of a speculative step, each in the one-row order) costs much less than that many one-row tiles.
 struct ZmmKQuantTiles {
   GemmTileFn q2_k_repack_gemm = nullptr;
   GemmTileFn q2_k_repack_gemv = nullptr;
   GemmTileFn q3_k = nullptr;  // gemm[kQ3_K]
+  GemmTileFn q4_k_repack_gemv = nullptr;
+  GemmTileFn q6_k = nullptr;  // gemm[kQ6_K]
 };
 ZmmKQuantTiles ZmmKQuantTilesIfSupported();
-// The AVX2 Q3_K tiles that ZmmKQuantTiles::q3_k stands in for (without the 512-bit dispatch), so
-// that tests can compare the two bit for bit. Only call where AVX2 runs.
+// The AVX2 tiles that ZmmKQuantTiles' q3_k, q4_k_repack_gemv and q6_k stand in for (without the
+// 512-bit dispatch), so that tests can compare them bit for bit. Only call where AVX2 runs.
 GemmTileFn Q3KTileAvx2Only();
+GemmTileFn Q4KRepackGemvTileAvx2Only();
+GemmTileFn Q6KTileAvx2Only();
 GemmTileFn Q8_0TileVnni();
 GemmTileFn Q5_0TileVnni();
 // Q8_0 or Q5_0 weights x many Q8_0 activation rows (batched decode, prompts) on 512-bit VPDPBUSD
@@ -93,7 +100,8 @@ const GroupedKernels* Q8_0GroupedVnni();
 const GroupedKernels* Q5_0GroupedVnni();
 // The same contract for small batches (2 to ~11 activation rows: a few decode sequences, or the
 // K+1 rows of one sequence that a speculative step verifies): four activation rows per 512-bit
-// register (one 128-bit lane each, avx512_vnni.cc), weight blocks read in place and broadcast.
+// register (one 128-bit lane each, avx512_vnni.cc), weight blocks read in place and broadcast; a
+// last row alone in its group of four (n = 5, 9) takes the 256-bit tile's form in the same pass.
 // pack_x's layout serves both types. Results equal the AVX2 tiles' bit for bit; nullptr without
 // AVX512-VNNI (or with PDSERVE_CPU_NO_VNNI set).
 const GroupedKernels* Q8_0QuadVnni();

@@ -304,6 +304,72 @@ TEST_F(KQuantKernelsTest, ZmmQ3KTilesGiveTheAvx2TilesBits) {
   }
 }
 
+// The 512-bit Q4_K repacked-GEMV and Q6_K tiles (several decode rows per weight unpacking) give
+// the AVX2 tiles' bits on every tile shape: random blocks over the whole range of codes, scale
+// bytes and super-scales, and blocks filled with extreme codes and scale bytes against
+// activations at -128 / 127 (the int16 products and int32 sums at their limits). Through the AVX2
+// table, which dispatches to them, they are also held to the scalar references below.
+TEST_F(KQuantKernelsTest, ZmmQ4KGemvAndQ6KTilesGiveTheAvx2TilesBits) {
+  const ZmmKQuantTiles zmm = ZmmKQuantTilesIfSupported();
+  if (zmm.q4_k_repack_gemv == nullptr || zmm.q6_k == nullptr) {
+    GTEST_SKIP() << "no AVX512F/BW/VL/VNNI (or PDSERVE_CPU_NO_VNNI set)";
+  }
+  struct Variant {
+    const char* name;
+    Format f;
+    GemmTileFn avx2, zmm;
+    int scale_lo, scale_hi;  // sub-block scale bytes of a block
+  };
+  const Variant variants[] = {
+      {"q4_K repacked gemv zmm vs avx2", {DType::kQ4_K, GemmType::kQ4_K, DType::kQ8_K},
+       Q4KRepackGemvTileAvx2Only(), zmm.q4_k_repack_gemv, 4, 16},
+      {"q6_K zmm vs avx2", {DType::kQ6_K, GemmType::kQ6_K, DType::kQ8_K}, Q6KTileAvx2Only(),
+       zmm.q6_k, 192, 208},
+  };
+  for (const Variant& v : variants) {
+    ASSERT_NE(v.avx2, nullptr) << v.name;
+    for (int64_t k : Ks(v.f)) {
+      const Rows w = RandomWeights(v.f.type, kGemmTileW, k, Scales::kRandom, rng_);
+      const Rows a = RandomActivations(v.f.act, kGemmTileX, k, -128, 127, Scales::kRandom, rng_);
+      CheckTiles(v.f, w, a, /*exact=*/false, v.name, v.avx2, v.zmm, /*same_bits=*/true);
+    }
+    const ScaleFields fl = FieldsOf(v.f.type);
+    const size_t bb = Traits(v.f.type).block_bytes;
+    for (uint8_t fill : {0x00, 0xff, 0x55, 0xaa, 0x0f, 0xf0}) {
+      const int64_t k = 2 * kQK;
+      Rows w = RandomWeights(v.f.type, kGemmTileW, k, Scales::kRandom, rng_);
+      // Row 0: codes and scale bytes = fill; row 1: codes = fill, scale bytes complemented.
+      for (int row = 0; row < 2; ++row) {
+        for (size_t b = 0; b < w.stride; b += bb) {
+          char* blk = w.row(row) + b;
+          const uint16_t d = GetF16(blk + fl.d);
+          const uint16_t dmin = fl.dmin >= 0 ? GetF16(blk + fl.dmin) : 0;
+          std::memset(blk, fill, bb);
+          if (row == 1) {
+            for (int i = v.scale_lo; i < v.scale_hi; ++i) blk[i] = static_cast<char>(~fill);
+          }
+          PutF16(blk + fl.d, d);
+          if (fl.dmin >= 0) PutF16(blk + fl.dmin, dmin);
+        }
+      }
+      Expand(w);
+      Rows a = RandomActivations(v.f.act, kGemmTileX, k, -128, 127, Scales::kRandom, rng_);
+      for (int row = 0; row < 3; ++row) {  // all 127, alternating -128 / 127, all -128
+        for (int64_t j = 0; j < k / kQK; ++j) {
+          BlockQ8_K& blk = reinterpret_cast<BlockQ8_K*>(a.row(row))[j];
+          for (int l = 0; l < kQK; ++l) {
+            blk.qs[l] = static_cast<int8_t>(row == 0 ? 127 : row == 2 ? -128 : (l % 2 ? 127 : -128));
+          }
+          FixBsums(blk);
+        }
+      }
+      Expand(a);
+      CheckTiles(v.f, w, a, /*exact=*/false, std::string(v.name) + " fill " + std::to_string(fill),
+                 v.avx2, v.zmm, /*same_bits=*/true);
+    }
+  }
+}
+
 // llama.cpp's other x86 orders (kernels.h: q4_k_repack_*, q2_k_repack_*, gemm_wide): the
 // AVX2 tiles must give the scalar reference's bits, on every tile shape and on random blocks
 // (codes, sub-block scales and super-scales over their whole ranges), and stay within the
