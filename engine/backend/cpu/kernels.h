@@ -13,6 +13,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
+
+#include "absl/status/statusor.h"
 
 #include "engine/backend/kv_rotation.h"
 #include "engine/quant/k_quants.h"
@@ -58,8 +61,8 @@ using GemmTileFn = void (*)(int64_t k, const void* w, size_t w_stride, int nr, c
                             size_t x_stride, int nc, float* y, int64_t y_stride);
 
 // The AVX512-VNNI Q8_0 and Q5_0 (x Q8_0) tiles (avx512_vnni.cc), bit-identical to the AVX2
-// table's; nullptr when the CPU lacks AVX512F/VL/VNNI or PDSERVE_CPU_NO_VNNI is set (non-empty,
-// not "0"). The AVX2 table's Q8_0 and Q5_0 entries call them when present.
+// table's; nullptr when the CPU lacks AVX512F/VL/VNNI, PDSERVE_CPU_ISA caps AVX-512 off, or
+// PDSERVE_CPU_NO_VNNI is set (non-empty, not "0"; see CpuIsa below). The AVX2 table's Q8_0 and Q5_0 entries call them when present.
 // 512-bit k-quant tiles (k_quants_avx512.cc; AVX512F + BW + VL + VNNI, PDSERVE_CPU_NO_VNNI
 // unset): the same bits as the AVX2 tables' entries they stand in for; nullptr members elsewhere.
 struct ZmmKQuantTiles {
@@ -195,9 +198,25 @@ const AttnKernels& ScalarAttnKernels(int lanes);
 // The AVX2 versions (attention_avx2.cc; the scalar 8-lane ones in a build without AVX2). Only call
 // their entries where AVX2 + FMA run.
 const AttnKernels& Avx2AttnKernels();
-// True when the OS saves the opmask and ZMM state and CPUID leaf 7 (subleaf 0) reports every bit
-// of `leaf7_ebx` in EBX and of `leaf7_ecx` in ECX (cpuid.h's bit_AVX512F, bit_AVX512BW, ...):
-// the check every AVX-512 file makes before handing out its kernels. False off x86.
+// The instruction sets the CPU backend may use, in increasing order. The environment variable
+// PDSERVE_CPU_ISA caps them for the whole process, so that benchmarks and tests can run on an
+// AVX-512 machine the kernels (and llama.cpp's orders) of CPUs without it:
+//   unset, "" or "avx512": no cap, every kernel the CPU supports;
+//   "avx2":   no AVX-512 kernel anywhere (CpuHasAvx512 answers false): AVX2 + FMA + F16C;
+//   "scalar": SelectKernels() gives the portable table too (like --cpu-kernels scalar).
+// PDSERVE_CPU_NO_VNNI (non-empty, not "0") is a narrower switch on top: it keeps AVX-512
+// attention and INT8 KV rows but drops the VNNI matmul tiles (which give the same bits).
+enum class CpuIsa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+// Parses PDSERVE_CPU_ISA (read each call). INVALID_ARGUMENT naming the accepted values for any
+// other value: binaries call it at startup to fail cleanly.
+absl::StatusOr<CpuIsa> CpuIsaCapFromEnv();
+// The cap, read once per process (the dispatchers cache their choices in statics). An invalid
+// value aborts with CpuIsaCapFromEnv's message: nothing silently falls back to a default.
+CpuIsa CpuIsaCap();
+// True when the OS saves the opmask and ZMM state, CPUID leaf 7 (subleaf 0) reports every bit
+// of `leaf7_ebx` in EBX and of `leaf7_ecx` in ECX (cpuid.h's bit_AVX512F, bit_AVX512BW, ...),
+// and CpuIsaCap() allows AVX-512: the check every AVX-512 file makes before handing out its
+// kernels. False off x86.
 bool CpuHasAvx512(uint32_t leaf7_ebx, uint32_t leaf7_ecx = 0);
 
 // The AVX-512 versions (attention_avx512.cc): nullptr unless the CPU has AVX512F and AVX512DQ.
@@ -306,9 +325,13 @@ const Kernels& ScalarKernels();
 // The AVX2+FMA+F16C table, or nullptr when this build has none (non-x86). Only call its entries
 // when the CPU supports those instructions (see SelectKernels).
 const Kernels* Avx2Kernels();
-// Avx2Kernels() when compiled in, not `force_scalar`, and the CPU reports avx2, fma and f16c;
-// otherwise ScalarKernels().
+// Avx2Kernels() when compiled in, not `force_scalar`, CpuIsaCap() is not kScalar and the CPU
+// reports avx2, fma and f16c; otherwise ScalarKernels().
 const Kernels& SelectKernels(bool force_scalar);
+// The kernel set a backend on table `k` runs, for logs and benchmark records: "scalar", "avx2",
+// "avx512" (AVX-512 attention, INT8 KV rows and llama.cpp's AVX-512 orders, no VNNI tiles) or
+// "avx512-vnni" (also the VNNI / 512-bit matmul tiles).
+std::string_view KernelSetName(const Kernels& k);
 
 // One token-head of an INT8 KV row in the cache's scheme (kv_layout.h): `x` (head_dim values,
 // overwritten) is rotated into the stored basis in place and quantized into `q`; returns the

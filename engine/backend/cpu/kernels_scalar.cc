@@ -6,10 +6,13 @@
 #endif
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
 
+#include "common/status.h"
+#include "common/strings.h"
 #include "engine/backend/cpu/kernels.h"
 #include "engine/quant/q5_0.h"
 #include "engine/quant/fp16.h"
@@ -669,7 +672,27 @@ bool CpuHasAvx2Fma() {
 
 }  // namespace
 
+absl::StatusOr<CpuIsa> CpuIsaCapFromEnv() {
+  const char* v = std::getenv("PDSERVE_CPU_ISA");
+  const std::string_view s = v == nullptr ? "" : v;
+  if (s.empty() || s == "avx512") return CpuIsa::kAvx512;
+  if (s == "avx2") return CpuIsa::kAvx2;
+  if (s == "scalar") return CpuIsa::kScalar;
+  return absl::InvalidArgumentError(
+      pd::StrCat("PDSERVE_CPU_ISA='", s, "': expected avx512, avx2 or scalar (or unset)"));
+}
+
+CpuIsa CpuIsaCap() {
+  static const CpuIsa cap = [] {
+    absl::StatusOr<CpuIsa> c = CpuIsaCapFromEnv();
+    PD_CHECK_MSG(c.ok(), std::string(c.status().message()).c_str());
+    return *c;
+  }();
+  return cap;
+}
+
 bool CpuHasAvx512(uint32_t leaf7_ebx, uint32_t leaf7_ecx) {
+  if (CpuIsaCap() < CpuIsa::kAvx512) return false;
 #if defined(__x86_64__) || defined(__i386__)
   unsigned a, b, c, d;
   if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return false;
@@ -686,9 +709,16 @@ bool CpuHasAvx512(uint32_t leaf7_ebx, uint32_t leaf7_ecx) {
 
 const Kernels& SelectKernels(bool force_scalar) {
   const Kernels* avx2 = Avx2Kernels();
-  if (!force_scalar && avx2 != nullptr && CpuHasAvx2Fma()) return *avx2;
-  (void)avx2;
+  if (!force_scalar && avx2 != nullptr && CpuIsaCap() >= CpuIsa::kAvx2 && CpuHasAvx2Fma()) {
+    return *avx2;
+  }
   return kScalar;
+}
+
+std::string_view KernelSetName(const Kernels& k) {
+  if (&k == &kScalar) return "scalar";
+  if (Avx512AttnKernels() == nullptr) return "avx2";
+  return Q8_0TileVnni() != nullptr ? "avx512-vnni" : "avx512";
 }
 
 }  // namespace pd::engine::cpu

@@ -293,7 +293,7 @@ class KQuantKernelsTest : public ::testing::Test {
 TEST_F(KQuantKernelsTest, ZmmQ3KTilesGiveTheAvx2TilesBits) {
   const ZmmKQuantTiles zmm = ZmmKQuantTilesIfSupported();
   if (zmm.q3_k == nullptr || Q3KTileAvx2Only() == nullptr) {
-    GTEST_SKIP() << "no AVX512F/BW/VL/VNNI (or PDSERVE_CPU_NO_VNNI set)";
+    GTEST_SKIP() << "no AVX512F/BW/VL/VNNI (or PDSERVE_CPU_ISA / PDSERVE_CPU_NO_VNNI turn it off)";
   }
   const Format f{DType::kQ3_K, GemmType::kQ3_K, DType::kQ8_K};
   for (int64_t k : Ks(f)) {
