@@ -311,15 +311,34 @@ struct Kernels {
   // y = exp(x - m); returns the sum of y in F64.
   double (*exp_sub_sum)(const float* x, float m, float* y, int64_t n);
   // RoPE rotation of one head by angles with cosines c[i] and sines s[i], i < half, in the
-  // roundings of llama.cpp's build (GCC fuses one product of each output):
+  // roundings of llama.cpp's build (ggml's rotate_pairs as GCC 12 compiles it):
   //   NeoX pairs (i, i + half):   a' = fma(a, c, -(b * s)),  b' = fma(a, s, b * c)
-  //   normal pairs (2i, 2i + 1):  a' = fma(a, c, -(b * s)),  b' = fma(b, c, a * s)
+  //   normal pairs (2i, 2i + 1):  the first RopeNormalFusedPairs(half) pairs as NeoX's (GCC's
+  //     vectorized loop: VFMADDSUB), the rest unfused, a' = a * c - b * s, b' = a * s + b * c
+  //     (its tail, which it SLP-vectorizes into VADDSUBPS of rounded products).
   void (*rope_neox)(float* v, const float* c, const float* s, int64_t half);
   void (*rope_normal)(float* v, const float* c, const float* s, int64_t half);
   // Attention's kernels in ggml's order (AttnKernels above): the scalar table gives the portable
   // 8-lane version, the AVX2 table the AVX-512 version where the CPU has it, else its AVX2 one.
   const AttnKernels& (*attn)();
 };
+
+// How many leading pairs of a normal-mode RoPE row ggml fuses (Kernels::rope_normal): GCC
+// vectorizes rotate_pairs' loop (n_offset 1) with a main loop of `main` pairs per step, taken
+// when half >= main, then one step of `epi` pairs when that many remain; the rest is its tail.
+// AVX-512 builds (CPUs with AVX512F + AVX512DQ, under PDSERVE_CPU_ISA): main 8 (ZMM), epi 4
+// (YMM); AVX2 builds: main 4 (YMM), epi 2 (XMM). Measured against ggml_rope_ext for head dims
+// 2..256 (tests/python/test_matmul_sweep.py).
+struct RopeNormalWidths {
+  int main;
+  int epi;
+};
+RopeNormalWidths RopeNormalOrder();
+inline int64_t RopeNormalFusedPairs(int64_t half, RopeNormalWidths w) {
+  int64_t fused = half >= w.main ? half / w.main * w.main : 0;
+  if (half - fused >= w.epi) fused += w.epi;
+  return fused;
+}
 
 const Kernels& ScalarKernels();
 // The AVX2+FMA+F16C table, or nullptr when this build has none (non-x86). Only call its entries

@@ -390,10 +390,17 @@ void RopeNeox(float* v, const float* c, const float* s, int64_t half) {
 }
 
 void RopeNormal(float* v, const float* c, const float* s, int64_t half) {
-  for (int64_t i = 0; i < half; ++i) {
+  const int64_t fused = RopeNormalFusedPairs(half, RopeNormalOrder());
+  for (int64_t i = 0; i < fused; ++i) {
     const float a = v[2 * i], b = v[2 * i + 1];
     v[2 * i] = std::fma(a, c[i], -(b * s[i]));
-    v[2 * i + 1] = std::fma(b, c[i], a * s[i]);
+    v[2 * i + 1] = std::fma(a, s[i], b * c[i]);
+  }
+  for (int64_t i = fused; i < half; ++i) {  // this file has no FMA contraction (no -mfma)
+    const float a = v[2 * i], b = v[2 * i + 1];
+    const float ac = a * c[i], bs = b * s[i], as = a * s[i], bc = b * c[i];
+    v[2 * i] = ac - bs;
+    v[2 * i + 1] = as + bc;
   }
 }
 
@@ -713,6 +720,12 @@ const Kernels& SelectKernels(bool force_scalar) {
     return *avx2;
   }
   return kScalar;
+}
+
+RopeNormalWidths RopeNormalOrder() {
+  static const RopeNormalWidths w =
+      Avx512AttnKernels() != nullptr ? RopeNormalWidths{8, 4} : RopeNormalWidths{4, 2};
+  return w;
 }
 
 std::string_view KernelSetName(const Kernels& k) {

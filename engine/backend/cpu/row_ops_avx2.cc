@@ -143,11 +143,26 @@ void RopeNeox(float* v, const float* c, const float* s, int64_t half) {
   }
 }
 
+// Products GCC must not fuse into an FMA (this file is built with -mfma, and GCC contracts
+// across statements).
+inline float Rounded(float x) {
+  __asm__("" : "+x"(x));
+  return x;
+}
+
 void RopeNormal(float* v, const float* c, const float* s, int64_t half) {
-  for (int64_t i = 0; i < half; ++i) {
+  const int64_t fused = RopeNormalFusedPairs(half, RopeNormalOrder());
+  for (int64_t i = 0; i < fused; ++i) {
     const float a = v[2 * i], b = v[2 * i + 1];
     v[2 * i] = __builtin_fmaf(a, c[i], -(b * s[i]));
-    v[2 * i + 1] = __builtin_fmaf(b, c[i], a * s[i]);
+    v[2 * i + 1] = __builtin_fmaf(a, s[i], b * c[i]);
+  }
+  for (int64_t i = fused; i < half; ++i) {
+    const float a = v[2 * i], b = v[2 * i + 1];
+    const float ac = Rounded(a * c[i]), bs = Rounded(b * s[i]);
+    const float as = Rounded(a * s[i]), bc = Rounded(b * c[i]);
+    v[2 * i] = ac - bs;
+    v[2 * i + 1] = as + bc;
   }
 }
 

@@ -1059,7 +1059,8 @@ TEST(RopeKernelsTest, Avx2MatchesScalarBitForBit) {
   std::mt19937 rng(9);
   std::normal_distribution<float> normal(0.f, 2.f);
   std::uniform_real_distribution<float> angle(-3.2f, 3.2f);
-  for (int64_t half : {1, 4, 13, 32, 64, 128}) {
+  // Normal mode: every fused/unfused split of RopeNormalFusedPairs (tails of 1..3 pairs).
+  for (int64_t half : {1, 2, 3, 4, 5, 7, 9, 13, 15, 17, 32, 64, 128}) {
     std::vector<float> c(half), s(half), v(2 * half);
     for (int64_t i = 0; i < half; ++i) {
       const float t = angle(rng);
@@ -1080,6 +1081,19 @@ TEST(RopeKernelsTest, Avx2MatchesScalarBitForBit) {
       }
     }
   }
+}
+
+// Which normal-mode RoPE pairs ggml fuses, as GCC vectorizes rotate_pairs (disassembly of
+// llama-cpp-python's libggml-cpu, checked against ggml_rope_ext by test_matmul_sweep.py).
+TEST(RopeNormalOrderTest, FusedPairsFollowGccsVectorLoops) {
+  const RopeNormalWidths zmm{8, 4}, ymm{4, 2};
+  const std::pair<int64_t, int64_t> want_zmm[] = {{1, 0},  {3, 0},   {4, 4},   {7, 4},  {8, 8},
+                                                  {11, 8}, {12, 12}, {15, 12}, {16, 16}, {64, 64},
+                                                  {65, 64}, {69, 68}};
+  for (auto [half, fused] : want_zmm) EXPECT_EQ(RopeNormalFusedPairs(half, zmm), fused) << half;
+  const std::pair<int64_t, int64_t> want_ymm[] = {{1, 0}, {2, 2}, {3, 2}, {4, 4},
+                                                  {5, 4}, {6, 6}, {7, 6}, {64, 64}};
+  for (auto [half, fused] : want_ymm) EXPECT_EQ(RopeNormalFusedPairs(half, ymm), fused) << half;
 }
 
 }  // namespace pd::engine::cpu
