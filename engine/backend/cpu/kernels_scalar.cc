@@ -185,21 +185,53 @@ void Q45KSums(const uint8_t* scales, const uint8_t* qh, const uint8_t* qs, const
   }
 }
 
-// Per super-block: 256 + 8 + 8 multiply-adds + 6 flops; 144 (Q5_K: 176) + 292 bytes.
-float DotQ45KBlock(uint16_t d16, uint16_t dmin16, const uint8_t* scales, const uint8_t* qh,
-                   const uint8_t* qs, const BlockQ8_K& xb) {
-  int32_t isum, imin;
-  Q45KSums(scales, qh, qs, xb, 0, 8, &isum, &imin);
-  const float d = F16ToF32(d16) * xb.d, dmin = F16ToF32(dmin16) * xb.d;
-  return d * static_cast<float>(isum) - dmin * static_cast<float>(imin);
+// Q4_K and Q5_K in the order of ggml's x86 vec_dot_q4_K_q8_K / q5_K_q8_K (llama.cpp's kernel for
+// fewer than 8 activation rows of matrices it does not repack). Per super-block: 8 int32 lanes,
+// lane L the exact sum over sub-blocks j of sc_j * (codes . activations) over weights 4L..4L+3 of
+// each sub-block, then acc_L = fma(d_w * d_x, float(lane_L), acc_L). The min terms: Q4_K four
+// lanes u, macc_u = fma(-(dmin_w * d_x), float(m_2u bsum_2u + m_2u+1 bsum_2u+1), macc_u), summed
+// (m0 + m2) + (m1 + m3); Q5_K the exact total, msum = fma(-(dmin_w * d_x), float(total), msum).
+// The result is hsum_float_8(acc) + the min part (hsum: a_i + a_i+4, then (r0 + r2) + (r1 + r3)).
+// Per super-block: 256 + 8 + 8 multiply-adds + 14 flops; 144 (Q5_K: 176) + 292 bytes.
+template <bool kHigh, typename Block>
+float DotQ45KVec(const Block* w, const BlockQ8_K* x, int64_t n) {
+  float acc[8] = {}, macc[4] = {}, msum = 0.f;
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const Block& wb = w[b];
+    const BlockQ8_K& xb = x[b];
+    const uint8_t* qh = nullptr;
+    if constexpr (kHigh) qh = wb.qh;
+    int32_t lane[8] = {}, mins[8];
+    for (int j = 0; j < 8; ++j) {
+      int sc, m;
+      GetScaleMinK4(j, wb.scales, &sc, &m);
+      for (int l = 0; l < 32; ++l) {
+        int q = (wb.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
+        if (qh != nullptr) q |= ((qh[l] >> j) & 1) << 4;
+        lane[l / 4] += sc * q * int32_t{xb.qs[32 * j + l]};
+      }
+      mins[j] = m * (int32_t{xb.bsums[2 * j]} + int32_t{xb.bsums[2 * j + 1]});
+    }
+    const float d = F16ToF32(wb.d) * xb.d, ndmin = -(F16ToF32(wb.dmin) * xb.d);
+    for (int i = 0; i < 8; ++i) acc[i] = std::fma(d, static_cast<float>(lane[i]), acc[i]);
+    if constexpr (kHigh) {
+      int32_t total = 0;
+      for (int j = 0; j < 8; ++j) total += mins[j];
+      msum = std::fma(ndmin, static_cast<float>(total), msum);
+    } else {
+      for (int u = 0; u < 4; ++u) {
+        macc[u] = std::fma(ndmin, static_cast<float>(mins[2 * u] + mins[2 * u + 1]), macc[u]);
+      }
+    }
+  }
+  float r[4];
+  for (int i = 0; i < 4; ++i) r[i] = acc[i + 4] + acc[i];
+  const float hsum = (r[0] + r[2]) + (r[1] + r[3]);
+  return hsum + (kHigh ? msum : (macc[0] + macc[2]) + (macc[1] + macc[3]));
 }
 
 float DotQ4_K(const BlockQ4_K* w, const BlockQ8_K* x, int64_t n) {
-  float sum = 0.f;
-  for (int64_t b = 0; b < n / kQK; ++b) {
-    sum += DotQ45KBlock(w[b].d, w[b].dmin, w[b].scales, nullptr, w[b].qs, x[b]);
-  }
-  return sum;
+  return DotQ45KVec<false>(w, x, n);
 }
 
 // Q4_K in the order of llama.cpp's repacked x86 kernels (ggml's q4_K 8x8 GEMM for rows in full
@@ -253,11 +285,7 @@ float DotQ5_KWide(const BlockQ5_K* w, const BlockQ8_K* x, int64_t n) {
 }
 
 float DotQ5_K(const BlockQ5_K* w, const BlockQ8_K* x, int64_t n) {
-  float sum = 0.f;
-  for (int64_t b = 0; b < n / kQK; ++b) {
-    sum += DotQ45KBlock(w[b].d, w[b].dmin, w[b].scales, w[b].qh, w[b].qs, x[b]);
-  }
-  return sum;
+  return DotQ45KVec<true>(w, x, n);
 }
 
 // Per super-block: 256 + 16 multiply-adds + 3 flops; 210 + 292 bytes.
