@@ -32,7 +32,9 @@ float AttnDotAvx2(const float* a, const float* b, int64_t n) {
   const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
   const __m128 t1 = _mm_hadd_ps(t0, t0);
   float s = _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
-  for (int64_t i = np; i < n; ++i) s = __builtin_fmaf(a[i], b[i], s);
+  const int64_t nf = GgmlDotTailFusedFrom(np, n, 8);
+  for (int64_t i = np; i < nf; ++i) s += RoundedF32(a[i] * b[i]);
+  for (int64_t i = nf; i < n; ++i) s = __builtin_fmaf(a[i], b[i], s);
   return s;
 }
 
@@ -201,9 +203,11 @@ void AttnDotsBlockAvx2(const float* q, int64_t q_stride, const T* const* k, int 
     alignas(32) float s[8];
     _mm256_store_ps(s, ReduceAdd8(x[g]));
     const float* qg = q + g * q_stride;
+    const int64_t nf = GgmlDotTailFusedFrom(np, n, 8);
     for (int j = 0; j < n_k; ++j) {
       float v = s[j];
-      for (int64_t i = np; i < n; ++i) v = __builtin_fmaf(Value(k[j], i), qg[i], v);
+      for (int64_t i = np; i < nf; ++i) v += RoundedF32(Value(k[j], i) * qg[i]);
+      for (int64_t i = nf; i < n; ++i) v = __builtin_fmaf(Value(k[j], i), qg[i], v);
       out[g * out_stride + j] = v;
     }
   }

@@ -31,7 +31,8 @@ namespace pd::engine::cpu {
 namespace {
 
 // ggml_vec_dot_f32: four 16-lane FMA accumulators over steps of 64 elements, (a0 + a2) + (a1 + a3),
-// then the lane sum; the elements past the last full step one FMA each (as GCC compiles ggml's).
+// then the lane sum; the elements past the last full step as GCC compiles ggml's
+// (GgmlDotTailFusedFrom: whole groups of 8 unfused, then one FMA each).
 float AttnDot512(const float* a, const float* b, int64_t n) {
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                    _mm512_setzero_ps()};
@@ -44,7 +45,9 @@ float AttnDot512(const float* a, const float* b, int64_t n) {
   }
   const __m512 x = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
   float s = _mm512_reduce_add_ps(x);
-  for (int64_t i = np; i < n; ++i) s = __builtin_fmaf(a[i], b[i], s);
+  const int64_t nf = GgmlDotTailFusedFrom(np, n, 16);
+  for (int64_t i = np; i < nf; ++i) s += RoundedF32(a[i] * b[i]);
+  for (int64_t i = nf; i < n; ++i) s = __builtin_fmaf(a[i], b[i], s);
   return s;
 }
 
@@ -214,9 +217,11 @@ void AttnDotsBlock512(const float* q, int64_t q_stride, const T* const* k, int n
     alignas(64) float s[16];
     _mm512_store_ps(s, ReduceAdd16(x[g]));
     const float* qg = q + g * q_stride;
+    const int64_t nf = GgmlDotTailFusedFrom(np, n, 16);
     for (int j = 0; j < n_k; ++j) {
       float v = s[j];
-      for (int64_t i = np; i < n; ++i) v = __builtin_fmaf(Value(k[j], i), qg[i], v);
+      for (int64_t i = np; i < nf; ++i) v += RoundedF32(Value(k[j], i) * qg[i]);
+      for (int64_t i = nf; i < n; ++i) v = __builtin_fmaf(Value(k[j], i), qg[i], v);
       out[g * out_stride + j] = v;
     }
   }

@@ -131,7 +131,8 @@ struct AttnKernels {
   int lanes;
   // ggml_vec_dot_f32(n, a, b): 4 * lanes FMA accumulators (element i feeds accumulator
   // i % (4 * lanes)), reduced like `reduce`; elements past the last full 4 * lanes step are added
-  // one FMA each.
+  // as GCC compiles ggml's tail loop (GgmlDotTailFusedFrom: whole groups of lanes / 2 with
+  // rounded products, then one FMA each). Head dims under 4 * lanes are all tail.
   float (*dot)(const float* a, const float* b, int64_t n);
   // y = exp(x - max) with ggml's vector expf of this width, returning the sum of y in F64, added
   // one `lanes`-wide group at a time (each group summed in F32 first, in the reduction tree of
@@ -193,6 +194,25 @@ void AttnVSumsRowByRow(const float* const* p, int64_t p_stride, int n_q, int n_r
     VSums(p[r], p_stride, n_q, v + (lo[r] - base), lo[r], hi[r], n_acc, cols, out[r], out_stride);
   }
 }
+// `x` as an F32 value of its own: GCC does not fuse it into a following add or subtract (files
+// built with -mfma contract a * b + c even across statements), for the places where ggml's
+// compiled code rounds a product before adding it.
+inline float RoundedF32(float x) {
+#if defined(__x86_64__) || defined(__i386__)
+  __asm__("" : "+x"(x));
+#endif
+  return x;
+}
+// ggml_vec_dot_f32's leftovers, elements [np, n) past its last full step of 4 * lanes, as GCC
+// compiles its `sumf += x[i]*y[i]`: an in-order vectorized reduction over whole vectors of
+// lanes / 2 (products rounded, VMULPS, then added one by one, VADDSS) up to the returned index,
+// then one FMA per element. Measured on ggml_vec_dot_f32 of both builds for n = 1..257
+// (tests/python/test_matmul_sweep.py runs head dims through the attention it feeds).
+inline int64_t GgmlDotTailFusedFrom(int64_t np, int64_t n, int lanes) {
+  const int64_t v = lanes / 2;
+  return np + (n - np) / v * v;
+}
+
 // Portable versions of both widths (the reference the SIMD ones are tested against).
 const AttnKernels& ScalarAttnKernels(int lanes);
 // The AVX2 versions (attention_avx2.cc; the scalar 8-lane ones in a build without AVX2). Only call

@@ -438,8 +438,8 @@ void RopeNormal(float* v, const float* c, const float* s, int64_t half) {
 //   kHalves: tinyBLAS's hsum, ggml_vec_soft_max_f32's group sum and GCC's _mm512_reduce_add_ps:
 //            fold the upper half onto the lower (16 -> 8 -> 4 lanes), then (q0 + q2) + (q1 + q3).
 //   kPairs:  GGML_F32x8_REDUCE's tail (8 lanes): q[i] = v[i] + v[i + 4], then (q0 + q1) + (q2 + q3).
-// ggml's scalar tails (elements past the last full vector step) are written a += x * y; llama.cpp's
-// build (C++, -ffp-contract=fast by default, FMA available) fuses them, so the twins use fma.
+// ggml's scalar tails (elements past the last full vector step) are written a += x * y; GCC
+// vectorizes part of them without fusing and fuses the rest (GgmlDotTailFusedFrom, kernels.h).
 enum class LaneSum { kHalves, kPairs };
 
 float SumLanes(const float* v, int lanes, LaneSum how) {
@@ -471,7 +471,9 @@ float AttnDotRef(const float* a, const float* b, int64_t n) {
   float x[L];
   for (int l = 0; l < L; ++l) x[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
   float s = SumLanes(x, L, DotLaneSum(L));
-  for (int64_t i = np; i < n; ++i) s = std::fma(a[i], b[i], s);  // GCC fuses ggml's tail too
+  const int64_t nf = GgmlDotTailFusedFrom(np, n, L);
+  for (int64_t i = np; i < nf; ++i) s += RoundedF32(a[i] * b[i]);
+  for (int64_t i = nf; i < n; ++i) s = std::fma(a[i], b[i], s);
   return s;
 }
 

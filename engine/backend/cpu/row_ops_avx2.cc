@@ -143,13 +143,6 @@ void RopeNeox(float* v, const float* c, const float* s, int64_t half) {
   }
 }
 
-// Products GCC must not fuse into an FMA (this file is built with -mfma, and GCC contracts
-// across statements).
-inline float Rounded(float x) {
-  __asm__("" : "+x"(x));
-  return x;
-}
-
 void RopeNormal(float* v, const float* c, const float* s, int64_t half) {
   const int64_t fused = RopeNormalFusedPairs(half, RopeNormalOrder());
   for (int64_t i = 0; i < fused; ++i) {
@@ -159,8 +152,8 @@ void RopeNormal(float* v, const float* c, const float* s, int64_t half) {
   }
   for (int64_t i = fused; i < half; ++i) {
     const float a = v[2 * i], b = v[2 * i + 1];
-    const float ac = Rounded(a * c[i]), bs = Rounded(b * s[i]);
-    const float as = Rounded(a * s[i]), bc = Rounded(b * c[i]);
+    const float ac = RoundedF32(a * c[i]), bs = RoundedF32(b * s[i]);
+    const float as = RoundedF32(a * s[i]), bc = RoundedF32(b * c[i]);
     v[2 * i] = ac - bs;
     v[2 * i + 1] = as + bc;
   }
