@@ -350,9 +350,31 @@ constexpr AttnKernels kAvx2Attn = {8,
                                    &AttnVSumsRowByRow<float, &AttnVSumsAvx2<float>>,
                                    &AttnVSumsRowByRow<uint16_t, &AttnVSumsAvx2<uint16_t>>};
 
+inline __m256 SwiGlu8(__m256 g, __m256 u) {
+  const __m256 e = GgmlExpAvx2(_mm256_sub_ps(_mm256_setzero_ps(), g));
+  return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e)), u);
+}
+
 }  // namespace
 
 namespace avx2 {
+
+// ggml_v_silu(g) * u on every element with ggml's vector expf of the width llama.cpp is built
+// with here: AVX-512's where the CPU has it (and PDSERVE_CPU_ISA allows it), else AVX2's.
+void SwiGluGgml(const float* g, const float* u, float* y, int64_t n) {
+  static const SwiGluFn f512 = Avx512SwiGlu();
+  if (f512 != nullptr) return f512(g, u, y, n);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, SwiGlu8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+  }
+  if (i < n) {
+    alignas(32) float gt[8] = {}, ut[8] = {}, yt[8];
+    for (int64_t j = i; j < n; ++j) gt[j - i] = g[j], ut[j - i] = u[j];
+    _mm256_store_ps(yt, SwiGlu8(_mm256_load_ps(gt), _mm256_load_ps(ut)));
+    for (int64_t j = i; j < n; ++j) y[j] = yt[j - i];
+  }
+}
 
 // The AVX-512 order where the CPU has it (llama.cpp built for it uses that), else AVX2's.
 const AttnKernels& Avx2TableAttn() {

@@ -241,6 +241,10 @@ bool CpuHasAvx512(uint32_t leaf7_ebx, uint32_t leaf7_ecx = 0);
 
 // The AVX-512 versions (attention_avx512.cc): nullptr unless the CPU has AVX512F and AVX512DQ.
 const AttnKernels* Avx512AttnKernels();
+// Kernels::swiglu on 16 lanes with ggml's AVX-512 expf (same conditions; the AVX2 table's entry
+// calls it when present).
+using SwiGluFn = void (*)(const float* g, const float* u, float* y, int64_t n);
+SwiGluFn Avx512SwiGlu();
 
 // The fused F16 <-> INT8 KV rows (kv_i8_avx512.cc; Kernels::quantize_kv_i8_f16 and
 // dequantize_kv_i8_f16): nullptr unless the CPU has AVX512F + AVX512BW and head_dim is 64, 128 or
@@ -326,7 +330,10 @@ struct Kernels {
   void (*scale)(const float* x, float s, float* y, int64_t n);                      // y = s * x
   void (*scale_mul)(const float* x, float s, const float* w, float* y, int64_t n);  // (s*x)*w
   void (*add)(const float* a, const float* b, float* y, int64_t n);
-  void (*swiglu)(const float* g, const float* u, float* y, int64_t n);  // g/(1+exp(-g)) * u
+  // y = g / (1 + exp(0 - g)) * u (ggml_v_silu times u) with ggml's vector expf of attn()'s width
+  // on every element; ggml's scalar tail of a row (the last cols % lanes, libm expf) is the
+  // caller's (CpuBackend::SwiGlu).
+  void (*swiglu)(const float* g, const float* u, float* y, int64_t n);
   float (*max)(const float* x, int64_t n);                              // -inf when n == 0
   // y = exp(x - m); returns the sum of y in F64.
   double (*exp_sub_sum)(const float* x, float m, float* y, int64_t n);

@@ -390,8 +390,9 @@ void Add(const float* a, const float* b, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
 }
 
-void SwiGlu(const float* g, const float* u, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+float GgmlExpf8(float x);
+void SwiGlu(const float* g, const float* u, float* y, int64_t n) {  // the 8-lane expf (attn())
+  for (int64_t i = 0; i < n; ++i) y[i] = g[i] / (1.f + GgmlExpf8(0.f - g[i])) * u[i];
 }
 
 float Max(const float* x, int64_t n) {

@@ -12,7 +12,9 @@
 // With TYPE "rope-normal" or "rope-neox" it instead applies RoPE the way the CPU backend does
 // (Kernels::rope_normal / rope_neox on the backend's angle cache) to N tokens of M heads of K
 // values at positions 0..N-1, base 10000: X in, Y out ([N][M][K] F32), for the RoPE half of the
-// same comparison. Exit status 2 on bad arguments, 1 on an engine error.
+// same comparison. With TYPE "swiglu", Backend::SwiGlu on N rows of K values: X holds the gate
+// rows then the up rows (2 * N * K F32), Y gets N * K. Exit status 2 on bad arguments, 1 on an
+// engine error.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -70,11 +72,25 @@ int Rope(bool neox, int64_t k, int64_t m, int64_t n, const std::vector<char>& x_
   return WriteFile(y_path, v.data(), v.size() * sizeof(float)) ? 0 : Fail("cannot write Y");
 }
 
+int SwiGlu(int64_t k, int64_t n, std::vector<char>& x_bytes, const char* y_path, int threads) {
+  if (x_bytes.size() != static_cast<size_t>(2 * n * k) * sizeof(float)) return Fail("X size");
+  std::unique_ptr<Backend> be = pd::engine::CreateCpuBackend({.threads = threads});
+  float* g = reinterpret_cast<float*>(x_bytes.data());
+  std::vector<float> y(n * k);
+  const Tensor gate{DType::kF32, k, n, g}, up{DType::kF32, k, n, g + n * k};
+  Tensor out{DType::kF32, k, n, y.data()};
+  if (absl::Status s = be->SwiGlu(gate, up, out); !s.ok()) {
+    std::fprintf(stderr, "pd_matmul_harness: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return WriteFile(y_path, y.data(), y.size() * sizeof(float)) ? 0 : Fail("cannot write Y");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 8 || argc > 9) {
-    return Fail("usage: pd_matmul_harness TYPE|rope-normal|rope-neox K M N W X Y [THREADS]");
+    return Fail("usage: pd_matmul_harness TYPE|rope-normal|rope-neox|swiglu K M N W X Y [THREADS]");
   }
   const std::string type = argv[1];
   const int64_t k = std::atoll(argv[2]), m = std::atoll(argv[3]), n = std::atoll(argv[4]);
@@ -82,6 +98,7 @@ int main(int argc, char** argv) {
   if (k <= 0 || m <= 0 || n <= 0 || threads <= 0) return Fail("K, M, N, THREADS must be > 0");
   std::vector<char> w_bytes, x_bytes;
   if (!ReadFile(argv[6], &x_bytes)) return Fail("cannot read X");
+  if (type == "swiglu") return SwiGlu(k, n, x_bytes, argv[7], threads);
   if (type == "rope-normal" || type == "rope-neox") {
     return Rope(type == "rope-neox", k, m, n, x_bytes, argv[7], threads);
   }
