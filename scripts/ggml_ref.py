@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""llama.cpp's own matmul and RoPE, through ctypes on the libggml that llama-cpp-python ships.
+"""llama.cpp's own matmul, RoPE and SwiGLU, through ctypes on the libggml that llama-cpp-python ships.
 
 The reference side of tests/python/test_matmul_sweep.py: ggml_mul_mat on the CPU backend, with
 the weight in llama.cpp's repacked buffer type ("CPU_REPACK") wherever llama.cpp puts it there
@@ -84,6 +84,7 @@ class GgmlRef:
         self._sig(c.ggml_backend_cpu_buffer_type if hasattr(c, "ggml_backend_cpu_buffer_type")
                   else b.ggml_backend_cpu_buffer_type, P, [])
         self._sig(c.ggml_cpu_has_avx512, I, [])
+        self._sig(c.ggml_vec_swiglu_f32, None, [I, P, P, P])
         self._sig(c.ggml_cpu_has_avx2, I, [])
         self.backend = c.ggml_backend_cpu_init()
         c.ggml_backend_cpu_set_n_threads(self.backend, threads)
@@ -170,6 +171,16 @@ class GgmlRef:
             b.ggml_backend_buffer_free(wbuf)
             b.ggml_free(ctx_w)
 
+    def swiglu(self, g: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """ggml_vec_swiglu_f32 (what GGML_OP_GLU's swiglu runs) row by row: g / (1 + e^-g) * u."""
+        g = np.ascontiguousarray(g, dtype=np.float32)
+        u = np.ascontiguousarray(u, dtype=np.float32)
+        y = np.empty_like(g)
+        for r in range(g.shape[0]):
+            self.cpu.ggml_vec_swiglu_f32(g.shape[1], y[r].ctypes.data, g[r].ctypes.data,
+                                         u[r].ctypes.data)
+        return y
+
     def rope(self, x: np.ndarray, neox: bool, base: float = 10000.0) -> np.ndarray:
         """ggml_rope_ext on x [n_tokens, n_heads, head_dim] at positions 0..n_tokens-1, every
         dimension rotating, no scaling (as llama.cpp's graph calls it for a plain model)."""
@@ -190,7 +201,9 @@ class GgmlRef:
 def main() -> int:
     """Serves one JSON request per stdin line, for a parent holding another libggml:
     {"op": "mul_mat", "type", "k", "m", "w": path, "x": path, "y": path} or
-    {"op": "rope", "neox", "x": path, "shape": [n, h, d], "y": path}; answers {"ok": true} or
+    {"op": "rope", "neox", "x": path, "shape": [n, h, d], "y": path},
+    {"op": "swiglu", "x": path (gate rows then up rows), "shape": [rows, cols], "y": path} or
+    {"op": "quantize", "type", "k", "m", "x": path, "y": path}; answers {"ok": true} or
     {"error": text}. argv[1]: the lib folder (default: the venv's)."""
     ref = GgmlRef(Path(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1] else None)
     print(json.dumps({"ready": True, "avx512": ref.avx512, "lib": str(ref.lib_dir)}), flush=True)
@@ -205,6 +218,10 @@ def main() -> int:
                 Path(r["y"]).write_bytes(ref.quantize(r["type"], w))
                 print(json.dumps({"ok": True}), flush=True)
                 continue
+            elif r["op"] == "swiglu":
+                rows, cols = r["shape"]
+                x = np.fromfile(r["x"], dtype=np.float32).reshape(2, rows, cols)
+                y = ref.swiglu(x[0], x[1])
             else:
                 x = np.fromfile(r["x"], dtype=np.float32).reshape(r["shape"])
                 y = ref.rope(x, r["neox"])

@@ -19,7 +19,8 @@ Two halves, each in its own process on the reference side (the libraries share S
     cores, cached in ~/.cache/pdserve) against PDSERVE_CPU_ISA=avx2. Skipped, saying so, when
     that build is missing and PDSERVE_BUILD_AVX2_REF is not 1 (CI sets it and builds it).
 
-Every result must be bit-identical, except the combinations listed in KNOWN (docs/numerics.md
+The same halves check RoPE (normal and NeoX, head dims 2..256) and SwiGLU (row lengths 1..1000)
+against ggml_rope_ext and ggml_vec_swiglu_f32. Every result must be bit-identical, except the combinations listed in KNOWN (docs/numerics.md
 says why), which are held to a relative bound instead: max |ours - llama.cpp| / max |llama.cpp|
 <= 2e-6 (1 to a few ulps; a wrong scale, bit or block gives 1e-2 and up).
 """
@@ -148,6 +149,17 @@ def run_half(isa: str, lib_dir: str, harness: Path, tmp: Path, measurement) -> N
                                 "5", "-", str(x_p), str(y_ours)], check=True, env=env)
                 if (np.fromfile(y_ref, np.uint32) != np.fromfile(y_ours, np.uint32)).any():
                     failures.append(f"rope {'neox' if neox else 'normal'} head_dim {d}")
+        # SwiGLU (ggml_vec_swiglu_f32: vectors of ggml's expf, libm expf for each row's tail),
+        # row lengths around the vector widths.
+        for cols in (1, 5, 8, 13, 16, 24, 31, 64, 100, 352, 1000):
+            rows = 3
+            x = (3 * rng.standard_normal(2 * rows * cols)).astype(np.float32)
+            x.tofile(x_p)
+            ref.call(op="swiglu", x=str(x_p), shape=[rows, cols], y=str(y_ref))
+            subprocess.run([str(harness), "swiglu", str(cols), "1", str(rows), "-", str(x_p),
+                            str(y_ours)], check=True, env=env)
+            if (np.fromfile(y_ref, np.uint32) != np.fromfile(y_ours, np.uint32)).any():
+                failures.append(f"swiglu cols {cols}")
         for t, kb, m, n in cases():
             e = ggml_ref.BLOCKS[t][0]
             k = kb * (32 if e == 1 else e)
