@@ -218,8 +218,9 @@ void TileQ2_K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
       PD_UNROLL for (int c = 0; c < C; ++c) {
         __m256 d, dmin;
         BlockScales(&wb->d, dx[c], &d, &dmin);
-        AccumulateBlock(acc[r][c], d, isum[c]);
+        // ggml_vec_dot_q2_K_q8_K's order: the min terms first, then the scaled sums.
         AccumulateMins(acc[r][c], dmin, _mm256_madd_epi16(m16, Load32(xb[c]->bsums)));
+        AccumulateBlock(acc[r][c], d, isum[c]);
       }
     }
   }
