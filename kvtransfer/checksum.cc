@@ -2,6 +2,8 @@
 
 #include <new>
 
+#include "engine/backend/cpu/kernels.h"
+
 // The generic build (SSE2 on x86-64) of the same functions.
 #include "kvtransfer/checksum_impl.inc"
 
@@ -16,10 +18,14 @@ const ChecksumImpl& ChecksumGeneric() {
 namespace {
 const internal::ChecksumImpl& Impl() {
 #if defined(__x86_64__)
+  // The same digests on every path; PDSERVE_CPU_ISA (engine/backend/cpu/kernels.h) caps the
+  // instruction set here too, so that a capped run uses no AVX-512 code anywhere.
+  using engine::cpu::CpuIsa;
+  const CpuIsa cap = engine::cpu::CpuIsaCap();
   static const internal::ChecksumImpl& impl =
-      __builtin_cpu_supports("avx512f") ? internal::ChecksumAvx512()
-      : __builtin_cpu_supports("avx2")  ? internal::ChecksumAvx2()
-                                        : internal::ChecksumGeneric();
+      cap >= CpuIsa::kAvx512 && __builtin_cpu_supports("avx512f") ? internal::ChecksumAvx512()
+      : cap >= CpuIsa::kAvx2 && __builtin_cpu_supports("avx2")    ? internal::ChecksumAvx2()
+                                                                  : internal::ChecksumGeneric();
 #else
   static const internal::ChecksumImpl& impl = internal::ChecksumGeneric();
 #endif

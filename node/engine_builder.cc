@@ -6,6 +6,7 @@
 
 #include "common/status.h"
 #include "common/strings.h"
+#include "engine/backend/cpu/kernels.h"
 #include "engine/backend/kv_layout.h"
 #include "engine/model/model_finder.h"
 
@@ -25,11 +26,15 @@ absl::StatusOr<Engine> BuildEngine(const EngineOptions& options) {
   PD_RETURN_IF_ERROR(engine::Model::CheckBackend(*e.file, options.backend));
   if (options.backend == "cuda") {
     PD_ASSIGN_OR_RETURN(e.backend, engine::CreateCudaBackend(0));
+    e.kernels = "cuda";
   } else {
+    PD_RETURN_IF_ERROR(engine::cpu::CpuIsaCapFromEnv().status());
     engine::CpuBackendOptions cpu;
     cpu.threads = options.threads;
     cpu.force_scalar = options.force_scalar;
     e.backend = engine::CreateCpuBackend(cpu);
+    e.kernels = std::string(
+        engine::cpu::KernelSetName(engine::cpu::SelectKernels(options.force_scalar)));
   }
   PD_ASSIGN_OR_RETURN(e.model, engine::Model::Load(e.file, *e.backend));
   e.context =
@@ -80,6 +85,7 @@ absl::StatusOr<ServingEngine> BuildServingEngine(const ServeOptions& o,
   e.backend = std::move(built.backend);
   e.file = std::move(built.file);
   e.model_path = std::move(built.model_path);
+  e.kernels = std::move(built.kernels);
   PD_ASSIGN_OR_RETURN(e.scheduler, engine::Scheduler::Create(std::move(built.model), so));
   return e;
 }

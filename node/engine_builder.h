@@ -36,12 +36,15 @@ struct Engine {
   std::unique_ptr<engine::Model> model;
   std::string model_path;  // the file actually loaded
   int context = 0;         // the context rule applied
+  // The kernels that run, for logs and benchmark records: the CPU backend's kernel set
+  // (engine/backend/cpu/kernels.h KernelSetName: scalar, avx2, avx512, avx512-vnni) or "cuda".
+  std::string kernels;
 };
 
 // Finds the model, checks that the backend runs every op it needs (UNIMPLEMENTED naming the
 // missing ops, before any device is touched), creates the backend, maps and loads the weights.
-// Errors: NOT_FOUND (no model), INVALID_ARGUMENT (unknown backend, malformed file), UNIMPLEMENTED,
-// UNAVAILABLE (no GPU for cuda).
+// Errors: NOT_FOUND (no model), INVALID_ARGUMENT (unknown backend, malformed file, a bad
+// PDSERVE_CPU_ISA), UNIMPLEMENTED, UNAVAILABLE (no GPU for cuda).
 absl::StatusOr<Engine> BuildEngine(const EngineOptions& options);
 
 // The config's model / backend / threads / context as EngineOptions.
@@ -53,6 +56,7 @@ struct ServingEngine {
   std::shared_ptr<engine::GgufFile> file;
   std::unique_ptr<engine::Scheduler> scheduler;
   std::string model_path;
+  std::string kernels;  // Engine::kernels
 };
 
 // BuildEngine(EngineOptionsFrom(o)), then a Scheduler from the config's scheduler and kv

@@ -100,7 +100,7 @@ absl::Status Run(const std::string& name, std::unique_ptr<NodeRole>& role, const
   std::printf("%s\n", server->ReadyLine().c_str());
   std::fflush(stdout);
   PD_LOG(kInfo, name, ": serving ", engine.model_path, " (", role_name, ", context ",
-         sched->max_context(), ")");
+         sched->max_context(), ", kernels ", engine.kernels, ")");
   int sig = 0;
   sigwait(&signals, &sig);
   PD_LOG(kInfo, name, ": signal ", sig, ": draining (grace ", o.shutdown_grace_s, " s)");

@@ -11,6 +11,7 @@ many elements of each matmul input are bit-identical and the largest relative di
     blk.L.Qcur / Kcur / Vcur     Qcur-L ...      Q and K after RoPE, V
     blk.L.attn_output.weight     kqv_out-L       attention output, heads concatenated
     blk.L.ffn_gate.weight        ffn_norm-L
+    blk.L.ffn_gate / ffn_up      ffn_gate-L ...  the two projections, before the activation
     blk.L.ffn_down.weight        ffn_geglu-L     (or ffn_swiglu-L for SwiGLU models)
     blk.L.ffn_out                ffn_out-L       the feed-forward output, before its post norm
     token_embd / output.weight   result_norm
@@ -134,6 +135,7 @@ def main() -> int:
                   (f"blk.{l}.Vcur", f"Vcur-{l}"),
                   (f"blk.{l}.attn_output.weight", f"kqv_out-{l}"),
                   (f"blk.{l}.ffn_gate.weight", f"ffn_norm-{l}"),
+                  (f"blk.{l}.ffn_gate", f"ffn_gate-{l}"), (f"blk.{l}.ffn_up", f"ffn_up-{l}"),
                   (f"blk.{l}.ffn_down.weight", f"{act}-{l}"),
                   (f"blk.{l}.ffn_out", f"ffn_out-{l}")]
     pairs.append(("__output__", "result_norm"))

@@ -15,7 +15,12 @@ F32 KV cache, flash attention off, 2 threads):
 
 Running it twice on the same machine gives identical output.
 
-Usage: python scripts/make_gemma_reference.py [--model PATH] [--out PATH]
+With --isa avx2 it runs llama.cpp's AVX2-only build instead (bench/llamacpp/build_avx2_lib.sh,
+loaded through LLAMA_CPP_LIB_PATH: the orders of CPUs without AVX-512, which pdserve runs under
+PDSERVE_CPU_ISA=avx2) and writes reference_avx2.json, without the tokenizer section (the ids do
+not depend on the build).
+
+Usage: python scripts/make_gemma_reference.py [--model PATH] [--out PATH] [--isa native|avx2]
 """
 
 from __future__ import annotations
@@ -63,14 +68,25 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=REPO / "models" / "gemma-3-270m-q4_k_m.gguf")
-    ap.add_argument("--out", type=Path,
-                    default=REPO / "testdata" / "reference" / "gemma3" / "reference.json")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--isa", choices=["native", "avx2"], default="native")
     args = ap.parse_args()
+    ref_dir = REPO / "testdata" / "reference" / "gemma3"
+    if args.out is None:
+        args.out = ref_dir / ("reference.json" if args.isa == "native" else "reference_avx2.json")
+    if args.isa == "avx2":
+        import os
+        import subprocess
+        lib = os.environ.get("PDSERVE_LLAMACPP_AVX2_LIB") or subprocess.run(
+            ["bash", str(REPO / "bench" / "llamacpp" / "build_avx2_lib.sh")], check=True,
+            capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        os.environ["LLAMA_CPP_LIB_PATH"] = lib  # read when llama_cpp is imported
     import llama_cpp
 
     llm = llama_cpp.Llama(str(args.model), verbose=False, **SETTINGS)
     out: dict = {"model_sha256": sha256(args.model), "settings": SETTINGS,
-                 "llama_cpp_python": llama_cpp.__version__, "window": WINDOW, "topk": TOPK}
+                 "llama_cpp_python": llama_cpp.__version__, "window": WINDOW, "topk": TOPK,
+                 "isa": args.isa}
 
     eval_text = texts.build_text("evaluation")
     eval_ids = llm.tokenize(eval_text, add_bos=False, special=False)
@@ -104,6 +120,13 @@ def main() -> int:
         greedy.append({"prompt": line, "prompt_ids": ids, "greedy_ids": gen, "margins": margins})
         print(f"greedy: {line[:40]!r}", file=sys.stderr)
     out["greedy"] = greedy
+
+    if args.isa == "avx2":
+        llm.close()
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(out, separators=(",", ":")) + "\n")
+        print(args.out)
+        return 0
 
     corpus = [bytes.fromhex(json.loads(l)["hex"]) for l in
               (REPO / "testdata" / "tokenizer" / "corpus.jsonl").read_text().splitlines() if l]

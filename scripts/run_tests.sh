@@ -12,6 +12,15 @@ rc=0
 echo "== ctest =="
 (cd "$BUILD" && ctest --output-on-failure -j"$JOBS") || rc=1
 
+echo "== AVX2-only llama.cpp reference (cached in ~/.cache/pdserve; ~4 min on 2 cores once) =="
+# The reference of the AVX2 halves of test_matmul_sweep.py and test_gemma_reference.py; they skip
+# (saying so) if it cannot be built here.
+if AVX2_LIB=$(bench/llamacpp/build_avx2_lib.sh | tail -1); then
+  export PDSERVE_LLAMACPP_AVX2_LIB="$AVX2_LIB"
+else
+  echo "build_avx2_lib.sh failed: the AVX2 reference tests will skip"
+fi
+
 echo "== pytest =="
 PDCTL="$PWD/$BUILD/bin/pdctl" .venv/bin/python -m pytest -q tests/python || rc=1
 

@@ -302,6 +302,8 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
     const absl::Span<const uint8_t> ffn_orders = l + 1 == c.n_layer ? orders_last : orders;
     PD_RETURN_IF_ERROR(
         LinearGroup({{&w.w_gate, "ffn_gate", &gate}, {&w.w_up, "ffn_up", &up}}, l, h, ffn_orders));
+    PD_RETURN_IF_ERROR(ObserveIntermediate("ffn_gate", l, gate));
+    PD_RETURN_IF_ERROR(ObserveIntermediate("ffn_up", l, up));
     if (c.ffn_act == FfnActivation::kGeluTanh) {
       PD_RETURN_IF_ERROR(b.GeGlu(gate, up, gate));
     } else {

@@ -16,6 +16,11 @@ where the CPU has what the reference machine had (AVX512F/DQ/VL/VNNI); elsewhere
 the regression floors of an unmatched order (a real bug, e.g. a wrong rope base or norm, gives
 KL > 0.1).
 
+The AVX2 path is checked the same way against its own reference, reference_avx2.json (made by
+make_gemma_reference.py --isa avx2 from llama.cpp's AVX2-only build,
+bench/llamacpp/build_avx2_lib.sh): our side runs under PDSERVE_CPU_ISA=avx2, and the targets hold
+on any CPU with AVX2 + FMA + F16C (both builds fix their orders at compile time).
+
 KL is computed over llama.cpp's 32 most likely tokens plus one bucket for the rest of the
 vocabulary (both distributions coarsened the same way), which is a lower bound of the full KL by
 the data-processing inequality; the uncovered mass is reported with it.
@@ -26,6 +31,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -44,38 +50,65 @@ def _same_orders_as_reference() -> bool:
     return {"avx512f", "avx512dq", "avx512vl", "avx512_vnni", "avx2", "fma"} <= flags
 
 
+def _has_avx2() -> bool:
+    try:
+        return {"avx2", "fma", "f16c"} <= set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return False
+
+
 SAME_ORDERS = _same_orders_as_reference()
 MODEL = REPO / "models" / "gemma-3-270m-q4_k_m.gguf"
 REF = REPO / "testdata" / "reference" / "gemma3" / "reference.json"
+REF_AVX2 = REPO / "testdata" / "reference" / "gemma3" / "reference_avx2.json"
 OUR_TOP = 64
+# Per kernel set: (reference, PDSERVE_CPU_ISA for our side, whether the targets apply here).
+ISAS = {"native": (REF, "", SAME_ORDERS), "avx2": (REF_AVX2, "avx2", _has_avx2())}
+
+
+def _load(path: Path) -> dict:
+    if not MODEL.exists():
+        pytest.fail(f"{MODEL} is missing: run `make setup` (it assembles the default model)")
+    data = json.loads(path.read_text())
+    h = hashlib.sha256(MODEL.read_bytes()).hexdigest()
+    assert h == data["model_sha256"], "the default model file differs from the referenced one"
+    return data
 
 
 @pytest.fixture(scope="module")
 def ref() -> dict:
-    if not MODEL.exists():
-        pytest.fail(f"{MODEL} is missing: run `make setup` (it assembles the default model)")
-    data = json.loads(REF.read_text())
-    h = hashlib.sha256(MODEL.read_bytes()).hexdigest()
-    assert h == data["model_sha256"], "the default model file differs from the referenced one"
-    return data
+    return _load(REF)
+
+
+@pytest.fixture(scope="module", params=list(ISAS))
+def isa_ref(request) -> tuple[str, dict, dict, bool]:
+    """(name, reference, environment for pdctl, targets apply)."""
+    path, cap, targets = ISAS[request.param]
+    if request.param == "avx2" and not _has_avx2():
+        pytest.skip("CPU without AVX2/FMA/F16C")
+    env = dict(os.environ, PDSERVE_CPU_ISA=cap)
+    env.pop("PDSERVE_CPU_NO_VNNI", None)
+    return request.param, _load(path), env, targets
 
 
 def _decode(s: str, dtype) -> np.ndarray:
     return np.frombuffer(base64.b64decode(s), dtype=dtype)
 
 
-def _our_top(pdctl: Path, ids: list[int], tmp_path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _our_top(pdctl: Path, ids: list[int], tmp_path: Path,
+             env: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     out = tmp_path / "top.bin"
     subprocess.run([str(pdctl), "logits", "-m", str(MODEL), "--prompt-ids", " ".join(map(str, ids)),
                     "--all", "--top", str(OUR_TOP), "--kv-type", "f32", "-o", str(out)],
-                   check=True, capture_output=True, timeout=600)
+                   check=True, capture_output=True, timeout=600, env=env)
     rec = np.dtype([("lse", "<f4"), ("ids", "<i4", OUR_TOP), ("logits", "<f4", OUR_TOP)])
     r = np.fromfile(out, dtype=rec)
     assert len(r) == len(ids)
     return r["lse"], r["ids"], r["logits"]
 
 
-def test_eval_text_top1_and_kl(pdctl, ref, tmp_path, measurement):
+def test_eval_text_top1_and_kl(pdctl, isa_ref, tmp_path, measurement):
+    isa, ref, env, targets = isa_ref
     k = ref["topk"]
     agree = total = 0
     kls, uncovered = [], []
@@ -84,7 +117,7 @@ def test_eval_text_top1_and_kl(pdctl, ref, tmp_path, measurement):
         n = len(ids)
         ref_ids = _decode(w["top_ids_b64"], np.int32).reshape(n, k)
         ref_lp = _decode(w["top_logprobs_b64"], np.float32).reshape(n, k).astype(np.float64)
-        lse, our_ids, our_logits = _our_top(pdctl, ids, tmp_path)
+        lse, our_ids, our_logits = _our_top(pdctl, ids, tmp_path, env)
         for i in range(n):
             total += 1
             agree += int(our_ids[i, 0] == ref_ids[i, 0])
@@ -99,10 +132,10 @@ def test_eval_text_top1_and_kl(pdctl, ref, tmp_path, measurement):
             uncovered.append(p_rest)
     top1 = agree / total
     mean_kl = float(np.mean(kls))
-    measurement(f"gemma3 eval: {total} positions, top-1 agreement {top1:.4f}, mean KL {mean_kl:.3e}, "
+    measurement(f"gemma3 eval ({isa}): {total} positions, top-1 agreement {top1:.4f}, mean KL {mean_kl:.3e}, "
           f"max KL {max(kls):.3e}, mass outside llama.cpp's top-{k}: {np.mean(uncovered):.3e}")
     assert total >= 2000
-    if SAME_ORDERS:
+    if targets:
         assert top1 >= 0.99, f"top-1 agreement {top1:.4f} misses the 99% target"
         assert mean_kl <= 1e-3, f"mean KL {mean_kl:.3e} misses the 1e-3 target"
     else:
@@ -110,14 +143,15 @@ def test_eval_text_top1_and_kl(pdctl, ref, tmp_path, measurement):
         assert mean_kl <= 6e-3, f"mean KL {mean_kl:.3e} rose above the regression floor"
 
 
-def test_greedy_continuations(pdctl, ref, measurement):
+def test_greedy_continuations(pdctl, isa_ref, measurement):
+    isa, ref, env, targets = isa_ref
     unexplained = []
     exact = 0
     for g in ref["greedy"]:
         p = subprocess.run([str(pdctl), "generate", "-m", str(MODEL), "--prompt-ids",
                             " ".join(map(str, g["prompt_ids"])), "-n", "64", "--temperature", "0",
                             "--ignore-eos", "--print-ids", "--kv-type", "f32"],
-                           check=True, capture_output=True, timeout=600)
+                           check=True, capture_output=True, timeout=600, env=env)
         ours = [int(t) for t in p.stdout.decode().strip().splitlines()[-1].split()]
         gold = g["greedy_ids"]
         div = next((i for i, (a, b) in enumerate(zip(ours, gold)) if a != b), None)
@@ -125,10 +159,11 @@ def test_greedy_continuations(pdctl, ref, measurement):
             unexplained.append((g["prompt"], div, g["margins"][div]))
         exact += div is None
         if div is not None:
-            measurement(f"gemma3 greedy {g['prompt'][:30]!r}: diverges at step {div} "
+            measurement(f"gemma3 greedy ({isa}) {g['prompt'][:30]!r}: diverges at step {div} "
                         f"(llama.cpp top-2 margin there {g['margins'][div]:.2e})")
-    measurement(f"gemma3 greedy: {exact}/{len(ref['greedy'])} continuations of 64 tokens identical")
-    if SAME_ORDERS:  # the target: every continuation identical, or diverging at a near-tie
+    measurement(f"gemma3 greedy ({isa}): {exact}/{len(ref['greedy'])} continuations of 64 tokens "
+                "identical")
+    if targets:  # the target: every continuation identical, or diverging at a near-tie
         assert not unexplained, f"greedy continuations diverge: {unexplained}"
     else:  # regression floor of an unmatched order (see the module docstring)
         assert exact >= 5, f"only {exact}/20 greedy continuations identical; diverging: {unexplained}"

@@ -97,3 +97,47 @@ def test_tokenize_matches_llamacpp_test_vectors(pdctl, repo_root):
     assert checked >= 10
     with_bos = run(pdctl, "tokenize", "-m", str(base), "--text", "Hello", check=True)
     assert with_bos.stdout.decode().split()[0] == "1"  # BOS added without --no-special
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((l for l in text.splitlines() if l.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+def test_cpu_isa_cap_picks_the_kernel_set(pdctl, synth_model):
+    """PDSERVE_CPU_ISA caps the CPU backend's kernels for the whole process (the dispatchers cache
+    their choice in statics, hence one process per value): `pdctl bench` names the set that ran.
+    A bad value is an error at startup, not a silent default."""
+    import json
+    import os
+
+    model = str(synth_model("llama2_f32"))
+    flags = _cpu_flags()
+    has_avx2 = {"avx2", "fma", "f16c"} <= flags
+    has_zmm = {"avx512f", "avx512dq"} <= flags
+    vnni = {"avx512f", "avx512vl", "avx512_vnni", "avx512bw"} <= flags
+    best = ("avx512-vnni" if vnni else "avx512") if has_zmm else ("avx2" if has_avx2 else "scalar")
+    want = {"": best, "avx512": best, "avx2": "avx2" if has_avx2 else "scalar",
+            "scalar": "scalar"}
+    for value, expected in want.items():
+        env = dict(os.environ, PDSERVE_CPU_ISA=value)
+        env.pop("PDSERVE_CPU_NO_VNNI", None)
+        p = subprocess.run([str(pdctl), "bench", "-m", model, "--pp", "8", "--tg", "2", "-r", "1",
+                            "-t", "2"], capture_output=True, timeout=120, env=env)
+        assert p.returncode == 0, p.stderr.decode(errors="replace")
+        assert json.loads(p.stdout)["kernels"] == expected, (value, p.stdout[:200])
+    if has_zmm:  # the narrower switch: AVX-512 stays, the VNNI tiles go
+        env = dict(os.environ, PDSERVE_CPU_NO_VNNI="1")
+        env.pop("PDSERVE_CPU_ISA", None)
+        p = subprocess.run([str(pdctl), "bench", "-m", model, "--pp", "8", "--tg", "2", "-r", "1",
+                            "-t", "2"], capture_output=True, timeout=120, env=env)
+        assert p.returncode == 0 and json.loads(p.stdout)["kernels"] == "avx512"
+    bad = subprocess.run([str(pdctl), "bench", "-m", model, "--pp", "8", "--tg", "2", "-r", "1"],
+                         capture_output=True, timeout=120,
+                         env=dict(os.environ, PDSERVE_CPU_ISA="avx3"))
+    assert bad.returncode != 0
+    assert b"PDSERVE_CPU_ISA='avx3': expected avx512, avx2 or scalar" in bad.stderr

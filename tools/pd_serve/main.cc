@@ -59,7 +59,7 @@ absl::Status Serve(const ServeOptions& o) {
   std::fflush(stdout);
   PD_LOG(kInfo, "serving ", built.model_path, " (", model.card.architecture, ", context ",
          model.card.context_length, ", template ", engine::ChatTemplateName(model.chat_template),
-         ")");
+         ", kernels ", built.kernels, ")");
 
   int sig = 0;
   sigwait(&signals, &sig);

@@ -22,9 +22,10 @@
 namespace pd::tools {
 namespace {
 
-// Token i of the synthetic prompt: BOS, then ids spread over the vocabulary.
-int32_t BenchToken(int i) {
-  return i == 0 ? 2 : 1000 + static_cast<int32_t>((i * 7919LL) % 100000);
+// Token i of the synthetic prompt: BOS, then ids spread over the vocabulary (of n_vocab ids;
+// the modulo changes nothing for vocabularies of 101,000 ids or more, such as Gemma's).
+int32_t BenchToken(int i, int n_vocab) {
+  return i == 0 ? 2 : static_cast<int32_t>((1000 + (i * 7919LL) % 100000) % n_vocab);
 }
 
 double NowSeconds() {
@@ -96,12 +97,12 @@ int RunBench(const BenchFlags& flags) {
     kv.Free(0);
     PD_RETURN_IF_ERROR(kv.Reserve(0, n));
     engine::Batch batch;
-    for (int i = 0; i < n; ++i) batch.Add(BenchToken(i), i, 0, i + 1 == n);
+    for (int i = 0; i < n; ++i) batch.Add(BenchToken(i, n_vocab), i, 0, i + 1 == n);
     return model.Forward(batch, kv, &logits);
   };
   auto decode = [&](int n) -> absl::Status {
     kv.Free(0);
-    int32_t token = BenchToken(0);
+    int32_t token = BenchToken(0, n_vocab);
     for (int i = 0; i < n; ++i) {
       PD_RETURN_IF_ERROR(kv.Reserve(0, i + 1));
       engine::Batch batch;
@@ -114,7 +115,7 @@ int RunBench(const BenchFlags& flags) {
   // Batched decode: `batch_seqs` sequences (ids 1..B) each take one token per step, as a
   // continuous-batching engine's decode steps do; full logits for every row.
   auto decode_batch = [&](int n) -> absl::Status {
-    std::vector<int32_t> tokens(batch_seqs, BenchToken(0));
+    std::vector<int32_t> tokens(batch_seqs, BenchToken(0, n_vocab));
     for (int s = 1; s <= batch_seqs; ++s) kv.Free(s);
     for (int i = 0; i < n; ++i) {
       engine::Batch batch;
@@ -135,7 +136,7 @@ int RunBench(const BenchFlags& flags) {
   // follow (all accepted), in a generated token's orders, until it holds about tg tokens.
   auto decode_verify = [&](int n) -> absl::Status {
     kv.Free(0);
-    int32_t token = BenchToken(0);
+    int32_t token = BenchToken(0, n_vocab);
     for (int pos = 0; pos + verify_rows <= std::max(n, verify_rows); pos += verify_rows) {
       PD_RETURN_IF_ERROR(kv.Reserve(0, pos + verify_rows));
       engine::Batch batch;
@@ -197,14 +198,15 @@ int RunBench(const BenchFlags& flags) {
   const int threads =
       f.threads > 0 ? f.threads : static_cast<int>(std::thread::hardware_concurrency());
   std::printf(
-      "{\"system\": \"pdserve\", \"model\": \"%s\", \"threads\": %d, \"kv_type\": \"%s\", "
+      "{\"system\": \"pdserve\", \"model\": \"%s\", \"kernels\": \"%s\", \"threads\": %d, "
+      "\"kv_type\": \"%s\", "
       "\"pp\": %d, \"tg\": %d, \"load_s\": %.4f, \"first_token_s\": %.4f, \"pp_tok_s\": %s, "
       "\"tg_tok_s\": %s, \"pp_tok_per_cpu_s\": %s, \"tg_tok_per_cpu_s\": %s, \"peak_rss_mib\": "
       "%.1f, \"rss_file_mib\": %.1f, \"rss_anon_mib\": %.1f, "
       "\"weights_bytes\": %zu, \"batch\": %d, \"tg_batch_tok_s\": %s, \"tg_batch_tok_per_cpu_s\": "
       "%s, \"verify\": %d, \"tg_step_ms\": %s, \"tg_step_cpu_ms\": %s, \"tg_verify_step_ms\": %s, "
       "\"tg_verify_step_cpu_ms\": %s}\n",
-      e->model_path.c_str(), threads, f.kv_type.c_str(), pp, tg, load_s, first_s,
+      e->model_path.c_str(), e->kernels.c_str(), threads, f.kv_type.c_str(), pp, tg, load_s, first_s,
       list(pp_rates).c_str(), list(tg_rates).c_str(), list(pp_cpu).c_str(), list(tg_cpu).c_str(),
       PeakRssMiB(), ProcStatusMiB("RssFile"), ProcStatusMiB("RssAnon"),
       static_cast<size_t>(model.weights().total_bytes), batch_seqs, list(tgb_rates).c_str(),

@@ -21,6 +21,7 @@ absl::StatusOr<Engine> LoadEngine(const EngineFlags& f) {
   PD_ASSIGN_OR_RETURN(node::Engine built, node::BuildEngine(eo));
   Engine e;
   e.model_path = built.model_path;
+  e.kernels = built.kernels;
   e.backend = std::move(built.backend);
   e.file = std::move(built.file);
   e.model = std::move(built.model);

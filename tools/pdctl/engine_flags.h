@@ -35,7 +35,8 @@ struct EngineFlags {
     app->add_option("--backend", backend, "compute backend: cpu or cuda")
         ->check(CLI::IsMember({"cpu", "cuda"}));
     app->add_option("--cpu-kernels", cpu_kernels,
-                    "CPU kernels: auto (AVX2+FMA when the CPU has them) or scalar (portable)")
+                    "CPU kernels: auto (the best the CPU has, capped by PDSERVE_CPU_ISA=avx512|"
+                    "avx2|scalar) or scalar (portable)")
         ->check(CLI::IsMember({"auto", "scalar"}));
   }
 };
@@ -47,6 +48,7 @@ struct Engine {
   std::unique_ptr<engine::Model> model;
   std::unique_ptr<engine::KvCache> kv;
   std::string model_path;  // the file loaded: --model, or the default model
+  std::string kernels;     // node::Engine::kernels: scalar, avx2, avx512, avx512-vnni or cuda
 };
 
 // Loads the model `f` names (the default model when none) on its backend, with a KV cache of

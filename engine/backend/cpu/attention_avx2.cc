@@ -32,7 +32,9 @@ float AttnDotAvx2(const float* a, const float* b, int64_t n) {
   const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
   const __m128 t1 = _mm_hadd_ps(t0, t0);
   float s = _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
-  for (int64_t i = np; i < n; ++i) s = __builtin_fmaf(a[i], b[i], s);
+  const int64_t nf = GgmlDotTailFusedFrom(np, n, 8);
+  for (int64_t i = np; i < nf; ++i) s += RoundedF32(a[i] * b[i]);
+  for (int64_t i = nf; i < n; ++i) s = __builtin_fmaf(a[i], b[i], s);
   return s;
 }
 
@@ -201,9 +203,11 @@ void AttnDotsBlockAvx2(const float* q, int64_t q_stride, const T* const* k, int 
     alignas(32) float s[8];
     _mm256_store_ps(s, ReduceAdd8(x[g]));
     const float* qg = q + g * q_stride;
+    const int64_t nf = GgmlDotTailFusedFrom(np, n, 8);
     for (int j = 0; j < n_k; ++j) {
       float v = s[j];
-      for (int64_t i = np; i < n; ++i) v = __builtin_fmaf(Value(k[j], i), qg[i], v);
+      for (int64_t i = np; i < nf; ++i) v += RoundedF32(Value(k[j], i) * qg[i]);
+      for (int64_t i = nf; i < n; ++i) v = __builtin_fmaf(Value(k[j], i), qg[i], v);
       out[g * out_stride + j] = v;
     }
   }
@@ -346,9 +350,31 @@ constexpr AttnKernels kAvx2Attn = {8,
                                    &AttnVSumsRowByRow<float, &AttnVSumsAvx2<float>>,
                                    &AttnVSumsRowByRow<uint16_t, &AttnVSumsAvx2<uint16_t>>};
 
+inline __m256 SwiGlu8(__m256 g, __m256 u) {
+  const __m256 e = GgmlExpAvx2(_mm256_sub_ps(_mm256_setzero_ps(), g));
+  return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e)), u);
+}
+
 }  // namespace
 
 namespace avx2 {
+
+// ggml_v_silu(g) * u on every element with ggml's vector expf of the width llama.cpp is built
+// with here: AVX-512's where the CPU has it (and PDSERVE_CPU_ISA allows it), else AVX2's.
+void SwiGluGgml(const float* g, const float* u, float* y, int64_t n) {
+  static const SwiGluFn f512 = Avx512SwiGlu();
+  if (f512 != nullptr) return f512(g, u, y, n);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, SwiGlu8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+  }
+  if (i < n) {
+    alignas(32) float gt[8] = {}, ut[8] = {}, yt[8];
+    for (int64_t j = i; j < n; ++j) gt[j - i] = g[j], ut[j - i] = u[j];
+    _mm256_store_ps(yt, SwiGlu8(_mm256_load_ps(gt), _mm256_load_ps(ut)));
+    for (int64_t j = i; j < n; ++j) y[j] = yt[j - i];
+  }
+}
 
 // The AVX-512 order where the CPU has it (llama.cpp built for it uses that), else AVX2's.
 const AttnKernels& Avx2TableAttn() {

@@ -31,7 +31,8 @@ namespace pd::engine::cpu {
 namespace {
 
 // ggml_vec_dot_f32: four 16-lane FMA accumulators over steps of 64 elements, (a0 + a2) + (a1 + a3),
-// then the lane sum; the elements past the last full step one FMA each (as GCC compiles ggml's).
+// then the lane sum; the elements past the last full step as GCC compiles ggml's
+// (GgmlDotTailFusedFrom: whole groups of 8 unfused, then one FMA each).
 float AttnDot512(const float* a, const float* b, int64_t n) {
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                    _mm512_setzero_ps()};
@@ -44,7 +45,9 @@ float AttnDot512(const float* a, const float* b, int64_t n) {
   }
   const __m512 x = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
   float s = _mm512_reduce_add_ps(x);
-  for (int64_t i = np; i < n; ++i) s = __builtin_fmaf(a[i], b[i], s);
+  const int64_t nf = GgmlDotTailFusedFrom(np, n, 16);
+  for (int64_t i = np; i < nf; ++i) s += RoundedF32(a[i] * b[i]);
+  for (int64_t i = nf; i < n; ++i) s = __builtin_fmaf(a[i], b[i], s);
   return s;
 }
 
@@ -214,9 +217,11 @@ void AttnDotsBlock512(const float* q, int64_t q_stride, const T* const* k, int n
     alignas(64) float s[16];
     _mm512_store_ps(s, ReduceAdd16(x[g]));
     const float* qg = q + g * q_stride;
+    const int64_t nf = GgmlDotTailFusedFrom(np, n, 16);
     for (int j = 0; j < n_k; ++j) {
       float v = s[j];
-      for (int64_t i = np; i < n; ++i) v = __builtin_fmaf(Value(k[j], i), qg[i], v);
+      for (int64_t i = np; i < nf; ++i) v += RoundedF32(Value(k[j], i) * qg[i]);
+      for (int64_t i = nf; i < n; ++i) v = __builtin_fmaf(Value(k[j], i), qg[i], v);
       out[g * out_stride + j] = v;
     }
   }
@@ -513,7 +518,30 @@ constexpr AttnKernels kAvx512Attn = {16,
 
 // AVX512F and AVX512DQ (CPUID leaf 7, EBX bits 16 and 17) with ZMM, YMM and XMM state enabled by
 // the OS (XCR0 bits 1, 2, 5, 6 and 7).
+// ggml_v_silu(g) * u on 16 lanes: g / (1 + expf(0 - g)) with ggml's AVX-512 expf.
+inline __m512 SwiGlu16(__m512 g, __m512 u) {
+  const __m512 e = GgmlExp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+  return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e)), u);
+}
+
+void SwiGlu512(const float* g, const float* u, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(y + i, SwiGlu16(_mm512_loadu_ps(g + i), _mm512_loadu_ps(u + i)));
+  }
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(y + i, m, SwiGlu16(_mm512_maskz_loadu_ps(m, g + i),
+                                             _mm512_maskz_loadu_ps(m, u + i)));
+  }
+}
+
 }  // namespace
+
+SwiGluFn Avx512SwiGlu() {
+  static const bool ok = CpuHasAvx512(bit_AVX512F | bit_AVX512DQ);
+  return ok ? &SwiGlu512 : nullptr;
+}
 
 const AttnKernels* Avx512AttnKernels() {
   static const bool ok = CpuHasAvx512(bit_AVX512F | bit_AVX512DQ);
@@ -526,6 +554,7 @@ const AttnKernels* Avx512AttnKernels() {
 
 namespace pd::engine::cpu {
 const AttnKernels* Avx512AttnKernels() { return nullptr; }
+SwiGluFn Avx512SwiGlu() { return nullptr; }
 }  // namespace pd::engine::cpu
 
 #endif

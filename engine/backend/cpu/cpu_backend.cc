@@ -361,8 +361,21 @@ absl::Status CpuBackend::SwiGlu(const Tensor& gate, const Tensor& up, Tensor& y)
   const float* pg = static_cast<const float*>(gate.data);
   const float* pu = static_cast<const float*>(up.data);
   float* py = static_cast<float*>(y.data);
+  // ggml_vec_swiglu_f32 runs each row in vectors of `lanes` (ggml's vector expf), then the row's
+  // last cols % lanes elements through libm's expf.
+  const int64_t cols = gate.cols, vec_cols = cols - cols % k_.attn().lanes;
   pool_.ParallelFor(
-      gate.numel(), [&](int64_t i0, int64_t i1) { k_.swiglu(pg + i0, pu + i0, py + i0, i1 - i0); },
+      gate.numel(),
+      [&](int64_t i0, int64_t i1) {
+        k_.swiglu(pg + i0, pu + i0, py + i0, i1 - i0);
+        if (vec_cols == cols) return;
+        for (int64_t r = i0 / cols; r * cols < i1; ++r) {
+          for (int64_t i = std::max(i0, r * cols + vec_cols); i < std::min(i1, (r + 1) * cols);
+               ++i) {
+            py[i] = pg[i] / (1.f + std::exp(-pg[i])) * pu[i];
+          }
+        }
+      },
       kElementwiseGrain / 4);
   return absl::OkStatus();
 }

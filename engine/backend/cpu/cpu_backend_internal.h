@@ -204,8 +204,9 @@ class CpuBackend final : public Backend {
 
   const Kernels& k_;
   // llama.cpp repacks Q2_K only where it is built with AVX-512 (ggml_cpu_has_avx512; with
-  // -march=native, as llama-cpp-python builds it, a CPU with AVX512F).
-  const bool q2_k_repacked_ = __builtin_cpu_supports("avx512f");
+  // -march=native, as llama-cpp-python builds it, a CPU with AVX512F; CPUID leaf 7 EBX bit 16).
+  // Under PDSERVE_CPU_ISA=avx2 or scalar, the order of llama.cpp's AVX2 build.
+  const bool q2_k_repacked_ = CpuHasAvx512(1u << 16);
   cpu::ThreadPool pool_;
   std::unique_ptr<char, FreeDeleter> scratch_[kScratchSlots];
   size_t scratch_size_[kScratchSlots] = {};

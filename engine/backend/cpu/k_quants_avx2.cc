@@ -218,8 +218,9 @@ void TileQ2_K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
       PD_UNROLL for (int c = 0; c < C; ++c) {
         __m256 d, dmin;
         BlockScales(&wb->d, dx[c], &d, &dmin);
-        AccumulateBlock(acc[r][c], d, isum[c]);
+        // ggml_vec_dot_q2_K_q8_K's order: the min terms first, then the scaled sums.
         AccumulateMins(acc[r][c], dmin, _mm256_madd_epi16(m16, Load32(xb[c]->bsums)));
+        AccumulateBlock(acc[r][c], d, isum[c]);
       }
     }
   }
@@ -342,9 +343,15 @@ void TileQ45K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
   const int64_t nb = k / kQK;
   const __m256i m4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
   __m256 acc[R][C];
-  float wacc[R][C] = {};
+  // The min terms in ggml_vec_dot_q4_K_q8_K's / q5_K's order: Q4_K four lanes (sub-block pairs)
+  // in an accumulator of their own, Q5_K the exact total per super-block into one float.
+  __m128 macc[R][C];
+  float wacc[R][C] = {}, msum[R][C] = {};
   for (int r = 0; r < R; ++r)
-    PD_UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+    PD_UNROLL for (int c = 0; c < C; ++c) {
+      acc[r][c] = _mm256_setzero_ps();
+      macc[r][c] = _mm_setzero_ps();
+    }
   for (int64_t b = 0; b < nb; ++b) {
     const BlockQ8_K* xb[C];
     PD_UNROLL for (int c = 0; c < C; ++c) {
@@ -397,7 +404,19 @@ void TileQ45K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
           __m256 d, dmin;
           BlockScales(&wb->d, ActScales(xb[c]->d), &d, &dmin);
           AccumulateBlock(acc[r][c], d, isum[c]);
-          AccumulateMins(acc[r][c], dmin, _mm256_madd_epi16(mdup, Load32(xb[c]->bsums)));
+          // Lane t: m_t * (bsum_2t + bsum_2t+1), sub-block t's min term; pairs of them summed
+          // (exactly) are ggml's four _mm_madd_epi16 lanes.
+          const __m256i m8 = _mm256_madd_epi16(mdup, Load32(xb[c]->bsums));
+          const __m128i m4 = _mm_hadd_epi32(_mm256_castsi256_si128(m8),
+                                            _mm256_extracti128_si256(m8, 1));
+          const float ndmin = -_mm256_cvtss_f32(dmin);
+          if constexpr (kHigh) {
+            const __m128i t = _mm_hadd_epi32(_mm_hadd_epi32(m4, m4), m4);
+            msum[r][c] = __builtin_fmaf(ndmin, static_cast<float>(_mm_cvtsi128_si32(t)),
+                                        msum[r][c]);
+          } else {
+            macc[r][c] = _mm_fmadd_ps(_mm_set1_ps(ndmin), _mm_cvtepi32_ps(m4), macc[r][c]);
+          }
         }
       }
     }
@@ -406,7 +425,15 @@ void TileQ45K(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
     for (int r = 0; r < R; ++r)
       PD_UNROLL for (int c = 0; c < C; ++c) y[c * ys + r] = wacc[r][c];
   } else {
-    StoreTile<R, C>(acc, y, ys);
+    for (int r = 0; r < R; ++r)
+      PD_UNROLL for (int c = 0; c < C; ++c) {
+        float m = msum[r][c];
+        if constexpr (!kHigh) {
+          __m128 t = _mm_add_ps(macc[r][c], _mm_movehl_ps(macc[r][c], macc[r][c]));
+          m = _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));  // (m0 + m2) + (m1 + m3)
+        }
+        y[c * ys + r] = HSum(acc[r][c]) + m;
+      }
   }
 }
 

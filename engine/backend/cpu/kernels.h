@@ -13,6 +13,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
+
+#include "absl/status/statusor.h"
 
 #include "engine/backend/kv_rotation.h"
 #include "engine/quant/k_quants.h"
@@ -58,8 +61,9 @@ using GemmTileFn = void (*)(int64_t k, const void* w, size_t w_stride, int nr, c
                             size_t x_stride, int nc, float* y, int64_t y_stride);
 
 // The AVX512-VNNI Q8_0 and Q5_0 (x Q8_0) tiles (avx512_vnni.cc), bit-identical to the AVX2
-// table's; nullptr when the CPU lacks AVX512F/BW/VL/VNNI or PDSERVE_CPU_NO_VNNI is set (non-empty,
-// not "0"). The AVX2 table's Q8_0 and Q5_0 entries call them when present.
+// table's; nullptr when the CPU lacks AVX512F/BW/VL/VNNI, PDSERVE_CPU_ISA caps AVX-512 off, or
+// PDSERVE_CPU_NO_VNNI is set (non-empty, not "0"; see CpuIsa below). The AVX2 table's Q8_0 and
+// Q5_0 entries call them when present.
 // 512-bit k-quant tiles (k_quants_avx512.cc; AVX512F + BW + VL + VNNI, PDSERVE_CPU_NO_VNNI
 // unset): the same bits as the AVX2 tables' entries they stand in for; nullptr members elsewhere.
 // q4_k_repack_gemv and q6_k (gemm[kQ6_K]) apply the sub-block scales with VPDPWSSD on 64 weights
@@ -136,7 +140,8 @@ struct AttnKernels {
   int lanes;
   // ggml_vec_dot_f32(n, a, b): 4 * lanes FMA accumulators (element i feeds accumulator
   // i % (4 * lanes)), reduced like `reduce`; elements past the last full 4 * lanes step are added
-  // one FMA each.
+  // as GCC compiles ggml's tail loop (GgmlDotTailFusedFrom: whole groups of lanes / 2 with
+  // rounded products, then one FMA each). Head dims under 4 * lanes are all tail.
   float (*dot)(const float* a, const float* b, int64_t n);
   // y = exp(x - max) with ggml's vector expf of this width, returning the sum of y in F64, added
   // one `lanes`-wide group at a time (each group summed in F32 first, in the reduction tree of
@@ -198,18 +203,57 @@ void AttnVSumsRowByRow(const float* const* p, int64_t p_stride, int n_q, int n_r
     VSums(p[r], p_stride, n_q, v + (lo[r] - base), lo[r], hi[r], n_acc, cols, out[r], out_stride);
   }
 }
+// `x` as an F32 value of its own: GCC does not fuse it into a following add or subtract (files
+// built with -mfma contract a * b + c even across statements), for the places where ggml's
+// compiled code rounds a product before adding it.
+inline float RoundedF32(float x) {
+#if defined(__x86_64__) || defined(__i386__)
+  __asm__("" : "+x"(x));
+#endif
+  return x;
+}
+// ggml_vec_dot_f32's leftovers, elements [np, n) past its last full step of 4 * lanes, as GCC
+// compiles its `sumf += x[i]*y[i]`: an in-order vectorized reduction over whole vectors of
+// lanes / 2 (products rounded, VMULPS, then added one by one, VADDSS) up to the returned index,
+// then one FMA per element. Measured on ggml_vec_dot_f32 of both builds for n = 1..257
+// (tests/python/test_matmul_sweep.py runs head dims through the attention it feeds).
+inline int64_t GgmlDotTailFusedFrom(int64_t np, int64_t n, int lanes) {
+  const int64_t v = lanes / 2;
+  return np + (n - np) / v * v;
+}
+
 // Portable versions of both widths (the reference the SIMD ones are tested against).
 const AttnKernels& ScalarAttnKernels(int lanes);
 // The AVX2 versions (attention_avx2.cc; the scalar 8-lane ones in a build without AVX2). Only call
 // their entries where AVX2 + FMA run.
 const AttnKernels& Avx2AttnKernels();
-// True when the OS saves the opmask and ZMM state and CPUID leaf 7 (subleaf 0) reports every bit
-// of `leaf7_ebx` in EBX and of `leaf7_ecx` in ECX (cpuid.h's bit_AVX512F, bit_AVX512BW, ...):
-// the check every AVX-512 file makes before handing out its kernels. False off x86.
+// The instruction sets the CPU backend may use, in increasing order. The environment variable
+// PDSERVE_CPU_ISA caps them for the whole process, so that benchmarks and tests can run on an
+// AVX-512 machine the kernels (and llama.cpp's orders) of CPUs without it:
+//   unset, "" or "avx512": no cap, every kernel the CPU supports;
+//   "avx2":   no AVX-512 kernel anywhere (CpuHasAvx512 answers false): AVX2 + FMA + F16C;
+//   "scalar": SelectKernels() gives the portable table too (like --cpu-kernels scalar).
+// PDSERVE_CPU_NO_VNNI (non-empty, not "0") is a narrower switch on top: it keeps AVX-512
+// attention and INT8 KV rows but drops the VNNI matmul tiles (which give the same bits).
+enum class CpuIsa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+// Parses PDSERVE_CPU_ISA (read each call). INVALID_ARGUMENT naming the accepted values for any
+// other value: binaries call it at startup to fail cleanly.
+absl::StatusOr<CpuIsa> CpuIsaCapFromEnv();
+// The cap, read once per process (the dispatchers cache their choices in statics). An invalid
+// value aborts with CpuIsaCapFromEnv's message: nothing silently falls back to a default.
+CpuIsa CpuIsaCap();
+// True when the OS saves the opmask and ZMM state, CPUID leaf 7 (subleaf 0) reports every bit
+// of `leaf7_ebx` in EBX and of `leaf7_ecx` in ECX (cpuid.h's bit_AVX512F, bit_AVX512BW, ...),
+// and CpuIsaCap() allows AVX-512: the check every AVX-512 file makes before handing out its
+// kernels. False off x86.
 bool CpuHasAvx512(uint32_t leaf7_ebx, uint32_t leaf7_ecx = 0);
 
 // The AVX-512 versions (attention_avx512.cc): nullptr unless the CPU has AVX512F and AVX512DQ.
 const AttnKernels* Avx512AttnKernels();
+// Kernels::swiglu on 16 lanes with ggml's AVX-512 expf (same conditions; the AVX2 table's entry
+// calls it when present).
+using SwiGluFn = void (*)(const float* g, const float* u, float* y, int64_t n);
+SwiGluFn Avx512SwiGlu();
 
 // The fused F16 <-> INT8 KV rows (kv_i8_avx512.cc; Kernels::quantize_kv_i8_f16 and
 // dequantize_kv_i8_f16): nullptr unless the CPU has AVX512F + AVX512BW and head_dim is 64, 128 or
@@ -295,14 +339,19 @@ struct Kernels {
   void (*scale)(const float* x, float s, float* y, int64_t n);                      // y = s * x
   void (*scale_mul)(const float* x, float s, const float* w, float* y, int64_t n);  // (s*x)*w
   void (*add)(const float* a, const float* b, float* y, int64_t n);
-  void (*swiglu)(const float* g, const float* u, float* y, int64_t n);  // g/(1+exp(-g)) * u
+  // y = g / (1 + exp(0 - g)) * u (ggml_v_silu times u) with ggml's vector expf of attn()'s width
+  // on every element; ggml's scalar tail of a row (the last cols % lanes, libm expf) is the
+  // caller's (CpuBackend::SwiGlu).
+  void (*swiglu)(const float* g, const float* u, float* y, int64_t n);
   float (*max)(const float* x, int64_t n);                              // -inf when n == 0
   // y = exp(x - m); returns the sum of y in F64.
   double (*exp_sub_sum)(const float* x, float m, float* y, int64_t n);
   // RoPE rotation of one head by angles with cosines c[i] and sines s[i], i < half, in the
-  // roundings of llama.cpp's build (GCC fuses one product of each output):
+  // roundings of llama.cpp's build (ggml's rotate_pairs as GCC 12 compiles it):
   //   NeoX pairs (i, i + half):   a' = fma(a, c, -(b * s)),  b' = fma(a, s, b * c)
-  //   normal pairs (2i, 2i + 1):  a' = fma(a, c, -(b * s)),  b' = fma(b, c, a * s)
+  //   normal pairs (2i, 2i + 1):  the first RopeNormalFusedPairs(half) pairs as NeoX's (GCC's
+  //     vectorized loop: VFMADDSUB), the rest unfused, a' = a * c - b * s, b' = a * s + b * c
+  //     (its tail, which it SLP-vectorizes into VADDSUBPS of rounded products).
   void (*rope_neox)(float* v, const float* c, const float* s, int64_t half);
   void (*rope_normal)(float* v, const float* c, const float* s, int64_t half);
   // Attention's kernels in ggml's order (AttnKernels above): the scalar table gives the portable
@@ -310,13 +359,34 @@ struct Kernels {
   const AttnKernels& (*attn)();
 };
 
+// How many leading pairs of a normal-mode RoPE row ggml fuses (Kernels::rope_normal): GCC
+// vectorizes rotate_pairs' loop (n_offset 1) with a main loop of `main` pairs per step, taken
+// when half >= main, then one step of `epi` pairs when that many remain; the rest is its tail.
+// AVX-512 builds (CPUs with AVX512F + AVX512DQ, under PDSERVE_CPU_ISA): main 8 (ZMM), epi 4
+// (YMM); AVX2 builds: main 4 (YMM), epi 2 (XMM). Measured against ggml_rope_ext for head dims
+// 2..256 (tests/python/test_matmul_sweep.py).
+struct RopeNormalWidths {
+  int main;
+  int epi;
+};
+RopeNormalWidths RopeNormalOrder();
+inline int64_t RopeNormalFusedPairs(int64_t half, RopeNormalWidths w) {
+  int64_t fused = half >= w.main ? half / w.main * w.main : 0;
+  if (half - fused >= w.epi) fused += w.epi;
+  return fused;
+}
+
 const Kernels& ScalarKernels();
 // The AVX2+FMA+F16C table, or nullptr when this build has none (non-x86). Only call its entries
 // when the CPU supports those instructions (see SelectKernels).
 const Kernels* Avx2Kernels();
-// Avx2Kernels() when compiled in, not `force_scalar`, and the CPU reports avx2, fma and f16c;
-// otherwise ScalarKernels().
+// Avx2Kernels() when compiled in, not `force_scalar`, CpuIsaCap() is not kScalar and the CPU
+// reports avx2, fma and f16c; otherwise ScalarKernels().
 const Kernels& SelectKernels(bool force_scalar);
+// The kernel set a backend on table `k` runs, for logs and benchmark records: "scalar", "avx2",
+// "avx512" (AVX-512 attention, INT8 KV rows and llama.cpp's AVX-512 orders, no VNNI tiles) or
+// "avx512-vnni" (also the VNNI / 512-bit matmul tiles).
+std::string_view KernelSetName(const Kernels& k);
 
 // One token-head of an INT8 KV row in the cache's scheme (kv_layout.h): `x` (head_dim values,
 // overwritten) is rotated into the stored basis in place and quantized into `q`; returns the

@@ -93,7 +93,7 @@ double SumSquares(const float* x, int64_t n);
 void Scale(const float* x, float s, float* y, int64_t n);
 void ScaleMul(const float* x, float s, const float* w, float* y, int64_t n);
 void Add(const float* a, const float* b, float* y, int64_t n);
-void SwiGlu(const float* g, const float* u, float* y, int64_t n);
+void SwiGluGgml(const float* g, const float* u, float* y, int64_t n);  // attention_avx2.cc
 float Max(const float* x, int64_t n);
 double ExpSubSum(const float* x, float m, float* y, int64_t n);
 void RopeNeox(float* v, const float* c, const float* s, int64_t half);

@@ -6,10 +6,13 @@
 #endif
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
 
+#include "common/status.h"
+#include "common/strings.h"
 #include "engine/backend/cpu/kernels.h"
 #include "engine/quant/q5_0.h"
 #include "engine/quant/fp16.h"
@@ -182,21 +185,53 @@ void Q45KSums(const uint8_t* scales, const uint8_t* qh, const uint8_t* qs, const
   }
 }
 
-// Per super-block: 256 + 8 + 8 multiply-adds + 6 flops; 144 (Q5_K: 176) + 292 bytes.
-float DotQ45KBlock(uint16_t d16, uint16_t dmin16, const uint8_t* scales, const uint8_t* qh,
-                   const uint8_t* qs, const BlockQ8_K& xb) {
-  int32_t isum, imin;
-  Q45KSums(scales, qh, qs, xb, 0, 8, &isum, &imin);
-  const float d = F16ToF32(d16) * xb.d, dmin = F16ToF32(dmin16) * xb.d;
-  return d * static_cast<float>(isum) - dmin * static_cast<float>(imin);
+// Q4_K and Q5_K in the order of ggml's x86 vec_dot_q4_K_q8_K / q5_K_q8_K (llama.cpp's kernel for
+// fewer than 8 activation rows of matrices it does not repack). Per super-block: 8 int32 lanes,
+// lane L the exact sum over sub-blocks j of sc_j * (codes . activations) over weights 4L..4L+3 of
+// each sub-block, then acc_L = fma(d_w * d_x, float(lane_L), acc_L). The min terms: Q4_K four
+// lanes u, macc_u = fma(-(dmin_w * d_x), float(m_2u bsum_2u + m_2u+1 bsum_2u+1), macc_u), summed
+// (m0 + m2) + (m1 + m3); Q5_K the exact total, msum = fma(-(dmin_w * d_x), float(total), msum).
+// The result is hsum_float_8(acc) + the min part (hsum: a_i + a_i+4, then (r0 + r2) + (r1 + r3)).
+// Per super-block: 256 + 8 + 8 multiply-adds + 14 flops; 144 (Q5_K: 176) + 292 bytes.
+template <bool kHigh, typename Block>
+float DotQ45KVec(const Block* w, const BlockQ8_K* x, int64_t n) {
+  float acc[8] = {}, macc[4] = {}, msum = 0.f;
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const Block& wb = w[b];
+    const BlockQ8_K& xb = x[b];
+    const uint8_t* qh = nullptr;
+    if constexpr (kHigh) qh = wb.qh;
+    int32_t lane[8] = {}, mins[8];
+    for (int j = 0; j < 8; ++j) {
+      int sc, m;
+      GetScaleMinK4(j, wb.scales, &sc, &m);
+      for (int l = 0; l < 32; ++l) {
+        int q = (wb.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
+        if (qh != nullptr) q |= ((qh[l] >> j) & 1) << 4;
+        lane[l / 4] += sc * q * int32_t{xb.qs[32 * j + l]};
+      }
+      mins[j] = m * (int32_t{xb.bsums[2 * j]} + int32_t{xb.bsums[2 * j + 1]});
+    }
+    const float d = F16ToF32(wb.d) * xb.d, ndmin = -(F16ToF32(wb.dmin) * xb.d);
+    for (int i = 0; i < 8; ++i) acc[i] = std::fma(d, static_cast<float>(lane[i]), acc[i]);
+    if constexpr (kHigh) {
+      int32_t total = 0;
+      for (int j = 0; j < 8; ++j) total += mins[j];
+      msum = std::fma(ndmin, static_cast<float>(total), msum);
+    } else {
+      for (int u = 0; u < 4; ++u) {
+        macc[u] = std::fma(ndmin, static_cast<float>(mins[2 * u] + mins[2 * u + 1]), macc[u]);
+      }
+    }
+  }
+  float r[4];
+  for (int i = 0; i < 4; ++i) r[i] = acc[i + 4] + acc[i];
+  const float hsum = (r[0] + r[2]) + (r[1] + r[3]);
+  return hsum + (kHigh ? msum : (macc[0] + macc[2]) + (macc[1] + macc[3]));
 }
 
 float DotQ4_K(const BlockQ4_K* w, const BlockQ8_K* x, int64_t n) {
-  float sum = 0.f;
-  for (int64_t b = 0; b < n / kQK; ++b) {
-    sum += DotQ45KBlock(w[b].d, w[b].dmin, w[b].scales, nullptr, w[b].qs, x[b]);
-  }
-  return sum;
+  return DotQ45KVec<false>(w, x, n);
 }
 
 // Q4_K in the order of llama.cpp's repacked x86 kernels (ggml's q4_K 8x8 GEMM for rows in full
@@ -250,11 +285,7 @@ float DotQ5_KWide(const BlockQ5_K* w, const BlockQ8_K* x, int64_t n) {
 }
 
 float DotQ5_K(const BlockQ5_K* w, const BlockQ8_K* x, int64_t n) {
-  float sum = 0.f;
-  for (int64_t b = 0; b < n / kQK; ++b) {
-    sum += DotQ45KBlock(w[b].d, w[b].dmin, w[b].scales, w[b].qh, w[b].qs, x[b]);
-  }
-  return sum;
+  return DotQ45KVec<true>(w, x, n);
 }
 
 // Per super-block: 256 + 16 multiply-adds + 3 flops; 210 + 292 bytes.
@@ -359,8 +390,9 @@ void Add(const float* a, const float* b, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
 }
 
-void SwiGlu(const float* g, const float* u, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+float GgmlExpf8(float x);
+void SwiGlu(const float* g, const float* u, float* y, int64_t n) {  // the 8-lane expf (attn())
+  for (int64_t i = 0; i < n; ++i) y[i] = g[i] / (1.f + GgmlExpf8(0.f - g[i])) * u[i];
 }
 
 float Max(const float* x, int64_t n) {
@@ -387,10 +419,17 @@ void RopeNeox(float* v, const float* c, const float* s, int64_t half) {
 }
 
 void RopeNormal(float* v, const float* c, const float* s, int64_t half) {
-  for (int64_t i = 0; i < half; ++i) {
+  const int64_t fused = RopeNormalFusedPairs(half, RopeNormalOrder());
+  for (int64_t i = 0; i < fused; ++i) {
     const float a = v[2 * i], b = v[2 * i + 1];
     v[2 * i] = std::fma(a, c[i], -(b * s[i]));
-    v[2 * i + 1] = std::fma(b, c[i], a * s[i]);
+    v[2 * i + 1] = std::fma(a, s[i], b * c[i]);
+  }
+  for (int64_t i = fused; i < half; ++i) {  // this file has no FMA contraction (no -mfma)
+    const float a = v[2 * i], b = v[2 * i + 1];
+    const float ac = a * c[i], bs = b * s[i], as = a * s[i], bc = b * c[i];
+    v[2 * i] = ac - bs;
+    v[2 * i + 1] = as + bc;
   }
 }
 
@@ -400,8 +439,8 @@ void RopeNormal(float* v, const float* c, const float* s, int64_t half) {
 //   kHalves: tinyBLAS's hsum, ggml_vec_soft_max_f32's group sum and GCC's _mm512_reduce_add_ps:
 //            fold the upper half onto the lower (16 -> 8 -> 4 lanes), then (q0 + q2) + (q1 + q3).
 //   kPairs:  GGML_F32x8_REDUCE's tail (8 lanes): q[i] = v[i] + v[i + 4], then (q0 + q1) + (q2 + q3).
-// ggml's scalar tails (elements past the last full vector step) are written a += x * y; llama.cpp's
-// build (C++, -ffp-contract=fast by default, FMA available) fuses them, so the twins use fma.
+// ggml's scalar tails (elements past the last full vector step) are written a += x * y; GCC
+// vectorizes part of them without fusing and fuses the rest (GgmlDotTailFusedFrom, kernels.h).
 enum class LaneSum { kHalves, kPairs };
 
 float SumLanes(const float* v, int lanes, LaneSum how) {
@@ -433,7 +472,9 @@ float AttnDotRef(const float* a, const float* b, int64_t n) {
   float x[L];
   for (int l = 0; l < L; ++l) x[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
   float s = SumLanes(x, L, DotLaneSum(L));
-  for (int64_t i = np; i < n; ++i) s = std::fma(a[i], b[i], s);  // GCC fuses ggml's tail too
+  const int64_t nf = GgmlDotTailFusedFrom(np, n, L);
+  for (int64_t i = np; i < nf; ++i) s += RoundedF32(a[i] * b[i]);
+  for (int64_t i = nf; i < n; ++i) s = std::fma(a[i], b[i], s);
   return s;
 }
 
@@ -669,7 +710,27 @@ bool CpuHasAvx2Fma() {
 
 }  // namespace
 
+absl::StatusOr<CpuIsa> CpuIsaCapFromEnv() {
+  const char* v = std::getenv("PDSERVE_CPU_ISA");
+  const std::string_view s = v == nullptr ? "" : v;
+  if (s.empty() || s == "avx512") return CpuIsa::kAvx512;
+  if (s == "avx2") return CpuIsa::kAvx2;
+  if (s == "scalar") return CpuIsa::kScalar;
+  return absl::InvalidArgumentError(
+      pd::StrCat("PDSERVE_CPU_ISA='", s, "': expected avx512, avx2 or scalar (or unset)"));
+}
+
+CpuIsa CpuIsaCap() {
+  static const CpuIsa cap = [] {
+    absl::StatusOr<CpuIsa> c = CpuIsaCapFromEnv();
+    PD_CHECK_MSG(c.ok(), std::string(c.status().message()).c_str());
+    return *c;
+  }();
+  return cap;
+}
+
 bool CpuHasAvx512(uint32_t leaf7_ebx, uint32_t leaf7_ecx) {
+  if (CpuIsaCap() < CpuIsa::kAvx512) return false;
 #if defined(__x86_64__) || defined(__i386__)
   unsigned a, b, c, d;
   if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return false;
@@ -686,9 +747,22 @@ bool CpuHasAvx512(uint32_t leaf7_ebx, uint32_t leaf7_ecx) {
 
 const Kernels& SelectKernels(bool force_scalar) {
   const Kernels* avx2 = Avx2Kernels();
-  if (!force_scalar && avx2 != nullptr && CpuHasAvx2Fma()) return *avx2;
-  (void)avx2;
+  if (!force_scalar && avx2 != nullptr && CpuIsaCap() >= CpuIsa::kAvx2 && CpuHasAvx2Fma()) {
+    return *avx2;
+  }
   return kScalar;
+}
+
+RopeNormalWidths RopeNormalOrder() {
+  static const RopeNormalWidths w =
+      Avx512AttnKernels() != nullptr ? RopeNormalWidths{8, 4} : RopeNormalWidths{4, 2};
+  return w;
+}
+
+std::string_view KernelSetName(const Kernels& k) {
+  if (&k == &kScalar) return "scalar";
+  if (Avx512AttnKernels() == nullptr) return "avx2";
+  return Q8_0TileVnni() != nullptr ? "avx512-vnni" : "avx512";
 }
 
 }  // namespace pd::engine::cpu

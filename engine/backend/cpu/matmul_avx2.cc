@@ -128,23 +128,22 @@ inline __m128 QuadScale(const char* p, size_t stride) {
 // vector whose low nibbles are weights 0..15 of both blocks ([b | b+1] by 128-bit lane) and high
 // nibbles weights 16..31; the activations are permuted to match once per column (shared by the R
 // rows). Codes are unsigned (0..15); the -8 offset is subtracted as maddubs(8, y) in int16 (at
-// most 7620 + 4064 in magnitude). The four d_w are converted at once and multiplied by the four
-// d_x, then spread over the pairs' lanes ([b x4 | b+1 x4]). Per row and block pair: 5 ops to
-// unpack, 1.5 for the scales; per column 8 (maddubs x2, add, sub, madd, cvt, fmadd, permute) +
-// 0.5. Leftover blocks (nb % 4) go one at a time.
+// most 3810 + 2032 in magnitude). The int32 lanes are then put back into ggml's layout (lane L:
+// weights 4L..4L+3 of one block, vec_dot_q4_0_q8_0 and tinyBLAS alike) and each block takes its
+// own FMA, in block order, so that every F32 step is ggml's. Per row and block pair: 5 ops to
+// unpack, 1.5 for the scales; per column 14 (maddubs x2, sub x2, madd x2, perm x2, cvt x2,
+// scale x2, fmadd x2) + 1. Leftover blocks (nb % 4) go one at a time.
 template <int R, int C>
 void TileQ4_0(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y, int64_t ys) {
   const int64_t nb = k / BlockQ4_0::kWeights;
   const __m256i m4 = _mm256_set1_epi8(0x0F), eights = _mm256_set1_epi8(8);
   const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i lo_pair = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-  const __m256i hi_pair = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
     PD_UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   int64_t b = 0;
   for (; b + 4 <= nb; b += 4) {
-    __m256i ya[C][2], yb[C][2], z[C][2];
+    __m256i ya[C][2], yb[C][2], za[C][2], zb[C][2];
     __m128 dx[C];
     PD_UNROLL for (int c = 0; c < C; ++c) {
       const BlockQ8_0* xb = reinterpret_cast<const BlockQ8_0*>(x + c * xs) + b;
@@ -152,8 +151,8 @@ void TileQ4_0(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
         const __m256i y0 = Load32(xb[2 * pr].qs), y1 = Load32(xb[2 * pr + 1].qs);
         ya[c][pr] = _mm256_permute2x128_si256(y0, y1, 0x20);  // weights 0..15 of b | of b+1
         yb[c][pr] = _mm256_permute2x128_si256(y0, y1, 0x31);  // weights 16..31
-        z[c][pr] = _mm256_add_epi16(_mm256_maddubs_epi16(eights, ya[c][pr]),
-                                    _mm256_maddubs_epi16(eights, yb[c][pr]));
+        za[c][pr] = _mm256_maddubs_epi16(eights, ya[c][pr]);
+        zb[c][pr] = _mm256_maddubs_epi16(eights, yb[c][pr]);
       }
       dx[c] = QuadScale(reinterpret_cast<const char*>(&xb->d), sizeof(BlockQ8_0));
     }
@@ -173,13 +172,17 @@ void TileQ4_0(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
       PD_UNROLL for (int c = 0; c < C; ++c) {
         const __m256 d4 = _mm256_castps128_ps256(_mm_mul_ps(dw, dx[c]));
         PD_UNROLL for (int pr = 0; pr < 2; ++pr) {
-          const __m256i p = _mm256_sub_epi16(
-              _mm256_add_epi16(_mm256_maddubs_epi16(ua[pr], ya[c][pr]),
-                               _mm256_maddubs_epi16(ub[pr], yb[c][pr])),
-              z[c][pr]);
-          const __m256 d = _mm256_permutevar8x32_ps(d4, pr == 0 ? lo_pair : hi_pair);
-          acc[r][c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)),
-                                      acc[r][c]);
+          // lo: lanes 0-3 weights 0..15 of b, 4-7 of b+1; hi: weights 16..31 likewise.
+          const __m256i lo = _mm256_madd_epi16(
+              _mm256_sub_epi16(_mm256_maddubs_epi16(ua[pr], ya[c][pr]), za[c][pr]), ones);
+          const __m256i hi = _mm256_madd_epi16(
+              _mm256_sub_epi16(_mm256_maddubs_epi16(ub[pr], yb[c][pr]), zb[c][pr]), ones);
+          const __m256 s0 = _mm256_cvtepi32_ps(_mm256_permute2x128_si256(lo, hi, 0x20));
+          const __m256 s1 = _mm256_cvtepi32_ps(_mm256_permute2x128_si256(lo, hi, 0x31));
+          const __m256 d0 = _mm256_permutevar8x32_ps(d4, _mm256_set1_epi32(2 * pr));
+          const __m256 d1 = _mm256_permutevar8x32_ps(d4, _mm256_set1_epi32(2 * pr + 1));
+          acc[r][c] = _mm256_fmadd_ps(d0, s0, acc[r][c]);
+          acc[r][c] = _mm256_fmadd_ps(d1, s1, acc[r][c]);
         }
       }
     }

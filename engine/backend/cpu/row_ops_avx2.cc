@@ -85,19 +85,6 @@ void Add(const float* a, const float* b, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = a[i] + b[i];
 }
 
-void SwiGlu(const float* g, const float* u, float* y, int64_t n) {
-  const __m256 one = _mm256_set1_ps(1.f);
-  const __m256 sign = _mm256_set1_ps(-0.f);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 gv = _mm256_loadu_ps(g + i);
-    const __m256 e = Exp(_mm256_xor_ps(gv, sign));
-    _mm256_storeu_ps(
-        y + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
-  }
-  for (; i < n; ++i) y[i] = g[i] / (1.f + expf(-g[i])) * u[i];
-}
-
 float Max(const float* x, int64_t n) {
   __m256 m = _mm256_set1_ps(-INFINITY);
   int64_t i = 0;
@@ -144,10 +131,18 @@ void RopeNeox(float* v, const float* c, const float* s, int64_t half) {
 }
 
 void RopeNormal(float* v, const float* c, const float* s, int64_t half) {
-  for (int64_t i = 0; i < half; ++i) {
+  const int64_t fused = RopeNormalFusedPairs(half, RopeNormalOrder());
+  for (int64_t i = 0; i < fused; ++i) {
     const float a = v[2 * i], b = v[2 * i + 1];
     v[2 * i] = __builtin_fmaf(a, c[i], -(b * s[i]));
-    v[2 * i + 1] = __builtin_fmaf(b, c[i], a * s[i]);
+    v[2 * i + 1] = __builtin_fmaf(a, s[i], b * c[i]);
+  }
+  for (int64_t i = fused; i < half; ++i) {
+    const float a = v[2 * i], b = v[2 * i + 1];
+    const float ac = RoundedF32(a * c[i]), bs = RoundedF32(b * s[i]);
+    const float as = RoundedF32(a * s[i]), bc = RoundedF32(b * c[i]);
+    v[2 * i] = ac - bs;
+    v[2 * i + 1] = as + bc;
   }
 }
 

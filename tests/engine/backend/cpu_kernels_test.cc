@@ -8,6 +8,7 @@
 // absolute sum for random data; one dropped or doubled term (~sum/k) still fails for every k
 // tested. Elementwise results with exp are held to 1e-6 relative (~8 ulps: the AVX2 exp is
 // within 2 ulps, plus division and product).
+#include <cpuid.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -343,7 +344,7 @@ void ExpectTileBitsEqual(GemmTileFn vnni, GemmTileFn avx2, uint32_t seed,
 TEST(Q8_0VnniTest, BitIdenticalToTheAvx2Tile) {
   const GemmTileFn vnni = Q8_0TileVnni();
   if (vnni == nullptr || Avx2Kernels() == nullptr) {
-    GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_NO_VNNI is set)";
+    GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_ISA / PDSERVE_CPU_NO_VNNI turn it off)";
   }
   ExpectTileBitsEqual<BlockQ8_0>(vnni, &GemmQ8_0Avx2, 5, {32, 640, 4096});
 }
@@ -353,7 +354,7 @@ TEST(Q8_0VnniTest, BitIdenticalToTheAvx2Tile) {
 TEST(Q5_0VnniTest, BitIdenticalToTheAvx2Tile) {
   const GemmTileFn vnni = Q5_0TileVnni();
   if (vnni == nullptr || Avx2Kernels() == nullptr) {
-    GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_NO_VNNI is set)";
+    GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_ISA / PDSERVE_CPU_NO_VNNI turn it off)";
   }
   ExpectTileBitsEqual<BlockQ5_0>(vnni, &GemmQ5_0Avx2, 9, {32, 160, 640, 4128});
 }
@@ -408,13 +409,13 @@ void ExpectGroupedEqualsTiles(const GroupedKernels* g, GemmTileFn tiles, uint32_
 
 TEST(GroupedVnniTest, Q8_0BitIdenticalToTheAvx2Tiles) {
   const GroupedKernels* g = Q8_0GroupedVnni();
-  if (g == nullptr) GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_NO_VNNI is set)";
+  if (g == nullptr) GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_ISA / PDSERVE_CPU_NO_VNNI turn it off)";
   ExpectGroupedEqualsTiles<BlockQ8_0>(g, &GemmQ8_0Avx2, 21);
 }
 
 TEST(GroupedVnniTest, Q5_0BitIdenticalToTheAvx2Tiles) {
   const GroupedKernels* g = Q5_0GroupedVnni();
-  if (g == nullptr) GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_NO_VNNI is set)";
+  if (g == nullptr) GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_ISA / PDSERVE_CPU_NO_VNNI turn it off)";
   ExpectGroupedEqualsTiles<BlockQ5_0>(g, &GemmQ5_0Avx2, 22);
 }
 
@@ -424,13 +425,13 @@ TEST(GroupedVnniTest, Q5_0BitIdenticalToTheAvx2Tiles) {
 // of four per pass, padded groups, a second pass), weight rows in steps of four and leftovers.
 TEST(QuadVnniTest, Q8_0BitIdenticalToTheAvx2Tiles) {
   const GroupedKernels* g = Q8_0QuadVnni();
-  if (g == nullptr) GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_NO_VNNI is set)";
+  if (g == nullptr) GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_ISA / PDSERVE_CPU_NO_VNNI turn it off)";
   ExpectGroupedEqualsTiles<BlockQ8_0>(g, &GemmQ8_0Avx2, 23, {1, 2, 3, 4, 5, 6, 7, 8, 9, 11});
 }
 
 TEST(QuadVnniTest, Q5_0BitIdenticalToTheAvx2Tiles) {
   const GroupedKernels* g = Q5_0QuadVnni();
-  if (g == nullptr) GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_NO_VNNI is set)";
+  if (g == nullptr) GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_ISA / PDSERVE_CPU_NO_VNNI turn it off)";
   ExpectGroupedEqualsTiles<BlockQ5_0>(g, &GemmQ5_0Avx2, 24, {1, 2, 3, 4, 5, 6, 7, 8, 9, 11});
 }
 
@@ -539,7 +540,7 @@ TEST_F(KernelsTest, QuantizeKvI8F16BitExactWithTheComposition) {
       ASSERT_EQ(qa, want_q) << hd << " rep " << rep;
     }
   }
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
+  if (CpuHasAvx512(bit_AVX512F | bit_AVX512BW)) {  // the CPU's, under PDSERVE_CPU_ISA's cap
     EXPECT_EQ(fused_dims, 3);  // 64, 128, 256 took the one-pass kernel
   }
 }
@@ -568,7 +569,7 @@ TEST_F(KernelsTest, DequantizeKvI8F16BitExactWithTheComposition) {
       ASSERT_EQ(ya, want) << hd << " rep " << rep;
     }
   }
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
+  if (CpuHasAvx512(bit_AVX512F | bit_AVX512BW)) {  // the CPU's, under PDSERVE_CPU_ISA's cap
     EXPECT_EQ(fused_dims, 3);
   }
 }
@@ -1058,7 +1059,8 @@ TEST(RopeKernelsTest, Avx2MatchesScalarBitForBit) {
   std::mt19937 rng(9);
   std::normal_distribution<float> normal(0.f, 2.f);
   std::uniform_real_distribution<float> angle(-3.2f, 3.2f);
-  for (int64_t half : {1, 4, 13, 32, 64, 128}) {
+  // Normal mode: every fused/unfused split of RopeNormalFusedPairs (tails of 1..3 pairs).
+  for (int64_t half : {1, 2, 3, 4, 5, 7, 9, 13, 15, 17, 32, 64, 128}) {
     std::vector<float> c(half), s(half), v(2 * half);
     for (int64_t i = 0; i < half; ++i) {
       const float t = angle(rng);
@@ -1079,6 +1081,19 @@ TEST(RopeKernelsTest, Avx2MatchesScalarBitForBit) {
       }
     }
   }
+}
+
+// Which normal-mode RoPE pairs ggml fuses, as GCC vectorizes rotate_pairs (disassembly of
+// llama-cpp-python's libggml-cpu, checked against ggml_rope_ext by test_matmul_sweep.py).
+TEST(RopeNormalOrderTest, FusedPairsFollowGccsVectorLoops) {
+  const RopeNormalWidths zmm{8, 4}, ymm{4, 2};
+  const std::pair<int64_t, int64_t> want_zmm[] = {{1, 0},  {3, 0},   {4, 4},   {7, 4},  {8, 8},
+                                                  {11, 8}, {12, 12}, {15, 12}, {16, 16}, {64, 64},
+                                                  {65, 64}, {69, 68}};
+  for (auto [half, fused] : want_zmm) EXPECT_EQ(RopeNormalFusedPairs(half, zmm), fused) << half;
+  const std::pair<int64_t, int64_t> want_ymm[] = {{1, 0}, {2, 2}, {3, 2}, {4, 4},
+                                                  {5, 4}, {6, 6}, {7, 6}, {64, 64}};
+  for (auto [half, fused] : want_ymm) EXPECT_EQ(RopeNormalFusedPairs(half, ymm), fused) << half;
 }
 
 }  // namespace pd::engine::cpu

@@ -293,7 +293,7 @@ class KQuantKernelsTest : public ::testing::Test {
 TEST_F(KQuantKernelsTest, ZmmQ3KTilesGiveTheAvx2TilesBits) {
   const ZmmKQuantTiles zmm = ZmmKQuantTilesIfSupported();
   if (zmm.q3_k == nullptr || Q3KTileAvx2Only() == nullptr) {
-    GTEST_SKIP() << "no AVX512F/BW/VL/VNNI (or PDSERVE_CPU_NO_VNNI set)";
+    GTEST_SKIP() << "no AVX512F/BW/VL/VNNI (or PDSERVE_CPU_ISA / PDSERVE_CPU_NO_VNNI turn it off)";
   }
   const Format f{DType::kQ3_K, GemmType::kQ3_K, DType::kQ8_K};
   for (int64_t k : Ks(f)) {
@@ -397,7 +397,11 @@ TEST_F(KQuantKernelsTest, LlamaCppOrdersMatchTheScalarTablesBitForBit) {
        avx2_->gemm_wide[static_cast<int>(GemmType::kQ5_K)]},
       {"q6_K tiled", {DType::kQ6_K, GemmType::kQ6_K, DType::kQ8_K},
        s_.gemm_wide[static_cast<int>(GemmType::kQ6_K)],
-       avx2_->gemm_wide[static_cast<int>(GemmType::kQ6_K)]},
+       avx2_->gemm_wide[static_cast<int>(GemmType::kQ6_K)]},      // ggml's vec_dot order (fewer than 8 rows, matrices llama.cpp does not repack).
+      {"q4_K vec_dot", {DType::kQ4_K, GemmType::kQ4_K, DType::kQ8_K},
+       s_.gemm[static_cast<int>(GemmType::kQ4_K)], avx2_->gemm[static_cast<int>(GemmType::kQ4_K)]},
+      {"q5_K vec_dot", {DType::kQ5_K, GemmType::kQ5_K, DType::kQ8_K},
+       s_.gemm[static_cast<int>(GemmType::kQ5_K)], avx2_->gemm[static_cast<int>(GemmType::kQ5_K)]},
   };
   for (const Variant& v : variants) {
     ASSERT_NE(v.scalar, nullptr) << v.name;
