@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -11,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/log.h"
 #include "common/status.h"
 #include "common/strings.h"
 #include "frontend/openai_request.h"
@@ -24,6 +26,8 @@ using openai::FromStatus;
 using openai::kJsonType;
 
 namespace {
+
+constexpr int kListenBacklog = 1024;  // connections waiting for accept()
 
 bool ConstantTimeEquals(std::string_view a, std::string_view b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
@@ -321,10 +325,13 @@ absl::StatusOr<int> HttpServer::Start(const std::string& host, int port) {
   svr.set_post_routing_handler([h](const httplib::Request& req, httplib::Response& res) {
     if (res.status < 400) h->Count(req, res);
   });
-  // httplib's default adds SO_REUSEPORT, which would let a second server share the port.
-  svr.set_socket_options([](socket_t sock) {
+  // httplib's default adds SO_REUSEPORT, which would let a second server share the port. The
+  // last socket httplib set up is the one it bound (it closes the candidates that fail).
+  auto listen_socket = std::make_shared<socket_t>(INVALID_SOCKET);
+  svr.set_socket_options([listen_socket](socket_t sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    *listen_socket = sock;
   });
   // API keys are checked in the handlers, after httplib has read the body: a pre-routing
   // handler runs before that, and the unread body of a refused request would then be parsed as
@@ -360,6 +367,15 @@ absl::StatusOr<int> HttpServer::Start(const std::string& host, int port) {
   } else if (!svr.bind_to_port(host, port)) {
     server_.reset();
     return absl::UnavailableError(pd::StrCat("cannot bind HTTP to ", host, ":", port));
+  }
+  // Debian's cpp-httplib is a compiled library that listens with a backlog of 5
+  // (CPPHTTPLIB_LISTEN_BACKLOG is fixed inside it): 64 clients connecting at once overflowed
+  // the accept queue, the kernel dropped their SYNs, and pd-bench saw a third of a 64-stream
+  // burst fail with a read error after the 1 s SYN retry. listen() again on the bound socket
+  // raises the backlog (capped by net.core.somaxconn).
+  if (*listen_socket != INVALID_SOCKET && ::listen(*listen_socket, kListenBacklog) != 0) {
+    PD_LOG(kWarning, "HTTP: could not raise the listen backlog to ", kListenBacklog,
+           " (errno ", errno, "); bursts of connections may be dropped");
   }
   listener_ = std::thread([this] { server_->listen_after_bind(); });
   // httplib's stop() is a no-op until the accept loop runs: wait for it, so that a Stop() right

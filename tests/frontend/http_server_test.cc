@@ -13,9 +13,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <deque>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/metrics.h"
+#include "common/strings.h"
 #include "frontend/serving_metrics.h"
 
 namespace pd::frontend {
@@ -547,6 +551,32 @@ TEST_F(HttpServerTest, FailureAfterAcceptance) {
   EXPECT_EQ(json::parse(data[0])["choices"][0]["text"], "Hi");
   EXPECT_EQ(json::parse(data[1])["error"]["code"], "DEADLINE_EXCEEDED");
   EXPECT_EQ(data[2], "[DONE]");
+}
+
+// Debian's compiled cpp-httplib listens with a backlog of 5; a burst of 64 streams then lost
+// connections (SYNs dropped, a read error a second later). The server raises it: `ss` shows a
+// listening socket's backlog as its Send-Q.
+TEST_F(HttpServerTest, ListenBacklogHoldsABurstOfClients) {
+  const std::string cmd = pd::StrCat("ss -ltnH 'sport = :", port_, "' 2>/dev/null");
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+  const int rc = pclose(p);
+  if (rc != 0 || out.empty()) GTEST_SKIP() << "`ss` (iproute2) is not available";
+  // State Recv-Q Send-Q Local:Port Peer:Port
+  std::istringstream line(out);
+  std::string state;
+  int recv_q = -1, send_q = -1;
+  line >> state >> recv_q >> send_q;
+  ASSERT_EQ(state, "LISTEN") << out;
+  int somaxconn = 4096;
+  if (FILE* f = fopen("/proc/sys/net/core/somaxconn", "r")) {
+    if (fscanf(f, "%d", &somaxconn) != 1) somaxconn = 4096;
+    fclose(f);
+  }
+  EXPECT_EQ(send_q, std::min(1024, somaxconn)) << out;
 }
 
 TEST_F(HttpServerTest, UnknownPathIs404Json) {
