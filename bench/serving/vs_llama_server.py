@@ -58,6 +58,8 @@ def start(system: str, a: argparse.Namespace, conc: int, workdir: Path) -> bench
                  f"  token_budget: {max(512, conc)}"]
         if system == "pd-serve-nobudget":
             lines.append("  step_time_stretch: 0")
+        else:
+            lines += [f"  {kv.split('=', 1)[0]}: {kv.split('=', 1)[1]}" for kv in a.scheduler]
         lines.append(f"kv: {{memory_mib: {kv_mib}}}")
         cfg.write_text("\n".join(lines) + "\n")
         args = [str(a.bin_dir / "pd-serve"), "--config", str(cfg), "-m", str(a.model),
@@ -111,6 +113,7 @@ def report(results: dict, a: argparse.Namespace, systems: list[str], argv: str) 
         f"- model: {a.model.name}; prompts {a.prompt_tokens} random-word tokens (+BOS), "
         f"{a.output_tokens} output tokens (ignore_eos), closed loop, OpenAI HTTP streaming",
         f"- llama-server: {a.llama_bin}, -np = streams, -fa {a.llama_fa}",
+        f"- pd-serve scheduler options: {', '.join(a.scheduler) or 'the defaults'}",
         f"- command: `{argv}`",
         "",
         "| streams | system | requests | failed | output tok/s | x llama-server | TTFT p50 ms "
@@ -168,6 +171,9 @@ def main() -> int:
     ap.add_argument("--kv-bytes-per-token", type=int, default=32 * 1024,
                     help="KV bytes per token for sizing pd-serve's cache (default fits models "
                     "up to ~32 KiB/token at f16)")
+    ap.add_argument("--scheduler", action="append", default=[], metavar="KEY=VALUE",
+                    help="a scheduler option for pd-serve (not -nobudget), e.g. "
+                    "step_time_stretch=1.2; repeatable")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--start-timeout", type=float, default=180)
     ap.add_argument("--out-dir", type=Path, help="raw pd-bench JSON (default: a temp folder)")
