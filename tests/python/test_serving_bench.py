@@ -28,3 +28,16 @@ def test_serving_table_against_pd_serve(pdctl, tmp_path):
         assert r[6].strip() == "-"  # no llama-server in the run: no ratio
     assert "machine: " in out_md.read_text() and "(target >= 2x" not in out.stdout
     assert (tmp_path / "json" / "pd-serve_c3.json").exists()
+
+
+def test_transfer_tail_against_ttft_through_pdctl_up(pdctl):
+    """bench/kv_transfer/tail_vs_ttft.py: a real cluster disaggregates a 600-token prompt, and the
+    router's transfer phase is set against the client's TTFT."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench/kv_transfer/tail_vs_ttft.py"), "--n", "1", "--words",
+         "600", "--bin-dir", str(Path(pdctl).parent)],
+        capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert re.search(r"\| transfer \| 1 \| \d+\.\d \|", out.stdout), out.stdout
+    share = float(re.search(r"transfer tail / TTFT \(means\): ([\d.]+) %", out.stdout).group(1))
+    assert 0 < share < 100
