@@ -125,6 +125,29 @@ absl::Status BlockManager::Reserve(int64_t seq, int n_tokens) {
   return absl::OkStatus();
 }
 
+void BlockManager::Truncate(int64_t seq, int n_tokens) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return;
+  SeqState& s = it->second;
+  // Hashed (filed or duplicate) blocks hold final K/V of the prompt: never released here.
+  const size_t keep = std::max<size_t>(
+      (static_cast<size_t>(std::max(n_tokens, 0)) + block_size_ - 1) / block_size_, s.n_filed);
+  if (s.table.size() <= keep) return;
+  const absl::Time now = options_.compress_idle_ms > 0 ? absl::Now() : absl::InfinitePast();
+  while (s.table.size() > keep) {
+    const int32_t b = s.table.back();
+    s.table.pop_back();
+    Block& blk = blocks_[b];
+    PD_CHECK(blk.ref_count > 0);
+    if (--blk.ref_count > 0) continue;
+    if (blk.filed) {
+      LruPush(b, now);
+    } else {
+      free_.push_back(b);
+    }
+  }
+}
+
 void BlockManager::Free(int64_t seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;

@@ -75,6 +75,11 @@ class BlockManager {
   // Releases every block of `seq`: a block nobody else holds goes to the LRU if it is filed, else
   // to the free list. No-op for an unknown sequence.
   void Free(int64_t seq);
+  // Shrinks `seq`'s table to the blocks that cover n_tokens positions: the trailing blocks beyond
+  // them (rolled-back speculative positions) are released as Free releases them. Blocks whose
+  // chain hash is known (published prompt blocks) are never released by it. No-op for an unknown
+  // sequence or a table no longer than that.
+  void Truncate(int64_t seq, int n_tokens);
 
   // For a sequence holding no blocks: finds the longest chain of filed blocks equal to the full
   // blocks of tokens[0, max_tokens) and makes `seq` hold them (their ref counts go up; they leave

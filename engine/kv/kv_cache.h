@@ -76,6 +76,9 @@ class KvCache {
   // Releases all blocks of `seq`: to the prefix cache those that are filed there, to the free
   // list the others. No-op for an unknown sequence.
   void Free(int64_t seq);
+  // Keeps the blocks of `seq` that cover its first n_tokens positions and releases the rest
+  // (BlockManager::Truncate): rolling back positions written speculatively and rejected.
+  void Truncate(int64_t seq, int n_tokens) { blocks_->Truncate(seq, n_tokens); }
 
   // ---- prefix cache (BlockManager; no-ops when options().prefix_cache.enabled is false) -------
   // For a sequence holding no blocks yet: takes the longest cached chain of full blocks equal to

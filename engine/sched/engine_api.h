@@ -33,6 +33,10 @@ struct GenerationRequest {
   // the continuation is bit-for-bit the one the failed node would have produced.
   int resumed_tokens = 0;
   absl::Time deadline = absl::InfiniteFuture();  // past it: finish kDeadlineExceeded, KV freed
+  // Speculative decoding may be used for this request when the engine has a drafter
+  // (docs/speculative.md); false turns it off for this request. The output distribution is the
+  // same either way (greedy: the same tokens).
+  bool speculative = true;
 };
 
 enum class FinishReason {
@@ -60,11 +64,16 @@ struct FinishInfo {
   int prompt_tokens = 0;
   int completion_tokens = 0;
   int cached_tokens = 0;  // prompt tokens whose K/V came from the prefix cache
+  // Speculative decoding: draft tokens the target verified for this request, and of those the
+  // ones it accepted (each accepted token saved one target step).
+  int draft_tokens = 0;
+  int accepted_tokens = 0;
   RequestTiming timing;
 };
 
 // Receives one request's output. OnTokens is called once per engine step that produced tokens
-// for it (one token per step without speculative decoding), OnFinish exactly once, last.
+// for it (one token per step without speculative decoding, up to K+1 with it), OnFinish exactly
+// once, last.
 class GenerationSink {
  public:
   virtual ~GenerationSink() = default;

@@ -61,12 +61,69 @@ int32_t ArgMax(absl::Span<const float> logits) {
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
 
+float TokenDist::Prob(int32_t id) const {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] == id) return probs[i];
+  }
+  return 0.0f;
+}
+
 int32_t Sampler::Sample(absl::Span<const float> logits, absl::Span<const int32_t> history) {
+  if (!Chain(logits, history)) return ArgMax(logits);  // greedy, no copies
+  if (cand_.size() == 1) return cand_[0].id;
+  std::uniform_real_distribution<double> uni(0.0, 1.0);
+  double r = uni(rng_);
+  for (size_t i = 0; i < cand_.size(); ++i) {
+    r -= probs_[i];
+    if (r <= 0) return cand_[i].id;
+  }
+  return cand_.back().id;
+}
+
+void Sampler::Distribution(absl::Span<const float> logits, absl::Span<const int32_t> history,
+                           TokenDist* out) {
+  out->ids.clear();
+  out->probs.clear();
+  if (!Chain(logits, history)) {
+    out->ids.push_back(ArgMax(logits));
+    out->probs.push_back(1.0f);
+    return;
+  }
+  out->ids.reserve(cand_.size());
+  for (const Candidate& c : cand_) out->ids.push_back(c.id);
+  if (cand_.size() == 1) {
+    out->probs.push_back(1.0f);
+  } else {
+    out->probs.assign(probs_.begin(), probs_.begin() + cand_.size());
+  }
+}
+
+int32_t Sampler::Draw(const TokenDist& dist) {
+  PD_CHECK(!dist.ids.empty());
+  if (dist.ids.size() == 1) return dist.ids[0];
+  double r = Uniform();
+  for (size_t i = 0; i < dist.ids.size(); ++i) {
+    r -= dist.probs[i];
+    if (r <= 0) return dist.ids[i];
+  }
+  // Rounding left mass over: the last id with a non-zero probability.
+  for (size_t i = dist.ids.size(); i-- > 0;) {
+    if (dist.probs[i] > 0) return dist.ids[i];
+  }
+  return dist.ids.back();
+}
+
+double Sampler::Uniform() {
+  std::uniform_real_distribution<double> uni(0.0, 1.0);
+  return uni(rng_);
+}
+
+bool Sampler::Chain(absl::Span<const float> logits, absl::Span<const int32_t> history) {
   PD_CHECK(!logits.empty());
   const int32_t n_vocab = static_cast<int32_t>(logits.size());
   const bool penalize =
       params_.repetition_penalty != 1.0f && params_.penalty_last_n > 0 && !history.empty();
-  if (params_.temperature <= 0 && !penalize) return ArgMax(logits);  // greedy, no copies
+  if (params_.temperature <= 0 && !penalize) return false;
   auto by_logit = [](const Candidate& a, const Candidate& b) {
     return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
   };
@@ -94,7 +151,9 @@ int32_t Sampler::Sample(absl::Span<const float> logits, absl::Span<const int32_t
       if (next_pen < penalized.size() && penalized[next_pen].id == i) c = penalized[next_pen++];
       if (best.id < 0 || by_logit(c, best)) best = c;
     }
-    return best.id;
+    cand_.assign(1, best);
+    probs_.assign(1, 1.0f);
+    return true;
   }
 
   // Top-k: the k best by (logit desc, id asc) in one pass with a heap whose top is the worst kept
@@ -119,6 +178,10 @@ int32_t Sampler::Sample(absl::Span<const float> logits, absl::Span<const int32_t
     }
   }
   std::sort(cand_.begin(), cand_.end(), by_logit);
+  // Ids that can never be drawn (-inf logits: a draft head's missing rows) leave the list.
+  while (cand_.size() > 1 && cand_.back().logit == -std::numeric_limits<float>::infinity()) {
+    cand_.pop_back();
+  }
 
   // Probabilities at temperature 1 for the p-filters (softmax over the kept candidates).
   auto softmax = [&](float temp) {
@@ -152,13 +215,7 @@ int32_t Sampler::Sample(absl::Span<const float> logits, absl::Span<const int32_t
     cand_.resize(i);
   }
   softmax(params_.temperature);
-  std::uniform_real_distribution<double> uni(0.0, 1.0);
-  double r = uni(rng_);
-  for (size_t i = 0; i < cand_.size(); ++i) {
-    r -= probs_[i];
-    if (r <= 0) return cand_[i].id;
-  }
-  return cand_.back().id;
+  return true;
 }
 
 }  // namespace pd::engine

@@ -35,13 +35,32 @@ struct SamplingParams {
 // 262k logits ~0.1 ms instead of ~0.8 ms for a comparison-sort style scan of (id, logit) pairs.
 int32_t ArgMax(absl::Span<const float> logits);
 
+// A next-token distribution after the sampling chain: the ids it can draw, most probable first
+// (ties: lower id first), with their probabilities (summing to 1). Greedy: one id with 1.
+struct TokenDist {
+  std::vector<int32_t> ids;
+  std::vector<float> probs;
+  // Probability of `id` (0 when it is not among ids). Linear in ids.size().
+  float Prob(int32_t id) const;
+};
+
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
 
   // Picks the next token. `history` holds the sequence's tokens so far (prompt and output), for
-  // the repetition penalty. `logits` has n_vocab entries and is not modified.
+  // the repetition penalty. `logits` has n_vocab entries and is not modified. The same as
+  // Draw(Distribution(logits, history)), without building the distribution when greedy.
   int32_t Sample(absl::Span<const float> logits, absl::Span<const int32_t> history);
+
+  // The distribution Sample draws from, after the whole chain (penalty, top-k, top-p, min-p,
+  // temperature): what speculative decoding compares between draft and target.
+  void Distribution(absl::Span<const float> logits, absl::Span<const int32_t> history,
+                    TokenDist* out);
+  // Draws from `dist` with the sampler's RNG (one uniform, none when it holds a single id).
+  int32_t Draw(const TokenDist& dist);
+  // A uniform draw in [0, 1) from the sampler's RNG (speculative acceptance tests).
+  double Uniform();
 
   const SamplingParams& params() const { return params_; }
 
@@ -55,6 +74,10 @@ class Sampler {
   std::vector<Candidate> cand_;      // scratch
   std::vector<Candidate> penalized_;  // scratch: ids under the repetition penalty
   std::vector<float> probs_;     // scratch
+  TokenDist dist_;                // scratch for Sample
+  // Fills cand_ / probs_ with the chain's result (non-greedy, or greedy with a penalty: then a
+  // single candidate). Returns false for plain greedy (no penalty): the caller takes ArgMax.
+  bool Chain(absl::Span<const float> logits, absl::Span<const int32_t> history);
 };
 
 }  // namespace pd::engine

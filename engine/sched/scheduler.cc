@@ -29,6 +29,8 @@ struct Scheduler::Sequence {
         export_layer(std::move(in.export_layer)),
         hold_kv(in.hold_kv),
         publish_import(in.publish_import),
+        speculative(in.request.speculative),
+        sampling(in.request.sampling),
         sampler(in.request.sampling) {
     timing.arrival = in.arrival;
     timing.first_scheduled = absl::InfinitePast();
@@ -59,8 +61,17 @@ struct Scheduler::Sequence {
   const bool publish_import;       // SubmitImport(publish): file the imported prompt blocks
   int cached_tokens = 0;           // prompt tokens taken from the prefix cache (until 1st token)
   bool cache_counted = false;      // its prompt was looked up in the prefix cache once
+  const bool speculative;          // the request allows speculative decoding
+  const SamplingParams sampling;
   Sampler sampler;  // keeps its RNG state across preemptions
   RequestTiming timing;
+  // Speculative decoding: this step's draft (its rows follow the fed token in the batch), the
+  // sequence's acceptance estimate, and its totals for FinishInfo.
+  spec::DraftRequest draft;
+  int spec_rows = 0;  // draft tokens in the batch being built (part of `planned`)
+  spec::AcceptanceEstimate acceptance;
+  int draft_tokens = 0;
+  int accepted_tokens = 0;
 
   int n_generated = 0;
   int n_computed = 0;      // tokens whose K/V are in the cache
@@ -112,6 +123,17 @@ absl::Status SchedulerOptions::Validate() const {
     return bad("prefix_cache.compress_idle_ms", prefix_cache.compress_idle_ms, ">= 0");
   }
   if (max_context < 0) return bad("max_context", max_context, ">= 0");
+  return speculative.Validate();
+}
+
+absl::Status SpeculativeOptions::Validate() const {
+  auto bad = [](const char* field, auto value, const char* want) {
+    return absl::InvalidArgumentError(
+        pd::StrCat("SchedulerOptions.speculative.", field, " must be ", want, ", got ", value));
+  };
+  if (max_k < 0 || max_k > 16) return bad("max_k", max_k, "in [0, 16]");
+  if (fixed_k < 0 || fixed_k > max_k) return bad("fixed_k", fixed_k, "in [0, max_k]");
+  if (!(min_gain > 0)) return bad("min_gain", min_gain, "> 0");
   return absl::OkStatus();
 }
 
@@ -156,6 +178,13 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::CreateImpl(Model& model,
   }
   std::unique_ptr<Scheduler> s(
       new Scheduler(model, std::move(owned), options, std::move(kv), static_cast<int>(context)));
+  if (options.speculative.drafter != nullptr && options.speculative.max_k > 0) {
+    if (options.speculative.cost.has_value()) {
+      s->spec_cost_ = options.speculative.cost;
+    } else {
+      PD_ASSIGN_OR_RETURN(s->spec_cost_, s->MeasureStepCost());
+    }
+  }
   if (options.run_thread) s->thread_ = std::thread([p = s.get()] { p->Loop(); });
   return s;
 }
@@ -464,6 +493,7 @@ void Scheduler::CloseImportFence(Sequence& seq) {
 
 void Scheduler::Finish(std::unique_ptr<Sequence> seq, FinishReason reason, absl::Status status) {
   CloseImportFence(*seq);
+  if (options_.speculative.drafter != nullptr) options_.speculative.drafter->Release(seq->kv_id);
   if (seq->hold_kv && seq->exported) {
     held_.insert(seq->kv_id);  // a transport may still be reading them: ReleaseExportedKv
   } else {
@@ -478,6 +508,8 @@ void Scheduler::Finish(std::unique_ptr<Sequence> seq, FinishReason reason, absl:
   e.info.prompt_tokens = seq->n_prompt;
   e.info.completion_tokens = seq->n_generated;
   e.info.cached_tokens = seq->cached_tokens;
+  e.info.draft_tokens = seq->draft_tokens;
+  e.info.accepted_tokens = seq->accepted_tokens;
   e.info.timing = seq->timing;
   events_.push_back(std::move(e));
   finished_ids_.push_back(seq->id);
@@ -505,6 +537,8 @@ void Scheduler::Preempt(Sequence* victim, StepPlan& plan) {
   PD_CHECK(owned != nullptr);
   kv_->Free(victim->kv_id);
   plan.budget += victim->planned;  // it leaves the batch being built, if it was in it
+  victim->spec_rows = 0;
+  victim->draft.draft.clear();
   victim->n_computed = 0;
   victim->running = false;
   victim->admission = -1;
@@ -664,6 +698,135 @@ void Scheduler::PlanDecode(StepPlan& plan) {
   }
 }
 
+void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
+  const SpeculativeOptions& so = options_.speculative;
+  if (so.drafter == nullptr || !spec_cost_.has_value() || plan.decode.empty()) return;
+  // The step as planned so far: its decode rows, and the prompt tokens PlanPrefill will likely
+  // add (they make the step costlier, hence an extra row relatively cheaper).
+  int64_t pending = 0;
+  for (const auto& s : running_) {
+    if (!s->decoding()) pending += s->remaining();
+  }
+  for (const auto& s : waiting_) pending += s->remaining();
+  const int n_decode = static_cast<int>(plan.decode.size());
+  spec::StepEstimate step;
+  step.rows = n_decode + static_cast<double>(std::min<int64_t>(
+                             {pending, plan.budget, int64_t{options_.prefill_chunk}}));
+  step.seconds = spec_cost_->Seconds(step.rows);
+  step.tokens = n_decode;
+  // Most promising sequences first: they get the cheap rows.
+  std::vector<Sequence*> order;
+  for (Sequence* s : plan.decode) {
+    if (s->running && s->speculative) order.push_back(s);
+  }
+  std::stable_sort(order.begin(), order.end(), [](const Sequence* a, const Sequence* b) {
+    return a->acceptance.rate() > b->acceptance.rate();
+  });
+  int budget = plan.budget;
+  std::vector<Sequence*> drafting;
+  std::vector<spec::DraftRequest*> requests;
+  for (Sequence* s : order) {
+    // Drafting past max_tokens is wasted: the last token of a request is never a draft's.
+    const int limit = std::min({so.max_k, s->max_tokens - s->n_generated - 1, budget});
+    int k = 0;
+    if (limit > 0 && so.fixed_k > 0) {
+      k = std::min(so.fixed_k, limit);
+    } else if (limit > 0) {
+      // A draft step serves every drafting sequence at once: its cost is shared by all that
+      // may draft in this step.
+      const double draft_row_s =
+          so.drafter->StepSeconds(static_cast<int>(order.size())) / static_cast<double>(order.size());
+      k = spec::ChooseK(step, *spec_cost_, s->acceptance.rate(), limit, draft_row_s,
+                        so.min_gain);
+    }
+    if (k <= 0) {
+      s->acceptance.Idle();
+      continue;
+    }
+    budget -= k;
+    s->draft.seq = s->kv_id;
+    s->draft.tokens = s->tokens;
+    s->draft.n_prompt = s->n_prompt;
+    s->draft.max_draft = k;
+    s->draft.sampling = &s->sampling;
+    s->draft.draft.clear();
+    s->draft.q.clear();
+    drafting.push_back(s);
+    requests.push_back(&s->draft);
+  }
+  if (requests.empty()) return;
+  const absl::Time t0 = absl::Now();
+  const absl::Status st = so.drafter->Propose(requests);
+  stats.draft_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  if (!st.ok()) {
+    PD_LOG(kWarning, "drafter ", so.drafter->name(), " failed, this step runs without drafts: ",
+           st.ToString());
+  }
+  for (Sequence* s : drafting) {
+    std::vector<int32_t>& d = s->draft.draft;
+    const bool q_ok = s->draft.q.empty() || s->draft.q.size() >= d.size();
+    if (!st.ok() || !q_ok) d.clear();
+    if (static_cast<int>(d.size()) > s->draft.max_draft) d.resize(s->draft.max_draft);
+    for (size_t i = 0; i < d.size(); ++i) {
+      if (d[i] < 0 || d[i] >= n_vocab_) {  // a drafter's bug must not reach the model
+        d.resize(i);
+        break;
+      }
+    }
+    int k = std::min(static_cast<int>(d.size()), plan.budget);
+    // Speculation never preempts anybody: no room, no draft.
+    if (k > 0 && !kv_->Reserve(s->kv_id, s->n_computed + 1 + k).ok()) k = 0;
+    d.resize(k);
+    s->draft.tokens = {};
+    if (k == 0) {
+      s->draft.q.clear();
+      continue;
+    }
+    s->spec_rows = k;
+    s->planned += k;
+    plan.budget -= k;
+    plan.shape.decode_tokens += k;
+    for (int i = 1; i <= k; ++i) plan.shape.decode_context += s->n_computed + 1 + i;
+  }
+}
+
+absl::StatusOr<spec::SpecCost> Scheduler::MeasureStepCost() {
+  // One scratch sequence of `rows` decode rows (each in the one-row order and wanting logits,
+  // as a step's verified rows do), timed twice after a warm-up; its blocks are freed after.
+  constexpr int64_t kScratchSeq = -2;
+  const int cap = std::min({64, options_.token_budget, kv_->free_blocks() * block_size_});
+  if (cap < 1) return absl::ResourceExhaustedError("no KV room to measure the step cost");
+  const absl::Time t0 = absl::Now();
+  auto time_rows = [&](int rows) -> absl::StatusOr<double> {
+    PD_RETURN_IF_ERROR(kv_->Reserve(kScratchSeq, rows));
+    Batch batch;
+    for (int i = 0; i < rows; ++i) {
+      batch.AddOrdered(static_cast<int32_t>(i % n_vocab_), i, kScratchSeq, true, 0);
+    }
+    double best = 0;
+    for (int rep = 0; rep < 3; ++rep) {
+      const absl::Time a = absl::Now();
+      const absl::Status st = model_.Forward(batch, *kv_, &logits_);
+      if (!st.ok()) {
+        kv_->Free(kScratchSeq);
+        return st;
+      }
+      const double s = absl::ToDoubleSeconds(absl::Now() - a);
+      if (rep > 0 && (best == 0 || s < best)) best = s;
+    }
+    kv_->Free(kScratchSeq);
+    return best;
+  };
+  PD_ASSIGN_OR_RETURN(spec::SpecCost cost, spec::SpecCost::Measure(cap, time_rows));
+  std::string table;
+  for (size_t i = 0; i < cost.rows().size(); ++i) {
+    table += pd::StrCat(i ? ", " : "", cost.rows()[i], ": ", cost.seconds()[i] * 1e3, " ms");
+  }
+  PD_LOG(kInfo, "speculative decoding: target step cost by rows {", table, "} (measured in ",
+         absl::ToDoubleSeconds(absl::Now() - t0), " s)");
+  return cost;
+}
+
 void Scheduler::PlanPrefill(StepPlan& plan) {
   std::vector<Sequence*> candidates;
   for (const auto& s : running_) {
@@ -769,16 +932,23 @@ void Scheduler::PlanPrefill(StepPlan& plan) {
 void Scheduler::Execute(const StepPlan& plan, StepStats& stats) {
   Batch batch;
   std::vector<Sequence*> in_batch;
-  std::vector<Sequence*> rows;  // logits row i belongs to rows[i]
+  // Sequences with logits in this batch, and the index of their first logits row: one row for a
+  // plain sequence, 1 + drafted rows for one verifying a draft.
+  std::vector<std::pair<Sequence*, size_t>> outputs;
   for (const std::vector<Sequence*>* list : {&plan.decode, &plan.prefill}) {
     for (Sequence* s : *list) {
       if (!s->running || s->planned == 0) continue;  // preempted after it was planned
       in_batch.push_back(s);
+      const int n_tokens = static_cast<int>(s->tokens.size());
       for (int i = 0; i < s->planned; ++i) {
         const int pos = s->n_computed + i;
-        const bool want_logits = pos + 1 == static_cast<int>(s->tokens.size());
-        batch.AddOrdered(s->tokens[pos], pos, s->kv_id, want_logits, s->order_prompt_len);
-        if (want_logits) rows.push_back(s);
+        // Positions past the sequence's tokens are its draft's (verified rows all want logits).
+        const int32_t token = pos < n_tokens ? s->tokens[pos] : s->draft.draft[pos - n_tokens];
+        const bool want_logits = pos + 1 >= n_tokens;
+        if (want_logits && pos + 1 == n_tokens) {
+          outputs.emplace_back(s, batch.logits_rows.size());
+        }
+        batch.AddOrdered(token, pos, s->kv_id, want_logits, s->order_prompt_len);
       }
       stats.batch.push_back(StepSequence{s->id, s->planned, s->planned_prefill});
       (s->planned_prefill ? stats.prefill_tokens : stats.decode_tokens) += s->planned;
@@ -812,30 +982,99 @@ void Scheduler::Execute(const StepPlan& plan, StepStats& stats) {
     return;
   }
   for (Sequence* s : in_batch) {
-    s->n_computed += s->planned;
+    // Draft rows count as computed only once accepted (Verify).
+    s->n_computed += s->planned - s->spec_rows;
     s->planned = 0;
     if (options_.prefix_cache.enabled) {
       kv_->Publish(s->kv_id, s->tokens, std::min(s->n_computed, CacheableTokens(*s)));
     }
   }
-  const absl::Time emitted = absl::Now();
-  for (size_t i = 0; i < rows.size(); ++i) {
-    Sequence* s = rows[i];
-    const int32_t token = s->sampler.Sample(
-        absl::MakeConstSpan(logits_.data() + i * static_cast<size_t>(n_vocab_), n_vocab_),
-        s->tokens);
-    if (s->stop.contains(token)) {
-      Finish(Take(running_, s), FinishReason::kStop, absl::OkStatus());
+  for (const auto& [s, row] : outputs) {
+    if (s->spec_rows > 0) {
+      Verify(s, row, stats);
       continue;
     }
-    s->tokens.push_back(token);
-    ++s->n_generated;
-    if (s->timing.first_token == absl::InfinitePast()) s->timing.first_token = emitted;
-    events_.push_back(Event{s->sink, {token}, false, {}});
-    if (s->n_generated >= s->max_tokens) {
-      Finish(Take(running_, s), FinishReason::kLength, absl::OkStatus());
-    }
+    const int32_t token = s->sampler.Sample(
+        absl::MakeConstSpan(logits_.data() + row * static_cast<size_t>(n_vocab_), n_vocab_),
+        s->tokens);
+    std::vector<int32_t> emitted;
+    if (Emit(s, token, &emitted)) FlushTokens(s, &emitted);
   }
+}
+
+bool Scheduler::Emit(Sequence* s, int32_t token, std::vector<int32_t>* emitted) {
+  if (s->stop.contains(token)) {
+    FlushTokens(s, emitted);
+    Finish(Take(running_, s), FinishReason::kStop, absl::OkStatus());
+    return false;
+  }
+  s->tokens.push_back(token);
+  ++s->n_generated;
+  emitted->push_back(token);
+  if (s->n_generated >= s->max_tokens) {
+    FlushTokens(s, emitted);
+    Finish(Take(running_, s), FinishReason::kLength, absl::OkStatus());
+    return false;
+  }
+  return true;
+}
+
+void Scheduler::FlushTokens(Sequence* s, std::vector<int32_t>* emitted) {
+  if (emitted->empty()) return;
+  if (s->timing.first_token == absl::InfinitePast()) s->timing.first_token = absl::Now();
+  events_.push_back(Event{s->sink, std::move(*emitted), false, {}});
+  emitted->clear();
+}
+
+void Scheduler::Verify(Sequence* s, size_t first_row, StepStats& stats) {
+  const int drafted = s->spec_rows;
+  const std::vector<int32_t> draft = std::move(s->draft.draft);
+  const std::vector<TokenDist> q = std::move(s->draft.q);
+  s->draft.draft.clear();
+  s->draft.q.clear();
+  s->spec_rows = 0;
+  ++stats.spec_sequences;
+  if (static_cast<int>(stats.drafted_at.size()) < drafted) {
+    stats.drafted_at.resize(drafted);
+    stats.accepted_at.resize(drafted);
+  }
+  std::vector<int32_t> emitted;
+  int tried = 0, accepted = 0;
+  bool live = true;  // still running (Emit did not finish it)
+  bool go_on = true;
+  for (int j = 0; j <= drafted && go_on; ++j) {
+    const float* row = logits_.data() + (first_row + j) * static_cast<size_t>(n_vocab_);
+    s->sampler.Distribution(absl::MakeConstSpan(row, n_vocab_), s->tokens, &target_dist_);
+    spec::Verdict v;
+    if (j < drafted) {
+      const TokenDist* qj = q.empty() ? nullptr : &q[j];
+      v = options_.speculative.rule
+              ? options_.speculative.rule(target_dist_, draft[j], qj, s->sampler)
+              : spec::AcceptOrResample(target_dist_, draft[j], qj, s->sampler);
+      ++tried;
+      ++stats.drafted_at[j];
+      if (v.accepted) {
+        ++accepted;
+        ++stats.accepted_at[j];
+        ++s->n_computed;  // row j + 1 computed this very token: its K/V stand
+      }
+    } else {
+      v.token = s->sampler.Draw(target_dist_);  // all accepted: the bonus token
+    }
+    if (j < drafted) {  // counted before Emit, which may end (and destroy) the sequence
+      ++s->draft_tokens;
+      s->accepted_tokens += v.accepted ? 1 : 0;
+    }
+    live = Emit(s, v.token, &emitted);
+    go_on = live && v.accepted;
+  }
+  stats.draft_tokens += tried;
+  stats.accepted_tokens += accepted;
+  if (!live) return;  // finished: its blocks are gone
+  FlushTokens(s, &emitted);
+  s->acceptance.Observe(tried, accepted);
+  // Rejected rows' K/V stay in the blocks until overwritten; blocks holding only those go back.
+  kv_->Truncate(s->kv_id, s->n_computed);
 }
 
 StepStats Scheduler::RunStep() {
@@ -844,9 +1083,10 @@ StepStats Scheduler::RunStep() {
   Intake();  // cancellations and deadlines free their KV before anything is scheduled
   StepPlan plan;
   plan.budget = options_.token_budget;
-  PlanDecode(plan);
-  PlanPrefill(plan);
   StepStats stats;
+  PlanDecode(plan);
+  PlanDrafts(plan, stats);
+  PlanPrefill(plan);
   stats.preemptions = plan.preemptions;
   Execute(plan, stats);
   // Idle cached blocks to INT8 (prefix_cache.compress_idle_ms), a bounded number per step.

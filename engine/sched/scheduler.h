@@ -22,6 +22,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -40,6 +41,9 @@
 #include "engine/sched/engine_api.h"
 #include "engine/sched/sampler.h"
 #include "engine/sched/step_time.h"
+#include "engine/spec/acceptance.h"
+#include "engine/spec/drafter.h"
+#include "engine/spec/policy.h"
 
 namespace pd::engine {
 
@@ -61,11 +65,40 @@ struct StepStats {
   bool prefill_time_limited = false;
   std::vector<StepSequence> batch;  // batch composition: decode tokens first, then chunks
   EngineLoad load;                  // the load after the step
+  // Speculative decoding in this step (docs/speculative.md). decode_tokens and the batch count
+  // the draft rows too.
+  int spec_sequences = 0;    // sequences that verified a draft
+  int draft_tokens = 0;      // draft tokens verified
+  int accepted_tokens = 0;   // of those, accepted
+  std::vector<int> drafted_at, accepted_at;  // by position in the draft (index 0 = first token)
+  double draft_seconds = 0;  // in the drafter's Propose
 };
 
 // Called on the engine thread after every step that ran a forward, before that step's tokens and
 // finishes reach the sinks; must not block.
 using StepObserver = std::function<void(const StepStats&)>;
+
+// Speculative decoding (docs/speculative.md): a drafter proposes tokens, the target verifies them
+// in the step, and each sequence drafts as far as its recent acceptance and the step's cost make
+// worth it.
+struct SpeculativeOptions {
+  std::shared_ptr<spec::Drafter> drafter;  // null: no speculation
+  int max_k = 8;                           // draft tokens per sequence and step, 0..16
+  // A sequence drafts only when the expected tokens per second of the step improve by this
+  // factor (spec::ChooseK).
+  double min_gain = 1.05;
+  // > 0: every speculating sequence asks for exactly this many draft tokens each step, whatever
+  // the cost model says (tests, benchmarks of a fixed K). 0: adaptive.
+  int fixed_k = 0;
+  // Target step seconds by row count. Empty (the normal case): measured by Scheduler::Create
+  // with a few forwards of up to 64 rows.
+  std::optional<spec::SpecCost> cost;
+  // The acceptance rule; empty: spec::AcceptOrResample. Tests put a wrong rule here to show that
+  // the distribution test detects one.
+  std::function<spec::Verdict(const TokenDist& p, int32_t x, const TokenDist* q, Sampler& rng)>
+      rule;
+  absl::Status Validate() const;
+};
 
 struct SchedulerOptions {
   // KV memory: `kv_blocks` blocks if > 0, else as many blocks as fit in `kv_bytes`.
@@ -110,6 +143,7 @@ struct SchedulerOptions {
   // the loop by calling Scheduler::Step() (deterministic tests, or a daemon with its own loop).
   bool run_thread = true;
   StepObserver step_observer;  // may be empty
+  SpeculativeOptions speculative;
 
   // INVALID_ARGUMENT naming the field.
   absl::Status Validate() const;
@@ -274,6 +308,19 @@ class Scheduler final : public GenerationEngine {
   void Intake();                                         // new requests, cancellations, deadlines
   void PlanDecode(StepPlan& plan);                       // a token for every decoding sequence
   void PlanPrefill(StepPlan& plan);                      // chunks and admissions in the budget left
+  // Draft tokens for the decoding sequences that speculate (after PlanDecode, before
+  // PlanPrefill): chooses each one's K, runs the drafter, reserves the rows' KV.
+  void PlanDrafts(StepPlan& plan, StepStats& stats);
+  // Verifies the draft of `s` against its logits rows [first_row, first_row + 1 + drafted) and
+  // emits the accepted tokens and the correction (or bonus) token.
+  void Verify(Sequence* s, size_t first_row, StepStats& stats);
+  // Emits tokens generated for `s` this step and ends it on a stop token or max_tokens. Returns
+  // false when the sequence finished.
+  bool Emit(Sequence* s, int32_t token, std::vector<int32_t>* emitted);
+  // Queues the tokens Emit collected as one OnTokens call.
+  void FlushTokens(Sequence* s, std::vector<int32_t>* emitted);
+  // Times target steps of 1..64 decode rows (SpeculativeOptions::cost when not given).
+  absl::StatusOr<spec::SpecCost> MeasureStepCost();
   void Execute(const StepPlan& plan, StepStats& stats);  // forward, sample, finish
   bool Before(const Sequence& a, const Sequence& b) const;  // scheduling order
   void InsertWaiting(std::unique_ptr<Sequence> seq);
@@ -312,6 +359,8 @@ class Scheduler final : public GenerationEngine {
   int64_t next_admission_ = 0;
   int64_t step_no_ = 0;
   StepTimeModel step_time_;  // step cost fit for the step-time budget
+  std::optional<spec::SpecCost> spec_cost_;  // target step seconds by rows (speculation on)
+  TokenDist target_dist_;                    // scratch: p in verification
 
   mutable absl::Mutex mu_;
   absl::CondVar wake_;

@@ -22,6 +22,11 @@ struct TinyModelSpec {
   bool tied = false, qkv_bias = false;
   DType type = DType::kF32;
   uint32_t seed = 1;
+  // > 0: every matrix weight gets this much of an independent normal perturbation (relative to
+  // its scale) from perturb_seed: a model near the seed's one (a test draft model).
+  float perturb = 0;
+  float output_scale = 1;  // multiplies the output head's weights: sharper next-token laws
+  uint32_t perturb_seed = 2;
   // Extra metadata written after the model's own keys (e.g. a tokenizer.ggml.* vocabulary).
   std::function<void(GgufBuilder&)> metadata;
 };
@@ -47,13 +52,18 @@ inline std::string EncodeRows(const std::vector<float>& v, int64_t row, DType ty
 inline std::string TinyModel(const TinyModelSpec& s) {
   GgufBuilder b;
   std::mt19937 rng(s.seed);
+  std::mt19937 prng(s.perturb_seed);
   std::normal_distribution<float> nd(0.f, 1.f);
+  std::normal_distribution<float> pnd(0.f, 1.f);  // its own: a distribution caches draws
   auto add = [&](const std::string& name, std::vector<uint64_t> dims, float scale, bool norm,
                  DType type) {
     uint64_t n = 1;
     for (uint64_t d : dims) n *= d;
     std::vector<float> v(n);
-    for (float& x : v) x = norm ? 1.f + 0.1f * nd(rng) : nd(rng) * scale;
+    for (float& x : v) {
+      x = norm ? 1.f + 0.1f * nd(rng) : nd(rng) * scale;
+      if (!norm && s.perturb > 0) x += s.perturb * scale * pnd(prng);
+    }
     b.Tensor(TensorSpec{name, dims, static_cast<uint32_t>(type), std::nullopt,
                         EncodeRows(v, int64_t(dims[0]), type)});
   };
@@ -73,7 +83,7 @@ inline std::string TinyModel(const TinyModelSpec& s) {
   const float w = 1.0f / std::sqrt(float(E));
   add("token_embd.weight", {E, uint64_t(s.n_vocab)}, 1.f, false, s.type);
   add("output_norm.weight", {E}, 0, true, DType::kF32);
-  if (!s.tied) add("output.weight", {E, uint64_t(s.n_vocab)}, w, false, s.type);
+  if (!s.tied) add("output.weight", {E, uint64_t(s.n_vocab)}, w * s.output_scale, false, s.type);
   for (int l = 0; l < s.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     add(p + "attn_norm.weight", {E}, 0, true, DType::kF32);

@@ -1,0 +1,96 @@
+#include "engine/spec/policy.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/status.h"
+#include "common/strings.h"
+
+namespace pd::engine::spec {
+
+absl::StatusOr<SpecCost> SpecCost::Measure(
+    int max_rows, const std::function<absl::StatusOr<double>(int)>& seconds) {
+  if (max_rows < 1) return absl::InvalidArgumentError("SpecCost: max_rows must be >= 1");
+  std::vector<int> rows;
+  for (int r = 1; r < max_rows; r *= 2) rows.push_back(r);
+  rows.push_back(max_rows);
+  std::vector<double> secs;
+  for (int r : rows) {
+    PD_ASSIGN_OR_RETURN(double s, seconds(r));
+    if (!(s > 0)) {
+      return absl::InternalError(pd::StrCat("SpecCost: a step of ", r, " rows timed ", s, " s"));
+    }
+    secs.push_back(s);
+  }
+  // A larger step never costs less than a smaller one (timing noise): keep the table monotone.
+  for (size_t i = 1; i < secs.size(); ++i) secs[i] = std::max(secs[i], secs[i - 1]);
+  return FromPoints(std::move(rows), std::move(secs));
+}
+
+SpecCost SpecCost::FromPoints(std::vector<int> rows, std::vector<double> seconds) {
+  PD_CHECK(!rows.empty() && rows.size() == seconds.size());
+  SpecCost c;
+  c.rows_ = std::move(rows);
+  c.seconds_ = std::move(seconds);
+  return c;
+}
+
+double SpecCost::Seconds(double rows) const {
+  const size_t n = rows_.size();
+  if (n == 1) return seconds_[0] * std::max(1.0, rows / rows_[0]);
+  if (rows <= rows_[0]) return seconds_[0];
+  size_t i = 1;
+  while (i + 1 < n && rows > rows_[i]) ++i;
+  const double x0 = rows_[i - 1], x1 = rows_[i];
+  const double slope = (seconds_[i] - seconds_[i - 1]) / (x1 - x0);
+  return seconds_[i - 1] + slope * (rows - x0);
+}
+
+void AcceptanceEstimate::Observe(int drafted, int accepted) {
+  tried_ = tried_ * kDecay + drafted;
+  taken_ = taken_ * kDecay + accepted;
+  steps_since_draft = 0;
+}
+
+void AcceptanceEstimate::Idle() {
+  tried_ *= kIdleDecay;
+  taken_ *= kIdleDecay;
+  ++steps_since_draft;
+}
+
+double AcceptanceEstimate::rate() const {
+  const double a = (taken_ + kPrior * kPriorWeight) / (tried_ + kPriorWeight);
+  return std::clamp(a, 0.01, 0.99);
+}
+
+double ExpectedTokens(double a, int k) {
+  if (a >= 1) return k + 1;
+  return (1 - std::pow(a, k + 1)) / (1 - a);
+}
+
+int ChooseK(StepEstimate& step, const SpecCost& cost, double a, int limit,
+            double draft_row_seconds, double min_gain) {
+  if (limit <= 0 || step.seconds <= 0) return 0;
+  const double base = step.tokens / step.seconds;  // tokens per second without this draft
+  double best = base * min_gain;
+  int k = 0;
+  double best_extra = 0;
+  for (int kk = 1; kk <= limit; ++kk) {
+    const double extra_s =
+        cost.Seconds(step.rows + kk) - step.seconds + kk * std::max(0.0, draft_row_seconds);
+    const double rate = (step.tokens + ExpectedTokens(a, kk) - 1) / (step.seconds + extra_s);
+    if (rate > best) {
+      best = rate;
+      k = kk;
+      best_extra = extra_s;
+    }
+  }
+  if (k > 0) {
+    step.tokens += ExpectedTokens(a, k) - 1;
+    step.seconds += best_extra;
+    step.rows += k;
+  }
+  return k;
+}
+
+}  // namespace pd::engine::spec

@@ -1,0 +1,75 @@
+// How far each sequence speculates (docs/speculative.md, "Adaptive K"). A draft of K tokens that
+// the target accepts with rate a yields (1 - a^(K+1)) / (1 - a) tokens per target step, and costs
+// the K extra rows in that step plus the draft's own work. The step's cost per row comes from a
+// table of target step times by row count, measured when the engine starts (SpecCost): on a
+// memory-bound step an extra row is nearly free, on a compute-bound one (a large batch, or long
+// prompt chunks in the step) it costs its full share, and speculation then turns itself off.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace pd::engine::spec {
+
+// Target step seconds by the number of rows in the step, measured at start-up.
+class SpecCost {
+ public:
+  // `seconds(rows)` times one step of that many decode rows; called for rows = 1, 2, 4, ...,
+  // max_rows (and max_rows itself). Non-positive or failed times are errors.
+  static absl::StatusOr<SpecCost> Measure(int max_rows,
+                                          const std::function<absl::StatusOr<double>(int)>& seconds);
+  // From known points (rows ascending, >= 1; seconds > 0): tests, and costs given by the caller.
+  static SpecCost FromPoints(std::vector<int> rows, std::vector<double> seconds);
+
+  // Step seconds for `rows` rows: linear between measured points, beyond the last one linear in
+  // the last segment's slope.
+  double Seconds(double rows) const;
+  const std::vector<int>& rows() const { return rows_; }
+  const std::vector<double>& seconds() const { return seconds_; }
+
+ private:
+  std::vector<int> rows_;
+  std::vector<double> seconds_;
+};
+
+// A sequence's recent acceptance: accepted / drafted with exponential forgetting, pulled toward a
+// prior while it has little evidence.
+class AcceptanceEstimate {
+ public:
+  // After a verification: `drafted` proposals were tried in order, the first `accepted` taken.
+  // (Positions after the first rejection were never tried: they do not count.)
+  void Observe(int drafted, int accepted);
+  // A step without a draft: the evidence fades a little, so that a sequence that stopped
+  // drafting after bad luck tries again once the prior outweighs it.
+  void Idle();
+  double rate() const;  // in [0.01, 0.99]
+  int steps_since_draft = 0;  // steps the sequence ran without a draft (for probing)
+
+ private:
+  static constexpr double kPrior = 0.5, kPriorWeight = 2.0, kDecay = 0.9, kIdleDecay = 0.97;
+  double tried_ = 0, taken_ = 0;
+};
+
+// Expected tokens emitted by one target step verifying k draft tokens at acceptance rate a:
+// (1 - a^(k+1)) / (1 - a).
+double ExpectedTokens(double a, int k);
+
+// The step being planned: its rows, predicted seconds and expected emitted tokens.
+struct StepEstimate {
+  double rows = 0;
+  double seconds = 0;
+  double tokens = 0;
+};
+
+// The draft length in [0, limit] for one more sequence of the step `step`, with acceptance rate
+// a: the k that maximises the step's expected tokens per second, where k rows cost
+// cost.Seconds(rows + k) - cost.Seconds(rows) plus k * draft_row_seconds of draft work and yield
+// ExpectedTokens(a, k) - 1 extra tokens. 0 unless that beats the step without the draft by
+// min_gain. A chosen k is added to `step`.
+int ChooseK(StepEstimate& step, const SpecCost& cost, double a, int limit,
+            double draft_row_seconds, double min_gain);
+
+}  // namespace pd::engine::spec

@@ -1,0 +1,102 @@
+#include "engine/spec/policy.h"
+
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+namespace pd::engine::spec {
+namespace {
+
+TEST(ExpectedTokens, MatchesTheGeometricSeries) {
+  for (double a : {0.0, 0.3, 0.6, 0.9}) {
+    for (int k = 0; k <= 8; ++k) {
+      double sum = 0;
+      for (int i = 0; i <= k; ++i) sum += std::pow(a, i);  // 1 + a + ... + a^k
+      EXPECT_NEAR(ExpectedTokens(a, k), sum, 1e-12) << "a " << a << " k " << k;
+    }
+  }
+  EXPECT_EQ(ExpectedTokens(1.0, 4), 5);
+}
+
+TEST(SpecCost, InterpolatesAndExtrapolates) {
+  SpecCost c = SpecCost::FromPoints({1, 2, 4}, {1.0, 1.5, 3.5});
+  EXPECT_DOUBLE_EQ(c.Seconds(1), 1.0);
+  EXPECT_DOUBLE_EQ(c.Seconds(0.5), 1.0);
+  EXPECT_DOUBLE_EQ(c.Seconds(1.5), 1.25);
+  EXPECT_DOUBLE_EQ(c.Seconds(3), 2.5);
+  EXPECT_DOUBLE_EQ(c.Seconds(6), 5.5);  // the last segment's slope (1 s per row)
+}
+
+TEST(SpecCost, MeasureTimesPowersOfTwoAndKeepsTheTableMonotone) {
+  std::vector<int> asked;
+  auto seconds = [&](int rows) -> absl::StatusOr<double> {
+    asked.push_back(rows);
+    return rows == 4 ? 0.5 : 1.0 * rows;  // a noisy dip at 4 rows
+  };
+  absl::StatusOr<SpecCost> c = SpecCost::Measure(6, seconds);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(asked, (std::vector<int>{1, 2, 4, 6}));
+  EXPECT_EQ(c->seconds(), (std::vector<double>{1, 2, 2, 6}));
+  auto bad = [](int) -> absl::StatusOr<double> { return 0.0; };
+  EXPECT_FALSE(SpecCost::Measure(4, bad).ok());
+  EXPECT_FALSE(SpecCost::Measure(0, seconds).ok());
+}
+
+TEST(AcceptanceEstimate, MovesTowardTheObservedRateAndFadesWhenIdle) {
+  AcceptanceEstimate e;
+  EXPECT_DOUBLE_EQ(e.rate(), 0.5);  // the prior
+  for (int i = 0; i < 50; ++i) e.Observe(4, 4);
+  EXPECT_GT(e.rate(), 0.9);
+  AcceptanceEstimate bad;
+  for (int i = 0; i < 50; ++i) bad.Observe(4, 0);
+  EXPECT_LT(bad.rate(), 0.1);
+  for (int i = 0; i < 200; ++i) bad.Idle();
+  EXPECT_GT(bad.rate(), 0.4);  // back near the prior: it will probe again
+  EXPECT_EQ(bad.steps_since_draft, 200);
+}
+
+TEST(ChooseK, DraftsDeeperWhenAcceptanceIsHigherAndRowsAreCheap) {
+  // Memory-bound: 64 rows cost 10 % more than one.
+  const SpecCost flat = SpecCost::FromPoints({1, 64}, {1e-2, 1.1e-2});
+  int last = 0;
+  for (double a : {0.3, 0.6, 0.8, 0.95}) {
+    StepEstimate step{1, flat.Seconds(1), 1};
+    const int k = ChooseK(step, flat, a, 8, 0, 1.05);
+    EXPECT_GE(k, last) << "a " << a;
+    last = k;
+  }
+  EXPECT_EQ(last, 8);
+  StepEstimate step{1, flat.Seconds(1), 1};
+  EXPECT_EQ(ChooseK(step, flat, 0.95, 3, 0, 1.05), 3);  // the limit holds
+  EXPECT_DOUBLE_EQ(step.rows, 4);
+  EXPECT_NEAR(step.tokens, ExpectedTokens(0.95, 3), 1e-12);
+}
+
+TEST(ChooseK, TurnsOffWhenTheStepIsComputeBound) {
+  // Every row costs the same: a row of a draft at a = 0.6 pays back 0.6 tokens for a full row.
+  const SpecCost linear = SpecCost::FromPoints({1, 64}, {1e-2, 64e-2});
+  StepEstimate one{1, linear.Seconds(1), 1};
+  EXPECT_EQ(ChooseK(one, linear, 0.6, 8, 0, 1.05), 0);
+  EXPECT_DOUBLE_EQ(one.rows, 1);  // unchanged
+  // A large batch on a table that turns compute-bound after 8 rows: no draft for one more
+  // sequence there, though the same sequence alone would draft.
+  const SpecCost knee = SpecCost::FromPoints({1, 8, 64}, {1e-2, 1.1e-2, 8.8e-2});
+  StepEstimate alone{1, knee.Seconds(1), 1};
+  EXPECT_GT(ChooseK(alone, knee, 0.7, 8, 0, 1.05), 0);
+  StepEstimate batch{32, knee.Seconds(32), 32};
+  EXPECT_EQ(ChooseK(batch, knee, 0.7, 8, 0, 1.05), 0);
+}
+
+TEST(ChooseK, DraftWorkCountsAgainstTheGain) {
+  const SpecCost flat = SpecCost::FromPoints({1, 64}, {1e-2, 1.1e-2});
+  StepEstimate free_draft{1, flat.Seconds(1), 1};
+  StepEstimate costly{1, flat.Seconds(1), 1};
+  const int k_free = ChooseK(free_draft, flat, 0.7, 8, 0, 1.05);
+  const int k_costly = ChooseK(costly, flat, 0.7, 8, 0.5e-2, 1.05);  // half a step per token
+  EXPECT_GT(k_free, k_costly);
+  StepEstimate too_costly{1, flat.Seconds(1), 1};
+  EXPECT_EQ(ChooseK(too_costly, flat, 0.7, 8, 1e-2, 1.05), 0);  // a draft token = a step
+}
+
+}  // namespace
+}  // namespace pd::engine::spec
