@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "common/strings.h"
@@ -18,6 +19,42 @@ absl::StatusOr<int> PositiveInt(const GgufFile& f, const std::string& key, int64
         pd::StrCat("GGUF key '", key, "' = ", v, " is out of range (1..", max, ")"));
   }
   return static_cast<int>(v);
+}
+
+// Reads and checks kDraftHeadTokensKey (written as INT32; any integer array is read) into
+// c.head_tokens. Needs c.n_vocab.
+absl::Status ReadHeadTokens(const GgufFile& f, ModelConfig& c) {
+  PD_ASSIGN_OR_RETURN(std::vector<int64_t> ids, f.GetIntArray(kDraftHeadTokensKey));
+  if (ids.empty()) {
+    return absl::InvalidArgumentError(pd::StrCat("'", kDraftHeadTokensKey, "' is empty"));
+  }
+  const GgufTensorInfo* out = f.FindTensor("output.weight");
+  if (out == nullptr) {
+    return absl::InvalidArgumentError(
+        pd::StrCat("'", kDraftHeadTokensKey, "' is set but tensor 'output.weight' is missing"));
+  }
+  if (out->shape.size() != 2 || out->shape[1] != static_cast<int64_t>(ids.size())) {
+    return absl::InvalidArgumentError(
+        pd::StrCat("'", kDraftHeadTokensKey, "' lists ", ids.size(),
+                   " tokens but output.weight has ", out->shape.size() == 2 ? out->shape[1] : 0,
+                   " rows; they must be equal (row i scores token head_tokens[i])"));
+  }
+  std::vector<bool> seen(c.n_vocab, false);
+  c.head_tokens.reserve(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= c.n_vocab) {
+      return absl::InvalidArgumentError(pd::StrCat("'", kDraftHeadTokensKey, "'[", i,
+                                                   "] = ", ids[i], " is outside the vocabulary of ",
+                                                   c.n_vocab));
+    }
+    if (seen[ids[i]]) {
+      return absl::InvalidArgumentError(
+          pd::StrCat("'", kDraftHeadTokensKey, "'[", i, "]: token ", ids[i], " appears twice"));
+    }
+    seen[ids[i]] = true;
+    c.head_tokens.push_back(static_cast<int32_t>(ids[i]));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -131,6 +168,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   }
   if (c.n_vocab == 0) c.n_vocab = static_cast<int>(embd->shape[1]);
   c.tied_output = f.FindTensor("output.weight") == nullptr;
+  if (f.Has(kDraftHeadTokensKey)) PD_RETURN_IF_ERROR(ReadHeadTokens(f, c));
 
   if (c.arch == "gemma3") {
     // Gemma 3: scaled embeddings, Q/K norms, norms after each block, GeGLU, and five local

@@ -4,7 +4,9 @@
 // TinyLlama) and `qwen2` share one forward pass; the fields below select their differences.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/backend/backend.h"
@@ -36,6 +38,10 @@ struct ModelConfig {
   float rope_freq_scale = 1.f;  // 1 / linear scaling factor
 
   bool tied_output = false;  // output head shares token_embd.weight
+  // A draft model's restricted output head (`pdserve.draft.head_tokens`, written by
+  // `pdctl quantize --draft`): row i of output.weight scores token id head_tokens[i]; every other
+  // id gets -infinity. Empty: the head covers the whole vocabulary (every ordinary model).
+  std::vector<int32_t> head_tokens;
   bool qkv_bias = false;     // attn_{q,k,v}.bias present
 
   // Architecture hooks (defaults are Llama's).
@@ -55,13 +61,18 @@ struct ModelConfig {
     return swa_pattern > 0 && sliding_window > 0 && (layer + 1) % swa_pattern != 0;
   }
 
-  // Reads and validates the config (architectures: llama, qwen2, gemma3). INVALID_ARGUMENT names the key and the bad value;
-  // UNIMPLEMENTED for an architecture or rope scaling this engine does not run.
+  // Reads and validates the config (architectures: llama, qwen2, gemma3). INVALID_ARGUMENT names
+  // the key and the bad value (also for head_tokens that are out of range, repeated, not one per
+  // row of output.weight, or given without an output.weight); UNIMPLEMENTED for an architecture
+  // or rope scaling this engine does not run.
   static absl::StatusOr<ModelConfig> FromGguf(const GgufFile& f);
 };
 
 // The context a sequence gets when none is configured: the training context, at most 4096 tokens
 // (the rule of every engine the node runtime builds, pdctl's, and the router's requests).
+// The metadata key of ModelConfig::head_tokens (an INT32 array).
+inline constexpr char kDraftHeadTokensKey[] = "pdserve.draft.head_tokens";
+
 inline int DefaultContext(int n_ctx_train) { return n_ctx_train < 4096 ? n_ctx_train : 4096; }
 
 }  // namespace pd::engine

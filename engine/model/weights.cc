@@ -67,7 +67,10 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(const GgufFile& f, const 
   if (c.tied_output) {
     w->output = w->token_embd;
   } else {
-    PD_ASSIGN_OR_RETURN(w->output, L.Get("output.weight", c.n_embd, c.n_vocab));
+    // A draft's restricted head has one row per listed token (ModelConfig::head_tokens).
+    const int64_t head_rows =
+        c.head_tokens.empty() ? c.n_vocab : static_cast<int64_t>(c.head_tokens.size());
+    PD_ASSIGN_OR_RETURN(w->output, L.Get("output.weight", c.n_embd, head_rows));
   }
   if (const GgufTensorInfo* rf = f.FindTensor("rope_freqs.weight")) {
     if (rf->type != DType::kF32 || rf->shape != std::vector<int64_t>{c.rope_dim / 2}) {

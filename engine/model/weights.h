@@ -34,7 +34,7 @@ class Weights {
 
   Tensor token_embd;   // [n_vocab, n_embd]
   Tensor output_norm;  // F32 [1, n_embd]
-  Tensor output;       // [n_vocab, n_embd]; == token_embd when tied
+  Tensor output;       // [n_vocab, n_embd] (a draft's: [head_tokens, n_embd]); token_embd if tied
   std::vector<float> rope_freq_factors;  // host, rope_dim/2 values, or empty
   std::vector<LayerWeights> layers;
   size_t total_bytes = 0;  // bytes of all weight tensors

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include "common/status.h"
@@ -109,8 +110,8 @@ absl::Status Model::EnsureScratch(int64_t n_tokens, int64_t n_out) {
   const ModelConfig& c = config_;
   const int64_t q_dim = int64_t{c.n_head} * c.head_dim;
   const int64_t kv_dim = int64_t{c.n_head_kv} * c.head_dim;
-  const int64_t cols[kNumSlots] = {c.n_embd, c.n_embd, q_dim, kv_dim, kv_dim, q_dim, c.n_embd,
-                                   c.n_ff,   c.n_ff,   c.n_embd, c.n_embd, c.n_vocab};
+  const int64_t cols[kNumSlots] = {c.n_embd, c.n_embd, q_dim,  kv_dim,   kv_dim,   q_dim,
+                                   c.n_embd, c.n_ff,   c.n_ff, c.n_embd, c.n_embd, HeadRows()};
   scratch_.clear();
   for (int s = 0; s < kNumSlots; ++s) {
     const int64_t rows = s >= kOutX ? n_out : n_tokens;
@@ -321,14 +322,30 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
   // Only the rows whose logits are wanted go through the output head.
   Tensor out_x = Scratch(kOutX, c.n_embd, n_out);
   Tensor out_h = Scratch(kOutH, c.n_embd, n_out);
-  Tensor out_logits = Scratch(kLogits, c.n_vocab, n_out);
+  Tensor out_logits = Scratch(kLogits, HeadRows(), n_out);
   PD_RETURN_IF_ERROR(b.GetRows(x, absl::MakeConstSpan(batch.logits_rows), out_x));
   PD_RETURN_IF_ERROR(b.RmsNorm(out_x, weights_->output_norm, c.rms_eps, out_h));
   PD_RETURN_IF_ERROR(Linear(weights_->output, c.tied_output ? "token_embd" : "output", -1, out_h,
                             out_logits, orders_out));
   logits->resize(static_cast<size_t>(n_out) * c.n_vocab);
-  PD_RETURN_IF_ERROR(b.Download(logits->data(), out_logits.data, out_logits.bytes()));
-  return b.Synchronize();
+  if (c.head_tokens.empty()) {
+    PD_RETURN_IF_ERROR(b.Download(logits->data(), out_logits.data, out_logits.bytes()));
+    return b.Synchronize();
+  }
+  // A restricted head: its [n_out, head_rows] scores go to their token ids; every other id gets
+  // -infinity, so that a sampler's probability there is exactly 0. (The device sends head_rows
+  // floats per row, not n_vocab; the scatter is n_vocab stores per row on the host.)
+  head_logits_.resize(static_cast<size_t>(out_logits.numel()));
+  PD_RETURN_IF_ERROR(b.Download(head_logits_.data(), out_logits.data, out_logits.bytes()));
+  PD_RETURN_IF_ERROR(b.Synchronize());
+  std::fill(logits->begin(), logits->end(), -std::numeric_limits<float>::infinity());
+  const int64_t rows = HeadRows();
+  for (int64_t j = 0; j < n_out; ++j) {
+    float* dst = logits->data() + j * c.n_vocab;
+    const float* src = head_logits_.data() + j * rows;
+    for (int64_t i = 0; i < rows; ++i) dst[c.head_tokens[i]] = src[i];
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace pd::engine

@@ -92,7 +92,9 @@ class Model {
 
   // Runs `batch`. Preconditions (checked, INVALID_ARGUMENT): token ids < n_vocab, positions >= 0,
   // each sequence's KV capacity covers its positions (KvCache::Reserve first). On success
-  // `logits` holds logits_rows.size() rows of n_vocab floats, in logits_rows order.
+  // `logits` holds logits_rows.size() rows of n_vocab floats, in logits_rows order. A draft
+  // model with a restricted head (ModelConfig::head_tokens) computes the head over its rows only
+  // and gives -infinity at every id outside them.
   //
   // `after_kv_store` (may be empty) runs once per layer, right after that layer's K/V of the
   // batch were written to `kv` and the backend synchronized, before its attention: the KV of
@@ -110,6 +112,11 @@ class Model {
   Model(std::shared_ptr<const GgufFile> file, Backend& backend)
       : file_(std::move(file)), backend_(backend) {}
   absl::Status EnsureScratch(int64_t n_tokens, int64_t n_out);
+  // Rows of the output head: n_vocab, or a draft's head_tokens.
+  int64_t HeadRows() const {
+    return config_.head_tokens.empty() ? config_.n_vocab
+                                       : static_cast<int64_t>(config_.head_tokens.size());
+  }
   Tensor Scratch(int index, int64_t cols, int64_t rows);
   // MatMul of a named weight; reports the input to the observer first, if any.
   absl::Status Linear(const Tensor& w, const char* name, int layer, const Tensor& x, Tensor& y,
@@ -135,6 +142,7 @@ class Model {
   // Reports an attention intermediate to the observer when it wants them.
   absl::Status ObserveIntermediate(const char* name, int layer, const Tensor& x);
   std::vector<float> observe_buf_;
+  std::vector<float> head_logits_;  // host copy of a restricted head's scores
 };
 
 }  // namespace pd::engine

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "common/strings.h"
+#include "engine/quant/quantize/draft_model.h"
 #include "engine/quant/quantize/policy.h"
 #include "engine/quant/quantize/progress.h"
 #include "engine/quant/quantize/quantize_model.h"
@@ -49,25 +50,29 @@ CLI::App* AddQuantizeCommand(CLI::App& app, QuantizeFlags* f) {
       "quantize",
       "quantize a GGUF model (F32/F16/BF16, or an already quantized one) to q8_0, q4_0, q2_K, "
       "q3_K, q4_K, q5_K, q6_K, or pdserve's own w8a8 / w4a16, with a mixed-precision policy; "
-      "prints a per-tensor table");
+      "prints a per-tensor table. With --draft: a self-draft model for speculative decoding "
+      "(docs/quantization.md, \"Draft models\")");
   c->add_option("input", f->input, "input GGUF model")->required();
   c->add_option("output", f->output, "output GGUF file (written to OUTPUT.tmp, then renamed)")
       ->required();
   c->add_option("--type", f->type,
                 "base type: q8_0, q4_0, q2_K, q3_K, q4_K, q5_K, q6_K, w8a8 (INT8 weights and "
-                "per-token INT8 activations), w4a16 (INT4 groups of 128, float activations)")
-      ->required();
+                "per-token INT8 activations), w4a16 (INT4 groups of 128, float activations); "
+                "required unless --draft (default there: q3_K)");
   c->add_option("--method", f->method,
-                "rtn (round to nearest), importance (scale search weighted by calibration "
-                "activations), gptq (error compensation through the calibration Hessian)");
+                "rtn (round to nearest, the default), importance (scale search weighted by "
+                "calibration activations; the default with --draft), gptq (error compensation "
+                "through the calibration Hessian)");
   c->add_option("--policy", f->policy,
-                "mixed-precision policy: S, M, L (built in, docs/quantization.md) or a YAML file");
+                "mixed-precision policy: S, M (the default), L (built in, docs/quantization.md) or "
+                "a YAML file; --draft defaults to S");
   c->add_option("--override", f->overrides,
                 "REGEX=TYPE: tensors whose whole name matches get TYPE (repeatable, first match "
                 "wins, before the policy), e.g. 'blk\\.[0-3]\\..*=q6_K'");
   c->add_option("--calib", f->calib,
                 "calibration text file (default for importance/gptq: the built-in text)");
-  c->add_option("--calib-tokens", f->calib_tokens, "calibration tokens in total")
+  c->add_option("--calib-tokens", f->calib_tokens,
+                "calibration tokens in total (default 16384; 4096 with --draft)")
       ->check(CLI::PositiveNumber);
   c->add_option("--chunk", f->chunk_tokens, "calibration tokens per forward pass")
       ->check(CLI::Range(16, 1 << 16));
@@ -87,6 +92,19 @@ CLI::App* AddQuantizeCommand(CLI::App& app, QuantizeFlags* f) {
                 "channel");
   c->add_flag("--no-smooth", f->no_smooth,
               "w8a8: no SmoothQuant migration (and no calibration run for it)");
+  c->add_flag("--draft", f->draft,
+              "write a draft model for speculative decoding: the same tokenizer and input "
+              "embeddings, low-bit layers, and an output head restricted to --draft-vocab tokens "
+              "(special and end-of-generation tokens, then the most frequent in the calibration "
+              "text, then the tokenizer's prior), listed in pdserve.draft.head_tokens. The last "
+              "10% of the calibration text is held out: the report gives the top-1 agreement "
+              "of draft and target there (the greedy acceptance estimate)");
+  c->add_option("--draft-vocab", f->draft_vocab,
+                "--draft: rows of the draft's output head (more if the special tokens need more)")
+      ->check(CLI::Range(1, 1 << 24));
+  c->add_option("--draft-eval-tokens", f->draft_eval_tokens,
+                "--draft: held-out positions compared for the agreement (0: none)")
+      ->check(CLI::NonNegativeNumber);
   return c;
 }
 
@@ -94,16 +112,19 @@ int RunQuantize(const QuantizeFlags& f) {
   q::QuantizeOptions o;
   o.input = f.input;
   o.output = f.output;
-  auto type = q::ParseTypeName(f.type);
+  if (f.type.empty() && !f.draft) {
+    return FailQuantize(absl::InvalidArgumentError("--type is required (or --draft)"));
+  }
+  auto type = q::ParseTypeName(f.type.empty() ? "q3_K" : f.type);
   if (!type.ok()) return FailQuantize(type.status());
   o.type = *type;
-  auto method = q::ParseMethod(f.method);
+  auto method = q::ParseMethod(!f.method.empty() ? f.method : f.draft ? "importance" : "rtn");
   if (!method.ok()) return FailQuantize(method.status());
   o.method = *method;
-  o.policy = f.policy;
+  o.policy = !f.policy.empty() ? f.policy : f.draft ? "S" : "M";
   o.overrides = f.overrides;
   o.calib_file = f.calib;
-  o.calib_tokens = f.calib_tokens;
+  o.calib_tokens = f.calib_tokens > 0 ? f.calib_tokens : f.draft ? 4096 : 16384;
   o.chunk_tokens = f.chunk_tokens;
   o.eval_hessian = f.eval_hessian;
   o.hessian_budget_bytes = static_cast<uint64_t>(f.hessian_mib) << 20;
@@ -122,12 +143,26 @@ int RunQuantize(const QuantizeFlags& f) {
   ::signal(SIGINT, RemoveTmpAndDie);
   ::signal(SIGTERM, RemoveTmpAndDie);
   std::unique_ptr<q::Progress> progress = q::MakeStderrProgress();
-  auto report = q::QuantizeModel(o, *progress);
-  ::signal(SIGINT, SIG_DFL);
-  ::signal(SIGTERM, SIG_DFL);
-  g_tmp_path[0] = '\0';
-  if (!report.ok()) return FailQuantize(report.status());
-  const std::string table = q::FormatReport(*report);
+  std::string table;
+  if (f.draft) {
+    q::DraftOptions d;
+    d.quant = o;
+    d.head_rows = f.draft_vocab;
+    d.eval_tokens = f.draft_eval_tokens;
+    auto report = q::QuantizeDraft(d, *progress);
+    ::signal(SIGINT, SIG_DFL);
+    ::signal(SIGTERM, SIG_DFL);
+    g_tmp_path[0] = '\0';
+    if (!report.ok()) return FailQuantize(report.status());
+    table = q::FormatDraftReport(*report);
+  } else {
+    auto report = q::QuantizeModel(o, *progress);
+    ::signal(SIGINT, SIG_DFL);
+    ::signal(SIGTERM, SIG_DFL);
+    g_tmp_path[0] = '\0';
+    if (!report.ok()) return FailQuantize(report.status());
+    table = q::FormatReport(*report);
+  }
   std::fwrite(table.data(), 1, table.size(), stdout);
   std::fflush(stdout);
   return 0;

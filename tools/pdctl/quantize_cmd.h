@@ -11,9 +11,11 @@
 namespace pd::tools {
 
 struct QuantizeFlags {
-  std::string input, output, type, method = "rtn", policy = "M", calib;
+  // type, method, policy: empty = the default (required; rtn; M), or for --draft (q3_K;
+  // importance; S).
+  std::string input, output, type, method, policy, calib;
   std::vector<std::string> overrides;
-  int64_t calib_tokens = 16384;
+  int64_t calib_tokens = 0;  // 0: 16384, or 4096 for --draft
   int chunk_tokens = 512;
   bool eval_hessian = false;
   int64_t hessian_mib = 4096;
@@ -23,6 +25,10 @@ struct QuantizeFlags {
   bool no_act_order = false;
   bool no_smooth = false;     // w8a8: skip SmoothQuant
   float smooth_alpha = 0.5f;  // w8a8: migration strength
+  // --draft: write a self-draft model for speculative decoding (draft_model.h).
+  bool draft = false;
+  int draft_vocab = 32768;
+  int64_t draft_eval_tokens = 2048;
 };
 
 // Declares the subcommand on `app`; RunQuantize runs it once parsed. Exit codes: 0 success;

@@ -140,6 +140,14 @@ void GgufWriter::SetString(std::string_view key, std::string_view v) {
   Put(key, static_cast<uint32_t>(GgufValueType::kString), std::move(p));
 }
 
+void GgufWriter::SetI32Array(std::string_view key, const std::vector<int32_t>& v) {
+  std::string p;
+  Append<uint32_t>(&p, static_cast<uint32_t>(GgufValueType::kInt32));
+  Append<uint64_t>(&p, v.size());
+  for (int32_t x : v) Append<int32_t>(&p, x);
+  Put(key, static_cast<uint32_t>(GgufValueType::kArray), std::move(p));
+}
+
 bool GgufWriter::HasKv(std::string_view key) const {
   for (const Kv& kv : kvs_) {
     if (kv.key == key) return true;

@@ -32,6 +32,7 @@ class GgufWriter {
   absl::Status CopyKv(std::string_view key, const GgufValue& v);
   void SetU32(std::string_view key, uint32_t v);
   void SetString(std::string_view key, std::string_view v);
+  void SetI32Array(std::string_view key, const std::vector<int32_t>& v);
   bool HasKv(std::string_view key) const;
 
   // ---- tensors ----

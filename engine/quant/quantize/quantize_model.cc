@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -17,6 +18,7 @@
 #include "common/strings.h"
 #include "engine/backend/backend.h"
 #include "engine/model/gguf.h"
+#include "engine/model/model_config.h"
 #include "engine/quant/block_grid.h"
 #include "engine/quant/k_quants.h"
 #include "engine/quant/matrix_quant.h"
@@ -90,8 +92,15 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
 // What happens to one tensor of the input.
 struct Plan {
   const GgufTensorInfo* src = nullptr;
+  std::string name;            // of the output tensor (src's, except a draft's new head)
+  std::vector<int64_t> shape;  // of the output tensor
+  // A draft's head: the output holds these rows of src, in this order (else every row).
+  const std::vector<int32_t>* select = nullptr;
+  // A draft's token_embd: read one row per token, never multiplied, so the head's calibration
+  // statistics (filed under token_embd when the input is tied) do not apply: round to nearest.
+  bool input_table = false;
   DType type = DType::kF32;
-  bool quantize = false;  // false: copy the bytes
+  bool quantize = false;  // false: copy the bytes (of the selected rows)
   int64_t rows = 0, cols = 0;
   size_t out_index = 0;
   std::string note;
@@ -128,7 +137,7 @@ class Job {
   }
   void Advance(const Plan& p) {
     done_elements_ += p.rows * p.cols;
-    progress_.Update(done_elements_, p.src->name);
+    progress_.Update(done_elements_, p.name);
   }
 
   const QuantizeOptions& o_;
@@ -265,17 +274,58 @@ absl::Status Job::PlanTensors() {
     has_output |= t.name == "output.weight";
     has_embd |= t.name == "token_embd.weight";
   }
-  const bool tied = has_embd && !has_output;
-  bool dequantized_input = false;
+  const bool draft = !o_.head_tokens.empty();
+  // A draft's embedding is an input table only: its head is a matrix of its own.
+  const bool tied = has_embd && !has_output && !draft;
+  if (draft) {
+    if (f.Has(kDraftHeadTokensKey)) {
+      return absl::InvalidArgumentError(
+          pd::StrCat("the input is already a draft model (it has '", kDraftHeadTokensKey, "')"));
+    }
+    if (!has_embd) return absl::InvalidArgumentError("the input has no token_embd.weight");
+  }
+  // Tensors in input order; a draft of a tied model gets its new output.weight after the
+  // embedding it is cut from.
+  std::vector<std::pair<const GgufTensorInfo*, const char*>> order;  // (source, output name)
   for (const GgufTensorInfo& t : f.tensors()) {
+    order.emplace_back(&t, nullptr);
+    if (draft && !has_output && t.name == "token_embd.weight") {
+      order.emplace_back(&t, "output.weight");
+    }
+  }
+  bool dequantized_input = false;
+  for (const auto& [src, out_name] : order) {
+    const GgufTensorInfo& t = *src;
     Plan p;
     p.src = &t;
+    p.name = out_name != nullptr ? out_name : t.name;
+    p.shape = t.shape;
     p.type = t.type;
     p.cols = t.shape[0];
     p.rows = t.rows();
+    if (draft && p.name == "output.weight") {
+      const int64_t vocab = t.shape.size() == 2 ? t.shape[1] : 0;
+      for (int32_t id : o_.head_tokens) {
+        if (id < 0 || id >= vocab) {
+          return absl::InvalidArgumentError(
+              pd::StrCat("head token ", id, " is outside the ", vocab, " rows of ", t.name));
+        }
+      }
+      p.select = &o_.head_tokens;
+      p.rows = static_cast<int64_t>(o_.head_tokens.size());
+      p.shape = {p.cols, p.rows};
+    }
+    p.input_table = draft && p.name == "token_embd.weight";
     if (IsWeightMatrix(t)) {
-      const TypeChoice c = ChooseType(policy_, o_.type, overrides_,
-                                      TensorPlace{t.name, LayerOf(t.name), n_layers, tied});
+      TypeChoice c = ChooseType(policy_, o_.type, overrides_,
+                                TensorPlace{p.name, LayerOf(t.name), n_layers, tied});
+      if (p.input_table && c.why.rfind("override", 0) != 0) {
+        // A lookup reads one row per token, so the table's size costs no time per token;
+        // quantizing 168M weights (Gemma 3 270M) would cost about a minute and, measured, no
+        // agreement: kept as stored, floats as q8_0. An override still applies.
+        c.type = IsFloat(t.type) ? DType::kQ8_0 : t.type;
+        c.why = "draft input table";
+      }
       p.note = c.why;
       const std::optional<DType> fits = FallbackForRow(c.type, p.cols);
       if (!fits) {
@@ -289,8 +339,11 @@ absl::Status Job::PlanTensors() {
                               "): ", Traits(*fits).name);
         }
         p.type = *fits;
-        p.quantize = p.type != t.type || !IsFloat(t.type);
-        if (!IsFloat(t.type)) dequantized_input = true;
+        // A draft's head or input table in the input's own type is a copy (of rows), exact in
+        // any type.
+        const bool draft_copy = p.select != nullptr || p.input_table;
+        p.quantize = p.type != t.type || (!IsFloat(t.type) && !draft_copy);
+        if (p.quantize && !IsFloat(t.type)) dequantized_input = true;
       }
     }
     plans_.push_back(std::move(p));
@@ -329,12 +382,30 @@ absl::Status Job::PlanTensors() {
   report_.file_type = ft != policy_.file_type.end() ? ft->second : DefaultFileType(o_.type);
   writer_->SetU32("general.file_type", report_.file_type);
   writer_->SetU32("general.quantization_version", kQuantizationVersion);
-  for (Plan& p : plans_) p.out_index = writer_->AddTensor(p.src->name, p.type, p.src->shape);
+  if (!o_.head_tokens.empty()) {
+    writer_->SetI32Array(kDraftHeadTokensKey, o_.head_tokens);
+  }
+  for (Plan& p : plans_) p.out_index = writer_->AddTensor(p.name, p.type, p.shape);
   return absl::OkStatus();
 }
 
+// The bytes of the rows `select` lists of `t` (a draft's head), in that order.
+std::vector<uint8_t> GatherRows(const GgufTensorInfo& t, const std::vector<int32_t>& select) {
+  const size_t row_bytes = RowBytes(t.type, t.shape[0]);
+  std::vector<uint8_t> out(row_bytes * select.size());
+  for (size_t i = 0; i < select.size(); ++i) {
+    std::memcpy(out.data() + i * row_bytes, t.data + row_bytes * select[i], row_bytes);
+  }
+  return out;
+}
+
 absl::Status Job::CopyOne(Plan& p) {
-  PD_RETURN_IF_ERROR(writer_->WriteTensor(p.out_index, p.src->data, p.src->nbytes));
+  if (p.select != nullptr) {
+    const std::vector<uint8_t> rows = GatherRows(*p.src, *p.select);
+    PD_RETURN_IF_ERROR(writer_->WriteTensor(p.out_index, rows.data(), rows.size()));
+  } else {
+    PD_RETURN_IF_ERROR(writer_->WriteTensor(p.out_index, p.src->data, p.src->nbytes));
+  }
   TensorReport& r = report_.tensors[&p - plans_.data()];
   r.method = "copy";
   p.done = true;
@@ -348,20 +419,26 @@ absl::Status Job::QuantizeOne(Plan& p, const GptqFactor* factor, const std::vect
   TensorReport& r = report_.tensors[&p - plans_.data()];
   if (mean_sq != nullptr && static_cast<int64_t>(mean_sq->size()) != cols) mean_sq = nullptr;
   if (h != nullptr && h->size() != static_cast<size_t>(cols * cols)) h = nullptr, factor = nullptr;
-  // The input as F32.
+  // The input as F32 (a draft's head: its selected rows only).
+  std::vector<uint8_t> gathered;
+  const uint8_t* src_data = t.data;
+  if (p.select != nullptr) {
+    gathered = GatherRows(t, *p.select);
+    src_data = gathered.data();
+  }
   std::vector<float> deq_in;
   const float* w = nullptr;
   if (t.type == DType::kF32) {
-    w = reinterpret_cast<const float*>(t.data);
+    w = reinterpret_cast<const float*>(src_data);
   } else {
     deq_in.resize(n);
-    DequantizeMatrix(t.type, t.data, rows, cols, o_.threads, deq_in.data());
+    DequantizeMatrix(t.type, src_data, rows, cols, o_.threads, deq_in.data());
     w = deq_in.data();
   }
   for (int64_t k = 0; k < n; ++k) {
     if (!std::isfinite(w[k])) {
       return absl::InvalidArgumentError(
-          pd::StrCat("tensor '", t.name, "' holds a non-finite value at element ", k));
+          pd::StrCat("tensor '", p.name, "' holds a non-finite value at element ", k));
     }
   }
   // W8A8 smoothing: the matrix quantized is W diag(s), whose inputs are X diag(1/s); errors are
@@ -442,7 +519,10 @@ absl::Status Job::QuantizeOne(Plan& p, const GptqFactor* factor, const std::vect
 absl::Status Job::Calibrate() {
   // The text.
   std::string text;
-  if (o_.calib_file.empty()) {
+  if (o_.calib_text.has_value()) {
+    text = *o_.calib_text;
+    report_.calib_source = o_.calib_text_source;
+  } else if (o_.calib_file.empty()) {
     PD_ASSIGN_OR_RETURN(text, BuiltinText(TextKind::kCalibration));
     report_.calib_source = "built-in calibration text (Debian fortunes, testdata/texts)";
   } else {
@@ -455,9 +535,11 @@ absl::Status Job::Calibrate() {
   }
   // The engine.
   const std::string why =
-      o_.method == Method::kRtn && deferred_norms_ && o_.calib_file.empty() && !o_.eval_hessian
-          ? std::string("w8a8 smoothing runs the model on calibration text (--no-smooth skips "
-                        "it), but ")
+      o_.method == Method::kRtn && deferred_norms_ && o_.calib_file.empty() &&
+              !o_.calib_text.has_value() && !o_.eval_hessian
+          ? std::string(
+                "w8a8 smoothing runs the model on calibration text (--no-smooth skips "
+                "it), but ")
           : pd::StrCat("--method ", MethodName(o_.method),
                        " runs the model on calibration text, but ");
   CpuBackendOptions bo;
@@ -513,7 +595,7 @@ absl::Status Job::Calibrate() {
     // factorization per group.
     std::map<std::string, std::vector<Plan*>> ready;  // by leader
     for (Plan& p : plans_) {
-      if (p.done || !p.quantize) continue;
+      if (p.done || !p.quantize || p.input_table) continue;
       const InputStats* s = collector.Find(p.src->name);
       if (s == nullptr || !s->full() || s->samples() == 0 || s->cols() != p.cols) continue;
       ready[std::string(collector.LeaderOf(p.src->name))].push_back(&p);
@@ -552,7 +634,7 @@ absl::Status Job::Calibrate() {
     // Another pass only if groups that want X^T X are still pending.
     bool more = false;
     for (const Plan& p : plans_) {
-      if (p.done || !p.quantize || !want_h) continue;
+      if (p.done || !p.quantize || p.input_table || !want_h) continue;
       const std::string_view leader = collector.LeaderOf(p.src->name);
       if (!leader.empty() && !done_leaders.count(leader)) more = true;
     }
@@ -593,8 +675,8 @@ absl::StatusOr<QuantizeReport> Job::Run() {
   PD_RETURN_IF_ERROR(PlanTensors());
   for (const Plan& p : plans_) {
     TensorReport r;
-    r.name = p.src->name;
-    r.shape = p.src->shape;
+    r.name = p.name;
+    r.shape = p.shape;
     r.src_type = p.src->type;
     r.type = p.type;
     r.quantized = p.quantize;
@@ -613,8 +695,8 @@ absl::StatusOr<QuantizeReport> Job::Run() {
   for (Plan& p : plans_) {
     if (!p.quantize && !deferred.count(&p)) PD_RETURN_IF_ERROR(CopyOne(p));
   }
-  const bool needs_calibration =
-      o_.method != Method::kRtn || !o_.calib_file.empty() || o_.eval_hessian;
+  const bool needs_calibration = o_.method != Method::kRtn || !o_.calib_file.empty() ||
+                                 o_.calib_text.has_value() || o_.eval_hessian;
   if (needs_calibration || deferred_norms_) {
     absl::Status s = Calibrate();
     if (absl::IsFailedPrecondition(s) && !needs_calibration) {
@@ -632,7 +714,8 @@ absl::StatusOr<QuantizeReport> Job::Run() {
     progress_.Update(done_elements_);
     for (Plan& p : plans_) {
       if (p.done) continue;
-      PD_RETURN_IF_ERROR(QuantizeOne(p, nullptr, nullptr, MeanSq(p.src->name)));
+      PD_RETURN_IF_ERROR(
+          QuantizeOne(p, nullptr, nullptr, p.input_table ? nullptr : MeanSq(p.src->name)));
       Advance(p);
     }
     progress_.Finish();

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -54,6 +55,18 @@ struct QuantizeOptions {
   // columns multiplied by s, and the norm's weight is divided by s. alpha in [0, 1].
   bool smooth = true;
   float smooth_alpha = 0.5f;
+
+  // ---- draft models (draft_model.h) ----
+  // Not empty: write a draft model. Its output.weight holds only these rows of the input's head
+  // (output.weight, or token_embd.weight when tied; row i scores token head_tokens[i]), the key
+  // pdserve.draft.head_tokens lists them, and token_embd stays as the input table (the policy sees
+  // the model as untied). INVALID_ARGUMENT for an id outside the head or an input that already is
+  // a draft.
+  std::vector<int32_t> head_tokens;
+  // The calibration text itself, when set: replaces calib_file and the built-in text (and counts
+  // as given, like calib_file); calib_text_source names it in the report.
+  std::optional<std::string> calib_text;
+  std::string calib_text_source;
 };
 
 struct TensorReport {

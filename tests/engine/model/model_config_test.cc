@@ -342,6 +342,50 @@ TEST(ModelConfigTest, HugeUnsignedValuesAreOutOfRangeNotNegative) {
   }
 }
 
+// A draft model's restricted head (pdserve.draft.head_tokens): read when consistent, refused with
+// INVALID_ARGUMENT naming the problem otherwise.
+TEST(ModelConfigTest, DraftHeadTokens) {
+  auto draft = [](std::vector<int32_t> ids, int64_t rows, bool with_output = true) {
+    TinyModel m;
+    m.extra_kv = [ids](GgufBuilder& b) {
+      b.Array("pdserve.draft.head_tokens", GgufValueType::kInt32, ids);
+    };
+    if (with_output) {
+      m.dims["output.weight"] = {8, uint64_t(rows)};
+    } else {
+      m.dims["output.weight"] = {};
+    }
+    return m.Build();
+  };
+  const std::string ok = draft({7, 0, 3}, 3);
+  auto c = Config(ok);
+  PD_ASSERT_OK(c);
+  EXPECT_EQ(c->head_tokens, std::vector<int32_t>({7, 0, 3}));
+  EXPECT_FALSE(c->tied_output);
+  EXPECT_EQ(c->n_vocab, 10);
+
+  const std::string plain = TinyModel().Build();
+  auto p = Config(plain);
+  PD_ASSERT_OK(p);
+  EXPECT_TRUE(p->head_tokens.empty());
+
+  struct Bad {
+    std::string bytes, message;
+  };
+  const std::vector<Bad> bad = {
+      {draft({1, 10}, 2), "'pdserve.draft.head_tokens'[1] = 10 is outside the vocabulary of 10"},
+      {draft({1, -1}, 2), "'pdserve.draft.head_tokens'[1] = -1 is outside the vocabulary"},
+      {draft({4, 2, 4}, 3), "'pdserve.draft.head_tokens'[2]: token 4 appears twice"},
+      {draft({1, 2}, 3), "lists 2 tokens but output.weight has 3 rows"},
+      {draft({1, 2}, 2, false), "is set but tensor 'output.weight' is missing"},
+      {draft({}, 1), "'pdserve.draft.head_tokens' is empty"},
+  };
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.message);
+    EXPECT_THAT(Config(b.bytes), StatusIs(absl::StatusCode::kInvalidArgument, b.message));
+  }
+}
+
 // ------------------------------------------------------------------------------------------------
 // Weights::Load
 // ------------------------------------------------------------------------------------------------
@@ -439,6 +483,18 @@ TEST_F(WeightsTest, TransposedWeightIsRejected) {
   m.dims["blk.0.ffn_down.weight"] = {8, 16};
   EXPECT_THAT(Load(m), StatusIs(absl::StatusCode::kInvalidArgument,
                                 "'blk.0.ffn_down.weight' has shape [8, 16], expected [16, 8]"));
+}
+
+TEST_F(WeightsTest, DraftHeadHasOneRowPerHeadToken) {
+  TinyModel m;
+  m.extra_kv = [](GgufBuilder& b) {
+    b.Array("pdserve.draft.head_tokens", GgufValueType::kInt32, std::vector<int32_t>{9, 2, 5, 0});
+  };
+  m.dims["output.weight"] = {8, 4};
+  auto w = Load(m);
+  PD_ASSERT_OK(w);
+  EXPECT_EQ((*w)->output.rows, 4);
+  EXPECT_EQ((*w)->token_embd.rows, 10);
 }
 
 TEST_F(WeightsTest, VocabularyMismatch) {
