@@ -258,6 +258,22 @@ absl::Status ServeOptions::Validate() const {
     return absl::InvalidArgumentError(StrCat(
         "prefix_cache.compress_idle_ms: compresses f16 KV blocks to INT8; kv.dtype is ", kv.dtype));
   }
+  const SpeculativeConfigOptions& sp = speculative;
+  if (sp.drafter.empty()) {
+    return absl::InvalidArgumentError(
+        "speculative.drafter: must be off, ngram, self or a draft GGUF path (got '')");
+  }
+  PD_RETURN_IF_ERROR(
+      Check(sp.max_k >= 1 && sp.max_k <= 16, "speculative.max_k", "must be in [1, 16]", sp.max_k));
+  PD_RETURN_IF_ERROR(
+      Check(sp.min_gain > 0, "speculative.min_gain", "must be > 0", sp.min_gain));
+  PD_RETURN_IF_ERROR(
+      Check(sp.ngram_min >= 1, "speculative.ngram_min", "must be >= 1", sp.ngram_min));
+  PD_RETURN_IF_ERROR(Check(sp.ngram_max >= sp.ngram_min, "speculative.ngram_max",
+                           StrCat("must be >= speculative.ngram_min (", sp.ngram_min, ")"),
+                           sp.ngram_max));
+  PD_RETURN_IF_ERROR(Check(sp.draft_kv_mib >= 1, "speculative.draft_kv_mib", "must be >= 1",
+                           sp.draft_kv_mib));
   PD_RETURN_IF_ERROR(Check(limits.default_max_tokens >= 1, "limits.default_max_tokens",
                            "must be >= 1", limits.default_max_tokens));
   PD_RETURN_IF_ERROR(
@@ -383,6 +399,16 @@ absl::StatusOr<ServeOptions> ParseServeOptions(std::string_view yaml, std::strin
       c.Get("summary_blocks", &o.prefix_cache.summary_blocks);
       c.Get("compress_idle_ms", &o.prefix_cache.compress_idle_ms);
       top.Merge(c);
+    }
+    {
+      MapReader sp = top.Child("speculative");
+      sp.Get("drafter", &o.speculative.drafter);
+      sp.Get("max_k", &o.speculative.max_k);
+      sp.Get("min_gain", &o.speculative.min_gain);
+      sp.Get("ngram_min", &o.speculative.ngram_min);
+      sp.Get("ngram_max", &o.speculative.ngram_max);
+      sp.Get("draft_kv_mib", &o.speculative.draft_kv_mib);
+      top.Merge(sp);
     }
     {
       MapReader l = top.Child("limits");

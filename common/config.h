@@ -62,6 +62,19 @@ struct PrefixCacheConfigOptions {
   int compress_idle_ms = 0;
 };
 
+// Speculative decoding (docs/speculative.md): a drafter proposes tokens that the target verifies
+// in the same step; lossless. pd-serve and pd-decode (the node that decodes) use it.
+struct SpeculativeConfigOptions {
+  // off | ngram (prompt lookup, no model) | self (the model's own low-bit draft, found next to
+  // the model or in ~/.cache/pdserve/drafts, built there on first use) | a draft GGUF's path.
+  std::string drafter = "ngram";
+  int max_k = 8;            // draft tokens per sequence and step, 1..16; K adapts below it
+  double min_gain = 1.05;   // a sequence drafts only when the step's tokens/s gain this factor
+  int ngram_min = 2;        // ngram: shortest suffix matched
+  int ngram_max = 4;        // ngram: longest
+  int64_t draft_kv_mib = 128;  // draft model: its own KV cache
+};
+
 struct LimitsOptions {
   int default_max_tokens = 256;      // max_tokens when a request leaves it unset
   int max_tokens = 4096;             // largest max_tokens a request may ask for
@@ -141,6 +154,7 @@ struct ServeOptions {
   SchedulerConfigOptions scheduler;
   KvConfigOptions kv;
   PrefixCacheConfigOptions prefix_cache;
+  SpeculativeConfigOptions speculative;
   LimitsOptions limits;
   KvTransferOptions kv_transfer;  // pd-prefill / pd-decode
   double shutdown_grace_s = 10;  // on SIGINT/SIGTERM, time streams get to finish before cancel

@@ -136,6 +136,7 @@ engine::GenerationRequest DecodeService::ToEngine(const nv1::ReserveRequest& res
   g.max_tokens = request.max_tokens();
   g.stop_token_ids.insert(request.stop_token_ids().begin(), request.stop_token_ids().end());
   g.priority = request.priority();
+  g.speculative = !request.no_speculation();
   g.resumed_tokens = request.resumed_tokens();
   return g;
 }
@@ -215,6 +216,8 @@ grpc::Status DecodeService::Stream(grpc::ServerContext* context, const std::stri
       f->set_preemptions(finish->timing.preemptions);
       f->set_kv_imported(finish->timing.kv_imported);
       f->set_cached_tokens(finish->cached_tokens);
+      f->set_draft_tokens(finish->draft_tokens);
+      f->set_accepted_tokens(finish->accepted_tokens);
     }
     if (!writer->Write(r)) {
       if (!finish) {

@@ -187,6 +187,8 @@ class LocalStream final : public Stream {
     out->prompt_tokens = info.prompt_tokens;
     out->completion_tokens = info.completion_tokens;
     out->cached_tokens = info.cached_tokens;
+    out->draft_tokens = info.draft_tokens;
+    out->accepted_tokens = info.accepted_tokens;
     out->timing = info.timing;
     if (stop_matched_) {
       out->finish_reason = "stop";
@@ -377,6 +379,7 @@ class LocalFrontend final : public Frontend {
       g.stop_token_ids.insert(tokenizer_.eog_ids().begin(), tokenizer_.eog_ids().end());
     }
     g.priority = r.priority;
+    g.speculative = r.speculative;
     g.deadline = r.deadline;
     const uint64_t n = next_id_.fetch_add(1, std::memory_order_relaxed);
     g.id = StrCat(id_prefix_, n);

@@ -35,6 +35,7 @@ struct ApiRequest {
   std::vector<std::string> stop;
   bool ignore_eos = false;
   int32_t priority = 0;
+  bool speculative = true;  // false: no speculative decoding for it (same output law)
   std::string request_id;  // "" = generate one
   absl::Time deadline = absl::InfiniteFuture();
 };
@@ -49,6 +50,8 @@ struct ApiChunk {
   int prompt_tokens = 0;
   int completion_tokens = 0;
   int cached_tokens = 0;  // prompt tokens whose KV came from the prefix cache
+  int draft_tokens = 0;     // speculative decoding: draft tokens verified
+  int accepted_tokens = 0;  // ... and accepted
   engine::RequestTiming timing;
 };
 

@@ -59,6 +59,7 @@ absl::StatusOr<ApiRequest> ToApiRequest(const pdserve::v1::wire::GenerateRequest
   r.stop.assign(in.stop().begin(), in.stop().end());
   r.ignore_eos = in.ignore_eos();
   r.priority = in.priority();
+  if (in.has_speculative()) r.speculative = in.speculative();
   r.request_id = in.request_id();
   const auto deadline = context.deadline();
   if (deadline != std::chrono::system_clock::time_point::max()) {
@@ -169,6 +170,8 @@ grpc::Status ChatService::Generate(grpc::ServerContext* context,
     finish->mutable_usage()->set_completion_tokens(chunk.completion_tokens);
     finish->mutable_usage()->set_total_tokens(chunk.prompt_tokens + chunk.completion_tokens);
     finish->mutable_usage()->set_cached_tokens(chunk.cached_tokens);
+    finish->mutable_usage()->set_draft_tokens(chunk.draft_tokens);
+    finish->mutable_usage()->set_accepted_draft_tokens(chunk.accepted_tokens);
     const engine::RequestTiming& t = chunk.timing;
     if (t.first_token > t.arrival && t.arrival != absl::InfinitePast()) {
       finish->set_time_to_first_token_s(

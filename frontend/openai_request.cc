@@ -40,6 +40,7 @@ std::string ParamFromMessage(std::string_view message) {
                                         "priority",
                                         "request_id",
                                         "ignore_eos",
+                                        "speculative",
                                         "stream_options",
                                         "n"};
   size_t end = 0;
@@ -242,6 +243,7 @@ std::optional<ApiError> ParseCommon(const json& body, Parsed* p) {
   if (auto e = GetInt(body, "priority", kI32Min, kI32Max, &priority)) return e;
   if (priority) r.priority = static_cast<int32_t>(*priority);
   if (auto e = GetBool(body, "ignore_eos", &r.ignore_eos)) return e;
+  if (auto e = GetBool(body, "speculative", &r.speculative)) return e;
   if (auto e = GetString(body, "request_id", &r.request_id)) return e;
 
   if (const json* stop = Field(body, "stop")) {

@@ -53,7 +53,12 @@ json Usage(const ApiChunk& last) {
   return json{{"prompt_tokens", last.prompt_tokens},
               {"completion_tokens", last.completion_tokens},
               {"total_tokens", last.prompt_tokens + last.completion_tokens},
-              {"prompt_tokens_details", json{{"cached_tokens", last.cached_tokens}}}};
+              {"prompt_tokens_details", json{{"cached_tokens", last.cached_tokens}}},
+              // OpenAI's names for proposed tokens the model accepted or rejected (its
+              // Predicted Outputs): here the speculative decoder's draft tokens.
+              {"completion_tokens_details",
+               json{{"accepted_prediction_tokens", last.accepted_tokens},
+                    {"rejected_prediction_tokens", last.draft_tokens - last.accepted_tokens}}}};
 }
 
 // One SSE event "data: {...}\n\n" of the stream's object type, with one choice (or none).

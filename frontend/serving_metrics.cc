@@ -106,7 +106,28 @@ ServingMetrics::ServingMetrics(MetricsRegistry& registry)
       requests_(registry.AddCounter("pdserve_requests_total", "Finished requests by finish reason.",
                                     {"finish_reason"})),
       errors_(registry.AddCounter("pdserve_errors_total",
-                                  "Requests refused or failed, by status code.", {"code"})) {
+                                  "Requests refused or failed, by status code.", {"code"})),
+      spec_drafts_(registry
+                       .AddCounter("pdserve_spec_drafts_total",
+                                   "Drafts verified by speculative decoding (one per sequence "
+                                   "and step that drafted).")
+                       .Get()),
+      spec_draft_tokens_(registry
+                             .AddCounter("pdserve_spec_draft_tokens_total",
+                                         "Draft tokens the target verified.")
+                             .Get()),
+      spec_accepted_tokens_(registry
+                                .AddCounter("pdserve_spec_accepted_tokens_total",
+                                            "Draft tokens the target accepted (each one a "
+                                            "target step saved).")
+                                .Get()),
+      spec_drafted_at_(registry.AddCounter("pdserve_spec_position_drafted_total",
+                                           "Draft tokens verified, by position in the draft "
+                                           "(1 = the first proposed token).",
+                                           {"position"})),
+      spec_accepted_at_(registry.AddCounter("pdserve_spec_position_accepted_total",
+                                            "Draft tokens accepted, by position in the draft.",
+                                            {"position"})) {
   // The common outcomes exist from the start at 0, so that rate() sees their first increment.
   for (const char* reason : {"stop", "length"}) requests_.WithLabels({reason});
 }
@@ -143,6 +164,21 @@ void ServingMetrics::Error(absl::StatusCode code) {
 void ServingMetrics::Step(const StepStats& step) {
   if (step.prefill_tokens > 0) prefill_step_.Observe(step.seconds);
   if (step.decode_tokens > 0) decode_step_.Observe(step.seconds);
+}
+
+void ServingMetrics::Speculation(int sequences, int drafted, int accepted,
+                                 const std::vector<int>& drafted_at,
+                                 const std::vector<int>& accepted_at) {
+  spec_drafts_.Increment(sequences);
+  spec_draft_tokens_.Increment(drafted);
+  spec_accepted_tokens_.Increment(accepted);
+  for (size_t i = 0; i < drafted_at.size(); ++i) {
+    const std::string position = std::to_string(i + 1);
+    if (drafted_at[i] > 0) spec_drafted_at_.WithLabels({position}).Increment(drafted_at[i]);
+    if (i < accepted_at.size() && accepted_at[i] > 0) {
+      spec_accepted_at_.WithLabels({position}).Increment(accepted_at[i]);
+    }
+  }
 }
 
 void ServingMetrics::Load(const engine::EngineLoad& load) {

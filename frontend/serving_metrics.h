@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "common/metrics.h"
@@ -44,6 +45,10 @@ class ServingMetrics {
   // Gauges: running / waiting sequences, KV blocks used / free, prefix-cached blocks; the
   // eviction counter follows load.prefix_cache_evictions (one caller at a time: the engine).
   void Load(const engine::EngineLoad& load);
+  // A step's speculative decoding (docs/speculative.md): sequences that verified a draft, draft
+  // tokens verified and accepted, and both by position in the draft (index 0: first token).
+  void Speculation(int sequences, int drafted, int accepted, const std::vector<int>& drafted_at,
+                   const std::vector<int>& accepted_at);
 
   ServingMetrics(const ServingMetrics&) = delete;
   ServingMetrics& operator=(const ServingMetrics&) = delete;
@@ -72,6 +77,11 @@ class ServingMetrics {
   Counter& accepted_;
   Family<Counter>& requests_;  // {finish_reason}
   Family<Counter>& errors_;    // {code}
+  Counter& spec_drafts_;
+  Counter& spec_draft_tokens_;
+  Counter& spec_accepted_tokens_;
+  Family<Counter>& spec_drafted_at_;   // {position}
+  Family<Counter>& spec_accepted_at_;  // {position}
 };
 
 }  // namespace pd::frontend

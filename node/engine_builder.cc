@@ -1,14 +1,24 @@
 #include "node/engine_builder.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <utility>
 
+#include "common/log.h"
 #include "common/status.h"
 #include "common/strings.h"
 #include "engine/backend/cpu/kernels.h"
 #include "engine/backend/kv_layout.h"
 #include "engine/model/model_finder.h"
+#include "engine/model/vocab_match.h"
+#include "engine/quant/quantize/draft_model.h"
+#include "engine/quant/quantize/progress.h"
+#include "engine/spec/draft_model.h"
+#include "engine/spec/ngram.h"
 
 namespace pd::node {
 
@@ -51,8 +61,83 @@ EngineOptions EngineOptionsFrom(const ServeOptions& o) {
   return e;
 }
 
+absl::StatusOr<std::string> FindOrBuildSelfDraft(const std::string& model_path, int threads) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path model(model_path);
+  const std::string stem = model.stem().string();
+  const fs::path beside = model.parent_path() / (stem + ".draft.gguf");
+  if (fs::exists(beside, ec)) return beside.string();
+  const uintmax_t bytes = fs::file_size(model, ec);
+  if (ec) return absl::NotFoundError(StrCat("self-draft: cannot read ", model_path));
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  const fs::path cache = xdg != nullptr && *xdg != '\0' ? fs::path(xdg) / "pdserve" / "drafts"
+                         : home != nullptr             ? fs::path(home) / ".cache/pdserve/drafts"
+                                                       : fs::path("/tmp/pdserve-drafts");
+  const fs::path cached = cache / StrCat(stem, "-", bytes, ".draft.gguf");
+  if (fs::exists(cached, ec)) return cached.string();
+  fs::create_directories(cache, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(
+        StrCat("self-draft: cannot create ", cache.string(), ": ", ec.message()));
+  }
+  PD_LOG(kInfo, "self-draft: none for ", model_path, "; building ", cached.string(),
+         " (pdctl quantize --draft; a few minutes, once)");
+  engine::quantize::DraftOptions d;
+  d.quant.input = model_path;
+  d.quant.output = cached.string();
+  d.quant.type = engine::DType::kQ3_K;
+  d.quant.method = engine::quantize::Method::kImportance;
+  d.quant.policy = "S";
+  d.quant.calib_tokens = 4096;
+  d.quant.threads = threads;
+  std::unique_ptr<engine::quantize::Progress> progress = engine::quantize::MakeStderrProgress();
+  PD_ASSIGN_OR_RETURN(engine::quantize::DraftReport report,
+                      engine::quantize::QuantizeDraft(d, *progress));
+  PD_LOG(kInfo, "self-draft: wrote ", cached.string(), " (", report.draft_step_bytes >> 20,
+         " MiB read per step against the model's ", report.target_step_bytes >> 20,
+         " MiB; top-1 agreement ", report.agreement, ")");
+  return cached.string();
+}
+
+absl::StatusOr<std::shared_ptr<engine::spec::Drafter>> BuildDrafter(
+    const SpeculativeConfigOptions& o, const engine::Model& target, const std::string& target_path,
+    engine::Backend& backend, int threads) {
+  if (o.drafter == "off") return std::shared_ptr<engine::spec::Drafter>();
+  if (o.drafter == "ngram") {
+    engine::spec::NgramOptions n{.min_n = o.ngram_min, .max_n = o.ngram_max};
+    PD_RETURN_IF_ERROR(n.Validate());
+    return std::shared_ptr<engine::spec::Drafter>(std::make_shared<engine::spec::NgramDrafter>(n));
+  }
+  std::string path = o.drafter;
+  if (o.drafter == "self") {
+    PD_ASSIGN_OR_RETURN(path, FindOrBuildSelfDraft(target_path, threads));
+  }
+  auto opened = engine::GgufFile::Open(path);
+  if (!opened.ok()) {
+    return absl::Status(opened.status().code(),
+                        StrCat("speculative.drafter: ", opened.status().message()));
+  }
+  std::shared_ptr<const engine::GgufFile> file(std::move(*opened));
+  if (absl::Status st = engine::CheckSameVocabulary(target.file(), *file); !st.ok()) {
+    return absl::Status(st.code(), StrCat("speculative.drafter ", path,
+                                          ": not the model's vocabulary: ", st.message()));
+  }
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> draft, engine::Model::Load(file, backend));
+  engine::spec::DraftModelOptions dm;
+  dm.kv_bytes = o.draft_kv_mib << 20;
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<engine::spec::DraftModelDrafter> drafter,
+                      engine::spec::DraftModelDrafter::Create(std::move(draft),
+                                                              target.config().n_vocab, dm));
+  PD_LOG(kInfo, "speculative decoding: draft model ", path, ", draft step ",
+         drafter->StepSeconds(1) * 1e3, " ms (1 row)");
+  return std::shared_ptr<engine::spec::Drafter>(std::move(drafter));
+}
+
 absl::StatusOr<ServingEngine> BuildServingEngine(const ServeOptions& o,
-                                                 frontend::ServingMetrics* metrics) {
+                                                 frontend::ServingMetrics* metrics,
+                                                 bool speculate) {
   std::optional<engine::KvDType> kv_dtype = engine::ParseKvDType(o.kv.dtype);
   if (!kv_dtype) return absl::InvalidArgumentError(StrCat("kv.dtype: unknown '", o.kv.dtype, "'"));
   PD_ASSIGN_OR_RETURN(Engine built, BuildEngine(EngineOptionsFrom(o)));
@@ -75,10 +160,21 @@ absl::StatusOr<ServingEngine> BuildServingEngine(const ServeOptions& o,
   so.min_prefill_chunk = o.scheduler.min_prefill_chunk;
   so.enable_priority = o.scheduler.priority;
   so.max_context = built.context;
+  if (speculate) {
+    PD_ASSIGN_OR_RETURN(so.speculative.drafter,
+                        BuildDrafter(o.speculative, *built.model, built.model_path,
+                                     *built.backend, o.threads));
+    so.speculative.max_k = o.speculative.max_k;
+    so.speculative.min_gain = o.speculative.min_gain;
+  }
   if (metrics != nullptr) {
     so.step_observer = [metrics](const engine::StepStats& s) {
       metrics->Step(frontend::StepStats{s.prefill_tokens, s.decode_tokens, s.seconds});
       metrics->Load(s.load);
+      if (s.spec_sequences > 0) {
+        metrics->Speculation(s.spec_sequences, s.draft_tokens, s.accepted_tokens, s.drafted_at,
+                             s.accepted_at);
+      }
     };
   }
   ServingEngine e;

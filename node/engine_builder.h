@@ -17,6 +17,7 @@
 #include "engine/model/gguf.h"
 #include "engine/runtime/model.h"
 #include "engine/sched/scheduler.h"
+#include "engine/spec/drafter.h"
 #include "frontend/serving_metrics.h"
 
 namespace pd::node {
@@ -59,10 +60,26 @@ struct ServingEngine {
   std::string kernels;  // Engine::kernels
 };
 
-// BuildEngine(EngineOptionsFrom(o)), then a Scheduler from the config's scheduler and kv
-// sections; its step observer feeds `metrics` (nullable, must outlive the engine). Errors: the
-// model's, INVALID_ARGUMENT for kv.dtype, the Scheduler's.
+// BuildEngine(EngineOptionsFrom(o)), then a Scheduler from the config's scheduler, kv and (with
+// `speculate`: the nodes that decode) speculative sections; its step observer feeds `metrics`
+// (nullable, must outlive the engine). Errors: the model's, INVALID_ARGUMENT for kv.dtype, the
+// drafter's (BuildDrafter), the Scheduler's.
 absl::StatusOr<ServingEngine> BuildServingEngine(const ServeOptions& o,
-                                                 frontend::ServingMetrics* metrics);
+                                                 frontend::ServingMetrics* metrics,
+                                                 bool speculate = true);
+
+// The drafter `o.drafter` names for `target` (loaded from `target_path` on `backend`, which
+// must outlive the drafter): nullptr for "off"; an NgramDrafter for "ngram"; for "self" or a
+// path, a DraftModelDrafter over that model on the same backend, after checking its vocabulary
+// is the target's token by token. Errors: INVALID_ARGUMENT for bad values, NOT_FOUND for a
+// missing draft file, FAILED_PRECONDITION naming the first differing token, the model's.
+absl::StatusOr<std::shared_ptr<engine::spec::Drafter>> BuildDrafter(
+    const SpeculativeConfigOptions& o, const engine::Model& target, const std::string& target_path,
+    engine::Backend& backend, int threads);
+
+// The self-draft of the model at `model_path` (docs/speculative.md, "Self-draft"): the first of
+// `<dir>/<stem>.draft.gguf` and `~/.cache/pdserve/drafts/<stem>-<bytes>.draft.gguf` that exists,
+// else the latter, built by `pdctl quantize --draft`'s job with progress on stderr (minutes).
+absl::StatusOr<std::string> FindOrBuildSelfDraft(const std::string& model_path, int threads);
 
 }  // namespace pd::node

@@ -58,7 +58,9 @@ absl::Status Run(const std::string& name, std::unique_ptr<NodeRole>& role, const
   const std::string role_name(role->name());
   MetricsRegistry registry;
   frontend::ServingMetrics metrics(registry);
-  PD_ASSIGN_OR_RETURN(ServingEngine engine, BuildServingEngine(o, &metrics));
+  // Only the node that decodes speculates (a prefill node computes prompts and one token).
+  PD_ASSIGN_OR_RETURN(ServingEngine engine,
+                      BuildServingEngine(o, &metrics, /*speculate=*/role_name == "decode"));
   NodeState state(role_name, *engine.scheduler, &registry);
   // KV transfer: pd-prefill sends, pd-decode receives (docs/kv_transfer.md, "In the cluster").
   // Declared after the role: it closes before the role (whose objects its last callbacks may

@@ -348,6 +348,7 @@ void RemoteEngine::Run(std::shared_ptr<Call> call) {
     nreq.set_max_tokens(remaining);
     for (int32_t t : req.stop_token_ids) nreq.add_stop_token_ids(t);
     nreq.set_priority(req.priority);
+    nreq.set_no_speculation(!req.speculative);
     nreq.set_resumed_tokens(static_cast<int32_t>(sent.size()));
 
     // The first attempt may prefill on a prefill node (the disaggregated path).
@@ -425,6 +426,8 @@ void RemoteEngine::Run(std::shared_ptr<Call> call) {
     if (finish && status.ok()) {
       info.reason = ReasonFromName(finish->reason());
       info.timing.preemptions += finish->preemptions();
+      info.draft_tokens += finish->draft_tokens();
+      info.accepted_tokens += finish->accepted_tokens();
       info.cached_tokens =
           std::max(info.cached_tokens, std::min(finish->cached_tokens(), info.prompt_tokens));
       break;

@@ -792,9 +792,12 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
 
 absl::StatusOr<spec::SpecCost> Scheduler::MeasureStepCost() {
   // One scratch sequence of `rows` decode rows (each in the one-row order and wanting logits,
-  // as a step's verified rows do), timed twice after a warm-up; its blocks are freed after.
+  // as a step's verified rows do), timed after a warm-up; its blocks are freed after.
   constexpr int64_t kScratchSeq = -2;
-  const int cap = std::min({64, options_.token_budget, kv_->free_blocks() * block_size_});
+  // Rows a step can hold with every running sequence drafting max_k tokens (at most 64: beyond,
+  // SpecCost extrapolates the last, compute-bound, segment).
+  const int cap = std::min({64, options_.token_budget, kv_->free_blocks() * block_size_,
+                            options_.max_running_seqs * (options_.speculative.max_k + 1)});
   if (cap < 1) return absl::ResourceExhaustedError("no KV room to measure the step cost");
   const absl::Time t0 = absl::Now();
   auto time_rows = [&](int rows) -> absl::StatusOr<double> {
@@ -804,7 +807,7 @@ absl::StatusOr<spec::SpecCost> Scheduler::MeasureStepCost() {
       batch.AddOrdered(static_cast<int32_t>(i % n_vocab_), i, kScratchSeq, true, 0);
     }
     double best = 0;
-    for (int rep = 0; rep < 3; ++rep) {
+    for (int rep = 0; rep < 2; ++rep) {  // a warm-up, then the timed one
       const absl::Time a = absl::Now();
       const absl::Status st = model_.Forward(batch, *kv_, &logits_);
       if (!st.ok()) {

@@ -22,6 +22,7 @@ CLI::App* AddChatCommand(CLI::App& app, ChatFlags* flags) {
   CLI::App* chat = app.add_subcommand(
       "chat", "chat with a model: one user message per line on stdin, replies on stdout");
   cg.engine.Add(chat);
+  cg.spec.Add(chat);
   chat->add_option("--system", flags->system, "system message");
   chat->add_option("--template", flags->template_name,
                    "chat template: gemma, chatml, llama3, llama2 (default: from the model)");
@@ -62,6 +63,12 @@ int RunChat(const ChatFlags& flags) {
   for (int32_t id = 0; id < (*tok)->n_vocab(); ++id) {
     if ((*tok)->IsEog(id)) opt.eog_tokens.insert(id);
   }
+  std::unique_ptr<SpecGenerator> spec;
+  if (g.spec.on()) {
+    auto s = SpecGenerator::Create(*e, g.spec, g.engine.threads);
+    if (!s.ok()) return Fail(s.status());
+    spec = std::move(*s);
+  }
   const bool interactive = isatty(fileno(stdin));
   std::vector<engine::ChatMessage> history;
   if (!system.empty()) history.push_back({"system", system});
@@ -90,7 +97,9 @@ int RunChat(const ChatFlags& flags) {
       std::fflush(stdout);
       return !stops.stopped();
     };
-    auto r = engine::Generate(*e->model, *e->kv, 0, prompt, opt, on_token);
+    SpecCounts counts;
+    auto r = spec ? spec->Generate(prompt, opt, on_token, &counts)
+                  : engine::Generate(*e->model, *e->kv, 0, prompt, opt, on_token);
     if (!r.ok()) {
       // The conversation outgrew the context (or another request-level error): say so, keep going.
       std::fprintf(stderr, "\npdctl chat: %s\n", std::string(r.status().ToString()).c_str());
@@ -108,6 +117,11 @@ int RunChat(const ChatFlags& flags) {
                  r->prompt_tokens, r->prompt_tokens / std::max(r->prefill_seconds, 1e-9),
                  r->tokens.size(), n_dec / std::max(r->decode_seconds, 1e-9),
                  r->finish_reason.c_str());
+    if (spec && counts.draft_tokens > 0) {
+      std::fprintf(stderr, "[speculation: %.2f tokens per target step, %d of %d drafts accepted]\n",
+                   counts.steps > 0 ? n_dec / counts.steps : 0.0, counts.accepted_tokens,
+                   counts.draft_tokens);
+    }
   }
   return 0;
 }

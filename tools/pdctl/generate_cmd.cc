@@ -21,6 +21,7 @@ CLI::App* AddGenerateCommand(CLI::App& app, GenerateFlags* g) {
                                      "generate text from a prompt, streamed to stdout; "
                                      "speed and memory figures go to stderr");
   g->engine.Add(gen);
+  g->spec.Add(gen);
   auto* p_opt = gen->add_option("-p,--prompt", g->prompt, "prompt text");
   auto* f_opt = gen->add_option("-f,--file", g->prompt_file, "read the prompt from a file");
   auto* i_opt =
@@ -99,7 +100,15 @@ int RunGenerate(const GenerateFlags& g) {
     std::fflush(stdout);
     return !stops.stopped();
   };
-  auto r = engine::Generate(*e->model, *e->kv, /*seq=*/0, prompt, opt, on_token);
+  std::unique_ptr<SpecGenerator> spec;
+  SpecCounts counts;
+  if (g.spec.on()) {
+    auto s = SpecGenerator::Create(*e, g.spec, g.engine.threads);
+    if (!s.ok()) return Fail(s.status());
+    spec = std::move(*s);
+  }
+  auto r = spec ? spec->Generate(prompt, opt, on_token, &counts)
+                : engine::Generate(*e->model, *e->kv, /*seq=*/0, prompt, opt, on_token);
   if (!r.ok()) return Fail(r.status());
   if (detok) {
     std::string rest = stops.Push(detok->Flush());
@@ -127,6 +136,16 @@ int RunGenerate(const GenerateFlags& g) {
                r->prefill_seconds, r->prompt_tokens / std::max(r->prefill_seconds, 1e-9),
                r->tokens.size(), r->decode_seconds, n_dec / std::max(r->decode_seconds, 1e-9),
                r->finish_reason.c_str(), PeakRssMiB());
+  if (spec) {
+    std::fprintf(stderr,
+                 "speculation: %s, K <= %d | %d target steps for %zu tokens (%.2f per step) | "
+                 "drafted %d, accepted %d (%.0f %%)\n",
+                 spec->drafter_name().c_str(), g.spec.spec_k, counts.steps, r->tokens.size(),
+                 counts.steps > 0 ? n_dec / counts.steps : 0.0, counts.draft_tokens,
+                 counts.accepted_tokens,
+                 counts.draft_tokens > 0 ? 100.0 * counts.accepted_tokens / counts.draft_tokens
+                                         : 0.0);
+  }
   return 0;
 }
 

@@ -9,11 +9,13 @@
 
 #include "CLI/CLI.hpp"
 #include "tools/pdctl/engine_flags.h"
+#include "tools/pdctl/spec_generate.h"
 
 namespace pd::tools {
 
 struct GenerateFlags {
   EngineFlags engine;
+  SpecFlags spec;
   std::string prompt, prompt_file, prompt_ids;
   int n_predict = 128;
   float temperature = 0.8f, top_p = 0.95f, min_p = 0.05f, repeat_penalty = 1.0f;
