@@ -121,9 +121,14 @@ ServingMetrics::ServingMetrics(MetricsRegistry& registry)
                                             "Draft tokens the target accepted (each one a "
                                             "target step saved).")
                                 .Get()),
+      spec_draft_seconds_(registry
+                              .AddCounter("pdserve_spec_draft_seconds_total",
+                                          "Seconds the engine spent in the drafter (a draft "
+                                          "model's forwards; part of the step time).")
+                              .Get()),
       spec_drafted_at_(registry.AddCounter("pdserve_spec_position_drafted_total",
-                                           "Draft tokens verified, by position in the draft "
-                                           "(1 = the first proposed token).",
+                                           "Drafts that reached a position (every earlier one "
+                                           "accepted), by position (1 = the first token).",
                                            {"position"})),
       spec_accepted_at_(registry.AddCounter("pdserve_spec_position_accepted_total",
                                             "Draft tokens accepted, by position in the draft.",
@@ -168,8 +173,9 @@ void ServingMetrics::Step(const StepStats& step) {
 
 void ServingMetrics::Speculation(int sequences, int drafted, int accepted,
                                  const std::vector<int>& drafted_at,
-                                 const std::vector<int>& accepted_at) {
+                                 const std::vector<int>& accepted_at, double draft_seconds) {
   spec_drafts_.Increment(sequences);
+  if (draft_seconds > 0) spec_draft_seconds_.Increment(draft_seconds);
   spec_draft_tokens_.Increment(drafted);
   spec_accepted_tokens_.Increment(accepted);
   for (size_t i = 0; i < drafted_at.size(); ++i) {

@@ -48,7 +48,7 @@ class ServingMetrics {
   // A step's speculative decoding (docs/speculative.md): sequences that verified a draft, draft
   // tokens verified and accepted, and both by position in the draft (index 0: first token).
   void Speculation(int sequences, int drafted, int accepted, const std::vector<int>& drafted_at,
-                   const std::vector<int>& accepted_at);
+                   const std::vector<int>& accepted_at, double draft_seconds);
 
   ServingMetrics(const ServingMetrics&) = delete;
   ServingMetrics& operator=(const ServingMetrics&) = delete;
@@ -80,6 +80,7 @@ class ServingMetrics {
   Counter& spec_drafts_;
   Counter& spec_draft_tokens_;
   Counter& spec_accepted_tokens_;
+  Counter& spec_draft_seconds_;
   Family<Counter>& spec_drafted_at_;   // {position}
   Family<Counter>& spec_accepted_at_;  // {position}
 };

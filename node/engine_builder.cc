@@ -173,7 +173,7 @@ absl::StatusOr<ServingEngine> BuildServingEngine(const ServeOptions& o,
       metrics->Load(s.load);
       if (s.spec_sequences > 0) {
         metrics->Speculation(s.spec_sequences, s.draft_tokens, s.accepted_tokens, s.drafted_at,
-                             s.accepted_at);
+                             s.accepted_at, s.draft_seconds);
       }
     };
   }

@@ -144,6 +144,12 @@ int NodeMain(const std::string& name, std::unique_ptr<NodeRole> role, int argc, 
                "recompute every prompt (prefix_cache.enabled: false)");
   std::string node_name;
   auto* o_name = app.add_option("--name", node_name, "name registered in etcd (etcd.node_name)");
+  std::string spec;
+  int spec_k = 0;
+  auto* o_spec = app.add_option("--spec", spec,
+                                "speculative decoding: off, ngram, self or a draft GGUF path "
+                                "(speculative.drafter; pd-prefill ignores it)");
+  auto* o_spec_k = app.add_option("--spec-k", spec_k, "the most draft tokens per step (1..16)");
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<ServeOptions> loaded =
       config.empty() ? ParseServeOptions("", "defaults") : LoadServeOptions(config);
@@ -159,6 +165,8 @@ int NodeMain(const std::string& name, std::unique_ptr<NodeRole> role, int argc, 
   if (o_http_port->count()) o.http.port = http_port;
   if (no_http) o.http.enabled = false;
   if (o_threads->count()) o.threads = threads;
+  if (o_spec->count()) o.speculative.drafter = spec;
+  if (o_spec_k->count()) o.speculative.max_k = spec_k;
   if (o_ctx->count()) o.model.context = ctx;
   if (o_kv_mib->count()) o.kv.memory_mib = kv_mib;
   if (o_grace->count()) o.shutdown_grace_s = grace;

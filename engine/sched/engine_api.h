@@ -64,8 +64,8 @@ struct FinishInfo {
   int prompt_tokens = 0;
   int completion_tokens = 0;
   int cached_tokens = 0;  // prompt tokens whose K/V came from the prefix cache
-  // Speculative decoding: draft tokens the target verified for this request, and of those the
-  // ones it accepted (each accepted token saved one target step).
+  // Speculative decoding: draft tokens the target verified for this request (proposed and in a
+  // step's batch), and of those the ones it accepted (each one saved a target step).
   int draft_tokens = 0;
   int accepted_tokens = 0;
   RequestTiming timing;

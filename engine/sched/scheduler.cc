@@ -1043,6 +1043,8 @@ void Scheduler::Verify(Sequence* s, size_t first_row, StepStats& stats) {
   }
   std::vector<int32_t> emitted;
   int tried = 0, accepted = 0;
+  s->draft_tokens += drafted;  // before Emit, which may end (and destroy) the sequence
+  stats.draft_tokens += drafted;
   bool live = true;  // still running (Emit did not finish it)
   bool go_on = true;
   for (int j = 0; j <= drafted && go_on; ++j) {
@@ -1064,14 +1066,10 @@ void Scheduler::Verify(Sequence* s, size_t first_row, StepStats& stats) {
     } else {
       v.token = s->sampler.Draw(target_dist_);  // all accepted: the bonus token
     }
-    if (j < drafted) {  // counted before Emit, which may end (and destroy) the sequence
-      ++s->draft_tokens;
-      s->accepted_tokens += v.accepted ? 1 : 0;
-    }
+    if (v.accepted) ++s->accepted_tokens;  // before Emit, as above
     live = Emit(s, v.token, &emitted);
     go_on = live && v.accepted;
   }
-  stats.draft_tokens += tried;
   stats.accepted_tokens += accepted;
   if (!live) return;  // finished: its blocks are gone
   FlushTokens(s, &emitted);

@@ -68,9 +68,11 @@ struct StepStats {
   // Speculative decoding in this step (docs/speculative.md). decode_tokens and the batch count
   // the draft rows too.
   int spec_sequences = 0;    // sequences that verified a draft
-  int draft_tokens = 0;      // draft tokens verified
+  int draft_tokens = 0;      // draft tokens in the batch (proposed and verified)
   int accepted_tokens = 0;   // of those, accepted
-  std::vector<int> drafted_at, accepted_at;  // by position in the draft (index 0 = first token)
+  // By position in the draft (index 0 = first token): drafts that reached the position (every
+  // position before it was accepted) and, of those, the ones accepted there.
+  std::vector<int> drafted_at, accepted_at;
   double draft_seconds = 0;  // in the drafter's Propose
 };
 

@@ -286,7 +286,9 @@ TEST_F(HttpServerTest, ChatNonStreamingMapsFieldsAndAnswersChatCompletion) {
   EXPECT_EQ(j["usage"], (json{{"prompt_tokens", 5},
                               {"completion_tokens", 4},
                               {"total_tokens", 9},
-                              {"prompt_tokens_details", {{"cached_tokens", 0}}}}));
+                              {"prompt_tokens_details", {{"cached_tokens", 0}}},
+                    {"completion_tokens_details",
+                     {{"accepted_prediction_tokens", 0}, {"rejected_prediction_tokens", 0}}}}));
 
   const ApiRequest a = LastRequest();
   EXPECT_EQ(a.model, "tiny-llama");
@@ -386,7 +388,9 @@ TEST_F(HttpServerTest, ChatStreamingWithUsage) {
       EXPECT_EQ(j["usage"], (json{{"prompt_tokens", 5},
                                   {"completion_tokens", 4},
                                   {"total_tokens", 9},
-                                  {"prompt_tokens_details", {{"cached_tokens", 0}}}}));
+                                  {"prompt_tokens_details", {{"cached_tokens", 0}}},
+                    {"completion_tokens_details",
+                     {{"accepted_prediction_tokens", 0}, {"rejected_prediction_tokens", 0}}}}));
     }
   }
   EXPECT_EQ(text, "Hello é");

@@ -107,6 +107,12 @@ int Main(int argc, char** argv) {
       app.add_option("--default-max-tokens", default_max_tokens, "max_tokens when unset");
   auto* o_max = app.add_option("--max-tokens-limit", max_tokens, "largest max_tokens allowed");
   auto* o_grace = app.add_option("--shutdown-grace", grace, "seconds streams get on SIGTERM");
+  std::string spec;
+  int spec_k = 0;
+  auto* o_spec = app.add_option("--spec", spec,
+                                "speculative decoding: off, ngram, self or a draft GGUF path "
+                                "(speculative.drafter; pd-prefill ignores it)");
+  auto* o_spec_k = app.add_option("--spec-k", spec_k, "the most draft tokens per step (1..16)");
   CLI11_PARSE(app, argc, argv);
 
   absl::StatusOr<ServeOptions> loaded =
@@ -122,6 +128,8 @@ int Main(int argc, char** argv) {
   if (o_backend->count()) o.model.backend = backend;
   if (o_ctx->count()) o.model.context = ctx;
   if (o_threads->count()) o.threads = threads;
+  if (o_spec->count()) o.speculative.drafter = spec;
+  if (o_spec_k->count()) o.speculative.max_k = spec_k;
   if (o_grpc_host->count()) o.grpc.host = grpc_host;
   if (o_grpc_port->count()) o.grpc.port = grpc_port;
   if (o_http_host->count()) o.http.host = http_host;

@@ -1,0 +1,331 @@
+#!/usr/bin/env python3
+"""Speculative decoding on pd-serve: tokens/s with and without each drafter, acceptance, tokens per
+verifying step against (1 - a^(K+1)) / (1 - a), where the time goes, and the draft's size and
+cost per token against the target's (docs/speculative.md, "Measured").
+
+For each thread count and workload, pd-serve runs once per system (`off` = no speculation, the
+reference measured in the same run; `ngram`; `self` or a draft path) and serves 1, 4 and 16
+concurrent streams; each stream sends its requests back to back (/v1/completions or
+/v1/chat/completions, greedy by default, ignore_eos so that every request generates max_tokens).
+Counters come from the server's /metrics, scraped before and after each measurement.
+
+Workloads (texts written for this benchmark):
+  repeat  a passage, then an instruction to copy it: the continuation quotes the prompt, what
+          n-gram lookup predicts (rewriting, quoting, code edits in real traffic);
+  free    story and essay openings to continue (a pretrained model's strength);
+  chat    questions through the chat template.
+
+Usage: .venv/bin/python bench/spec_decode/run.py [--threads 1,2] [--concurrency 1,4,16]
+       [--workloads repeat:off+ngram,free:off+ngram+self,chat:off+self] [--max-tokens 128]
+       [--out bench/results/spec_decode_DATE.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import datetime as dt
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+import benchlib  # noqa: E402
+
+PASSAGES = [
+    "The river town woke before the sun. Fishermen carried nets down the stone steps, bakers "
+    "pulled the first loaves from brick ovens, and the ferry bell rang twice to say the water was "
+    "calm enough to cross. By the time the light reached the market square, the stalls were full "
+    "of apples, onions, dried fish and bolts of blue cloth, and the old clock above the town hall "
+    "had been wound for another week.",
+    "To replace the filter, first switch off the pump and close both valves. Unscrew the housing "
+    "by turning it counterclockwise, lift out the old cartridge, and rinse the housing with clean "
+    "water. Insert the new cartridge with the arrow pointing toward the outlet, check that the "
+    "rubber seal sits flat in its groove, and screw the housing back on by hand. Open the valves "
+    "slowly, switch the pump on, and look for drips during the first ten minutes.",
+    "Photosynthesis takes place in the chloroplasts of plant cells. Light energy is absorbed by "
+    "chlorophyll and used to split water molecules, releasing oxygen. The energy is stored in two "
+    "carrier molecules, which then drive the fixation of carbon dioxide into sugars in a cycle of "
+    "reactions that does not need light directly. Most of the sugar is turned into starch for "
+    "storage or into cellulose for the cell walls.",
+    "Our quarterly meeting covered three topics. Sales in the northern region grew by eight "
+    "percent, mostly from the new line of garden tools. The warehouse move is delayed until "
+    "March because the loading bays at the new site are not finished. Finally, the team agreed to "
+    "test a four-day week in the support group for two months and to report the results at the "
+    "next meeting.",
+]
+
+OPENINGS = [
+    "Once upon a time, in a village at the edge of a great forest, there lived a girl who",
+    "The history of the bicycle begins in the early nineteenth century, when",
+    "When Maria opened the letter, she knew at once that her life in the city",
+    "The most important thing to understand about volcanoes is that",
+    "In the summer of 1969, the small town of Millbrook was preparing for",
+    "The old lighthouse keeper climbed the stairs every evening, and on this night",
+    "Learning to cook well starts with a few simple habits. The first is",
+    "The train left the station twenty minutes late, and the passengers in the last carriage",
+]
+
+QUESTIONS = [
+    "Write a short story about a cat who learns to swim.",
+    "Explain how a refrigerator keeps food cold.",
+    "What are three good habits for staying healthy?",
+    "Describe a walk through a busy market in the morning.",
+    "Why do leaves change colour in autumn?",
+    "Give me some tips for learning a new language.",
+]
+
+
+def workload_requests(name: str) -> list[dict]:
+    """The request bodies (without max_tokens / sampling) a stream cycles through."""
+    if name == "repeat":
+        return [{"api": "completions",
+                 "prompt": f"Passage:\n{p}\n\nThe same passage, copied word for word:\n"}
+                for p in PASSAGES]
+    if name == "free":
+        return [{"api": "completions", "prompt": o} for o in OPENINGS]
+    if name == "chat":
+        return [{"api": "chat", "messages": [{"role": "user", "content": q}]} for q in QUESTIONS]
+    raise ValueError(f"unknown workload {name}")
+
+
+def log(*a) -> None:
+    print(*a, file=sys.stderr, flush=True)
+
+
+def scrape(url: str) -> dict[str, float]:
+    """The pdserve_spec_* counters (and the generation counter) of a server's /metrics."""
+    out: dict[str, float] = {}
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("#"):
+                continue
+            m = re.match(r'^(pdserve_spec_\w+|pdserve_generation_tokens_total)(\{[^}]*\})? (\S+)$',
+                         line)
+            if m:
+                out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+    return out
+
+
+def post(url: str, body: dict, timeout: float) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def run_streams(url: str, reqs: list[dict], conc: int, per_stream: int, a) -> dict:
+    """conc streams, each sending per_stream requests back to back; totals and wall time."""
+    lock = threading.Lock()
+    totals = {"tokens": 0, "requests": 0, "accepted": 0, "rejected": 0}
+
+    def stream(i: int) -> None:
+        for j in range(per_stream):
+            base = reqs[(i * per_stream + j) % len(reqs)]
+            body = {"max_tokens": a.max_tokens, "temperature": a.temperature, "ignore_eos": True,
+                    "seed": 1000 * i + j}
+            if base["api"] == "chat":
+                body["messages"] = base["messages"]
+                path = "/v1/chat/completions"
+            else:
+                body["prompt"] = base["prompt"]
+                path = "/v1/completions"
+            r = post(url + path, body, timeout=600)
+            u = r["usage"]
+            d = u.get("completion_tokens_details") or {}
+            with lock:
+                totals["tokens"] += u["completion_tokens"]
+                totals["requests"] += 1
+                totals["accepted"] += d.get("accepted_prediction_tokens", 0)
+                totals["rejected"] += d.get("rejected_prediction_tokens", 0)
+
+    t0 = time.time()
+    with cf.ThreadPoolExecutor(conc) as ex:
+        list(ex.map(stream, range(conc)))
+    totals["seconds"] = time.time() - t0
+    return totals
+
+
+def measure(system: str, workload: str, threads: int, a, workdir: Path) -> list[dict]:
+    port = benchlib.free_port()
+    args = [str(ROOT / "build/bin/pd-serve"), "--http-port", str(port), "--no-grpc",
+            "--threads", str(threads), "--spec", system, "--spec-k", str(a.spec_k),
+            "--max-running-seqs", "32", "--kv-mib", "512"]
+    if a.model:
+        args += ["-m", a.model]
+    logfile = workdir / f"pd-serve-{system.replace('/', '_')}-{workload}-t{threads}.log"
+    server = benchlib.ServerProcess(system, args, port, logfile, cwd=ROOT)
+    rows = []
+    try:
+        server.ready(900)  # a self-draft may be built on first use
+        reqs = workload_requests(workload)
+        run_streams(server.url, reqs, 1, 1, a)  # warm-up (page cache, the draft's first prompt)
+        for conc in a.concurrency:
+            per_stream = max(a.requests_per_stream, math.ceil(a.min_requests / conc))
+            before = scrape(server.url)
+            t = run_streams(server.url, reqs, conc, per_stream, a)
+            after = scrape(server.url)
+            delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+            rows.append({"system": system, "workload": workload, "threads": threads,
+                         "concurrency": conc, "tok_s": t["tokens"] / t["seconds"], **t,
+                         "metrics": delta})
+            log(f"  {workload:6} {system:10} t={threads} conc={conc:2}: "
+                f"{t['tokens'] / t['seconds']:7.1f} tok/s ({t['requests']} requests, "
+                f"{t['seconds']:.1f} s)")
+    finally:
+        server.stop()
+    return rows
+
+
+def spec_figures(m: dict) -> dict:
+    drafts = m.get("pdserve_spec_drafts_total", 0)
+    drafted = m.get("pdserve_spec_draft_tokens_total", 0)
+    accepted = m.get("pdserve_spec_accepted_tokens_total", 0)
+    reached = sum(v for k, v in m.items() if k.startswith("pdserve_spec_position_drafted_total"))
+    acc_pos = sum(v for k, v in m.items() if k.startswith("pdserve_spec_position_accepted_total"))
+    if drafts <= 0:
+        return {"drafts": 0}
+    a = acc_pos / reached if reached else 0.0  # per-position acceptance (geometric model)
+    k = drafted / drafts
+    formula = (k + 1) if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+    return {"drafts": drafts, "drafted": drafted, "accepted": accepted, "a": a, "k": k,
+            "per_step": (accepted + drafts) / drafts, "formula": formula,
+            "draft_s": m.get("pdserve_spec_draft_seconds_total", 0)}
+
+
+def model_costs(a, draft_path: str | None) -> list[dict]:
+    """File size and single-sequence decode speed (pdctl bench --tg) of the target and draft."""
+    out = []
+    model = a.model or str(ROOT / "models/gemma-3-270m-q4_k_m.gguf")
+    for name, path in [("target", model), ("draft", draft_path)]:
+        if not path or not Path(path).exists():
+            continue
+        for threads in a.threads:
+            r = subprocess.run([str(ROOT / "build/bin/pdctl"), "bench", "-m", path, "-t",
+                                str(threads), "--pp", "16", "--tg", "64", "-r", "3"],
+                               capture_output=True, text=True, cwd=ROOT, timeout=600)
+            try:
+                j = json.loads(r.stdout[r.stdout.index("{"):])
+            except ValueError:
+                log(f"pdctl bench {path} failed: {r.stderr[-400:]}")
+                continue
+            out.append({"model": name, "path": path, "threads": threads,
+                        "file_mib": Path(path).stat().st_size / 2**20,
+                        "weights_mib": j.get("weights_bytes", 0) / 2**20,
+                        "tg_tok_s": j.get("tg_tok_s"), "kernels": j.get("kernels")})
+    return out
+
+
+def find_self_draft(a) -> str | None:
+    model = Path(a.model or ROOT / "models/gemma-3-270m-q4_k_m.gguf")
+    beside = model.with_name(model.stem + ".draft.gguf")
+    if beside.exists():
+        return str(beside)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pdserve/drafts"
+    hits = sorted(cache.glob(f"{model.stem}-*.draft.gguf"))
+    return str(hits[-1]) if hits else None
+
+
+def report(rows: list[dict], costs: list[dict], a, argv: str) -> str:
+    lines = [f"# Speculative decoding on pd-serve, {dt.date.today()}", "",
+             f"- Machine: {benchlib.machine()}",
+             f"- Command: `{argv}`",
+             f"- Model: {a.model or 'models/gemma-3-270m-q4_k_m.gguf'}; greedy "
+             f"(temperature {a.temperature}), max_tokens {a.max_tokens}, ignore_eos; "
+             f"--spec-k {a.spec_k}; each stream sends its requests back to back "
+             f"(at least {a.min_requests} requests per measurement).",
+             "- `off` is the reference, measured in the same run on the same server binary; "
+             "ratio = tokens/s with the drafter / without.",
+             "- a = accepted / reached draft positions; K = mean draft length; per step = "
+             "tokens emitted per verifying step, (accepted + drafts) / drafts; formula = "
+             "(1 - a^(K+1)) / (1 - a); draft time = share of the wall time spent in the drafter.",
+             ""]
+    if costs:
+        lines += ["## Draft and target", "",
+                  "| model | threads | file MiB | weights MiB | decode tok/s (1 sequence) | "
+                  "ms/token | cost vs target | kernels |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        tgt = {c["threads"]: c for c in costs if c["model"] == "target"}
+        for c in costs:
+            ms = 1000 / c["tg_tok_s"] if c["tg_tok_s"] else float("nan")
+            t = tgt.get(c["threads"])
+            rel = (t["tg_tok_s"] / c["tg_tok_s"]) if t and c["tg_tok_s"] else float("nan")
+            lines.append(f"| {c['model']} ({Path(c['path']).name}) | {c['threads']} | "
+                         f"{c['file_mib']:.1f} | {c['weights_mib']:.1f} | {c['tg_tok_s']:.1f} | "
+                         f"{ms:.2f} | {rel:.2f} | {c['kernels']} |")
+        lines.append("")
+    lines += ["## Throughput", "",
+              "| workload | drafter | threads | streams | tok/s off | tok/s with | ratio | a | K | "
+              "per step | formula | draft time |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    base = {(r["workload"], r["threads"], r["concurrency"]): r for r in rows
+            if r["system"] == "off"}
+    for r in rows:
+        if r["system"] == "off":
+            continue
+        b = base.get((r["workload"], r["threads"], r["concurrency"]))
+        f = spec_figures(r["metrics"])
+        ratio = r["tok_s"] / b["tok_s"] if b else float("nan")
+        if f["drafts"]:
+            sf = (f"{f['a']:.2f} | {f['k']:.2f} | {f['per_step']:.2f} | {f['formula']:.2f} | "
+                  f"{100 * f['draft_s'] / r['seconds']:.0f} %")
+        else:
+            sf = "- | - | - | - | 0 %"
+        lines.append(f"| {r['workload']} | {r['system']} | {r['threads']} | {r['concurrency']} | "
+                     f"{b['tok_s'] if b else float('nan'):.1f} | {r['tok_s']:.1f} | "
+                     f"**{ratio:.2f}x** | {sf} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="")
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--concurrency", default="1,4,16")
+    p.add_argument("--workloads", default="repeat:off+ngram,free:off+ngram+self,chat:off+self",
+                   help="WORKLOAD:SYSTEM+SYSTEM,... ; a system is off, ngram, self or a path")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--spec-k", type=int, default=8)
+    p.add_argument("--requests-per-stream", type=int, default=2)
+    p.add_argument("--min-requests", type=int, default=8)
+    p.add_argument("--out", default="")
+    p.add_argument("--json", default="")
+    a = p.parse_args()
+    a.threads = [int(x) for x in a.threads.split(",")]
+    a.concurrency = [int(x) for x in a.concurrency.split(",")]
+    plan = []
+    for item in a.workloads.split(","):
+        w, systems = item.split(":")
+        plan.append((w, systems.split("+")))
+    workdir = ROOT / "build/bench_spec_decode"
+    workdir.mkdir(parents=True, exist_ok=True)
+    log(benchlib.machine())
+    rows = []
+    for threads in a.threads:
+        for w, systems in plan:
+            for s in systems:
+                rows += measure(s, w, threads, a, workdir)
+    uses_self = any("self" in systems for _, systems in plan)
+    paths = [s for _, systems in plan for s in systems if s not in ("off", "ngram", "self")]
+    draft = find_self_draft(a) if uses_self else (paths[0] if paths else None)
+    costs = model_costs(a, draft)
+    text = report(rows, costs, a, "python " + " ".join(sys.argv))
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text)
+    if a.json:
+        Path(a.json).write_text(json.dumps({"rows": rows, "costs": costs}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
