@@ -267,6 +267,9 @@ absl::Status ServeOptions::Validate() const {
       Check(sp.max_k >= 1 && sp.max_k <= 16, "speculative.max_k", "must be in [1, 16]", sp.max_k));
   PD_RETURN_IF_ERROR(
       Check(sp.min_gain > 0, "speculative.min_gain", "must be > 0", sp.min_gain));
+  PD_RETURN_IF_ERROR(Check(sp.fixed_k >= 0 && sp.fixed_k <= sp.max_k, "speculative.fixed_k",
+                           StrCat("must be in [0, speculative.max_k (", sp.max_k, ")]"),
+                           sp.fixed_k));
   PD_RETURN_IF_ERROR(
       Check(sp.ngram_min >= 1, "speculative.ngram_min", "must be >= 1", sp.ngram_min));
   PD_RETURN_IF_ERROR(Check(sp.ngram_max >= sp.ngram_min, "speculative.ngram_max",
@@ -405,6 +408,7 @@ absl::StatusOr<ServeOptions> ParseServeOptions(std::string_view yaml, std::strin
       sp.Get("drafter", &o.speculative.drafter);
       sp.Get("max_k", &o.speculative.max_k);
       sp.Get("min_gain", &o.speculative.min_gain);
+      sp.Get("fixed_k", &o.speculative.fixed_k);
       sp.Get("ngram_min", &o.speculative.ngram_min);
       sp.Get("ngram_max", &o.speculative.ngram_max);
       sp.Get("draft_kv_mib", &o.speculative.draft_kv_mib);

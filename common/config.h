@@ -69,7 +69,10 @@ struct SpeculativeConfigOptions {
   // the model or in ~/.cache/pdserve/drafts, built there on first use) | a draft GGUF's path.
   std::string drafter = "ngram";
   int max_k = 8;            // draft tokens per sequence and step, 1..16; K adapts below it
-  double min_gain = 1.05;   // a sequence drafts only when the step's tokens/s gain this factor
+  // A draft qualifies only when its own return (extra tokens per extra second) beats the step's
+  // tokens per second by this factor: the margin for what the cost model does not see.
+  double min_gain = 1.25;
+  int fixed_k = 0;          // > 0: every sequence drafts this many each step (benchmarks); 0: adaptive
   int ngram_min = 2;        // ngram: shortest suffix matched
   int ngram_max = 4;        // ngram: longest
   int64_t draft_kv_mib = 128;  // draft model: its own KV cache

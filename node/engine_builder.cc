@@ -166,6 +166,7 @@ absl::StatusOr<ServingEngine> BuildServingEngine(const ServeOptions& o,
                                      *built.backend, o.threads));
     so.speculative.max_k = o.speculative.max_k;
     so.speculative.min_gain = o.speculative.min_gain;
+    so.speculative.fixed_k = o.speculative.fixed_k;
   }
   if (metrics != nullptr) {
     so.step_observer = [metrics](const engine::StepStats& s) {

@@ -3,9 +3,10 @@
 verifying step against (1 - a^(K+1)) / (1 - a), where the time goes, and the draft's size and
 cost per token against the target's (docs/speculative.md, "Measured").
 
-For each thread count and workload, pd-serve runs once per system (`off` = no speculation, the
-reference measured in the same run; `ngram`; `self` or a draft path) and serves 1, 4 and 16
-concurrent streams; each stream sends its requests back to back (/v1/completions or
+For each thread count, workload and drafter (`ngram`, `self` or a draft path), one pd-serve runs
+and serves 1, 4 and 16 concurrent streams, alternating rounds without speculation (the requests
+send `speculative: false`: the reference, on the same process) and with it; each stream sends its
+requests back to back (/v1/completions or
 /v1/chat/completions, greedy by default, ignore_eos so that every request generates max_tokens).
 Counters come from the server's /metrics, scraped before and after each measurement.
 
@@ -16,8 +17,8 @@ Workloads (texts written for this benchmark):
   chat    questions through the chat template.
 
 Usage: .venv/bin/python bench/spec_decode/run.py [--threads 1,2] [--concurrency 1,4,16]
-       [--workloads repeat:off+ngram,free:off+ngram+self,chat:off+self] [--max-tokens 128]
-       [--out bench/results/spec_decode_DATE.md]
+       [--workloads repeat:ngram,free:ngram+self,chat:ngram+self] [--max-tokens 128]
+       [--rounds 2] [--out bench/results/spec_decode_DATE.md]
 """
 
 from __future__ import annotations
@@ -122,7 +123,8 @@ def post(url: str, body: dict, timeout: float) -> dict:
         return json.loads(r.read())
 
 
-def run_streams(url: str, reqs: list[dict], conc: int, per_stream: int, a) -> dict:
+def run_streams(url: str, reqs: list[dict], conc: int, per_stream: int, a,
+                speculative: bool = True) -> dict:
     """conc streams, each sending per_stream requests back to back; totals and wall time."""
     lock = threading.Lock()
     totals = {"tokens": 0, "requests": 0, "accepted": 0, "rejected": 0}
@@ -131,7 +133,7 @@ def run_streams(url: str, reqs: list[dict], conc: int, per_stream: int, a) -> di
         for j in range(per_stream):
             base = reqs[(i * per_stream + j) % len(reqs)]
             body = {"max_tokens": a.max_tokens, "temperature": a.temperature, "ignore_eos": True,
-                    "seed": 1000 * i + j}
+                    "seed": 1000 * i + j, "speculative": speculative}
             if base["api"] == "chat":
                 body["messages"] = base["messages"]
                 path = "/v1/chat/completions"
@@ -156,9 +158,14 @@ def run_streams(url: str, reqs: list[dict], conc: int, per_stream: int, a) -> di
 
 def measure(system: str, workload: str, threads: int, a, workdir: Path) -> list[dict]:
     port = benchlib.free_port()
+    # DRAFTER@K: a fixed draft length K (speculative.fixed_k) instead of the adaptive one.
+    drafter, _, fixed = system.partition("@")
+    config = workdir / f"spec-{system.replace('/', '_')}.yaml"
+    config.write_text(f"speculative:\n  fixed_k: {int(fixed or 0)}\n")
     args = [str(ROOT / "build/bin/pd-serve"), "--http-port", str(port), "--no-grpc",
-            "--threads", str(threads), "--spec", system, "--spec-k", str(a.spec_k),
-            "--max-running-seqs", "32", "--kv-mib", "512"]
+            "--config", str(config), "--threads", str(threads), "--spec", drafter,
+            "--spec-k", str(max(a.spec_k, int(fixed or 0))), "--max-running-seqs", "32",
+            "--kv-mib", "512"]
     if a.model:
         args += ["-m", a.model]
     logfile = workdir / f"pd-serve-{system.replace('/', '_')}-{workload}-t{threads}.log"
@@ -168,18 +175,32 @@ def measure(system: str, workload: str, threads: int, a, workdir: Path) -> list[
         server.ready(900)  # a self-draft may be built on first use
         reqs = workload_requests(workload)
         run_streams(server.url, reqs, 1, 1, a)  # warm-up (page cache, the draft's first prompt)
+        run_streams(server.url, reqs, 1, 1, a, speculative=False)
         for conc in a.concurrency:
+            # Without and with speculation on the same server, alternating (the request's
+            # `speculative` flag): both see the same process, memory and machine noise.
             per_stream = max(a.requests_per_stream, math.ceil(a.min_requests / conc))
-            before = scrape(server.url)
-            t = run_streams(server.url, reqs, conc, per_stream, a)
-            after = scrape(server.url)
-            delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+            sums = {False: {"tokens": 0, "seconds": 0.0, "requests": 0},
+                    True: {"tokens": 0, "seconds": 0.0, "requests": 0}}
+            delta: dict[str, float] = {}
+            for _ in range(a.rounds):
+                for spec in (False, True):
+                    before = scrape(server.url)
+                    t = run_streams(server.url, reqs, conc, per_stream, a, speculative=spec)
+                    after = scrape(server.url)
+                    for k in ("tokens", "seconds", "requests"):
+                        sums[spec][k] += t[k]
+                    if spec:
+                        for k in after:
+                            delta[k] = delta.get(k, 0) + after.get(k, 0) - before.get(k, 0)
+            off, on = sums[False], sums[True]
             rows.append({"system": system, "workload": workload, "threads": threads,
-                         "concurrency": conc, "tok_s": t["tokens"] / t["seconds"], **t,
-                         "metrics": delta})
+                         "concurrency": conc, "tok_s": on["tokens"] / on["seconds"],
+                         "tok_s_off": off["tokens"] / off["seconds"], "seconds": on["seconds"],
+                         "requests": on["requests"], "metrics": delta})
             log(f"  {workload:6} {system:10} t={threads} conc={conc:2}: "
-                f"{t['tokens'] / t['seconds']:7.1f} tok/s ({t['requests']} requests, "
-                f"{t['seconds']:.1f} s)")
+                f"{off['tokens'] / off['seconds']:7.1f} -> {on['tokens'] / on['seconds']:7.1f} "
+                f"tok/s ({on['requests']} requests each way)")
     finally:
         server.stop()
     return rows
@@ -217,10 +238,13 @@ def model_costs(a, draft_path: str | None) -> list[dict]:
             except ValueError:
                 log(f"pdctl bench {path} failed: {r.stderr[-400:]}")
                 continue
+            tg = j.get("tg_tok_s")
+            if isinstance(tg, list):  # one figure per repetition: the median
+                tg = sorted(tg)[len(tg) // 2] if tg else None
             out.append({"model": name, "path": path, "threads": threads,
                         "file_mib": Path(path).stat().st_size / 2**20,
                         "weights_mib": j.get("weights_bytes", 0) / 2**20,
-                        "tg_tok_s": j.get("tg_tok_s"), "kernels": j.get("kernels")})
+                        "tg_tok_s": tg, "kernels": j.get("kernels")})
     return out
 
 
@@ -242,7 +266,8 @@ def report(rows: list[dict], costs: list[dict], a, argv: str) -> str:
              f"(temperature {a.temperature}), max_tokens {a.max_tokens}, ignore_eos; "
              f"--spec-k {a.spec_k}; each stream sends its requests back to back "
              f"(at least {a.min_requests} requests per measurement).",
-             "- `off` is the reference, measured in the same run on the same server binary; "
+             "- The reference (tok/s off) is measured on the same server, alternating with the "
+             f"speculative runs ({a.rounds} rounds of each; requests send `speculative: false`); "
              "ratio = tokens/s with the drafter / without.",
              "- a = accepted / reached draft positions; K = mean draft length; per step = "
              "tokens emitted per verifying step, (accepted + drafts) / drafts; formula = "
@@ -265,21 +290,16 @@ def report(rows: list[dict], costs: list[dict], a, argv: str) -> str:
               "| workload | drafter | threads | streams | tok/s off | tok/s with | ratio | a | K | "
               "per step | formula | draft time |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    base = {(r["workload"], r["threads"], r["concurrency"]): r for r in rows
-            if r["system"] == "off"}
     for r in rows:
-        if r["system"] == "off":
-            continue
-        b = base.get((r["workload"], r["threads"], r["concurrency"]))
         f = spec_figures(r["metrics"])
-        ratio = r["tok_s"] / b["tok_s"] if b else float("nan")
+        ratio = r["tok_s"] / r["tok_s_off"]
         if f["drafts"]:
             sf = (f"{f['a']:.2f} | {f['k']:.2f} | {f['per_step']:.2f} | {f['formula']:.2f} | "
                   f"{100 * f['draft_s'] / r['seconds']:.0f} %")
         else:
             sf = "- | - | - | - | 0 %"
         lines.append(f"| {r['workload']} | {r['system']} | {r['threads']} | {r['concurrency']} | "
-                     f"{b['tok_s'] if b else float('nan'):.1f} | {r['tok_s']:.1f} | "
+                     f"{r['tok_s_off']:.1f} | {r['tok_s']:.1f} | "
                      f"**{ratio:.2f}x** | {sf} |")
     lines.append("")
     return "\n".join(lines)
@@ -290,15 +310,19 @@ def main() -> int:
     p.add_argument("--model", default="")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--concurrency", default="1,4,16")
-    p.add_argument("--workloads", default="repeat:off+ngram,free:off+ngram+self,chat:off+self",
-                   help="WORKLOAD:SYSTEM+SYSTEM,... ; a system is off, ngram, self or a path")
+    p.add_argument("--workloads", default="repeat:ngram,free:ngram+self,chat:ngram+self",
+                   help="WORKLOAD:DRAFTER+DRAFTER,... ; a drafter is ngram, self or a path, "
+                        "with @K for a fixed draft length (self@2)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="alternations of without / with speculation per measurement")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--spec-k", type=int, default=8)
     p.add_argument("--requests-per-stream", type=int, default=2)
     p.add_argument("--min-requests", type=int, default=8)
     p.add_argument("--out", default="")
-    p.add_argument("--json", default="")
+    p.add_argument("--json", default="", help="also write the raw rows here (written first)")
+    p.add_argument("--from-json", default="", help="only render the report of an earlier --json")
     a = p.parse_args()
     a.threads = [int(x) for x in a.threads.split(",")]
     a.concurrency = [int(x) for x in a.concurrency.split(",")]
@@ -306,6 +330,13 @@ def main() -> int:
     for item in a.workloads.split(","):
         w, systems = item.split(":")
         plan.append((w, systems.split("+")))
+    if a.from_json:
+        saved = json.loads(Path(a.from_json).read_text())
+        text = report(saved["rows"], saved["costs"], a, saved.get("argv", ""))
+        print(text)
+        if a.out:
+            Path(a.out).write_text(text)
+        return 0
     workdir = ROOT / "build/bench_spec_decode"
     workdir.mkdir(parents=True, exist_ok=True)
     log(benchlib.machine())
@@ -314,16 +345,20 @@ def main() -> int:
         for w, systems in plan:
             for s in systems:
                 rows += measure(s, w, threads, a, workdir)
-    uses_self = any("self" in systems for _, systems in plan)
-    paths = [s for _, systems in plan for s in systems if s not in ("off", "ngram", "self")]
+    uses_self = any(s.split("@")[0] == "self" for _, systems in plan for s in systems)
+    paths = [s.split("@")[0] for _, systems in plan for s in systems
+             if s.split("@")[0] not in ("ngram", "self")]
     draft = find_self_draft(a) if uses_self else (paths[0] if paths else None)
+    argv = "python " + " ".join(sys.argv)
+    if a.json:
+        Path(a.json).write_text(json.dumps({"rows": rows, "argv": argv}, indent=1))
     costs = model_costs(a, draft)
-    text = report(rows, costs, a, "python " + " ".join(sys.argv))
+    if a.json:
+        Path(a.json).write_text(json.dumps({"rows": rows, "costs": costs, "argv": argv}, indent=1))
+    text = report(rows, costs, a, argv)
     print(text)
     if a.out:
         Path(a.out).write_text(text)
-    if a.json:
-        Path(a.json).write_text(json.dumps({"rows": rows, "costs": costs}, indent=1))
     return 0
 
 

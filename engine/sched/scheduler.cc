@@ -735,9 +735,11 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
       // A draft step serves every drafting sequence at once: its cost is shared by all that
       // may draft in this step.
       const double draft_row_s =
-          so.drafter->StepSeconds(static_cast<int>(order.size())) / static_cast<double>(order.size());
+          so.drafter->StepSeconds(static_cast<int>(order.size())) /
+              static_cast<double>(order.size()) +
+          verify_row_seconds_;
       k = spec::ChooseK(step, *spec_cost_, s->acceptance.rate(), limit, draft_row_s,
-                        so.min_gain);
+                        so.min_gain, so.drafter->CatchUpSeconds(s->kv_id, s->tokens));
     }
     if (k <= 0) {
       s->acceptance.Idle();
@@ -1030,6 +1032,7 @@ void Scheduler::FlushTokens(Sequence* s, std::vector<int32_t>* emitted) {
 }
 
 void Scheduler::Verify(Sequence* s, size_t first_row, StepStats& stats) {
+  const absl::Time t0 = absl::Now();
   const int drafted = s->spec_rows;
   const std::vector<int32_t> draft = std::move(s->draft.draft);
   const std::vector<TokenDist> q = std::move(s->draft.q);
@@ -1071,6 +1074,9 @@ void Scheduler::Verify(Sequence* s, size_t first_row, StepStats& stats) {
     go_on = live && v.accepted;
   }
   stats.accepted_tokens += accepted;
+  // The work beyond the one token a plain step samples, per draft token.
+  const double per_row = absl::ToDoubleSeconds(absl::Now() - t0) / (tried + 1);
+  verify_row_seconds_ = verify_row_seconds_ == 0 ? per_row : 0.9 * verify_row_seconds_ + 0.1 * per_row;
   if (!live) return;  // finished: its blocks are gone
   FlushTokens(s, &emitted);
   s->acceptance.Observe(tried, accepted);

@@ -86,9 +86,9 @@ using StepObserver = std::function<void(const StepStats&)>;
 struct SpeculativeOptions {
   std::shared_ptr<spec::Drafter> drafter;  // null: no speculation
   int max_k = 8;                           // draft tokens per sequence and step, 0..16
-  // A sequence drafts only when the expected tokens per second of the step improve by this
-  // factor (spec::ChooseK).
-  double min_gain = 1.05;
+  // A draft qualifies only when its own return (extra tokens per extra second) beats the step's
+  // tokens per second by this factor (spec::ChooseK).
+  double min_gain = 1.25;
   // > 0: every speculating sequence asks for exactly this many draft tokens each step, whatever
   // the cost model says (tests, benchmarks of a fixed K). 0: adaptive.
   int fixed_k = 0;
@@ -363,6 +363,9 @@ class Scheduler final : public GenerationEngine {
   StepTimeModel step_time_;  // step cost fit for the step-time budget
   std::optional<spec::SpecCost> spec_cost_;  // target step seconds by rows (speculation on)
   TokenDist target_dist_;                    // scratch: p in verification
+  // Seconds the verification of one draft token takes on the engine thread (its row's target
+  // distribution, the rule), a running average: part of a draft token's cost in ChooseK.
+  double verify_row_seconds_ = 0;
 
   mutable absl::Mutex mu_;
   absl::CondVar wake_;

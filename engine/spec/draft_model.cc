@@ -83,6 +83,21 @@ bool DraftModelDrafter::Reserve(int64_t seq, int n_tokens,
   return true;
 }
 
+double DraftModelDrafter::CatchUpSeconds(int64_t seq, absl::Span<const int32_t> tokens) const {
+  auto it = states_.find(seq);
+  const std::vector<int32_t>* computed = it == states_.end() ? nullptr : &it->second->computed;
+  const size_t n = tokens.empty() ? 0 : tokens.size() - 1;  // the last one is fed with the draft
+  size_t keep = 0;
+  if (computed != nullptr) {
+    const size_t lim = std::min(computed->size(), n);
+    while (keep < lim && (*computed)[keep] == tokens[keep]) ++keep;
+  }
+  // Rows beyond the one a draft step feeds anyway (a new sequence may hit the draft cache's
+  // prefix cache: this is an upper bound then).
+  const size_t rows = n - keep;
+  return rows == 0 ? 0 : cost_.Seconds(static_cast<double>(rows) + 1) - cost_.Seconds(1);
+}
+
 void DraftModelDrafter::Release(int64_t seq) {
   kv_->Free(seq);
   states_.erase(seq);

@@ -55,6 +55,9 @@ class DraftModelDrafter final : public Drafter {
   absl::Status Propose(absl::Span<DraftRequest* const> requests) override;
   void Release(int64_t seq) override;
   double StepSeconds(int rows) const override { return cost_.Seconds(rows); }
+  // The rows its cache lacks for `tokens` (past the common prefix with what it computed), as a
+  // forward of that many rows: a sequence that has not drafted for a while pays for them.
+  double CatchUpSeconds(int64_t seq, absl::Span<const int32_t> tokens) const override;
 
   const Model& model() const { return *model_; }
   const SpecCost& cost() const { return cost_; }

@@ -45,6 +45,12 @@ class Drafter {
   // Seconds of one draft step proposing one token for each of `rows` sequences; 0 for a drafter
   // that costs nothing next to a target step (n-gram lookup). Measured by the drafter.
   virtual double StepSeconds(int rows) const { return 0; }
+  // Seconds of work the drafter must do for sequence `seq` (tokens as in DraftRequest) before it
+  // can propose: a draft model catching up on the tokens decoded since its last draft. 0 for a
+  // drafter that keeps no state.
+  virtual double CatchUpSeconds(int64_t seq, absl::Span<const int32_t> tokens) const {
+    return 0;
+  }
 };
 
 }  // namespace pd::engine::spec

@@ -69,20 +69,24 @@ double ExpectedTokens(double a, int k) {
 }
 
 int ChooseK(StepEstimate& step, const SpecCost& cost, double a, int limit,
-            double draft_row_seconds, double min_gain) {
+            double draft_row_seconds, double min_gain, double fixed_seconds) {
   if (limit <= 0 || step.seconds <= 0) return 0;
   const double base = step.tokens / step.seconds;  // tokens per second without this draft
-  double best = base * min_gain;
+  double best = base;
   int k = 0;
   double best_extra = 0;
   for (int kk = 1; kk <= limit; ++kk) {
-    const double extra_s =
-        cost.Seconds(step.rows + kk) - step.seconds + kk * std::max(0.0, draft_row_seconds);
-    const double rate = (step.tokens + ExpectedTokens(a, kk) - 1) / (step.seconds + extra_s);
+    const double extra_s = cost.Seconds(step.rows + kk) - step.seconds +
+                           kk * std::max(0.0, draft_row_seconds) + std::max(0.0, fixed_seconds);
+    const double gained = ExpectedTokens(a, kk) - 1;  // tokens beyond the plain step's one
+    // The draft's own return (its extra tokens per extra second) must beat the step's rate by
+    // min_gain; among those, the k that makes the step's rate highest.
+    if (extra_s > 0 && gained / extra_s < min_gain * base) continue;
+    const double rate = (step.tokens + gained) / (step.seconds + std::max(0.0, extra_s));
     if (rate > best) {
       best = rate;
       k = kk;
-      best_extra = extra_s;
+      best_extra = std::max(0.0, extra_s);
     }
   }
   if (k > 0) {

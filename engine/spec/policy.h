@@ -65,11 +65,12 @@ struct StepEstimate {
 };
 
 // The draft length in [0, limit] for one more sequence of the step `step`, with acceptance rate
-// a: the k that maximises the step's expected tokens per second, where k rows cost
-// cost.Seconds(rows + k) - cost.Seconds(rows) plus k * draft_row_seconds of draft work and yield
-// ExpectedTokens(a, k) - 1 extra tokens. 0 unless that beats the step without the draft by
-// min_gain. A chosen k is added to `step`.
+// a: k draft rows cost cost.Seconds(rows + k) - cost.Seconds(rows), plus k * draft_row_seconds
+// of draft work, plus `fixed_seconds` once (a draft model catching up on the sequence), and
+// yield ExpectedTokens(a, k) - 1 extra tokens. Only a k whose own return (extra tokens per extra
+// second) beats the step's tokens per second by min_gain qualifies; of those, the one that makes
+// the step's expected tokens per second highest. 0 when none. A chosen k is added to `step`.
 int ChooseK(StepEstimate& step, const SpecCost& cost, double a, int limit,
-            double draft_row_seconds, double min_gain);
+            double draft_row_seconds, double min_gain, double fixed_seconds = 0);
 
 }  // namespace pd::engine::spec

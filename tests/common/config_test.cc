@@ -117,6 +117,8 @@ scheduler:
   priority: false
 kv: {dtype: int8, memory_mib: 64, block_size: 32}
 prefix_cache: {enabled: false, min_free_blocks: 5, summary_blocks: 10}
+speculative: {drafter: self, max_k: 4, min_gain: 1.2, fixed_k: 2, ngram_min: 1, ngram_max: 3,
+              draft_kv_mib: 32}
 limits: {default_max_tokens: 16, max_tokens: 128, max_body_bytes: 4096, max_stop: 2}
 shutdown_grace_s: 0.5
 )",
@@ -151,6 +153,13 @@ shutdown_grace_s: 0.5
   EXPECT_FALSE(o->prefix_cache.enabled);
   EXPECT_EQ(o->prefix_cache.min_free_blocks, 5);
   EXPECT_EQ(o->prefix_cache.summary_blocks, 10);
+  EXPECT_EQ(o->speculative.drafter, "self");
+  EXPECT_EQ(o->speculative.max_k, 4);
+  EXPECT_DOUBLE_EQ(o->speculative.min_gain, 1.2);
+  EXPECT_EQ(o->speculative.fixed_k, 2);
+  EXPECT_EQ(o->speculative.ngram_min, 1);
+  EXPECT_EQ(o->speculative.ngram_max, 3);
+  EXPECT_EQ(o->speculative.draft_kv_mib, 32);
   EXPECT_EQ(o->limits.default_max_tokens, 16);
   EXPECT_EQ(o->limits.max_tokens, 128);
   EXPECT_EQ(o->limits.max_body_bytes, 4096);
@@ -200,6 +209,13 @@ TEST(ConfigTest, ValidateNamesTheField) {
   bad("kv: {block_size: 0}", "kv.block_size");
   bad("prefix_cache: {min_free_blocks: -1}", "prefix_cache.min_free_blocks");
   bad("prefix_cache: {summary_blocks: -2}", "prefix_cache.summary_blocks");
+  bad("speculative: {drafter: ''}", "speculative.drafter");
+  bad("speculative: {max_k: 0}", "speculative.max_k");
+  bad("speculative: {max_k: 17}", "speculative.max_k");
+  bad("speculative: {fixed_k: 9}", "speculative.fixed_k");
+  bad("speculative: {ngram_min: 3, ngram_max: 2}", "speculative.ngram_max");
+  bad("speculative: {draft_kv_mib: 0}", "speculative.draft_kv_mib");
+  bad("speculative: {k: 3}", "speculative.k");
   bad("prefix_cache: {enable: true}", "prefix_cache.enable");
   bad("prefix_cache: {compress_idle_ms: -1}", "prefix_cache.compress_idle_ms");
   bad("kv: {dtype: int8}\nprefix_cache: {compress_idle_ms: 100}", "prefix_cache.compress_idle_ms");

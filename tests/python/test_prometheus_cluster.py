@@ -194,3 +194,23 @@ def test_recording_rules_have_data(scraped: str):
                  "pool:pdserve_e2e_request_latency_seconds:p50_rate5m",
                  "pool:pdserve_generation_tokens:rate1m", "pool:pdserve_kv_usage:ratio"):
         assert query(scraped, rule), rule
+
+
+def test_decode_node_speculates(cluster, scraped: str):
+    """The decode node runs speculative decoding (the default n-gram drafter) on a request the
+    router disaggregated: the client's usage counts accepted drafts and Prometheus sees the
+    decode pool's pdserve_spec_* counters (docs/speculative.md)."""
+    targets, _ = cluster
+    (router,) = targets["router"]
+    body = json.dumps({"prompt": "One, two, three, four, five, six, seven, eight, nine, ten,",
+                       "max_tokens": 40, "temperature": 0, "ignore_eos": True}).encode()
+    req = urllib.request.Request(f"http://{router}/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        usage = json.loads(r.read())["usage"]
+    assert usage["completion_tokens"] == 40
+    assert usage["completion_tokens_details"]["accepted_prediction_tokens"] > 0, usage
+    wait_for("the decode pool's accepted drafts in Prometheus",
+             lambda: query(scraped, 'sum(pdserve_spec_accepted_tokens_total{pool="decode"}) > 0'),
+             timeout=30)
+    assert not query(scraped, 'sum(pdserve_spec_drafts_total{pool="prefill"}) > 0')

@@ -23,6 +23,8 @@
 #include "engine/model/vocab_match.h"
 #include "engine/quant/quantize/quantize_model.h"
 #include "engine/runtime/model.h"
+#include "engine/sched/scheduler.h"
+#include "engine/spec/draft_model.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "tests/testing/tiny_model.h"
 
@@ -282,6 +284,90 @@ TEST_F(DraftModelTest, QuantizeDraftWritesLoadsAndRuns) {
   int finite = 0;
   for (float v : logits) finite += std::isfinite(v);
   EXPECT_EQ(finite, 3 * 40);
+}
+
+
+// The self-draft in use: speculative decoding with a restricted-head draft (its probability is 0
+// outside the head's 40 tokens) gives the target's greedy tokens, with f16 and INT8 KV.
+TEST_F(DraftModelTest, SelfDraftSpeculatesLosslessly) {
+  const std::string calib = dir_ + "/calib.txt";
+  {
+    std::ofstream out(calib);
+    for (int i = 0; i < 60; ++i) out << "the quick brown fox jumps over the lazy dog " << i % 5 << "\n";
+  }
+  DraftOptions d;
+  d.quant.input = WriteModel(/*tied=*/true, /*n_embd=*/256);
+  d.quant.output = dir_ + "/draft.gguf";
+  d.quant.type = DType::kQ8_0;  // close to the target: most proposals accepted
+  d.quant.method = Method::kRtn;
+  d.quant.calib_file = calib;
+  d.quant.calib_tokens = 512;
+  d.quant.chunk_tokens = 64;
+  d.head_rows = 60;
+  d.eval_tokens = 0;
+  d.decode_steps = 0;
+  PD_ASSERT_OK(QuantizeDraft(d, *progress_));
+  Loaded target = Load(d.quant.input);
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 40; ++i) {
+    GenerationRequest r;
+    r.id = pd::StrCat("r", i);
+    r.prompt = {kBos};
+    for (int k = 0; k < 6 + i % 5; ++k) r.prompt.push_back(kFirstPiece + (i * 7 + k * 3) % 50);
+    r.max_tokens = 16;
+    r.sampling = SamplingParams::Greedy();
+    reqs.push_back(std::move(r));
+  }
+  for (KvDType kv : {KvDType::kF16, KvDType::kI8}) {
+    auto run = [&](bool speculate, int64_t* accepted) {
+      SchedulerOptions o;
+      o.kv_blocks = 128;
+      o.max_running_seqs = 8;
+      o.token_budget = 128;
+      o.kv_dtype = kv;
+      o.run_thread = false;
+      if (speculate) {
+        auto file = GgufFile::Open(d.quant.output);
+        EXPECT_TRUE(file.ok()) << file.status();
+        auto m = Model::Load(std::shared_ptr<const GgufFile>(std::move(*file)), *target.backend);
+        EXPECT_TRUE(m.ok()) << m.status();
+        auto drafter = spec::DraftModelDrafter::Create(
+            std::move(*m), kVocab,
+            {.kv_bytes = int64_t{4} << 20,
+             .cost = spec::SpecCost::FromPoints({1, 16}, {1e-4, 1.1e-4})});
+        EXPECT_TRUE(drafter.ok()) << drafter.status();
+        o.speculative.drafter = std::move(*drafter);
+        o.speculative.cost = spec::SpecCost::FromPoints({1, 64}, {1e-3, 1.1e-3});
+      }
+      auto s = Scheduler::Create(*target.model, o);
+      EXPECT_TRUE(s.ok()) << s.status();
+      struct Sink : GenerationSink {
+        std::vector<int32_t> tokens;
+        void OnTokens(const std::vector<int32_t>& t) override {
+          tokens.insert(tokens.end(), t.begin(), t.end());
+        }
+        void OnFinish(const FinishInfo&) override {}
+      };
+      std::vector<std::shared_ptr<Sink>> sinks;
+      for (const auto& r : reqs) {
+        sinks.push_back(std::make_shared<Sink>());
+        PD_EXPECT_OK((*s)->Submit(r, sinks.back()));
+      }
+      *accepted = 0;
+      for (int i = 0; i < 1000 && ((*s)->Load().running + (*s)->Load().waiting) > 0; ++i) {
+        *accepted += (*s)->Step().accepted_tokens;
+        PD_EXPECT_OK((*s)->AuditKv());
+      }
+      std::vector<std::vector<int32_t>> out;
+      for (const auto& k : sinks) out.push_back(k->tokens);
+      return out;
+    };
+    int64_t none = 0, accepted = 0;
+    const auto want = run(false, &none);
+    const auto got = run(true, &accepted);
+    EXPECT_EQ(got, want);
+    EXPECT_GT(accepted, 0);
+  }
 }
 
 }  // namespace

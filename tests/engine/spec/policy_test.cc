@@ -96,6 +96,11 @@ TEST(ChooseK, DraftWorkCountsAgainstTheGain) {
   EXPECT_GT(k_free, k_costly);
   StepEstimate too_costly{1, flat.Seconds(1), 1};
   EXPECT_EQ(ChooseK(too_costly, flat, 0.7, 8, 1e-2, 1.05), 0);  // a draft token = a step
+  // A draft model that must first catch up on many tokens: that fixed cost can outweigh it.
+  StepEstimate fresh{1, flat.Seconds(1), 1}, stale{1, flat.Seconds(1), 1};
+  EXPECT_GT(ChooseK(fresh, flat, 0.7, 8, 0, 1.05, 0), 0);
+  EXPECT_EQ(ChooseK(stale, flat, 0.7, 8, 0, 1.05, 5e-2), 0);
+  EXPECT_DOUBLE_EQ(stale.rows, 1);
 }
 
 }  // namespace
