@@ -712,7 +712,7 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
   spec::StepEstimate step;
   step.rows = n_decode + static_cast<double>(std::min<int64_t>(
                              {pending, plan.budget, int64_t{options_.prefill_chunk}}));
-  step.seconds = spec_cost_->Seconds(step.rows) + step_overhead_seconds_;
+  step.seconds = spec_cost_->Seconds(step.rows);
   step.tokens = n_decode;
   // Most promising sequences first: they get the cheap rows.
   std::vector<Sequence*> order;
@@ -740,16 +740,6 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
           verify_row_seconds_;
       k = spec::ChooseK(step, *spec_cost_, s->acceptance.rate(), limit, draft_row_s,
                         so.min_gain, so.drafter->CatchUpSeconds(s->kv_id, s->tokens));
-    }
-    // A probe (see kProbeEverySteps), only when one draft token, with whatever the drafter
-    // must catch up on first, costs under a quarter of a token of the step: on a compute-bound
-    // step, or with a draft model far behind, it would cost more than it could tell.
-    if (k <= 0 && limit > 0 && so.fixed_k == 0 &&
-        s->acceptance.steps_since_draft >= kProbeEverySteps) {
-      const double probe_s = spec_cost_->Seconds(step.rows + 1) - spec_cost_->Seconds(step.rows) +
-                             so.drafter->StepSeconds(1) + verify_row_seconds_ +
-                             so.drafter->CatchUpSeconds(s->kv_id, s->tokens);
-      if (probe_s < 0.25 * step.seconds / std::max(1.0, step.tokens)) k = 1;
     }
     if (k <= 0) {
       s->acceptance.Idle();
@@ -1117,12 +1107,6 @@ StepStats Scheduler::RunStep() {
            step_time_.Predict(plan.shape) * 1e3, " ms, median step ",
            step_time_.TypicalDecodeStep() * 1e3, " ms", plan.prefill_time_limited ? ", cut" : "",
            ")");
-  }
-  if (spec_cost_.has_value() && stats.prefill_tokens == 0 && stats.decode_tokens > 0 &&
-      !options_.step_time_source) {
-    const double over =
-        std::max(0.0, stats.seconds - stats.draft_seconds - spec_cost_->Seconds(stats.decode_tokens));
-    step_overhead_seconds_ = 0.95 * step_overhead_seconds_ + 0.05 * over;
   }
   if (!stats.batch.empty()) {
     step_time_.Observe(plan.shape, options_.step_time_source

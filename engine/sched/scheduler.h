@@ -366,13 +366,6 @@ class Scheduler final : public GenerationEngine {
   // Seconds the verification of one draft token takes on the engine thread (its row's target
   // distribution, the rule), a running average: part of a draft token's cost in ChooseK.
   double verify_row_seconds_ = 0;
-  // A decode step's wall time beyond the forward the cost table predicts (scheduling, sampling,
-  // streaming), a running average over steps without prompt tokens: it is paid once per step,
-  // so tokens a draft adds to a step amortize it too.
-  double step_overhead_seconds_ = 0;
-  // A sequence that has not drafted for this many steps drafts one token anyway: its acceptance
-  // estimate (else stuck at what made it stop) learns from it.
-  static constexpr int kProbeEverySteps = 32;
 
   mutable absl::Mutex mu_;
   absl::CondVar wake_;
