@@ -202,7 +202,12 @@ def test_decode_node_speculates(cluster, scraped: str):
     decode pool's pdserve_spec_* counters (docs/speculative.md)."""
     targets, _ = cluster
     (router,) = targets["router"]
-    body = json.dumps({"prompt": "One, two, three, four, five, six, seven, eight, nine, ten,",
+    # A passage and an instruction to copy it: the continuation quotes the prompt, which prompt
+    # lookup predicts.
+    passage = ("The river town woke before the sun. Fishermen carried nets down the stone steps, "
+               "bakers pulled the first loaves from brick ovens, and the ferry bell rang twice.")
+    body = json.dumps({"prompt": f"Passage:\n{passage}\n\nThe same passage, copied word for "
+                                 "word:\n",
                        "max_tokens": 40, "temperature": 0, "ignore_eos": True}).encode()
     req = urllib.request.Request(f"http://{router}/v1/completions", data=body,
                                  headers={"Content-Type": "application/json"})
