@@ -88,7 +88,8 @@ def cluster(pdctl_up: Path, tmp_path_factory):
     # The test's chat prompts are short; by default (router.disaggregate_min_prompt 512) the
     # decode node would prefill them itself and the KV-transfer panels would have no data.
     config = tmp / "cluster.yaml"
-    config.write_text("router: {disaggregate_min_prompt: 0}\n")
+    # A fixed draft length: test_decode_node_speculates needs drafts, whatever the timing.
+    config.write_text("router: {disaggregate_min_prompt: 0}\nspeculative: {fixed_k: 4}\n")
     with out.open("w") as o, err.open("w") as e:
         proc = subprocess.Popen(
             [str(pdctl_up), "up", "--prefill", "1", "--decode", "1", "--grpc-port", "0",
