@@ -748,7 +748,6 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
     budget -= k;
     s->draft.seq = s->kv_id;
     s->draft.tokens = s->tokens;
-    s->draft.n_prompt = s->n_prompt;
     s->draft.max_draft = k;
     s->draft.sampling = &s->sampling;
     s->draft.draft.clear();
@@ -793,36 +792,13 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
 }
 
 absl::StatusOr<spec::SpecCost> Scheduler::MeasureStepCost() {
-  // One scratch sequence of `rows` decode rows (each in the one-row order and wanting logits,
-  // as a step's verified rows do), timed after a warm-up; its blocks are freed after.
-  constexpr int64_t kScratchSeq = -2;
   // Rows a step can hold with every running sequence drafting max_k tokens (at most 64: beyond,
   // SpecCost extrapolates the last, compute-bound, segment).
-  const int cap = std::min({64, options_.token_budget, kv_->free_blocks() * block_size_,
+  const int cap = std::min({64, options_.token_budget,
                             options_.max_running_seqs * (options_.speculative.max_k + 1)});
-  if (cap < 1) return absl::ResourceExhaustedError("no KV room to measure the step cost");
   const absl::Time t0 = absl::Now();
-  auto time_rows = [&](int rows) -> absl::StatusOr<double> {
-    PD_RETURN_IF_ERROR(kv_->Reserve(kScratchSeq, rows));
-    Batch batch;
-    for (int i = 0; i < rows; ++i) {
-      batch.AddOrdered(static_cast<int32_t>(i % n_vocab_), i, kScratchSeq, true, 0);
-    }
-    double best = 0;
-    for (int rep = 0; rep < 2; ++rep) {  // a warm-up, then the timed one
-      const absl::Time a = absl::Now();
-      const absl::Status st = model_.Forward(batch, *kv_, &logits_);
-      if (!st.ok()) {
-        kv_->Free(kScratchSeq);
-        return st;
-      }
-      const double s = absl::ToDoubleSeconds(absl::Now() - a);
-      if (rep > 0 && (best == 0 || s < best)) best = s;
-    }
-    kv_->Free(kScratchSeq);
-    return best;
-  };
-  PD_ASSIGN_OR_RETURN(spec::SpecCost cost, spec::SpecCost::Measure(cap, time_rows));
+  PD_ASSIGN_OR_RETURN(spec::SpecCost cost,
+                      spec::SpecCost::MeasureForward(model_, *kv_, cap, &logits_));
   std::string table;
   for (size_t i = 0; i < cost.rows().size(); ++i) {
     table += pd::StrCat(i ? ", " : "", cost.rows()[i], ": ", cost.seconds()[i] * 1e3, " ms");

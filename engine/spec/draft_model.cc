@@ -35,38 +35,13 @@ absl::StatusOr<std::unique_ptr<DraftModelDrafter>> DraftModelDrafter::Create(
   if (options.cost.has_value()) {
     d->cost_ = *options.cost;
   } else {
-    PD_ASSIGN_OR_RETURN(d->cost_, d->Measure());
+    PD_ASSIGN_OR_RETURN(d->cost_, SpecCost::MeasureForward(*d->model_, *d->kv_, 16, &d->logits_));
   }
   return d;
 }
 
-absl::StatusOr<SpecCost> DraftModelDrafter::Measure() {
-  constexpr int64_t kScratch = -2;
-  const int n_vocab = model_->config().n_vocab;
-  const int cap = std::min(16, kv_->free_blocks() * kv_->options().block_size);
-  auto time_rows = [&](int rows) -> absl::StatusOr<double> {
-    PD_RETURN_IF_ERROR(kv_->Reserve(kScratch, rows));
-    Batch batch;
-    for (int i = 0; i < rows; ++i) batch.AddOrdered(i % n_vocab, i, kScratch, true, 0);
-    double best = 0;
-    for (int rep = 0; rep < 3; ++rep) {
-      const absl::Time a = absl::Now();
-      const absl::Status st = model_->Forward(batch, *kv_, &logits_);
-      if (!st.ok()) {
-        kv_->Free(kScratch);
-        return st;
-      }
-      const double s = absl::ToDoubleSeconds(absl::Now() - a);
-      if (rep > 0 && (best == 0 || s < best)) best = s;
-    }
-    kv_->Free(kScratch);
-    return best;
-  };
-  return SpecCost::Measure(std::max(cap, 1), time_rows);
-}
-
 bool DraftModelDrafter::Reserve(int64_t seq, int n_tokens,
-                                const absl::flat_hash_map<int64_t, int>& busy) {
+                                const absl::flat_hash_set<int64_t>& busy) {
   while (!kv_->Reserve(seq, n_tokens).ok()) {
     int64_t victim = 0;
     int64_t oldest = INT64_MAX;
@@ -106,8 +81,8 @@ void DraftModelDrafter::Release(int64_t seq) {
 absl::Status DraftModelDrafter::Propose(absl::Span<DraftRequest* const> requests) {
   ++calls_;
   const int n_vocab = model_->config().n_vocab;
-  // Requests taking part, by sequence id -> index in `live`.
-  absl::flat_hash_map<int64_t, int> busy;
+  // Sequences taking part in this call: their draft KV is never evicted for another's.
+  absl::flat_hash_set<int64_t> busy;
   struct Live {
     DraftRequest* r;
     State* st;
@@ -120,7 +95,7 @@ absl::Status DraftModelDrafter::Propose(absl::Span<DraftRequest* const> requests
     r->draft.clear();
     r->q.clear();
     if (r->tokens.empty() || r->max_draft <= 0 || r->sampling == nullptr) continue;
-    busy.emplace(r->seq, 0);
+    busy.insert(r->seq);
   }
   for (DraftRequest* r : requests) {
     if (!busy.contains(r->seq)) continue;

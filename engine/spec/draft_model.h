@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "engine/kv/kv_cache.h"
 #include "engine/runtime/model.h"
@@ -76,8 +77,7 @@ class DraftModelDrafter final : public Drafter {
                     const DraftModelOptions& options)
       : model_(std::move(model)), kv_(std::move(kv)), options_(options) {}
   // Frees least recently used sequences not in `busy` until `seq` can hold n_tokens positions.
-  bool Reserve(int64_t seq, int n_tokens, const absl::flat_hash_map<int64_t, int>& busy);
-  absl::StatusOr<SpecCost> Measure();
+  bool Reserve(int64_t seq, int n_tokens, const absl::flat_hash_set<int64_t>& busy);
 
   std::unique_ptr<Model> model_;
   std::unique_ptr<KvCache> kv_;

@@ -21,7 +21,6 @@ namespace pd::engine::spec {
 struct DraftRequest {
   int64_t seq = 0;                    // the sequence's id (stable for its life; its KV id)
   absl::Span<const int32_t> tokens;   // prompt + generated tokens; the last one is fed next step
-  int n_prompt = 0;                   // leading tokens of `tokens` that are the prompt
   int max_draft = 0;                  // propose at most this many tokens (>= 1)
   const SamplingParams* sampling = nullptr;  // the request's sampling chain (for a model's q)
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/status.h"
 #include "common/strings.h"
 
@@ -25,6 +27,32 @@ absl::StatusOr<SpecCost> SpecCost::Measure(
   // A larger step never costs less than a smaller one (timing noise): keep the table monotone.
   for (size_t i = 1; i < secs.size(); ++i) secs[i] = std::max(secs[i], secs[i - 1]);
   return FromPoints(std::move(rows), std::move(secs));
+}
+
+absl::StatusOr<SpecCost> SpecCost::MeasureForward(Model& model, KvCache& kv, int max_rows,
+                                                  std::vector<float>* logits) {
+  constexpr int64_t kScratchSeq = -2;
+  const int cap = std::min(max_rows, kv.free_blocks() * kv.options().block_size);
+  if (cap < 1) return absl::ResourceExhaustedError("no KV room to measure the step cost");
+  const int n_vocab = model.config().n_vocab;
+  auto time_rows = [&](int rows) -> absl::StatusOr<double> {
+    PD_RETURN_IF_ERROR(kv.Reserve(kScratchSeq, rows));
+    Batch batch;
+    for (int i = 0; i < rows; ++i) batch.AddOrdered(i % n_vocab, i, kScratchSeq, true, 0);
+    double seconds = 0;
+    for (int rep = 0; rep < 2; ++rep) {  // a warm-up, then the timed one
+      const absl::Time start = absl::Now();
+      const absl::Status st = model.Forward(batch, kv, logits);
+      if (!st.ok()) {
+        kv.Free(kScratchSeq);
+        return st;
+      }
+      seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    }
+    kv.Free(kScratchSeq);
+    return seconds;
+  };
+  return Measure(cap, time_rows);
 }
 
 SpecCost SpecCost::FromPoints(std::vector<int> rows, std::vector<double> seconds) {

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/runtime/model.h"
 
 namespace pd::engine::spec {
 
@@ -21,6 +23,12 @@ class SpecCost {
   // max_rows (and max_rows itself). Non-positive or failed times are errors.
   static absl::StatusOr<SpecCost> Measure(int max_rows,
                                           const std::function<absl::StatusOr<double>(int)>& seconds);
+  // Measure() over `model`'s forward: a scratch sequence (id -2) of `rows` rows in the one-row
+  // order, each wanting logits (as a step's verified rows do), timed once after a warm-up, its
+  // blocks in `kv` freed after. `logits` is the caller's scratch. RESOURCE_EXHAUSTED when `kv`
+  // has no free block; the forward's errors.
+  static absl::StatusOr<SpecCost> MeasureForward(Model& model, KvCache& kv, int max_rows,
+                                                 std::vector<float>* logits);
   // From known points (rows ascending, >= 1; seconds > 0): tests, and costs given by the caller.
   static SpecCost FromPoints(std::vector<int> rows, std::vector<double> seconds);
 

@@ -1,4 +1,5 @@
-"""Shared pytest fixtures for tests/python: repository paths, the pdctl binary, synthetic models.
+"""Shared pytest fixtures for tests/python: repository paths, the pdctl and pd-serve binaries,
+synthetic models.
 
 The synthetic models of scripts/synth_models.py are written once per session into a temporary
 folder, each on first use. Forward-pass tests record what they measured through `forward_report`;
@@ -38,6 +39,18 @@ def pdctl() -> Path:
         path = REPO_ROOT / path
     if not (path.is_file() and os.access(path, os.X_OK)):
         pytest.fail(f"pdctl not found at {path}: build it (cmake --build build) or set PDCTL")
+    return path
+
+
+@pytest.fixture(scope="session")
+def pd_serve_bin() -> Path:
+    """The pd-serve binary: $PD_SERVE, else next to $PDCTL, else build/bin/pd-serve."""
+    default = Path(os.environ["PDCTL"]).parent if "PDCTL" in os.environ else Path("build/bin")
+    path = Path(os.environ.get("PD_SERVE", default / "pd-serve"))
+    if not path.is_absolute():
+        path = REPO_ROOT / path
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        pytest.fail(f"pd-serve not found at {path}: build it or set PD_SERVE")
     return path
 
 

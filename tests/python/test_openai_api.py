@@ -35,18 +35,6 @@ MAX_BODY = 65536
 VARIANT = "llama2_f32"  # 2 layers, 128 wide: a token costs well under a millisecond
 
 
-@pytest.fixture(scope="module")
-def pd_serve_bin(repo_root: Path) -> Path:
-    """The pd-serve binary: $PD_SERVE, else next to $PDCTL, else build/bin/pd-serve."""
-    default = Path(os.environ["PDCTL"]).parent if "PDCTL" in os.environ else Path("build/bin")
-    path = Path(os.environ.get("PD_SERVE", default / "pd-serve"))
-    if not path.is_absolute():
-        path = repo_root / path
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        pytest.fail(f"pd-serve not found at {path}: build it or set PD_SERVE")
-    return path
-
-
 class Server:
     def __init__(self, proc: subprocess.Popen, url: str, model: str):
         self.proc, self.url, self.model = proc, url, model

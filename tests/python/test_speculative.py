@@ -35,17 +35,6 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def pd_serve_bin(repo_root: Path) -> Path:
-    default = Path(os.environ["PDCTL"]).parent if "PDCTL" in os.environ else Path("build/bin")
-    path = Path(os.environ.get("PD_SERVE", default / "pd-serve"))
-    if not path.is_absolute():
-        path = repo_root / path
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        pytest.fail(f"pd-serve not found at {path}: build it or set PD_SERVE")
-    return path
-
-
 class Server:
     def __init__(self, proc: subprocess.Popen, url: str, model: str):
         self.proc, self.url, self.model = proc, url, model
