@@ -1,6 +1,7 @@
-// AVX512-VNNI kernels for Q8_0 and Q5_0 weights x Q8_0 activations: tiles on the 256-bit (VL)
-// form of VPDPBUSD (Q8_0TileVnni(), Q5_0TileVnni(): decode, one to three activation rows) and a
-// grouped GEMM on the 512-bit form (Q8_0GroupedVnni(), Q5_0GroupedVnni(): batches and prompts).
+// AVX512-VNNI kernels for Q8_0, Q5_0 and Q4_0 weights x Q8_0 activations: tiles on the 256-bit
+// (VL) form of VPDPBUSD (Q8_0TileVnni(), Q5_0TileVnni(), Q4_0TileVnni(): decode, one to four
+// activation rows) and a grouped GEMM on the 512-bit form (Q8_0GroupedVnni(),
+// Q5_0GroupedVnni(): batches and prompts).
 // This file alone is compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni (plus
 // AVX2/FMA/F16C); its kernels run only when CPUID reports those instructions. Like
 // kernels_avx2.cc, it calls no inline function from shared headers.
@@ -13,6 +14,7 @@
 //   produce (no overflow: |255 * 127 * 4| < 2^31).
 // - Q5_0: codes u are unsigned (0..31, w = u - 16), so the lanes start at -16 * (sum of the four
 //   activations): lane i = sum (u - 16) x, the AVX2 tile's (maddubs(u, x) - maddubs(16, x), madd).
+//   Q4_0 likewise with codes 0..15 and offset 8.
 // The F32 parts (cvt, d_w * d_x, one FMA per lane and block in block order, the final lane sum)
 // are the AVX2 tiles' own, so every kernel here gives the AVX2 tiles' bits, which follow ggml's
 // x86 order (tests/engine/backend/cpu_kernels_test.cc).
@@ -108,16 +110,39 @@ inline __m256i UnpackQ5_0Vnni(const BlockQ5_0* wb) {
   return _mm256_mask_add_epi8(lo, static_cast<__mmask32>(h), lo, sixteen);
 }
 
-// Q5_0 x Q8_0, four blocks per step like the AVX2 tile (one f16 -> f32 conversion for their
-// scales); each block is unpacked here and the weights two tiles ahead are prefetched into L2.
-template <int R, int C>
-void TileQ5_0Vnni(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y,
-                  int64_t ys) {
+// The 32 codes (0..15) of a Q4_0 block in weight order: low nibbles, then high nibbles.
+inline __m256i UnpackQ4_0Vnni(const BlockQ4_0* wb) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb->qs));
+  return _mm256_and_si256(
+      _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1),
+      _mm256_set1_epi8(0x0F));
+}
+
+// The two "unsigned code minus offset" formats: w = u - kOffset.
+struct Q5_0Codes {
+  using Block = BlockQ5_0;
+  static constexpr char kOffset = 16;
+  static __m256i Unpack(const Block* b) { return UnpackQ5_0Vnni(b); }
+};
+struct Q4_0Codes {
+  using Block = BlockQ4_0;
+  static constexpr char kOffset = 8;
+  static __m256i Unpack(const Block* b) { return UnpackQ4_0Vnni(b); }
+};
+
+// Q5_0 / Q4_0 x Q8_0, four blocks per step like the AVX2 tiles (one f16 -> f32 conversion for
+// their scales); each block is unpacked here and the weights two tiles ahead are prefetched into
+// L2. Lanes start at -kOffset * (sum of the four activations), so lane L = sum (u - kOffset) x
+// over weights 4L..4L+3 of the block: the AVX2 tiles' int32 lanes (ggml's layout), exactly.
+template <class F, int R, int C>
+void TileCodesVnni(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y,
+                   int64_t ys) {
+  using Block = typename F::Block;
   const int64_t nb = k / kQ8_0BlockSize;
-  const __m256i sixteen = _mm256_set1_epi8(16);
+  const __m256i offset = _mm256_set1_epi8(F::kOffset);
   const __m256i zero = _mm256_setzero_si256();
   auto code_vec = [&](int r, int64_t block) {
-    return UnpackQ5_0Vnni(reinterpret_cast<const BlockQ5_0*>(w + r * ws) + block);
+    return F::Unpack(reinterpret_cast<const Block*>(w + r * ws) + block);
   };
   __m256 acc[R][C];
   PD_VNNI_UNROLL
@@ -134,17 +159,17 @@ void TileQ5_0Vnni(int64_t k, const char* w, size_t ws, const char* x, size_t xs,
       PD_VNNI_UNROLL
       for (int j = 0; j < 4; ++j) {
         yv[c][j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb[j].qs));
-        start[c][j] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, sixteen, yv[c][j]));
+        start[c][j] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, offset, yv[c][j]));
       }
       dx[c] = QuadScaleVnni(reinterpret_cast<const char*>(&xb->d), sizeof(BlockQ8_0));
     }
     PD_VNNI_UNROLL
     for (int r = 0; r < R; ++r) {
-      const BlockQ5_0* wb = reinterpret_cast<const BlockQ5_0*>(w + r * ws) + b;
+      const Block* wb = reinterpret_cast<const Block*>(w + r * ws) + b;
       const char* ahead = reinterpret_cast<const char*>(wb) + 2 * R * ws;
       _mm_prefetch(ahead, _MM_HINT_T1);
       _mm_prefetch(ahead + 64, _MM_HINT_T1);
-      const __m128 dw = QuadScaleVnni(reinterpret_cast<const char*>(&wb->d), sizeof(BlockQ5_0));
+      const __m128 dw = QuadScaleVnni(reinterpret_cast<const char*>(&wb->d), sizeof(Block));
       __m256i u[4];
       PD_VNNI_UNROLL
       for (int j = 0; j < 4; ++j) u[j] = code_vec(r, b + j);
@@ -162,14 +187,14 @@ void TileQ5_0Vnni(int64_t k, const char* w, size_t ws, const char* x, size_t xs,
   }
   for (; b < nb; ++b) {  // leftover blocks
     for (int r = 0; r < R; ++r) {
-      const BlockQ5_0* wb = reinterpret_cast<const BlockQ5_0*>(w + r * ws) + b;
+      const Block* wb = reinterpret_cast<const Block*>(w + r * ws) + b;
       const __m256i u = code_vec(r, b);
       const float dw = HalfToFloatVnni(wb->d);
       PD_VNNI_UNROLL
       for (int c = 0; c < C; ++c) {
         const BlockQ8_0* xb = reinterpret_cast<const BlockQ8_0*>(x + c * xs) + b;
         const __m256i yq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb->qs));
-        const __m256i st = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, sixteen, yq));
+        const __m256i st = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, offset, yq));
         acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * HalfToFloatVnni(xb->d)),
                                     _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(st, u, yq)),
                                     acc[r][c]);
@@ -205,7 +230,11 @@ struct Q8Vnni {
 };
 template <int R, int C>
 struct Q5_0Vnni {
-  static constexpr TileImplVnni Fn = &TileQ5_0Vnni<R, C>;
+  static constexpr TileImplVnni Fn = &TileCodesVnni<Q5_0Codes, R, C>;
+};
+template <int R, int C>
+struct Q4_0Vnni {
+  static constexpr TileImplVnni Fn = &TileCodesVnni<Q4_0Codes, R, C>;
 };
 
 // ---- Q8_0 / Q5_0 x Q8_0 for batches: 16 activation rows per 512-bit register ------------------
@@ -431,7 +460,7 @@ void PackQuadX(const void* x, size_t xs, int64_t n, int64_t k, void* out) {
 //
 // kTail: one more activation row, alone in the group after the G groups (n = 5 or 9; 5 is the
 // K + 1 rows of a speculative step with K = 4), in the 256-bit tile's form (TileQ8Vnni /
-// TileQ5_0Vnni): the block as one YMM of eight int32 lanes with the tiles' start values, scale
+// TileCodesVnni): the block as one YMM of eight int32 lanes with the tiles' start values, scale
 // product d_w * d_x, FMA per block and final lane sum, so the tile's bits. It costs 6
 // instructions per weight block where a second group of four would cost 9 for one useful row.
 template <int R, int G, bool kQ8, bool kTail>
@@ -585,6 +614,7 @@ const GroupedKernels* Q5_0QuadVnni() {
 
 GemmTileFn Q8_0TileVnni() { return UseVnni() ? &VnniTable<Q8Vnni>::Gemm : nullptr; }
 GemmTileFn Q5_0TileVnni() { return UseVnni() ? &VnniTable<Q5_0Vnni>::Gemm : nullptr; }
+GemmTileFn Q4_0TileVnni() { return UseVnni() ? &VnniTable<Q4_0Vnni>::Gemm : nullptr; }
 
 const GroupedKernels* Q8_0GroupedVnni() {
   static constexpr GroupedKernels kKernels = {&GroupedXBytes, &PackGroupedX<7>,
@@ -606,6 +636,7 @@ const GroupedKernels* Q5_0GroupedVnni() {
 namespace pd::engine::cpu {
 GemmTileFn Q8_0TileVnni() { return nullptr; }
 GemmTileFn Q5_0TileVnni() { return nullptr; }
+GemmTileFn Q4_0TileVnni() { return nullptr; }
 const GroupedKernels* Q8_0GroupedVnni() { return nullptr; }
 const GroupedKernels* Q5_0GroupedVnni() { return nullptr; }
 const GroupedKernels* Q8_0QuadVnni() { return nullptr; }

@@ -84,6 +84,7 @@ GemmTileFn Q4KRepackGemvTileAvx2Only();
 GemmTileFn Q6KTileAvx2Only();
 GemmTileFn Q8_0TileVnni();
 GemmTileFn Q5_0TileVnni();
+GemmTileFn Q4_0TileVnni();
 // Q8_0 or Q5_0 weights x many Q8_0 activation rows (batched decode, prompts) on 512-bit VPDPBUSD
 // with 16 activation rows per register (avx512_vnni.cc): `pack_x` lays out n activation rows once
 // per MatMul (x_bytes(n, k) bytes, 64-byte aligned); `pack_w` (Q5_0 only) unpacks a chunk of
@@ -110,10 +111,12 @@ const GroupedKernels* Q5_0GroupedVnni();
 // AVX512-VNNI (or with PDSERVE_CPU_NO_VNNI set).
 const GroupedKernels* Q8_0QuadVnni();
 const GroupedKernels* Q5_0QuadVnni();
-// The AVX2 table's Q8_0 and Q5_0 tiles without the VNNI dispatch (tests compare the two).
+// The AVX2 table's Q8_0, Q5_0 and Q4_0 tiles without the VNNI dispatch (tests compare the two).
 void GemmQ8_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                   size_t x_stride, int nc, float* y, int64_t y_stride);
 void GemmQ5_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
+                  size_t x_stride, int nc, float* y, int64_t y_stride);
+void GemmQ4_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                   size_t x_stride, int nc, float* y, int64_t y_stride);
 
 // AVX2 dot of Q5_0 weight blocks with Q8_0 activation blocks (q5_0_avx2.cc); only called when the

@@ -22,7 +22,7 @@ namespace {
 constexpr Kernels kAvx2 = {
     .name = "avx2",
     .gemm = {&avx2::GemmF32, &avx2::GemmF16, &avx2::GemmBf16, &avx2::GemmQ8_0Dispatch,
-             &avx2::GemmQ4_0, &avx2::GemmQ2_K, &avx2::GemmQ3KDispatch, &avx2::GemmQ4_K,
+             &avx2::GemmQ4_0Dispatch, &avx2::GemmQ2_K, &avx2::GemmQ3KDispatch, &avx2::GemmQ4_K,
              &avx2::GemmQ5_K, &avx2::GemmQ6_K, &avx2::GemmQ5_0Dispatch, &GemmW8A8Avx2,
              &GemmW4A16Avx2},
     .gemm_wide = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,

@@ -36,9 +36,9 @@ void GemmF16(int64_t k, const void* w, size_t w_stride, int nr, const void* x, s
              int nc, float* y, int64_t y_stride);
 void GemmBf16(int64_t k, const void* w, size_t w_stride, int nr, const void* x, size_t x_stride,
               int nc, float* y, int64_t y_stride);
-void GemmQ4_0(int64_t k, const void* w, size_t w_stride, int nr, const void* x, size_t x_stride,
-              int nc, float* y, int64_t y_stride);
-// Q8_0 and Q5_0: the AVX512-VNNI tile when the CPU has it (same bits), else the AVX2 one.
+// Q4_0, Q8_0 and Q5_0: the AVX512-VNNI tile when the CPU has it (same bits), else the AVX2 one.
+void GemmQ4_0Dispatch(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
+                      size_t x_stride, int nc, float* y, int64_t y_stride);
 void GemmQ8_0Dispatch(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                       size_t x_stride, int nc, float* y, int64_t y_stride);
 void GemmQ5_0Dispatch(int64_t k, const void* w, size_t w_stride, int nr, const void* x,

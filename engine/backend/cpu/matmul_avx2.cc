@@ -337,12 +337,14 @@ void GemmBf16(int64_t k, const void* w, size_t w_stride, int nr, const void* x, 
   TileTable<Bf16Tile>::Gemm(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
 }
 
-void GemmQ4_0(int64_t k, const void* w, size_t w_stride, int nr, const void* x, size_t x_stride,
-              int nc, float* y, int64_t y_stride) {
-  TileTable<Q4_0Tile>::Gemm(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
+// Q4_0, Q8_0 and Q5_0: the AVX512-VNNI tile when the CPU has it (same bits), else the AVX2 one.
+void GemmQ4_0Dispatch(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
+                      size_t x_stride, int nc, float* y, int64_t y_stride) {
+  static const GemmTileFn vnni = Q4_0TileVnni();
+  (vnni != nullptr ? vnni : &TileTable<Q4_0Tile>::Gemm)(k, w, w_stride, nr, x, x_stride, nc, y,
+                                                         y_stride);
 }
 
-// Q8_0 and Q5_0: the AVX512-VNNI tile when the CPU has it (same bits), else the AVX2 one.
 void GemmQ8_0Dispatch(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                       size_t x_stride, int nc, float* y, int64_t y_stride) {
   static const GemmTileFn vnni = Q8_0TileVnni();
@@ -368,6 +370,11 @@ void GemmQ5_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void*
   TileTable<Q5_0Tile>::Gemm(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
 }
 
+void GemmQ4_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
+                  size_t x_stride, int nc, float* y, int64_t y_stride) {
+  TileTable<Q4_0Tile>::Gemm(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
+}
+
 }  // namespace pd::engine::cpu
 
 #else  // no AVX2 build
@@ -382,6 +389,11 @@ void GemmQ8_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void*
 void GemmQ5_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                   size_t x_stride, int nc, float* y, int64_t y_stride) {
   ScalarKernels().gemm[static_cast<int>(GemmType::kQ5_0)](k, w, w_stride, nr, x, x_stride, nc, y,
+                                                           y_stride);
+}
+void GemmQ4_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
+                  size_t x_stride, int nc, float* y, int64_t y_stride) {
+  ScalarKernels().gemm[static_cast<int>(GemmType::kQ4_0)](k, w, w_stride, nr, x, x_stride, nc, y,
                                                            y_stride);
 }
 }  // namespace pd::engine::cpu

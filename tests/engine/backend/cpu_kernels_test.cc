@@ -296,6 +296,8 @@ std::vector<W> RandomWeightBlocks(std::mt19937& rng, size_t count) {
     b.d = static_cast<uint16_t>(scale(rng));
     if constexpr (std::is_same_v<W, BlockQ8_0>) {
       for (int8_t& q : b.qs) q = static_cast<int8_t>(byte(rng) - 128);
+    } else if constexpr (std::is_same_v<W, BlockQ4_0>) {
+      for (uint8_t& q : b.qs) q = static_cast<uint8_t>(byte(rng));
     } else {
       for (uint8_t& q : b.qh) q = static_cast<uint8_t>(byte(rng));
       for (uint8_t& q : b.qs) q = static_cast<uint8_t>(byte(rng));
@@ -357,6 +359,16 @@ TEST(Q5_0VnniTest, BitIdenticalToTheAvx2Tile) {
     GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_ISA / PDSERVE_CPU_NO_VNNI turn it off)";
   }
   ExpectTileBitsEqual<BlockQ5_0>(vnni, &GemmQ5_0Avx2, 9, {32, 160, 640, 4128});
+}
+
+// The AVX512-VNNI Q4_0 tile gives the AVX2 tile's bits (whose lanes are re-ordered into ggml's
+// layout, and the VNNI tile's are in it from the start), with leftover blocks.
+TEST(Q4_0VnniTest, BitIdenticalToTheAvx2Tile) {
+  const GemmTileFn vnni = Q4_0TileVnni();
+  if (vnni == nullptr || Avx2Kernels() == nullptr) {
+    GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_ISA / PDSERVE_CPU_NO_VNNI turn it off)";
+  }
+  ExpectTileBitsEqual<BlockQ4_0>(vnni, &GemmQ4_0Avx2, 10, {32, 160, 640, 4128});
 }
 
 // The grouped 512-bit kernels (16 activation rows per register) give the AVX2 tiles' bits for
