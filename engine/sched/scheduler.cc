@@ -709,6 +709,17 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
   }
   for (const auto& s : waiting_) pending += s->remaining();
   const int n_decode = static_cast<int>(plan.decode.size());
+  // Where speculating steps have measured slower than plain ones at this batch size, the step
+  // stays plain, and a probe drafts to measure; a step that will likely carry prompt rows (not
+  // measured) speculates only where speculation has measured faster. A fixed K is an order, not
+  // a prediction: it bypasses the gate.
+  using Decision = spec::SpecGate::Decision;
+  Decision decision = Decision::kSpeculate;
+  if (so.fixed_k == 0) {
+    decision = spec_gate_.Decide(n_decode);
+    if (pending > 0 && !spec_gate_.Proven(n_decode)) decision = Decision::kPlain;
+    if (decision == Decision::kPlain) return;
+  }
   spec::StepEstimate step;
   step.rows = n_decode + static_cast<double>(std::min<int64_t>(
                              {pending, plan.budget, int64_t{options_.prefill_chunk}}));
@@ -719,8 +730,11 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
   for (Sequence* s : plan.decode) {
     if (s->running && s->speculative) order.push_back(s);
   }
-  std::stable_sort(order.begin(), order.end(), [](const Sequence* a, const Sequence* b) {
-    return a->acceptance.rate() > b->acceptance.rate();
+  // A sequence with little evidence of its own is taken to accept like the drafter's recent
+  // drafts over all sequences.
+  const double prior = drafter_acceptance_.rate();
+  std::stable_sort(order.begin(), order.end(), [prior](const Sequence* a, const Sequence* b) {
+    return a->acceptance.rate(prior) > b->acceptance.rate(prior);
   });
   int budget = plan.budget;
   std::vector<Sequence*> drafting;
@@ -738,8 +752,24 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
           so.drafter->StepSeconds(static_cast<int>(order.size())) /
               static_cast<double>(order.size()) +
           verify_row_seconds_;
-      k = spec::ChooseK(step, *spec_cost_, s->acceptance.rate(), limit, draft_row_s,
-                        so.min_gain, so.drafter->CatchUpSeconds(s->kv_id, s->tokens));
+      // A draft model's catch-up is paid once and serves every later draft of the sequence:
+      // this step bears its share over the tokens still to come (at most 32 of them, as the
+      // sequence may stop drafting). Charged whole, it would keep a stale draft stale forever.
+      const int ahead = std::clamp(s->max_tokens - s->n_generated, 1, 32);
+      const double catch_up = so.drafter->CatchUpSeconds(s->kv_id, s->tokens);
+      k = spec::ChooseK(step, *spec_cost_, s->acceptance.rate(prior), limit, draft_row_s,
+                        so.min_gain, catch_up / ahead);
+      // A probe drafts a little where ChooseK would not, unless the draft must first catch up
+      // on more than that little on tokens it sat out (a draft model): that would cost more
+      // than the probe learns, again at every probe. Its prompt, at the first decode step, any
+      // draft must read.
+      if (decision == Decision::kProbe && k == 0 &&
+          (s->n_generated <= 1 ||
+           catch_up <= spec::SpecGate::kProbeDraft * so.drafter->StepSeconds(1))) {
+        k = std::min(spec::SpecGate::kProbeDraft, limit);
+      }
+      // The gate judges this step without the catch-up's share of later steps.
+      if (k > 0) catch_up_deferred_ += catch_up * (1 - 1.0 / ahead);
     }
     if (k <= 0) {
       s->acceptance.Idle();
@@ -1050,6 +1080,7 @@ void Scheduler::Verify(Sequence* s, size_t first_row, StepStats& stats) {
     go_on = live && v.accepted;
   }
   stats.accepted_tokens += accepted;
+  drafter_acceptance_.Observe(tried, accepted);
   // The work beyond the one token a plain step samples, per draft token.
   const double per_row = absl::ToDoubleSeconds(absl::Now() - t0) / (tried + 1);
   verify_row_seconds_ = verify_row_seconds_ == 0 ? per_row : 0.9 * verify_row_seconds_ + 0.1 * per_row;
@@ -1076,6 +1107,18 @@ StepStats Scheduler::RunStep() {
   kv_->CompressIdle(absl::Now(), kCompressPerStep);
   stats.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
   stats.prefill_time_limited = plan.prefill_time_limited;
+  if (options_.speculative.drafter != nullptr && stats.prefill_tokens == 0 &&
+      stats.decode_tokens > stats.draft_tokens) {
+    const int seqs = stats.decode_tokens - stats.draft_tokens;
+    const double seconds = std::max(stats.seconds - catch_up_deferred_, 0.5 * stats.seconds);
+    spec_gate_.Observe(seqs, stats.draft_tokens > 0, seqs + stats.accepted_tokens, seconds);
+    PD_LOG(kDebug, "step ", step_no_, ": ", seqs, " sequences, ", stats.draft_tokens, " drafted, ",
+           stats.accepted_tokens, " accepted in ", stats.seconds * 1e3, " ms (drafting ",
+           stats.draft_seconds * 1e3, " ms, catch-up deferred ", catch_up_deferred_ * 1e3,
+           " ms); measured tok/s with drafts ", spec_gate_.Rate(seqs, true), ", without ",
+           spec_gate_.Rate(seqs, false));
+  }
+  catch_up_deferred_ = 0;
   if (stats.prefill_tokens > 0 && stats.decode_tokens > 0) {
     PD_LOG(kDebug, "step ", step_no_, ": ", stats.decode_tokens, " decode + ",
            stats.prefill_tokens, " prompt tokens in ", stats.seconds * 1e3, " ms (fit ",

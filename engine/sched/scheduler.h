@@ -366,6 +366,10 @@ class Scheduler final : public GenerationEngine {
   // Seconds the verification of one draft token takes on the engine thread (its row's target
   // distribution, the rule), a running average: part of a draft token's cost in ChooseK.
   double verify_row_seconds_ = 0;
+  spec::SpecGate spec_gate_;  // measured speculating vs plain step rates, by batch size
+  spec::AcceptanceEstimate drafter_acceptance_;  // over all sequences: their prior
+  // This step's draft catch-up that later steps' drafts share (not judged by the gate).
+  double catch_up_deferred_ = 0;
 
   mutable absl::Mutex mu_;
   absl::CondVar wake_;

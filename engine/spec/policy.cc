@@ -39,18 +39,22 @@ absl::StatusOr<SpecCost> SpecCost::MeasureForward(Model& model, KvCache& kv, int
     PD_RETURN_IF_ERROR(kv.Reserve(kScratchSeq, rows));
     Batch batch;
     for (int i = 0; i < rows; ++i) batch.AddOrdered(i % n_vocab, i, kScratchSeq, true, 0);
-    double seconds = 0;
-    for (int rep = 0; rep < 2; ++rep) {  // a warm-up, then the timed one
+    // A warm-up, then the median of kTimed: one timing is at the mercy of a busy host (a lone
+    // 2-row step once timed 1.7x a 1-row one, which kept a good draft from ever drafting).
+    constexpr int kTimed = 5;
+    std::vector<double> times;
+    for (int rep = 0; rep <= kTimed; ++rep) {
       const absl::Time start = absl::Now();
       const absl::Status st = model.Forward(batch, kv, logits);
       if (!st.ok()) {
         kv.Free(kScratchSeq);
         return st;
       }
-      seconds = absl::ToDoubleSeconds(absl::Now() - start);
+      if (rep > 0) times.push_back(absl::ToDoubleSeconds(absl::Now() - start));
     }
     kv.Free(kScratchSeq);
-    return seconds;
+    std::nth_element(times.begin(), times.begin() + kTimed / 2, times.end());
+    return times[kTimed / 2];
   };
   return Measure(cap, time_rows);
 }
@@ -77,17 +81,15 @@ double SpecCost::Seconds(double rows) const {
 void AcceptanceEstimate::Observe(int drafted, int accepted) {
   tried_ = tried_ * kDecay + drafted;
   taken_ = taken_ * kDecay + accepted;
-  steps_since_draft = 0;
 }
 
 void AcceptanceEstimate::Idle() {
   tried_ *= kIdleDecay;
   taken_ *= kIdleDecay;
-  ++steps_since_draft;
 }
 
-double AcceptanceEstimate::rate() const {
-  const double a = (taken_ + kPrior * kPriorWeight) / (tried_ + kPriorWeight);
+double AcceptanceEstimate::rate(double prior) const {
+  const double a = (taken_ + prior * kPriorWeight) / (tried_ + kPriorWeight);
   return std::clamp(a, 0.01, 0.99);
 }
 
@@ -123,6 +125,63 @@ int ChooseK(StepEstimate& step, const SpecCost& cost, double a, int limit,
     step.rows += k;
   }
   return k;
+}
+
+int SpecGate::BucketOf(int sequences) {
+  int b = 0;
+  for (int n = std::max(1, sequences) - 1; n > 0; n >>= 1) ++b;
+  return b;  // 1 -> 0, 2 -> 1, 3-4 -> 2, 5-8 -> 3, ...
+}
+
+SpecGate::Decision SpecGate::Decide(int sequences) {
+  const size_t b = static_cast<size_t>(BucketOf(sequences));
+  if (buckets_.size() <= b) buckets_.resize(b + 1);
+  Bucket& k = buckets_[b];
+  const int64_t step = k.steps++;
+  // Warm-up: alternate until both sides have their first observations (a probe may still draft
+  // nothing, so "on" samples can lag: keep probing until they come).
+  if (k.on.n < kWarmup || k.off.n < kWarmup) {
+    return k.on.n <= k.off.n ? Decision::kProbe : Decision::kPlain;
+  }
+  const double on = k.on.rate(), off = k.off.rate();
+  const bool on_wins = on >= off;
+  if (on_wins != k.on_wins || k.next_explore == 0) {  // a new (or the first) verdict
+    k.on_wins = on_wins;
+    k.interval = kExploreMin;
+    k.next_explore = step + kExploreMin;
+  }
+  bool explore = false;
+  if (step >= k.next_explore) {
+    explore = true;
+    const bool close = on < 1.1 * off && off < 1.1 * on;
+    k.interval = std::min(2 * k.interval, close ? kExploreClose : kExploreMax);
+    k.next_explore = step + k.interval;
+  }
+  if (on_wins) return explore ? Decision::kPlain : Decision::kSpeculate;
+  return explore ? Decision::kProbe : Decision::kPlain;
+}
+
+bool SpecGate::Proven(int sequences) const {
+  const size_t b = static_cast<size_t>(BucketOf(sequences));
+  if (b >= buckets_.size()) return false;
+  const Bucket& k = buckets_[b];
+  return k.on.n >= kWarmup && k.off.n >= kWarmup && k.on.rate() > k.off.rate();
+}
+
+void SpecGate::Observe(int sequences, bool speculated, double tokens, double seconds) {
+  if (sequences < 1 || seconds <= 0 || tokens < 0) return;
+  const size_t b = static_cast<size_t>(BucketOf(sequences));
+  if (buckets_.size() <= b) buckets_.resize(b + 1);
+  Side& s = speculated ? buckets_[b].on : buckets_[b].off;
+  s.tokens = s.tokens * kDecay + tokens;
+  s.seconds = s.seconds * kDecay + seconds;
+  ++s.n;
+}
+
+double SpecGate::Rate(int sequences, bool speculated) const {
+  const size_t b = static_cast<size_t>(BucketOf(sequences));
+  if (b >= buckets_.size()) return 0;
+  return speculated ? buckets_[b].on.rate() : buckets_[b].off.rate();
 }
 
 }  // namespace pd::engine::spec

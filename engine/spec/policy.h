@@ -53,11 +53,13 @@ class AcceptanceEstimate {
   // A step without a draft: the evidence fades a little, so that a sequence that stopped
   // drafting after bad luck tries again once the prior outweighs it.
   void Idle();
-  double rate() const;  // in [0.01, 0.99]
-  int steps_since_draft = 0;  // steps the sequence ran without a draft (for probing)
+  // In [0.01, 0.99]; with little evidence, near `prior` (the drafter's recent acceptance over
+  // all sequences, say; kPrior without one).
+  double rate(double prior = kPrior) const;
+  static constexpr double kPrior = 0.5;
 
  private:
-  static constexpr double kPrior = 0.5, kPriorWeight = 2.0, kDecay = 0.9, kIdleDecay = 0.97;
+  static constexpr double kPriorWeight = 2.0, kDecay = 0.9, kIdleDecay = 0.97;
   double tried_ = 0, taken_ = 0;
 };
 
@@ -80,5 +82,60 @@ struct StepEstimate {
 // the step's expected tokens per second highest. 0 when none. A chosen k is added to `step`.
 int ChooseK(StepEstimate& step, const SpecCost& cost, double a, int limit,
             double draft_row_seconds, double min_gain, double fixed_seconds = 0);
+
+// Speculation's measured worth, by batch size (docs/speculative.md, "Never slower"). ChooseK
+// predicts from start-up timings; the gate checks the prediction against the steps that actually
+// ran. For each bucket of decoding-sequence counts (1, 2, 3-4, 5-8, ...) it keeps the tokens per
+// second of steps that verified drafts and of steps that did not (ratios of exponentially
+// forgotten sums), and lets a step speculate only while speculating steps are the faster ones.
+// The losing side is still tried now and then, so that a change in the workload is noticed:
+// first kExploreMin steps after a verdict, the interval doubling while the verdict holds up to
+// kExploreMax (kExploreClose while the two are within 10%), back to kExploreMin when the verdict
+// flips. (A try is not free: a draft model that has sat out must first catch up on the tokens it
+// missed.) The first kWarmup observations of each side come before any verdict. A step that tries speculation to
+// learn (warm-up, exploration) is a probe: it drafts even where ChooseK, still at its prior
+// acceptance, would not, so that acceptance and speed get measured at all. Not thread-safe: the
+// engine thread owns it.
+class SpecGate {
+ public:
+  static constexpr int kWarmup = 6, kExploreMin = 16, kExploreClose = 32, kExploreMax = 256;
+  static constexpr int kProbeDraft = 2;  // a probe's least draft length
+  static constexpr double kDecay = 0.9;
+
+  enum class Decision {
+    kPlain,      // no drafts
+    kSpeculate,  // drafts as ChooseK sees fit
+    kProbe,      // drafts, at least a short one, to measure
+  };
+  // For a step with `sequences` (>= 1) decoding sequences. Counts as a step of that bucket for
+  // exploration.
+  Decision Decide(int sequences);
+  // Whether speculating steps have measured faster at that batch size (both sides warmed up).
+  // Steps that also carry prompt rows are not observed (their time is not the decode's), so they
+  // speculate only on this evidence.
+  bool Proven(int sequences) const;
+  // A step without prompt rows ran: `sequences` decoding sequences, `speculated` whether any
+  // draft was verified, `tokens` emitted, `seconds` of wall time (drafting included).
+  void Observe(int sequences, bool speculated, double tokens, double seconds);
+  // Tokens per second of the bucket of `sequences` with and without speculation; 0 before any
+  // observation.
+  double Rate(int sequences, bool speculated) const;
+
+ private:
+  struct Side {
+    double tokens = 0, seconds = 0;
+    int n = 0;
+    double rate() const { return seconds > 0 ? tokens / seconds : 0; }
+  };
+  struct Bucket {
+    Side on, off;
+    int64_t steps = 0;         // Decide() calls
+    int64_t next_explore = 0;  // the step that tries the losing side
+    int interval = kExploreMin;
+    bool on_wins = false;      // the verdict at the last decision
+  };
+  static int BucketOf(int sequences);
+  std::vector<Bucket> buckets_;
+};
 
 }  // namespace pd::engine::spec

@@ -12,6 +12,8 @@
 #include <gtest/gtest.h>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/mapped_file.h"
 #include "common/status.h"
 #include "engine/sched/scheduler.h"
@@ -109,6 +111,7 @@ struct RunResult {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<FinishInfo> info;
   int64_t drafted = 0, accepted = 0, multi_token_calls = 0;
+  int64_t steps = 0, drafting_steps = 0, max_drafted_in_step = 0;
 };
 
 RunResult RunAll(Model& model, const SchedulerOptions& o, const std::vector<GenerationRequest>& reqs) {
@@ -128,6 +131,9 @@ RunResult RunAll(Model& model, const SchedulerOptions& o, const std::vector<Gene
     const StepStats st = (*s)->Step();
     out.drafted += st.draft_tokens;
     out.accepted += st.accepted_tokens;
+    ++out.steps;
+    out.drafting_steps += st.draft_tokens > 0;
+    out.max_drafted_in_step = std::max<int64_t>(out.max_drafted_in_step, st.draft_tokens);
     EXPECT_LE(st.accepted_tokens, st.draft_tokens);
     const absl::Status audit = (*s)->AuditKv();
     EXPECT_TRUE(audit.ok()) << audit;
@@ -237,14 +243,18 @@ TEST(SpeculativeScheduler, ARequestMayTurnItOff) {
   EXPECT_EQ(got.drafted, 0);
 }
 
-TEST(SpeculativeScheduler, NoDraftsWhenEveryRowCostsAFullShare) {
-  // Compute-bound costs: an extra row costs as much as the step's own, so a draft at the prior
-  // acceptance never pays.
+TEST(SpeculativeScheduler, OnlyProbesWhenEveryRowCostsAFullShare) {
+  // Compute-bound costs: an extra row costs as much as the step's own, so ChooseK never drafts;
+  // what drafts remain are the gate's probes (SpecGate): its warm-up, then its explorations,
+  // each of at most kProbeDraft tokens per sequence.
   auto env = Target();
   SchedulerOptions o = Options(std::make_shared<spec::NgramDrafter>());
   o.speculative.cost = spec::SpecCost::FromPoints({1, 64}, {1e-3, 64e-3});
   const RunResult got = RunAll(*env->model, o, GreedyRequests(16, 16));
-  EXPECT_EQ(got.drafted, 0);
+  // Per bucket of sequence counts (16 running down to 1 as they finish: 5 buckets).
+  EXPECT_LE(got.drafting_steps, 5 * spec::SpecGate::kWarmup + got.steps / spec::SpecGate::kExploreMin)
+      << got.steps << " steps";
+  EXPECT_LE(got.max_drafted_in_step, 16 * spec::SpecGate::kProbeDraft);
 }
 
 TEST(SpeculativeScheduler, MeasuresTheStepCostAtCreate) {
@@ -254,6 +264,51 @@ TEST(SpeculativeScheduler, MeasuresTheStepCostAtCreate) {
   auto s = Scheduler::Create(*env->model, o);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ((*s)->Load().kv_blocks_free, o.kv_blocks);  // the scratch sequence is gone
+  EXPECT_TRUE((*s)->AuditKv().ok());
+}
+
+// A drafter whose proposals are good (a close draft model's) but slow (a sleep in every
+// Propose), and that claims to cost nothing: the cost model believes it, the measured gate
+// does not.
+class SlowDrafter : public spec::Drafter {
+ public:
+  explicit SlowDrafter(std::shared_ptr<spec::Drafter> inner) : inner_(std::move(inner)) {}
+  std::string_view name() const override { return "slow"; }
+  absl::Status Propose(absl::Span<spec::DraftRequest* const> requests) override {
+    absl::SleepFor(absl::Milliseconds(10));
+    return inner_->Propose(requests);
+  }
+  void Release(int64_t seq) override { inner_->Release(seq); }
+
+ private:
+  std::shared_ptr<spec::Drafter> inner_;
+};
+
+TEST(SpeculativeScheduler, MeasuredSlowDraftsTurnThemselvesOff) {
+  auto env = Target();
+  testing::TinyEngine keep;
+  auto inner = spec::DraftModelDrafter::Create(DraftModel(keep, Near::kClose), kVocab,
+                                               {.cost = DraftCost()});
+  ASSERT_TRUE(inner.ok()) << inner.status();
+  SchedulerOptions o = Options(std::make_shared<SlowDrafter>(std::move(*inner)));
+  auto s = Scheduler::Create(*env->model, o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto reqs = GreedyRequests(1, 240);  // the tiny model holds 256 tokens
+  auto sink = std::make_shared<Sink>();
+  const absl::Status submitted = (*s)->Submit(reqs[0], sink);
+  ASSERT_TRUE(submitted.ok()) << submitted;
+  int steps = 0, drafting_steps = 0, accepted = 0;
+  while (!sink->finished && steps < 10000) {
+    const StepStats st = (*s)->Step();
+    ++steps;
+    drafting_steps += st.draft_tokens > 0;
+    accepted += st.accepted_tokens;
+  }
+  ASSERT_TRUE(sink->finished);
+  EXPECT_GT(accepted, 0);  // the drafts were good: only their time turned them off
+  // The warm-up, then tries at intervals doubling from SpecGate::kExploreMin (16 + 32 + 64 + 128
+  // steps: at most 5 in 250). Slack for a slow machine's noisy first steps.
+  EXPECT_LE(drafting_steps, spec::SpecGate::kWarmup + 5 + 3) << steps << " steps";
   EXPECT_TRUE((*s)->AuditKv().ok());
 }
 

@@ -1,6 +1,7 @@
 #include "engine/spec/policy.h"
 
 #include <cmath>
+#include <map>
 
 #include <gtest/gtest.h>
 
@@ -52,7 +53,12 @@ TEST(AcceptanceEstimate, MovesTowardTheObservedRateAndFadesWhenIdle) {
   EXPECT_LT(bad.rate(), 0.1);
   for (int i = 0; i < 200; ++i) bad.Idle();
   EXPECT_GT(bad.rate(), 0.4);  // back near the prior: it will probe again
-  EXPECT_EQ(bad.steps_since_draft, 200);
+  // With little evidence, a given prior (the drafter's acceptance over all sequences) leads.
+  AcceptanceEstimate fresh;
+  EXPECT_DOUBLE_EQ(fresh.rate(0.9), 0.9);
+  fresh.Observe(1, 0);
+  EXPECT_LT(fresh.rate(0.9), 0.9);
+  EXPECT_GT(fresh.rate(0.9), fresh.rate());
 }
 
 TEST(ChooseK, DraftsDeeperWhenAcceptanceIsHigherAndRowsAreCheap) {
@@ -101,6 +107,87 @@ TEST(ChooseK, DraftWorkCountsAgainstTheGain) {
   EXPECT_GT(ChooseK(fresh, flat, 0.7, 8, 0, 1.05, 0), 0);
   EXPECT_EQ(ChooseK(stale, flat, 0.7, 8, 0, 1.05, 5e-2), 0);
   EXPECT_DOUBLE_EQ(stale.rows, 1);
+}
+
+
+// Drives a gate as a scheduler would: each step asks Allow, and when allowed it "speculates" at
+// `on_rate` tokens/s, otherwise runs plain at `off_rate`. Returns the share of allowed steps
+// over the last `measure` of `steps`.
+double AllowedShare(SpecGate& gate, int sequences, double on_rate, double off_rate, int steps,
+                    int measure) {
+  int allowed = 0;
+  for (int i = 0; i < steps; ++i) {
+    const bool on = gate.Decide(sequences) != SpecGate::Decision::kPlain;
+    if (i >= steps - measure) allowed += on;
+    const double tokens = on ? 2.0 * sequences : sequences;
+    gate.Observe(sequences, on, tokens, tokens / (on ? on_rate : off_rate));
+  }
+  return static_cast<double>(allowed) / measure;
+}
+
+TEST(SpecGate, KeepsTheFasterSideAndStillExploresTheOther) {
+  SpecGate gate;
+  // Over the last 640 of 1000 steps the exploration interval has grown to kExploreMax: 2 or 3
+  // tries of the losing side.
+  const double few = 2.0 / 640, many = 3.0 / 640;
+  // Speculating steps are 1.8x faster at one sequence: allowed but for the rare exploration.
+  const double win = AllowedShare(gate, 1, 180, 100, 1000, 640);
+  EXPECT_GE(win, 1 - many);
+  EXPECT_LE(win, 1 - few);
+  EXPECT_GT(gate.Rate(1, true), gate.Rate(1, false));
+  // 15% slower at 16 sequences (another bucket, its own verdict): refused but for exploration.
+  const double lose = AllowedShare(gate, 16, 85, 100, 1000, 640);
+  EXPECT_GE(lose, few);
+  EXPECT_LE(lose, many);
+  // Close (within 10%): exploration stays frequent (every kExploreClose steps).
+  const double close = AllowedShare(gate, 4, 96, 100, 1000, 640);
+  EXPECT_NEAR(close, 1.0 / SpecGate::kExploreClose, 1.0 / 640);
+  // Where drafts win they run as ChooseK sees fit; where they lose, the rare try is a probe.
+  std::map<SpecGate::Decision, int> at1, at16;
+  for (int i = 0; i < 2 * SpecGate::kExploreMax; ++i) {
+    ++at1[gate.Decide(1)];
+    ++at16[gate.Decide(16)];
+  }
+  EXPECT_EQ(at1[SpecGate::Decision::kSpeculate] + at1[SpecGate::Decision::kPlain],
+            2 * SpecGate::kExploreMax);
+  EXPECT_EQ(at1[SpecGate::Decision::kPlain], 2);
+  EXPECT_EQ(at16[SpecGate::Decision::kPlain] + at16[SpecGate::Decision::kProbe],
+            2 * SpecGate::kExploreMax);
+  EXPECT_EQ(at16[SpecGate::Decision::kProbe], 2);
+  EXPECT_TRUE(gate.Proven(1));
+  EXPECT_FALSE(gate.Proven(16));
+}
+
+TEST(SpecGate, FollowsAChangeInTheWorkload) {
+  SpecGate gate;
+  AllowedShare(gate, 2, 200, 100, 500, 1);
+  // Drafts stop paying (say the text stopped repeating): the speculating steps show it, the gate
+  // closes within a few steps.
+  EXPECT_LT(AllowedShare(gate, 2, 70, 100, 100, 80), 0.05);
+  // And reopens when they pay again: the probes find out (a few, at most kExploreMax apart).
+  EXPECT_GT(AllowedShare(gate, 2, 200, 100, 6 * SpecGate::kExploreMax, 640), 0.95);
+}
+
+TEST(SpecGate, WarmsUpBothSidesFirstAndIgnoresBadObservations) {
+  SpecGate gate;
+  EXPECT_EQ(gate.Rate(3, true), 0);
+  EXPECT_FALSE(gate.Proven(3));
+  int on = 0;
+  for (int i = 0; i < 2 * SpecGate::kWarmup; ++i) {
+    const SpecGate::Decision d = gate.Decide(3);
+    EXPECT_NE(d, SpecGate::Decision::kSpeculate);  // no verdict yet: probes and plain steps
+    const bool allowed = d == SpecGate::Decision::kProbe;
+    on += allowed;
+    gate.Observe(3, allowed, 3, allowed ? 0.01 : 0.1);  // drafts look 10x better
+  }
+  EXPECT_EQ(on, SpecGate::kWarmup);  // alternated, whatever the first results said
+  EXPECT_TRUE(gate.Proven(3));
+  gate.Observe(3, true, 3, 0);        // no time: ignored
+  gate.Observe(0, true, 3, 1);        // no sequence: ignored
+  gate.Observe(3, true, -1, 1);       // negative tokens: ignored
+  EXPECT_NEAR(gate.Rate(3, true), 300, 1e-6);
+  EXPECT_NEAR(gate.Rate(4, false), 30, 1e-6);  // 3 and 4 share a bucket
+  EXPECT_EQ(gate.Rate(5, false), 0);
 }
 
 }  // namespace
