@@ -737,6 +737,7 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
     return a->acceptance.rate(prior) > b->acceptance.rate(prior);
   });
   int budget = plan.budget;
+  double catch_up_total = 0;  // predicted catch-up work of the drafting sequences
   std::vector<Sequence*> drafting;
   std::vector<spec::DraftRequest*> requests;
   for (Sequence* s : order) {
@@ -748,9 +749,12 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
     } else if (limit > 0) {
       // A draft step serves every drafting sequence at once: its cost is shared by all that
       // may draft in this step.
+      // Measured on this engine's own draft steps once there are any (the start-up timing is
+      // one moment of a noisy host).
       const double draft_row_s =
-          so.drafter->StepSeconds(static_cast<int>(order.size())) /
-              static_cast<double>(order.size()) +
+          (draft_token_seconds_ > 0 ? draft_token_seconds_
+                                    : so.drafter->StepSeconds(static_cast<int>(order.size())) /
+                                          static_cast<double>(order.size())) +
           verify_row_seconds_;
       // A draft model's catch-up is paid once and serves every later draft of the sequence:
       // this step bears its share over the tokens still to come (at most 32 of them, as the
@@ -769,7 +773,10 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
         k = std::min(spec::SpecGate::kProbeDraft, limit);
       }
       // The gate judges this step without the catch-up's share of later steps.
-      if (k > 0) catch_up_deferred_ += catch_up * (1 - 1.0 / ahead);
+      if (k > 0) {
+        catch_up_deferred_ += catch_up * (1 - 1.0 / ahead);
+        catch_up_total += catch_up;
+      }
     }
     if (k <= 0) {
       s->acceptance.Idle();
@@ -785,10 +792,23 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
     drafting.push_back(s);
     requests.push_back(&s->draft);
   }
-  if (requests.empty()) return;
+  if (requests.empty()) {
+    if (decision == Decision::kProbe) spec_gate_.ProbeUnused(n_decode);
+    return;
+  }
   const absl::Time t0 = absl::Now();
   const absl::Status st = so.drafter->Propose(requests);
   stats.draft_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  if (st.ok()) {
+    size_t proposed = 0;
+    for (const spec::DraftRequest* r : requests) proposed += r->draft.size();
+    if (proposed > 0) {
+      const double per_token =
+          std::max(0.0, stats.draft_seconds - catch_up_total) / static_cast<double>(proposed);
+      draft_token_seconds_ =
+          draft_token_seconds_ > 0 ? 0.8 * draft_token_seconds_ + 0.2 * per_token : per_token;
+    }
+  }
   if (!st.ok()) {
     PD_LOG(kWarning, "drafter ", so.drafter->name(), " failed, this step runs without drafts: ",
            st.ToString());

@@ -370,6 +370,7 @@ class Scheduler final : public GenerationEngine {
   spec::AcceptanceEstimate drafter_acceptance_;  // over all sequences: their prior
   // This step's draft catch-up that later steps' drafts share (not judged by the gate).
   double catch_up_deferred_ = 0;
+  double draft_token_seconds_ = 0;  // the drafter's measured seconds per proposed token (EWMA)
 
   mutable absl::Mutex mu_;
   absl::CondVar wake_;

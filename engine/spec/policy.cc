@@ -145,7 +145,8 @@ SpecGate::Decision SpecGate::Decide(int sequences) {
   }
   const double on = k.on.rate(), off = k.off.rate();
   const bool on_wins = on >= off;
-  if (on_wins != k.on_wins || k.next_explore == 0) {  // a new (or the first) verdict
+  if (on_wins != k.on_wins || !k.judged) {  // a new (or the first) verdict
+    k.judged = true;
     k.on_wins = on_wins;
     k.interval = kExploreMin;
     k.next_explore = step + kExploreMin;
@@ -159,6 +160,11 @@ SpecGate::Decision SpecGate::Decide(int sequences) {
   }
   if (on_wins) return explore ? Decision::kPlain : Decision::kSpeculate;
   return explore ? Decision::kProbe : Decision::kPlain;
+}
+
+void SpecGate::ProbeUnused(int sequences) {
+  const size_t b = static_cast<size_t>(BucketOf(sequences));
+  if (b < buckets_.size() && buckets_[b].judged) buckets_[b].next_explore = buckets_[b].steps;
 }
 
 bool SpecGate::Proven(int sequences) const {

@@ -110,6 +110,9 @@ class SpecGate {
   // For a step with `sequences` (>= 1) decoding sequences. Counts as a step of that bucket for
   // exploration.
   Decision Decide(int sequences);
+  // A kProbe decision for `sequences` found nothing to draft (say every sequence's draft model
+  // would first have to catch up on many tokens): the next step of that bucket probes instead.
+  void ProbeUnused(int sequences);
   // Whether speculating steps have measured faster at that batch size (both sides warmed up).
   // Steps that also carry prompt rows are not observed (their time is not the decode's), so they
   // speculate only on this evidence.
@@ -132,6 +135,7 @@ class SpecGate {
     int64_t steps = 0;         // Decide() calls
     int64_t next_explore = 0;  // the step that tries the losing side
     int interval = kExploreMin;
+    bool judged = false;       // warmed up and decided at least once
     bool on_wins = false;      // the verdict at the last decision
   };
   static int BucketOf(int sequences);

@@ -168,6 +168,21 @@ TEST(SpecGate, FollowsAChangeInTheWorkload) {
   EXPECT_GT(AllowedShare(gate, 2, 200, 100, 6 * SpecGate::kExploreMax, 640), 0.95);
 }
 
+TEST(SpecGate, AnUnusedProbeIsRetriedNextStep) {
+  SpecGate gate;
+  AllowedShare(gate, 1, 70, 100, 300, 1);  // drafts lose: probes only, far apart
+  int plain = 0;
+  while (gate.Decide(1) == SpecGate::Decision::kPlain) ++plain;
+  EXPECT_GT(plain, 16);
+  // The probe found nothing to draft: the next steps probe until one does.
+  gate.ProbeUnused(1);
+  EXPECT_EQ(gate.Decide(1), SpecGate::Decision::kProbe);
+  gate.ProbeUnused(1);
+  EXPECT_EQ(gate.Decide(1), SpecGate::Decision::kProbe);
+  gate.Observe(1, true, 2, 2.0 / 70);
+  EXPECT_EQ(gate.Decide(1), SpecGate::Decision::kPlain);
+}
+
 TEST(SpecGate, WarmsUpBothSidesFirstAndIgnoresBadObservations) {
   SpecGate gate;
   EXPECT_EQ(gate.Rate(3, true), 0);
