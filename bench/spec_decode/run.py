@@ -180,24 +180,33 @@ def measure(system: str, workload: str, threads: int, a, workdir: Path) -> list[
             # Without and with speculation on the same server, alternating (the request's
             # `speculative` flag): both see the same process, memory and machine noise.
             per_stream = max(a.requests_per_stream, math.ceil(a.min_requests / conc))
+            # Unmeasured: the scheduler's gate learns whether drafts pay at this batch size
+            # (its warm-up probes), as a server does once in its life, not per measurement.
+            for _ in range(a.warmup_rounds):
+                run_streams(server.url, reqs, conc, 1, a)
             sums = {False: {"tokens": 0, "seconds": 0.0, "requests": 0},
                     True: {"tokens": 0, "seconds": 0.0, "requests": 0}}
             delta: dict[str, float] = {}
+            round_ratios = []
             for _ in range(a.rounds):
+                rate = {}
                 for spec in (False, True):
                     before = scrape(server.url)
                     t = run_streams(server.url, reqs, conc, per_stream, a, speculative=spec)
                     after = scrape(server.url)
+                    rate[spec] = t["tokens"] / t["seconds"]
                     for k in ("tokens", "seconds", "requests"):
                         sums[spec][k] += t[k]
                     if spec:
                         for k in after:
                             delta[k] = delta.get(k, 0) + after.get(k, 0) - before.get(k, 0)
+                round_ratios.append(rate[True] / rate[False])
             off, on = sums[False], sums[True]
             rows.append({"system": system, "workload": workload, "threads": threads,
                          "concurrency": conc, "tok_s": on["tokens"] / on["seconds"],
                          "tok_s_off": off["tokens"] / off["seconds"], "seconds": on["seconds"],
-                         "requests": on["requests"], "metrics": delta})
+                         "requests": on["requests"], "metrics": delta,
+                         "round_ratios": round_ratios})
             log(f"  {workload:6} {system:10} t={threads} conc={conc:2}: "
                 f"{off['tokens'] / off['seconds']:7.1f} -> {on['tokens'] / on['seconds']:7.1f} "
                 f"tok/s ({on['requests']} requests each way)")
@@ -268,7 +277,10 @@ def report(rows: list[dict], costs: list[dict], a, argv: str) -> str:
              f"(at least {a.min_requests} requests per measurement).",
              "- The reference (tok/s off) is measured on the same server, alternating with the "
              f"speculative runs ({a.rounds} rounds of each; requests send `speculative: false`); "
-             "ratio = tokens/s with the drafter / without.",
+             "ratio = tokens/s with the drafter / without over all rounds; rounds = the lowest "
+             "and highest ratio of single rounds (the host's noise shows there). Before each "
+             f"concurrency's rounds, {a.warmup_rounds} unmeasured round(s) with speculation let the "
+             "scheduler's gate warm up at that batch size.",
              "- a = accepted / reached draft positions; K = mean draft length; per step = "
              "tokens emitted per verifying step, (accepted + drafts) / drafts; formula = "
              "(1 - a^(K+1)) / (1 - a); draft time = share of the wall time spent in the drafter.",
@@ -287,9 +299,9 @@ def report(rows: list[dict], costs: list[dict], a, argv: str) -> str:
                          f"{ms:.2f} | {rel:.2f} | {c['kernels']} |")
         lines.append("")
     lines += ["## Throughput", "",
-              "| workload | drafter | threads | streams | tok/s off | tok/s with | ratio | a | K | "
-              "per step | formula | draft time |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "| workload | drafter | threads | streams | tok/s off | tok/s with | ratio | "
+              "rounds | a | K | per step | formula | draft time |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         f = spec_figures(r["metrics"])
         ratio = r["tok_s"] / r["tok_s_off"]
@@ -298,9 +310,11 @@ def report(rows: list[dict], costs: list[dict], a, argv: str) -> str:
                   f"{100 * f['draft_s'] / r['seconds']:.0f} %")
         else:
             sf = "- | - | - | - | 0 %"
+        rr = r.get("round_ratios") or []
+        spread = f"{min(rr):.2f}-{max(rr):.2f}" if rr else "-"
         lines.append(f"| {r['workload']} | {r['system']} | {r['threads']} | {r['concurrency']} | "
                      f"{r['tok_s_off']:.1f} | {r['tok_s']:.1f} | "
-                     f"**{ratio:.2f}x** | {sf} |")
+                     f"**{ratio:.2f}x** | {spread} | {sf} |")
     lines.append("")
     return "\n".join(lines)
 
@@ -315,6 +329,9 @@ def main() -> int:
                         "with @K for a fixed draft length (self@2)")
     p.add_argument("--rounds", type=int, default=2,
                    help="alternations of without / with speculation per measurement")
+    p.add_argument("--warmup-rounds", type=int, default=1,
+                   help="unmeasured rounds (one request per stream, speculating) before each "
+                        "concurrency's measurement: the scheduler's gate warms up per batch size")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--spec-k", type=int, default=8)

@@ -802,11 +802,16 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
   if (st.ok()) {
     size_t proposed = 0;
     for (const spec::DraftRequest* r : requests) proposed += r->draft.size();
-    if (proposed > 0) {
+    // Only steps with little catching up teach the cost of drafting: the catch-up's own
+    // prediction can be far off (a prompt's once took twice its estimate, which left a draft
+    // token looking 6x dearer than it is). The average starts from the start-up timing.
+    const double start_up = so.drafter->StepSeconds(static_cast<int>(requests.size())) /
+                            static_cast<double>(requests.size());
+    if (proposed > 0 && catch_up_total <= start_up) {
       const double per_token =
           std::max(0.0, stats.draft_seconds - catch_up_total) / static_cast<double>(proposed);
       draft_token_seconds_ =
-          draft_token_seconds_ > 0 ? 0.8 * draft_token_seconds_ + 0.2 * per_token : per_token;
+          0.8 * (draft_token_seconds_ > 0 ? draft_token_seconds_ : start_up) + 0.2 * per_token;
     }
   }
   if (!st.ok()) {
