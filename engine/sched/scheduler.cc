@@ -70,6 +70,7 @@ struct Scheduler::Sequence {
   spec::DraftRequest draft;
   int spec_rows = 0;  // draft tokens in the batch being built (part of `planned`)
   spec::AcceptanceEstimate acceptance;
+  double catch_up_debt = 0;  // draft catch-up seconds the gate has not seen yet
   int draft_tokens = 0;
   int accepted_tokens = 0;
 
@@ -494,6 +495,7 @@ void Scheduler::CloseImportFence(Sequence& seq) {
 void Scheduler::Finish(std::unique_ptr<Sequence> seq, FinishReason reason, absl::Status status) {
   CloseImportFence(*seq);
   if (options_.speculative.drafter != nullptr) options_.speculative.drafter->Release(seq->kv_id);
+  gate_debt_ += seq->catch_up_debt;  // the catch-up the gate has not seen yet
   if (seq->hold_kv && seq->exported) {
     held_.insert(seq->kv_id);  // a transport may still be reading them: ReleaseExportedKv
   } else {
@@ -747,10 +749,9 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
     if (limit > 0 && so.fixed_k > 0) {
       k = std::min(so.fixed_k, limit);
     } else if (limit > 0) {
-      // A draft step serves every drafting sequence at once: its cost is shared by all that
-      // may draft in this step.
-      // Measured on this engine's own draft steps once there are any (the start-up timing is
-      // one moment of a noisy host).
+      // The draft's cost per token: measured on this engine's own draft steps once there are
+      // any (the start-up timing is one moment of a noisy host); before, the start-up step time
+      // shared by every sequence that may draft in this step (one draft step serves them all).
       const double draft_row_s =
           (draft_token_seconds_ > 0 ? draft_token_seconds_
                                     : so.drafter->StepSeconds(static_cast<int>(order.size())) /
@@ -772,10 +773,14 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
            catch_up <= spec::SpecGate::kProbeDraft * so.drafter->StepSeconds(1))) {
         k = std::min(spec::SpecGate::kProbeDraft, limit);
       }
-      // The gate judges this step without the catch-up's share of later steps.
+      // A draft model's catch-up serves this sequence's later drafts too: the gate sees this
+      // step's share now and the rest when the sequence ends (each short request's catch-up is
+      // a recurring cost, which the gate must see, but not all at once in the step that paid).
       if (k > 0) {
-        catch_up_deferred_ += catch_up * (1 - 1.0 / ahead);
         catch_up_total += catch_up;
+        const double later = catch_up * (1 - 1.0 / ahead);
+        catch_up_deferred_ += later;
+        s->catch_up_debt += later;
       }
     }
     if (k <= 0) {
@@ -1135,13 +1140,15 @@ StepStats Scheduler::RunStep() {
   if (options_.speculative.drafter != nullptr && stats.prefill_tokens == 0 &&
       stats.decode_tokens > stats.draft_tokens) {
     const int seqs = stats.decode_tokens - stats.draft_tokens;
-    const double seconds = std::max(stats.seconds - catch_up_deferred_, 0.5 * stats.seconds);
+    const double seconds = std::max(stats.seconds - catch_up_deferred_, 0.1 * stats.seconds);
     spec_gate_.Observe(seqs, stats.draft_tokens > 0, seqs + stats.accepted_tokens, seconds);
+    spec_gate_.Charge(seqs, gate_debt_);
     PD_LOG(kDebug, "step ", step_no_, ": ", seqs, " sequences, ", stats.draft_tokens, " drafted, ",
            stats.accepted_tokens, " accepted in ", stats.seconds * 1e3, " ms (drafting ",
            stats.draft_seconds * 1e3, " ms, catch-up deferred ", catch_up_deferred_ * 1e3,
-           " ms); measured tok/s with drafts ", spec_gate_.Rate(seqs, true), ", without ",
-           spec_gate_.Rate(seqs, false));
+           " ms, charged ", gate_debt_ * 1e3, " ms); measured tok/s with drafts ",
+           spec_gate_.Rate(seqs, true), ", without ", spec_gate_.Rate(seqs, false));
+    gate_debt_ = 0;
   }
   catch_up_deferred_ = 0;
   if (stats.prefill_tokens > 0 && stats.decode_tokens > 0) {

@@ -368,8 +368,10 @@ class Scheduler final : public GenerationEngine {
   double verify_row_seconds_ = 0;
   spec::SpecGate spec_gate_;  // measured speculating vs plain step rates, by batch size
   spec::AcceptanceEstimate drafter_acceptance_;  // over all sequences: their prior
-  // This step's draft catch-up that later steps' drafts share (not judged by the gate).
+  // Draft catch-up left out of this step's measure (charged when its sequence ends), and the
+  // catch-up of ended sequences not yet charged to the gate.
   double catch_up_deferred_ = 0;
+  double gate_debt_ = 0;
   double draft_token_seconds_ = 0;  // the drafter's measured seconds per proposed token (EWMA)
 
   mutable absl::Mutex mu_;

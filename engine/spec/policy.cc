@@ -184,6 +184,13 @@ void SpecGate::Observe(int sequences, bool speculated, double tokens, double sec
   ++s.n;
 }
 
+void SpecGate::Charge(int sequences, double seconds) {
+  if (!(seconds > 0)) return;
+  const size_t b = static_cast<size_t>(BucketOf(sequences));
+  if (buckets_.size() <= b) buckets_.resize(b + 1);
+  buckets_[b].on.seconds += seconds;
+}
+
 double SpecGate::Rate(int sequences, bool speculated) const {
   const size_t b = static_cast<size_t>(BucketOf(sequences));
   if (b >= buckets_.size()) return 0;

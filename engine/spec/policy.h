@@ -100,7 +100,9 @@ class SpecGate {
  public:
   static constexpr int kWarmup = 6, kExploreMin = 16, kExploreClose = 32, kExploreMax = 256;
   static constexpr int kProbeDraft = 2;  // a probe's least draft length
-  static constexpr double kDecay = 0.9;
+  // Per observation: a memory of about 20 steps per side, long enough that one step's draft
+  // catch-up (a new request's prompt) does not flip a verdict by itself.
+  static constexpr double kDecay = 0.95;
 
   enum class Decision {
     kPlain,      // no drafts
@@ -120,6 +122,9 @@ class SpecGate {
   // A step without prompt rows ran: `sequences` decoding sequences, `speculated` whether any
   // draft was verified, `tokens` emitted, `seconds` of wall time (drafting included).
   void Observe(int sequences, bool speculated, double tokens, double seconds);
+  // Seconds that speculating cost beyond the steps observed (a draft model's catch-up spread
+  // over its sequence's life): added to the speculating side of the bucket of `sequences`.
+  void Charge(int sequences, double seconds);
   // Tokens per second of the bucket of `sequences` with and without speculation; 0 before any
   // observation.
   double Rate(int sequences, bool speculated) const;

@@ -203,6 +203,13 @@ TEST(SpecGate, WarmsUpBothSidesFirstAndIgnoresBadObservations) {
   EXPECT_NEAR(gate.Rate(3, true), 300, 1e-6);
   EXPECT_NEAR(gate.Rate(4, false), 30, 1e-6);  // 3 and 4 share a bucket
   EXPECT_EQ(gate.Rate(5, false), 0);
+  // Deferred costs land on the speculating side only.
+  const double before = gate.Rate(3, true);
+  gate.Charge(3, 0.01);
+  EXPECT_LT(gate.Rate(3, true), before);
+  EXPECT_NEAR(gate.Rate(4, false), 30, 1e-6);
+  gate.Charge(3, -1);  // ignored
+  EXPECT_GT(gate.Rate(3, true), 0);
 }
 
 }  // namespace
