@@ -740,6 +740,7 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
   });
   int budget = plan.budget;
   double catch_up_total = 0;  // predicted catch-up work of the drafting sequences
+  bool probe_caught_up = false;  // a probe in this step already pays a prompt's catch-up
   std::vector<Sequence*> drafting;
   std::vector<spec::DraftRequest*> requests;
   for (Sequence* s : order) {
@@ -768,10 +769,12 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
       // on more than that little on tokens it sat out (a draft model): that would cost more
       // than the probe learns, again at every probe. Its prompt, at the first decode step, any
       // draft must read.
+      // One prompt catch-up per probe step teaches as much as several.
+      const bool cheap = catch_up <= spec::SpecGate::kProbeDraft * so.drafter->StepSeconds(1);
       if (decision == Decision::kProbe && k == 0 &&
-          (s->n_generated <= 1 ||
-           catch_up <= spec::SpecGate::kProbeDraft * so.drafter->StepSeconds(1))) {
+          (cheap || (s->n_generated <= 1 && !probe_caught_up))) {
         k = std::min(spec::SpecGate::kProbeDraft, limit);
+        probe_caught_up = probe_caught_up || !cheap;
       }
       // A draft model's catch-up serves this sequence's later drafts too: the gate sees this
       // step's share now and the rest when the sequence ends (each short request's catch-up is
