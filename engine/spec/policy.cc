@@ -133,10 +133,14 @@ int SpecGate::BucketOf(int sequences) {
   return b;  // 1 -> 0, 2 -> 1, 3-4 -> 2, 5-8 -> 3, ...
 }
 
-SpecGate::Decision SpecGate::Decide(int sequences) {
+SpecGate::Bucket& SpecGate::At(int sequences) {
   const size_t b = static_cast<size_t>(BucketOf(sequences));
   if (buckets_.size() <= b) buckets_.resize(b + 1);
-  Bucket& k = buckets_[b];
+  return buckets_[b];
+}
+
+SpecGate::Decision SpecGate::Decide(int sequences) {
+  Bucket& k = At(sequences);
   const int64_t step = k.steps++;
   // Warm-up: alternate until both sides have their first observations (a probe may still draft
   // nothing, so "on" samples can lag: keep probing until they come).
@@ -176,9 +180,8 @@ bool SpecGate::Proven(int sequences) const {
 
 void SpecGate::Observe(int sequences, bool speculated, double tokens, double seconds) {
   if (sequences < 1 || seconds <= 0 || tokens < 0) return;
-  const size_t b = static_cast<size_t>(BucketOf(sequences));
-  if (buckets_.size() <= b) buckets_.resize(b + 1);
-  Side& s = speculated ? buckets_[b].on : buckets_[b].off;
+  Bucket& k = At(sequences);
+  Side& s = speculated ? k.on : k.off;
   s.tokens = s.tokens * kDecay + tokens;
   s.seconds = s.seconds * kDecay + seconds;
   ++s.n;
@@ -186,9 +189,7 @@ void SpecGate::Observe(int sequences, bool speculated, double tokens, double sec
 
 void SpecGate::Charge(int sequences, double seconds) {
   if (!(seconds > 0)) return;
-  const size_t b = static_cast<size_t>(BucketOf(sequences));
-  if (buckets_.size() <= b) buckets_.resize(b + 1);
-  buckets_[b].on.seconds += seconds;
+  At(sequences).on.seconds += seconds;
 }
 
 double SpecGate::Rate(int sequences, bool speculated) const {

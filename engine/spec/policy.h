@@ -144,6 +144,7 @@ class SpecGate {
     bool on_wins = false;      // the verdict at the last decision
   };
   static int BucketOf(int sequences);
+  Bucket& At(int sequences);  // grown on first use
   std::vector<Bucket> buckets_;
 };
 
