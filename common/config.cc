@@ -216,6 +216,31 @@ absl::Status ServeOptions::Validate() const {
       return absl::InvalidArgumentError(StrCat(name, ".host: must not be empty"));
     }
   }
+  {
+    const HttpLimitsOptions& l = http_limits;
+    PD_RETURN_IF_ERROR(Check(l.max_connections >= 1, "http.max_connections", "must be >= 1",
+                             l.max_connections));
+    PD_RETURN_IF_ERROR(Check(l.max_connections_per_address >= 0,
+                             "http.max_connections_per_address", "must be >= 0",
+                             l.max_connections_per_address));
+    for (const auto& [name, v] : {std::pair<const char*, int>{"http.header_timeout_ms",
+                                                              l.header_timeout_ms},
+                                  {"http.body_timeout_ms", l.body_timeout_ms},
+                                  {"http.idle_timeout_ms", l.idle_timeout_ms},
+                                  {"http.write_timeout_ms", l.write_timeout_ms},
+                                  {"http.threads", l.threads},
+                                  {"http.io_threads", l.io_threads}}) {
+      PD_RETURN_IF_ERROR(Check(v >= 1, name, "must be >= 1", v));
+    }
+  }
+  if (tls.cert_file.empty() != tls.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "tls: cert_file and key_file go together (both set: TLS; both empty: plaintext)");
+  }
+  PD_RETURN_IF_ERROR(Check(admission.max_waiting >= 0, "admission.max_waiting", "must be >= 0",
+                           admission.max_waiting));
+  PD_RETURN_IF_ERROR(Check(admission.ttft_slo_ms >= 0, "admission.ttft_slo_ms", "must be >= 0",
+                           admission.ttft_slo_ms));
   for (size_t i = 0; i < api_keys.size(); ++i) {
     if (api_keys[i].empty()) {
       return absl::InvalidArgumentError(StrCat("api_keys[", i, "]: must not be empty"));
@@ -372,7 +397,34 @@ absl::StatusOr<ServeOptions> ParseServeOptions(std::string_view yaml, std::strin
     }
     top.Get("threads", &o.threads);
     ReadListen(top, "grpc", &o.grpc);
-    ReadListen(top, "http", &o.http);
+    {
+      MapReader h = top.Child("http");
+      h.Get("enabled", &o.http.enabled);
+      h.Get("host", &o.http.host);
+      h.Get("port", &o.http.port);
+      HttpLimitsOptions& l = o.http_limits;
+      h.Get("max_connections", &l.max_connections);
+      h.Get("max_connections_per_address", &l.max_connections_per_address);
+      h.Get("header_timeout_ms", &l.header_timeout_ms);
+      h.Get("body_timeout_ms", &l.body_timeout_ms);
+      h.Get("idle_timeout_ms", &l.idle_timeout_ms);
+      h.Get("write_timeout_ms", &l.write_timeout_ms);
+      h.Get("threads", &l.threads);
+      h.Get("io_threads", &l.io_threads);
+      top.Merge(h);
+    }
+    {
+      MapReader t = top.Child("tls");
+      t.Get("cert_file", &o.tls.cert_file);
+      t.Get("key_file", &o.tls.key_file);
+      top.Merge(t);
+    }
+    {
+      MapReader a = top.Child("admission");
+      a.Get("max_waiting", &o.admission.max_waiting);
+      a.Get("ttft_slo_ms", &o.admission.ttft_slo_ms);
+      top.Merge(a);
+    }
     top.GetStrings("api_keys", &o.api_keys);
     {
       MapReader s = top.Child("scheduler");

@@ -31,6 +31,31 @@ struct ListenOptions {
   int port = 0;  // 0 = pick a free port (printed when ready)
 };
 
+// The public HTTP server's defences against slow, idle and numerous clients
+// (frontend::HttpServerOptions, docs/security.md).
+struct HttpLimitsOptions {
+  int max_connections = 4096;             // open at once; lowered to what `ulimit -n` allows
+  int max_connections_per_address = 512;  // per client IP; 0 = no cap
+  int header_timeout_ms = 10000;  // TLS handshake + first request header
+  int body_timeout_ms = 30000;    // a body, from the end of its header
+  int idle_timeout_ms = 60000;    // keep-alive connection between requests
+  int write_timeout_ms = 10000;   // one write; past it the client counts as gone (request cancelled)
+  int threads = 4;                // workers: JSON parsing, chat template, tokenization
+  int io_threads = 1;             // event-loop threads
+};
+
+// TLS of the public gRPC and HTTP APIs (both or neither file): PEM certificate chain and key.
+struct TlsOptions {
+  std::string cert_file;
+  std::string key_file;
+};
+
+// Refusal before tokenization (frontend/admission.h): pd-serve and pd-router.
+struct AdmissionConfigOptions {
+  int max_waiting = 256;  // requests waiting for their first token; beyond: 429; 0 = no cap
+  int ttft_slo_ms = 0;    // > 0: refuse when the measured queue says a new request would wait longer
+};
+
 struct SchedulerConfigOptions {
   int max_running_seqs = 32;     // sequences holding KV at once
   int max_waiting = 256;         // accepted requests not running; beyond: RESOURCE_EXHAUSTED
@@ -151,6 +176,9 @@ struct ServeOptions {
   int threads = 0;  // CPU backend threads; 0 = all cores
   ListenOptions grpc{true, "127.0.0.1", 50051};
   ListenOptions http{true, "127.0.0.1", 8080};
+  HttpLimitsOptions http_limits;  // YAML: the other keys of `http:`
+  TlsOptions tls;                 // public gRPC and HTTP
+  AdmissionConfigOptions admission;
   // Accepted API keys ("authorization: Bearer KEY" or "x-api-key: KEY"); empty = no auth.
   // PDSERVE_API_KEYS (comma-separated) adds to these.
   std::vector<std::string> api_keys;

@@ -16,6 +16,8 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status.h"
 #include "common/strings.h"
@@ -44,7 +46,16 @@ struct StreamQueue {
   // Set when the Stream was destroyed before the end: the sink then records the request's end
   // in the metrics itself (nobody else will see its FinishInfo).
   bool abandoned ABSL_GUARDED_BY(mu) = false;
+  // Stream::SetNotify's callback: called after each append, outside `mu`.
+  std::shared_ptr<const std::function<void()>> notify ABSL_GUARDED_BY(mu);
   ServingMetrics* metrics = nullptr;  // immutable after construction
+  // Told when the request stops waiting for its first token. Immutable after construction.
+  std::shared_ptr<Admission> admission;
+  std::atomic<bool> left_queue{false};
+
+  void LeaveQueue(absl::Time now, bool served) {
+    if (admission != nullptr && !left_queue.exchange(true)) admission->Leave(now, served);
+  }
 
   bool HasData() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return !tokens.empty() || finish.has_value();
@@ -56,16 +67,26 @@ class QueueSink final : public engine::GenerationSink {
   explicit QueueSink(std::shared_ptr<StreamQueue> q) : q_(std::move(q)) {}
   void OnTokens(const std::vector<int32_t>& tokens) override {
     const absl::Time now = absl::Now();
-    absl::MutexLock lock(&q_->mu);
-    q_->tokens.push_back({tokens, now});
+    q_->LeaveQueue(now, /*served=*/true);
+    std::shared_ptr<const std::function<void()>> notify;
+    {
+      absl::MutexLock lock(&q_->mu);
+      q_->tokens.push_back({tokens, now});
+      notify = q_->notify;
+    }
+    if (notify != nullptr) (*notify)();
   }
   void OnFinish(const FinishInfo& info) override {
+    q_->LeaveQueue(absl::Now(), /*served=*/false);
     bool abandoned;
+    std::shared_ptr<const std::function<void()>> notify;
     {
       absl::MutexLock lock(&q_->mu);
       q_->finish = info;
       abandoned = q_->abandoned;
+      notify = q_->notify;
     }
+    if (notify != nullptr) (*notify)();
     if (abandoned && q_->metrics != nullptr) {
       // Lock-free counter and histogram updates: cheap enough for the engine thread.
       q_->metrics->RequestFinished(engine::FinishReasonName(info.reason), info.prompt_tokens,
@@ -100,13 +121,18 @@ class LocalStream final : public Stream {
         queue_(std::move(queue)) {}
 
   ~LocalStream() override {
-    if (done_) return;
+    if (done_) {
+      absl::MutexLock lock(&queue_->mu);
+      queue_->notify.reset();
+      return;
+    }
     // The client went away: free the KV now. The sink may still be called; it only fills a
     // queue that the sink itself keeps alive, and records the end in the metrics.
     std::optional<FinishInfo> finish;
     {
       absl::MutexLock lock(&queue_->mu);
       queue_->abandoned = true;
+      queue_->notify.reset();
       finish = queue_->finish;
     }
     if (finish.has_value()) {
@@ -120,6 +146,17 @@ class LocalStream final : public Stream {
 
   void Cancel() override {
     if (!done_) engine_.Cancel(engine_id_, FinishReason::kCancelled);
+  }
+
+  void SetNotify(std::function<void()> notify) override {
+    auto shared = std::make_shared<const std::function<void()>>(std::move(notify));
+    bool ready;
+    {
+      absl::MutexLock lock(&queue_->mu);
+      queue_->notify = shared;
+      ready = queue_->HasData();
+    }
+    if (ready) (*shared)();
   }
 
   bool Next(ApiChunk* chunk, absl::Time deadline) override {
@@ -255,6 +292,7 @@ class LocalFrontend final : public Frontend {
         chat_template_(chat_template),
         model_(std::move(model)),
         metrics_(metrics),
+        admission_(std::make_shared<Admission>(options_.admission)),
         id_prefix_(StrCat("pd-", std::random_device{}() & 0xFFFFFF, "-")) {}
 
   absl::StatusOr<std::unique_ptr<Stream>> Start(const ApiRequest& request) override {
@@ -305,6 +343,19 @@ class LocalFrontend final : public Frontend {
       return absl::NotFoundError(
           StrCat("model '", r.model, "' is not served here (served: '", model_.id, "')"));
     }
+    // Before any work on the request: refused here, an overload costs microseconds.
+    PD_RETURN_IF_ERROR(admission_->Admit(absl::Now()));
+    auto queue = std::make_shared<StreamQueue>();
+    queue->metrics = metrics_;
+    queue->admission = admission_;
+    absl::StatusOr<std::unique_ptr<Stream>> s = Prepare(r, queue);
+    if (!s.ok()) queue->LeaveQueue(absl::Now(), /*served=*/false);
+    return s;
+  }
+
+  // Validates, templates, tokenizes and submits `r`, whose output goes to `queue`.
+  absl::StatusOr<std::unique_ptr<Stream>> Prepare(const ApiRequest& r,
+                                                  std::shared_ptr<StreamQueue> queue) {
     // Input: exactly one of messages / prompt.
     if (r.prompt.has_value() && !r.messages.empty()) {
       return Invalid("messages", "messages and prompt are both set; give one of them");
@@ -386,8 +437,6 @@ class LocalFrontend final : public Frontend {
     std::string request_id = r.request_id.empty() ? g.id : r.request_id;
     if (!IsValidUtf8(request_id)) return Invalid("request_id", "is not valid UTF-8");
 
-    auto queue = std::make_shared<StreamQueue>();
-    queue->metrics = metrics_;
     std::string engine_id = g.id;
     PD_RETURN_IF_ERROR(engine_.Submit(std::move(g), std::make_shared<QueueSink>(queue)));
     if (metrics_ != nullptr) metrics_->RequestStarted();
@@ -402,6 +451,7 @@ class LocalFrontend final : public Frontend {
   const engine::ChatTemplateKind chat_template_;
   const ModelCard model_;
   ServingMetrics* const metrics_;
+  const std::shared_ptr<Admission> admission_;  // shared with the sinks, which may outlive us
   const std::string id_prefix_;
   std::atomic<uint64_t> next_id_{0};
 };
@@ -415,6 +465,23 @@ std::unique_ptr<Frontend> MakeLocalFrontend(FrontendOptions options,
                                             ServingMetrics* metrics) {
   return std::make_unique<LocalFrontend>(std::move(options), engine, tokenizer, chat_template,
                                          std::move(model), metrics);
+}
+
+namespace {
+constexpr char kRetryAfterUrl[] = "type.pdserve.dev/retry_after_s";
+}  // namespace
+
+absl::Status OverloadedError(std::string_view message, int retry_after_s) {
+  absl::Status s = absl::ResourceExhaustedError(absl::string_view(message.data(), message.size()));
+  s.SetPayload(kRetryAfterUrl, absl::Cord(std::to_string(std::max(retry_after_s, 1))));
+  return s;
+}
+
+int RetryAfterSeconds(const absl::Status& status) {
+  const absl::optional<absl::Cord> p = status.GetPayload(kRetryAfterUrl);
+  if (!p.has_value()) return 0;
+  int s = 0;
+  return absl::SimpleAtoi(std::string(*p), &s) && s > 0 ? s : 0;
 }
 
 }  // namespace pd::frontend

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,6 +21,7 @@
 #include "engine/sched/engine_api.h"
 #include "engine/sched/sampler.h"
 #include "engine/tokenizer/chat_template.h"
+#include "frontend/admission.h"
 
 namespace pd::frontend {
 
@@ -55,8 +57,9 @@ struct ApiChunk {
   engine::RequestTiming timing;
 };
 
-// A running request. Next() blocks until the next chunk or `deadline`; destroying the Stream
-// (or calling Cancel) before the end cancels the request and frees its KV.
+// A running request. Next() blocks until the next chunk or `deadline` (a past deadline polls);
+// destroying the Stream (or calling Cancel) before the end cancels the request and frees its KV.
+// An event-driven reader registers a notification instead of blocking (SetNotify) and polls.
 class Stream {
  public:
   virtual ~Stream() = default;
@@ -65,6 +68,12 @@ class Stream {
   // returns false at once.
   virtual bool Next(ApiChunk* chunk, absl::Time deadline) = 0;
   virtual void Cancel() = 0;
+  // `notify` is called whenever Next may have something new: from the producer's thread (the
+  // engine's), or from this call when data is already waiting. Calls may be spurious; `notify`
+  // must be cheap, must not block, and must be safe to call from any thread. The Stream drops it
+  // when destroyed, but a call the producer began just before may still run: capture weak
+  // references. Replaces an earlier one.
+  virtual void SetNotify(std::function<void()> notify) = 0;
 };
 
 struct ModelCard {
@@ -96,6 +105,12 @@ namespace pd::frontend {
 
 class ServingMetrics;
 
+// RESOURCE_EXHAUSTED carrying a retry hint: HTTP answers 429 with "Retry-After: <s>", gRPC adds
+// "retry-after" trailing metadata.
+absl::Status OverloadedError(std::string_view message, int retry_after_s);
+// The hint of an OverloadedError; 0 when the status carries none.
+int RetryAfterSeconds(const absl::Status& status);
+
 struct FrontendOptions {
   // Sampling values a request leaves unset (engine::SamplingParams' defaults otherwise).
   engine::SamplingParams default_sampling;
@@ -103,6 +118,8 @@ struct FrontendOptions {
   int max_tokens_limit = 4096;   // larger max_tokens: INVALID_ARGUMENT
   int max_stop = 8;              // stop strings per request
   int max_stop_bytes = 256;      // bytes per stop string
+  // Refusal before tokenization when the server is full (frontend/admission.h).
+  AdmissionOptions admission;
 };
 
 // A Frontend over `engine` in this process. Borrows engine, tokenizer and metrics (nullable),

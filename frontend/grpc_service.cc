@@ -10,6 +10,8 @@
 #include <utility>
 
 #include "common/log.h"
+#include "common/grpc_tls.h"
+#include "common/status.h"
 #include "common/strings.h"
 #include "frontend/serving_metrics.h"
 #include "pdserve/v1/chat.pb.h"
@@ -138,7 +140,12 @@ grpc::Status ChatService::Generate(grpc::ServerContext* context,
   if (!api.ok()) return fail(api.status());
   // Errors of Start are counted by the Frontend.
   absl::StatusOr<std::unique_ptr<Stream>> stream = frontend_.Start(*api);
-  if (!stream.ok()) return ToGrpc(stream.status());
+  if (!stream.ok()) {
+    if (const int retry = RetryAfterSeconds(stream.status()); retry > 0) {
+      context->AddTrailingMetadata("retry-after", std::to_string(retry));
+    }
+    return ToGrpc(stream.status());
+  }
   const bool include_ids = request->stream_options().include_token_ids();
 
   // From here on, returning early destroys the stream, which cancels the request in the engine.
@@ -219,7 +226,9 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(Frontend& frontend
   grpc::ServerBuilder builder;
   const bool v6 = options.host.find(':') != std::string::npos;
   const std::string addr = StrCat(v6 ? "[" : "", options.host, v6 ? "]" : "", ":", options.port);
-  builder.AddListeningPort(addr, grpc::InsecureServerCredentials(), &s->port_);
+  PD_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                      GrpcServerCredentials({options.tls_cert_file, options.tls_key_file, ""}));
+  builder.AddListeningPort(addr, credentials, &s->port_);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();

@@ -381,6 +381,7 @@ std::optional<ApiError> ParseBody(const std::string& body, json* out) {
 
 ApiError FromStatus(const absl::Status& status) {
   ApiError e{status.code(), std::string(status.message()), ""};
+  e.retry_after_s = RetryAfterSeconds(status);
   if (status.code() == absl::StatusCode::kInvalidArgument) e.param = ParamFromMessage(e.message);
   if (status.code() == absl::StatusCode::kNotFound &&
       e.message.find("model") != std::string::npos) {

@@ -18,6 +18,7 @@ struct ApiError {
   std::string message;
   std::string param;
   int http_status = 0;  // 0: HttpStatusFor(code)
+  int retry_after_s = 0;  // > 0: a Retry-After header (overload refusals)
 };
 
 // The Frontend's error as the HTTP layer answers it. INVALID_ARGUMENT names the request field its

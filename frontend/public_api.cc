@@ -29,6 +29,8 @@ FrontendOptions FrontendOptionsFrom(const ServeOptions& o) {
   fo.default_max_tokens = o.limits.default_max_tokens;
   fo.max_tokens_limit = o.limits.max_tokens;
   fo.max_stop = o.limits.max_stop;
+  fo.admission.max_waiting = o.admission.max_waiting;
+  fo.admission.ttft_slo = absl::Milliseconds(o.admission.ttft_slo_ms);
   return fo;
 }
 
@@ -41,12 +43,25 @@ absl::StatusOr<std::unique_ptr<PublicServers>> PublicServers::Start(
     go.host = o.grpc.host;
     go.port = o.grpc.port;
     go.api_keys = o.api_keys;
+    go.tls_cert_file = o.tls.cert_file;
+    go.tls_key_file = o.tls.key_file;
     go.max_message_bytes = static_cast<int>(std::min<int64_t>(o.limits.max_body_bytes, INT32_MAX));
     PD_ASSIGN_OR_RETURN(s->grpc_, GrpcServer::Start(frontend, go, metrics));
   }
   if (o.http.enabled) {
     HttpServerOptions ho;
     ho.max_body_bytes = static_cast<size_t>(o.limits.max_body_bytes);
+    const HttpLimitsOptions& l = o.http_limits;
+    ho.max_connections = l.max_connections;
+    ho.max_connections_per_address = l.max_connections_per_address;
+    ho.header_timeout = absl::Milliseconds(l.header_timeout_ms);
+    ho.body_timeout = absl::Milliseconds(l.body_timeout_ms);
+    ho.idle_timeout = absl::Milliseconds(l.idle_timeout_ms);
+    ho.write_timeout = absl::Milliseconds(l.write_timeout_ms);
+    ho.threads = l.threads;
+    ho.io_threads = l.io_threads;
+    ho.tls_cert_file = o.tls.cert_file;
+    ho.tls_key_file = o.tls.key_file;
     ho.api_keys = o.api_keys;
     ho.refresh_metrics = std::move(refresh_metrics);
     s->http_ = std::make_unique<HttpServer>(ho, frontend, registry, metrics);

@@ -10,6 +10,7 @@ APT_PACKAGES=(
   libspdlog-dev libfmt-dev libpcre2-dev libyaml-cpp-dev
   fortunes  # calibration/evaluation texts of pdctl quantize (testdata/texts/manifest.json)
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev libucx-dev libcpp-httplib-dev
+  libboost1.81-dev libssl-dev  # the public HTTP server: Boost.Beast/Asio, TLS (frontend/http_server.cc)
   libxxhash-dev  # XXH3, the KV transfer's per-layer checksum (used header-only)
   prometheus-cpp-dev  # the metrics registry and text serializer behind common/metrics.h (core only)
   ucx-utils  # ucx_perftest / ucx_info: bench/kv_transfer/run.sh compares the KV transport with it

@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+
 #include <memory>
 #include <string>
 #include <utility>
@@ -292,6 +294,66 @@ TEST(FrontendTest, DroppingOrCancellingAStreamCancelsTheRequest) {
   EXPECT_EQ(chunks.back().status.code(), absl::StatusCode::kCancelled);
   s->reset();
   EXPECT_EQ(env->engine.cancels.size(), 2u);  // finished: nothing more to cancel
+}
+
+// Admission happens before the chat template and the tokenizer: a refused request costs no
+// tokenization (the engine never sees it), and a waiting slot frees at the first token.
+TEST(FrontendTest, AdmissionRefusesBeforeTokenizingAndFreesAtTheFirstToken) {
+  FrontendOptions options;
+  options.admission.max_waiting = 2;
+  auto env = MakeEnv(options);
+  auto a = env->fe->Start(UserSays("one"));
+  auto b = env->fe->Start(UserSays("two"));
+  ASSERT_TRUE(a.ok() && b.ok());
+  // Even an invalid request is refused first: nothing about it is looked at.
+  ApiRequest bad = UserSays("three");
+  bad.temperature = -1;
+  auto c = env->fe->Start(bad);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_GE(RetryAfterSeconds(c.status()), 1);
+  EXPECT_EQ(env->engine.requests.size(), 2u);
+  // a's first token frees a slot; b's cancellation frees another.
+  env->engine.sinks[0]->OnTokens({5});
+  auto three = env->fe->Start(UserSays("three"));
+  EXPECT_TRUE(three.ok());
+  b->reset();
+  auto four = env->fe->Start(UserSays("four"));
+  EXPECT_TRUE(four.ok());
+  EXPECT_EQ(env->fe->Start(UserSays("five")).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // A request refused after admission (here by validation) gives its slot back.
+  env->engine.sinks[2]->OnTokens({5});
+  ApiRequest invalid = UserSays("six");
+  invalid.temperature = -1;
+  EXPECT_EQ(env->fe->Start(invalid).status().code(), absl::StatusCode::kInvalidArgument);
+  auto seven = env->fe->Start(UserSays("seven"));
+  EXPECT_TRUE(seven.ok());
+  EXPECT_EQ(env->fe->Start(UserSays("eight")).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST(FrontendTest, SetNotifyWakesOnTokensAndFinish) {
+  auto env = MakeEnv();
+  auto s = env->fe->Start(UserSays("hi"));
+  ASSERT_TRUE(s.ok());
+  std::atomic<int> wakes{0};
+  (*s)->SetNotify([&] { wakes.fetch_add(1); });
+  EXPECT_EQ(wakes.load(), 0);  // nothing waiting yet
+  env->engine.sinks[0]->OnTokens({5});
+  EXPECT_EQ(wakes.load(), 1);
+  ApiChunk c;
+  EXPECT_TRUE((*s)->Next(&c, absl::InfinitePast()));  // a past deadline polls
+  EXPECT_FALSE((*s)->Next(&c, absl::InfinitePast()));
+  FinishInfo info;
+  info.reason = FinishReason::kLength;
+  env->engine.sinks[0]->OnFinish(info);
+  EXPECT_EQ(wakes.load(), 2);
+  // Data already waiting: a new registration is called at once.
+  std::atomic<int> late{0};
+  (*s)->SetNotify([&] { late.fetch_add(1); });
+  EXPECT_EQ(late.load(), 1);
+  EXPECT_TRUE((*s)->Next(&c, absl::InfinitePast()));
+  EXPECT_TRUE(c.finished);
 }
 
 TEST(FrontendTest, ModelsListsTheCard) {
