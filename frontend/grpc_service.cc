@@ -227,7 +227,8 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(Frontend& frontend
   const bool v6 = options.host.find(':') != std::string::npos;
   const std::string addr = StrCat(v6 ? "[" : "", options.host, v6 ? "]" : "", ":", options.port);
   PD_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
-                      GrpcServerCredentials({options.tls_cert_file, options.tls_key_file, ""}));
+                      GrpcServerCredentials(
+                          {options.tls_cert_file, options.tls_key_file, options.tls_ca_file}));
   builder.AddListeningPort(addr, credentials, &s->port_);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.RegisterService(s->service_.get());

@@ -49,8 +49,9 @@ struct GrpcServerOptions {
   // authentication. Health and reflection never ask for a key.
   std::vector<std::string> api_keys;
   int max_message_bytes = 1 << 20;  // larger requests: RESOURCE_EXHAUSTED (by gRPC)
-  // PEM files; both set: TLS only. Both empty: plaintext.
-  std::string tls_cert_file, tls_key_file;
+  // PEM files; both set: TLS only. Both empty: plaintext. tls_ca_file (with both): clients must
+  // show a certificate this CA signed (mutual TLS), else the handshake fails.
+  std::string tls_cert_file, tls_key_file, tls_ca_file;
   // How often a Generate handler wakes up to notice a cancelled call while no tokens arrive.
   absl::Duration poll_interval = absl::Milliseconds(20);
 };
