@@ -237,6 +237,14 @@ absl::Status ServeOptions::Validate() const {
     return absl::InvalidArgumentError(
         "tls: cert_file and key_file go together (both set: TLS; both empty: plaintext)");
   }
+  {
+    const ClusterTlsOptions& c = cluster_tls;
+    const int set = !c.ca_file.empty() + !c.cert_file.empty() + !c.key_file.empty();
+    if (set != 0 && set != 3) {
+      return absl::InvalidArgumentError(
+          "cluster_tls: ca_file, cert_file and key_file go together (mutual TLS)");
+    }
+  }
   PD_RETURN_IF_ERROR(Check(admission.max_waiting >= 0, "admission.max_waiting", "must be >= 0",
                            admission.max_waiting));
   PD_RETURN_IF_ERROR(Check(admission.ttft_slo_ms >= 0, "admission.ttft_slo_ms", "must be >= 0",
@@ -418,6 +426,14 @@ absl::StatusOr<ServeOptions> ParseServeOptions(std::string_view yaml, std::strin
       t.Get("cert_file", &o.tls.cert_file);
       t.Get("key_file", &o.tls.key_file);
       top.Merge(t);
+    }
+    {
+      MapReader c = top.Child("cluster_tls");
+      c.Get("ca_file", &o.cluster_tls.ca_file);
+      c.Get("cert_file", &o.cluster_tls.cert_file);
+      c.Get("key_file", &o.cluster_tls.key_file);
+      c.Get("server_name", &o.cluster_tls.server_name);
+      top.Merge(c);
     }
     {
       MapReader a = top.Child("admission");

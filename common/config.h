@@ -50,6 +50,17 @@ struct TlsOptions {
   std::string key_file;
 };
 
+// Mutual TLS between the cluster's daemons (docs/security.md): every node's gRPC server requires a
+// client certificate signed by `ca_file`, and every daemon shows its own (cert_file, key_file) when
+// it calls another. All three or none; none = plaintext. `server_name`: the name the nodes'
+// certificates carry, checked instead of the host of their address ("" = the address's host).
+struct ClusterTlsOptions {
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
+  std::string server_name;
+};
+
 // Refusal before tokenization (frontend/admission.h): pd-serve and pd-router.
 struct AdmissionConfigOptions {
   int max_waiting = 256;  // requests waiting for their first token; beyond: 429; 0 = no cap
@@ -178,6 +189,7 @@ struct ServeOptions {
   ListenOptions http{true, "127.0.0.1", 8080};
   HttpLimitsOptions http_limits;  // YAML: the other keys of `http:`
   TlsOptions tls;                 // public gRPC and HTTP
+  ClusterTlsOptions cluster_tls;  // pd-router, pd-prefill, pd-decode
   AdmissionConfigOptions admission;
   // Accepted API keys ("authorization: Bearer KEY" or "x-api-key: KEY"); empty = no auth.
   // PDSERVE_API_KEYS (comma-separated) adds to these.

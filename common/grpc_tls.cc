@@ -62,4 +62,26 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> GrpcChannelCredentials
   return grpc::SslCredentials(o);
 }
 
+std::shared_ptr<grpc::Channel> ClusterChannels::Make(const std::string& address,
+                                                     grpc::ChannelArguments args) const {
+  if (credentials == nullptr) {
+    return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  }
+  if (!server_name.empty()) args.SetSslTargetNameOverride(server_name);
+  return grpc::CreateCustomChannel(address, credentials, args);
+}
+
+absl::StatusOr<ClusterChannels> MakeClusterChannels(const TlsFiles& files,
+                                                    const std::string& server_name) {
+  ClusterChannels c;
+  c.server_name = server_name;
+  if (files.ca_file.empty() && files.cert_file.empty() && files.key_file.empty()) return c;
+  if (files.ca_file.empty() || files.cert_file.empty() || files.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "cluster TLS needs ca_file, cert_file and key_file together (mutual TLS)");
+  }
+  PD_ASSIGN_OR_RETURN(c.credentials, GrpcChannelCredentials(files));
+  return c;
+}
+
 }  // namespace pd

@@ -6,7 +6,10 @@
 #include <memory>
 #include <string>
 
+#include <grpcpp/channel.h>
+#include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
 #include <grpcpp/security/server_credentials.h>
 
 #include "absl/status/statusor.h"
@@ -32,5 +35,22 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> GrpcServerCredentials(c
 // Insecure credentials when ca_file is empty; else TLS verifying the server against ca_file and,
 // with cert_file and key_file, showing this client's certificate.
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> GrpcChannelCredentials(const TlsFiles& f);
+
+// How a daemon opens channels to the other daemons of its cluster (router -> nodes, prefill ->
+// decode): plaintext, or mutual TLS with the daemon's own certificate. `server_name`, when set, is
+// the name the peers' certificates must carry, checked instead of the host in their address (for
+// certificates issued to a service name rather than to each address).
+struct ClusterChannels {
+  std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: plaintext
+  std::string server_name;
+  bool tls() const { return credentials != nullptr; }
+  // A channel to `address` with these credentials and `args`.
+  std::shared_ptr<grpc::Channel> Make(const std::string& address,
+                                      grpc::ChannelArguments args) const;
+};
+
+// Plaintext when `files` is empty; else all three files are required (mutual TLS).
+absl::StatusOr<ClusterChannels> MakeClusterChannels(const TlsFiles& files,
+                                                    const std::string& server_name);
 
 }  // namespace pd

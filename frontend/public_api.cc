@@ -67,6 +67,7 @@ absl::StatusOr<std::unique_ptr<PublicServers>> PublicServers::Start(
     s->http_ = std::make_unique<HttpServer>(ho, frontend, registry, metrics);
     PD_ASSIGN_OR_RETURN(s->http_port_, s->http_->Start(o.http.host, o.http.port));
     s->http_host_ = o.http.host;
+    s->http_tls_ = !o.tls.cert_file.empty();
   }
   return s;
 }
@@ -75,7 +76,9 @@ PublicServers::~PublicServers() { Shutdown(absl::ZeroDuration()); }
 
 std::string PublicServers::Endpoints() const {
   return StrCat("grpc=", grpc_ ? grpc_->address() : "off",
-                " http=", http_ ? StrCat("http://", JoinHostPort(http_host_, http_port_)) : "off");
+                " http=",
+                http_ ? StrCat(http_tls_ ? "https://" : "http://", JoinHostPort(http_host_, http_port_))
+                      : "off");
 }
 
 void PublicServers::Shutdown(absl::Duration grace) {

@@ -63,6 +63,8 @@ class PublicServers {
   PublicServers() = default;
 
   std::string http_host_;
+
+  bool http_tls_ = false;
   std::unique_ptr<GrpcServer> grpc_;
   std::unique_ptr<HttpServer> http_;
   int http_port_ = 0;

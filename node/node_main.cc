@@ -10,6 +10,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
 #include "common/log.h"
+#include "common/tls_flags.h"
 #include "common/signals.h"
 #include "common/status.h"
 #include "common/strings.h"
@@ -87,11 +88,17 @@ absl::Status Run(const std::string& name, std::unique_ptr<NodeRole>& role, const
       state.SetKvTransport(transport.get(), o.kv_transfer);
     }
   }
+  PD_ASSIGN_OR_RETURN(
+      ClusterChannels channels,
+      MakeClusterChannels({o.cluster_tls.cert_file, o.cluster_tls.key_file, o.cluster_tls.ca_file},
+                          o.cluster_tls.server_name));
+  state.SetClusterChannels(std::move(channels));
   PD_ASSIGN_OR_RETURN(grpc::Service * service, role->Start(state));
   NodeServerOptions no;
   no.name = name;
   no.grpc = o.grpc;
   no.http = o.http;
+  no.tls = {o.cluster_tls.cert_file, o.cluster_tls.key_file, o.cluster_tls.ca_file};
   engine::Scheduler* sched = engine.scheduler.get();
   PD_ASSIGN_OR_RETURN(std::unique_ptr<NodeServer> server,
                       NodeServer::Start(no, state, service, registry,
@@ -150,6 +157,8 @@ int NodeMain(const std::string& name, std::unique_ptr<NodeRole> role, int argc, 
                                 "speculative decoding: off, ngram, self or a draft GGUF path "
                                 "(speculative.drafter; pd-prefill ignores it)");
   auto* o_spec_k = app.add_option("--spec-k", spec_k, "the most draft tokens per step (1..16)");
+  TlsFlags tls_flags;
+  tls_flags.Add(app, /*public_api=*/false, /*cluster=*/true);
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<ServeOptions> loaded =
       config.empty() ? ParseServeOptions("", "defaults") : LoadServeOptions(config);
@@ -172,6 +181,7 @@ int NodeMain(const std::string& name, std::unique_ptr<NodeRole> role, int argc, 
   if (o_grace->count()) o.shutdown_grace_s = grace;
   if (no_prefix_cache) o.prefix_cache.enabled = false;
   if (o_name->count()) o.etcd.node_name = node_name;
+  tls_flags.ApplyTo(&o);
   if (absl::Status v = o.Validate(); !v.ok()) {
     std::fprintf(stderr, "%s: error: %s\n", name.c_str(), std::string(v.message()).c_str());
     return 2;

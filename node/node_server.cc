@@ -58,7 +58,9 @@ absl::StatusOr<std::unique_ptr<NodeServer>> NodeServer::Start(const NodeServerOp
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   const std::string addr = JoinHostPort(options.grpc.host, options.grpc.port);
-  builder.AddListeningPort(addr, grpc::InsecureServerCredentials(), &s->grpc_port_);
+  PD_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                      GrpcServerCredentials(options.tls));
+  builder.AddListeningPort(addr, credentials, &s->grpc_port_);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   if (service != nullptr) builder.RegisterService(service);
   builder.RegisterService(s->node_service_.get());

@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "common/config.h"
 #include "common/grpc_status.h"
+#include "common/grpc_tls.h"
 #include "common/metrics.h"
 #include "engine/sched/engine_api.h"
 #include "engine/sched/scheduler.h"
@@ -58,6 +59,9 @@ class NodeState {
   void StartDraining() { draining_.store(true); }
   // Requests in the node's services right now (drain waits for 0).
   std::atomic<int>& active() { return active_; }
+  // How this node calls other nodes (a prefill node's Decode.SendPrefix). Set before Start.
+  void SetClusterChannels(ClusterChannels channels) { channels_ = std::move(channels); }
+  const ClusterChannels& cluster_channels() const { return channels_; }
 
  private:
   const std::string role_;
@@ -67,6 +71,7 @@ class NodeState {
   KvTransferOptions kv_transfer_options_;
   std::atomic<bool> draining_{false};
   std::atomic<int> active_{0};
+  ClusterChannels channels_;
 };
 
 struct NodeServerOptions {
@@ -74,6 +79,9 @@ struct NodeServerOptions {
   ListenOptions grpc;
   ListenOptions http;
   int max_message_bytes = 64 << 20;
+  // Mutual TLS for the gRPC server: set (all three files), callers must show a certificate the CA
+  // signed, or the handshake fails. Empty: plaintext. The /metrics HTTP server stays plaintext.
+  TlsFiles tls;
 };
 
 class NodeServer {

@@ -68,8 +68,7 @@ nv1::Decode::Stub& PrefillService::DecodeClient(const std::string& address) {
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
-    stub = nv1::Decode::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    stub = nv1::Decode::NewStub(state_.cluster_channels().Make(address, args));
   }
   return *stub;
 }

@@ -23,8 +23,9 @@ struct NodeRegistry::Entry {
   std::thread health;  // moved out and joined by RemoveNode or the destructor
 };
 
-NodeRegistry::NodeRegistry(const RouterOptions& options, MetricsRegistry* metrics)
-    : options_(options) {
+NodeRegistry::NodeRegistry(const RouterOptions& options, MetricsRegistry* metrics,
+                           ClusterChannels channels)
+    : options_(options), channels_(std::move(channels)) {
   if (metrics != nullptr) {
     healthy_gauge_ = &metrics->AddGauge(
         "pdserve_router_node_healthy", "1 while the node receives work, else 0.", {"node", "role"});
@@ -46,8 +47,9 @@ NodeRegistry::NodeRegistry(const RouterOptions& options, MetricsRegistry* metric
 }
 
 absl::StatusOr<std::unique_ptr<NodeRegistry>> NodeRegistry::Create(const RouterOptions& options,
-                                                                   MetricsRegistry* metrics) {
-  std::unique_ptr<NodeRegistry> r(new NodeRegistry(options, metrics));
+                                                                   MetricsRegistry* metrics,
+                                                                   ClusterChannels channels) {
+  std::unique_ptr<NodeRegistry> r(new NodeRegistry(options, metrics, std::move(channels)));
   for (const NodeOptions& n : options.nodes) PD_RETURN_IF_ERROR(r->AddNode(n));
   return r;
 }
@@ -112,8 +114,7 @@ absl::Status NodeRegistry::AddNode(const NodeOptions& n) {
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
     args.SetMaxReceiveMessageSize(64 << 20);
-    e->node.channel =
-        grpc::CreateCustomChannel(n.address, grpc::InsecureChannelCredentials(), args);
+    e->node.channel = channels_.Make(n.address, args);
     e->node.decode = nv1::Decode::NewStub(e->node.channel);
     e->node.prefill = nv1::Prefill::NewStub(e->node.channel);
     e->node.node = nv1::Node::NewStub(e->node.channel);

@@ -55,6 +55,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/config.h"
+#include "common/grpc_tls.h"
 #include "common/metrics.h"
 #include "engine/sched/engine_api.h"
 #include "pdserve/node/v1/node.grpc.pb.h"
@@ -87,8 +88,10 @@ class NodeRegistry {
   // Adds options.nodes (may be empty) and starts one health thread per node. `metrics`
   // (nullable) must outlive the registry: it gets pdserve_router_node_* gauges and
   // pdserve_router_node_evictions_total. INVALID_ARGUMENT / ALREADY_EXISTS as AddNode.
+  // `channels`: how the router reaches the nodes (plaintext, or mutual TLS).
   static absl::StatusOr<std::unique_ptr<NodeRegistry>> Create(const RouterOptions& options,
-                                                              MetricsRegistry* metrics);
+                                                              MetricsRegistry* metrics,
+                                                              ClusterChannels channels = {});
   ~NodeRegistry();  // stops and joins the health threads
 
   // Adds a node and starts its health thread; it receives work after its first successful poll.
@@ -138,7 +141,7 @@ class NodeRegistry {
 
  private:
   struct Entry;
-  NodeRegistry(const RouterOptions& options, MetricsRegistry* metrics);
+  NodeRegistry(const RouterOptions& options, MetricsRegistry* metrics, ClusterChannels channels);
   void HealthLoop(Entry* e, uint64_t generation);
   void MarkUnhealthy(Entry* e, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
   const Node* Pick(const std::string& role, int64_t tokens, const std::vector<const Node*>& exclude,
@@ -149,6 +152,7 @@ class NodeRegistry {
   Entry* FindLocked(const Node* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const RouterOptions options_;
+  const ClusterChannels channels_;
 
   mutable absl::Mutex mu_;
   // Only grows: removed entries stay (marked) so that Node pointers stay valid.

@@ -14,7 +14,9 @@
 #include <thread>
 #include <vector>
 
+#include "common/grpc_tls.h"
 #include "common/strings.h"
+#include "common/tls_certs.h"
 #include "pdserve/node/v1/node.grpc.pb.h"
 #include "pdserve/v1/chat.grpc.pb.h"
 #include "tests/frontend/serving_testing.h"
@@ -72,9 +74,12 @@ struct Cluster {
 };
 
 // `yaml`: the whole config file every daemon gets; `env`: NAME=VALUE settings for every daemon.
+// `extra`: more `pdctl up` arguments. The logs go to LogDir(dir).
+std::string LogDir(const TempDir& dir) { return dir.Write("logs.keep", "") + ".d"; }
 std::unique_ptr<Cluster> StartClusterWithConfig(const TempDir& dir, const std::string& yaml,
                                                 const std::string& model, int prefill, int decode,
-                                                const std::vector<std::string>& env = {}) {
+                                                const std::vector<std::string>& env = {},
+                                                const std::vector<std::string>& extra = {}) {
   const std::string config = dir.Write("cluster.yaml", yaml);
   auto c = std::make_unique<Cluster>();
   std::vector<std::string> args = {"/usr/bin/env"};
@@ -84,9 +89,10 @@ std::unique_ptr<Cluster> StartClusterWithConfig(const TempDir& dir, const std::s
         std::to_string(prefill), std::string("--decode"), std::to_string(decode),
         std::string("--config"), config, std::string("--model"), model,
         std::string("--grpc-port"), std::string("0"), std::string("--http-port"),
-        std::string("0"), std::string("--log-dir"), dir.Write("logs.keep", "") + ".d"}) {
+        std::string("0"), std::string("--log-dir"), LogDir(dir)}) {
     args.push_back(a);
   }
+  args.insert(args.end(), extra.begin(), extra.end());
   c->pdctl = std::make_unique<Process>(args);
   const std::string ready =
       c->pdctl->WaitForLine(std::regex("^pdctl up ready: "), absl::Seconds(60));
@@ -114,12 +120,13 @@ std::unique_ptr<Cluster> StartClusterWithConfig(const TempDir& dir, const std::s
 // and `router_extra`, more `key: value` entries of it.
 std::unique_ptr<Cluster> StartCluster(const TempDir& dir, const std::string& model, int prefill,
                                       int decode, const std::string& router_extra = "",
-                                      const std::vector<std::string>& env = {}) {
+                                      const std::vector<std::string>& env = {},
+                                      const std::vector<std::string>& extra = {}) {
   return StartClusterWithConfig(
       dir,
       StrCat(kConfig, "router: {disaggregate_min_prompt: 0", router_extra.empty() ? "" : ", ",
              router_extra, "}\n"),
-      model, prefill, decode, env);
+      model, prefill, decode, env, extra);
 }
 
 pdserve::v1::GenerateRequest GreedyRequest(const std::string& text, int max_tokens) {
@@ -143,10 +150,12 @@ struct Result {
 
 // Runs `req` on `address`; `on_token` (may be null) sees the ids received so far after each
 // message.
+// `credentials`: null = plaintext.
 Result Generate(const std::string& address, const pdserve::v1::GenerateRequest& req,
-                const std::function<void(const std::vector<int32_t>&)>& on_token = nullptr) {
-  auto stub =
-      pdserve::v1::Chat::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+                const std::function<void(const std::vector<int32_t>&)>& on_token = nullptr,
+                std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr) {
+  if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
+  auto stub = pdserve::v1::Chat::NewStub(grpc::CreateChannel(address, credentials));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   auto reader = stub->Generate(&ctx, req);
@@ -164,13 +173,19 @@ Result Generate(const std::string& address, const pdserve::v1::GenerateRequest& 
   return r;
 }
 
-pdserve::node::v1::EngineLoad NodeLoad(const std::string& address) {
-  auto stub = pdserve::node::v1::Node::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+// Node.Load on `address` with `credentials` (null = plaintext).
+grpc::Status TryNodeLoad(const std::string& address, pdserve::node::v1::EngineLoad* load,
+                         std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr) {
+  if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
+  auto stub = pdserve::node::v1::Node::NewStub(grpc::CreateChannel(address, credentials));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return stub->Load(&ctx, {}, load);
+}
+
+pdserve::node::v1::EngineLoad NodeLoad(const std::string& address) {
   pdserve::node::v1::EngineLoad load;
-  grpc::Status s = stub->Load(&ctx, {}, &load);
+  grpc::Status s = TryNodeLoad(address, &load);
   EXPECT_TRUE(s.ok()) << address << ": " << s.error_message();
   return load;
 }
@@ -258,6 +273,53 @@ TEST_F(ClusterTest, PdctlUpOnePrefillOneDecodeAnswersGrpcAndHttp) {
   // Each node serves its own /metrics.
   EXPECT_THAT(HttpGet(c->nodes[1].http, "/metrics"), HasSubstr("pdserve_kv_blocks"));
   ExpectKvBackToBaseline(*c);
+  StopCluster(*c);
+}
+
+// `pdctl up --tls`: a throwaway CA, mutual TLS between router and nodes, TLS on the router's APIs.
+// A prompt takes the whole disaggregated path (router -> prefill node -> KV push -> decode node);
+// a caller without a certificate from the cluster's CA is refused at the handshake by every node.
+TEST_F(ClusterTest, MutualTlsClusterServesAndRefusesUnauthenticatedCallers) {
+  TempDir dir;
+  std::unique_ptr<Cluster> c = StartCluster(dir, *tiny_, 1, 1, "", {}, {"--tls"});
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->http.rfind("https://", 0), 0u) << c->http;
+  const std::string tls = LogDir(dir) + "/tls";
+  auto public_creds = GrpcChannelCredentials({"", "", tls + "/ca.pem"});
+  ASSERT_TRUE(public_creds.ok());
+  Result r = Generate(c->grpc, GreedyRequest("hello world", 12), nullptr, *public_creds);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.ids.size(), 12u);
+  // The same request in plaintext is refused by the router.
+  EXPECT_FALSE(Generate(c->grpc, GreedyRequest("hello world", 2)).status.ok());
+  // HTTPS with the CA; the prompt went through the prefill node.
+  httplib::Client https(c->http);
+  https.set_ca_cert_path((tls + "/ca.pem").c_str());
+  https.enable_server_certificate_verification(true);
+  auto metrics = https.Get("/metrics");
+  ASSERT_TRUE(metrics) << httplib::to_string(metrics.error());
+  EXPECT_THAT(metrics->body,
+              HasSubstr("pdserve_router_placements_total{node=\"p0\",role=\"prefill\"} 1"));
+
+  const TempDir other;
+  ASSERT_TRUE(WriteLocalCluster(other.path() + "/ca", {"intruder"}).ok());
+  for (const NodeInfo& n : c->nodes) {
+    pdserve::node::v1::EngineLoad load;
+    // A daemon of the cluster (its certificate) is let in.
+    auto member = GrpcChannelCredentials(
+        {StrCat(tls, "/router.pem"), StrCat(tls, "/router.key"), tls + "/ca.pem"});
+    ASSERT_TRUE(member.ok());
+    EXPECT_TRUE(TryNodeLoad(n.grpc, &load, *member).ok()) << n.name;
+    // Plaintext, TLS without a client certificate, and a certificate from another CA are not.
+    EXPECT_EQ(TryNodeLoad(n.grpc, &load).error_code(), grpc::StatusCode::UNAVAILABLE) << n.name;
+    auto anonymous = GrpcChannelCredentials({"", "", tls + "/ca.pem"});
+    EXPECT_EQ(TryNodeLoad(n.grpc, &load, *anonymous).error_code(), grpc::StatusCode::UNAVAILABLE)
+        << n.name;
+    auto intruder = GrpcChannelCredentials({other.path() + "/ca/intruder.pem",
+                                            other.path() + "/ca/intruder.key", tls + "/ca.pem"});
+    EXPECT_EQ(TryNodeLoad(n.grpc, &load, *intruder).error_code(), grpc::StatusCode::UNAVAILABLE)
+        << n.name;
+  }
   StopCluster(*c);
 }
 

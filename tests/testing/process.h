@@ -32,6 +32,7 @@ class TempDir {
     path_ = tmpl;
   }
   ~TempDir() { std::system(("rm -rf '" + path_ + "'").c_str()); }
+  const std::string& path() const { return path_; }
   std::string Write(const std::string& name, const std::string& bytes) const {
     const std::string p = path_ + "/" + name;
     std::ofstream out(p, std::ios::binary);

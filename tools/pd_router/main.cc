@@ -20,11 +20,13 @@
 
 #include "CLI/CLI.hpp"
 #include "common/config.h"
+#include "common/grpc_tls.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/signals.h"
 #include "common/status.h"
 #include "common/strings.h"
+#include "common/tls_flags.h"
 #include "engine/model/gguf.h"
 #include "engine/model/model_config.h"
 #include "engine/model/model_finder.h"
@@ -58,8 +60,12 @@ absl::Status Route(const ServeOptions& o, sigset_t signals, double wait_ready_s)
 
   MetricsRegistry registry;
   ServingMetrics metrics(registry);
+  PD_ASSIGN_OR_RETURN(
+      ClusterChannels channels,
+      MakeClusterChannels({o.cluster_tls.cert_file, o.cluster_tls.key_file, o.cluster_tls.ca_file},
+                          o.cluster_tls.server_name));
   PD_ASSIGN_OR_RETURN(std::unique_ptr<NodeRegistry> nodes,
-                      NodeRegistry::Create(o.router, &registry));
+                      NodeRegistry::Create(o.router, &registry, std::move(channels)));
   RemoteEngineOptions ro;
   ro.max_retries = o.router.max_retries;
   ro.disaggregate = o.router.disaggregate;
@@ -146,6 +152,8 @@ int Main(int argc, char** argv) {
   app.add_option("--wait-ready", wait_ready,
                  "seconds to wait for every decode node before the ready line (0: do not wait)");
   auto* o_grace = app.add_option("--shutdown-grace", grace, "seconds streams get on SIGTERM");
+  TlsFlags tls_flags;
+  tls_flags.Add(app, /*public_api=*/true, /*cluster=*/true);
   CLI11_PARSE(app, argc, argv);
 
   absl::StatusOr<ServeOptions> loaded =
@@ -172,6 +180,7 @@ int Main(int argc, char** argv) {
     }
     o.router.nodes.push_back(*n);
   }
+  tls_flags.ApplyTo(&o);
   if (absl::Status v = o.Validate(); !v.ok()) {
     std::fprintf(stderr, "pd-router: error: %s\n", std::string(v.message()).c_str());
     return 2;

@@ -22,6 +22,7 @@
 #include "common/metrics.h"
 #include "common/signals.h"
 #include "common/status.h"
+#include "common/tls_flags.h"
 #include "engine/sched/scheduler.h"
 #include "engine/tokenizer/chat_template.h"
 #include "frontend/frontend.h"
@@ -113,6 +114,8 @@ int Main(int argc, char** argv) {
                                 "speculative decoding: off, ngram, self or a draft GGUF path "
                                 "(speculative.drafter; pd-prefill ignores it)");
   auto* o_spec_k = app.add_option("--spec-k", spec_k, "the most draft tokens per step (1..16)");
+  TlsFlags tls_flags;
+  tls_flags.Add(app, /*public_api=*/true, /*cluster=*/false);
   CLI11_PARSE(app, argc, argv);
 
   absl::StatusOr<ServeOptions> loaded =
@@ -147,6 +150,7 @@ int Main(int argc, char** argv) {
   if (o_defmax->count()) o.limits.default_max_tokens = default_max_tokens;
   if (o_max->count()) o.limits.max_tokens = max_tokens;
   if (o_grace->count()) o.shutdown_grace_s = grace;
+  tls_flags.ApplyTo(&o);
   if (absl::Status v = o.Validate(); !v.ok()) {
     std::fprintf(stderr, "pd-serve: error: %s\n", std::string(v.message()).c_str());
     return 2;

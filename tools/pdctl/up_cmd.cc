@@ -23,7 +23,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/grpc_tls.h"
 #include "common/strings.h"
+#include "common/tls_certs.h"
 #include "frontend/openai_stream.h"
 #include "pdserve/v1/chat.grpc.pb.h"
 
@@ -183,9 +185,16 @@ void StopAll(std::vector<Child>& children, absl::Duration grace) {
   }
 }
 
-int Chat(const std::string& address, const std::string& message, int max_tokens) {
-  auto stub =
-      pdserve::v1::Chat::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+// `ca`: the router's public API speaks TLS with a certificate this CA signed ("" = plaintext).
+int Chat(const std::string& address, const std::string& message, int max_tokens,
+         const std::string& ca) {
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
+      GrpcChannelCredentials({"", "", ca});
+  if (!creds.ok()) {
+    std::fprintf(stderr, "pdctl up: %s\n", std::string(creds.status().message()).c_str());
+    return 1;
+  }
+  auto stub = pdserve::v1::Chat::NewStub(grpc::CreateChannel(address, *creds));
   pdserve::v1::GenerateRequest req;
   auto* m = req.mutable_messages()->add_messages();
   m->set_role("user");
@@ -221,8 +230,13 @@ int Chat(const std::string& address, const std::string& message, int max_tokens)
 // POST /v1/completions with stream=true (the path an OpenAI client takes), the continuation
 // printed as it arrives after the prompt; then its length, the time to the first token and the
 // decode rate (tokens after the first / the time since it), as a user would time it.
-int Complete(const std::string& http_url, const std::string& prompt, int max_tokens) {
+int Complete(const std::string& http_url, const std::string& prompt, int max_tokens,
+             const std::string& ca) {
   httplib::Client client(http_url);
+  if (!ca.empty()) {
+    client.set_ca_cert_path(ca.c_str());
+    client.enable_server_certificate_verification(true);
+  }
   client.set_read_timeout(300, 0);
   const nlohmann::json body = {{"prompt", prompt},
                                {"max_tokens", max_tokens},
@@ -303,6 +317,9 @@ CLI::App* AddUpCommand(CLI::App& app, UpFlags* f) {
                  "or --complete)");
   up->add_option("-t,--threads", f->threads,
                  "CPU threads per node (0 = the config's; 1 with --pin-cores)");
+  up->add_flag("--tls", f->tls,
+               "make a throwaway CA (in the log dir): mutual TLS between router and nodes, TLS on "
+               "the router's gRPC and HTTP APIs");
   up->add_flag("--pin-cores", f->pin_cores,
                "pin each node to one CPU of those pdctl may use, round robin, prefill nodes "
                "first (sched_setaffinity); the router is not pinned");
@@ -351,6 +368,26 @@ int RunUp(const UpFlags& f) {
 
   std::vector<std::string> common;
   if (!f.config.empty()) common.insert(common.end(), {"--config", f.config});
+  // --tls: one CA, a certificate per daemon; the CA's key is not kept.
+  std::string ca, tls_dir;
+  if (f.tls) {
+    std::vector<std::string> names = {"router"};
+    for (int i = 0; i < f.prefill; ++i) names.push_back(StrCat("p", i));
+    for (int i = 0; i < f.decode; ++i) names.push_back(StrCat("d", i));
+    tls_dir = StrCat(log_dir, "/tls");
+    absl::StatusOr<std::string> written = WriteLocalCluster(tls_dir, names);
+    if (!written.ok()) {
+      std::fprintf(stderr, "pdctl up: --tls: %s\n", std::string(written.status().message()).c_str());
+      return 1;
+    }
+    ca = *written;
+  }
+  // The daemon `name`'s cluster certificate flags (none without --tls).
+  auto tls_args = [&](const std::string& name) -> std::vector<std::string> {
+    if (!f.tls) return {};
+    return {"--cluster-ca", ca, "--cluster-cert", StrCat(tls_dir, "/", name, ".pem"),
+            "--cluster-key", StrCat(tls_dir, "/", name, ".key")};
+  };
   if (!f.model.empty()) common.insert(common.end(), {"--model", f.model});
 
   std::vector<Child> children;
@@ -384,6 +421,7 @@ int RunUp(const UpFlags& f) {
     args.insert(args.end(), common.begin(), common.end());
     args.insert(args.end(), {"--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-port", "0"});
     if (threads > 0) args.insert(args.end(), {"--threads", StrCat(threads)});
+    for (std::string& a : tls_args(c.name)) args.push_back(std::move(a));
     const int cpu = f.pin_cores ? cpus[i % cpus.size()] : -1;
     if (!Spawn(c, args, cpu)) return fail(c, "could not be started");
     if (cpu >= 0) {
@@ -410,6 +448,11 @@ int RunUp(const UpFlags& f) {
     for (const Child& c : children) {
       args.insert(args.end(), {"--node", StrCat(c.name, "=", c.role, "@", c.grpc)});
     }
+    for (std::string& a : tls_args("router")) args.push_back(std::move(a));
+    if (f.tls) {
+      args.insert(args.end(), {"--tls-cert", StrCat(tls_dir, "/router.pem"), "--tls-key",
+                               StrCat(tls_dir, "/router.key")});
+    }
     children.push_back(std::move(router));
     if (!Spawn(children.back(), args)) return fail(children.back(), "could not be started");
     if (!WaitReady(children.back(), deadline)) return fail(children.back(), "did not get ready");
@@ -423,13 +466,16 @@ int RunUp(const UpFlags& f) {
   }
   std::printf("  router  pid=%d metrics=%s/metrics logs=%s\n", r.pid, r.http.c_str(),
               log_dir.c_str());
+  if (f.tls) {
+    std::printf("  tls     mutual TLS between the daemons; clients trust %s\n", ca.c_str());
+  }
   std::fflush(stdout);
 
   int rc = 0;
   if (!f.chat.empty()) {
-    rc = Chat(r.grpc, f.chat, f.max_tokens);
+    rc = Chat(r.grpc, f.chat, f.max_tokens, ca);
   } else if (!f.complete.empty()) {
-    rc = Complete(r.http, f.complete, f.max_tokens);
+    rc = Complete(r.http, f.complete, f.max_tokens, ca);
   } else {
     std::fprintf(stderr, "pdctl up: running; Ctrl-C stops the cluster\n");
     const timespec tick{0, 200 * 1000 * 1000};

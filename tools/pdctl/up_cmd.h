@@ -29,6 +29,8 @@ struct UpFlags {
   int http_port = -1;
   int threads = 0;         // per node; 0 = the config's (1 with pin_cores)
   bool pin_cores = false;  // each node on its own CPU (round robin over pdctl's allowed CPUs)
+  // A throwaway CA in <log dir>/tls: mutual TLS between the daemons, TLS on the router's APIs.
+  bool tls = false;
   std::string chat;        // one chat message (gRPC), then shut down
   std::string complete;    // one prompt to continue (OpenAI /v1/completions), then shut down
   int max_tokens = 128;
