@@ -16,7 +16,7 @@ namespace pd::kvtransfer {
 namespace {
 
 constexpr uint32_t kDescriptorMagic = 0x444b4450;  // "PDKD" little-endian
-constexpr uint16_t kDescriptorVersion = 2;         // 2: geometry.first_block
+constexpr uint16_t kDescriptorVersion = 3;  // 2: geometry.first_block; 3: lease
 
 bool ValidDType(uint8_t t) { return t <= static_cast<uint8_t>(KvDType::kI8); }
 
@@ -129,6 +129,7 @@ std::string TransferDescriptor::Serialize() const {
   w.Put(static_cast<uint32_t>(address.size()));
   w.PutBytes(address);
   w.Put(transfer_id);
+  w.Put(lease);
   w.Put(static_cast<int32_t>(geometry.n_layer));
   w.Put(static_cast<int32_t>(geometry.n_kv_heads));
   w.Put(static_cast<int32_t>(geometry.head_dim));
@@ -164,7 +165,7 @@ absl::StatusOr<TransferDescriptor> TransferDescriptor::Parse(std::string_view by
   int32_t v[5], first_block = 0;
   uint8_t dt[2];
   int64_t deadline_us = 0;
-  if (!r.Get(&d.transfer_id)) return bad("truncated");
+  if (!r.Get(&d.transfer_id) || !r.Get(&d.lease)) return bad("truncated");
   for (int32_t& x : v) {
     if (!r.Get(&x)) return bad("truncated");
   }

@@ -95,7 +95,12 @@ struct TransferGeometry {
 struct TransferDescriptor {
   std::string transport;  // "ucx" or "inproc": the sender's transport must be the same kind
   std::string address;    // the receiver's transport address (UCX: ucp worker address bytes)
-  uint64_t transfer_id = 0;
+  uint64_t transfer_id = 0;  // unique on the receiver (sequential: not a secret)
+  // The transfer's secret: every message of the transfer carries it, and the receiver drops any
+  // that does not. Only the receiver and the sender the router hands the descriptor to (over the
+  // cluster's mutually authenticated gRPC) know it: a peer that merely reaches the KV port can
+  // neither write into a reservation nor end it (docs/security.md, "KV transfers").
+  uint64_t lease = 0;
   TransferGeometry geometry;
   absl::Time deadline = absl::InfiniteFuture();  // absolute wall-clock time, both sides enforce
 
@@ -167,6 +172,8 @@ struct FaultOptions {
                                 // (sent in place, zero_copy_send: one bit of the checksum)
   int truncate_layer = -1;      // send this layer 1 block-span short
   int stall_after_layers = -1;  // >= 0: Push of later layers is accepted but never sent
+  int overrun_layer = -1;       // send this layer 1 block-span long (extra bytes after it)
+  bool wrong_lease = false;     // every message carries another lease than the descriptor's
 };
 
 struct TransportOptions {
@@ -267,6 +274,9 @@ class KvTransport {
   virtual const std::string& address() const = 0;
   // Open (not yet ended) transfers, both directions.
   virtual int active_transfers() const = 0;
+  // Messages dropped unread since start: they named no open transfer (or stream), or carried
+  // another lease than their transfer's (forged, or replayed after the transfer ended).
+  virtual int64_t refused_messages() const = 0;
 
   // Test hook: stops the threads and drops every connection WITHOUT telling peers, as if the
   // process had died (UCX: destroys the worker). Everything after it fails with UNAVAILABLE.

@@ -1,6 +1,8 @@
 #include "kvtransfer/transport_base.h"
 
 #include <algorithm>
+#include <sys/random.h>
+
 #include <cstring>
 #include <utility>
 
@@ -39,17 +41,30 @@ std::string_view KindName(MsgKind k) {
 }
 
 // The header of a LAYER message.
-MsgHeader LayerHeader(uint64_t transfer_id, int layer, uint64_t checksum, size_t body_bytes) {
+MsgHeader LayerHeader(uint64_t transfer_id, uint64_t lease, int layer, uint64_t checksum,
+                      size_t body_bytes) {
   MsgHeader h{};
   h.magic = kMsgMagic;
   h.version = kMsgVersion;
   h.kind = static_cast<uint8_t>(MsgKind::kLayer);
   h.transfer_id = transfer_id;
+  h.lease = lease;
   h.layer = static_cast<uint32_t>(layer);
   h.checksum = checksum;
   h.body_bytes = body_bytes;
   return h;
 }
+
+}  // namespace
+
+uint64_t RandomId() {
+  for (;;) {
+    uint64_t x = 0;
+    if (getrandom(&x, sizeof(x), 0) == static_cast<ssize_t>(sizeof(x)) && x != 0) return x;
+  }
+}
+
+namespace {
 
 absl::Status WithPrefix(const absl::Status& s, std::string_view prefix) {
   return absl::Status(s.code(), pd::StrCat(prefix, s.message()));
@@ -74,6 +89,7 @@ absl::StatusOr<uint64_t> HashOrLandLayer(const TransferGeometry& g, uint64_t id,
 
 struct TransportBase::RecvState {
   uint64_t id = 0;
+  uint64_t lease = 0;
   TransferGeometry g;
   absl::Time deadline;
   ReceiveCallbacks cb;
@@ -284,8 +300,18 @@ absl::Duration TransportBase::CheckDeadlines() {
   return next == absl::InfiniteFuture() ? kMaxWait : std::max(next - now, absl::ZeroDuration());
 }
 
-void TransportBase::SendControl(Peer* peer, MsgKind kind, uint64_t transfer_id, uint64_t reply_id,
-                                uint32_t layer, const absl::Status& status, std::string_view body) {
+void TransportBase::Refused(const MsgHeader& h, const char* why) {
+  const int64_t n = refused_.fetch_add(1) + 1;
+  const absl::Time now = absl::Now();
+  if (now - last_refused_log_ < absl::Seconds(10)) return;
+  last_refused_log_ = now;
+  PD_LOG(kWarning, "KV transport: dropped a ", KindName(static_cast<MsgKind>(h.kind)),
+         " message that ", why, " (", n, " dropped so far)");
+}
+
+void TransportBase::SendControl(Peer* peer, MsgKind kind, uint64_t transfer_id, uint64_t lease,
+                                uint64_t reply_id, uint32_t layer, const absl::Status& status,
+                                std::string_view body) {
   if (peer == nullptr || crashed_) return;
   Buffer msg = pool_->Get(sizeof(MsgHeader) + body.size());
   MsgHeader h{};
@@ -293,6 +319,7 @@ void TransportBase::SendControl(Peer* peer, MsgKind kind, uint64_t transfer_id, 
   h.version = kMsgVersion;
   h.kind = static_cast<uint8_t>(kind);
   h.transfer_id = transfer_id;
+  h.lease = lease;
   h.reply_id = reply_id;
   h.layer = layer;
   h.code = static_cast<uint32_t>(status.code());
@@ -331,6 +358,7 @@ absl::StatusOr<TransferDescriptor> TransportBase::Reserve(const TransferGeometry
   }
   auto r = std::make_shared<RecvState>();
   r->id = next_id_.fetch_add(1);
+  r->lease = RandomId();
   r->g = geometry;
   r->deadline = deadline;
   r->cb = std::move(callbacks);
@@ -341,6 +369,7 @@ absl::StatusOr<TransferDescriptor> TransportBase::Reserve(const TransferGeometry
   d.transport = std::string(kind());
   d.address = address_;
   d.transfer_id = r->id;
+  d.lease = r->lease;
   d.geometry = geometry;
   d.deadline = deadline;
   Post([this, r] { recv_[r->id] = r; });
@@ -364,8 +393,8 @@ void TransportBase::FinishRecv(RecvState& r, absl::Status status, bool tell_send
   r.erase_at = absl::Now() + kTombstone;
   --active_;
   if (tell_sender && r.peer != nullptr) {
-    SendControl(r.peer, status.ok() ? MsgKind::kAck : MsgKind::kReceiverAbort, r.sender_id, 0, 0,
-                status, std::string(status.message()));
+    SendControl(r.peer, status.ok() ? MsgKind::kAck : MsgKind::kReceiverAbort, r.sender_id,
+                r.lease, 0, 0, status, std::string(status.message()));
   }
   if (!status.ok()) {
     PD_LOG(kInfo, "KV transfer ", r.id, " (receiver) ended: ", status.ToString());
@@ -407,18 +436,22 @@ void TransportBase::HandleToReceiver(const MsgHeader& h, Buffer msg) {
     RunCommands();  // a Reserve posted just before the descriptor left may not have run yet
     it = recv_.find(h.transfer_id);
   }
-  if (it == recv_.end() || it->second->ended) {
-    // Tell a sender that says hello to a transfer that is over (or never was) why.
+  // Only the holder of the transfer's lease is heard. Anything else (an unknown id, a guessed or
+  // replayed one with the wrong lease) is dropped before a byte of it is used: no reply, so a
+  // forged hello cannot make this node connect to an address of the forger's choosing.
+  if (it == recv_.end() || it->second->lease != h.lease) {
+    Refused(h, it == recv_.end() ? "names no open transfer" : "carries a wrong lease");
+    return;
+  }
+  if (it->second->ended) {
+    // Tell the lease holder that says hello to a transfer that is over why.
     if (kind == MsgKind::kHello) {
       auto peer =
           GetPeer(std::string(reinterpret_cast<const char*>(msg.data()) + sizeof(MsgHeader), body));
-      const absl::Status why = it == recv_.end()
-                                   ? absl::NotFoundError(pd::StrCat(
-                                         "no KV transfer ", h.transfer_id, " on the receiver"))
-                                   : it->second->final;
+      const absl::Status why = it->second->final;
       if (peer.ok()) {
-        SendControl(*peer, why.ok() ? MsgKind::kAck : MsgKind::kReceiverAbort, h.reply_id, 0, 0,
-                    why, std::string(why.message()));
+        SendControl(*peer, why.ok() ? MsgKind::kAck : MsgKind::kReceiverAbort, h.reply_id,
+                    h.lease, 0, 0, why, std::string(why.message()));
       }
     }
     return;
@@ -558,6 +591,7 @@ absl::StatusOr<std::unique_ptr<KvSendStream>> TransportBase::Connect(
   auto s = std::make_shared<SendState>();
   s->id = next_id_.fetch_add(1);
   s->d = descriptor;
+  if (options_.faults.wrong_lease) s->d.lease ^= 0x9e3779b97f4a7c15ULL;
   s->source = source_dtype;
   s->done = std::move(done);
   {
@@ -573,7 +607,8 @@ absl::StatusOr<std::unique_ptr<KvSendStream>> TransportBase::Connect(
       return;
     }
     s->peer = *peer;
-    SendControl(s->peer, MsgKind::kHello, s->d.transfer_id, s->id, 0, absl::OkStatus(), address_);
+    SendControl(s->peer, MsgKind::kHello, s->d.transfer_id, s->d.lease, s->id, 0,
+                absl::OkStatus(), address_);
   });
   return std::unique_ptr<KvSendStream>(new SendStreamImpl(this, s));
 }
@@ -597,7 +632,8 @@ absl::Status TransportBase::PushLayer(const std::shared_ptr<SendState>& s, int l
   const FaultOptions& f = options_.faults;
   // A layer sent in place cannot have its payload altered (it is the cache): corrupt_layer flips
   // a bit of its checksum instead; the other faults go through the staging path.
-  const bool staged_faults = f.truncate_layer >= 0 || f.stall_after_layers >= 0;
+  const bool staged_faults =
+      f.truncate_layer >= 0 || f.stall_after_layers >= 0 || f.overrun_layer >= 0;
   if (options_.zero_copy_send && s->source == g.wire_dtype && !staged_faults) {
     std::vector<ByteRun> runs;
     uint64_t checksum = 0;
@@ -612,7 +648,8 @@ absl::Status TransportBase::PushLayer(const std::shared_ptr<SendState>& s, int l
     if (runs.size() <= kMaxRunsInPlace) {
       if (f.corrupt_layer == layer) checksum ^= 1;
       Buffer header = pool_->Get(sizeof(MsgHeader));
-      const MsgHeader h = LayerHeader(s->d.transfer_id, layer, checksum, g.LayerBytes());
+      const MsgHeader h =
+          LayerHeader(s->d.transfer_id, s->d.lease, layer, checksum, g.LayerBytes());
       std::memcpy(header.data(), &h, sizeof(h));
       auto holder = std::make_shared<Buffer>(std::move(header));
       Post([this, s, layer, holder, runs = std::move(runs)]() mutable {
@@ -624,7 +661,8 @@ absl::Status TransportBase::PushLayer(const std::shared_ptr<SendState>& s, int l
     }
   }
   size_t body = g.LayerBytes();
-  Buffer msg = pool_->Get(sizeof(MsgHeader) + body);
+  const size_t extra = f.overrun_layer == layer ? g.SpanBytes(g.wire_dtype) : 0;
+  Buffer msg = pool_->Get(sizeof(MsgHeader) + body + extra);
   uint64_t checksum = 0;
   absl::Status packed = PackLayer(g, s->source, layer, spans,
                                   absl::MakeSpan(msg.data() + sizeof(MsgHeader), body), &checksum);
@@ -638,7 +676,11 @@ absl::Status TransportBase::PushLayer(const std::shared_ptr<SendState>& s, int l
     body -= g.SpanBytes(g.wire_dtype);
     msg.set_size(sizeof(MsgHeader) + body);
   }
-  const MsgHeader h = LayerHeader(s->d.transfer_id, layer, checksum, body);
+  if (extra > 0) {
+    std::memset(msg.data() + sizeof(MsgHeader) + body, 0x7f, extra);
+    body += extra;
+  }
+  const MsgHeader h = LayerHeader(s->d.transfer_id, s->d.lease, layer, checksum, body);
   std::memcpy(msg.data(), &h, sizeof(h));
   if (f.stall_after_layers >= 0 && layer >= f.stall_after_layers) return absl::OkStatus();
   auto holder = std::make_shared<Buffer>(std::move(msg));
@@ -675,8 +717,8 @@ absl::Status TransportBase::CompleteSend(const std::shared_ptr<SendState>& s) {
   }
   Post([this, s, pushed] {
     if (s->ended_loop || s->peer == nullptr) return;
-    SendControl(s->peer, MsgKind::kComplete, s->d.transfer_id, 0, static_cast<uint32_t>(pushed),
-                absl::OkStatus(), {});
+    SendControl(s->peer, MsgKind::kComplete, s->d.transfer_id, s->d.lease, 0,
+                static_cast<uint32_t>(pushed), absl::OkStatus(), {});
   });
   return absl::OkStatus();
 }
@@ -690,7 +732,7 @@ void TransportBase::FinishSend(SendState& s, absl::Status status, bool tell_rece
   if (s.ended_loop) return;
   s.ended_loop = true;
   if (tell_receiver && !status.ok() && s.peer != nullptr) {
-    SendControl(s.peer, MsgKind::kSenderAbort, s.d.transfer_id, 0, 0, status,
+    SendControl(s.peer, MsgKind::kSenderAbort, s.d.transfer_id, s.d.lease, 0, 0, status,
                 std::string(status.message()));
   }
   {
@@ -712,6 +754,10 @@ void TransportBase::FinishSend(SendState& s, absl::Status status, bool tell_rece
 void TransportBase::HandleToSender(const MsgHeader& h, Buffer msg) {
   auto it = send_.find(h.transfer_id);
   if (it == send_.end()) return;  // ended already: late ACK / ABORT
+  if (it->second->d.lease != h.lease) {
+    Refused(h, "carries a wrong lease");  // a forged ACK or ABORT for one of our streams
+    return;
+  }
   const std::shared_ptr<SendState> s = it->second;
   const size_t body = msg.size() - sizeof(MsgHeader);
   if (static_cast<MsgKind>(h.kind) == MsgKind::kAck) {

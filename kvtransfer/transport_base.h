@@ -38,7 +38,7 @@ enum class MsgKind : uint8_t {
   kReceiverAbort = 6,  // receiver -> sender: `code` = absl::StatusCode, body = the message
 };
 
-// At the start of every message. Little-endian; 48 bytes.
+// At the start of every message. Little-endian; 56 bytes.
 struct MsgHeader {
   uint32_t magic;        // kMsgMagic
   uint8_t version;       // kMsgVersion
@@ -50,10 +50,16 @@ struct MsgHeader {
   uint32_t code;         // k*Abort: absl::StatusCode
   uint64_t body_bytes;   // bytes after the header
   uint64_t checksum;     // kLayer: Checksum64 (XXH3-64) of the body; else 0
+  // The transfer's lease (TransferDescriptor::lease), in both directions: a message whose lease is
+  // not its transfer's is dropped unread (refused_messages()).
+  uint64_t lease;
 };
-static_assert(sizeof(MsgHeader) == 48);
+static_assert(sizeof(MsgHeader) == 56);
 constexpr uint32_t kMsgMagic = 0x4d4b4450;  // "PDKM"
-constexpr uint8_t kMsgVersion = 1;
+constexpr uint8_t kMsgVersion = 2;
+
+// 64 bits from the kernel's CSPRNG (getrandom), never 0: the transfers' leases.
+uint64_t RandomId();
 
 // Whom a message is for: the receiving half or the sending half of the destination transport.
 inline bool ToReceiver(MsgKind k) {
@@ -81,6 +87,7 @@ class TransportBase : public KvTransport {
                                                         SendDone done) override;
   const std::string& address() const override { return address_; }
   int active_transfers() const override { return active_.load(); }
+  int64_t refused_messages() const override { return refused_.load(); }
   void CrashForTest() override { Stop(/*graceful=*/false); }
 
   struct SendState;  // one send stream (kv_transport's KvSendStream shares it)
@@ -146,7 +153,9 @@ class TransportBase : public KvTransport {
   void FinishRecv(RecvState& r, absl::Status status, bool tell_sender);
   void MaybeCompleteRecv(RecvState& r);
   void FinishSend(SendState& s, absl::Status status, bool tell_receiver);
-  void SendControl(Peer* peer, MsgKind kind, uint64_t transfer_id, uint64_t reply_id,
+  // Counts a message dropped unread (`why`), and logs it at most every 10 s.
+  void Refused(const MsgHeader& h, const char* why);
+  void SendControl(Peer* peer, MsgKind kind, uint64_t transfer_id, uint64_t lease, uint64_t reply_id,
                    uint32_t layer, const absl::Status& status, std::string_view body);
   // Sender API (any thread) -> loop.
   absl::Status PushLayer(const std::shared_ptr<SendState>& s, int layer,
@@ -157,7 +166,11 @@ class TransportBase : public KvTransport {
   std::shared_ptr<BufferPool> pool_;
   std::string address_;
   std::atomic<int> active_{0};
+  // Transfer and stream ids: unique, sequential (UCX tags carry their low 40 bits). The lease,
+  // not the id, is the secret.
   std::atomic<uint64_t> next_id_{1};
+  std::atomic<int64_t> refused_{0};  // messages dropped: no such transfer, or a wrong lease
+  absl::Time last_refused_log_ = absl::InfinitePast();  // loop thread
 
   absl::Mutex mu_;
   std::deque<std::function<void()>> commands_ ABSL_GUARDED_BY(mu_);

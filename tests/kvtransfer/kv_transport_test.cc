@@ -425,20 +425,108 @@ TEST_P(TransportTest, ReceiverShutdownIsUnavailableOnTheSender) {
   EXPECT_EQ(owner.done_calls(), 1);
 }
 
-TEST_P(TransportTest, UnknownTransferIsNotFoundAndExpiredDescriptorIsRefused) {
+// A hello for a transfer the receiver does not have gets no answer at all (answering would mean
+// connecting to an address the unknown peer chose): the sender's stream ends at its deadline.
+TEST_P(TransportTest, UnknownTransferIsDroppedAndExpiredDescriptorIsRefused) {
   auto tx = *Make();
   TransferDescriptor d;
   d.transport = IsUcx() ? "ucx" : "inproc";
   d.address = rx_->address();
   d.transfer_id = 424242;
+  d.lease = 77;
   d.geometry = {4, 2, 64, 16, 64, KvDType::kF16, KvDType::kF16};
+  d.deadline = absl::Now() + absl::Milliseconds(500);
+  const int64_t refused = rx_->refused_messages();
   auto s = *tx->Connect(d, KvDType::kF16);
-  EXPECT_THAT(s->Wait(absl::Seconds(10)), StatusIs(absl::StatusCode::kNotFound, "no KV transfer"));
+  EXPECT_THAT(s->Wait(absl::Seconds(10)), StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_GE(rx_->refused_messages(), refused + 1);
   d.deadline = absl::Now() - absl::Seconds(1);
   EXPECT_THAT(tx->Connect(d, KvDType::kF16), StatusIs(absl::StatusCode::kDeadlineExceeded));
   d.transport = IsUcx() ? "inproc" : "ucx";
   d.deadline = absl::InfiniteFuture();
   EXPECT_THAT(tx->Connect(d, KvDType::kF16), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// A peer that reaches the KV port and knows (or guesses) a transfer id but not its lease: every
+// message it sends (hello, layers, complete, abort) is dropped unread, and the real sender's
+// transfer lands byte-exact as if nothing happened.
+TEST_P(TransportTest, AForgedLeaseIsDroppedAndTheRealTransferCompletes) {
+  FaultOptions forge;
+  forge.wrong_lease = true;
+  auto forger = *Make(forge);
+  auto tx = *Make();
+  auto src = Cache(KvDType::kF16), junk = Cache(KvDType::kF16), dst = Cache(KvDType::kF16);
+  PD_ASSERT_OK(FillRandom(*src, 1, 64, 31));
+  PD_ASSERT_OK(FillRandom(*junk, 1, 64, 32));
+  PD_ASSERT_OK(dst->Reserve(2, 64));
+  const int64_t refused = rx_->refused_messages();
+  Outcome o = Transfer(
+      *tx, *src, 1, dst.get(), 2, 64, KvDType::kF16, kLong,
+      [&](KvSendStream& real, const TransferDescriptor& d) {
+        {
+          auto f = *forger->Connect(d, KvDType::kF16);
+          for (int l = 0; l < d.geometry.n_layer; ++l) PD_CHECK_OK(f->Push(l, *junk->ExportSpans(1, l)));
+          PD_CHECK_OK(f->Complete());
+          absl::SleepFor(absl::Milliseconds(200));  // let them all arrive first
+        }  // destroyed unfinished: its ABORT carries the wrong lease too
+        for (int l = 0; l < d.geometry.n_layer; ++l) {
+          PD_CHECK_OK(real.Push(l, *src->ExportSpans(1, l)));
+        }
+        PD_CHECK_OK(real.Complete());
+      });
+  PD_EXPECT_OK(o.recv);
+  PD_EXPECT_OK(o.send);
+  EXPECT_EQ(o.recv_done_calls, 1);
+  EXPECT_EQ(o.layers.size(), 4u);
+  ExpectBytesEqual(*src, 1, *dst, 2, 4);
+  // hello + 4 layers + complete + abort
+  EXPECT_GE(rx_->refused_messages(), refused + 7);
+}
+
+// The descriptor replayed after its transfer ended (its lease is right): nothing is written; the
+// receiver's blocks keep what the real transfer put there.
+TEST_P(TransportTest, AReplayedDescriptorCannotWriteAfterItsTransferEnded) {
+  auto tx = *Make();
+  auto replayer = *Make();
+  auto src = Cache(KvDType::kF16), other = Cache(KvDType::kF16), dst = Cache(KvDType::kF16);
+  PD_ASSERT_OK(FillRandom(*src, 1, 64, 41));
+  PD_ASSERT_OK(FillRandom(*other, 1, 64, 42));
+  PD_ASSERT_OK(dst->Reserve(2, 64));
+  TransferDescriptor captured;
+  Outcome o = Transfer(*tx, *src, 1, dst.get(), 2, 64, KvDType::kF16, kLong,
+                       [&](KvSendStream& real, const TransferDescriptor& d) {
+                         captured = d;
+                         for (int l = 0; l < d.geometry.n_layer; ++l) {
+                           PD_CHECK_OK(real.Push(l, *src->ExportSpans(1, l)));
+                         }
+                         PD_CHECK_OK(real.Complete());
+                       });
+  PD_ASSERT_OK(o.recv);
+  auto again = *replayer->Connect(captured, KvDType::kF16);
+  for (int l = 0; l < captured.geometry.n_layer; ++l) {
+    absl::Status st = again->Push(l, *other->ExportSpans(1, l));
+    if (!st.ok()) break;  // the receiver already answered: the transfer is over
+  }
+  (void)again->Complete();
+  (void)again->Wait(absl::Seconds(5));
+  absl::SleepFor(absl::Milliseconds(100));
+  ExpectBytesEqual(*src, 1, *dst, 2, 4);
+  EXPECT_EQ(rx_->active_transfers(), 0);
+}
+
+// The lease holder itself sending more bytes than its layer has: the transfer ends DATA_LOSS
+// before the payload is used.
+TEST_P(TransportTest, AnOverrunLayerEndsTheTransferBeforeItIsUsed) {
+  FaultOptions f;
+  f.overrun_layer = 2;
+  auto tx = *Make(f);
+  auto src = Cache(KvDType::kF16);
+  PD_ASSERT_OK(FillRandom(*src, 1, 64, 16));
+  Outcome o = Transfer(*tx, *src, 1, nullptr, 0, 64, KvDType::kF16);
+  EXPECT_THAT(o.recv, StatusIs(absl::StatusCode::kDataLoss, "layer 2 carried"));
+  EXPECT_THAT(o.send, StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_EQ(o.recv_done_calls, 1);
+  EXPECT_LE(o.layers.size(), 2u);
 }
 
 TEST_P(TransportTest, ConcurrentTransfersFromManySenders) {
