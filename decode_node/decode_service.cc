@@ -58,7 +58,10 @@ grpc::Status DecodeService::Reserve(grpc::ServerContext* /*context*/,
       std::move(g), sink, wire, absl::Now() + absl::Seconds(request->deadline_s()));
   if (!r.ok()) return ToGrpc(r.status());
   response->set_reservation(r->reservation);
-  if (!r->descriptor.empty()) response->mutable_kv()->set_transport(r->descriptor);
+  if (!r->descriptor.empty()) {
+    response->mutable_kv()->set_transport(r->descriptor);
+    response->mutable_kv()->set_model_fingerprint(state_.model_fingerprint());
+  }
   return grpc::Status::OK;
 }
 
@@ -81,6 +84,9 @@ grpc::Status DecodeService::SendPrefix(grpc::ServerContext* context,
   if (receiver == nullptr || state_.transport() == nullptr) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "this decode node has no KV transport (kv_transfer.enabled is off)");
+  }
+  if (grpc::Status s = CheckFingerprint(request->kv(), state_, "the prefill node"); !s.ok()) {
+    return s;
   }
   absl::StatusOr<KvReceiver::Held> held = receiver->Prefix(request->reservation());
   if (!held.ok()) return ToGrpc(held.status());

@@ -10,6 +10,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
 #include "common/log.h"
+#include "engine/model/fingerprint.h"
 #include "common/tls_flags.h"
 #include "common/signals.h"
 #include "common/status.h"
@@ -63,6 +64,7 @@ absl::Status Run(const std::string& name, std::unique_ptr<NodeRole>& role, const
   PD_ASSIGN_OR_RETURN(ServingEngine engine,
                       BuildServingEngine(o, &metrics, /*speculate=*/role_name == "decode"));
   NodeState state(role_name, *engine.scheduler, &registry);
+  state.SetModelFingerprint(engine::ModelFingerprint(*engine.file));
   // KV transfer: pd-prefill sends, pd-decode receives (docs/kv_transfer.md, "In the cluster").
   // Declared after the role: it closes before the role (whose objects its last callbacks may
   // reach) is destroyed.
@@ -108,7 +110,8 @@ absl::Status Run(const std::string& name, std::unique_ptr<NodeRole>& role, const
       StartEtcdRegistration(o, role_name, server->grpc_address());
   std::printf("%s\n", server->ReadyLine().c_str());
   std::fflush(stdout);
-  PD_LOG(kInfo, name, ": serving ", engine.model_path, " (", role_name, ", context ",
+  PD_LOG(kInfo, name, ": serving ", engine.model_path, " (fingerprint ",
+         engine::FingerprintHex(state.model_fingerprint()), ", ", role_name, ", context ",
          sched->max_context(), ", kernels ", engine.kernels, ")");
   int sig = 0;
   sigwait(&signals, &sig);

@@ -9,6 +9,7 @@
 #include "common/net.h"
 #include "common/status.h"
 #include "common/strings.h"
+#include "engine/model/fingerprint.h"
 #include "pdserve/node/v1/node.grpc.pb.h"
 
 namespace pd::node {
@@ -33,6 +34,7 @@ class NodeService final : public nv1::Node::Service {
     out->set_draining(state_.draining());
     out->set_kv_transfer(state_.kv_transfer());
     out->set_kv_blocks_cached(l.kv_blocks_cached);
+    out->set_model_fingerprint(state_.model_fingerprint());
     if (l.cached_block_hashes != nullptr) {
       out->mutable_cached_block_hashes()->Add(l.cached_block_hashes->begin(),
                                               l.cached_block_hashes->end());
@@ -45,6 +47,18 @@ class NodeService final : public nv1::Node::Service {
 };
 
 }  // namespace
+
+grpc::Status CheckFingerprint(const pdserve::node::v1::KvTransferDescriptor& kv,
+                              const NodeState& state, const char* peer) {
+  if (kv.model_fingerprint() == state.model_fingerprint()) return grpc::Status::OK;
+  return grpc::Status(
+      grpc::StatusCode::FAILED_PRECONDITION,
+      StrCat("kv: ", peer, " runs another model (fingerprint ",
+             engine::FingerprintHex(kv.model_fingerprint()), ", this node ",
+             engine::FingerprintHex(state.model_fingerprint()),
+             "): its KV cannot be used here; start every node of the cluster with the same model "
+             "file"));
+}
 
 absl::StatusOr<std::unique_ptr<NodeServer>> NodeServer::Start(const NodeServerOptions& options,
                                                               NodeState& state,

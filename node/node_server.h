@@ -25,6 +25,7 @@
 #include "common/metrics.h"
 #include "engine/sched/engine_api.h"
 #include "engine/sched/scheduler.h"
+#include "pdserve/node/v1/node.pb.h"
 
 namespace httplib {
 class Server;
@@ -59,6 +60,9 @@ class NodeState {
   void StartDraining() { draining_.store(true); }
   // Requests in the node's services right now (drain waits for 0).
   std::atomic<int>& active() { return active_; }
+  // The loaded model's fingerprint (engine/model/fingerprint.h). Set before Start.
+  void SetModelFingerprint(uint64_t f) { fingerprint_ = f; }
+  uint64_t model_fingerprint() const { return fingerprint_; }
   // How this node calls other nodes (a prefill node's Decode.SendPrefix). Set before Start.
   void SetClusterChannels(ClusterChannels channels) { channels_ = std::move(channels); }
   const ClusterChannels& cluster_channels() const { return channels_; }
@@ -72,7 +76,13 @@ class NodeState {
   std::atomic<bool> draining_{false};
   std::atomic<int> active_{0};
   ClusterChannels channels_;
+  uint64_t fingerprint_ = 0;
 };
+
+// OK when `kv` was reserved by a node running this node's model; else FAILED_PRECONDITION naming
+// both fingerprints (`peer` says who reserved it: "the decode node").
+grpc::Status CheckFingerprint(const pdserve::node::v1::KvTransferDescriptor& kv,
+                              const NodeState& state, const char* peer);
 
 struct NodeServerOptions {
   std::string name;  // "pd-decode" / "pd-prefill": the ready line's first word

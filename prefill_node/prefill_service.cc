@@ -130,6 +130,7 @@ int PrefillService::PullPrefix(grpc::ServerContext* context, const nv1::PrefillR
   nv1::SendPrefixRequest sreq;
   sreq.set_reservation(request.kv_source().reservation());
   sreq.mutable_kv()->set_transport(r->descriptor);
+  sreq.mutable_kv()->set_model_fingerprint(state_.model_fingerprint());
   nv1::SendPrefixResponse sresp;
   std::unique_ptr<grpc::ClientContext> ctx = grpc::ClientContext::FromServerContext(*context);
   ctx->set_deadline(absl::ToChronoTime(std::min(d.deadline, mine->deadline)));
@@ -177,6 +178,9 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           "kv: this prefill node sends no KV (kv_transfer.enabled is off, or its "
                           "UCX transport failed to start: see its log)");
+    }
+    if (grpc::Status s = CheckFingerprint(request->kv(), state_, "the decode node"); !s.ok()) {
+      return s;
     }
     absl::StatusOr<kvtransfer::TransferDescriptor> parsed =
         kvtransfer::TransferDescriptor::Parse(request->kv().transport());

@@ -7,6 +7,7 @@
 #include "common/net.h"
 #include "common/status.h"
 #include "common/strings.h"
+#include "engine/model/fingerprint.h"
 #include "engine/kv/block_hash.h"
 
 namespace pd::router {
@@ -21,11 +22,12 @@ struct NodeRegistry::Entry {
   // older generation returns.
   uint64_t generation = 0;
   std::thread health;  // moved out and joined by RemoveNode or the destructor
+  std::string refused_why;  // health thread only: the last refusal logged
 };
 
 NodeRegistry::NodeRegistry(const RouterOptions& options, MetricsRegistry* metrics,
-                           ClusterChannels channels)
-    : options_(options), channels_(std::move(channels)) {
+                           ClusterChannels channels, uint64_t model_fingerprint)
+    : options_(options), channels_(std::move(channels)), model_fingerprint_(model_fingerprint) {
   if (metrics != nullptr) {
     healthy_gauge_ = &metrics->AddGauge(
         "pdserve_router_node_healthy", "1 while the node receives work, else 0.", {"node", "role"});
@@ -48,8 +50,10 @@ NodeRegistry::NodeRegistry(const RouterOptions& options, MetricsRegistry* metric
 
 absl::StatusOr<std::unique_ptr<NodeRegistry>> NodeRegistry::Create(const RouterOptions& options,
                                                                    MetricsRegistry* metrics,
-                                                                   ClusterChannels channels) {
-  std::unique_ptr<NodeRegistry> r(new NodeRegistry(options, metrics, std::move(channels)));
+                                                                   ClusterChannels channels,
+                                                                   uint64_t model_fingerprint) {
+  std::unique_ptr<NodeRegistry> r(
+      new NodeRegistry(options, metrics, std::move(channels), model_fingerprint));
   for (const NodeOptions& n : options.nodes) PD_RETURN_IF_ERROR(r->AddNode(n));
   return r;
 }
@@ -200,6 +204,12 @@ void NodeRegistry::HealthLoop(Entry* e, uint64_t generation) {
       NodeStatus& st = e->status;
       if (s.ok() && l.role() != st.role) {
         why = StrCat("serves role '", l.role(), "', configured as '", st.role, "'");
+      } else if (s.ok() && model_fingerprint_ != 0 &&
+                 l.model_fingerprint() != model_fingerprint_) {
+        why = StrCat("runs another model (fingerprint ",
+                     engine::FingerprintHex(l.model_fingerprint()), ", the router's ",
+                     engine::FingerprintHex(model_fingerprint_),
+                     "): it gets no work; start it with the router's model file");
       } else if (s.ok()) {
         if (!st.healthy && !l.draining()) {
           PD_LOG(kInfo, "node ", st.name, " (", st.address, ") is healthy");
@@ -233,6 +243,13 @@ void NodeRegistry::HealthLoop(Entry* e, uint64_t generation) {
       Publish(*e);
     }
     if (turned_unhealthy) MarkUnhealthy(e, StrCat("health check: ", why));
+    // A node that answers but is refused (wrong role or model) never turns unhealthy, since it
+    // never was healthy: say why once, and again when the reason changes.
+    if (s.ok() && !why.empty() && why != e->refused_why) {
+      PD_LOG(kWarning, "node ", e->node.options.name, " (", e->node.options.address,
+             ") refused: ", why);
+    }
+    e->refused_why = s.ok() ? why : "";
     absl::MutexLock lock(&mu_);
     auto stopped = [this, e, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return stop_ || e->generation != generation;

@@ -88,10 +88,13 @@ class NodeRegistry {
   // Adds options.nodes (may be empty) and starts one health thread per node. `metrics`
   // (nullable) must outlive the registry: it gets pdserve_router_node_* gauges and
   // pdserve_router_node_evictions_total. INVALID_ARGUMENT / ALREADY_EXISTS as AddNode.
-  // `channels`: how the router reaches the nodes (plaintext, or mutual TLS).
+  // `channels`: how the router reaches the nodes (plaintext, or mutual TLS). `model_fingerprint`
+  // (engine/model/fingerprint.h; 0 = not checked): a node that reports another one never
+  // receives work, and the router logs why.
   static absl::StatusOr<std::unique_ptr<NodeRegistry>> Create(const RouterOptions& options,
                                                               MetricsRegistry* metrics,
-                                                              ClusterChannels channels = {});
+                                                              ClusterChannels channels = {},
+                                                              uint64_t model_fingerprint = 0);
   ~NodeRegistry();  // stops and joins the health threads
 
   // Adds a node and starts its health thread; it receives work after its first successful poll.
@@ -141,7 +144,8 @@ class NodeRegistry {
 
  private:
   struct Entry;
-  NodeRegistry(const RouterOptions& options, MetricsRegistry* metrics, ClusterChannels channels);
+  NodeRegistry(const RouterOptions& options, MetricsRegistry* metrics, ClusterChannels channels,
+               uint64_t model_fingerprint);
   void HealthLoop(Entry* e, uint64_t generation);
   void MarkUnhealthy(Entry* e, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
   const Node* Pick(const std::string& role, int64_t tokens, const std::vector<const Node*>& exclude,
@@ -153,6 +157,7 @@ class NodeRegistry {
 
   const RouterOptions options_;
   const ClusterChannels channels_;
+  const uint64_t model_fingerprint_;
 
   mutable absl::Mutex mu_;
   // Only grows: removed entries stay (marked) so that Node pointers stay valid.

@@ -65,6 +65,10 @@ class GgufFile {
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
   size_t file_size() const { return map_.size(); }
+  // The whole file as mapped.
+  std::string_view bytes() const {
+    return {reinterpret_cast<const char*>(map_.data()), map_.size()};
+  }
 
   // ---- metadata ----
   const std::map<std::string, GgufValue, std::less<>>& metadata() const { return kv_; }

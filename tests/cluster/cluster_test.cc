@@ -323,6 +323,83 @@ TEST_F(ClusterTest, MutualTlsClusterServesAndRefusesUnauthenticatedCallers) {
   StopCluster(*c);
 }
 
+// A daemon started by hand; returns its ready line's "grpc=" address ("" on failure).
+std::string StartDaemon(Process& p, const std::string& what) {
+  const std::string ready = p.WaitForLine(std::regex(" ready: "), absl::Seconds(30));
+  std::smatch m;
+  if (!std::regex_search(ready, m, std::regex(R"(grpc=(\S+))"))) {
+    ADD_FAILURE() << what << " did not get ready: " << p.Stderr();
+    return "";
+  }
+  return m[1].str();
+}
+
+// A prefill node started with another model than the decode node and the router: the router
+// never gives it work (and logs why), requests are still served (the decode node prefills), and
+// a descriptor from the decode node is refused by the prefill node before it computes anything.
+TEST_F(ClusterTest, ANodeWithAnotherModelIsRefusedNotSilentlyDecoded) {
+  TempDir dir;
+  const std::string config =
+      dir.Write("cluster.yaml", StrCat(kConfig, "router: {disaggregate_min_prompt: 0}\n"));
+  Process decode({PD_BIN_DIR "/pd-decode", "--config", config, "--model", *tiny_, "--grpc-host",
+                  "127.0.0.1", "--grpc-port", "0", "--http-port", "0"});
+  Process prefill({PD_BIN_DIR "/pd-prefill", "--config", config, "--model", *slow_,
+                   "--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-port", "0"});
+  const std::string d = StartDaemon(decode, "pd-decode");
+  const std::string p = StartDaemon(prefill, "pd-prefill");
+  ASSERT_FALSE(d.empty());
+  ASSERT_FALSE(p.empty());
+  Process router({PD_BIN_DIR "/pd-router", "--config", config, "--model", *tiny_, "--grpc-port",
+                  "0", "--http-port", "0", "--node", StrCat("d0=decode@", d), "--node",
+                  StrCat("p0=prefill@", p)});
+  const std::string r = StartDaemon(router, "pd-router");
+  ASSERT_FALSE(r.empty());
+  Result res = Generate(r, GreedyRequest("hello world", 6));
+  ASSERT_TRUE(res.status.ok()) << res.status.error_message();
+  EXPECT_EQ(res.ids.size(), 6u);
+  std::string log;
+  for (absl::Time end = absl::Now() + absl::Seconds(5);
+       log.find("runs another model") == std::string::npos && absl::Now() < end;) {
+    log += router.Stderr();
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_THAT(log, HasSubstr("node p0 (" + p + ") refused: runs another model"));
+
+  // The decode node's reservation, handed to the prefill node directly: refused, naming both.
+  auto dstub = pdserve::node::v1::Decode::NewStub(
+      grpc::CreateChannel(d, grpc::InsecureChannelCredentials()));
+  pdserve::node::v1::ReserveRequest rreq;
+  rreq.mutable_request()->set_request_id("mixed");
+  rreq.mutable_request()->add_prompt(1);
+  rreq.mutable_request()->add_prompt(2);
+  rreq.mutable_request()->set_max_tokens(2);
+  rreq.mutable_request()->mutable_sampling()->set_top_p(1);
+  rreq.mutable_request()->mutable_sampling()->set_repetition_penalty(1);
+  rreq.set_deadline_s(5);
+  pdserve::node::v1::ReserveResponse rresp;
+  grpc::ClientContext rctx;
+  const grpc::Status reserved = dstub->Reserve(&rctx, rreq, &rresp);
+  ASSERT_TRUE(reserved.ok()) << reserved.error_message();
+  ASSERT_TRUE(rresp.has_kv());
+  auto pstub = pdserve::node::v1::Prefill::NewStub(
+      grpc::CreateChannel(p, grpc::InsecureChannelCredentials()));
+  pdserve::node::v1::PrefillRequest preq;
+  preq.set_request_id("mixed");
+  preq.add_prompt(1);
+  preq.add_prompt(2);
+  *preq.mutable_sampling() = rreq.request().sampling();
+  *preq.mutable_kv() = rresp.kv();
+  pdserve::node::v1::PrefillResponse presp;
+  grpc::ClientContext pctx;
+  const grpc::Status st = pstub->Prefill(&pctx, preq, &presp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(st.error_message(), HasSubstr("runs another model"));
+  for (Process* proc : {&router, &prefill, &decode}) {
+    proc->Signal(SIGTERM);
+    EXPECT_EQ(proc->Wait(absl::Seconds(20)), 0) << proc->Stderr();
+  }
+}
+
 // `make run`'s demo: `pdctl up --complete` continues a prompt through the router's OpenAI API,
 // prints it with its timing, and stops the cluster; --chat and --complete exclude each other.
 TEST_F(ClusterTest, PdctlUpCompleteContinuesAPromptAndStops) {

@@ -27,6 +27,7 @@
 #include "common/status.h"
 #include "common/strings.h"
 #include "common/tls_flags.h"
+#include "engine/model/fingerprint.h"
 #include "engine/model/gguf.h"
 #include "engine/model/model_config.h"
 #include "engine/model/model_finder.h"
@@ -65,7 +66,8 @@ absl::Status Route(const ServeOptions& o, sigset_t signals, double wait_ready_s)
       MakeClusterChannels({o.cluster_tls.cert_file, o.cluster_tls.key_file, o.cluster_tls.ca_file},
                           o.cluster_tls.server_name));
   PD_ASSIGN_OR_RETURN(std::unique_ptr<NodeRegistry> nodes,
-                      NodeRegistry::Create(o.router, &registry, std::move(channels)));
+                      NodeRegistry::Create(o.router, &registry, std::move(channels),
+                                           engine::ModelFingerprint(*file)));
   RemoteEngineOptions ro;
   ro.max_retries = o.router.max_retries;
   ro.disaggregate = o.router.disaggregate;
