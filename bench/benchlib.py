@@ -89,3 +89,33 @@ def dig(d, *keys):
             return None
         d = d.get(k)
     return d
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants (pdctl up's daemons)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:
+            kids = []
+        todo.extend(int(k) for k in kids)
+    return out
+
+
+def sample_tree(pid: int) -> tuple[float, int, int]:
+    """(RSS MiB, threads, open file descriptors) summed over `pid` and its descendants."""
+    rss, threads, fds = 0.0, 0, 0
+    for p in process_tree(pid):
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    rss += int(line.split()[1]) / 1024
+                elif line.startswith("Threads:"):
+                    threads += int(line.split()[1])
+            fds += len(os.listdir(f"/proc/{p}/fd"))
+        except OSError:
+            pass
+    return rss, threads, fds

@@ -249,6 +249,8 @@ absl::Status ServeOptions::Validate() const {
                            admission.max_waiting));
   PD_RETURN_IF_ERROR(Check(admission.ttft_slo_ms >= 0, "admission.ttft_slo_ms", "must be >= 0",
                            admission.ttft_slo_ms));
+  PD_RETURN_IF_ERROR(Check(admission.slo_headroom > 0 && admission.slo_headroom <= 1,
+                           "admission.slo_headroom", "must be in (0, 1]", admission.slo_headroom));
   for (size_t i = 0; i < api_keys.size(); ++i) {
     if (api_keys[i].empty()) {
       return absl::InvalidArgumentError(StrCat("api_keys[", i, "]: must not be empty"));
@@ -439,9 +441,11 @@ absl::StatusOr<ServeOptions> ParseServeOptions(std::string_view yaml, std::strin
       MapReader a = top.Child("admission");
       a.Get("max_waiting", &o.admission.max_waiting);
       a.Get("ttft_slo_ms", &o.admission.ttft_slo_ms);
+      a.Get("slo_headroom", &o.admission.slo_headroom);
       top.Merge(a);
     }
     top.GetStrings("api_keys", &o.api_keys);
+    top.Get("api_keys_file", &o.api_keys_file);
     {
       MapReader s = top.Child("scheduler");
       s.Get("max_running_seqs", &o.scheduler.max_running_seqs);
@@ -551,6 +555,23 @@ absl::StatusOr<ServeOptions> LoadServeOptions(const std::string& path) {
   std::ostringstream ss;
   ss << in.rdbuf();
   return ParseServeOptions(ss.str(), path);
+}
+
+absl::Status LoadApiKeysFile(const std::string& path, std::vector<std::string>* keys) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(StrCat("api_keys_file: cannot read '", path, "'"));
+  std::string line;
+  int added = 0;
+  while (std::getline(in, line)) {
+    absl::string_view k = absl::StripAsciiWhitespace(ToAbsl(line));
+    if (k.empty() || k.front() == '#') continue;
+    keys->emplace_back(k);
+    ++added;
+  }
+  if (added == 0) {
+    return absl::InvalidArgumentError(StrCat("api_keys_file: '", path, "' holds no key"));
+  }
+  return absl::OkStatus();
 }
 
 void AddApiKeys(std::string_view comma_separated, std::vector<std::string>* keys) {

@@ -65,6 +65,7 @@ struct ClusterTlsOptions {
 struct AdmissionConfigOptions {
   int max_waiting = 256;  // requests waiting for their first token; beyond: 429; 0 = no cap
   int ttft_slo_ms = 0;    // > 0: refuse when the measured queue says a new request would wait longer
+  double slo_headroom = 0.9;  // ... than this fraction of the SLO (after calibration)
 };
 
 struct SchedulerConfigOptions {
@@ -194,6 +195,9 @@ struct ServeOptions {
   // Accepted API keys ("authorization: Bearer KEY" or "x-api-key: KEY"); empty = no auth.
   // PDSERVE_API_KEYS (comma-separated) adds to these.
   std::vector<std::string> api_keys;
+  // A file of more keys, one per line ('#' comments and blank lines ignored), read at start
+  // (LoadApiKeysFile). Keeps keys out of the config and off command lines (`ps` shows those).
+  std::string api_keys_file;
   SchedulerConfigOptions scheduler;
   KvConfigOptions kv;
   PrefixCacheConfigOptions prefix_cache;
@@ -216,5 +220,9 @@ absl::StatusOr<ServeOptions> LoadServeOptions(const std::string& path);
 
 // Appends the keys of PDSERVE_API_KEYS-style text ("k1,k2", blanks trimmed, empties dropped).
 void AddApiKeys(std::string_view comma_separated, std::vector<std::string>* keys);
+// Appends the keys of a key file (one per line, surrounding blanks trimmed, '#' comment lines and
+// blank lines ignored). NOT_FOUND when it cannot be read; INVALID_ARGUMENT when it holds no key.
+// Error messages name the file and line numbers, never a key.
+absl::Status LoadApiKeysFile(const std::string& path, std::vector<std::string>* keys);
 
 }  // namespace pd

@@ -30,4 +30,14 @@ std::string StrCat(const Args&... args) {
 // std::string_view -> absl::string_view (for absl APIs such as Status messages).
 inline absl::string_view ToAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
+// Whether `given` equals `secret`, in a time that depends on neither where they differ nor (beyond
+// `given`'s own length) on `secret`: API keys are compared with it.
+inline bool SecretEquals(std::string_view given, std::string_view secret) {
+  unsigned char diff = given.size() == secret.size() ? 0 : 1;
+  for (size_t i = 0; i < given.size(); ++i) {
+    diff |= static_cast<unsigned char>(given[i] ^ (i < secret.size() ? secret[i] : 0));
+  }
+  return diff == 0;
+}
+
 }  // namespace pd

@@ -51,10 +51,11 @@ struct StreamQueue {
   ServingMetrics* metrics = nullptr;  // immutable after construction
   // Told when the request stops waiting for its first token. Immutable after construction.
   std::shared_ptr<Admission> admission;
+  Admission::Ticket ticket;  // immutable after construction
   std::atomic<bool> left_queue{false};
 
   void LeaveQueue(absl::Time now, bool served) {
-    if (admission != nullptr && !left_queue.exchange(true)) admission->Leave(now, served);
+    if (admission != nullptr && !left_queue.exchange(true)) admission->Leave(now, served, ticket);
   }
 
   bool HasData() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -344,10 +345,11 @@ class LocalFrontend final : public Frontend {
           StrCat("model '", r.model, "' is not served here (served: '", model_.id, "')"));
     }
     // Before any work on the request: refused here, an overload costs microseconds.
-    PD_RETURN_IF_ERROR(admission_->Admit(absl::Now()));
+    PD_ASSIGN_OR_RETURN(Admission::Ticket ticket, admission_->Admit(absl::Now()));
     auto queue = std::make_shared<StreamQueue>();
     queue->metrics = metrics_;
     queue->admission = admission_;
+    queue->ticket = ticket;
     absl::StatusOr<std::unique_ptr<Stream>> s = Prepare(r, queue);
     if (!s.ok()) queue->LeaveQueue(absl::Now(), /*served=*/false);
     return s;

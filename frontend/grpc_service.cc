@@ -24,13 +24,6 @@ constexpr char kGenerateMethod[] = "/pdserve.v1.Chat/Generate";
 constexpr char kListModelsMethod[] = "/pdserve.v1.Chat/ListModels";
 constexpr char kChatServiceName[] = "pdserve.v1.Chat";
 
-// Compares in time independent of where the strings differ (keys are secrets).
-bool SameKey(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
 
 std::string_view View(const grpc::string_ref& s) { return std::string_view(s.data(), s.size()); }
 
@@ -119,7 +112,7 @@ grpc::Status ChatService::Authenticate(const grpc::ServerContext& context) const
                         "'x-api-key: KEY'");
   }
   bool ok = false;
-  for (const std::string& k : api_keys_) ok |= SameKey(given, k);
+  for (const std::string& k : api_keys_) ok |= SecretEquals(given, k);
   if (!ok) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "the API key is not valid");
   return grpc::Status::OK;
 }

@@ -63,13 +63,6 @@ constexpr size_t kMaxReadAhead = 64 << 10;
 // File descriptors kept free for everything else (model files, gRPC, UCX, logs).
 constexpr int kReservedFds = 256;
 
-bool ConstantTimeEquals(std::string_view a, std::string_view b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
-  }
-  return diff == 0;
-}
 
 std::chrono::steady_clock::duration ToChrono(absl::Duration d) {
   return std::chrono::duration_cast<std::chrono::steady_clock::duration>(absl::ToChronoNanoseconds(d));
@@ -521,7 +514,7 @@ class Session final : public Core::SessionBase, public std::enable_shared_from_t
     }
     if (!key.empty()) {
       bool ok = false;
-      for (const std::string& k : keys) ok |= ConstantTimeEquals(key, k);
+      for (const std::string& k : keys) ok |= SecretEquals(key, k);
       if (ok) return false;
     }
     ReplyError(ApiError{absl::StatusCode::kUnauthenticated,

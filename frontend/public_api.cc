@@ -31,6 +31,7 @@ FrontendOptions FrontendOptionsFrom(const ServeOptions& o) {
   fo.max_stop = o.limits.max_stop;
   fo.admission.max_waiting = o.admission.max_waiting;
   fo.admission.ttft_slo = absl::Milliseconds(o.admission.ttft_slo_ms);
+  fo.admission.slo_headroom = o.admission.slo_headroom;
   return fo;
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "common/status_matchers.h"
@@ -49,6 +50,20 @@ TEST(ConfigTest, ServeYamlShowsTheDefaults) {
   EXPECT_EQ(a.http.host, b.http.host);
   EXPECT_EQ(a.http.port, b.http.port);
   EXPECT_EQ(a.api_keys, b.api_keys);
+  EXPECT_EQ(a.api_keys_file, b.api_keys_file);
+  EXPECT_EQ(a.http_limits.max_connections, b.http_limits.max_connections);
+  EXPECT_EQ(a.http_limits.max_connections_per_address, b.http_limits.max_connections_per_address);
+  EXPECT_EQ(a.http_limits.header_timeout_ms, b.http_limits.header_timeout_ms);
+  EXPECT_EQ(a.http_limits.body_timeout_ms, b.http_limits.body_timeout_ms);
+  EXPECT_EQ(a.http_limits.idle_timeout_ms, b.http_limits.idle_timeout_ms);
+  EXPECT_EQ(a.http_limits.write_timeout_ms, b.http_limits.write_timeout_ms);
+  EXPECT_EQ(a.http_limits.threads, b.http_limits.threads);
+  EXPECT_EQ(a.http_limits.io_threads, b.http_limits.io_threads);
+  EXPECT_EQ(a.tls.cert_file, b.tls.cert_file);
+  EXPECT_EQ(a.tls.key_file, b.tls.key_file);
+  EXPECT_EQ(a.admission.max_waiting, b.admission.max_waiting);
+  EXPECT_EQ(a.admission.ttft_slo_ms, b.admission.ttft_slo_ms);
+  EXPECT_EQ(a.admission.slo_headroom, b.admission.slo_headroom);
   EXPECT_EQ(a.scheduler.max_running_seqs, b.scheduler.max_running_seqs);
   EXPECT_EQ(a.scheduler.max_waiting, b.scheduler.max_waiting);
   EXPECT_EQ(a.scheduler.max_total_tokens, b.scheduler.max_total_tokens);
@@ -102,8 +117,14 @@ TEST(ConfigTest, ParsesEveryField) {
 model: {path: /m.gguf, id: tiny, chat_template: chatml, context: 2048, backend: cuda}
 threads: 3
 grpc: {enabled: false, host: 0.0.0.0, port: 0}
-http: {host: ::1, port: 9000}
+http: {host: ::1, port: 9000, max_connections: 100, max_connections_per_address: 7,
+       header_timeout_ms: 1, body_timeout_ms: 2, idle_timeout_ms: 3, write_timeout_ms: 4,
+       threads: 5, io_threads: 2}
+tls: {cert_file: /c.pem, key_file: /k.pem}
+cluster_tls: {ca_file: /ca.pem, cert_file: /n.pem, key_file: /n.key, server_name: pd}
+admission: {max_waiting: 12, ttft_slo_ms: 2500, slo_headroom: 0.5}
 api_keys: [a, b]
+api_keys_file: /keys
 scheduler:
   max_running_seqs: 4
   max_waiting: 9
@@ -137,6 +158,24 @@ shutdown_grace_s: 0.5
   EXPECT_EQ(o->http.host, "::1");
   EXPECT_EQ(o->http.port, 9000);
   EXPECT_EQ(o->api_keys, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(o->api_keys_file, "/keys");
+  EXPECT_EQ(o->http_limits.max_connections, 100);
+  EXPECT_EQ(o->http_limits.max_connections_per_address, 7);
+  EXPECT_EQ(o->http_limits.header_timeout_ms, 1);
+  EXPECT_EQ(o->http_limits.body_timeout_ms, 2);
+  EXPECT_EQ(o->http_limits.idle_timeout_ms, 3);
+  EXPECT_EQ(o->http_limits.write_timeout_ms, 4);
+  EXPECT_EQ(o->http_limits.threads, 5);
+  EXPECT_EQ(o->http_limits.io_threads, 2);
+  EXPECT_EQ(o->tls.cert_file, "/c.pem");
+  EXPECT_EQ(o->tls.key_file, "/k.pem");
+  EXPECT_EQ(o->cluster_tls.ca_file, "/ca.pem");
+  EXPECT_EQ(o->cluster_tls.cert_file, "/n.pem");
+  EXPECT_EQ(o->cluster_tls.key_file, "/n.key");
+  EXPECT_EQ(o->cluster_tls.server_name, "pd");
+  EXPECT_EQ(o->admission.max_waiting, 12);
+  EXPECT_EQ(o->admission.ttft_slo_ms, 2500);
+  EXPECT_EQ(o->admission.slo_headroom, 0.5);
   EXPECT_EQ(o->scheduler.max_running_seqs, 4);
   EXPECT_EQ(o->scheduler.max_waiting, 9);
   EXPECT_EQ(o->scheduler.max_total_tokens, 10000);
@@ -328,6 +367,34 @@ TEST(ConfigTest, ApiKeysFromCommaSeparatedText) {
   std::vector<std::string> keys = {"x"};
   AddApiKeys(" a, b ,,c ", &keys);
   EXPECT_EQ(keys, (std::vector<std::string>{"x", "a", "b", "c"}));
+}
+
+TEST(ConfigTest, SecurityFieldsAreValidated) {
+  for (const char* bad : {"tls: {cert_file: /c.pem}", "cluster_tls: {ca_file: /ca.pem}",
+                          "cluster_tls: {cert_file: /c.pem, key_file: /k.pem}",
+                          "http: {max_connections: 0}", "http: {write_timeout_ms: 0}",
+                          "admission: {slo_headroom: 1.5}", "admission: {ttft_slo_ms: -1}",
+                          "http: {max_connections_per_address: -1}"}) {
+    EXPECT_THAT(ParseServeOptions(bad, "inline"), StatusIs(absl::StatusCode::kInvalidArgument))
+        << bad;
+  }
+}
+
+TEST(ConfigTest, ApiKeysFileAddsKeysAndNeverEchoesThem) {
+  const std::string path = ::testing::TempDir() + "/pd_keys.txt";
+  {
+    std::ofstream f(path);
+    f << "# the team's keys\n  sk-one  \n\nsk-two\n";
+  }
+  std::vector<std::string> keys = {"sk-zero"};
+  ASSERT_TRUE(LoadApiKeysFile(path, &keys).ok());
+  EXPECT_EQ(keys, (std::vector<std::string>{"sk-zero", "sk-one", "sk-two"}));
+  {
+    std::ofstream f(path);
+    f << "# nothing here\n\n";
+  }
+  EXPECT_THAT(LoadApiKeysFile(path, &keys), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(LoadApiKeysFile(path + ".missing", &keys), StatusIs(absl::StatusCode::kNotFound));
 }
 
 }  // namespace

@@ -151,6 +151,9 @@ int Main(int argc, char** argv) {
   auto* o_http_port = app.add_option("--http-port", http_port, "HTTP port (0 = a free one)");
   app.add_option("--node", node_flags, "NAME=ROLE@HOST:PORT (repeatable; adds to router.nodes)");
   app.add_option("--api-key", api_keys, "accepted API key (repeatable)");
+  std::string api_key_file;
+  app.add_option("--api-key-file", api_key_file,
+                 "file of accepted API keys, one per line (api_keys_file)");
   app.add_option("--wait-ready", wait_ready,
                  "seconds to wait for every decode node before the ready line (0: do not wait)");
   auto* o_grace = app.add_option("--shutdown-grace", grace, "seconds streams get on SIGTERM");
@@ -174,6 +177,13 @@ int Main(int argc, char** argv) {
   if (o_grace->count()) o.shutdown_grace_s = grace;
   o.api_keys.insert(o.api_keys.end(), api_keys.begin(), api_keys.end());
   if (const char* env = std::getenv("PDSERVE_API_KEYS")) AddApiKeys(env, &o.api_keys);
+  if (!api_key_file.empty()) o.api_keys_file = api_key_file;
+  if (!o.api_keys_file.empty()) {
+    if (absl::Status k = LoadApiKeysFile(o.api_keys_file, &o.api_keys); !k.ok()) {
+      std::fprintf(stderr, "pd-router: error: %s\n", std::string(k.message()).c_str());
+      return 2;
+    }
+  }
   for (const std::string& f : node_flags) {
     absl::StatusOr<NodeOptions> n = ParseNodeFlag(f);
     if (!n.ok()) {

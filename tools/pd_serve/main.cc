@@ -96,6 +96,9 @@ int Main(int argc, char** argv) {
   app.add_flag("--no-grpc", no_grpc, "do not serve gRPC");
   app.add_flag("--no-http", no_http, "do not serve HTTP");
   app.add_option("--api-key", api_keys, "accepted API key (repeatable; adds to the config's)");
+  std::string api_key_file;
+  app.add_option("--api-key-file", api_key_file,
+                 "file of accepted API keys, one per line (api_keys_file)");
   auto* o_kv_dtype = app.add_option("--kv-dtype", kv_dtype, "KV cache type: f16, int8 or f32");
   auto* o_kv_mib = app.add_option("--kv-mib", kv_mib, "KV cache memory budget in MiB");
   bool no_prefix_cache = false;
@@ -141,6 +144,13 @@ int Main(int argc, char** argv) {
   if (no_http) o.http.enabled = false;
   o.api_keys.insert(o.api_keys.end(), api_keys.begin(), api_keys.end());
   if (const char* env = std::getenv("PDSERVE_API_KEYS")) AddApiKeys(env, &o.api_keys);
+  if (!api_key_file.empty()) o.api_keys_file = api_key_file;
+  if (!o.api_keys_file.empty()) {
+    if (absl::Status k = LoadApiKeysFile(o.api_keys_file, &o.api_keys); !k.ok()) {
+      std::fprintf(stderr, "pd-serve: error: %s\n", std::string(k.message()).c_str());
+      return 2;
+    }
+  }
   if (o_kv_dtype->count()) o.kv.dtype = kv_dtype;
   if (o_kv_mib->count()) o.kv.memory_mib = kv_mib;
   if (no_prefix_cache) o.prefix_cache.enabled = false;
