@@ -561,5 +561,33 @@ TEST(GrpcServiceTest, StatusCodesMapOneToOne) {
   }
 }
 
+// Admission's refusal over gRPC: RESOURCE_EXHAUSTED with the retry hint as trailing metadata.
+class OverloadedFrontend : public Frontend {
+ public:
+  absl::StatusOr<std::unique_ptr<Stream>> Start(const ApiRequest&) override {
+    return OverloadedError("server overloaded: 3 requests wait", 4);
+  }
+  std::vector<ModelCard> Models() const override { return {ModelCard{"tiny", "llama", 64, 1, ""}}; }
+};
+
+TEST(GrpcServiceTest, OverloadIsResourceExhaustedWithRetryAfterMetadata) {
+  OverloadedFrontend fe;
+  auto server = GrpcServer::Start(fe, GrpcServerOptions{}, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = pdserve::v1::Chat::NewStub(
+      grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, Chat("hi", 2));
+  GenerateResponse msg;
+  EXPECT_FALSE(reader->Read(&msg));
+  const grpc::Status st = reader->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(st.error_message(), HasSubstr("overloaded"));
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  auto it = trailers.find("retry-after");
+  ASSERT_NE(it, trailers.end());
+  EXPECT_EQ(std::string(it->second.data(), it->second.size()), "4");
+}
+
 }  // namespace
 }  // namespace pd::frontend
