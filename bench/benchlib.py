@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import platform
 import signal
@@ -93,16 +94,24 @@ def dig(d, *keys):
 
 def process_tree(pid: int) -> list[int]:
     """`pid` and its descendants (pdctl up's daemons)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
+    out, pending = [], [pid]
+    while pending:
+        p = pending.pop()
         out.append(p)
         try:
             kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
         except OSError:
             kids = []
-        todo.extend(int(k) for k in kids)
+        pending.extend(int(k) for k in kids)
     return out
+
+
+def result_file(name: str, out: str | None) -> Path:
+    """`out` when given, else bench/results/<name>_<UTC date>.md."""
+    if out:
+        return Path(out)
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    return Path(__file__).resolve().parent / "results" / f"{name}_{date}.md"
 
 
 def sample_tree(pid: int) -> tuple[float, int, int]:

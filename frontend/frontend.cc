@@ -122,18 +122,14 @@ class LocalStream final : public Stream {
         queue_(std::move(queue)) {}
 
   ~LocalStream() override {
-    if (done_) {
-      absl::MutexLock lock(&queue_->mu);
-      queue_->notify.reset();
-      return;
-    }
-    // The client went away: free the KV now. The sink may still be called; it only fills a
-    // queue that the sink itself keeps alive, and records the end in the metrics.
+    // Unread to the end: the client went away. Free the KV now. The sink may still be called; it
+    // only fills a queue that the sink itself keeps alive, and records the end in the metrics.
     std::optional<FinishInfo> finish;
     {
       absl::MutexLock lock(&queue_->mu);
-      queue_->abandoned = true;
       queue_->notify.reset();
+      if (done_) return;
+      queue_->abandoned = true;
       finish = queue_->finish;
     }
     if (finish.has_value()) {

@@ -166,8 +166,7 @@ def main() -> int:
     ap.add_argument("--output-tokens", type=int, default=32)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    out = Path(args.out) if args.out else ROOT / f"bench/results/overload_{date}.md"
+    out = benchlib.result_file("overload", args.out)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for t in args.targets.split(","):

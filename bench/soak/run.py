@@ -118,8 +118,7 @@ def main() -> int:
     ap.add_argument("--decode", type=int, default=1)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    out = Path(args.out) if args.out else ROOT / f"bench/results/soak_{date}.md"
+    out = benchlib.result_file("soak", args.out)
     with tempfile.TemporaryDirectory() as tmp:
         port = benchlib.free_port()
         cfg = Path(tmp) / "soak.yaml"
