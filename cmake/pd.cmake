@@ -19,7 +19,8 @@ function(pd_binary)
 endfunction()
 
 function(pd_test)
-  cmake_parse_arguments(PD "" "NAME" "SRCS;DEPS;LABELS" ${ARGN})
+  # SERIAL: ctest runs these cases alone (they time what the machine does, e.g. "within 100 ms").
+  cmake_parse_arguments(PD "SERIAL" "NAME" "SRCS;DEPS;LABELS" ${ARGN})
   add_executable(${PD_NAME} ${PD_SRCS})
   target_link_libraries(${PD_NAME} PRIVATE ${PD_DEPS} pd_test_main)
   set_target_properties(${PD_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
@@ -30,8 +31,12 @@ function(pd_test)
   if(PD_LABELS)
     list(GET PD_LABELS 0 label)
   endif()
+  set(serial FALSE)
+  if(PD_SERIAL)
+    set(serial TRUE)
+  endif()
   gtest_discover_tests(${PD_NAME}
     WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}
-    PROPERTIES LABELS ${label}
+    PROPERTIES LABELS ${label} RUN_SERIAL ${serial}
     DISCOVERY_TIMEOUT 60)
 endfunction()

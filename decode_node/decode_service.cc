@@ -29,7 +29,7 @@ class ActiveCall {
 
 }  // namespace
 
-grpc::Status DecodeService::Reserve(grpc::ServerContext* /*context*/,
+grpc::Status DecodeService::Reserve(grpc::ServerContext* context,
                                     const nv1::ReserveRequest* request,
                                     nv1::ReserveResponse* response) {
   ActiveCall active(state_);
@@ -57,6 +57,12 @@ grpc::Status DecodeService::Reserve(grpc::ServerContext* /*context*/,
   absl::StatusOr<KvReceiver::Reserved> r = receiver->Reserve(
       std::move(g), sink, wire, absl::Now() + absl::Seconds(request->deadline_s()));
   if (!r.ok()) return ToGrpc(r.status());
+  if (context->IsCancelled()) {
+    // The router gave up while this call waited (a client that went away): nobody would attach
+    // or release this reservation, so it must not outlive the call.
+    receiver->Drop(r->reservation);
+    return grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away");
+  }
   response->set_reservation(r->reservation);
   if (!r->descriptor.empty()) {
     response->mutable_kv()->set_transport(r->descriptor);
@@ -72,7 +78,8 @@ grpc::Status DecodeService::Release(grpc::ServerContext*, const nv1::ReleaseRequ
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "this decode node receives no KV (kv_transfer.enabled is off)");
   }
-  receiver->Drop(request->reservation());
+  if (request->reservation() != 0) receiver->Drop(request->reservation());
+  if (!request->request_id().empty()) receiver->DropRequest(request->request_id());
   return grpc::Status::OK;
 }
 

@@ -533,7 +533,15 @@ class Session final : public Core::SessionBase, public std::enable_shared_from_t
                               body = std::move(request_.body())]() mutable {
       Core& core = self->core_;
       auto parsed = std::make_shared<openai::Parsed>();
-      std::optional<ApiError> error = openai::ParseRequest(api, body, parsed.get());
+      std::optional<ApiError> error;
+      try {
+        error = openai::ParseRequest(api, body, parsed.get());
+      } catch (const std::exception& e) {
+        // A parser bug costs this request a 500, not the process (an exception escaping a worker
+        // ends it). The body is not logged: it may hold a prompt.
+        PD_LOG(kError, "the request parser failed (a bug): ", e.what());
+        error = ApiError{absl::StatusCode::kInternal, "the request could not be parsed", ""};
+      }
       bool counted = error.has_value();
       if (!error && core.stopping.load()) {
         error = ApiError{absl::StatusCode::kUnavailable, "server is shutting down", ""};

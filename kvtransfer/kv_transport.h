@@ -227,6 +227,8 @@ class KvSendStream {
   // Blocks until the transfer ended or `timeout` elapsed; returns the final status
   // (DEADLINE_EXCEEDED "still running" on timeout).
   virtual absl::Status Wait(absl::Duration timeout = absl::InfiniteDuration()) = 0;
+  // True once the transfer ended (Wait then returns its final status at once).
+  virtual bool Ended() = 0;
   // The receiver-side transfer id.
   virtual uint64_t transfer_id() const = 0;
 };

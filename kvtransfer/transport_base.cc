@@ -147,6 +147,10 @@ class SendStreamImpl final : public KvSendStream {
     }
     return s_->final;
   }
+  bool Ended() override {
+    absl::MutexLock lock(&s_->mu);
+    return s_->ended;
+  }
   uint64_t transfer_id() const override { return s_->d.transfer_id; }
 
  private:

@@ -97,8 +97,16 @@ absl::StatusOr<PushedPrompt> RunAndPush(engine::Scheduler& sched, engine::Genera
   out.first_push = out.last_push = out.acked = out.computed;
   if (stream == nullptr) return out;
   if (absl::Status c = stream->Complete(); !c.ok()) return fail(c);
-  const absl::Duration wait = std::max(transfer_deadline - absl::Now(), absl::ZeroDuration());
-  const absl::Status st = stream->Wait(wait + absl::Seconds(1));
+  // The receiver acknowledges; a caller that goes away meanwhile (the router's client hung up)
+  // aborts the transfer at once rather than holding the prompt's blocks until its deadline.
+  const absl::Time wait_end = std::max(transfer_deadline, absl::Now()) + absl::Seconds(1);
+  while (!stream->Ended() && absl::Now() < wait_end) {
+    if (cancelled && cancelled()) {
+      return fail(absl::CancelledError("the call was cancelled while the KV transfer ran"));
+    }
+    (void)stream->Wait(std::min(absl::Milliseconds(20), wait_end - absl::Now()));
+  }
+  const absl::Status st = stream->Wait(absl::ZeroDuration());
   if (!st.ok()) {
     stream->Abort(st);
     return absl::Status(st.code(), StrCat("KV transfer: ", st.message()));

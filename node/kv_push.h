@@ -32,8 +32,8 @@ struct PushedPrompt {
 
 // Runs `request` (max_tokens 1) and, with a non-null `stream`, pushes its prompt's K/V to it, then
 // completes the stream and waits for the receiver's acknowledgement until `transfer_deadline`
-// (+1 s). `cancelled` (may be empty) is polled every 20 ms; when it answers true the request is
-// cancelled. Errors (the stream is aborted with the reason on each): the Scheduler's acceptance
+// (+1 s). `cancelled` (may be empty) is polled every 20 ms, during the prefill and while waiting
+// for the acknowledgement; when it answers true the request is cancelled (and the stream aborted). Errors (the stream is aborted with the reason on each): the Scheduler's acceptance
 // errors; CANCELLED; DEADLINE_EXCEEDED (the request's deadline passed in the prefill); the
 // request's own error; INTERNAL when no token came; the transfer's final status, its message
 // prefixed with "KV transfer: ".

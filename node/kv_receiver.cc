@@ -15,7 +15,9 @@ struct KvReceiver::Res {
   int cached_tokens = 0;  // the prefix taken from the cache at the reservation
   std::shared_ptr<engine::GenerationSink> sink;
   absl::Time expires;
-  bool reserved = false;  // the engine thread ran on_reserved
+  bool reserved = false;    // the engine thread ran on_reserved
+  bool handed_out = false;  // Reserve returned it: from now on only the caller's Release/Drop,
+                            // DropRequest and the reaper end it (before, only Reserve itself)
   std::string descriptor;
   uint64_t transfer_id = 0;
   bool transferring = false;             // a transfer was opened
@@ -85,6 +87,7 @@ absl::StatusOr<KvReceiver::Reserved> KvReceiver::Reserve(
   uint64_t rn;
   {
     absl::MutexLock l(&mu_);
+    if (Dropped(id)) return absl::CancelledError(StrCat("request ", id, " was released"));
     rn = next_++;
     auto r = std::make_unique<Res>();
     r->id = id;
@@ -160,18 +163,55 @@ absl::StatusOr<KvReceiver::Reserved> KvReceiver::Reserve(
     if (reservations_ != nullptr) reservations_->Set(static_cast<double>(res_.size()));
     return s;
   }
-  absl::MutexLock l(&mu_);
-  Res* r = res_[rn].get();
-  auto ready = [r]() { return r->reserved; };
-  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
-  if (!r->reserved) {
+  uint64_t abort_id = 0;
+  absl::Status gone;
+  {
+    absl::MutexLock l(&mu_);
+    Res* r = res_[rn].get();
+    auto ready = [r]() { return r->reserved; };
+    mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+    if (r->reserved && !Dropped(id)) {
+      r->handed_out = true;
+      return Reserved{rn, r->descriptor};
+    }
+    // Not reserved in time, or released by request id meanwhile (DropRequest leaves a reservation
+    // still being made to this call): nothing of it may stay.
+    gone = r->reserved ? absl::CancelledError(StrCat("request ", id, " was released"))
+                       : absl::DeadlineExceededError(
+                             "the node's engine did not reserve the KV blocks before the "
+                             "transfer deadline");
+    if (r->transferring && !r->transfer.has_value()) abort_id = r->transfer_id;
     scheduler_.Cancel(id, engine::FinishReason::kCancelled);
     res_.erase(rn);
     if (reservations_ != nullptr) reservations_->Set(static_cast<double>(res_.size()));
-    return absl::DeadlineExceededError(
-        "the node's engine did not reserve the KV blocks before the transfer deadline");
   }
-  return Reserved{rn, r->descriptor};
+  if (abort_id != 0) transport_.AbortReceive(abort_id, gone);
+  return gone;
+}
+
+bool KvReceiver::Dropped(const std::string& request_id) {
+  const absl::Time forget = absl::Now() - absl::Seconds(60);
+  while (!dropped_order_.empty() &&
+         (dropped_order_.front().second < forget || dropped_order_.size() > 4096)) {
+    dropped_.erase(dropped_order_.front().first);
+    dropped_order_.pop_front();
+  }
+  return dropped_.contains(request_id);
+}
+
+void KvReceiver::DropRequest(const std::string& request_id) {
+  std::vector<uint64_t> reserved;
+  {
+    absl::MutexLock l(&mu_);
+    if (dropped_.insert(request_id).second) dropped_order_.emplace_back(request_id, absl::Now());
+    (void)Dropped(request_id);  // trims the oldest
+    for (const auto& [rn, r] : res_) {
+      // One still being made is ended by its Reserve call, which sees the id dropped (and owns
+      // the entry until it returns).
+      if (r->id == request_id && r->handed_out) reserved.push_back(rn);
+    }
+  }
+  for (uint64_t rn : reserved) Drop(rn);
 }
 
 absl::StatusOr<KvReceiver::Held> KvReceiver::Prefix(uint64_t rn) const {
@@ -281,7 +321,7 @@ void KvReceiver::Reap() {
     std::vector<uint64_t> aborts;
     for (auto it = res_.begin(); it != res_.end();) {
       Res& r = *it->second;
-      if (r.attached || now < r.expires) {
+      if (r.attached || !r.handed_out || now < r.expires) {
         ++it;
         continue;
       }

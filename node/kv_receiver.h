@@ -36,14 +36,17 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -96,6 +99,11 @@ class KvReceiver {
   // Decode.Release: a reservation nobody will attach to. Its request is cancelled (blocks
   // freed) unless attached, its transfer aborted, the reservation forgotten. No-op if unknown.
   void Drop(uint64_t reservation);
+  // Decode.Release by request id, for a caller that gave up on Decode.Reserve before it answered
+  // (its client went away) and so never learned the reservation: drops every reservation of
+  // `request_id`, and any Reserve of it still under way (or arriving within 60 s) ends CANCELLED
+  // with nothing kept. The ids are remembered 60 s (at most 4,096 of them).
+  void DropRequest(const std::string& request_id);
 
   int live() const;  // reservations not yet released
 
@@ -128,6 +136,10 @@ class KvReceiver {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Res>> res_ ABSL_GUARDED_BY(mu_);
+  // DropRequest's ids, oldest first, and when each was dropped.
+  std::deque<std::pair<std::string, absl::Time>> dropped_order_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::string> dropped_ ABSL_GUARDED_BY(mu_);
+  bool Dropped(const std::string& request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::thread reaper_;
 };
 

@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "common/strings.h"
 #include "engine/model/fingerprint.h"
+#include "kvtransfer/kv_transport.h"
 #include "pdserve/node/v1/node.grpc.pb.h"
 
 namespace pd::node {
@@ -39,6 +40,20 @@ class NodeService final : public nv1::Node::Service {
       out->mutable_cached_block_hashes()->Add(l.cached_block_hashes->begin(),
                                               l.cached_block_hashes->end());
     }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Audit(grpc::ServerContext*, const nv1::AuditRequest*,
+                     nv1::AuditReport* out) override {
+    const absl::Status audit = state_.scheduler()->AuditKvNow();
+    if (absl::IsDeadlineExceeded(audit) || absl::IsUnavailable(audit)) return ToGrpc(audit);
+    if (!audit.ok()) out->set_kv_error(std::string(audit.message()));
+    const engine::EngineLoad l = state_.engine().Load();
+    out->set_kv_blocks_used(l.kv_blocks_total - l.kv_blocks_free);
+    out->set_live_requests(l.running + l.waiting);
+    out->set_kv_reservations(state_.kv_reservations());
+    kvtransfer::KvTransport* t = state_.transport();
+    out->set_kv_transfers(t != nullptr ? t->active_transfers() : 0);
     return grpc::Status::OK;
   }
 

@@ -11,6 +11,7 @@
 #include <grpcpp/impl/service_type.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -63,6 +64,10 @@ class NodeState {
   // The loaded model's fingerprint (engine/model/fingerprint.h). Set before Start.
   void SetModelFingerprint(uint64_t f) { fingerprint_ = f; }
   uint64_t model_fingerprint() const { return fingerprint_; }
+  // How many KV reservations the node's KvReceiver holds (Node.Audit); unset: the node has none.
+  // Set before Start; what it reads outlives the server.
+  void SetReservationCount(std::function<int()> count) { reservations_ = std::move(count); }
+  int kv_reservations() const { return reservations_ ? reservations_() : 0; }
   // How this node calls other nodes (a prefill node's Decode.SendPrefix). Set before Start.
   void SetClusterChannels(ClusterChannels channels) { channels_ = std::move(channels); }
   const ClusterChannels& cluster_channels() const { return channels_; }
@@ -77,6 +82,7 @@ class NodeState {
   std::atomic<int> active_{0};
   ClusterChannels channels_;
   uint64_t fingerprint_ = 0;
+  std::function<int()> reservations_;
 };
 
 // OK when `kv` was reserved by a node running this node's model; else FAILED_PRECONDITION naming

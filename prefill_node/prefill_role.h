@@ -26,6 +26,7 @@ class PrefillRole final : public NodeRole {
     if (state.transport() != nullptr && state.kv_transfer_options().prefix_pull) {
       receiver_ =
           std::make_unique<KvReceiver>(*state.scheduler(), *state.transport(), state.metrics());
+      state.SetReservationCount([r = receiver_.get()] { return r->live(); });
     }
     service_ = std::make_unique<PrefillService>(state, receiver_.get());
     return service_.get();

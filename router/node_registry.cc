@@ -435,9 +435,9 @@ engine::EngineLoad NodeRegistry::DecodeLoad() const {
   return sum;
 }
 
-bool NodeRegistry::WaitForDecodeNodes(int n_decode, absl::Duration timeout) const {
+bool NodeRegistry::WaitForHealthy(const std::string& role, int n, absl::Duration timeout) const {
   const absl::Time end = absl::Now() + timeout;
-  while (HealthyCount("decode") < n_decode) {
+  while (HealthyCount(role) < n) {
     if (absl::Now() >= end) return false;
     absl::SleepFor(absl::Milliseconds(20));
   }

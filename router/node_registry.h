@@ -139,8 +139,11 @@ class NodeRegistry {
   int DecodeContext() const;
   // Sum of the healthy decode nodes' loads.
   engine::EngineLoad DecodeLoad() const;
-  // Waits until `n_decode` decode nodes are healthy, or `timeout`; true if they are.
-  bool WaitForDecodeNodes(int n_decode, absl::Duration timeout) const;
+  // Waits until `n` nodes of `role` are healthy, or `timeout`; true if they are.
+  bool WaitForHealthy(const std::string& role, int n, absl::Duration timeout) const;
+  bool WaitForDecodeNodes(int n_decode, absl::Duration timeout) const {
+    return WaitForHealthy("decode", n_decode, timeout);
+  }
 
  private:
   struct Entry;

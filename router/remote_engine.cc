@@ -1,6 +1,7 @@
 #include "router/remote_engine.h"
 
 #include <algorithm>
+#include <functional>
 #include <optional>
 #include <utility>
 
@@ -26,6 +27,9 @@ struct RemoteEngine::Call {
   bool cancelled ABSL_GUARDED_BY(mu) = false;
   FinishReason cancel_reason ABSL_GUARDED_BY(mu) = FinishReason::kCancelled;
   bool node_failed ABSL_GUARDED_BY(mu) = false;  // the registry evicted the node mid-call
+  // Decode.Release calls owed once the client was told the request ended (the call thread's):
+  // a cancelled request's end must not wait on a slow node.
+  std::vector<std::function<void()>> after_finish;
 };
 
 RemoteEngine::RemoteEngine(NodeRegistry& registry, const RemoteEngineOptions& options,
@@ -168,11 +172,15 @@ bool NodeLost(grpc::StatusCode code) {
 
 // Decode.Release: the reservation's request ends on the decode node and its blocks are freed.
 // Best effort: a node that does not answer frees them at the reservation's expiry.
-void ReleaseReservation(const NodeRegistry::Node& decode, uint64_t reservation) {
+// `request_id` (may be empty): also every reservation of that request, for a Decode.Reserve the
+// router gave up on before it answered (the reservation it may have made is unknown here).
+void ReleaseReservation(const NodeRegistry::Node& decode, uint64_t reservation,
+                        const std::string& request_id = "") {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   nv1::ReleaseRequest req;
   req.set_reservation(reservation);
+  req.set_request_id(request_id);
   nv1::ReleaseResponse resp;
   (void)decode.decode->Release(&ctx, req, &resp);
 }
@@ -210,9 +218,37 @@ bool RemoteEngine::Disaggregate(Call& call, const NodeRegistry::Node* decode,
     nv1::ReserveResponse rresp;
     grpc::Status rst;
     {
+      // Cancellable: a client that goes away while the router waits on a slow decode node ends
+      // the wait at once (the node drops a reservation whose caller is gone).
       grpc::ClientContext rctx;
       rctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+      {
+        absl::MutexLock lock(&call.mu);
+        if (call.cancelled) {
+          *cancelled = true;
+          return true;
+        }
+        call.context = &rctx;
+        call.node = decode;
+      }
       rst = decode->decode->Reserve(&rctx, rreq, &rresp);
+      bool gave_up = false;
+      {
+        absl::MutexLock lock(&call.mu);
+        call.context = nullptr;
+        gave_up = call.cancelled;
+      }
+      if (gave_up) {
+        *cancelled = true;
+        if (rst.ok()) {
+          nreq.set_reservation(rresp.reservation());  // the caller releases it
+        } else {
+          // The node may have made the reservation after all (the cancel raced its answer).
+          call.after_finish.push_back(
+              [decode, id = nreq.request_id()] { ReleaseReservation(*decode, 0, id); });
+        }
+        return true;
+      }
     }
     if (!rst.ok()) {
       // The decode node cannot take a transfer (kv_transfer off: FAILED_PRECONDITION) or is in
@@ -364,7 +400,10 @@ void RemoteEngine::Run(std::shared_ptr<Call> call) {
       disaggregated = Disaggregate(*call, node, nreq, sent, info, &cancelled, cached);
       skip = sent.size() - before;
       if (cancelled) {
-        if (nreq.reservation() != 0) ReleaseReservation(*node, nreq.reservation());
+        if (nreq.reservation() != 0) {
+          call->after_finish.push_back(
+              [node, r = nreq.reservation()] { ReleaseReservation(*node, r); });
+        }
         absl::MutexLock lock(&call->mu);
         info.reason = call->cancel_reason;
         break;
@@ -374,15 +413,25 @@ void RemoteEngine::Run(std::shared_ptr<Call> call) {
 
     grpc::ClientContext ctx;
     if (req.deadline != absl::InfiniteFuture()) ctx.set_deadline(absl::ToChronoTime(req.deadline));
+    bool cancelled_before_attach = false;
     {
       absl::MutexLock lock(&call->mu);
       if (call->cancelled) {
         info.reason = call->cancel_reason;
-        break;
+        cancelled_before_attach = true;
+      } else {
+        call->context = &ctx;
+        call->node = node;
+        call->node_failed = false;
       }
-      call->context = &ctx;
-      call->node = node;
-      call->node_failed = false;
+    }
+    if (cancelled_before_attach) {
+      // The KV may already be pushed into the reservation: free it now, not at its expiry.
+      if (nreq.reservation() != 0) {
+        call->after_finish.push_back(
+            [node, r = nreq.reservation()] { ReleaseReservation(*node, r); });
+      }
+      break;
     }
     if (placements_ != nullptr) {
       placements_->WithLabels({node->options.name, node->options.role}).Increment();
@@ -434,6 +483,12 @@ void RemoteEngine::Run(std::shared_ptr<Call> call) {
     }
     if (cancelled) {
       info.reason = cancel_reason;
+      // A call cancelled before the node ran its handler never attached: the reservation would
+      // wait for its expiry. Releasing an attached one is harmless (its stream released it).
+      if (nreq.reservation() != 0) {
+        call->after_finish.push_back(
+            [node, r = nreq.reservation()] { ReleaseReservation(*node, r); });
+      }
       break;
     }
     if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
@@ -477,6 +532,7 @@ void RemoteEngine::Run(std::shared_ptr<Call> call) {
   info.completion_tokens = static_cast<int>(sent.size());
   info.timing.finished = absl::Now();
   call->sink->OnFinish(info);
+  for (const auto& release : call->after_finish) release();
   absl::MutexLock lock(&mu_);
   calls_.erase(req.id);
   finished_.push_back(std::move(call->thread));

@@ -117,14 +117,19 @@ def main() -> int:
     ap.add_argument("--prefill", type=int, default=1)
     ap.add_argument("--decode", type=int, default=1)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--bin-dir", default=str(ROOT / "build/bin"),
+                    help="where pdctl and the daemons are (copy them aside to keep building "
+                         "while a long soak runs)")
     args = ap.parse_args()
     out = benchlib.result_file("soak", args.out)
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip() or "unknown"
     with tempfile.TemporaryDirectory() as tmp:
         port = benchlib.free_port()
         cfg = Path(tmp) / "soak.yaml"
         cfg.write_text("router: {disaggregate_min_prompt: 64}\nkv: {memory_mib: 128}\n")
         up = subprocess.Popen(
-            [str(ROOT / "build/bin/pdctl"), "up", "--prefill", str(args.prefill), "--decode",
+            [str(Path(args.bin_dir) / "pdctl"), "up", "--prefill", str(args.prefill), "--decode",
              str(args.decode), "--config", str(cfg), "--http-port", str(port), "--grpc-port", "0",
              "--log-dir", str(Path(tmp) / "logs")],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
@@ -176,6 +181,7 @@ def main() -> int:
              f"- Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
              f"- Machine: {benchlib.machine()}",
              f"- Command: `bench/soak/run.py {' '.join(sys.argv[1:])}`",
+             f"- Commit: {commit}",
              f"- Traffic: {args.clients} clients, chat/completion, 70% streaming, prompts of 8-600 "
              f"words, max_tokens 1-192, {args.cancel:.0%} hang up at a random moment",
              f"- Requests: {c}; errors by kind: {counters.error_kinds or 'none'}",

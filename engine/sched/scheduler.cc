@@ -371,7 +371,7 @@ void Scheduler::Loop() {
     {
       absl::MutexLock l(&mu_);
       while (!stop_ && incoming_.empty() && cancels_.empty() && import_tasks_.empty() &&
-             import_done_.empty() && releases_.empty() && !engine_busy_) {
+             import_done_.empty() && releases_.empty() && audits_.empty() && !engine_busy_) {
         // Idle with cached blocks to compress: wake for them (kv_ is this thread's).
         const PrefixCacheStats cache = kv_->prefix_stats();
         // Uncompressed cached blocks (the LRU's blocks, not its compressed entries) wait.
@@ -387,8 +387,16 @@ void Scheduler::Loop() {
           wake_.Wait(&mu_);
         }
       }
-      if (stop_) return;
+      if (stop_) {
+        for (const auto& a : audits_) {
+          a->result = absl::UnavailableError("the scheduler is shutting down");
+          a->done = true;
+        }
+        audits_.clear();
+        return;
+      }
     }
+    RunAudits();
     if (compress) {
       kv_->CompressIdle(absl::Now(), kCompressPerStep);
       Publish(nullptr);
@@ -400,7 +408,7 @@ void Scheduler::Loop() {
       // take blocks from the others). Wait a little rather than spin.
       absl::MutexLock l(&mu_);
       if (!stop_ && incoming_.empty() && cancels_.empty() && import_tasks_.empty() &&
-          import_done_.empty() && releases_.empty()) {
+          import_done_.empty() && releases_.empty() && audits_.empty()) {
         wake_.WaitWithTimeout(&mu_, absl::Milliseconds(1));
       }
     }
@@ -1128,6 +1136,12 @@ StepStats Scheduler::RunStep() {
   const absl::Time t0 = absl::Now();
   ++step_no_;
   Intake();  // cancellations and deadlines free their KV before anything is scheduled
+  if (!events_.empty()) {
+    // Requests ended at the intake (cancelled, past their deadline): their callers and the load
+    // hear it now, not after this step's forward pass.
+    Publish(nullptr);
+    Deliver();
+  }
   StepPlan plan;
   plan.budget = options_.token_budget;
   StepStats stats;
@@ -1223,6 +1237,10 @@ void Scheduler::Publish(StepStats* stats) {
 absl::Status Scheduler::AuditKv() const {
   PD_CHECK_MSG(!options_.run_thread || !thread_.joinable(),
                "Scheduler::AuditKv needs run_thread = false or a shut down scheduler");
+  return AuditKvOnEngineThread();
+}
+
+absl::Status Scheduler::AuditKvOnEngineThread() const {
   PD_RETURN_IF_ERROR(kv_->blocks().Audit());
   absl::flat_hash_set<int64_t> owners(held_.begin(), held_.end());
   for (const auto* list : {&running_, &importing_}) {
@@ -1243,6 +1261,44 @@ absl::Status Scheduler::AuditKv() const {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status Scheduler::AuditKvNow(absl::Duration timeout) {
+  auto call = std::make_shared<AuditCall>();
+  {
+    absl::MutexLock l(&mu_);
+    if (options_.run_thread && !shut_down_ && !stop_) {
+      audits_.push_back(call);
+      wake_.Signal();
+      auto done = [&call]() { return call->done; };
+      if (!mu_.AwaitWithTimeout(absl::Condition(&done), timeout)) {
+        return absl::DeadlineExceededError(
+            pd::StrCat("the engine thread reached no step boundary within ",
+                       absl::FormatDuration(timeout)));
+      }
+      return call->result;
+    }
+    if (options_.run_thread && !shut_down_) {
+      return absl::UnavailableError("the scheduler is shutting down");
+    }
+  }
+  return AuditKv();
+}
+
+void Scheduler::RunAudits() {
+  std::vector<std::shared_ptr<AuditCall>> calls;
+  {
+    absl::MutexLock l(&mu_);
+    if (audits_.empty()) return;
+    calls.swap(audits_);
+  }
+  // The engine thread between two steps: what AuditKv reads is this thread's.
+  const absl::Status result = AuditKvOnEngineThread();
+  absl::MutexLock l(&mu_);
+  for (const auto& c : calls) {
+    c->result = result;
+    c->done = true;
+  }
 }
 
 void Scheduler::Deliver() {

@@ -67,9 +67,9 @@ struct StepStats {
   EngineLoad load;                  // the load after the step
   // Speculative decoding in this step (docs/speculative.md). decode_tokens and the batch count
   // the draft rows too.
-  int spec_sequences = 0;    // sequences that verified a draft
-  int draft_tokens = 0;      // draft tokens in the batch (proposed and verified)
-  int accepted_tokens = 0;   // of those, accepted
+  int spec_sequences = 0;   // sequences that verified a draft
+  int draft_tokens = 0;     // draft tokens in the batch (proposed and verified)
+  int accepted_tokens = 0;  // of those, accepted
   // By position in the draft (index 0 = first token): drafts that reached the position (every
   // position before it was accepted) and, of those, the ones accepted there.
   std::vector<int> drafted_at, accepted_at;
@@ -246,6 +246,11 @@ class Scheduler final : public GenerationEngine {
   // importing one holds enough blocks for its computed tokens. INTERNAL naming what is broken.
   // Only with options.run_thread == false (between Step() calls) or after Shutdown.
   absl::Status AuditKv() const;
+  // AuditKv from any thread while the engine thread runs: the audit runs on the engine thread
+  // between two steps and this call waits for its result (a node's Node.Audit). UNAVAILABLE when
+  // the scheduler shuts down meanwhile; DEADLINE_EXCEEDED when no step boundary came within
+  // `timeout`. Without an engine thread (run_thread = false, or after Shutdown) it is AuditKv().
+  absl::Status AuditKvNow(absl::Duration timeout = absl::Seconds(10));
 
   const SchedulerOptions& options() const { return options_; }
   int kv_blocks_total() const { return kv_blocks_total_; }
@@ -259,9 +264,9 @@ class Scheduler final : public GenerationEngine {
     std::shared_ptr<GenerationSink> sink;
     absl::Time arrival;
     int64_t arrival_order = 0;
-    ImportReserved on_reserved;  // set: SubmitImport
-    ExportLayer export_layer;    // set: SubmitExport
-    bool hold_kv = false;        // SubmitExport(hold_kv)
+    ImportReserved on_reserved;   // set: SubmitImport
+    ExportLayer export_layer;     // set: SubmitExport
+    bool hold_kv = false;         // SubmitExport(hold_kv)
     bool publish_import = false;  // SubmitImport(publish)
   };
   struct Event;  // sink call queued during a step, delivered at its end
@@ -285,7 +290,7 @@ class Scheduler final : public GenerationEngine {
   void NoteCacheLookup(Sequence& seq, int hit);
   void RunImports();  // posted import tasks and completions (engine thread)
   static void CloseImportFence(Sequence& seq);  // before an importing sequence's blocks change
-  void ApplyReleases();  // ReleaseExportedKv calls (engine thread)
+  void ApplyReleases();                         // ReleaseExportedKv calls (engine thread)
   void AbortImport(Sequence* seq, const absl::Status& why);
 
   // The batch being built in a step.
@@ -294,7 +299,7 @@ class Scheduler final : public GenerationEngine {
     std::vector<Sequence*> prefill;  // a chunk each
     int budget = 0;                  // tokens left
     int preemptions = 0;
-    StepShape shape;                 // what the step computes, for the step-time fit
+    StepShape shape;  // what the step computes, for the step-time fit
     bool prefill_time_limited = false;
   };
 
@@ -307,9 +312,9 @@ class Scheduler final : public GenerationEngine {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // New requests into waiting_ (built outside the lock), pending cancellations out.
   void Pull(std::vector<std::pair<std::string, FinishReason>>* cancels);
-  void Intake();                                         // new requests, cancellations, deadlines
-  void PlanDecode(StepPlan& plan);                       // a token for every decoding sequence
-  void PlanPrefill(StepPlan& plan);                      // chunks and admissions in the budget left
+  void Intake();                     // new requests, cancellations, deadlines
+  void PlanDecode(StepPlan& plan);   // a token for every decoding sequence
+  void PlanPrefill(StepPlan& plan);  // chunks and admissions in the budget left
   // Draft tokens for the decoding sequences that speculate (after PlanDecode, before
   // PlanPrefill): chooses each one's K, runs the drafter, reserves the rows' KV.
   void PlanDrafts(StepPlan& plan, StepStats& stats);
@@ -323,7 +328,7 @@ class Scheduler final : public GenerationEngine {
   void FlushTokens(Sequence* s, std::vector<int32_t>* emitted);
   // Times target steps of 1..64 decode rows (SpeculativeOptions::cost when not given).
   absl::StatusOr<spec::SpecCost> MeasureStepCost();
-  void Execute(const StepPlan& plan, StepStats& stats);  // forward, sample, finish
+  void Execute(const StepPlan& plan, StepStats& stats);     // forward, sample, finish
   bool Before(const Sequence& a, const Sequence& b) const;  // scheduling order
   void InsertWaiting(std::unique_ptr<Sequence> seq);
   std::unique_ptr<Sequence> Remove(Sequence* seq);  // from running_ or waiting_
@@ -360,7 +365,7 @@ class Scheduler final : public GenerationEngine {
   absl::Time summary_time_ = absl::InfinitePast();
   int64_t next_admission_ = 0;
   int64_t step_no_ = 0;
-  StepTimeModel step_time_;  // step cost fit for the step-time budget
+  StepTimeModel step_time_;                  // step cost fit for the step-time budget
   std::optional<spec::SpecCost> spec_cost_;  // target step seconds by rows (speculation on)
   TokenDist target_dist_;                    // scratch: p in verification
   // Seconds the verification of one draft token takes on the engine thread (its row's target
@@ -378,6 +383,14 @@ class Scheduler final : public GenerationEngine {
   absl::CondVar wake_;
   bool accepting_ ABSL_GUARDED_BY(mu_) = true;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // AuditKvNow calls waiting for the engine thread; it answers them between two steps.
+  struct AuditCall {
+    absl::Status result;
+    bool done = false;
+  };
+  std::vector<std::shared_ptr<AuditCall>> audits_ ABSL_GUARDED_BY(mu_);
+  void RunAudits();                            // engine thread
+  absl::Status AuditKvOnEngineThread() const;  // AuditKv's checks; the engine thread's state
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<Incoming> incoming_ ABSL_GUARDED_BY(mu_);
   int64_t incoming_prompt_tokens_ ABSL_GUARDED_BY(mu_) = 0;

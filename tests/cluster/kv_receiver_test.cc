@@ -7,8 +7,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -260,6 +262,70 @@ TEST_F(KvReceiverTest, ATransferThatNeverComesEndsAtItsDeadlineWithALocalPrefill
     if (receiver_->live() == 0) break;
     absl::SleepFor(absl::Milliseconds(10));
   }
+  EXPECT_EQ(receiver_->live(), 0);
+  ExpectAllFree(*decode_);
+}
+
+// A caller that goes away while RunAndPush waits for the receiver's acknowledgement (the last
+// layer is held back by the sender: stall_after_layers) ends the wait at once: CANCELLED within
+// a few 20 ms polls, not at the transfer's 30 s deadline, with the prefill node's held blocks
+// freed.
+TEST_F(KvReceiverTest, ACallerThatGoesAwayEndsTheWaitForTheAcknowledgement) {
+  kvtransfer::TransportOptions o;
+  o.kind = "inproc";
+  o.faults.stall_after_layers = 1;
+  auto stalled = kvtransfer::KvTransport::Create(o);
+  ASSERT_TRUE(stalled.ok());
+  auto sink = std::make_shared<Sink>();
+  auto r = receiver_->Reserve(Req("d", 10), sink, engine::KvDType::kF16,
+                              absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto d = kvtransfer::TransferDescriptor::Parse(r->descriptor);
+  ASSERT_TRUE(d.ok());
+  auto prefill = MakeScheduler(*env_);
+  auto stream = (*stalled)->Connect(*d, engine::KvDType::kF16);
+  ASSERT_TRUE(stream.ok());
+  std::atomic<int64_t> gone_ns{0};  // when the caller went away (0: not yet)
+  std::thread caller([&] {
+    // The prompt is computed long before this: the wait for the acknowledgement is what runs.
+    absl::SleepFor(absl::Milliseconds(300));
+    gone_ns = absl::ToUnixNanos(absl::Now());
+  });
+  absl::StatusOr<PushedPrompt> pushed = RunAndPush(
+      *prefill, Req("p", 1), *std::move(stream), d->deadline, [&] { return gone_ns.load() != 0; });
+  const absl::Duration after = absl::Now() - absl::FromUnixNanos(gone_ns.load());
+  caller.join();
+  ASSERT_FALSE(pushed.ok());
+  EXPECT_EQ(pushed.status().code(), absl::StatusCode::kCancelled) << pushed.status();
+  EXPECT_LT(after, absl::Seconds(2));  // 20 ms polls; generous for a starved machine
+  ExpectAllFree(*prefill);
+  receiver_->Drop(r->reservation);
+  ExpectAllFree(*decode_);
+}
+
+// Decode.Release by request id (a router that gave up on Decode.Reserve before it answered):
+// the request's reservation is dropped with its blocks, and a Reserve of that id arriving later
+// is refused, so no reservation outlives a caller that is gone.
+TEST_F(KvReceiverTest, DropRequestEndsTheRequestsReservationsNowAndLater) {
+  auto sink = std::make_shared<Sink>();
+  auto r = receiver_->Reserve(Req("gone", 10), sink, engine::KvDType::kF16,
+                              absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(receiver_->live(), 1);
+  receiver_->DropRequest("other");  // another request's id: nothing happens
+  EXPECT_EQ(receiver_->live(), 1);
+  receiver_->DropRequest("gone");
+  EXPECT_EQ(receiver_->live(), 0);
+  ASSERT_TRUE(sink->WaitFinish());
+  {
+    absl::MutexLock l(&sink->mu);
+    EXPECT_EQ(sink->info->reason, FinishReason::kCancelled);
+  }
+  ExpectAllFree(*decode_);
+  // The Reserve that raced the release (it reached the node after it): refused, nothing kept.
+  auto late = receiver_->Reserve(Req("gone", 10), std::make_shared<Sink>(), engine::KvDType::kF16,
+                                 absl::Now() + absl::Seconds(30));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kCancelled) << late.status();
   EXPECT_EQ(receiver_->live(), 0);
   ExpectAllFree(*decode_);
 }

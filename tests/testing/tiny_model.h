@@ -27,6 +27,7 @@ struct TinyModelSpec {
   float perturb = 0;
   float output_scale = 1;  // multiplies the output head's weights: sharper next-token laws
   uint32_t perturb_seed = 2;
+  uint32_t context_length = 256;  // the model's trained context (`<arch>.context_length`)
   // Extra metadata written after the model's own keys (e.g. a tokenizer.ggml.* vocabulary).
   std::function<void(GgufBuilder&)> metadata;
 };
@@ -71,7 +72,7 @@ inline std::string TinyModel(const TinyModelSpec& s) {
   const uint64_t E = s.n_embd, hd = s.n_embd / s.n_head, F = s.n_ff;
   const uint64_t q = s.n_head * hd, kv = s.n_head_kv * hd;
   b.Str("general.architecture", a);
-  b.U32(a + ".context_length", 256);
+  b.U32(a + ".context_length", s.context_length);
   b.U32(a + ".embedding_length", s.n_embd);
   b.U32(a + ".block_count", s.n_layer);
   b.U32(a + ".feed_forward_length", s.n_ff);

@@ -12,6 +12,7 @@
 // SIGINT / SIGTERM: stop accepting, give running streams shutdown_grace_s, cancel the rest, exit 0.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -95,9 +96,16 @@ absl::Status Route(const ServeOptions& o, sigset_t signals, double wait_ready_s)
     PD_LOG(kInfo, "no decode node yet: waiting for nodes to register under ",
            EtcdNodesPrefix(o.etcd), " (requests get UNAVAILABLE until one is healthy)");
   }
-  if (wait_ready_s > 0 && !nodes->WaitForDecodeNodes(n_decode, absl::Seconds(wait_ready_s))) {
+  const absl::Time wait_end = absl::Now() + absl::Seconds(std::max(wait_ready_s, 0.0));
+  if (wait_ready_s > 0 && !nodes->WaitForDecodeNodes(n_decode, wait_end - absl::Now())) {
     PD_LOG(kWarning, "not every decode node is healthy after ", wait_ready_s, " s; serving with ",
            nodes->HealthyCount("decode"));
+  }
+  // The prefill nodes too, so that the first prompts after "ready" take the disaggregated path
+  // (until one is healthy, decode nodes prefill themselves).
+  if (wait_ready_s > 0 && !nodes->WaitForHealthy("prefill", n_prefill, wait_end - absl::Now())) {
+    PD_LOG(kWarning, "not every prefill node is healthy after ", wait_ready_s, " s; serving with ",
+           nodes->HealthyCount("prefill"), " (decode nodes prefill meanwhile)");
   }
   card.context_length = engine.max_context();
 
@@ -155,7 +163,8 @@ int Main(int argc, char** argv) {
   app.add_option("--api-key-file", api_key_file,
                  "file of accepted API keys, one per line (api_keys_file)");
   app.add_option("--wait-ready", wait_ready,
-                 "seconds to wait for every decode node before the ready line (0: do not wait)");
+                 "seconds to wait for every configured node (decode, then prefill) to be healthy "
+                 "before the ready line (0: do not wait)");
   auto* o_grace = app.add_option("--shutdown-grace", grace, "seconds streams get on SIGTERM");
   TlsFlags tls_flags;
   tls_flags.Add(app, /*public_api=*/true, /*cluster=*/true);

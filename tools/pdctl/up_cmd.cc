@@ -320,6 +320,9 @@ CLI::App* AddUpCommand(CLI::App& app, UpFlags* f) {
   up->add_flag("--tls", f->tls,
                "make a throwaway CA (in the log dir): mutual TLS between router and nodes, TLS on "
                "the router's gRPC and HTTP APIs");
+  up->add_flag("--cluster-tls", f->cluster_tls,
+               "like --tls, but only between the daemons: mutual TLS between router and nodes, "
+               "the router's gRPC and HTTP APIs stay plaintext");
   up->add_flag("--pin-cores", f->pin_cores,
                "pin each node to one CPU of those pdctl may use, round robin, prefill nodes "
                "first (sched_setaffinity); the router is not pinned");
@@ -368,25 +371,28 @@ int RunUp(const UpFlags& f) {
 
   std::vector<std::string> common;
   if (!f.config.empty()) common.insert(common.end(), {"--config", f.config});
-  // --tls: one CA, a certificate per daemon; the CA's key is not kept.
+  // --tls / --cluster-tls: one CA, a certificate per daemon; the CA's key is not kept.
+  const bool mtls = f.tls || f.cluster_tls;
   std::string ca, tls_dir;
-  if (f.tls) {
+  if (mtls) {
     std::vector<std::string> names = {"router"};
     for (int i = 0; i < f.prefill; ++i) names.push_back(StrCat("p", i));
     for (int i = 0; i < f.decode; ++i) names.push_back(StrCat("d", i));
     tls_dir = StrCat(log_dir, "/tls");
     absl::StatusOr<std::string> written = WriteLocalCluster(tls_dir, names);
     if (!written.ok()) {
-      std::fprintf(stderr, "pdctl up: --tls: %s\n", std::string(written.status().message()).c_str());
+      std::fprintf(stderr, "pdctl up: --tls: %s\n",
+                   std::string(written.status().message()).c_str());
       return 1;
     }
     ca = *written;
   }
-  // The daemon `name`'s cluster certificate flags (none without --tls).
+  // The daemon `name`'s cluster certificate flags (none without mutual TLS).
   auto tls_args = [&](const std::string& name) -> std::vector<std::string> {
-    if (!f.tls) return {};
-    return {"--cluster-ca", ca, "--cluster-cert", StrCat(tls_dir, "/", name, ".pem"),
-            "--cluster-key", StrCat(tls_dir, "/", name, ".key")};
+    if (!mtls) return {};
+    return {"--cluster-ca",   ca,
+            "--cluster-cert", StrCat(tls_dir, "/", name, ".pem"),
+            "--cluster-key",  StrCat(tls_dir, "/", name, ".key")};
   };
   if (!f.model.empty()) common.insert(common.end(), {"--model", f.model});
 
@@ -468,14 +474,19 @@ int RunUp(const UpFlags& f) {
               log_dir.c_str());
   if (f.tls) {
     std::printf("  tls     mutual TLS between the daemons; clients trust %s\n", ca.c_str());
+  } else if (f.cluster_tls) {
+    std::printf(
+        "  tls     mutual TLS between the daemons (certificates in %s); the router's APIs "
+        "are plaintext\n",
+        tls_dir.c_str());
   }
   std::fflush(stdout);
 
   int rc = 0;
   if (!f.chat.empty()) {
-    rc = Chat(r.grpc, f.chat, f.max_tokens, ca);
+    rc = Chat(r.grpc, f.chat, f.max_tokens, f.tls ? ca : "");
   } else if (!f.complete.empty()) {
-    rc = Complete(r.http, f.complete, f.max_tokens, ca);
+    rc = Complete(r.http, f.complete, f.max_tokens, f.tls ? ca : "");
   } else {
     std::fprintf(stderr, "pdctl up: running; Ctrl-C stops the cluster\n");
     const timespec tick{0, 200 * 1000 * 1000};

@@ -31,6 +31,7 @@ struct UpFlags {
   bool pin_cores = false;  // each node on its own CPU (round robin over pdctl's allowed CPUs)
   // A throwaway CA in <log dir>/tls: mutual TLS between the daemons, TLS on the router's APIs.
   bool tls = false;
+  bool cluster_tls = false;  // mutual TLS between the daemons only (--tls implies it)
   std::string chat;        // one chat message (gRPC), then shut down
   std::string complete;    // one prompt to continue (OpenAI /v1/completions), then shut down
   int max_tokens = 128;

@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -1012,6 +1013,40 @@ TEST(SchedulerTest, ManyThreadsSubmitAndCancelConcurrently) {
         << k << " " << FinishReasonName(r);
   }
   ExpectAllBlocksFree(*sched);
+}
+
+// AuditKvNow from other threads while the engine thread runs (what Node.Audit calls): every audit
+// taken between two steps of a busy, preempting, cancelling scheduler passes, and so does the one
+// taken once it is idle, with every block free. After Shutdown it audits directly.
+TEST(SchedulerTest, AuditKvNowRunsBetweenStepsWhileBusy) {
+  auto env = MakeEnv();
+  SchedulerOptions o = Small();
+  o.kv_blocks = 12;  // tight: preemptions happen too
+  auto sched = MakeScheduler(*env, o);
+  constexpr int kRequests = 24;
+  std::vector<std::shared_ptr<RecordingSink>> sinks(kRequests);
+  std::atomic<bool> submitting{true};
+  std::atomic<int> audits{0};
+  std::thread auditor([&] {
+    while (submitting.load() || audits.load() < 5) {
+      PD_EXPECT_OK(sched->AuditKvNow());
+      audits.fetch_add(1);
+    }
+  });
+  for (int k = 0; k < kRequests; ++k) {
+    sinks[k] = std::make_shared<RecordingSink>();
+    const std::string id = "a" + std::to_string(k);
+    PD_EXPECT_OK(sched->Submit(Req(id, Prompt(5 + k % 20, k), 10 + k % 30), sinks[k]));
+    if (k % 3 == 0) sched->Cancel(id);
+  }
+  for (auto& sink : sinks) ASSERT_TRUE(sink->WaitFinished());
+  submitting.store(false);
+  auditor.join();
+  EXPECT_GE(audits.load(), 5);
+  PD_EXPECT_OK(sched->AuditKvNow());
+  ExpectAllBlocksFree(*sched);
+  sched->Shutdown();
+  PD_EXPECT_OK(sched->AuditKvNow());  // no engine thread: AuditKv itself
 }
 
 TEST(FinishReasonTest, Names) {
