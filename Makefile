@@ -7,14 +7,14 @@ PDCTL := $(BUILD)/bin/pdctl
 DEMO_MODEL := models/demo-llama-q8_0.gguf
 DEFAULT_MODEL := models/gemma-3-270m-q4_k_m.gguf
 DEMO_PROMPT ?= Once upon a time, in a small village by the sea, there lived
-FUZZ_SECONDS ?= 60
+FUZZ_SECONDS ?= 20
 
 .PHONY: help setup build test unit pytest fuzz run demo clean bench-pd-vs-colocated
 
 help:
 	@echo "make run    - set up, build, start a local cluster (router, prefill, decode) with the default model, continue one prompt through its OpenAI API, stop"
 	@echo "make demo   - generate text with the synthetic demo model (random weights)"
-	@echo "make test   - set up, build, and run every test (ctest, pytest, 60 s GGUF fuzzing)"
+	@echo "make test   - set up, build, and run every test (ctest, pytest, 20 s of fuzzing per fuzz target)"
 	@echo "make setup  - install Debian packages and the Python venv (.venv); idempotent"
 	@echo "make build  - configure and build into $(BUILD)/ (CMAKE_FLAGS=... to add options)"
 	@echo "make unit | pytest | fuzz - one part of the test suite"

@@ -119,6 +119,13 @@ const json* Field(const json& body, const char* name) {
   return &*it;
 }
 
+// Whether object `j` has the string `value` at `name`. (json::value(name, "") would throw
+// type_error for a non-string there, and an exception escaping a worker ends the process.)
+bool HasString(const json& j, const char* name, std::string_view value) {
+  auto it = j.find(name);
+  return it != j.end() && it->is_string() && it->get_ref<const std::string&>() == value;
+}
+
 std::optional<ApiError> GetString(const json& body, const char* name, std::string* out) {
   const json* f = Field(body, name);
   if (f == nullptr) return std::nullopt;
@@ -187,7 +194,7 @@ std::optional<ApiError> RefuseUnsupported(const json& body) {
     if (!unset) return InvalidField(name, pd::StrCat(name, " is not supported"));
   }
   const json* rf = Field(body, "response_format");
-  if (rf != nullptr && !(rf->is_object() && rf->value("type", "") == "text")) {
+  if (rf != nullptr && !(rf->is_object() && HasString(*rf, "type", "text"))) {
     return InvalidField("response_format",
                         "response_format: only {\"type\": \"text\"} is supported");
   }
@@ -311,7 +318,7 @@ std::optional<ApiError> ParseChat(const json& body, Parsed* p) {
       for (size_t k = 0; k < content->size(); ++k) {
         const json& part = (*content)[k];
         const std::string pat = pd::StrCat(at, ".content[", k, "]");
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+        if (!part.is_object() || !HasString(part, "type", "text") || !part.contains("text") ||
             !part["text"].is_string()) {
           return InvalidField(pat, pd::StrCat(pat,
                                               " must be {\"type\": \"text\", \"text\": string}"

@@ -1,6 +1,7 @@
 // The request side of the OpenAI-compatible HTTP API (http_server.h): a JSON request body parsed
 // and checked into a frontend::ApiRequest, and ApiError, the error type the HTTP layer answers
-// with. Internal to pd_http. Stateless functions, safe to call from any thread.
+// with. Used by pd_http only (its own library, pd_openai_request, so that tests/fuzz can fuzz it
+// alone). Stateless functions, safe to call from any thread.
 #pragma once
 
 #include <optional>

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Runs the whole suite after `make build`: ctest (C++ unit tests), pytest (end-to-end against
-# llama.cpp references), and a bounded libFuzzer run over the GGUF reader. Every part runs even if
-# an earlier one fails; the exit status is non-zero if any failed. Prints a closing summary.
+# llama.cpp references), and a bounded libFuzzer run of every fuzz target (GGUF reader, tokenizers,
+# chat templates, OpenAI request parser, node messages, KV transfer frames), FUZZ_SECONDS each.
+# Every part runs even if an earlier one fails; the exit status is non-zero if any failed. Prints a
+# closing summary.
+#
+#   scripts/run_tests.sh [BUILD_DIR] [FUZZ_SECONDS]   (defaults: build, 20 s per fuzz target)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
-FUZZ_SECONDS=${2:-60}
+FUZZ_SECONDS=${2:-20}  # per target: 6 targets, about 2 minutes plus the build
 JOBS=${JOBS:-2}
 rc=0
 
@@ -24,7 +28,7 @@ fi
 echo "== pytest =="
 PDCTL="$PWD/$BUILD/bin/pdctl" .venv/bin/python -m pytest -q tests/python || rc=1
 
-echo "== fuzz (${FUZZ_SECONDS}s) =="
+echo "== fuzz (${FUZZ_SECONDS}s per target) =="
 scripts/run_fuzz.sh "$FUZZ_SECONDS" || rc=1
 
 if [ $rc -eq 0 ]; then echo "ALL TEST SUITES PASSED"; else echo "SOME TEST SUITES FAILED"; fi

@@ -207,6 +207,8 @@ std::string Tokenizer::Decode(absl::Span<const int32_t> ids, const DecodeOptions
 }
 
 std::string StreamingDetokenizer::Push(int32_t id) {
+  // As in Decode(): an id out of range is skipped, so it is not "the first token" either.
+  if (!tokenizer_.IsValid(id)) return std::string();
   std::string piece = tokenizer_.TokenToPiece(id, options_.render_special);
   if (first_ && options_.strip_leading_space && tokenizer_.add_space_prefix() && !piece.empty() &&
       piece[0] == ' ') {

@@ -206,7 +206,10 @@ class Tokenizer {
 // Turns ids arriving one at a time into text that is always valid UTF-8: Push() returns only
 // complete characters and holds back a trailing incomplete sequence until the next token completes
 // it; bytes that can never form a character become U+FFFD right away. Flush() returns what is held
-// back (an incomplete tail becomes one U+FFFD) and resets the state.
+// back (an incomplete tail becomes one U+FFFD) and resets the state. Ids out of range are skipped,
+// as Decode() skips them. With Decode()'s options (the same render_special, strip_leading_space
+// on), what Push() and Flush() return over a stream is Decode()'s text of the same ids with every
+// invalid sequence replaced (tokenizer_internal::SanitizeUtf8).
 //
 // Borrows `tokenizer`, which must outlive it. Not thread safe.
 class StreamingDetokenizer {
