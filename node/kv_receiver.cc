@@ -87,7 +87,10 @@ absl::StatusOr<KvReceiver::Reserved> KvReceiver::Reserve(
   uint64_t rn;
   {
     absl::MutexLock l(&mu_);
-    if (Dropped(id)) return absl::CancelledError(StrCat("request ", id, " was released"));
+    ForgetOldDrops();
+    if (dropped_.contains(id)) {
+      return absl::CancelledError(StrCat("request ", id, " was released"));
+    }
     rn = next_++;
     auto r = std::make_unique<Res>();
     r->id = id;
@@ -170,7 +173,7 @@ absl::StatusOr<KvReceiver::Reserved> KvReceiver::Reserve(
     Res* r = res_[rn].get();
     auto ready = [r]() { return r->reserved; };
     mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
-    if (r->reserved && !Dropped(id)) {
+    if (r->reserved && !dropped_.contains(id)) {
       r->handed_out = true;
       return Reserved{rn, r->descriptor};
     }
@@ -189,22 +192,21 @@ absl::StatusOr<KvReceiver::Reserved> KvReceiver::Reserve(
   return gone;
 }
 
-bool KvReceiver::Dropped(const std::string& request_id) {
+void KvReceiver::ForgetOldDrops() {
   const absl::Time forget = absl::Now() - absl::Seconds(60);
   while (!dropped_order_.empty() &&
-         (dropped_order_.front().second < forget || dropped_order_.size() > 4096)) {
+         (dropped_order_.front().second < forget || dropped_order_.size() >= 4096)) {
     dropped_.erase(dropped_order_.front().first);
     dropped_order_.pop_front();
   }
-  return dropped_.contains(request_id);
 }
 
 void KvReceiver::DropRequest(const std::string& request_id) {
   std::vector<uint64_t> reserved;
   {
     absl::MutexLock l(&mu_);
+    ForgetOldDrops();
     if (dropped_.insert(request_id).second) dropped_order_.emplace_back(request_id, absl::Now());
-    (void)Dropped(request_id);  // trims the oldest
     for (const auto& [rn, r] : res_) {
       // One still being made is ended by its Reserve call, which sees the id dropped (and owns
       // the entry until it returns).

@@ -139,7 +139,8 @@ class KvReceiver {
   // DropRequest's ids, oldest first, and when each was dropped.
   std::deque<std::pair<std::string, absl::Time>> dropped_order_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::string> dropped_ ABSL_GUARDED_BY(mu_);
-  bool Dropped(const std::string& request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets DropRequest's ids older than 60 s, and the oldest while 4,096 or more are kept.
+  void ForgetOldDrops() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::thread reaper_;
 };
 
