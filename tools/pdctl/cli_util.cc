@@ -1,6 +1,10 @@
 #include "tools/pdctl/cli_util.h"
 
 #include <sys/resource.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstring>
 
 #include <cstdint>
 #include <cstdio>
@@ -13,6 +17,32 @@
 #include "common/strings.h"
 
 namespace pd::tools {
+
+namespace {
+
+char g_tmp_path[4096];  // read by the signal handler: a fixed buffer, no allocation
+
+void RemoveTmpAndDie(int sig) {
+  if (g_tmp_path[0] != '\0') ::unlink(g_tmp_path);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+}  // namespace
+
+TmpFileGuard::TmpFileGuard(const std::string& tmp_path) {
+  if (tmp_path.size() < sizeof(g_tmp_path)) {
+    std::memcpy(g_tmp_path, tmp_path.c_str(), tmp_path.size() + 1);
+  }
+  ::signal(SIGINT, RemoveTmpAndDie);
+  ::signal(SIGTERM, RemoveTmpAndDie);
+}
+
+TmpFileGuard::~TmpFileGuard() {
+  ::signal(SIGINT, SIG_DFL);
+  ::signal(SIGTERM, SIG_DFL);
+  g_tmp_path[0] = '\0';
+}
 
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "pdctl: error: %s\n", std::string(s.ToString()).c_str());

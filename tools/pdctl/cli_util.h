@@ -25,4 +25,14 @@ absl::StatusOr<std::string> ReadFile(const std::string& path);
 // This process's peak resident memory so far, in MiB.
 double PeakRssMiB();
 
+// While alive, SIGINT and SIGTERM remove `tmp_path` (a writer's OUT.tmp) before the process dies
+// of the signal; the writers remove it on every other failure. One at a time per process.
+class TmpFileGuard {
+ public:
+  explicit TmpFileGuard(const std::string& tmp_path);
+  ~TmpFileGuard();
+  TmpFileGuard(const TmpFileGuard&) = delete;
+  TmpFileGuard& operator=(const TmpFileGuard&) = delete;
+};
+
 }  // namespace pd::tools

@@ -13,20 +13,12 @@
 #include "engine/quant/quantize/progress.h"
 #include "engine/quant/quantize/quantize_model.h"
 #include "engine/quant/quantize/texts.h"
+#include "tools/pdctl/cli_util.h"
 
 namespace pd::tools {
 namespace {
 
 namespace q = engine::quantize;
-
-// OUT.tmp, removed if the process is interrupted (the writer removes it on every other failure).
-char g_tmp_path[4096];
-
-void RemoveTmpAndDie(int sig) {
-  if (g_tmp_path[0] != '\0') ::unlink(g_tmp_path);
-  ::signal(sig, SIG_DFL);
-  ::raise(sig);
-}
 
 int FailQuantize(const absl::Status& s) {
   std::fprintf(stderr, "pdctl quantize: error: %s\n", std::string(s.message()).c_str());
@@ -138,10 +130,6 @@ int RunQuantize(const QuantizeFlags& f) {
     std::fprintf(stderr, "pdctl quantize: note: --method rtn uses --calib only to report x_err\n");
   }
 
-  const std::string tmp = f.output + ".tmp";
-  if (tmp.size() < sizeof(g_tmp_path)) std::memcpy(g_tmp_path, tmp.c_str(), tmp.size() + 1);
-  ::signal(SIGINT, RemoveTmpAndDie);
-  ::signal(SIGTERM, RemoveTmpAndDie);
   std::unique_ptr<q::Progress> progress = q::MakeStderrProgress();
   std::string table;
   if (f.draft) {
@@ -149,17 +137,17 @@ int RunQuantize(const QuantizeFlags& f) {
     d.quant = o;
     d.head_rows = f.draft_vocab;
     d.eval_tokens = f.draft_eval_tokens;
-    auto report = q::QuantizeDraft(d, *progress);
-    ::signal(SIGINT, SIG_DFL);
-    ::signal(SIGTERM, SIG_DFL);
-    g_tmp_path[0] = '\0';
+    absl::StatusOr<q::DraftReport> report = [&] {
+      TmpFileGuard guard(f.output + ".tmp");
+      return q::QuantizeDraft(d, *progress);
+    }();
     if (!report.ok()) return FailQuantize(report.status());
     table = q::FormatDraftReport(*report);
   } else {
-    auto report = q::QuantizeModel(o, *progress);
-    ::signal(SIGINT, SIG_DFL);
-    ::signal(SIGTERM, SIG_DFL);
-    g_tmp_path[0] = '\0';
+    absl::StatusOr<q::QuantizeReport> report = [&] {
+      TmpFileGuard guard(f.output + ".tmp");
+      return q::QuantizeModel(o, *progress);
+    }();
     if (!report.ok()) return FailQuantize(report.status());
     table = q::FormatReport(*report);
   }

@@ -134,6 +134,18 @@ void GgufWriter::SetU32(std::string_view key, uint32_t v) {
   Put(key, static_cast<uint32_t>(GgufValueType::kUint32), std::move(p));
 }
 
+void GgufWriter::SetF32(std::string_view key, float v) {
+  std::string p;
+  Append<float>(&p, v);
+  Put(key, static_cast<uint32_t>(GgufValueType::kFloat32), std::move(p));
+}
+
+void GgufWriter::SetBool(std::string_view key, bool v) {
+  std::string p;
+  Append<uint8_t>(&p, v ? 1 : 0);
+  Put(key, static_cast<uint32_t>(GgufValueType::kBool), std::move(p));
+}
+
 void GgufWriter::SetString(std::string_view key, std::string_view v) {
   std::string p;
   AppendStr(&p, v);
@@ -145,6 +157,22 @@ void GgufWriter::SetI32Array(std::string_view key, const std::vector<int32_t>& v
   Append<uint32_t>(&p, static_cast<uint32_t>(GgufValueType::kInt32));
   Append<uint64_t>(&p, v.size());
   for (int32_t x : v) Append<int32_t>(&p, x);
+  Put(key, static_cast<uint32_t>(GgufValueType::kArray), std::move(p));
+}
+
+void GgufWriter::SetF32Array(std::string_view key, const std::vector<float>& v) {
+  std::string p;
+  Append<uint32_t>(&p, static_cast<uint32_t>(GgufValueType::kFloat32));
+  Append<uint64_t>(&p, v.size());
+  for (float x : v) Append<float>(&p, x);
+  Put(key, static_cast<uint32_t>(GgufValueType::kArray), std::move(p));
+}
+
+void GgufWriter::SetStringArray(std::string_view key, const std::vector<std::string>& v) {
+  std::string p;
+  Append<uint32_t>(&p, static_cast<uint32_t>(GgufValueType::kString));
+  Append<uint64_t>(&p, v.size());
+  for (const std::string& x : v) AppendStr(&p, x);
   Put(key, static_cast<uint32_t>(GgufValueType::kArray), std::move(p));
 }
 
@@ -208,7 +236,8 @@ absl::Status GgufWriter::Open(const std::string& path) {
     return ErrnoStatus("create", path + ".tmp", err);
   }
   std::string h = Header();
-  h.resize(DataStart(), '\0');
+  data_start_ = (h.size() + alignment_ - 1) / alignment_ * alignment_;
+  h.resize(data_start_, '\0');
   return WriteAt(0, h.data(), h.size());
 }
 
@@ -229,7 +258,15 @@ absl::Status GgufWriter::WriteTensor(size_t i, const void* data, size_t n) {
   PD_CHECK_MSG(fd_ >= 0, "GgufWriter: WriteTensor before Open()");
   PD_CHECK(i < tensors_.size());
   PD_CHECK_MSG(n == tensors_[i].bytes, "GgufWriter: tensor data of the wrong size");
-  return WriteAt(DataStart() + tensors_[i].offset, data, n);
+  return WriteAt(data_start_ + tensors_[i].offset, data, n);
+}
+
+absl::Status GgufWriter::WriteTensorPart(size_t i, uint64_t offset, const void* data, size_t n) {
+  PD_CHECK_MSG(fd_ >= 0, "GgufWriter: WriteTensorPart before Open()");
+  PD_CHECK(i < tensors_.size());
+  PD_CHECK_MSG(offset <= tensors_[i].bytes && n <= tensors_[i].bytes - offset,
+               "GgufWriter: tensor part out of range");
+  return WriteAt(data_start_ + tensors_[i].offset + offset, data, n);
 }
 
 absl::Status GgufWriter::Commit() {

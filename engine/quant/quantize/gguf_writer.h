@@ -2,8 +2,8 @@
 // aligned offsets, written to PATH.tmp and renamed onto PATH only by Commit(), so that a failed or
 // abandoned write never leaves a partial file at PATH (the destructor removes PATH.tmp).
 //
-// Usage: SetKv/CopyKv..., AddTensor... (the layout is then fixed), Open(), WriteTensor() for
-// each tensor in any order, Commit().
+// Usage: SetKv/CopyKv..., AddTensor... (the layout is then fixed), Open(), WriteTensor() (or
+// WriteTensorPart() pieces) for each tensor in any order, Commit().
 //
 // Thread safety: not thread safe; one writer per output file.
 #pragma once
@@ -31,8 +31,12 @@ class GgufWriter {
   // arrays, whose elements the reader does not keep.
   absl::Status CopyKv(std::string_view key, const GgufValue& v);
   void SetU32(std::string_view key, uint32_t v);
+  void SetF32(std::string_view key, float v);
+  void SetBool(std::string_view key, bool v);
   void SetString(std::string_view key, std::string_view v);
   void SetI32Array(std::string_view key, const std::vector<int32_t>& v);
+  void SetF32Array(std::string_view key, const std::vector<float>& v);
+  void SetStringArray(std::string_view key, const std::vector<std::string>& v);
   bool HasKv(std::string_view key) const;
 
   // ---- tensors ----
@@ -50,6 +54,9 @@ class GgufWriter {
   absl::Status Open(const std::string& path);
   // Writes tensor i's data (exactly TensorBytes(i) bytes) at its offset.
   absl::Status WriteTensor(size_t i, const void* data, size_t n);
+  // Writes `n` bytes of tensor i's data starting `offset` bytes into it (offset + n at most
+  // TensorBytes(i)): large tensors in pieces, so that no whole tensor need be held in memory.
+  absl::Status WriteTensorPart(size_t i, uint64_t offset, const void* data, size_t n);
   // Pads, flushes, closes and renames PATH.tmp onto PATH. After a failure PATH.tmp is removed.
   absl::Status Commit();
   // Removes PATH.tmp if it exists (also done by the destructor unless committed).
@@ -78,6 +85,8 @@ class GgufWriter {
   std::vector<Kv> kvs_;
   std::vector<TensorInfo> tensors_;
   uint64_t data_bytes_ = 0;
+  // DataStart(), fixed by Open(): not recomputed per write (a big vocabulary's header is MiBs).
+  uint64_t data_start_ = 0;
   std::string path_, tmp_path_;
   int fd_ = -1;
   bool committed_ = false;

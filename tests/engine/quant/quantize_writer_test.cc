@@ -107,6 +107,66 @@ TEST(GgufWriterTest, RoundTripsMetadataAndTensors) {
   std::filesystem::remove(path);
 }
 
+TEST(GgufWriterTest, SettersWriteTheirTypes) {
+  GgufWriter w;
+  w.SetF32("k.f32", 0.25f);
+  w.SetBool("k.yes", true);
+  w.SetBool("k.no", false);
+  w.SetF32Array("k.af32", {1.5f, -2.f, 0.f});
+  w.SetStringArray("k.astr", {"a", "", std::string("n\0ul", 4), "\xE2\x96\x81x"});
+  w.SetF32Array("k.empty", {});
+  w.SetF32("k.f32", -3.f);  // replaces in place
+  const std::string path = ::testing::TempDir() + "/writer_setters.gguf";
+  PD_ASSERT_OK(w.Open(path));
+  PD_ASSERT_OK(w.Commit());
+  auto out = GgufFile::Open(path);
+  PD_ASSERT_OK(out);
+  EXPECT_EQ((*out)->Find("k.f32")->type, GgufValueType::kFloat32);
+  EXPECT_EQ(*(*out)->GetFloat("k.f32"), -3.0);
+  EXPECT_EQ((*out)->Find("k.yes")->type, GgufValueType::kBool);
+  EXPECT_TRUE(*(*out)->GetBool("k.yes"));
+  EXPECT_FALSE(*(*out)->GetBool("k.no"));
+  EXPECT_EQ((*out)->Find("k.af32")->elem_type, GgufValueType::kFloat32);
+  EXPECT_EQ(*(*out)->GetFloatArray("k.af32"), (std::vector<float>{1.5f, -2.f, 0.f}));
+  EXPECT_TRUE((*out)->GetFloatArray("k.empty")->empty());
+  EXPECT_EQ((*out)->Find("k.astr")->elem_type, GgufValueType::kString);
+  auto strs = (*out)->GetStringArray("k.astr");
+  PD_ASSERT_OK(strs);
+  EXPECT_EQ(*strs, (std::vector<std::string_view>{"a", "", std::string_view("n\0ul", 4),
+                                                  "\xE2\x96\x81x"}));
+  EXPECT_EQ((*out)->metadata().size(), 6u);
+  std::filesystem::remove(path);
+}
+
+TEST(GgufWriterTest, TensorsCanBeWrittenInParts) {
+  GgufWriter w;
+  const size_t a = w.AddTensor("a", DType::kF32, {5});
+  const size_t b = w.AddTensor("b", DType::kF32, {4, 3});
+  std::vector<float> va = {1, 2, 3, 4, 5}, vb(12);
+  for (int i = 0; i < 12; ++i) vb[i] = 10.f + i;
+  const std::string path = ::testing::TempDir() + "/writer_parts.gguf";
+  PD_ASSERT_OK(w.Open(path));
+  // b's rows out of order, a whole.
+  PD_ASSERT_OK(w.WriteTensorPart(b, 32, vb.data() + 8, 16));
+  PD_ASSERT_OK(w.WriteTensorPart(b, 0, vb.data(), 32));
+  PD_ASSERT_OK(w.WriteTensorPart(a, 0, va.data(), 20));
+  PD_ASSERT_OK(w.Commit());
+  auto out = GgufFile::Open(path);
+  PD_ASSERT_OK(out);
+  EXPECT_EQ(std::memcmp((*out)->FindTensor("a")->data, va.data(), 20), 0);
+  EXPECT_EQ(std::memcmp((*out)->FindTensor("b")->data, vb.data(), 48), 0);
+  std::filesystem::remove(path);
+}
+
+TEST(GgufWriterDeathTest, PartsOutsideTheirTensorAreRefused) {
+  GgufWriter w;
+  const size_t a = w.AddTensor("a", DType::kF32, {4});
+  const std::string path = ::testing::TempDir() + "/writer_part_range.gguf";
+  PD_ASSERT_OK(w.Open(path));
+  const float x[4] = {};
+  EXPECT_DEATH((void)w.WriteTensorPart(a, 8, x, 12), "out of range");
+}
+
 TEST(GgufWriterTest, NothingIsLeftWithoutCommit) {
   const std::string path = ::testing::TempDir() + "/writer_abandon.gguf";
   {
