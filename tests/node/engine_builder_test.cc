@@ -37,15 +37,21 @@ TEST(EngineBuilderTest, BuildsTheModelWithTheDefaultContextRule) {
   EXPECT_EQ(e->context, 64);
 }
 
-TEST(EngineBuilderTest, ABackendThatLacksOpsIsRefusedBeforeAnyDevice) {
+TEST(EngineBuilderTest, CudaWithoutAGpuIsAClearErrorAtStart) {
+  if (engine::CreateCudaBackend(0).ok()) GTEST_SKIP() << "a GPU is present";
   ::pd::testing::TempDir dir;
   EngineOptions o;
   o.model_path = TinyModelFile(dir);
   o.backend = "cuda";
-  // The same answer with or without a GPU: the check needs none.
-  absl::StatusOr<Engine> e = BuildEngine(o);
-  EXPECT_THAT(e, StatusIs(absl::StatusCode::kUnimplemented, "the cuda backend cannot run"));
-  EXPECT_THAT(std::string(e.status().message()), HasSubstr("Rope"));
+  for (const char* layers : {"all", "auto", "1"}) {
+    o.gpu_layers = layers;
+    absl::StatusOr<Engine> e = BuildEngine(o);
+    EXPECT_THAT(e, StatusIs(absl::StatusCode::kUnavailable)) << layers;
+    EXPECT_THAT(std::string(e.status().message()),
+                ::testing::AnyOf(HasSubstr("no CUDA device"), HasSubstr("built without CUDA")));
+  }
+  o.gpu_layers = "3";  // the tiny model has two layers
+  EXPECT_THAT(BuildEngine(o), StatusIs(absl::StatusCode::kInvalidArgument, "a count in [0, 2]"));
 }
 
 TEST(EngineBuilderTest, BadOptionsAreClearErrors) {
@@ -54,6 +60,11 @@ TEST(EngineBuilderTest, BadOptionsAreClearErrors) {
   EXPECT_THAT(BuildEngine(o), StatusIs(absl::StatusCode::kNotFound));
   o.backend = "tpu";
   EXPECT_THAT(BuildEngine(o), StatusIs(absl::StatusCode::kInvalidArgument, "backend"));
+  ::pd::testing::TempDir dir;
+  o.model_path = TinyModelFile(dir);
+  o.backend = "cpu";
+  o.gpu_layers = "1";
+  EXPECT_THAT(BuildEngine(o), StatusIs(absl::StatusCode::kInvalidArgument, "needs backend cuda"));
 }
 
 TEST(EngineBuilderTest, ServingEngineTakesTheConfigsSections) {

@@ -19,6 +19,7 @@
 #include "common/host_alloc.h"
 #include "common/status.h"
 #include "engine/backend/backend.h"
+#include "engine/backend/kv_batch_check.h"
 #include "engine/backend/cpu/kernels.h"
 #include "engine/backend/cpu/thread_pool.h"
 #include "engine/quant/dtype.h"
@@ -57,11 +58,6 @@ std::string Describe(const KvTensor& t);
 absl::Status CheckCache(const KvTensor& t, const KvBatch& kv, const char* what);
 absl::Status CheckSameShape(const Tensor& a, const Tensor& b, const char* what);
 bool Overlap(const Tensor& a, const Tensor& b);
-// Checks the per-token spans of a batch.
-absl::Status CheckKvBatch(const KvBatch& kv, int64_t n_tokens);
-// Checks that positions [first, last] of sequence `seq` map to slots below `cache_rows`.
-absl::Status CheckSlots(const KvBatch& kv, int32_t seq, int64_t first, int64_t last,
-                        int64_t cache_rows);
 
 // Slot of an already checked position.
 inline int64_t SlotOf(const KvBatch& kv, int32_t seq, int64_t pos) {

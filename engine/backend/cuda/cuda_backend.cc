@@ -1,32 +1,62 @@
-// The CUDA backend, first part: device memory, MatMul through cuBLAS for F32 and F16 weights, and
-// RmsNorm. The remaining ops return UNIMPLEMENTED until the CUDA engine lands (a later issue);
-// they never fall back to the host silently.
+// The CUDA backend: device memory, and every op of the Backend interface as kernels of our own
+// (one .cu/.cuh pair per op family in this folder) or cuBLAS GEMMs, for the types listed in
+// cuda_ops.h. Anything else returns UNIMPLEMENTED; nothing falls back to the host silently.
 //
 // Everything is enqueued on one non-blocking stream owned by the backend; cuBLAS runs on the same
-// stream, so ops execute in the order they were called without host synchronisation.
+// stream, so ops execute in the order they were called without host synchronisation. Host-side
+// metadata (token ids, positions, block tables) reaches the kernels through HostStaging, which
+// copies it asynchronously ahead of each op.
+//
+// Numerics against the CPU backend (tests/engine/backend/cuda_backend_test.cc checks each op):
+// GetRows, Add, AddBias, Scale and StoreKv (F32, F16, INT8) are bit-exact; RmsNorm, Rope, SwiGlu,
+// GeGlu, Softmax and Attention differ by the rounding of expf/tanhf/sincosf and of sums taken in
+// another order. MatMul multiplies F32 activations for decode-sized batches of quantized weights
+// (the CPU quantizes them to the weights' companion type first) and F16-rounded activations and
+// weights on tensor cores otherwise.
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/status.h"
 #include "common/strings.h"
 #include "engine/backend/backend.h"
+#include "engine/backend/kv_batch_check.h"
+#include "engine/backend/cuda/attention.cuh"
 #include "engine/backend/cuda/convert.cuh"
 #include "engine/backend/cuda/cuda_ops.h"
 #include "engine/backend/cuda/cuda_status.h"
+#include "engine/backend/cuda/dequantize.cuh"
 #include "engine/backend/cuda/device_buffer.h"
+#include "engine/backend/cuda/elementwise.cuh"
+#include "engine/backend/cuda/host_staging.h"
+#include "engine/backend/cuda/kv_store.cuh"
+#include "engine/backend/cuda/kv_views.cuh"
+#include "engine/backend/cuda/matmul_quant.cuh"
+#include "engine/backend/cuda/quant_blocks.cuh"
 #include "engine/backend/cuda/rmsnorm.cuh"
+#include "engine/backend/cuda/rope.cuh"
+#include "engine/backend/cuda/softmax.cuh"
+#include "engine/backend/kv_layout.h"
 #include "engine/quant/dtype.h"
+#include "engine/quant/k_quants.h"
+#include "engine/quant/q5_0.h"
+#include "engine/quant/q8_0.h"
 
 namespace pd::engine {
 namespace {
@@ -97,37 +127,158 @@ class CublasHandle {
 };
 
 absl::Status Unimplemented(std::string_view op) {
-  return absl::UnimplementedError(pd::StrCat(
-      "CUDA backend: ", op, " is not implemented yet; the CUDA engine arrives with a later issue"));
+  return absl::UnimplementedError(
+      pd::StrCat("CUDA backend: ", op, " is not implemented on CUDA (the CPU backend runs it)"));
 }
 
 std::string_view TypeName(DType t) { return Traits(t).name; }
-
-// "Attention on an int8 KV cache (no int8 KV kernels on CUDA)" / "StoreKv on an f16 KV cache".
-std::string KvOp(std::string_view op, const KvTensor& cache) {
-  if (cache.type == KvDType::kI8) {
-    return pd::StrCat(op, " on an int8 KV cache (no int8 KV quantize/dequantize kernels on CUDA; "
-                      "use --kv-type f16 or the CPU backend)");
-  }
-  return pd::StrCat(op, " on an ", KvDTypeName(cache.type), " KV cache");
-}
 
 std::string ShapeString(const Tensor& t) {
   return pd::StrCat(TypeName(t.type), "[", t.rows, ", ", t.cols, "]");
 }
 
+std::string ShapeString(const KvTensor& t) {
+  return pd::StrCat(KvDTypeName(t.type), "[", t.n_blocks, " blocks x ", t.block_size, " slots x ",
+                    t.n_kv_heads, " heads x ", t.head_dim, "]");
+}
+
 bool FitsInt(int64_t v) { return v >= 0 && v <= INT_MAX; }
 
-// The CUDA backend on one device. Owns a stream, a cuBLAS handle bound to it, and a scratch
-// buffer for converted activations. Thread safety: one thread at a time (see Backend); every
-// entry point makes the backend's device current on the calling thread first.
+// The kernels' block structs (quant_blocks.cuh) and KV types (kv_views.cuh) are declared apart
+// from engine/quant and kv_layout.h, which nvcc does not see; they must agree byte for byte.
+static_assert(sizeof(cuda::BlockQ8_0) == sizeof(BlockQ8_0) &&
+              offsetof(cuda::BlockQ8_0, qs) == offsetof(BlockQ8_0, qs));
+static_assert(sizeof(cuda::BlockQ5_0) == sizeof(BlockQ5_0) &&
+              offsetof(cuda::BlockQ5_0, qh) == offsetof(BlockQ5_0, qh) &&
+              offsetof(cuda::BlockQ5_0, qs) == offsetof(BlockQ5_0, qs));
+static_assert(sizeof(cuda::BlockQ4_K) == sizeof(BlockQ4_K) &&
+              offsetof(cuda::BlockQ4_K, dmin) == offsetof(BlockQ4_K, dmin) &&
+              offsetof(cuda::BlockQ4_K, scales) == offsetof(BlockQ4_K, scales) &&
+              offsetof(cuda::BlockQ4_K, qs) == offsetof(BlockQ4_K, qs));
+static_assert(sizeof(cuda::BlockQ6_K) == sizeof(BlockQ6_K) &&
+              offsetof(cuda::BlockQ6_K, qh) == offsetof(BlockQ6_K, qh) &&
+              offsetof(cuda::BlockQ6_K, scales) == offsetof(BlockQ6_K, scales) &&
+              offsetof(cuda::BlockQ6_K, d) == offsetof(BlockQ6_K, d));
+static_assert(static_cast<int>(cuda::KvType::kF16) == static_cast<int>(KvDType::kF16) &&
+              static_cast<int>(cuda::KvType::kF32) == static_cast<int>(KvDType::kF32) &&
+              static_cast<int>(cuda::KvType::kI8) == static_cast<int>(KvDType::kI8));
+
+// The kernels' name for a table or weight type, or nullopt for a type they do not read.
+std::optional<cuda::WeightFormat> FormatOf(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return cuda::WeightFormat::kF32;
+    case DType::kF16:
+      return cuda::WeightFormat::kF16;
+    case DType::kBF16:
+      return cuda::WeightFormat::kBF16;
+    case DType::kQ8_0:
+      return cuda::WeightFormat::kQ8_0;
+    case DType::kQ5_0:
+      return cuda::WeightFormat::kQ5_0;
+    case DType::kQ4_K:
+      return cuda::WeightFormat::kQ4_K;
+    case DType::kQ6_K:
+      return cuda::WeightFormat::kQ6_K;
+    default:
+      return std::nullopt;
+  }
+}
+
+bool IsQuantized(DType t) { return t != DType::kF32 && t != DType::kF16 && t != DType::kBF16; }
+
+// ---- argument checks (the CPU backend's, with this backend's limits) -------------------------
+
+// An F32 activation tensor of a non-negative shape, with data unless empty.
+absl::Status CheckF32(const Tensor& t, std::string_view what) {
+  if (t.type != DType::kF32) {
+    return absl::InvalidArgumentError(
+        pd::StrCat("CUDA backend: ", what, " must be f32, got ", ShapeString(t)));
+  }
+  if (t.rows < 0 || t.cols < 0) {
+    return absl::InvalidArgumentError(
+        pd::StrCat("CUDA backend: ", what, " has a negative shape ", ShapeString(t)));
+  }
+  if (t.numel() > 0 && t.data == nullptr) {
+    return absl::InvalidArgumentError(
+        pd::StrCat("CUDA backend: ", what, " ", ShapeString(t), " has no data"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSameShape(const Tensor& a, const Tensor& b, std::string_view what) {
+  if (a.rows != b.rows || a.cols != b.cols) {
+    return absl::InvalidArgumentError(pd::StrCat(
+        "CUDA backend: ", what, " shapes differ: ", ShapeString(a), " vs ", ShapeString(b)));
+  }
+  return absl::OkStatus();
+}
+
+bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  if (a_bytes == 0 || b_bytes == 0) return false;
+  const char* a0 = static_cast<const char*>(a);
+  const char* b0 = static_cast<const char*>(b);
+  return a0 < b0 + b_bytes && b0 < a0 + a_bytes;
+}
+
+bool Overlap(const Tensor& a, const Tensor& b) {
+  return Overlap(a.data, a.bytes(), b.data, b.bytes());
+}
+
+absl::Status CheckCache(const KvTensor& c, const KvBatch& kv, std::string_view what) {
+  if (c.type != KvDType::kF32 && c.type != KvDType::kF16 && c.type != KvDType::kI8) {
+    return absl::UnimplementedError(
+        pd::StrCat("CUDA backend: ", what, ": unknown KV cache type ", static_cast<int>(c.type)));
+  }
+  if (c.n_kv_heads <= 0 || c.head_dim <= 0 || c.block_size <= 0 || c.n_blocks < 0 ||
+      (c.n_blocks > 0 && c.data == nullptr)) {
+    return absl::InvalidArgumentError(pd::StrCat("CUDA backend: ", what, ": bad cache ",
+                                                 ShapeString(c),
+                                                 c.data == nullptr ? " (null data)" : ""));
+  }
+  if (c.block_size != kv.block_size) {
+    return absl::InvalidArgumentError(pd::StrCat("CUDA backend: ", what, ": cache blocks of ",
+                                                 c.block_size, " slots, batch block size ",
+                                                 kv.block_size));
+  }
+  // Kernels index heads by blockIdx.y (at most 65535) and slots and tables with int.
+  if (c.n_kv_heads > 65535 || !FitsInt(c.slots())) {
+    return absl::InvalidArgumentError(
+        pd::StrCat("CUDA backend: ", what, ": cache too large for the kernels: ", ShapeString(c)));
+  }
+  return absl::OkStatus();
+}
+
+cuda::KvCacheView CacheView(const KvTensor& c) {
+  cuda::KvCacheView v;
+  v.type = static_cast<cuda::KvType>(c.type);
+  v.n_kv_heads = c.n_kv_heads;
+  v.head_dim = c.head_dim;
+  v.block_bytes = c.block_bytes();
+  v.block_value_bytes = c.block_value_bytes();
+  v.data = c.data;
+  return v;
+}
+
+// First position token t of `kv` attends to.
+int64_t FirstVisible(const KvBatch& kv, int64_t t, int window) {
+  return window > 0 ? std::max<int64_t>(0, int64_t{kv.pos[t]} - window + 1) : 0;
+}
+
+// The CUDA backend on one device. Owns a stream, a cuBLAS handle bound to it, the staging of
+// host metadata, and device scratch (converted activations, expanded weights, attention
+// partials). Thread safety: one thread at a time (see Backend); every entry point makes the
+// backend's device current on the calling thread first.
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, std::string name, CudaStream stream, CublasHandle cublas)
+  CudaBackend(int device, std::string name, int sm_count, CudaStream stream, CublasHandle cublas,
+              std::unique_ptr<HostStaging> staging)
       : device_(device),
         name_(std::move(name)),
+        sm_count_(sm_count),
         stream_(std::move(stream)),
-        cublas_(std::move(cublas)) {}
+        cublas_(std::move(cublas)),
+        staging_(std::move(staging)) {}
 
   std::string_view name() const override { return name_; }
 
@@ -207,8 +358,13 @@ class CudaBackend final : public Backend {
   // Row-major y[n, m] = x[n, k] * w[m, k]^T is, in cuBLAS's column-major terms,
   // y^T[m, n] = op_T(w as k x m, ld k) * (x^T as k x n, ld k), with ldc = m.
   // F32 weights: SGEMM in plain FP32 (no TF32, the default math mode), 2*m*n*k flops.
-  // F16 weights: x is first rounded to F16 into scratch (n*k*6 bytes of traffic), then
-  // GemmEx with F16 inputs, FP32 accumulation (tensor cores) and F32 output.
+  // F16 / BF16 weights: x is first rounded to the weights' type into scratch (n*k*6 bytes of
+  // traffic), then GemmEx with half inputs, FP32 accumulation (tensor cores) and F32 output.
+  // Quantized weights (Q8_0, Q5_0, Q4_K, Q6_K): for n <= cuda::kMaxGemvRows, a GEMV that reads
+  // each weight block once and dots it with the F32 activations (matmul_quant.cu): bound by the
+  // m * row_bytes weight bytes. For larger n the weights are expanded to F16 a slab of rows at a
+  // time (dequantize.cu: row_bytes read and 2k bytes written per row) and multiplied like F16
+  // weights, so that tensor cores do the 2*m*n*k flops.
   absl::Status MatMul(const Tensor& w, const Tensor& x, Tensor& y) override {
     if (std::find(cuda::kMatMulWeightTypes.begin(), cuda::kMatMulWeightTypes.end(), w.type) ==
         cuda::kMatMulWeightTypes.end()) {
@@ -230,10 +386,18 @@ class CudaBackend final : public Backend {
           pd::StrCat("CUDA backend: MatMul dimensions must be in [0, INT_MAX], got m=", m, " k=", k,
                      " n=", n));
     }
+    if (k % Traits(w.type).block_size != 0) {
+      return absl::InvalidArgumentError(pd::StrCat("CUDA backend: MatMul: k of w ", ShapeString(w),
+                                                   " is not a multiple of the block size ",
+                                                   Traits(w.type).block_size));
+    }
     if (m == 0 || n == 0) return absl::OkStatus();
     if (k == 0) return Zero(y.data, y.bytes());  // an empty sum
     if (w.data == nullptr || x.data == nullptr || y.data == nullptr) {
       return absl::InvalidArgumentError("CUDA backend: MatMul on a tensor without data");
+    }
+    if (Overlap(y, x) || Overlap(y, w)) {
+      return absl::InvalidArgumentError("CUDA backend: MatMul output overlaps an input");
     }
     PD_RETURN_IF_ERROR(Activate());
 
@@ -248,16 +412,63 @@ class CudaBackend final : public Backend {
       return absl::OkStatus();
     }
 
-    // F16 weights.
-    PD_ASSIGN_OR_RETURN(void* x16, Scratch(static_cast<size_t>(n * k) * sizeof(__half)));
+    if (w.type == DType::kBF16) {
+      PD_ASSIGN_OR_RETURN(void* x16, Scratch(scratch_, static_cast<size_t>(n * k) * 2));
+      PD_CUDA_RETURN_IF_ERROR(
+          LaunchConvertF32ToBf16(static_cast<const float*>(x.data), n * k,
+                                 static_cast<__nv_bfloat16*>(x16), stream_.get()),
+          "CUDA backend: MatMul bf16 (convert activations to bf16)");
+      PD_CUBLAS_RETURN_IF_ERROR(
+          cublasGemmEx(cublas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, im, in, ik, &alpha, w.data,
+                       CUDA_R_16BF, ik, x16, CUDA_R_16BF, ik, &beta, y.data, CUDA_R_32F, im,
+                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          pd::StrCat("CUDA backend: MatMul bf16 (cublasGemmEx m=", m, " n=", n, " k=", k, ")"));
+      return absl::OkStatus();
+    }
+
+    const cuda::WeightFormat format = *FormatOf(w.type);
+    const size_t row_bytes = w.row_bytes();
+    if (IsQuantized(w.type) && n <= cuda::kMaxGemvRows && GemvAligned(w)) {
+      PD_CUDA_RETURN_IF_ERROR(cuda::LaunchQuantGemv(format, w.data, row_bytes, im, ik,
+                                                    static_cast<const float*>(x.data), in,
+                                                    static_cast<float*>(y.data), stream_.get()),
+                              pd::StrCat("CUDA backend: MatMul ", TypeName(w.type), " GEMV (m=", m,
+                                         " k=", k, " n=", n, ")"));
+      return absl::OkStatus();
+    }
+
+    // F16 weights, or quantized ones expanded to F16 a slab of rows at a time.
+    PD_ASSIGN_OR_RETURN(void* x16, Scratch(scratch_, static_cast<size_t>(n * k) * sizeof(__half)));
     PD_CUDA_RETURN_IF_ERROR(LaunchConvertF32ToF16(static_cast<const float*>(x.data), n * k,
                                                   static_cast<__half*>(x16), stream_.get()),
-                            "CUDA backend: MatMul f16 (convert activations to f16)");
-    PD_CUBLAS_RETURN_IF_ERROR(
-        cublasGemmEx(cublas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, im, in, ik, &alpha, w.data,
-                     CUDA_R_16F, ik, x16, CUDA_R_16F, ik, &beta, y.data, CUDA_R_32F, im,
-                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-        pd::StrCat("CUDA backend: MatMul f16 (cublasGemmEx m=", m, " n=", n, " k=", k, ")"));
+                            "CUDA backend: MatMul (convert activations to f16)");
+    const int64_t slab_rows =
+        w.type == DType::kF16 ? m : std::min<int64_t>(m, std::max<int64_t>(1, kSlabElems / k));
+    void* w16 = nullptr;
+    if (w.type != DType::kF16) {
+      PD_ASSIGN_OR_RETURN(
+          w16, Scratch(weight_scratch_, static_cast<size_t>(slab_rows * k) * sizeof(__half)));
+    }
+    for (int64_t r0 = 0; r0 < m; r0 += slab_rows) {
+      const int64_t rows = std::min(slab_rows, m - r0);
+      const void* a = static_cast<const char*>(w.data) + static_cast<size_t>(r0) * row_bytes;
+      if (w.type != DType::kF16) {
+        PD_CUDA_RETURN_IF_ERROR(
+            cuda::LaunchDequantizeToF16(format, a, row_bytes, rows, k, static_cast<__half*>(w16),
+                                        stream_.get()),
+            pd::StrCat("CUDA backend: MatMul ", TypeName(w.type), " (expand weights to f16)"));
+        a = w16;
+      }
+      // Rows r0 .. r0 + rows of w give y's columns r0 .. r0 + rows: in column-major terms the
+      // rows of y^T starting at y + r0, with the full leading dimension m.
+      PD_CUBLAS_RETURN_IF_ERROR(
+          cublasGemmEx(cublas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), in, ik,
+                       &alpha, a, CUDA_R_16F, ik, x16, CUDA_R_16F, ik, &beta,
+                       static_cast<float*>(y.data) + r0, CUDA_R_32F, im, CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT),
+          pd::StrCat("CUDA backend: MatMul ", TypeName(w.type), " (cublasGemmEx m=", rows, " n=", n,
+                     " k=", k, ")"));
+    }
     return absl::OkStatus();
   }
 
@@ -293,36 +504,300 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status GetRows(const Tensor&, absl::Span<const int32_t>, Tensor&) override {
-    return Unimplemented("GetRows");
+  // Per output row: the table row's bytes read and cols * 4 bytes written.
+  absl::Status GetRows(const Tensor& table, absl::Span<const int32_t> ids, Tensor& out) override {
+    const std::optional<cuda::WeightFormat> format = FormatOf(table.type);
+    if (!format.has_value()) {
+      return Unimplemented(pd::StrCat("GetRows from a ", TypeName(table.type), " table"));
+    }
+    PD_RETURN_IF_ERROR(CheckF32(out, "GetRows out"));
+    if (table.rows < 0 || table.cols < 0 || table.cols % Traits(table.type).block_size != 0 ||
+        out.rows != static_cast<int64_t>(ids.size()) || out.cols != table.cols) {
+      return absl::InvalidArgumentError(pd::StrCat("CUDA backend: GetRows: table ",
+                                                   ShapeString(table), ", ", ids.size(),
+                                                   " ids, out ", ShapeString(out)));
+    }
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] < 0 || ids[i] >= table.rows) {
+        return absl::InvalidArgumentError(pd::StrCat("CUDA backend: GetRows: id ", ids[i], " at ",
+                                                     i, " outside ", table.rows, " rows"));
+      }
+    }
+    if (ids.empty() || table.cols == 0) return absl::OkStatus();
+    if (table.data == nullptr) {
+      return absl::InvalidArgumentError("CUDA backend: GetRows from a table without data");
+    }
+    if (Overlap(table, out)) {
+      return absl::InvalidArgumentError("CUDA backend: GetRows: out overlaps the table");
+    }
+    PD_RETURN_IF_ERROR(Activate());
+    const size_t bytes = ids.size() * sizeof(int32_t);
+    PD_ASSIGN_OR_RETURN(char* host, staging_->Begin(bytes));
+    std::memcpy(host, ids.data(), bytes);
+    PD_ASSIGN_OR_RETURN(const char* dev, staging_->Commit(bytes));
+    PD_CUDA_RETURN_IF_ERROR(
+        cuda::LaunchGetRows(*format, table.data, table.row_bytes(),
+                            reinterpret_cast<const int32_t*>(dev), static_cast<int64_t>(ids.size()),
+                            table.cols, static_cast<float*>(out.data), stream_.get()),
+        pd::StrCat("CUDA backend: GetRows from ", ShapeString(table)));
+    return absl::OkStatus();
   }
-  absl::Status Rope(Tensor&, int, absl::Span<const int32_t>, const RopeParams&) override {
-    return Unimplemented("Rope");
+
+  // Angles as the CPU backend builds them (see rope.cuh): theta_scale is its powf on the host.
+  absl::Status Rope(Tensor& x, int n_heads, absl::Span<const int32_t> pos,
+                    const RopeParams& p) override {
+    PD_RETURN_IF_ERROR(CheckF32(x, "Rope x"));
+    if (n_heads <= 0 || p.head_dim <= 0 || p.rot_dim <= 0 || p.rot_dim % 2 != 0 ||
+        p.rot_dim > p.head_dim) {
+      return absl::InvalidArgumentError(pd::StrCat("CUDA backend: Rope: n_heads ", n_heads,
+                                                   ", head_dim ", p.head_dim, ", rot_dim ",
+                                                   p.rot_dim));
+    }
+    if (x.cols != static_cast<int64_t>(n_heads) * p.head_dim ||
+        x.rows != static_cast<int64_t>(pos.size())) {
+      return absl::InvalidArgumentError(pd::StrCat("CUDA backend: Rope: x ", ShapeString(x),
+                                                   " for ", pos.size(), " positions of ", n_heads,
+                                                   " heads x ", p.head_dim));
+    }
+    if (!p.freq_factors.empty() && static_cast<int>(p.freq_factors.size()) != p.rot_dim / 2) {
+      return absl::InvalidArgumentError(pd::StrCat("CUDA backend: Rope: ", p.freq_factors.size(),
+                                                   " freq_factors for rot_dim ", p.rot_dim));
+    }
+    if (!(p.freq_base > 0.f) || !std::isfinite(p.freq_base) || !std::isfinite(p.freq_scale)) {
+      return absl::InvalidArgumentError(
+          pd::StrCat("CUDA backend: Rope: freq_base ", p.freq_base, ", freq_scale ", p.freq_scale));
+    }
+    if (!FitsInt(x.rows) || !FitsInt(x.cols)) {
+      return absl::InvalidArgumentError(
+          pd::StrCat("CUDA backend: Rope: x too large: ", ShapeString(x)));
+    }
+    if (x.rows == 0) return absl::OkStatus();
+    PD_RETURN_IF_ERROR(Activate());
+    // Staged: positions, then the frequency factors (both 4-byte values).
+    const size_t pos_bytes = pos.size() * sizeof(int32_t);
+    const size_t ff_bytes = p.freq_factors.size() * sizeof(float);
+    PD_ASSIGN_OR_RETURN(char* host, staging_->Begin(pos_bytes + ff_bytes));
+    std::memcpy(host, pos.data(), pos_bytes);
+    if (ff_bytes > 0) std::memcpy(host + pos_bytes, p.freq_factors.data(), ff_bytes);
+    PD_ASSIGN_OR_RETURN(const char* dev, staging_->Commit(pos_bytes + ff_bytes));
+    cuda::RopeArgs args;
+    args.n_tokens = static_cast<int>(x.rows);
+    args.n_heads = n_heads;
+    args.head_dim = p.head_dim;
+    args.rot_dim = p.rot_dim;
+    args.neox = p.mode == RopeMode::kNeox;
+    args.theta_scale = std::pow(p.freq_base, -2.f / static_cast<float>(p.rot_dim));
+    args.freq_scale = p.freq_scale;
+    args.pos = reinterpret_cast<const int32_t*>(dev);
+    args.freq_factors = ff_bytes > 0 ? reinterpret_cast<const float*>(dev + pos_bytes) : nullptr;
+    PD_CUDA_RETURN_IF_ERROR(cuda::LaunchRope(static_cast<float*>(x.data), args, stream_.get()),
+                            "CUDA backend: Rope kernel launch");
+    return absl::OkStatus();
   }
-  absl::Status Add(const Tensor&, const Tensor&, Tensor&) override { return Unimplemented("Add"); }
-  absl::Status AddBias(const Tensor&, const Tensor&, Tensor&) override {
-    return Unimplemented("AddBias");
+
+  absl::Status Add(const Tensor& a, const Tensor& b, Tensor& y) override {
+    PD_RETURN_IF_ERROR(CheckBinary(a, b, y, "Add"));
+    if (y.numel() == 0) return absl::OkStatus();
+    PD_RETURN_IF_ERROR(Activate());
+    PD_CUDA_RETURN_IF_ERROR(
+        cuda::LaunchAdd(static_cast<const float*>(a.data), static_cast<const float*>(b.data),
+                        a.numel(), static_cast<float*>(y.data), stream_.get()),
+        "CUDA backend: Add kernel launch");
+    return absl::OkStatus();
   }
-  absl::Status SwiGlu(const Tensor&, const Tensor&, Tensor&) override {
-    return Unimplemented("SwiGlu");
+
+  absl::Status AddBias(const Tensor& x, const Tensor& bias, Tensor& y) override {
+    PD_RETURN_IF_ERROR(CheckF32(x, "AddBias x"));
+    PD_RETURN_IF_ERROR(CheckF32(bias, "AddBias bias"));
+    PD_RETURN_IF_ERROR(CheckF32(y, "AddBias y"));
+    PD_RETURN_IF_ERROR(CheckSameShape(x, y, "AddBias"));
+    if (bias.rows != 1 || bias.cols != x.cols) {
+      return absl::InvalidArgumentError(
+          pd::StrCat("CUDA backend: AddBias: bias ", ShapeString(bias), " for x ", ShapeString(x)));
+    }
+    if (x.numel() == 0) return absl::OkStatus();
+    PD_RETURN_IF_ERROR(Activate());
+    PD_CUDA_RETURN_IF_ERROR(
+        cuda::LaunchAddBias(static_cast<const float*>(x.data), static_cast<const float*>(bias.data),
+                            x.rows, x.cols, static_cast<float*>(y.data), stream_.get()),
+        "CUDA backend: AddBias kernel launch");
+    return absl::OkStatus();
   }
-  absl::Status GeGlu(const Tensor&, const Tensor&, Tensor&) override {
-    return Unimplemented("GeGlu");
+
+  absl::Status SwiGlu(const Tensor& gate, const Tensor& up, Tensor& y) override {
+    PD_RETURN_IF_ERROR(CheckBinary(gate, up, y, "SwiGlu"));
+    if (y.numel() == 0) return absl::OkStatus();
+    PD_RETURN_IF_ERROR(Activate());
+    PD_CUDA_RETURN_IF_ERROR(
+        cuda::LaunchSwiGlu(static_cast<const float*>(gate.data), static_cast<const float*>(up.data),
+                           gate.numel(), static_cast<float*>(y.data), stream_.get()),
+        "CUDA backend: SwiGlu kernel launch");
+    return absl::OkStatus();
   }
-  absl::Status Scale(const Tensor&, float, Tensor&) override { return Unimplemented("Scale"); }
-  absl::Status Softmax(Tensor&) override { return Unimplemented("Softmax"); }
-  // No KV kernels yet, for any KV type; INT8 caches say so by name, since a caller choosing INT8 KV
-  // (the CPU backend runs it) should learn that the type, not only the op, is missing here.
-  absl::Status StoreKv(const Tensor&, const Tensor&, KvTensor& k_cache, KvTensor&,
-                       const KvBatch&) override {
-    return Unimplemented(KvOp("StoreKv", k_cache));
+
+  absl::Status GeGlu(const Tensor& gate, const Tensor& up, Tensor& y) override {
+    PD_RETURN_IF_ERROR(CheckBinary(gate, up, y, "GeGlu"));
+    if (y.numel() == 0) return absl::OkStatus();
+    PD_RETURN_IF_ERROR(Activate());
+    PD_CUDA_RETURN_IF_ERROR(
+        cuda::LaunchGeGlu(static_cast<const float*>(gate.data), static_cast<const float*>(up.data),
+                          gate.numel(), static_cast<float*>(y.data), stream_.get()),
+        "CUDA backend: GeGlu kernel launch");
+    return absl::OkStatus();
   }
-  absl::Status Attention(const Tensor&, const KvTensor& k_cache, const KvTensor&, const KvBatch&,
-                         const AttentionParams&, Tensor&) override {
-    return Unimplemented(KvOp("Attention", k_cache));
+
+  absl::Status Scale(const Tensor& x, float s, Tensor& y) override {
+    PD_RETURN_IF_ERROR(CheckF32(x, "Scale x"));
+    PD_RETURN_IF_ERROR(CheckF32(y, "Scale y"));
+    PD_RETURN_IF_ERROR(CheckSameShape(x, y, "Scale"));
+    if (y.numel() == 0) return absl::OkStatus();
+    PD_RETURN_IF_ERROR(Activate());
+    PD_CUDA_RETURN_IF_ERROR(cuda::LaunchScale(static_cast<const float*>(x.data), s, x.numel(),
+                                              static_cast<float*>(y.data), stream_.get()),
+                            "CUDA backend: Scale kernel launch");
+    return absl::OkStatus();
+  }
+
+  absl::Status Softmax(Tensor& x) override {
+    PD_RETURN_IF_ERROR(CheckF32(x, "Softmax x"));
+    if (!FitsInt(x.rows) || !FitsInt(x.cols)) {
+      return absl::InvalidArgumentError(
+          pd::StrCat("CUDA backend: Softmax: x too large: ", ShapeString(x)));
+    }
+    if (x.numel() == 0) return absl::OkStatus();
+    PD_RETURN_IF_ERROR(Activate());
+    PD_CUDA_RETURN_IF_ERROR(
+        cuda::LaunchSoftmax(static_cast<float*>(x.data), static_cast<int>(x.rows),
+                            static_cast<int>(x.cols), stream_.get()),
+        "CUDA backend: Softmax kernel launch");
+    return absl::OkStatus();
+  }
+
+  // Per token: reads 4 * (k.cols + v.cols) bytes and writes as many cache bytes (F32), half (F16)
+  // or a quarter plus 4 bytes of scale per head (INT8); see kv_store.cu.
+  absl::Status StoreKv(const Tensor& k, const Tensor& v, KvTensor& k_cache, KvTensor& v_cache,
+                       const KvBatch& kv) override {
+    PD_RETURN_IF_ERROR(CheckF32(k, "StoreKv k"));
+    PD_RETURN_IF_ERROR(CheckF32(v, "StoreKv v"));
+    PD_RETURN_IF_ERROR(CheckCache(k_cache, kv, "StoreKv k_cache"));
+    PD_RETURN_IF_ERROR(CheckCache(v_cache, kv, "StoreKv v_cache"));
+    if (k.rows != v.rows || k.cols != k_cache.row_elems() || v.cols != v_cache.row_elems()) {
+      return absl::InvalidArgumentError(
+          pd::StrCat("CUDA backend: StoreKv: k ", ShapeString(k), ", v ", ShapeString(v),
+                     ", k_cache ", ShapeString(k_cache), ", v_cache ", ShapeString(v_cache)));
+    }
+    if (!FitsInt(k.rows)) {
+      return absl::InvalidArgumentError(
+          pd::StrCat("CUDA backend: StoreKv: too many tokens: ", k.rows));
+    }
+    PD_RETURN_IF_ERROR(CheckKvBatch(kv, k.rows));
+    for (int64_t t = 0; t < k.rows; ++t) {
+      PD_RETURN_IF_ERROR(CheckSlots(kv, kv.seq[t], kv.pos[t], kv.pos[t],
+                                    std::min(k_cache.slots(), v_cache.slots())));
+    }
+    if (k.rows == 0) return absl::OkStatus();
+    PD_RETURN_IF_ERROR(Activate());
+    PD_ASSIGN_OR_RETURN(const cuda::KvBatchView batch, StageKvBatch(kv, k.rows));
+    PD_CUDA_RETURN_IF_ERROR(cuda::LaunchStoreKv(static_cast<const float*>(k.data),
+                                                CacheView(k_cache), batch, stream_.get()),
+                            pd::StrCat("CUDA backend: StoreKv into ", ShapeString(k_cache)));
+    PD_CUDA_RETURN_IF_ERROR(cuda::LaunchStoreKv(static_cast<const float*>(v.data),
+                                                CacheView(v_cache), batch, stream_.get()),
+                            pd::StrCat("CUDA backend: StoreKv into ", ShapeString(v_cache)));
+    return absl::OkStatus();
+  }
+
+  // See attention.cu: a block per (token, head, split of its positions), online softmax. Per
+  // token and head: 4 * head_dim flops per visible position, and its K and V rows read (from L2
+  // for the query heads of a KV head after the first).
+  absl::Status Attention(const Tensor& q, const KvTensor& k_cache, const KvTensor& v_cache,
+                         const KvBatch& kv, const AttentionParams& p, Tensor& out) override {
+    PD_RETURN_IF_ERROR(CheckF32(q, "Attention q"));
+    PD_RETURN_IF_ERROR(CheckF32(out, "Attention out"));
+    PD_RETURN_IF_ERROR(CheckCache(k_cache, kv, "Attention k_cache"));
+    PD_RETURN_IF_ERROR(CheckCache(v_cache, kv, "Attention v_cache"));
+    if (p.n_heads <= 0 || p.n_kv_heads <= 0 || p.n_heads % p.n_kv_heads != 0 || p.head_dim <= 0 ||
+        p.window < 0 || !(p.softcap >= 0.f) || !std::isfinite(p.softcap) ||
+        !std::isfinite(p.scale)) {
+      return absl::InvalidArgumentError(pd::StrCat("CUDA backend: Attention: n_heads ", p.n_heads,
+                                                   ", n_kv_heads ", p.n_kv_heads, ", head_dim ",
+                                                   p.head_dim, ", window ", p.window, ", softcap ",
+                                                   p.softcap, ", scale ", p.scale));
+    }
+    const int64_t q_cols = static_cast<int64_t>(p.n_heads) * p.head_dim;
+    if (q.cols != q_cols || k_cache.n_kv_heads != p.n_kv_heads || k_cache.head_dim != p.head_dim ||
+        v_cache.n_kv_heads != p.n_kv_heads || v_cache.head_dim != p.head_dim) {
+      return absl::InvalidArgumentError(pd::StrCat("CUDA backend: Attention: q ", ShapeString(q),
+                                                   ", k_cache ", ShapeString(k_cache), ", v_cache ",
+                                                   ShapeString(v_cache), " for ", p.n_heads, "/",
+                                                   p.n_kv_heads, " heads of ", p.head_dim));
+    }
+    PD_RETURN_IF_ERROR(CheckSameShape(q, out, "Attention q/out"));
+    if (out.data != q.data && Overlap(q, out)) {
+      return absl::InvalidArgumentError("CUDA backend: Attention: out partially overlaps q");
+    }
+    if (k_cache.type != v_cache.type) {
+      return Unimplemented(pd::StrCat("Attention over a ", KvDTypeName(k_cache.type),
+                                      " K cache with a ", KvDTypeName(v_cache.type),
+                                      " V cache (the kernels read both as one type)"));
+    }
+    if (p.head_dim > cuda::kMaxAttentionHeadDim || p.n_heads > 65535 || !FitsInt(q.rows)) {
+      return Unimplemented(pd::StrCat("Attention with ", p.n_heads, " heads of ", p.head_dim,
+                                      " over ", q.rows, " tokens (the kernels take head_dim <= ",
+                                      cuda::kMaxAttentionHeadDim, " and at most 65535 heads)"));
+    }
+    const int64_t n_tokens = q.rows;
+    PD_RETURN_IF_ERROR(CheckKvBatch(kv, n_tokens));
+    const int64_t cache_slots = std::min(k_cache.slots(), v_cache.slots());
+    int64_t max_visible = 0;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const int64_t lo = FirstVisible(kv, t, p.window);
+      PD_RETURN_IF_ERROR(CheckSlots(kv, kv.seq[t], lo, kv.pos[t], cache_slots));
+      max_visible = std::max(max_visible, kv.pos[t] - lo + 1);
+    }
+    if (n_tokens == 0) return absl::OkStatus();
+    PD_RETURN_IF_ERROR(Activate());
+    PD_ASSIGN_OR_RETURN(const cuda::KvBatchView batch, StageKvBatch(kv, n_tokens));
+
+    cuda::AttentionArgs args;
+    args.q = static_cast<const float*>(q.data);
+    args.out = static_cast<float*>(out.data);
+    args.k = CacheView(k_cache);
+    args.v = CacheView(v_cache);
+    args.batch = batch;
+    args.n_heads = p.n_heads;
+    args.n_kv_heads = p.n_kv_heads;
+    args.head_dim = p.head_dim;
+    args.scale = p.scale;
+    args.softcap = p.softcap;
+    args.window = p.window;
+    // Fewer (token, head) blocks than two per SM (decode of a few sequences): split the positions
+    // so that every SM has work, keeping at least kMinSplitPositions per split, since each split
+    // costs a record of head_dim + 2 floats and a share of the merge.
+    constexpr int64_t kMinSplitPositions = 64, kMaxSplits = 64;
+    const int64_t blocks = n_tokens * p.n_heads;
+    const int64_t want = 2 * int64_t{sm_count_};
+    if (blocks < want) {
+      args.n_splits = static_cast<int>(std::max<int64_t>(
+          1,
+          std::min({(want + blocks - 1) / blocks, max_visible / kMinSplitPositions, kMaxSplits})));
+    }
+    if (args.n_splits > 1) {
+      PD_ASSIGN_OR_RETURN(
+          void* partial,
+          Scratch(attention_scratch_, cuda::AttentionPartialFloats(args) * sizeof(float)));
+      args.partial = static_cast<float*>(partial);
+    }
+    PD_CUDA_RETURN_IF_ERROR(cuda::LaunchAttention(args, stream_.get()),
+                            pd::StrCat("CUDA backend: Attention over ", ShapeString(k_cache)));
+    return absl::OkStatus();
   }
 
  private:
+  // Weights expanded to F16 for a GEMM take at most this many elements of scratch at a time
+  // (64 MiB): a 262144 x 640 output head goes in 4 slabs, a 4096 x 14336 projection in one.
+  static constexpr int64_t kSlabElems = int64_t{32} << 20;
+
   // Makes this backend's device current on the calling thread (cheap when it already is).
   absl::Status Activate() {
     PD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_),
@@ -330,15 +805,71 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  // Device scratch of at least `bytes`, valid until the next call. Reuse across ops is safe
-  // because every op is ordered on the one stream; growing frees the old buffer, and cudaFree
-  // waits for the work that may still read it.
-  absl::StatusOr<void*> Scratch(size_t bytes) {
-    if (scratch_ == nullptr || scratch_->size() < bytes) {
-      scratch_.reset();
-      PD_ASSIGN_OR_RETURN(scratch_, DeviceBuffer::Create(bytes, device_));
+  // Device scratch `buf` grown to at least `bytes`; its contents are valid until the next call
+  // that uses the same buffer. Reuse across ops is safe because every op is ordered on the one
+  // stream; growing frees the old buffer, and cudaFree waits for the work that may still read it.
+  absl::StatusOr<void*> Scratch(std::unique_ptr<DeviceBuffer>& buf, size_t bytes) {
+    if (buf == nullptr || buf->size() < bytes) {
+      buf.reset();
+      PD_ASSIGN_OR_RETURN(buf, DeviceBuffer::Create(bytes, device_));
     }
-    return scratch_->data();
+    return buf->data();
+  }
+
+  // Three F32 tensors of one shape.
+  static absl::Status CheckBinary(const Tensor& a, const Tensor& b, const Tensor& y,
+                                  std::string_view op) {
+    PD_RETURN_IF_ERROR(CheckF32(a, op));
+    PD_RETURN_IF_ERROR(CheckF32(b, op));
+    PD_RETURN_IF_ERROR(CheckF32(y, op));
+    PD_RETURN_IF_ERROR(CheckSameShape(a, b, op));
+    return CheckSameShape(a, y, op);
+  }
+
+  // The GEMV reads Q4_K codes as 4-byte words and the other formats' as 2-byte halves; weight
+  // views at other offsets (never made by the model loader) take the GEMM path instead.
+  static bool GemvAligned(const Tensor& w) {
+    const uintptr_t align = w.type == DType::kQ4_K ? 4 : 2;
+    return reinterpret_cast<uintptr_t>(w.data) % align == 0 && w.row_bytes() % align == 0;
+  }
+
+  // Copies a checked batch's positions, sequence ids and block tables to the device (one staged
+  // copy, int32 throughout: pos [n], seq [n], table offsets [n_seq + 1], the tables).
+  absl::StatusOr<cuda::KvBatchView> StageKvBatch(const KvBatch& kv, int64_t n_tokens) {
+    const size_t n_seq = kv.block_tables.size();
+    size_t n_blocks = 0;
+    for (const absl::Span<const int32_t>& table : kv.block_tables) n_blocks += table.size();
+    if (n_blocks > static_cast<size_t>(INT_MAX)) {
+      return absl::InvalidArgumentError(
+          pd::StrCat("CUDA backend: KvBatch: ", n_blocks, " block ids in all"));
+    }
+    const size_t n = static_cast<size_t>(n_tokens);
+    const size_t ints = 2 * n + n_seq + 1 + n_blocks;
+    PD_ASSIGN_OR_RETURN(char* host_bytes, staging_->Begin(ints * sizeof(int32_t)));
+    int32_t* host = reinterpret_cast<int32_t*>(host_bytes);
+    std::memcpy(host, kv.pos.data(), n * sizeof(int32_t));
+    std::memcpy(host + n, kv.seq.data(), n * sizeof(int32_t));
+    int32_t* offsets = host + 2 * n;
+    int32_t* tables = offsets + n_seq + 1;
+    int32_t offset = 0;
+    for (size_t s = 0; s < n_seq; ++s) {
+      offsets[s] = offset;
+      const absl::Span<const int32_t> table = kv.block_tables[s];
+      if (!table.empty())
+        std::memcpy(tables + offset, table.data(), table.size() * sizeof(int32_t));
+      offset += static_cast<int32_t>(table.size());
+    }
+    offsets[n_seq] = offset;
+    PD_ASSIGN_OR_RETURN(const char* dev_bytes, staging_->Commit(ints * sizeof(int32_t)));
+    const int32_t* dev = reinterpret_cast<const int32_t*>(dev_bytes);
+    cuda::KvBatchView view;
+    view.pos = dev;
+    view.seq = dev + n;
+    view.table_offsets = dev + 2 * n;
+    view.tables = dev + 2 * n + n_seq + 1;
+    view.n_tokens = static_cast<int>(n_tokens);
+    view.block_size = kv.block_size;
+    return view;
   }
 
   // True when `p` is page-locked host memory (cudaMallocHost / cudaHostRegister).
@@ -353,11 +884,15 @@ class CudaBackend final : public Backend {
 
   const int device_;
   const std::string name_;
-  // Declaration order is destruction order reversed: the scratch buffer and the cuBLAS handle
-  // go before the stream they use.
+  const int sm_count_;  // multiprocessors: how many blocks Attention aims to keep busy
+  // Declaration order is destruction order reversed: the scratch buffers, the staging and the
+  // cuBLAS handle go before the stream they use.
   CudaStream stream_;
   CublasHandle cublas_;
-  std::unique_ptr<DeviceBuffer> scratch_;  // F16 activations for MatMul; grows on demand
+  std::unique_ptr<HostStaging> staging_;
+  std::unique_ptr<DeviceBuffer> scratch_;            // MatMul: activations in F16 / BF16
+  std::unique_ptr<DeviceBuffer> weight_scratch_;     // MatMul: a slab of weights expanded to F16
+  std::unique_ptr<DeviceBuffer> attention_scratch_;  // Attention: the splits' partial results
 };
 
 }  // namespace
@@ -383,10 +918,13 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
                           "CreateCudaBackend: cudaGetDeviceProperties");
   PD_ASSIGN_OR_RETURN(CudaStream stream, CudaStream::Create());
   PD_ASSIGN_OR_RETURN(CublasHandle cublas, CublasHandle::Create(stream.get()));
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<HostStaging> staging,
+                      HostStaging::Create(device, stream.get()));
   std::string name =
       pd::StrCat("cuda:", device, " (", prop.name, ", sm_", prop.major, prop.minor, ")");
-  return std::unique_ptr<Backend>(
-      new CudaBackend(device, std::move(name), std::move(stream), std::move(cublas)));
+  return std::unique_ptr<Backend>(new CudaBackend(device, std::move(name), prop.multiProcessorCount,
+                                                  std::move(stream), std::move(cublas),
+                                                  std::move(staging)));
 }
 
 }  // namespace pd::engine

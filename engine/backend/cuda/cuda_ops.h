@@ -1,7 +1,11 @@
-// What the CUDA backend runs today, as data that host code can read without a device: the node
+// What the CUDA backend runs, as data that host code can read without a device: the node
 // runtime refuses at start a model that needs an op missing here (op_support.h), instead of
 // failing on its first forward. cuda_backend.cc answers UNIMPLEMENTED for everything else and
 // takes its MatMul weight types from here; an op added there is added to this list.
+//
+// Limits within the listed ops (UNIMPLEMENTED at call time, not known per model): GetRows reads
+// the tables of kMatMulWeightTypes only; Attention needs K and V caches of one type and
+// head_dim <= 512.
 #pragma once
 
 #include <array>
@@ -11,9 +15,14 @@
 
 namespace pd::engine::cuda {
 
-// Ops of the Backend interface that the CUDA backend implements.
-inline constexpr std::array<std::string_view, 2> kImplementedOps = {"MatMul", "RmsNorm"};
-// Weight types its MatMul multiplies.
-inline constexpr std::array<DType, 2> kMatMulWeightTypes = {DType::kF32, DType::kF16};
+// Ops of the Backend interface that the CUDA backend implements: all of them (MatMulRowOrder and
+// MatMulGroup are MatMul there).
+inline constexpr std::array<std::string_view, 12> kImplementedOps = {
+    "MatMul", "GetRows", "RmsNorm", "Rope",    "Add",     "AddBias",
+    "SwiGlu", "GeGlu",   "Scale",   "Softmax", "StoreKv", "Attention"};
+// Weight types its MatMul multiplies (the row-order flags of MatMulRowOrder name CPU summation
+// orders and are ignored).
+inline constexpr std::array<DType, 7> kMatMulWeightTypes = {
+    DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K};
 
 }  // namespace pd::engine::cuda

@@ -3,27 +3,37 @@
 // Without a usable device every test that needs one is skipped (GTEST_SKIP with the reason), and
 // the tests that check the no-device path run instead.
 //
-// Tolerances, per output element, against the CPU backend's result on the same inputs:
-//   MatMul f32:  |gpu - cpu| <= 1e-5 * S + 1e-6, S = sum_j |w[i,j] * x[r,j]|. Both sides form exact
-//                F32 products and add them in F32, only in different orders (cuBLAS runs plain
-//                FP32 SGEMM, no TF32); reordering a k-term F32 sum moves it by at most
-//                ~k * 2^-24 * S and typically far less.
+// Tolerances, per output element, against the CPU backend's result on the same inputs (each
+// derived where its test is; u = 2^-24, S = sum_j |w[i,j] x[r,j]|):
+//   MatMul f32:  |gpu - cpu| <= 1e-5 * S + 1e-6. Both sides form exact F32 products and add them
+//                in F32, only in different orders (cuBLAS runs plain FP32 SGEMM, no TF32);
+//                reordering a k-term F32 sum moves it by at most ~k * 2^-24 * S and typically far
+//                less.
 //   MatMul f16:  |gpu - cpu| <= 5e-4 * S + 1e-5. Both sides round x to F16 the same way (RNE), and
 //                products of halves are exact in F32, but tensor cores accumulate in F32 with
 //                their own order and rounding. A wrong layout or a missed conversion shows up
 //                as errors of order |y| ~ S / sqrt(k), far above this for every k tested.
+//   MatMul quantized / bf16: against an F64 reference on the CPU's dequantized weights,
+//                GEMV (n <= 8) 5 (k/32 + 16) u max|w| sum|x|; F16 GEMM (n > 8)
+//                (2^-10 + 5e-4) S; bf16 (2^-9 + 5e-4) S; and against the CPU backend that plus
+//                the CPU's own rounding of x to Q8_K / Q8_0 / BF16 (CudaQuantMatMulTest).
 //   RmsNorm:     |gpu - cpu| <= 1e-5 * |cpu| + 1e-6 (the CPU sums squares in F64, the GPU in F32
 //                with a tree reduction; rsqrtf is within 2 ulp).
+//   GetRows, Add, AddBias, Scale, StoreKv (f32, f16, int8): bit-exact.
+//   SwiGlu 1e-6 |cpu|; GeGlu one f16 ulp on rare elements; Softmax 1e-6 |cpu|;
+//   Rope 1e-6 (|a| + |b|) per rotated pair; Attention V (2 ds + (2L + 48) u) with ds the score's
+//                rounding bound (CudaAttentionTest).
 // Upload/Download/Zero/MapWeights are bit exact.
 //
-// On a GPU, CudaBackendTest.Timing also prints MatMul f16 and RmsNorm timings (bench/gpu/ reads
-// them).
+// On a GPU, CudaBackendTest.Timing also prints MatMul f16, RmsNorm, quantized GEMV (Q4_K, Q8_0)
+// and Attention decode timings (bench/gpu/ reads the first two).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -38,8 +48,12 @@
 #include "common/status.h"
 #include "common/status_matchers.h"
 #include "engine/backend/backend.h"
+#include "engine/backend/kv_layout.h"
 #include "engine/quant/dtype.h"
 #include "engine/quant/fp16.h"
+#include "engine/quant/k_quants.h"
+#include "engine/quant/q5_0.h"
+#include "engine/quant/q8_0.h"
 
 namespace pd::engine {
 namespace {
@@ -343,47 +357,783 @@ TEST_F(CudaBackendTest, RmsNormInPlaceMatchesOutOfPlace) {
   EXPECT_EQ(Get(*cuda_, a.t), Get(*cuda_, b.t));
 }
 
-// ---- what the CUDA backend does not run yet
-// ------------------------------------------------------
+// ---- quantized tables and weights ------------------------------------------------------------
 
-TEST_F(CudaBackendTest, UnimplementedOpsSayUnimplemented) {
-  Owned a = Put(*cuda_, DType::kF32, 2, 64, nullptr);
-  Owned b = Put(*cuda_, DType::kF32, 2, 64, nullptr);
-  Owned y = Put(*cuda_, DType::kF32, 2, 64, nullptr);
-  constexpr absl::StatusCode kUnimplemented = absl::StatusCode::kUnimplemented;
-  EXPECT_THAT(cuda_->Softmax(a.t), StatusIs(kUnimplemented, "Softmax"));
-  EXPECT_THAT(cuda_->Add(a.t, b.t, y.t), StatusIs(kUnimplemented, "Add"));
-  EXPECT_THAT(cuda_->SwiGlu(a.t, b.t, y.t), StatusIs(kUnimplemented, "SwiGlu"));
-  const int32_t ids[] = {0, 1};
-  EXPECT_THAT(cuda_->GetRows(a.t, ids, y.t), StatusIs(kUnimplemented, "GetRows"));
+// Rows of `type` with random codes and scales in every block: every bit pattern of the code and
+// scale bytes is a valid block, so random bytes cover the formats' corners better than a
+// quantizer would (and take no time; our k-quant quantizers need seconds per million weights).
+// Only the f16 super-scales are set, to sizes that keep the weights within about +-1; the float
+// types get values uniform in [-1, 1].
+std::vector<uint8_t> RandomWeights(DType type, int64_t rows, int64_t cols, uint32_t seed) {
+  const size_t row_bytes = RowBytes(type, cols);
+  std::vector<uint8_t> w(row_bytes * static_cast<size_t>(rows));
+  if (type == DType::kF32 || type == DType::kF16 || type == DType::kBF16) {
+    const std::vector<float> f = RandomFloats(static_cast<size_t>(rows * cols), seed);
+    for (size_t i = 0; i < f.size(); ++i) {
+      if (type == DType::kF32) {
+        std::memcpy(w.data() + 4 * i, &f[i], 4);
+      } else {
+        const uint16_t h = type == DType::kF16 ? F32ToF16(f[i]) : F32ToBf16(f[i]);
+        std::memcpy(w.data() + 2 * i, &h, 2);
+      }
+    }
+    return w;
+  }
+  std::mt19937 rng(seed);
+  for (uint8_t& b : w) b = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> unit(0.5f, 1.f);
+  auto put_f16 = [&](uint8_t* p, float v) {
+    const uint16_t h = F32ToF16(v);
+    std::memcpy(p, &h, 2);
+  };
+  const int64_t n_blocks = rows * cols / Traits(type).block_size;
+  const size_t block_bytes = Traits(type).block_bytes;
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    uint8_t* blk = w.data() + static_cast<size_t>(b) * block_bytes;
+    switch (type) {
+      case DType::kQ8_0:  // d * q, q in [-128, 127]
+        put_f16(blk + offsetof(BlockQ8_0, d), unit(rng) / 127.f);
+        break;
+      case DType::kQ5_0:  // d * (c - 16), c in [0, 31]
+        put_f16(blk + offsetof(BlockQ5_0, d), unit(rng) / 16.f);
+        break;
+      case DType::kQ4_K:  // (d sc) q - dmin m, sc and m in [0, 63], q in [0, 15]
+        put_f16(blk + offsetof(BlockQ4_K, d), unit(rng) / (63.f * 15.f));
+        put_f16(blk + offsetof(BlockQ4_K, dmin), unit(rng) / (63.f * 2.f));
+        break;
+      case DType::kQ6_K:  // d sc (q - 32), sc in [-128, 127], q - 32 in [-32, 31]
+        put_f16(blk + offsetof(BlockQ6_K, d), unit(rng) / (128.f * 32.f));
+        break;
+      default:
+        PD_CHECK_MSG(false, "RandomWeights: no random blocks for this type");
+    }
+  }
+  return w;
+}
 
-  // MatMul with weight types that have no CUDA path yet names the type.
-  Owned x = Put(*cuda_, DType::kF32, 2, 64, nullptr);
-  Owned out = Put(*cuda_, DType::kF32, 2, 4, nullptr);
-  Owned bf16 = Put(*cuda_, DType::kBF16, 4, 64, nullptr);
-  Owned q8 = Put(*cuda_, DType::kQ8_0, 4, 64, nullptr);
-  EXPECT_THAT(cuda_->MatMul(bf16.t, x.t, out.t), StatusIs(kUnimplemented, "bf16"));
-  EXPECT_THAT(cuda_->MatMul(q8.t, x.t, out.t), StatusIs(kUnimplemented, "q8_0"));
+// The CPU backend's dequantization of every row (its GetRows): the reference weights.
+std::vector<float> CpuDequantize(Backend& cpu, DType type, int64_t rows, int64_t cols,
+                                 const std::vector<uint8_t>& w) {
+  Owned table = MapW(cpu, type, rows, cols, w.data());
+  std::vector<int32_t> ids(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) ids[i] = static_cast<int32_t>(i);
+  Owned out = Put(cpu, DType::kF32, rows, cols, nullptr);
+  PD_CHECK_OK(cpu.GetRows(table.t, ids, out.t));
+  return Get(cpu, out.t);
+}
+
+// ---- GetRows parity
+// ------------------------------------------------------------------------------ Bit-exact: both
+// sides evaluate engine/quant's dequantization formulas in the same order with no fused
+// multiply-adds, and widen f16/bf16 exactly.
+
+struct GetRowsCase {
+  DType type;
+  int64_t rows, cols;
+};
+
+void PrintTo(const GetRowsCase& c, std::ostream* os) {
+  *os << Traits(c.type).name << " table[" << c.rows << ", " << c.cols << "]";
+}
+
+std::string GetRowsName(const ::testing::TestParamInfo<GetRowsCase>& info) {
+  return std::string(Traits(info.param.type).name) + "_r" + std::to_string(info.param.rows) + "_c" +
+         std::to_string(info.param.cols);
+}
+
+class CudaGetRowsTest : public CudaBackendTest,
+                        public ::testing::WithParamInterface<GetRowsCase> {};
+
+TEST_P(CudaGetRowsTest, MatchesCpuBitForBit) {
+  const GetRowsCase c = GetParam();
+  const std::vector<uint8_t> table = RandomWeights(c.type, c.rows, c.cols, 21);
+  // First and last row, repeats, and a prompt's worth of random ids.
+  std::vector<int32_t> ids = {0, static_cast<int32_t>(c.rows - 1), 5, 5};
+  std::mt19937 rng(22);
+  for (int i = 0; i < 29; ++i) ids.push_back(static_cast<int32_t>(rng() % c.rows));
+  const std::vector<float> nans(ids.size() * static_cast<size_t>(c.cols),
+                                std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> results[2];
+  Backend* backends[2] = {cpu_.get(), cuda_.get()};
+  for (int b = 0; b < 2; ++b) {
+    Backend& be = *backends[b];
+    Owned t = MapW(be, c.type, c.rows, c.cols, table.data());
+    Owned out = Put(be, DType::kF32, static_cast<int64_t>(ids.size()), c.cols, nans.data());
+    PD_ASSERT_OK(be.GetRows(t.t, ids, out.t)) << be.name();
+    results[b] = Get(be, out.t);
+  }
+  ASSERT_EQ(results[0].size(), results[1].size());
+  EXPECT_EQ(std::memcmp(results[0].data(), results[1].data(), results[0].size() * 4), 0);
+  for (size_t i = 0; i < results[0].size(); ++i) {
+    ASSERT_EQ(BitsFromFp32(results[1][i]), BitsFromFp32(results[0][i]))
+        << "out[" << i / c.cols << ", " << i % c.cols << "]: cuda " << results[1][i] << " vs cpu "
+        << results[0][i];
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Types, CudaGetRowsTest,
+    ::testing::Values(
+        // Gemma 3 270M's embedding width (its table is 262144 rows; fewer keep the test quick),
+        // a Llama 7B row, and the F32 activations Model picks output rows from.
+        GetRowsCase{DType::kF32, 64, 640}, GetRowsCase{DType::kF16, 1000, 640},
+        GetRowsCase{DType::kBF16, 1000, 640}, GetRowsCase{DType::kQ8_0, 4096, 640},
+        GetRowsCase{DType::kQ5_0, 4096, 640}, GetRowsCase{DType::kQ4_K, 1000, 4096},
+        GetRowsCase{DType::kQ6_K, 1000, 4096}, GetRowsCase{DType::kQ8_0, 300, 4096},
+        GetRowsCase{DType::kQ4_K, 300, 2048}, GetRowsCase{DType::kQ6_K, 300, 2048}),
+    GetRowsName);
+
+TEST_F(CudaBackendTest, GetRowsRejectsBadIdsAndTypes) {
+  Owned table = Put(*cuda_, DType::kF32, 4, 64, nullptr);
+  Owned out = Put(*cuda_, DType::kF32, 2, 64, nullptr);
+  const int32_t bad[] = {0, 4};
+  EXPECT_THAT(cuda_->GetRows(table.t, bad, out.t), StatusIs(absl::StatusCode::kInvalidArgument));
+  const int32_t negative[] = {-1, 0};
+  EXPECT_THAT(cuda_->GetRows(table.t, negative, out.t),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  Owned q2 = Put(*cuda_, DType::kQ2_K, 4, 256, nullptr);
+  Owned out256 = Put(*cuda_, DType::kF32, 2, 256, nullptr);
+  const int32_t ok[] = {0, 3};
+  EXPECT_THAT(cuda_->GetRows(q2.t, ok, out256.t),
+              StatusIs(absl::StatusCode::kUnimplemented, "q2_K"));
   PD_EXPECT_OK(cuda_->Synchronize());
 }
 
-// No KV kernels yet: StoreKv and Attention refuse every cache type, and name INT8 when asked
-// for it (the CPU backend runs INT8 KV; a caller should learn the type is what is missing here).
-TEST_F(CudaBackendTest, KvOpsSayUnimplementedAndNameInt8) {
+// ---- quantized and bf16 MatMul parity -----------------------------------------------------------
+//
+// The reference: y_ref = W x in F64, with W the CPU backend's dequantization of the weights (its
+// GetRows) and x the F32 activations. Per output element, with S = sum_j |W[i,j] x[r,j]|,
+// T = max_j |W[i,j]| * sum_j |x[r,j]| and u = 2^-24:
+//   GEMV (n <= 8, quantized): |gpu - y_ref| <= 5 (k/32 + 16) u T + 1e-6. The kernel sums each
+//     unit's codes times x, scales once per sub-block (Q4_K: minus dmin m times the sum of x),
+//     then adds the units along a lane (k/256 steps) and across the warp (5 steps). Every term
+//     it adds is at most 5 max|W| times a share of sum |x| (Q4_K's d sc q and dmin m can each be
+//     twice the largest weight while their difference is small), and each addition rounds by u
+//     of the running magnitude: k/32 + 16 bounds the additions on any path with room to spare.
+//   GEMM (n > 8: weights expanded to F16, activations rounded to F16, tensor cores):
+//     |gpu - y_ref| <= (2^-10 + 5e-4) S + 2^-24 sum|x| + 1e-5: each factor of a product is
+//     rounded to F16 once (relative 2^-11 each; weights below f16's normal range lose at most
+//     2^-25 absolutely), and 5e-4 S covers the tensor cores' F32 accumulation as for MatMul f16.
+//   BF16 weights (exact in the reference) with activations rounded to BF16 (2^-9):
+//     |gpu - y_ref| <= (2^-9 + 5e-4) S + 1e-5.
+// And against the CPU backend itself, which quantizes x to Q8_K (k-quants) or Q8_0 blocks first:
+// |gpu - cpu| <= tol_ref + sum_j |W[i,j]| e_j + 1e-5 S, with e_j = amax(x's block at j) *
+// (1/254 + 2^-11) the activation rounding (half a step of d = amax / 127, plus Q8_0's f16 d) and
+// e_j = 2^-9 |x_j| for BF16. That bound is loose (the errors are random, not aligned); the tight
+// check is the one against y_ref.
+
+struct QuantMatMulCase {
+  DType type;
+  int64_t m, k, n;  // w[m, k], x[n, k], y[n, m]
+};
+
+void PrintTo(const QuantMatMulCase& c, std::ostream* os) {
+  *os << Traits(c.type).name << " w[" << c.m << ", " << c.k << "] x[" << c.n << ", " << c.k << "]";
+}
+
+std::string QuantCaseName(const ::testing::TestParamInfo<QuantMatMulCase>& info) {
+  const QuantMatMulCase& c = info.param;
+  return std::string(Traits(c.type).name) + "_m" + std::to_string(c.m) + "_k" +
+         std::to_string(c.k) + "_n" + std::to_string(c.n);
+}
+
+class CudaQuantMatMulTest : public CudaBackendTest,
+                            public ::testing::WithParamInterface<QuantMatMulCase> {};
+
+TEST_P(CudaQuantMatMulTest, MatchesReferenceAndCpu) {
+  const QuantMatMulCase c = GetParam();
+  const std::vector<uint8_t> w = RandomWeights(c.type, c.m, c.k, 31);
+  const std::vector<float> x = RandomFloats(static_cast<size_t>(c.n * c.k), 32);
+  const std::vector<float> nans(static_cast<size_t>(c.n * c.m),
+                                std::numeric_limits<float>::quiet_NaN());
+  const std::vector<float> wf = CpuDequantize(*cpu_, c.type, c.m, c.k, w);
+
+  std::vector<float> results[2];
+  Backend* backends[2] = {cpu_.get(), cuda_.get()};
+  for (int b = 0; b < 2; ++b) {
+    Backend& be = *backends[b];
+    Owned wt = MapW(be, c.type, c.m, c.k, w.data());
+    Owned xt = Put(be, DType::kF32, c.n, c.k, x.data());
+    Owned y = Put(be, DType::kF32, c.n, c.m, nans.data());
+    PD_ASSERT_OK(be.MatMul(wt.t, xt.t, y.t)) << be.name();
+    results[b] = Get(be, y.t);
+  }
+
+  const bool bf16 = c.type == DType::kBF16;
+  const bool gemv = !bf16 && c.n <= 8;
+  const int64_t act_block = (c.type == DType::kQ8_0 || c.type == DType::kQ5_0) ? 32 : 256;
+  constexpr double u = 1.0 / (1 << 24);
+  int failures = 0;
+  for (int64_t r = 0; r < c.n; ++r) {
+    const float* xr = x.data() + r * c.k;
+    double sum_abs_x = 0;
+    std::vector<double> err_x(static_cast<size_t>(c.k));  // e_j: the CPU's activation rounding
+    for (int64_t j0 = 0; j0 < c.k; j0 += act_block) {
+      double amax = 0;
+      for (int64_t j = j0; j < j0 + act_block; ++j) amax = std::max(amax, std::fabs(double{xr[j]}));
+      for (int64_t j = j0; j < j0 + act_block; ++j) {
+        err_x[j] = bf16 ? std::fabs(double{xr[j]}) / 512 : amax * (1.0 / 254 + 1.0 / 2048);
+      }
+    }
+    for (int64_t j = 0; j < c.k; ++j) sum_abs_x += std::fabs(double{xr[j]});
+    for (int64_t i = 0; i < c.m; ++i) {
+      const float* wi = wf.data() + i * c.k;
+      double ref = 0, s = 0, wmax = 0, act = 0;
+      for (int64_t j = 0; j < c.k; ++j) {
+        ref += double{wi[j]} * xr[j];
+        s += std::fabs(double{wi[j]} * xr[j]);
+        wmax = std::max(wmax, std::fabs(double{wi[j]}));
+        act += std::fabs(double{wi[j]}) * err_x[j];
+      }
+      const double t = wmax * sum_abs_x;
+      double tol_ref;
+      if (gemv) {
+        tol_ref = 5 * (c.k / 32.0 + 16) * u * t + 1e-6;
+      } else if (bf16) {
+        tol_ref = (1.0 / 512 + 5e-4) * s + 1e-5;
+      } else {
+        tol_ref = (1.0 / 1024 + 5e-4) * s + u * sum_abs_x + 1e-5;
+      }
+      const double tol_cpu = tol_ref + act + 1e-5 * s;
+      const double gpu = results[1][r * c.m + i], cpu = results[0][r * c.m + i];
+      if (!(std::fabs(gpu - ref) <= tol_ref) && ++failures <= 10) {
+        ADD_FAILURE() << "y[" << r << ", " << i << "]: cuda " << gpu << " vs reference " << ref
+                      << " (tolerance " << tol_ref << ")";
+      }
+      if (!(std::fabs(gpu - cpu) <= tol_cpu) && ++failures <= 10) {
+        ADD_FAILURE() << "y[" << r << ", " << i << "]: cuda " << gpu << " vs cpu " << cpu
+                      << " (tolerance " << tol_cpu << ")";
+      }
+    }
+  }
+  EXPECT_EQ(failures, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaQuantMatMulTest,
+    ::testing::Values(
+        // Gemma 3 270M: its 640-wide inputs are Q5_0 / Q8_0 in Q4_K_M files (ffn_gate/up
+        // w[2048, 640]); ffn_down w[640, 2048] is a k-quant. Decode (n = 1), a few sequences
+        // (GEMV up to 8 rows), and prompts (F16 GEMM from 9 rows on).
+        QuantMatMulCase{DType::kQ5_0, 2048, 640, 1}, QuantMatMulCase{DType::kQ5_0, 2048, 640, 5},
+        QuantMatMulCase{DType::kQ5_0, 2048, 640, 37}, QuantMatMulCase{DType::kQ8_0, 2048, 640, 1},
+        QuantMatMulCase{DType::kQ8_0, 2048, 640, 64}, QuantMatMulCase{DType::kQ4_K, 640, 2048, 1},
+        QuantMatMulCase{DType::kQ4_K, 640, 2048, 9}, QuantMatMulCase{DType::kQ6_K, 640, 2048, 1},
+        QuantMatMulCase{DType::kQ6_K, 640, 2048, 16},
+        // Llama 7B: k = 4096 (attention, gate/up) and 11008 (ffn_down), rows cut to keep the F64
+        // reference quick.
+        QuantMatMulCase{DType::kQ4_K, 1024, 4096, 1}, QuantMatMulCase{DType::kQ4_K, 1024, 4096, 8},
+        QuantMatMulCase{DType::kQ4_K, 257, 4096, 33}, QuantMatMulCase{DType::kQ6_K, 1024, 4096, 3},
+        QuantMatMulCase{DType::kQ6_K, 300, 11008, 1}, QuantMatMulCase{DType::kQ6_K, 300, 11008, 12},
+        QuantMatMulCase{DType::kQ8_0, 1024, 4096, 8}, QuantMatMulCase{DType::kQ8_0, 256, 11008, 2},
+        QuantMatMulCase{DType::kQ4_K, 256, 11008, 7},
+        // More weights than one F16 slab (32M elements): the GEMM runs in two slabs.
+        QuantMatMulCase{DType::kQ8_0, 16384, 2560, 9}, QuantMatMulCase{DType::kBF16, 1024, 4096, 1},
+        QuantMatMulCase{DType::kBF16, 300, 640, 17}),
+    QuantCaseName);
+
+// MatMulGroup (and MatMulRowOrder, which it calls) give exactly what MatMul gives.
+TEST_F(CudaBackendTest, MatMulGroupMatchesMatMul) {
+  const int64_t k = 4096, n = 3;
+  const std::vector<uint8_t> wq = RandomWeights(DType::kQ4_K, 512, k, 41);
+  const std::vector<uint8_t> wk = RandomWeights(DType::kQ6_K, 128, k, 42);
+  const std::vector<float> x = RandomFloats(static_cast<size_t>(n * k), 43);
+  Owned q = MapW(*cuda_, DType::kQ4_K, 512, k, wq.data());
+  Owned kk = MapW(*cuda_, DType::kQ6_K, 128, k, wk.data());
+  Owned xt = Put(*cuda_, DType::kF32, n, k, x.data());
+  Owned yq = Put(*cuda_, DType::kF32, n, 512, nullptr),
+        yk = Put(*cuda_, DType::kF32, n, 128, nullptr);
+  Owned gq = Put(*cuda_, DType::kF32, n, 512, nullptr),
+        gk = Put(*cuda_, DType::kF32, n, 128, nullptr);
+  PD_ASSERT_OK(cuda_->MatMul(q.t, xt.t, yq.t));
+  PD_ASSERT_OK(cuda_->MatMul(kk.t, xt.t, yk.t));
+  const Tensor* ws[] = {&q.t, &kk.t};
+  Tensor* ys[] = {&gq.t, &gk.t};
+  const std::vector<uint8_t> orders(n, kRowOrderGemv);
+  PD_ASSERT_OK(cuda_->MatMulGroup(ws, xt.t, ys, orders));
+  EXPECT_EQ(Get(*cuda_, gq.t), Get(*cuda_, yq.t));
+  EXPECT_EQ(Get(*cuda_, gk.t), Get(*cuda_, yk.t));
+}
+
+TEST_F(CudaBackendTest, MatMulNamesWeightTypesItLacks) {
+  Owned x = Put(*cuda_, DType::kF32, 2, 256, nullptr);
+  Owned out = Put(*cuda_, DType::kF32, 2, 4, nullptr);
+  for (DType t : {DType::kQ4_0, DType::kQ2_K, DType::kQ3_K, DType::kQ5_K}) {
+    Owned w = Put(*cuda_, t, 4, 256, nullptr);
+    EXPECT_THAT(cuda_->MatMul(w.t, x.t, out.t),
+                StatusIs(absl::StatusCode::kUnimplemented, std::string(Traits(t).name)));
+  }
+  PD_EXPECT_OK(cuda_->Synchronize());
+}
+
+// ---- elementwise ops and Softmax ---------------------------------------------------------------
+// Add, AddBias and Scale are one F32 operation per element on both sides: bit-exact.
+// SwiGlu: g / (1 + exp(-g)) * u, both sides one expf (CUDA's within 2 ulp, ggml's vector expf
+//   within 1.5) and three correctly rounded operations: |gpu - cpu| <= 8 ulp, i.e.
+//   1e-6 |cpu| + 1e-37 (for results near zero).
+// GeGlu: both sides round the gate to f16, evaluate the same F32 formula (tanhf within 2 ulp of
+//   glibc's tanh) and round to f16: equal unless the F32 values straddle an f16 rounding boundary,
+//   then one f16 ulp apart: |gpu - cpu| <= (2^-10 |gelu| + 2^-24) |u| + 1 F32 ulp, and such
+//   mismatches are rare (at most 1 in 1000 elements, expected about 1 in 2^12).
+// Softmax: exp(x - max) within 2 ulp per side, the sum in F64 on both, the F32 reciprocal and one
+//   product: |gpu - cpu| <= 1e-6 |cpu| + 1e-30.
+
+// Runs `op` on both backends over fresh copies of `inputs` ([rows, cols] each) and returns each
+// backend's output (the last tensor `op` is given).
+template <typename Op>
+void RunBoth(Backend& cpu, Backend& cuda, int64_t rows, int64_t cols,
+             const std::vector<std::vector<float>>& inputs, Op op, std::vector<float>* out_cpu,
+             std::vector<float>* out_cuda) {
+  Backend* backends[2] = {&cpu, &cuda};
+  std::vector<float>* outs[2] = {out_cpu, out_cuda};
+  const std::vector<float> nans(static_cast<size_t>(rows * cols),
+                                std::numeric_limits<float>::quiet_NaN());
+  for (int b = 0; b < 2; ++b) {
+    std::vector<Owned> ins;
+    for (const std::vector<float>& in : inputs) {
+      ins.push_back(Put(*backends[b], DType::kF32, rows, cols, in.data()));
+    }
+    Owned y = Put(*backends[b], DType::kF32, rows, cols, nans.data());
+    PD_CHECK_OK(op(*backends[b], ins, y.t));
+    *outs[b] = Get(*backends[b], y.t);
+  }
+}
+
+struct EltShape {
+  int64_t rows, cols;
+};
+
+class CudaElementwiseTest : public CudaBackendTest,
+                            public ::testing::WithParamInterface<EltShape> {};
+
+TEST_P(CudaElementwiseTest, ExactOpsMatchCpuBitForBit) {
+  const EltShape c = GetParam();
+  const size_t n = static_cast<size_t>(c.rows * c.cols);
+  const std::vector<float> a = RandomFloats(n, 51, -4.f, 4.f), b = RandomFloats(n, 52, -4.f, 4.f);
+  const std::vector<float> bias = RandomFloats(static_cast<size_t>(c.cols), 53);
+  std::vector<float> cpu, gpu;
+  RunBoth(
+      *cpu_, *cuda_, c.rows, c.cols, {a, b},
+      [](Backend& be, std::vector<Owned>& in, Tensor& y) { return be.Add(in[0].t, in[1].t, y); },
+      &cpu, &gpu);
+  EXPECT_EQ(gpu, cpu) << "Add";
+  RunBoth(
+      *cpu_, *cuda_, c.rows, c.cols, {a},
+      [](Backend& be, std::vector<Owned>& in, Tensor& y) {
+        return be.Scale(in[0].t, 0.0625f * 3, y);
+      },
+      &cpu, &gpu);
+  EXPECT_EQ(gpu, cpu) << "Scale";
+  for (int b2 = 0; b2 < 2; ++b2) {
+    Backend& be = b2 == 0 ? *cpu_ : *cuda_;
+    Owned x = Put(be, DType::kF32, c.rows, c.cols, a.data());
+    Owned bt = Put(be, DType::kF32, 1, c.cols, bias.data());
+    PD_ASSERT_OK(be.AddBias(x.t, bt.t, x.t));  // in place, as Model adds Q/K/V biases
+    (b2 == 0 ? cpu : gpu) = Get(be, x.t);
+  }
+  EXPECT_EQ(gpu, cpu) << "AddBias";
+}
+
+TEST_P(CudaElementwiseTest, SwiGluAndGeGluMatchCpu) {
+  const EltShape c = GetParam();
+  const size_t n = static_cast<size_t>(c.rows * c.cols);
+  // Gates over GeGlu's whole range, both clamps included.
+  std::vector<float> g = RandomFloats(n, 61, -12.f, 12.f);
+  if (n >= 3) {
+    g[0] = -10.f;
+    g[1] = 10.f;
+    g[2] = 0.f;
+  }
+  const std::vector<float> up = RandomFloats(n, 62, -2.f, 2.f);
+  std::vector<float> cpu, gpu;
+  RunBoth(
+      *cpu_, *cuda_, c.rows, c.cols, {g, up},
+      [](Backend& be, std::vector<Owned>& in, Tensor& y) { return be.SwiGlu(in[0].t, in[1].t, y); },
+      &cpu, &gpu);
+  int failures = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double tol = 1e-6 * std::fabs(cpu[i]) + 1e-37;
+    if (!(std::fabs(double{gpu[i]} - cpu[i]) <= tol) && ++failures <= 10) {
+      ADD_FAILURE() << "SwiGlu y[" << i << "] g=" << g[i] << ": cuda " << gpu[i] << " vs cpu "
+                    << cpu[i];
+    }
+  }
+  RunBoth(
+      *cpu_, *cuda_, c.rows, c.cols, {g, up},
+      [](Backend& be, std::vector<Owned>& in, Tensor& y) { return be.GeGlu(in[0].t, in[1].t, y); },
+      &cpu, &gpu);
+  size_t inexact = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (gpu[i] == cpu[i]) continue;
+    ++inexact;
+    const double gelu = up[i] != 0.f ? std::fabs(double{cpu[i]} / up[i]) : 0.0;
+    const double tol =
+        (gelu / 1024 + 1.0 / (1 << 24)) * std::fabs(up[i]) + std::fabs(double{cpu[i]}) * 1.2e-7;
+    if (!(std::fabs(double{gpu[i]} - cpu[i]) <= tol) && ++failures <= 10) {
+      ADD_FAILURE() << "GeGlu y[" << i << "] g=" << g[i] << ": cuda " << gpu[i] << " vs cpu "
+                    << cpu[i];
+    }
+  }
+  EXPECT_LE(inexact, n / 1000 + 1) << "GeGlu: too many elements one f16 ulp apart";
+  EXPECT_EQ(failures, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaElementwiseTest,
+                         ::testing::Values(EltShape{1, 1}, EltShape{7, 2048},     // Gemma's n_ff
+                                           EltShape{1, 640}, EltShape{3, 14336},  // Llama 3's
+                                           EltShape{64, 11008}),                  // Llama 2's
+                         [](const ::testing::TestParamInfo<EltShape>& info) {
+                           return "r" + std::to_string(info.param.rows) + "_c" +
+                                  std::to_string(info.param.cols);
+                         });
+
+TEST_F(CudaBackendTest, SoftmaxMatchesCpu) {
+  // Attention-score rows, a masked row, and vocabulary rows (Gemma 3's 262144, as logits are
+  // sampled from).
+  for (const EltShape c :
+       {EltShape{5, 37}, EltShape{3, 300}, EltShape{2, 4096}, EltShape{2, 262144}}) {
+    SCOPED_TRACE(c.cols);
+    std::vector<float> x = RandomFloats(static_cast<size_t>(c.rows * c.cols), 71, -20.f, 20.f);
+    for (int64_t j = 0; j < c.cols; ++j) x[j] = -std::numeric_limits<float>::infinity();
+    x[c.cols + 1] = -std::numeric_limits<float>::infinity();  // one masked element
+    std::vector<float> results[2];
+    Backend* backends[2] = {cpu_.get(), cuda_.get()};
+    for (int b = 0; b < 2; ++b) {
+      Owned t = Put(*backends[b], DType::kF32, c.rows, c.cols, x.data());
+      PD_ASSERT_OK(backends[b]->Softmax(t.t));
+      results[b] = Get(*backends[b], t.t);
+    }
+    int failures = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float cpu = results[0][i], gpu = results[1][i];
+      const double tol = 1e-6 * std::fabs(cpu) + 1e-30;
+      if (!(std::fabs(double{gpu} - cpu) <= tol) && ++failures <= 10) {
+        ADD_FAILURE() << "x[" << i / c.cols << ", " << i % c.cols << "]: cuda " << gpu << " vs cpu "
+                      << cpu;
+      }
+    }
+    EXPECT_EQ(failures, 0);
+  }
+}
+
+// ---- Rope parity --------------------------------------------------------------------------------
+// Both sides build the same angles bit for bit (the same chain of F32 products, the same division
+// and scale). Their cosines and sines differ by at most 3 ulp (sincosf within 2, glibc within 1),
+// |delta c|, |delta s| <= 3 * 2^-24, and the CPU leaves some normal-mode pairs unfused where the
+// GPU fuses them (one rounding of |a c| + |b s|), so per output of a pair (a, b):
+// |gpu - cpu| <= 1e-6 (|a| + |b|) + 1e-30.
+
+struct RopeCase {
+  const char* name;
+  RopeMode mode;
+  int n_heads, head_dim, rot_dim;
+  float freq_base, freq_scale;
+  bool freq_factors;
+};
+
+class CudaRopeTest : public CudaBackendTest, public ::testing::WithParamInterface<RopeCase> {};
+
+TEST_P(CudaRopeTest, MatchesCpu) {
+  const RopeCase c = GetParam();
+  const int64_t n_tokens = 9, cols = int64_t{c.n_heads} * c.head_dim;
+  const std::vector<float> x = RandomFloats(static_cast<size_t>(n_tokens * cols), 81, -3.f, 3.f);
+  std::vector<int32_t> pos = {0, 1, 2, 511, 512, 4095, 8191, 32767, 131071};
+  std::vector<float> factors;
+  if (c.freq_factors) factors = RandomFloats(static_cast<size_t>(c.rot_dim / 2), 82, 1.f, 8.f);
+  RopeParams p;
+  p.mode = c.mode;
+  p.head_dim = c.head_dim;
+  p.rot_dim = c.rot_dim;
+  p.freq_base = c.freq_base;
+  p.freq_scale = c.freq_scale;
+  p.freq_factors = factors;
+  std::vector<float> results[2];
+  Backend* backends[2] = {cpu_.get(), cuda_.get()};
+  for (int b = 0; b < 2; ++b) {
+    Owned t = Put(*backends[b], DType::kF32, n_tokens, cols, x.data());
+    PD_ASSERT_OK(backends[b]->Rope(t.t, c.n_heads, pos, p));
+    results[b] = Get(*backends[b], t.t);
+  }
+  const int half = c.rot_dim / 2;
+  int failures = 0;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int h = 0; h < c.n_heads; ++h) {
+      const int64_t base = t * cols + int64_t{h} * c.head_dim;
+      for (int d = 0; d < c.head_dim; ++d) {
+        // The pair element d belongs to; elements past rot_dim must be untouched.
+        int partner = d;
+        if (d < c.rot_dim) {
+          partner = c.mode == RopeMode::kNeox ? (d < half ? d + half : d - half) : (d ^ 1);
+        }
+        const double scale = std::fabs(double{x[base + d]}) + std::fabs(double{x[base + partner]});
+        const double tol = d < c.rot_dim ? 1e-6 * scale + 1e-30 : 0.0;
+        const float cpu = results[0][base + d], gpu = results[1][base + d];
+        if (!(std::fabs(double{gpu} - cpu) <= tol) && ++failures <= 10) {
+          ADD_FAILURE() << "token " << t << " (pos " << pos[t] << ") head " << h << " dim " << d
+                        << ": cuda " << gpu << " vs cpu " << cpu;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(failures, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, CudaRopeTest,
+    ::testing::Values(
+        RopeCase{"gemma3_q", RopeMode::kNeox, 4, 256, 256, 1000000.f, 1.f, false},
+        RopeCase{"gemma3_local_k", RopeMode::kNeox, 1, 256, 256, 10000.f, 1.f, false},
+        RopeCase{"llama7b_q", RopeMode::kNormal, 32, 128, 128, 10000.f, 1.f, false},
+        RopeCase{"llama3_k_factors", RopeMode::kNormal, 8, 128, 128, 500000.f, 1.f, true},
+        RopeCase{"partial_scaled", RopeMode::kNeox, 4, 128, 64, 10000.f, 0.25f, false},
+        RopeCase{"partial_normal", RopeMode::kNormal, 2, 80, 32, 10000.f, 0.5f, true}),
+    [](const ::testing::TestParamInfo<RopeCase>& info) { return std::string(info.param.name); });
+
+// ---- StoreKv and Attention parity --------------------------------------------------------------
+//
+// StoreKv is bit-exact for every cache type: F32 copies, F16 rounds to nearest even on both
+// sides, INT8 runs the same butterflies (each output one F32 addition of the same inputs), the
+// same max, the same IEEE division and the same round-half-even.
+//
+// Attention reads the same cache bytes on both sides. Per token t and head, over its L visible
+// positions, with u = 2^-24, D = head_dim: a score q.k is a D-term F32 sum in another order,
+// off by at most (D + 8) u ||q|| ||k|| (Cauchy-Schwarz bounds sum |q_i k_i| in any rotated
+// basis too), times |scale| (a softcap's tanh shrinks that and adds 4 u softcap). The
+// probabilities then move by at most twice that relative (numerator and normalizer), plus a few
+// ulp of expf, plus the GPU's online F32 sum of L terms ((L + 16) u). So
+//   |gpu - cpu| <= V (2 ds + (2 L + 48) u) + 1e-7,
+// ds the score bound and V the largest |v| in F32 / F16 caches; in an INT8 cache the sum is taken
+// in the rotated basis and rotated back, which can gather the errors of a whole rotation block:
+// there V is the largest ||v|| (2-norm of a head).
+
+struct KvSeq {
+  int32_t len;                  // positions 0 .. len - 1 stored
+  std::vector<int32_t> blocks;  // block table
+};
+
+// Fills `cache_k`/`cache_v` of one backend with the same history: each sequence's positions, in
+// one StoreKv call per sequence. K and V rows are k[s][p], v[s][p] ([n_kv_heads * head_dim]).
+absl::Status StoreHistory(Backend& be, KvTensor& kc, KvTensor& vc, const std::vector<KvSeq>& seqs,
+                          const std::vector<std::vector<float>>& k,
+                          const std::vector<std::vector<float>>& v, int block_size) {
+  const int64_t row = kc.row_elems();
+  std::vector<absl::Span<const int32_t>> tables;
+  for (const KvSeq& s : seqs) tables.emplace_back(s.blocks);
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const int32_t n = seqs[s].len;
+    std::vector<int32_t> pos(n), seq(n, static_cast<int32_t>(s));
+    for (int32_t p = 0; p < n; ++p) pos[p] = p;
+    Owned kt = Put(be, DType::kF32, n, row, k[s].data());
+    Owned vt = Put(be, DType::kF32, n, row, v[s].data());
+    KvBatch b{pos, seq, tables, block_size, {}};
+    PD_RETURN_IF_ERROR(be.StoreKv(kt.t, vt.t, kc, vc, b));
+  }
+  return be.Synchronize();
+}
+
+struct AttnCase {
+  const char* name;
+  KvDType type;
+  int n_heads, n_kv_heads, head_dim, block_size;
+  int window;
+  float softcap;
+};
+
+class CudaAttentionTest : public CudaBackendTest, public ::testing::WithParamInterface<AttnCase> {};
+
+TEST_P(CudaAttentionTest, StoreKvIsBitExactAndAttentionMatchesCpu) {
+  const AttnCase c = GetParam();
+  const int bs = c.block_size;
+  const int64_t row = int64_t{c.n_kv_heads} * c.head_dim;
+  // Three sequences with scattered, interleaved blocks: a prompt being prefilled (40 positions),
+  // a decode at position 700 and one at 2000 (past Gemma's 512-position window).
+  std::vector<KvSeq> seqs = {{40, {}}, {701, {}}, {2001, {}}};
+  int32_t next_block = 3;
+  for (KvSeq& s : seqs) {
+    // Multiplying by 7 modulo the prime 1009 permutes the block ids: distinct, out of order.
+    for (int32_t b = 0; b * bs < s.len; ++b) s.blocks.push_back(next_block++ * 7 % 1009);
+  }
+  const int64_t n_blocks = 1009;
+  std::vector<std::vector<float>> k, v;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    k.push_back(
+        RandomFloats(static_cast<size_t>(seqs[s].len * row), 91 + static_cast<uint32_t>(s)));
+    v.push_back(
+        RandomFloats(static_cast<size_t>(seqs[s].len * row), 95 + static_cast<uint32_t>(s)));
+  }
+  KvTensor caches[2][2];
+  std::unique_ptr<Buffer> bufs[2][2];
+  Backend* backends[2] = {cpu_.get(), cuda_.get()};
+  for (int b = 0; b < 2; ++b) {
+    for (int kv = 0; kv < 2; ++kv) {
+      KvTensor& t = caches[b][kv];
+      t = KvTensor{c.type, c.n_kv_heads, c.head_dim, bs, n_blocks, nullptr};
+      absl::StatusOr<std::unique_ptr<Buffer>> buf = backends[b]->Allocate(t.bytes());
+      PD_ASSERT_OK(buf.status());
+      bufs[b][kv] = *std::move(buf);
+      t.data = bufs[b][kv]->data();
+      // The same bytes everywhere first, so that untouched slots compare equal too.
+      const std::vector<uint8_t> fill(t.bytes(), 0x3C);
+      PD_ASSERT_OK(backends[b]->Upload(t.data, fill.data(), fill.size()));
+    }
+    PD_ASSERT_OK(StoreHistory(*backends[b], caches[b][0], caches[b][1], seqs, k, v, bs));
+  }
+  for (int kv = 0; kv < 2; ++kv) {
+    std::vector<uint8_t> bytes[2];
+    for (int b = 0; b < 2; ++b) {
+      bytes[b].resize(caches[b][kv].bytes());
+      PD_ASSERT_OK(backends[b]->Download(bytes[b].data(), caches[b][kv].data, bytes[b].size()));
+      PD_ASSERT_OK(backends[b]->Synchronize());
+    }
+    ASSERT_TRUE(bytes[0] == bytes[1]) << (kv == 0 ? "K" : "V") << " cache bytes differ";
+  }
+
+  // Two batches: a mixed one (the prompt's last 9 rows, causal among themselves, plus both
+  // decodes) and a decode-only one, which splits each head's positions over several blocks.
+  std::vector<absl::Span<const int32_t>> tables;
+  for (const KvSeq& s : seqs) tables.emplace_back(s.blocks);
+  const std::vector<int32_t> mixed_pos = {31, 32, 33, 34, 35, 36, 37, 38, 39, 700, 2000};
+  const std::vector<int32_t> mixed_seq = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2};
+  const std::vector<int32_t> decode_pos = {700, 2000}, decode_seq = {1, 2};
+  AttentionParams p{c.n_heads,  c.n_kv_heads,
+                    c.head_dim, 1.f / std::sqrt(static_cast<float>(c.head_dim)),
+                    c.window,   c.softcap};
+  for (int batch = 0; batch < 2; ++batch) {
+    const std::vector<int32_t>& pos = batch == 0 ? mixed_pos : decode_pos;
+    const std::vector<int32_t>& seq = batch == 0 ? mixed_seq : decode_seq;
+    SCOPED_TRACE(batch == 0 ? "mixed batch" : "decode batch");
+    const int64_t n = static_cast<int64_t>(pos.size()), cols = int64_t{c.n_heads} * c.head_dim;
+    const std::vector<float> q = RandomFloats(static_cast<size_t>(n * cols), 99);
+    KvBatch kvb{pos, seq, tables, bs, {}};
+    std::vector<float> results[2];
+    for (int b = 0; b < 2; ++b) {
+      Owned qt = Put(*backends[b], DType::kF32, n, cols, q.data());
+      // In place (out == q), as Model runs it.
+      PD_ASSERT_OK(backends[b]->Attention(qt.t, caches[b][0], caches[b][1], kvb, p, qt.t))
+          << backends[b]->name();
+      results[b] = Get(*backends[b], qt.t);
+    }
+    constexpr double u = 1.0 / (1 << 24);
+    const int group = c.n_heads / c.n_kv_heads;
+    int failures = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t lo = c.window > 0 ? std::max(0, pos[t] - c.window + 1) : 0;
+      const int64_t L = pos[t] - lo + 1;
+      for (int h = 0; h < c.n_heads; ++h) {
+        const int kvh = h / group;
+        const float* qh = q.data() + t * cols + int64_t{h} * c.head_dim;
+        double qn = 0;
+        for (int d = 0; d < c.head_dim; ++d) qn += double{qh[d]} * qh[d];
+        double kn_max = 0, v_max = 0, vn_max = 0;
+        for (int64_t pp = lo; pp <= pos[t]; ++pp) {
+          const float* kr = k[seq[t]].data() + pp * row + int64_t{kvh} * c.head_dim;
+          const float* vr = v[seq[t]].data() + pp * row + int64_t{kvh} * c.head_dim;
+          double kn = 0, vn = 0;
+          for (int d = 0; d < c.head_dim; ++d) {
+            kn += double{kr[d]} * kr[d];
+            vn += double{vr[d]} * vr[d];
+            v_max = std::max(v_max, std::fabs(double{vr[d]}));
+          }
+          kn_max = std::max(kn_max, kn);
+          vn_max = std::max(vn_max, vn);
+        }
+        const double ds =
+            (c.head_dim + 8) * u * std::sqrt(qn * kn_max) * p.scale + 4 * u * c.softcap;
+        const double vb = c.type == KvDType::kI8 ? std::sqrt(vn_max) : v_max;
+        const double tol = vb * (2 * ds + (2.0 * L + 48) * u) + 1e-7;
+        for (int d = 0; d < c.head_dim; ++d) {
+          const int64_t i = t * cols + int64_t{h} * c.head_dim + d;
+          if (!(std::fabs(double{results[1][i]} - results[0][i]) <= tol) && ++failures <= 10) {
+            ADD_FAILURE() << "token " << t << " (pos " << pos[t] << ") head " << h << " dim " << d
+                          << ": cuda " << results[1][i] << " vs cpu " << results[0][i]
+                          << " (tolerance " << tol << ")";
+          }
+        }
+      }
+    }
+    EXPECT_EQ(failures, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, CudaAttentionTest,
+    ::testing::Values(
+        // Gemma 3 270M: 4 heads on 1 KV head of 256; local layers see 512 positions.
+        AttnCase{"gemma3_f32", KvDType::kF32, 4, 1, 256, 16, 0, 0.f},
+        AttnCase{"gemma3_f16_local", KvDType::kF16, 4, 1, 256, 16, 512, 0.f},
+        AttnCase{"gemma3_int8", KvDType::kI8, 4, 1, 256, 16, 0, 0.f},
+        AttnCase{"gemma3_int8_local", KvDType::kI8, 4, 1, 256, 16, 512, 0.f},
+        // Llama 7B-style GQA (Llama 3 8B / Mistral: 32 heads on 8 KV heads of 128).
+        AttnCase{"llama_gqa_f16", KvDType::kF16, 32, 8, 128, 16, 0, 0.f},
+        AttnCase{"llama_gqa_f32", KvDType::kF32, 32, 8, 128, 32, 0, 0.f},
+        AttnCase{"llama_gqa_int8", KvDType::kI8, 32, 8, 128, 16, 0, 0.f},
+        // Gemma 2's logit softcap; an odd block size and a head of 80 (rotation blocks of 16).
+        AttnCase{"softcap_f16", KvDType::kF16, 8, 4, 128, 16, 0, 50.f},
+        AttnCase{"odd_blocks_int8", KvDType::kI8, 6, 2, 80, 7, 100, 30.f},
+        AttnCase{"odd_blocks_f16", KvDType::kF16, 6, 2, 80, 7, 0, 0.f}),
+    [](const ::testing::TestParamInfo<AttnCase>& info) { return std::string(info.param.name); });
+
+// INT8 scales sit right after the block's values; with 3 slots of 1 head of 18 values they start
+// at byte 54, not 4-byte aligned. StoreKv must still match the CPU's bytes.
+TEST_F(CudaBackendTest, StoreKvInt8WithUnalignedScales) {
+  const int bs = 3, hd = 18;
+  std::vector<KvSeq> seqs = {{7, {4, 0, 2}}};
+  std::vector<std::vector<float>> k = {RandomFloats(7 * hd, 101, -5.f, 5.f)};
+  std::vector<std::vector<float>> v = {RandomFloats(7 * hd, 102)};
+  for (int i = 0; i < hd; ++i) v[0][3 * hd + i] = 0.f;  // an all-zero head: scale 0, codes 0
+  std::vector<uint8_t> bytes[2][2];
+  Backend* backends[2] = {cpu_.get(), cuda_.get()};
+  for (int b = 0; b < 2; ++b) {
+    KvTensor kc{KvDType::kI8, 1, hd, bs, 5, nullptr}, vc = kc;
+    absl::StatusOr<std::unique_ptr<Buffer>> kb = backends[b]->Allocate(kc.bytes());
+    absl::StatusOr<std::unique_ptr<Buffer>> vb = backends[b]->Allocate(vc.bytes());
+    PD_ASSERT_OK(kb.status());
+    PD_ASSERT_OK(vb.status());
+    kc.data = (*kb)->data();
+    vc.data = (*vb)->data();
+    PD_ASSERT_OK(backends[b]->Zero(kc.data, kc.bytes()));
+    PD_ASSERT_OK(backends[b]->Zero(vc.data, vc.bytes()));
+    PD_ASSERT_OK(StoreHistory(*backends[b], kc, vc, seqs, k, v, bs));
+    for (int kv = 0; kv < 2; ++kv) {
+      const KvTensor& t = kv == 0 ? kc : vc;
+      bytes[b][kv].resize(t.bytes());
+      PD_ASSERT_OK(backends[b]->Download(bytes[b][kv].data(), t.data, t.bytes()));
+      PD_ASSERT_OK(backends[b]->Synchronize());
+    }
+  }
+  EXPECT_TRUE(bytes[0][0] == bytes[1][0]) << "K cache bytes differ";
+  EXPECT_TRUE(bytes[0][1] == bytes[1][1]) << "V cache bytes differ";
+}
+
+TEST_F(CudaBackendTest, KvOpsRejectBadBatchesAndNameWhatTheyLack) {
   Owned q = Put(*cuda_, DType::kF32, 1, 64, nullptr);
   Owned kv = Put(*cuda_, DType::kF32, 1, 64, nullptr);
   Owned out = Put(*cuda_, DType::kF32, 1, 64, nullptr);
-  auto cache = cuda_->Allocate(4096);
-  ASSERT_TRUE(cache.ok()) << cache.status();
-  KvTensor c{KvDType::kI8, 1, 64, 4, 2, (*cache)->data()};
-  const std::vector<int32_t> table = {0}, pos = {0}, seq = {0};
-  KvBatch b{pos, seq, {table}, 4};
+  absl::StatusOr<std::unique_ptr<Buffer>> kbuf = cuda_->Allocate(1 << 16);
+  absl::StatusOr<std::unique_ptr<Buffer>> vbuf = cuda_->Allocate(1 << 16);
+  PD_ASSERT_OK(kbuf.status());
+  PD_ASSERT_OK(vbuf.status());
+  KvTensor kc{KvDType::kF16, 1, 64, 4, 2, (*kbuf)->data()};
+  KvTensor vc{KvDType::kF16, 1, 64, 4, 2, (*vbuf)->data()};
+  const std::vector<int32_t> table = {1}, pos = {0}, seq = {0};
+  KvBatch b{pos, seq, {table}, 4, {}};
   AttentionParams p{1, 1, 64, 0.125f, 0, 0.f};
-  constexpr absl::StatusCode kUnimplemented = absl::StatusCode::kUnimplemented;
-  EXPECT_THAT(cuda_->StoreKv(kv.t, kv.t, c, c, b), StatusIs(kUnimplemented, "int8 KV"));
-  EXPECT_THAT(cuda_->Attention(q.t, c, c, b, p, out.t), StatusIs(kUnimplemented, "int8 KV"));
-  c.type = KvDType::kF16;
-  EXPECT_THAT(cuda_->Attention(q.t, c, c, b, p, out.t), StatusIs(kUnimplemented, "Attention"));
+  PD_EXPECT_OK(cuda_->StoreKv(kv.t, kv.t, kc, vc, b));
+  PD_EXPECT_OK(cuda_->Attention(q.t, kc, vc, b, p, out.t));
+  // A block id outside the cache, and a position past the table.
+  const std::vector<int32_t> far_table = {2};
+  KvBatch far{pos, seq, {far_table}, 4, {}};
+  EXPECT_THAT(cuda_->StoreKv(kv.t, kv.t, kc, vc, far),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  const std::vector<int32_t> late = {4};
+  KvBatch past{late, seq, {table}, 4, {}};
+  EXPECT_THAT(cuda_->Attention(q.t, kc, vc, past, p, out.t),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  // K and V caches of different types.
+  KvTensor v32{KvDType::kF32, 1, 64, 4, 2, (*vbuf)->data()};
+  EXPECT_THAT(cuda_->Attention(q.t, kc, v32, b, p, out.t),
+              StatusIs(absl::StatusCode::kUnimplemented, "f32 V cache"));
+  PD_EXPECT_OK(cuda_->Synchronize());
 }
 
 // ---- timing -------------------------------------------------------------------------------------
@@ -436,6 +1186,78 @@ TEST_F(CudaBackendTest, Timing) {
     const double bytes = 8.0 * rows * cols + 4.0 * cols;  // read x, write y, read w
     std::printf("[timing] RmsNorm rows=%-4lld cols=%lld %9.2f us/op %8.1f GB/s\n",
                 static_cast<long long>(rows), static_cast<long long>(cols), us, bytes / us * 1e-3);
+  }
+  // Quantized GEMV (decode, n = 1): Llama 7B's 4096 x 4096 projections and 11008 x 4096 gate/up.
+  // Bound by the weight bytes, which is what GB/s counts (activations and outputs are < 0.1%).
+  for (DType type : {DType::kQ4_K, DType::kQ8_0}) {
+    for (int64_t rows : {4096, 11008}) {
+      const int64_t cols = 4096;
+      const std::vector<uint8_t> wq = RandomWeights(type, rows, cols, 15);
+      Owned wt = MapW(*cuda_, type, rows, cols, wq.data());
+      const std::vector<float> x = RandomFloats(static_cast<size_t>(cols), 16);
+      Owned xt = Put(*cuda_, DType::kF32, 1, cols, x.data());
+      Owned y = Put(*cuda_, DType::kF32, 1, rows, nullptr);
+      absl::StatusOr<double> t =
+          MicrosPerOp(*cuda_, 500, [&] { return cuda_->MatMul(wt.t, xt.t, y.t); });
+      PD_ASSERT_OK(t.status());
+      const double us = *t;
+      const double bytes = static_cast<double>(wt.t.bytes());
+      std::printf("[timing] MatMul %s GEMV m=%lld k=%lld n=1 %9.2f us/op %8.1f GB/s (weights)\n",
+                  std::string(Traits(type).name).c_str(), static_cast<long long>(rows),
+                  static_cast<long long>(cols), us, bytes / us * 1e-3);
+    }
+  }
+
+  // Attention decode over an F16 cache: one token per sequence, every sequence `ctx` positions
+  // long. GB/s counts the K and V bytes each step must read once (n_seq * ctx * n_kv_heads *
+  // head_dim * 2 bytes, twice).
+  struct AttnTiming {
+    const char* model;
+    int n_heads, n_kv_heads, head_dim, n_seq, ctx;
+  };
+  for (const AttnTiming& a : {AttnTiming{"llama7b-gqa", 32, 8, 128, 1, 4096},
+                              AttnTiming{"llama7b-gqa", 32, 8, 128, 8, 1024},
+                              AttnTiming{"gemma3-270m", 4, 1, 256, 1, 4096},
+                              AttnTiming{"gemma3-270m", 4, 1, 256, 16, 1024}}) {
+    const int bs = 16;
+    const int blocks_per_seq = (a.ctx + bs - 1) / bs;
+    KvTensor kc{KvDType::kF16, a.n_kv_heads, a.head_dim, bs, int64_t{a.n_seq} * blocks_per_seq,
+                nullptr};
+    KvTensor vc = kc;
+    absl::StatusOr<std::unique_ptr<Buffer>> kb = cuda_->Allocate(kc.bytes());
+    absl::StatusOr<std::unique_ptr<Buffer>> vb = cuda_->Allocate(vc.bytes());
+    PD_ASSERT_OK(kb.status());
+    PD_ASSERT_OK(vb.status());
+    kc.data = (*kb)->data();
+    vc.data = (*vb)->data();
+    // Values do not change the time; zeros keep every score finite.
+    PD_ASSERT_OK(cuda_->Zero(kc.data, kc.bytes()));
+    PD_ASSERT_OK(cuda_->Zero(vc.data, vc.bytes()));
+    std::vector<std::vector<int32_t>> table_store(a.n_seq);
+    std::vector<absl::Span<const int32_t>> tables;
+    std::vector<int32_t> pos(a.n_seq, a.ctx - 1), seq(a.n_seq);
+    for (int s = 0; s < a.n_seq; ++s) {
+      seq[s] = s;
+      for (int b = 0; b < blocks_per_seq; ++b) table_store[s].push_back(s * blocks_per_seq + b);
+      tables.emplace_back(table_store[s]);
+    }
+    KvBatch kvb{pos, seq, tables, bs, {}};
+    AttentionParams p{a.n_heads,  a.n_kv_heads,
+                      a.head_dim, 1.f / std::sqrt(static_cast<float>(a.head_dim)),
+                      0,          0.f};
+    const int64_t cols = int64_t{a.n_heads} * a.head_dim;
+    const std::vector<float> q = RandomFloats(static_cast<size_t>(a.n_seq * cols), 17);
+    Owned qt = Put(*cuda_, DType::kF32, a.n_seq, cols, q.data());
+    Owned out = Put(*cuda_, DType::kF32, a.n_seq, cols, nullptr);
+    absl::StatusOr<double> t =
+        MicrosPerOp(*cuda_, 200, [&] { return cuda_->Attention(qt.t, kc, vc, kvb, p, out.t); });
+    PD_ASSERT_OK(t.status());
+    const double us = *t;
+    const double bytes = 2.0 * a.n_seq * a.ctx * a.n_kv_heads * a.head_dim * 2;
+    std::printf(
+        "[timing] Attention f16 decode %s heads=%d/%d head_dim=%d seqs=%d ctx=%d %9.2f "
+        "us/op %8.1f GB/s (KV)\n",
+        a.model, a.n_heads, a.n_kv_heads, a.head_dim, a.n_seq, a.ctx, us, bytes / us * 1e-3);
   }
   std::fflush(stdout);
 }

@@ -1,0 +1,31 @@
+// Elementwise ops on the device: Add, AddBias, SwiGlu, GeGlu and Scale over F32 arrays.
+//
+// Host-callable declarations only; safe to include from .cc files compiled by the host compiler.
+// All arrays are device F32, contiguous; y may alias any input (each element is read before it is
+// written, by the same thread). Each launcher enqueues on `stream` and returns the launch error.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace pd::engine::cuda {
+
+// y = a + b, n elements. Bit-exact with the CPU backend.
+cudaError_t LaunchAdd(const float* a, const float* b, int64_t n, float* y, cudaStream_t stream);
+
+// y[r, c] = x[r, c] + bias[c] for rows x cols. Bit-exact with the CPU backend.
+cudaError_t LaunchAddBias(const float* x, const float* bias, int64_t rows, int64_t cols, float* y,
+                          cudaStream_t stream);
+
+// y = g / (1 + exp(-g)) * u, n elements (expf within 2 ulp; the CPU uses ggml's vector expf).
+cudaError_t LaunchSwiGlu(const float* g, const float* u, int64_t n, float* y, cudaStream_t stream);
+
+// y = gelu(g) * u with the tanh GELU evaluated as ggml's f16 table holds it: 0 for g <= -10, g for
+// g >= 10, else gelu of g rounded to f16, computed in F32 and rounded to f16 again.
+cudaError_t LaunchGeGlu(const float* g, const float* u, int64_t n, float* y, cudaStream_t stream);
+
+// y = s * x, n elements. Bit-exact with the CPU backend.
+cudaError_t LaunchScale(const float* x, float s, int64_t n, float* y, cudaStream_t stream);
+
+}  // namespace pd::engine::cuda
