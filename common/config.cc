@@ -206,6 +206,19 @@ absl::Status ServeOptions::Validate() const {
     return absl::InvalidArgumentError(
         StrCat("model.backend: must be cpu or cuda (got '", model.backend, "')"));
   }
+  if (model.gpu_layers != "all" && model.gpu_layers != "auto" &&
+      (model.gpu_layers.empty() ||
+       model.gpu_layers.find_first_not_of("0123456789") != std::string::npos ||
+       model.gpu_layers.size() > 6)) {
+    return absl::InvalidArgumentError(StrCat(
+        "model.gpu_layers: must be all, auto or a layer count (got '", model.gpu_layers, "')"));
+  }
+  if (model.gpu_layers != "all" && model.backend != "cuda") {
+    return absl::InvalidArgumentError(
+        StrCat("model.gpu_layers: '", model.gpu_layers,
+               "' places layers on a GPU; it needs backend: cuda (the backend is ", model.backend,
+               ")"));
+  }
   PD_RETURN_IF_ERROR(Check(model.context >= 0, "model.context", "must be >= 0", model.context));
   PD_RETURN_IF_ERROR(Check(threads >= 0, "threads", "must be >= 0", threads));
   for (const auto& [name, l] :
@@ -403,6 +416,7 @@ absl::StatusOr<ServeOptions> ParseServeOptions(std::string_view yaml, std::strin
       m.Get("chat_template", &o.model.chat_template);
       m.Get("context", &o.model.context);
       m.Get("backend", &o.model.backend);
+      m.Get("gpu_layers", &o.model.gpu_layers);
       top.Merge(m);
     }
     top.Get("threads", &o.threads);

@@ -23,6 +23,10 @@ struct ModelConfigOptions {
   std::string chat_template;    // gemma | chatml | llama3 | llama2; "" = detected from the file
   int context = 0;              // prompt + max_tokens accepted; 0 = min(training context, 4096)
   std::string backend = "cpu";  // cpu | cuda
+  // backend: cuda only: the layers on the GPU, the rest on the CPU (docs/offload.md): "all"
+  // (every layer; the default), a count N (the last N layers), or "auto" (as many as the GPU's
+  // free memory holds, by the offload planner).
+  std::string gpu_layers = "all";
 };
 
 struct ListenOptions {

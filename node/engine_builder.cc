@@ -12,15 +12,67 @@
 #include "common/status.h"
 #include "common/strings.h"
 #include "engine/backend/cpu/kernels.h"
+#include "engine/backend/device_info.h"
 #include "engine/backend/kv_layout.h"
 #include "engine/model/model_finder.h"
 #include "engine/model/vocab_match.h"
+#include "engine/runtime/placement.h"
+#include "engine/runtime/planner.h"
 #include "engine/quant/quantize/draft_model.h"
 #include "engine/quant/quantize/progress.h"
 #include "engine/spec/draft_model.h"
 #include "engine/spec/ngram.h"
 
 namespace pd::node {
+namespace {
+
+// The GPU layers `options.gpu_layers` asks for: every layer, a count, or the planner's fit to the
+// device's free memory (less a tenth for the CUDA context and fragmentation).
+absl::StatusOr<int> GpuLayers(const EngineOptions& options, const engine::GgufFile& file,
+                              const engine::ModelConfig& c, int context) {
+  int n = c.n_layer;
+  if (options.gpu_layers != "all" && options.gpu_layers != "auto") {
+    if (options.gpu_layers.empty() ||
+        options.gpu_layers.find_first_not_of("0123456789") != std::string::npos ||
+        options.gpu_layers.size() > 6 || (n = std::stoi(options.gpu_layers)) > c.n_layer) {
+      return absl::InvalidArgumentError(StrCat("gpu_layers: must be all, auto or a count in [0, ",
+                                               c.n_layer, "] (got '", options.gpu_layers, "')"));
+    }
+  }
+  PD_ASSIGN_OR_RETURN(const engine::CudaDeviceInfo dev, engine::GetCudaDeviceInfo(0));
+  engine::PlanRequest req;
+  req.gpu_bytes = dev.free_bytes / 10 * 9;
+  req.ctx = context;
+  const size_t one_seq = engine::LayerKvBytes(c, context, engine::KvDType::kF16, 16) * c.n_layer;
+  req.batch = options.kv_bytes > 0
+                  ? std::max<int>(1, static_cast<int>(static_cast<size_t>(options.kv_bytes) /
+                                                      std::max<size_t>(one_seq, 1)))
+                  : 1;
+  const engine::ModelFootprint footprint = engine::FootprintOf(file, c);
+  if (options.gpu_layers != "auto") {
+    // A fixed count: refuse at start, with the numbers, what the GPU cannot hold.
+    PD_ASSIGN_OR_RETURN(const engine::Plan fixed, engine::PlanFixed(c, footprint, req, n));
+    if (fixed.gpu_total() > req.gpu_bytes) {
+      return absl::ResourceExhaustedError(StrCat(
+          n, " of ", c.n_layer, " layers need ", fixed.gpu_total() >> 20, " MiB on ", dev.name,
+          " (weights ", fixed.gpu_weight_bytes >> 20, ", KV ", fixed.gpu_kv_bytes >> 20,
+          ", buffers ", (fixed.activation_bytes + fixed.workspace_bytes) >> 20, "); ",
+          req.gpu_bytes >> 20, " MiB are free to use: set gpu_layers: auto (or fewer), a "
+          "smaller context or KV budget (`pdctl plan` shows the options)"));
+    }
+    return n;
+  }
+  absl::StatusOr<engine::Plan> plan = engine::PlanOffload(c, footprint, req);
+  if (!plan.ok()) {
+    return absl::Status(plan.status().code(),
+                        StrCat("gpu_layers auto on ", dev.name, ": ", plan.status().message()));
+  }
+  PD_LOG(kInfo, "gpu_layers auto: ", plan->gpu_layers, " of ", c.n_layer, " layers fit in ",
+         req.gpu_bytes >> 20, " MiB of ", dev.name, " (", plan->gpu_total() >> 20, " MiB used)");
+  return plan->gpu_layers;
+}
+
+}  // namespace
 
 absl::StatusOr<Engine> BuildEngine(const EngineOptions& options) {
   if (options.backend != "cpu" && options.backend != "cuda") {
@@ -34,19 +86,44 @@ absl::StatusOr<Engine> BuildEngine(const EngineOptions& options) {
   }
   PD_ASSIGN_OR_RETURN(e.file, engine::GgufFile::Open(e.model_path));
   PD_RETURN_IF_ERROR(engine::Model::CheckBackend(*e.file, options.backend));
-  if (options.backend == "cuda") {
-    PD_ASSIGN_OR_RETURN(e.backend, engine::CreateCudaBackend(0));
-    e.kernels = "cuda";
-  } else {
+  if (options.gpu_layers != "all" && options.backend != "cuda") {
+    return absl::InvalidArgumentError(StrCat("gpu_layers '", options.gpu_layers,
+                                             "' needs backend cuda (the backend is ",
+                                             options.backend, ")"));
+  }
+  const auto make_cpu = [&]() -> absl::StatusOr<std::unique_ptr<engine::Backend>> {
     PD_RETURN_IF_ERROR(engine::cpu::CpuIsaCapFromEnv().status());
     engine::CpuBackendOptions cpu;
     cpu.threads = options.threads;
     cpu.force_scalar = options.force_scalar;
-    e.backend = engine::CreateCpuBackend(cpu);
+    return engine::CreateCpuBackend(cpu);
+  };
+  if (options.backend == "cuda") {
+    PD_ASSIGN_OR_RETURN(const engine::ModelConfig c, engine::ModelConfig::FromGguf(*e.file));
+    const int context =
+        options.context > 0 ? options.context : engine::DefaultContext(c.n_ctx_train);
+    PD_ASSIGN_OR_RETURN(const int gpu_layers, GpuLayers(options, *e.file, c, context));
+    PD_ASSIGN_OR_RETURN(e.backend, engine::CreateCudaBackend(0));
+    e.kernels = "cuda";
+    if (gpu_layers < c.n_layer) {
+      PD_ASSIGN_OR_RETURN(e.host_backend, make_cpu());
+      e.kernels = StrCat("cuda + ", engine::cpu::KernelSetName(
+                                        engine::cpu::SelectKernels(options.force_scalar)));
+      engine::Backend* const backends[] = {e.backend.get(), e.host_backend.get()};
+      const engine::LayerPlacement placement = engine::LayerPlacement::Offload(c.n_layer, gpu_layers);
+      e.placement = placement.Describe({std::string(e.backend->name()), "cpu"});
+      PD_ASSIGN_OR_RETURN(e.model, engine::Model::Load(e.file, backends, placement));
+      e.context = context;
+      PD_LOG(kInfo, "placement: ", e.placement);
+      return e;
+    }
+  } else {
+    PD_ASSIGN_OR_RETURN(e.backend, make_cpu());
     e.kernels = std::string(
         engine::cpu::KernelSetName(engine::cpu::SelectKernels(options.force_scalar)));
   }
   PD_ASSIGN_OR_RETURN(e.model, engine::Model::Load(e.file, *e.backend));
+  e.placement = StrCat("every layer on ", e.backend->name());
   e.context =
       options.context > 0 ? options.context : engine::DefaultContext(e.model->config().n_ctx_train);
   return e;
@@ -56,6 +133,8 @@ EngineOptions EngineOptionsFrom(const ServeOptions& o) {
   EngineOptions e;
   e.model_path = o.model.path;
   e.backend = o.model.backend;
+  e.gpu_layers = o.model.gpu_layers;
+  e.kv_bytes = o.kv.memory_mib << 20;
   e.threads = o.threads;
   e.context = o.model.context;
   return e;
@@ -180,6 +259,7 @@ absl::StatusOr<ServingEngine> BuildServingEngine(const ServeOptions& o,
   }
   ServingEngine e;
   e.backend = std::move(built.backend);
+  e.host_backend = std::move(built.host_backend);
   e.file = std::move(built.file);
   e.model_path = std::move(built.model_path);
   e.kernels = std::move(built.kernels);

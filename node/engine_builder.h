@@ -28,11 +28,20 @@ struct EngineOptions {
   int threads = 0;              // CPU backend threads; 0 = all cores
   bool force_scalar = false;    // CPU backend: the portable kernels even with AVX2
   int context = 0;              // tokens per sequence; 0 = engine::DefaultContext()
+  // backend cuda: "all", a count of GPU layers (the last ones), or "auto" (the offload planner,
+  // engine/runtime/planner.h, over the GPU's free memory). The other layers run on a CPU backend.
+  std::string gpu_layers = "all";
+  // For "auto": the KV bytes the engine will allocate over all layers (0 = one sequence of the
+  // context).
+  int64_t kv_bytes = 0;
 };
 
 // A model loaded on its backend.
 struct Engine {
   std::unique_ptr<engine::Backend> backend;
+  // The CPU backend of the layers a GPU does not hold (gpu_layers below the model's); else null.
+  // Declared after `backend` so that it goes first.
+  std::unique_ptr<engine::Backend> host_backend;
   std::shared_ptr<engine::GgufFile> file;
   std::unique_ptr<engine::Model> model;
   std::string model_path;  // the file actually loaded
@@ -40,12 +49,14 @@ struct Engine {
   // The kernels that run, for logs and benchmark records: the CPU backend's kernel set
   // (engine/backend/cpu/kernels.h KernelSetName: scalar, avx2, avx512, avx512-vnni) or "cuda".
   std::string kernels;
+  std::string placement;  // "every layer on cpu" / "layers 0-9 on cpu, 10-31 on cuda:0 (...)"
 };
 
 // Finds the model, checks that the backend runs every op it needs (UNIMPLEMENTED naming the
 // missing ops, before any device is touched), creates the backend, maps and loads the weights.
 // Errors: NOT_FOUND (no model), INVALID_ARGUMENT (unknown backend, malformed file, a bad
-// PDSERVE_CPU_ISA), UNIMPLEMENTED, UNAVAILABLE (no GPU for cuda).
+// PDSERVE_CPU_ISA, a bad gpu_layers), UNIMPLEMENTED, UNAVAILABLE (no GPU for cuda),
+// RESOURCE_EXHAUSTED (the GPU cannot hold the layers asked of it, with the numbers).
 absl::StatusOr<Engine> BuildEngine(const EngineOptions& options);
 
 // The config's model / backend / threads / context as EngineOptions.
@@ -54,6 +65,7 @@ EngineOptions EngineOptionsFrom(const ServeOptions& o);
 // A serving process's engine: the model under a started Scheduler.
 struct ServingEngine {
   std::unique_ptr<engine::Backend> backend;
+  std::unique_ptr<engine::Backend> host_backend;  // Engine::host_backend
   std::shared_ptr<engine::GgufFile> file;
   std::unique_ptr<engine::Scheduler> scheduler;
   std::string model_path;

@@ -141,6 +141,13 @@ int NodeMain(const std::string& name, std::unique_ptr<NodeRole> role, int argc, 
   bool no_http = false;
   app.add_option("--config", config, "YAML config file (configs/serve.yaml lists every field)");
   auto* o_model = app.add_option("-m,--model", model, "GGUF model file");
+  std::string backend, gpu_layers;
+  auto* o_backend =
+      app.add_option("--backend", backend, "compute backend: cpu or cuda (model.backend)");
+  auto* o_gpu_layers = app.add_option(
+      "--gpu-layers", gpu_layers,
+      "with --backend cuda: all, auto (what the GPU's free memory holds) or N (the last N "
+      "layers); the rest run on the CPU (model.gpu_layers)");
   auto* o_grpc_host = app.add_option("--grpc-host", grpc_host, "gRPC listen address");
   auto* o_grpc_port = app.add_option("--grpc-port", grpc_port, "gRPC port (0 = a free one)");
   auto* o_http_port = app.add_option("--http-port", http_port, "/metrics port (0 = a free one)");
@@ -172,6 +179,8 @@ int NodeMain(const std::string& name, std::unique_ptr<NodeRole> role, int argc, 
   }
   ServeOptions o = *std::move(loaded);
   if (o_model->count()) o.model.path = model;
+  if (o_backend->count()) o.model.backend = backend;
+  if (o_gpu_layers->count()) o.model.gpu_layers = gpu_layers;
   if (o_grpc_host->count()) o.grpc.host = grpc_host;
   if (o_grpc_port->count()) o.grpc.port = grpc_port;
   if (o_http_port->count()) o.http.port = http_port;

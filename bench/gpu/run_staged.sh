@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the staged CUDA backend test on a GPU machine (see stage.sh), then the same MatMul f16 and
-# RmsNorm shapes through PyTorch on the same GPU as the reference, and prints one table:
+# RmsNorm shapes through PyTorch on the same GPU as the reference, then the whole-model test
+# (cuda_model_test: parity, offload splits, decode/prefill bench), and prints the tables:
 # ours, PyTorch, the ratio, and the physical limit (HBM bytes / bandwidth for the memory-bound
 # shapes, FLOPs / dense F16 tensor peak for the large one).
 #
@@ -28,5 +29,13 @@ RC=${PIPESTATUS[0]}
 grep -q "no CUDA backend:" "$STAGE/test.log" && { grep -m1 "no CUDA backend:" "$STAGE/test.log"; exit 3; }
 echo "==== reference (PyTorch) and table"
 python3 "$STAGE/torch_reference.py" "$STAGE/test.log" || echo "(PyTorch reference failed: see above)"
+# Whole models: GPU against CPU, offload splits against the planner, the decode/prefill bench.
+# Synthetic models are written (once) into PD_GPU_MODEL_DIR; the step is capped at 300 s so the
+# whole script stays under 8 minutes.
+echo "==== cuda_model_test (models, placement, bench)"
+export PD_GPU_MODEL_DIR="${PD_GPU_MODEL_DIR:-/tmp/pd-gpu-models}" PD_GPU_BENCH=1
+timeout 300 "$STAGE/cuda_model_test" --gtest_color=no 2>&1 | tee "$STAGE/model_test.log"
+RC2=${PIPESTATUS[0]}
 ((RC == 0)) || { echo "cuda_backend_test FAILED (exit $RC)"; exit 1; }
+((RC2 == 0)) || { echo "cuda_model_test FAILED (exit $RC2; 124 = over its 300 s)"; exit 1; }
 echo "GPU CHECKS PASSED"

@@ -5,8 +5,9 @@
 #
 #   bench/gpu/stage.sh [STAGE_DIR]          # default: <repo>/.gpu-stage
 #
-# The stage holds cuda_backend_test, the Abseil shared libraries it links (Debian's), and
-# run_staged.sh. cuBLAS and the CUDA runtime are NOT copied (hundreds of MiB): run_staged.sh
+# The stage holds cuda_backend_test (op parity and timings), cuda_model_test (whole models, CPU
+# offload splits, the decode/prefill bench), the shared libraries they link (Debian's Abseil),
+# and run_staged.sh. cuBLAS and the CUDA runtime are NOT copied (hundreds of MiB): run_staged.sh
 # finds the GPU machine's own copies of the same major version (libcublas.so.13). The stage is
 # about 5 MiB; add it to .git/info/exclude so it never lands in a commit.
 set -euo pipefail
@@ -17,12 +18,14 @@ if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
   cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPDSERVE_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90
 fi
-cmake --build "$BUILD" --target cuda_backend_test -j "${PD_JOBS:-2}"
+cmake --build "$BUILD" --target cuda_backend_test cuda_model_test -j "${PD_JOBS:-2}"
 rm -rf "$STAGE" && mkdir -p "$STAGE/lib"
-cp "$BUILD/tests/cuda_backend_test" "$STAGE/"
-# Every shared library outside the CUDA toolkit and glibc/libstdc++ goes along.
-ldd "$STAGE/cuda_backend_test" | awk '$3 ~ /^\// {print $3}' \
-  | grep -v -E '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+)\.so|/cuda' \
-  | while read -r lib; do cp -L "$lib" "$STAGE/lib/"; done
+for bin in cuda_backend_test cuda_model_test; do
+  cp "$BUILD/tests/$bin" "$STAGE/"
+  # Every shared library outside the CUDA toolkit and glibc/libstdc++ goes along.
+  ldd "$STAGE/$bin" | awk '$3 ~ /^\// {print $3}' \
+    | grep -v -E '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+)\.so|/cuda' \
+    | while read -r lib; do cp -L "$lib" "$STAGE/lib/"; done
+done
 cp "$ROOT/bench/gpu/run_staged.sh" "$ROOT/bench/gpu/torch_reference.py" "$STAGE/"
 echo "staged in $STAGE: $(du -sh "$STAGE" | cut -f1), $(ls "$STAGE/lib" | wc -l) libraries"

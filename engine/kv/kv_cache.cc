@@ -1,5 +1,6 @@
 #include "engine/kv/kv_cache.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/status.h"
@@ -37,6 +38,12 @@ size_t KvCache::BytesFor(const KvCacheOptions& o) {
 
 absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o,
                                                          Backend& backend) {
+  const std::vector<Backend*> all(static_cast<size_t>(std::max(o.n_layer, 0)), &backend);
+  return Create(o, absl::MakeConstSpan(all));
+}
+
+absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(
+    const KvCacheOptions& o, absl::Span<Backend* const> layer_backends) {
   if (o.n_layer <= 0 || o.n_kv_heads <= 0 || o.head_dim <= 0 || o.block_size <= 0 ||
       o.n_blocks <= 0) {
     return absl::InvalidArgumentError(pd::StrCat(
@@ -51,20 +58,31 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
     return absl::InvalidArgumentError(pd::StrCat("prefix cache compress_idle_ms must be >= 0, got ",
                                                  o.prefix_cache.compress_idle_ms));
   }
-  if (o.prefix_cache.compress_idle_ms > 0 && (o.dtype != KvDType::kF16 || !backend.host_memory())) {
+  if (layer_backends.size() != static_cast<size_t>(o.n_layer) ||
+      std::find(layer_backends.begin(), layer_backends.end(), nullptr) != layer_backends.end()) {
+    return absl::InvalidArgumentError(pd::StrCat("KV cache: ", layer_backends.size(),
+                                                 " layer backends given (none may be null) for ",
+                                                 o.n_layer, " layers"));
+  }
+  bool host = true;
+  for (Backend* b : layer_backends) host = host && b->host_memory();
+  if (o.prefix_cache.compress_idle_ms > 0 && (o.dtype != KvDType::kF16 || !host)) {
     return absl::InvalidArgumentError(
         pd::StrCat("prefix cache compression (compress_idle_ms ", o.prefix_cache.compress_idle_ms,
                    ") needs an f16 KV cache in host memory (the CPU backend); this cache is ",
-                   KvDTypeName(o.dtype), " on ", backend.name()));
+                   KvDTypeName(o.dtype), " on ", layer_backends.front()->name()));
   }
   if (o.prefix_cache.min_free_blocks < 0 || o.prefix_cache.summary_blocks < 0) {
     return absl::InvalidArgumentError(pd::StrCat(
         "prefix cache options must be >= 0: min_free_blocks ", o.prefix_cache.min_free_blocks,
         ", summary_blocks ", o.prefix_cache.summary_blocks));
   }
-  std::unique_ptr<KvCache> c(new KvCache(backend));
+  std::unique_ptr<KvCache> c(new KvCache());
   c->options_ = o;
+  c->backends_.assign(layer_backends.begin(), layer_backends.end());
+  c->host_memory_ = host;
   for (int l = 0; l < o.n_layer; ++l) {
+    Backend& backend = *layer_backends[l];
     for (int kv = 0; kv < 2; ++kv) {
       KvTensor t = LayerTensor(o);
       PD_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buf, backend.Allocate(t.bytes()));
@@ -218,8 +236,8 @@ absl::StatusOr<char*> KvCache::BlockAddress(int64_t seq, int layer, int block_in
 absl::Status KvCache::Export(int64_t seq, int layer, int block_index, KvPart part, void* host_dst,
                              size_t bytes) {
   PD_ASSIGN_OR_RETURN(char* src, BlockAddress(seq, layer, block_index, part, host_dst, bytes));
-  PD_RETURN_IF_ERROR(backend_.Download(host_dst, src, bytes));
-  return backend_.Synchronize();
+  PD_RETURN_IF_ERROR(backends_[layer]->Download(host_dst, src, bytes));
+  return backends_[layer]->Synchronize();
 }
 
 absl::Status KvCache::Import(int64_t seq, int layer, int block_index, KvPart part,
@@ -230,7 +248,7 @@ absl::Status KvCache::Import(int64_t seq, int layer, int block_index, KvPart par
         pd::StrCat("KV import: block ", block_index, " of sequence ", seq,
                    " is shared or in the prefix cache; it cannot be overwritten"));
   }
-  return backend_.Upload(dst, host_src, bytes);
+  return backends_[layer]->Upload(dst, host_src, bytes);
 }
 
 }  // namespace pd::engine

@@ -64,6 +64,10 @@ class KvCache {
   // INVALID_ARGUMENT on bad options, RESOURCE_EXHAUSTED when the backend has no room.
   static absl::StatusOr<std::unique_ptr<KvCache>> Create(const KvCacheOptions& options,
                                                          Backend& backend);
+  // Each layer's K/V on its own backend: layer_backends[l] (options.n_layer entries, none null;
+  // Model::LayerBackends gives a placed model's). The block tables are shared by all layers.
+  static absl::StatusOr<std::unique_ptr<KvCache>> Create(
+      const KvCacheOptions& options, absl::Span<Backend* const> layer_backends);
   // Bytes a cache with these options occupies (for sizing from a memory budget), scales included.
   static size_t BytesFor(const KvCacheOptions& options);
   // Bytes of one block of one layer for these options.
@@ -111,7 +115,8 @@ class KvCache {
   absl::StatusOr<std::vector<KvSpan>> ExportSpans(int64_t seq, int layer) const;
   // True when ExportSpans' pointers are host memory (the CPU backend): another thread may then
   // write a reserved sequence's blocks through them (engine/kv/kv_write_fence.h).
-  bool host_memory() const { return backend_.host_memory(); }
+  // (Every layer's backend must be the CPU's.)
+  bool host_memory() const { return host_memory_; }
   // Copies block `block_index` of `seq` (K or V of `layer`) into `host_dst`, which holds `bytes`
   // == BlockBytes().span() bytes. Errors as Import.
   absl::Status Export(int64_t seq, int layer, int block_index, KvPart part, void* host_dst,
@@ -133,12 +138,13 @@ class KvCache {
   KvTensor& v(int layer) { return v_[layer]; }
 
  private:
-  explicit KvCache(Backend& backend) : backend_(backend) {}
+  KvCache() = default;
   // The address of one block's K or V range after validating the arguments (see Import).
   absl::StatusOr<char*> BlockAddress(int64_t seq, int layer, int block_index, KvPart part,
                                      const void* host, size_t bytes) const;
 
-  Backend& backend_;
+  std::vector<Backend*> backends_;  // per layer
+  bool host_memory_ = true;
   KvCacheOptions options_;
   std::vector<std::unique_ptr<Buffer>> buffers_;
   std::vector<KvTensor> k_, v_;

@@ -1,5 +1,6 @@
 #include "engine/model/weights.h"
 
+#include <algorithm>
 #include <string>
 
 #include "common/status.h"
@@ -16,12 +17,16 @@ std::string ShapeStr(const std::vector<int64_t>& s) {
 
 class Loader {
  public:
-  Loader(const GgufFile& f, Backend& b, std::vector<std::unique_ptr<Buffer>>& storage, size_t& bytes)
-      : f_(f), b_(b), storage_(storage), bytes_(bytes) {}
+  Loader(const GgufFile& f, std::vector<std::unique_ptr<Buffer>>& storage, size_t& bytes)
+      : f_(f), storage_(storage), bytes_(bytes) {}
 
-  // Finds `name` with ggml shape {cols, rows} (rows == 0 for 1-D) and maps it.
+  // The backend the next Get()s map onto.
+  void set_backend(Backend& b) { b_ = &b; }
+
+  // Finds `name` with ggml shape {cols, rows} (rows == 0 for 1-D) and maps it; `count`: whether
+  // its bytes add to the total (false for a second mapping of the same tensor).
   absl::StatusOr<Tensor> Get(const std::string& name, int64_t cols, int64_t rows,
-                             bool float_only = false, bool optional = false) {
+                             bool float_only = false, bool optional = false, bool count = true) {
     const GgufTensorInfo* t = f_.FindTensor(name);
     if (t == nullptr) {
       if (optional) return Tensor{};
@@ -40,15 +45,15 @@ class Loader {
     }
     Tensor host{t->type, cols, rows > 0 ? rows : 1, const_cast<uint8_t*>(t->data)};
     std::unique_ptr<Buffer> buf;
-    PD_ASSIGN_OR_RETURN(Tensor mapped, b_.MapWeights(host, &buf));
+    PD_ASSIGN_OR_RETURN(Tensor mapped, b_->MapWeights(host, &buf));
     if (buf) storage_.push_back(std::move(buf));
-    bytes_ += t->nbytes;
+    if (count) bytes_ += t->nbytes;
     return mapped;
   }
 
  private:
   const GgufFile& f_;
-  Backend& b_;
+  Backend* b_ = nullptr;
   std::vector<std::unique_ptr<Buffer>>& storage_;
   size_t& bytes_;
 };
@@ -57,15 +62,36 @@ class Loader {
 
 absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(const GgufFile& f, const ModelConfig& c,
                                                        Backend& backend) {
+  const std::vector<Backend*> all(static_cast<size_t>(std::max(c.n_layer, 0)), &backend);
+  return Load(f, c, absl::MakeConstSpan(all));
+}
+
+absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(const GgufFile& f, const ModelConfig& c,
+                                                       absl::Span<Backend* const> layer_backends) {
+  if (c.n_layer <= 0 || layer_backends.size() != static_cast<size_t>(c.n_layer) ||
+      std::find(layer_backends.begin(), layer_backends.end(), nullptr) != layer_backends.end()) {
+    return absl::InvalidArgumentError(pd::StrCat("weights: ", layer_backends.size(),
+                                                 " layer backends (none may be null) for ",
+                                                 c.n_layer, " layers"));
+  }
   std::unique_ptr<Weights> w(new Weights());
-  Loader L(f, backend, w->storage_, w->total_bytes);
+  Loader L(f, w->storage_, w->total_bytes);
   const int64_t q_dim = int64_t{c.n_head} * c.head_dim;
   const int64_t kv_dim = int64_t{c.n_head_kv} * c.head_dim;
+  Backend& embd_backend = *layer_backends.front();
+  Backend& head_backend = *layer_backends.back();
 
+  L.set_backend(embd_backend);
   PD_ASSIGN_OR_RETURN(w->token_embd, L.Get("token_embd.weight", c.n_embd, c.n_vocab));
+  L.set_backend(head_backend);
   PD_ASSIGN_OR_RETURN(w->output_norm, L.Get("output_norm.weight", c.n_embd, 0, true));
   if (c.tied_output) {
-    w->output = w->token_embd;
+    if (&head_backend == &embd_backend) {
+      w->output = w->token_embd;
+    } else {
+      PD_ASSIGN_OR_RETURN(w->output, L.Get("token_embd.weight", c.n_embd, c.n_vocab, false, false,
+                                           /*count=*/false));
+    }
   } else {
     // A draft's restricted head has one row per listed token (ModelConfig::head_tokens).
     const int64_t head_rows =
@@ -85,6 +111,7 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(const GgufFile& f, const 
   w->layers.resize(c.n_layer);
   for (int i = 0; i < c.n_layer; ++i) {
     LayerWeights& l = w->layers[i];
+    L.set_backend(*layer_backends[i]);
     const std::string p = pd::StrCat("blk.", i, ".");
     PD_ASSIGN_OR_RETURN(l.attn_norm, L.Get(p + "attn_norm.weight", c.n_embd, 0, true));
     PD_ASSIGN_OR_RETURN(l.wq, L.Get(p + "attn_q.weight", c.n_embd, q_dim));

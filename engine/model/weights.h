@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "engine/backend/backend.h"
 #include "engine/model/gguf.h"
 #include "engine/model/model_config.h"
@@ -31,13 +32,20 @@ class Weights {
   static absl::StatusOr<std::unique_ptr<Weights>> Load(const GgufFile& file,
                                                        const ModelConfig& config,
                                                        Backend& backend);
+  // Layer l's tensors on layer_backends[l] (config.n_layer entries, none null); the token
+  // embedding on layer 0's backend, the output norm and head on the last layer's (a tied head is
+  // mapped a second time there when the two differ).
+  static absl::StatusOr<std::unique_ptr<Weights>> Load(const GgufFile& file,
+                                                       const ModelConfig& config,
+                                                       absl::Span<Backend* const> layer_backends);
 
   Tensor token_embd;   // [n_vocab, n_embd]
   Tensor output_norm;  // F32 [1, n_embd]
   Tensor output;       // [n_vocab, n_embd] (a draft's: [head_tokens, n_embd]); token_embd if tied
+                       // and the head shares the embedding's backend
   std::vector<float> rope_freq_factors;  // host, rope_dim/2 values, or empty
   std::vector<LayerWeights> layers;
-  size_t total_bytes = 0;  // bytes of all weight tensors
+  size_t total_bytes = 0;  // bytes of all weight tensors (a tied head counted once)
 
  private:
   Weights() = default;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
 
@@ -53,10 +54,29 @@ void Batch::AddOrdered(int32_t token, int32_t position, int64_t seq_id, bool wan
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(std::shared_ptr<const GgufFile> file,
                                                    Backend& backend) {
-  std::unique_ptr<Model> m(new Model(std::move(file), backend));
+  Backend* const one[] = {&backend};
+  PD_ASSIGN_OR_RETURN(const ModelConfig c, ModelConfig::FromGguf(*file));
+  return Load(std::move(file), one, LayerPlacement::Single(c.n_layer));
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(std::shared_ptr<const GgufFile> file,
+                                                   absl::Span<Backend* const> backends,
+                                                   const LayerPlacement& placement) {
+  std::unique_ptr<Model> m(new Model(std::move(file)));
   PD_ASSIGN_OR_RETURN(m->config_, ModelConfig::FromGguf(*m->file_));
-  PD_RETURN_IF_ERROR(CheckBackend(*m->file_, m->config_, BackendKind(backend.name())));
-  PD_ASSIGN_OR_RETURN(m->weights_, Weights::Load(*m->file_, m->config_, backend));
+  PD_ASSIGN_OR_RETURN(m->layer_backends_,
+                      engine::LayerBackends(placement, m->config_.n_layer, backends));
+  m->backends_.assign(backends.begin(), backends.end());
+  m->placement_ = placement;
+  for (int l = 0; l < m->config_.n_layer; ++l) {
+    m->layer_backend_index_.push_back(placement.BackendOf(l));
+  }
+  for (const LayerPlacement::Range& r : placement.ranges) {
+    PD_RETURN_IF_ERROR(
+        CheckBackend(*m->file_, m->config_, BackendKind(backends[r.backend]->name())));
+  }
+  PD_ASSIGN_OR_RETURN(m->weights_, Weights::Load(*m->file_, m->config_, m->layer_backends_));
+  m->scratch_.resize(backends.size());
   return m;
 }
 
@@ -112,39 +132,68 @@ absl::Status Model::EnsureScratch(int64_t n_tokens, int64_t n_out) {
   const int64_t kv_dim = int64_t{c.n_head_kv} * c.head_dim;
   const int64_t cols[kNumSlots] = {c.n_embd, c.n_embd, q_dim,  kv_dim,   kv_dim,   q_dim,
                                    c.n_embd, c.n_ff,   c.n_ff, c.n_embd, c.n_embd, HeadRows()};
-  scratch_.clear();
-  for (int s = 0; s < kNumSlots; ++s) {
-    const int64_t rows = s >= kOutX ? n_out : n_tokens;
-    PD_ASSIGN_OR_RETURN(auto buf, backend_.Allocate(sizeof(float) * cols[s] * std::max<int64_t>(rows, 1)));
-    scratch_.push_back(std::move(buf));
+  const int head = layer_backend_index_.back();
+  for (size_t bi = 0; bi < backends_.size(); ++bi) {
+    std::vector<std::unique_ptr<Buffer>>& slots = scratch_[bi];
+    slots.clear();
+    if (std::find(layer_backend_index_.begin(), layer_backend_index_.end(), int(bi)) ==
+        layer_backend_index_.end()) {
+      continue;  // no layer runs there
+    }
+    for (int s = 0; s < kNumSlots; ++s) {
+      if (s >= kOutX && static_cast<int>(bi) != head) {
+        slots.push_back(nullptr);  // the output head runs on the last layer's backend only
+        continue;
+      }
+      const int64_t rows = s >= kOutX ? n_out : n_tokens;
+      PD_ASSIGN_OR_RETURN(auto buf, backends_[bi]->Allocate(sizeof(float) * cols[s] *
+                                                            std::max<int64_t>(rows, 1)));
+      slots.push_back(std::move(buf));
+    }
   }
   scratch_tokens_ = n_tokens;
   scratch_out_ = n_out;
   return absl::OkStatus();
 }
 
-Tensor Model::Scratch(int index, int64_t cols, int64_t rows) {
-  return Tensor{DType::kF32, cols, rows, scratch_[index]->data()};
+Tensor Model::Scratch(int backend, int index, int64_t cols, int64_t rows) {
+  return Tensor{DType::kF32, cols, rows, scratch_[backend][index]->data()};
 }
 
-absl::Status Model::Linear(const Tensor& w, const char* name, int layer, const Tensor& x,
-                           Tensor& y, absl::Span<const uint8_t> row_orders) {
+absl::Status Model::HandOff(int from, int to, int64_t n) {
+  const Tensor src = Scratch(from, kX, config_.n_embd, n);
+  const Tensor dst = Scratch(to, kX, config_.n_embd, n);
+  Backend& a = *backends_[from];
+  Backend& b = *backends_[to];
+  if (a.host_memory() && b.host_memory()) {
+    PD_RETURN_IF_ERROR(a.Synchronize());
+    std::memcpy(dst.data, src.data, src.bytes());
+    return absl::OkStatus();
+  }
+  handoff_.resize(static_cast<size_t>(src.numel()));
+  PD_RETURN_IF_ERROR(a.Download(handoff_.data(), src.data, src.bytes()));
+  PD_RETURN_IF_ERROR(a.Synchronize());
+  return b.Upload(dst.data, handoff_.data(), dst.bytes());
+}
+
+absl::Status Model::Linear(Backend& b, const Tensor& w, const char* name, int layer,
+                           const Tensor& x, Tensor& y, absl::Span<const uint8_t> row_orders) {
   if (observer_ != nullptr) {
     observe_buf_.resize(static_cast<size_t>(x.numel()));
-    PD_RETURN_IF_ERROR(backend_.Download(observe_buf_.data(), x.data, x.bytes()));
-    PD_RETURN_IF_ERROR(backend_.Synchronize());
+    PD_RETURN_IF_ERROR(b.Download(observe_buf_.data(), x.data, x.bytes()));
+    PD_RETURN_IF_ERROR(b.Synchronize());
     const std::string full = layer >= 0 ? pd::StrCat("blk.", layer, ".", name, ".weight")
                                         : pd::StrCat(name, ".weight");
     observer_->Observe(full, observe_buf_.data(), x.rows, x.cols);
   }
-  return backend_.MatMulRowOrder(w, x, y, row_orders);
+  return b.MatMulRowOrder(w, x, y, row_orders);
 }
 
-absl::Status Model::LinearGroup(std::initializer_list<LinearOut> outs, int layer,
+absl::Status Model::LinearGroup(Backend& b, std::initializer_list<LinearOut> outs, int layer,
                                 const Tensor& x, absl::Span<const uint8_t> row_orders) {
   if (observer_ != nullptr) {
     for (const LinearOut& o : outs) {
-      PD_RETURN_IF_ERROR(Linear(*o.w, o.name, layer, x, *o.y, row_orders));
+      PD_RETURN_IF_ERROR(Linear(b, *o.w, o.name, layer, x, *o.y, row_orders));
     }
     return absl::OkStatus();
   }
@@ -157,15 +206,14 @@ absl::Status Model::LinearGroup(std::initializer_list<LinearOut> outs, int layer
     ys[n] = o.y;
     ++n;
   }
-  return backend_.MatMulGroup(absl::MakeConstSpan(ws, n), x, absl::MakeConstSpan(ys, n),
-                              row_orders);
+  return b.MatMulGroup(absl::MakeConstSpan(ws, n), x, absl::MakeConstSpan(ys, n), row_orders);
 }
 
-absl::Status Model::ObserveIntermediate(const char* name, int layer, const Tensor& x) {
+absl::Status Model::ObserveIntermediate(Backend& b, const char* name, int layer, const Tensor& x) {
   if (observer_ == nullptr || !observer_->WantsIntermediates()) return absl::OkStatus();
   observe_buf_.resize(static_cast<size_t>(x.numel()));
-  PD_RETURN_IF_ERROR(backend_.Download(observe_buf_.data(), x.data, x.bytes()));
-  PD_RETURN_IF_ERROR(backend_.Synchronize());
+  PD_RETURN_IF_ERROR(b.Download(observe_buf_.data(), x.data, x.bytes()));
+  PD_RETURN_IF_ERROR(b.Synchronize());
   observer_->ObserveIntermediate(pd::StrCat("blk.", layer, ".", name), observe_buf_.data(), x.rows,
                                  x.cols);
   return absl::OkStatus();
@@ -231,18 +279,29 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
   for (int64_t j = 0; j < n_out; ++j) orders_out[j] = orders_last[batch.logits_rows[j]];
   kvb.row_orders = orders;
 
-  Backend& b = backend_;
   const int64_t q_dim = int64_t{c.n_head} * c.head_dim;
   const int64_t kv_dim = int64_t{c.n_head_kv} * c.head_dim;
-  Tensor x = Scratch(kX, c.n_embd, n);
-  Tensor h = Scratch(kH, c.n_embd, n);
-  Tensor q = Scratch(kQ, q_dim, n);
-  Tensor k = Scratch(kK, kv_dim, n);
-  Tensor v = Scratch(kV, kv_dim, n);
-  Tensor attn = Scratch(kAttn, q_dim, n);
-  Tensor o = Scratch(kO, c.n_embd, n);
-  Tensor gate = Scratch(kGate, c.n_ff, n);
-  Tensor up = Scratch(kUp, c.n_ff, n);
+  // The activations of the backend that runs the current layer (rebound at each boundary).
+  int cur = layer_backend_index_.front();
+  Backend* bp = backends_[cur];
+  Tensor x, h, q, k, v, attn, o, gate, up, q_heads, k_heads;
+  const auto bind = [&](int bi) {
+    cur = bi;
+    bp = backends_[bi];
+    x = Scratch(bi, kX, c.n_embd, n);
+    h = Scratch(bi, kH, c.n_embd, n);
+    q = Scratch(bi, kQ, q_dim, n);
+    k = Scratch(bi, kK, kv_dim, n);
+    v = Scratch(bi, kV, kv_dim, n);
+    attn = Scratch(bi, kAttn, q_dim, n);
+    o = Scratch(bi, kO, c.n_embd, n);
+    gate = Scratch(bi, kGate, c.n_ff, n);
+    up = Scratch(bi, kUp, c.n_ff, n);
+    // Per-head views for Q/K norms: [n_tokens * heads, head_dim].
+    q_heads = Tensor{DType::kF32, c.head_dim, n * c.n_head, q.data};
+    k_heads = Tensor{DType::kF32, c.head_dim, n * c.n_head_kv, k.data};
+  };
+  bind(cur);
 
   RopeParams rope;
   rope.mode = c.rope_mode;
@@ -257,13 +316,15 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
   // scale the Q.K logits.
   ap.scale = c.attention_scale > 0 ? 1.0f : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   const absl::Span<const int32_t> pos = absl::MakeConstSpan(batch.pos);
-  // Per-head views for Q/K norms: [n_tokens * heads, head_dim].
-  Tensor q_heads{DType::kF32, c.head_dim, n * c.n_head, q.data};
-  Tensor k_heads{DType::kF32, c.head_dim, n * c.n_head_kv, k.data};
 
-  PD_RETURN_IF_ERROR(b.GetRows(weights_->token_embd, absl::MakeConstSpan(batch.tokens), x));
-  if (c.embedding_scale > 0) PD_RETURN_IF_ERROR(b.Scale(x, c.embedding_scale, x));
+  PD_RETURN_IF_ERROR(bp->GetRows(weights_->token_embd, absl::MakeConstSpan(batch.tokens), x));
+  if (c.embedding_scale > 0) PD_RETURN_IF_ERROR(bp->Scale(x, c.embedding_scale, x));
   for (int l = 0; l < c.n_layer; ++l) {
+    if (layer_backend_index_[l] != cur) {
+      PD_RETURN_IF_ERROR(HandOff(cur, layer_backend_index_[l], n));
+      bind(layer_backend_index_[l]);
+    }
+    Backend& b = *bp;
     const LayerWeights& w = weights_->layers[l];
     const bool sliding = c.IsSlidingLayer(l);
     rope.freq_base = sliding ? c.rope_freq_base_swa : c.rope_freq_base;
@@ -273,7 +334,7 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
     // x += [post norm](attn Wo^T)
     PD_RETURN_IF_ERROR(b.RmsNorm(x, w.attn_norm, c.rms_eps, h));
     PD_RETURN_IF_ERROR(LinearGroup(
-        {{&w.wq, "attn_q", &q}, {&w.wk, "attn_k", &k}, {&w.wv, "attn_v", &v}}, l, h, orders));
+        b, {{&w.wq, "attn_q", &q}, {&w.wk, "attn_k", &k}, {&w.wv, "attn_v", &v}}, l, h, orders));
     if (w.bq.data != nullptr) {
       PD_RETURN_IF_ERROR(b.AddBias(q, w.bq, q));
       PD_RETURN_IF_ERROR(b.AddBias(k, w.bk, k));
@@ -285,9 +346,9 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
     }
     PD_RETURN_IF_ERROR(b.Rope(q, c.n_head, pos, rope));
     PD_RETURN_IF_ERROR(b.Rope(k, c.n_head_kv, pos, rope));
-    PD_RETURN_IF_ERROR(ObserveIntermediate("Qcur", l, q));
-    PD_RETURN_IF_ERROR(ObserveIntermediate("Kcur", l, k));
-    PD_RETURN_IF_ERROR(ObserveIntermediate("Vcur", l, v));
+    PD_RETURN_IF_ERROR(ObserveIntermediate(b, "Qcur", l, q));
+    PD_RETURN_IF_ERROR(ObserveIntermediate(b, "Kcur", l, k));
+    PD_RETURN_IF_ERROR(ObserveIntermediate(b, "Vcur", l, v));
     if (c.attention_scale > 0) PD_RETURN_IF_ERROR(b.Scale(q, c.attention_scale, q));
     PD_RETURN_IF_ERROR(b.StoreKv(k, v, kv.k(l), kv.v(l), kvb));
     if (after_kv_store) {
@@ -295,38 +356,40 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
       after_kv_store(l);
     }
     PD_RETURN_IF_ERROR(b.Attention(q, kv.k(l), kv.v(l), kvb, ap, attn));
-    PD_RETURN_IF_ERROR(Linear(w.wo, "attn_output", l, attn, o, orders));
+    PD_RETURN_IF_ERROR(Linear(b, w.wo, "attn_output", l, attn, o, orders));
     if (c.post_norms) PD_RETURN_IF_ERROR(b.RmsNorm(o, w.post_attn_norm, c.rms_eps, o));
     PD_RETURN_IF_ERROR(b.Add(x, o, x));
     // Feed-forward block.  x += [post norm]((act(h Wg^T) * (h Wu^T)) Wd^T)
     PD_RETURN_IF_ERROR(b.RmsNorm(x, w.ffn_norm, c.rms_eps, h));
     const absl::Span<const uint8_t> ffn_orders = l + 1 == c.n_layer ? orders_last : orders;
     PD_RETURN_IF_ERROR(
-        LinearGroup({{&w.w_gate, "ffn_gate", &gate}, {&w.w_up, "ffn_up", &up}}, l, h, ffn_orders));
-    PD_RETURN_IF_ERROR(ObserveIntermediate("ffn_gate", l, gate));
-    PD_RETURN_IF_ERROR(ObserveIntermediate("ffn_up", l, up));
+        LinearGroup(b, {{&w.w_gate, "ffn_gate", &gate}, {&w.w_up, "ffn_up", &up}}, l, h,
+                    ffn_orders));
+    PD_RETURN_IF_ERROR(ObserveIntermediate(b, "ffn_gate", l, gate));
+    PD_RETURN_IF_ERROR(ObserveIntermediate(b, "ffn_up", l, up));
     if (c.ffn_act == FfnActivation::kGeluTanh) {
       PD_RETURN_IF_ERROR(b.GeGlu(gate, up, gate));
     } else {
       PD_RETURN_IF_ERROR(b.SwiGlu(gate, up, gate));
     }
-    PD_RETURN_IF_ERROR(Linear(w.w_down, "ffn_down", l, gate, o, ffn_orders));
-    PD_RETURN_IF_ERROR(ObserveIntermediate("ffn_out", l, o));
+    PD_RETURN_IF_ERROR(Linear(b, w.w_down, "ffn_down", l, gate, o, ffn_orders));
+    PD_RETURN_IF_ERROR(ObserveIntermediate(b, "ffn_out", l, o));
     if (c.post_norms) PD_RETURN_IF_ERROR(b.RmsNorm(o, w.post_ffn_norm, c.rms_eps, o));
     PD_RETURN_IF_ERROR(b.Add(x, o, x));
   }
+  Backend& b = *bp;  // the last layer's, which holds the output head
   if (logits == nullptr) return b.Synchronize();
   logits->clear();
   if (n_out == 0) return b.Synchronize();
 
   // Only the rows whose logits are wanted go through the output head.
-  Tensor out_x = Scratch(kOutX, c.n_embd, n_out);
-  Tensor out_h = Scratch(kOutH, c.n_embd, n_out);
-  Tensor out_logits = Scratch(kLogits, HeadRows(), n_out);
+  Tensor out_x = Scratch(cur, kOutX, c.n_embd, n_out);
+  Tensor out_h = Scratch(cur, kOutH, c.n_embd, n_out);
+  Tensor out_logits = Scratch(cur, kLogits, HeadRows(), n_out);
   PD_RETURN_IF_ERROR(b.GetRows(x, absl::MakeConstSpan(batch.logits_rows), out_x));
   PD_RETURN_IF_ERROR(b.RmsNorm(out_x, weights_->output_norm, c.rms_eps, out_h));
-  PD_RETURN_IF_ERROR(Linear(weights_->output, c.tied_output ? "token_embd" : "output", -1, out_h,
-                            out_logits, orders_out));
+  PD_RETURN_IF_ERROR(Linear(b, weights_->output, c.tied_output ? "token_embd" : "output", -1,
+                            out_h, out_logits, orders_out));
   logits->resize(static_cast<size_t>(n_out) * c.n_vocab);
   if (c.head_tokens.empty()) {
     PD_RETURN_IF_ERROR(b.Download(logits->data(), out_logits.data, out_logits.bytes()));

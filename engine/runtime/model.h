@@ -1,5 +1,6 @@
 // The forward pass of a decoder-only transformer over a batch of tokens from any number of
-// sequences (prefill chunks and decode tokens mixed), on one Backend, reading/writing a paged
+// sequences (prefill chunks and decode tokens mixed), on one Backend or on several by a
+// LayerPlacement (placement.h: layers split between a GPU and the CPU), reading/writing a paged
 // KvCache. One shared implementation serves every supported architecture; ModelConfig selects
 // the differences (rope mode, biases, tied head).
 //
@@ -19,6 +20,7 @@
 #include "engine/model/gguf.h"
 #include "engine/model/model_config.h"
 #include "engine/model/weights.h"
+#include "engine/runtime/placement.h"
 
 namespace pd::engine {
 
@@ -71,6 +73,12 @@ class Model {
   // outlive the model; `backend` must outlive it.
   static absl::StatusOr<std::unique_ptr<Model>> Load(std::shared_ptr<const GgufFile> file,
                                                      Backend& backend);
+  // The layers on the backends `placement` assigns them (backends[i] is placement's backend i;
+  // every backend must outlive the model). INVALID_ARGUMENT for a placement that does not cover
+  // the model's layers; UNIMPLEMENTED when a backend lacks an op the model needs.
+  static absl::StatusOr<std::unique_ptr<Model>> Load(std::shared_ptr<const GgufFile> file,
+                                                     absl::Span<Backend* const> backends,
+                                                     const LayerPlacement& placement);
 
   // The Backend ops a forward pass of a model with config `c` calls ("MatMul", "Rope", ...).
   static std::vector<std::string_view> OpsUsed(const ModelConfig& c);
@@ -85,13 +93,18 @@ class Model {
   const ModelConfig& config() const { return config_; }
   const Weights& weights() const { return *weights_; }
   const GgufFile& file() const { return *file_; }
-  Backend& backend() { return backend_; }
+  // The backend of the output head: the last layer's (the only one for an unplaced model).
+  Backend& backend() { return *layer_backends_.back(); }
+  // One backend per layer (a KV cache for this model: KvCache::Create(options, LayerBackends())).
+  const std::vector<Backend*>& LayerBackends() const { return layer_backends_; }
+  const LayerPlacement& placement() const { return placement_; }
 
   // KV-cache options matching this model.
   KvCacheOptions KvOptions(int n_blocks, KvDType dtype, int block_size = 16) const;
 
   // Runs `batch`. Preconditions (checked, INVALID_ARGUMENT): token ids < n_vocab, positions >= 0,
-  // each sequence's KV capacity covers its positions (KvCache::Reserve first). On success
+  // each sequence's KV capacity covers its positions (KvCache::Reserve first). `kv` holds each
+  // layer's K/V on that layer's backend (KvCache::Create with LayerBackends()). On success
   // `logits` holds logits_rows.size() rows of n_vocab floats, in logits_rows order. A draft
   // model with a restricted head (ModelConfig::head_tokens) computes the head over its rows only
   // and gives -infinity at every id outside them.
@@ -109,18 +122,18 @@ class Model {
   void set_observer(MatMulObserver* observer) { observer_ = observer; }
 
  private:
-  Model(std::shared_ptr<const GgufFile> file, Backend& backend)
-      : file_(std::move(file)), backend_(backend) {}
+  explicit Model(std::shared_ptr<const GgufFile> file) : file_(std::move(file)) {}
   absl::Status EnsureScratch(int64_t n_tokens, int64_t n_out);
   // Rows of the output head: n_vocab, or a draft's head_tokens.
   int64_t HeadRows() const {
     return config_.head_tokens.empty() ? config_.n_vocab
                                        : static_cast<int64_t>(config_.head_tokens.size());
   }
-  Tensor Scratch(int index, int64_t cols, int64_t rows);
-  // MatMul of a named weight; reports the input to the observer first, if any.
-  absl::Status Linear(const Tensor& w, const char* name, int layer, const Tensor& x, Tensor& y,
-                      absl::Span<const uint8_t> row_orders);
+  // Scratch slot `index` on backend `backend` (an index into backends_).
+  Tensor Scratch(int backend, int index, int64_t cols, int64_t rows);
+  // MatMul of a named weight on `b`; reports the input to the observer first, if any.
+  absl::Status Linear(Backend& b, const Tensor& w, const char* name, int layer, const Tensor& x,
+                      Tensor& y, absl::Span<const uint8_t> row_orders);
   // Several Linears of the same x (Q/K/V, gate/up) as one Backend::MatMulGroup; one Linear each
   // when an observer watches the matmul inputs.
   struct LinearOut {
@@ -128,19 +141,28 @@ class Model {
     const char* name;
     Tensor* y;
   };
-  absl::Status LinearGroup(std::initializer_list<LinearOut> outs, int layer, const Tensor& x,
-                           absl::Span<const uint8_t> row_orders);
+  absl::Status LinearGroup(Backend& b, std::initializer_list<LinearOut> outs, int layer,
+                           const Tensor& x, absl::Span<const uint8_t> row_orders);
+  // Moves x [n, n_embd] from backend `from`'s residual slot to backend `to`'s (through host
+  // memory): the activation hand-off at a placement boundary.
+  absl::Status HandOff(int from, int to, int64_t n);
 
   std::shared_ptr<const GgufFile> file_;
-  Backend& backend_;
+  std::vector<Backend*> backends_;        // as given to Load, indexed by the placement
+  std::vector<Backend*> layer_backends_;  // per layer
+  std::vector<int> layer_backend_index_;  // per layer: index into backends_
+  LayerPlacement placement_;
   ModelConfig config_;
   std::unique_ptr<Weights> weights_;
-  std::vector<std::unique_ptr<Buffer>> scratch_;
+  // Per backend index: its scratch slots (empty for a backend no layer uses). The output slots
+  // are allocated on the head's backend only.
+  std::vector<std::vector<std::unique_ptr<Buffer>>> scratch_;
+  std::vector<float> handoff_;  // host staging of the hand-off
   int64_t scratch_tokens_ = 0;
   int64_t scratch_out_ = 0;
   MatMulObserver* observer_ = nullptr;
   // Reports an attention intermediate to the observer when it wants them.
-  absl::Status ObserveIntermediate(const char* name, int layer, const Tensor& x);
+  absl::Status ObserveIntermediate(Backend& b, const char* name, int layer, const Tensor& x);
   std::vector<float> observe_buf_;
   std::vector<float> head_logits_;  // host copy of a restricted head's scores
 };

@@ -167,7 +167,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::CreateImpl(Model& model,
     }
   }
   kvo.n_blocks = static_cast<int>(n_blocks);
-  PD_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> kv, KvCache::Create(kvo, model.backend()));
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> kv, KvCache::Create(kvo, model.LayerBackends()));
   const int64_t capacity = int64_t{kvo.n_blocks} * kvo.block_size;
   int64_t context = options.max_context > 0 ? options.max_context : model.config().n_ctx_train;
   if (context <= 0) context = capacity;

@@ -42,6 +42,7 @@ TEST(ConfigTest, ServeYamlShowsTheDefaults) {
   EXPECT_EQ(a.model.chat_template, b.model.chat_template);
   EXPECT_EQ(a.model.context, b.model.context);
   EXPECT_EQ(a.model.backend, b.model.backend);
+  EXPECT_EQ(a.model.gpu_layers, b.model.gpu_layers);
   EXPECT_EQ(a.threads, b.threads);
   EXPECT_EQ(a.grpc.enabled, b.grpc.enabled);
   EXPECT_EQ(a.grpc.host, b.grpc.host);
@@ -114,7 +115,8 @@ TEST(ConfigTest, ServeYamlShowsTheDefaults) {
 
 TEST(ConfigTest, ParsesEveryField) {
   absl::StatusOr<ServeOptions> o = ParseServeOptions(R"(
-model: {path: /m.gguf, id: tiny, chat_template: chatml, context: 2048, backend: cuda}
+model: {path: /m.gguf, id: tiny, chat_template: chatml, context: 2048, backend: cuda,
+        gpu_layers: 12}
 threads: 3
 grpc: {enabled: false, host: 0.0.0.0, port: 0}
 http: {host: ::1, port: 9000, max_connections: 100, max_connections_per_address: 7,
@@ -150,6 +152,7 @@ shutdown_grace_s: 0.5
   EXPECT_EQ(o->model.chat_template, "chatml");
   EXPECT_EQ(o->model.context, 2048);
   EXPECT_EQ(o->model.backend, "cuda");
+  EXPECT_EQ(o->model.gpu_layers, "12");
   EXPECT_EQ(o->threads, 3);
   EXPECT_FALSE(o->grpc.enabled);
   EXPECT_EQ(o->grpc.host, "0.0.0.0");
@@ -274,6 +277,9 @@ TEST(ConfigTest, ValidateNamesTheField) {
   bad("grpc: {port: 70000}", "grpc.port");
   bad("model: {chat_template: jinja}", "model.chat_template");
   bad("model: {backend: tpu}", "model.backend");
+  bad("model: {gpu_layers: 4}", "model.gpu_layers");
+  bad("model: {backend: cuda, gpu_layers: most}", "model.gpu_layers");
+  bad("model: {backend: cuda, gpu_layers: -1}", "model.gpu_layers");
   bad("api_keys: ['']", "api_keys[0]");
   bad("threads: -2", "threads");
   bad("router: {kv_wire: fp8}", "router.kv_wire");

@@ -141,3 +141,33 @@ def test_cpu_isa_cap_picks_the_kernel_set(pdctl, synth_model):
                          env=dict(os.environ, PDSERVE_CPU_ISA="avx3"))
     assert bad.returncode != 0
     assert b"PDSERVE_CPU_ISA='avx3': expected avx512, avx2 or scalar" in bad.stderr
+
+
+def test_synth_model_then_plan(pdctl, tmp_path):
+    """`pdctl synth-model` writes a model pdctl runs; `pdctl plan` places it for a GPU budget,
+    refuses what cannot fit (exit 1) and bad sizes (exit 2)."""
+    model = tmp_path / "tiny.gguf"
+    run(pdctl, "synth-model", "--shape", "tiny", "--type", "q8_0", str(model), check=True)
+    gen = run(pdctl, "generate", "-m", str(model), "-p", "hello", "-n", "4", "-t", "1",
+              check=True)
+    assert gen.returncode == 0
+    # No GPU here: the GPU bandwidth is given, the CPU's measured (or cached).
+    big = run(pdctl, "plan", "-m", str(model), "--gpu-mem", "4G", "--gpu-bw", "3000",
+              "--cpu-bw", "40", "--ctx", "256", check=True).stdout.decode()
+    assert "every layer on the GPU" in big, big
+    assert "predicted decode time per token" in big
+    for t in ("q4_K", "q5_0", "q6_K", "q8_0", "f16"):
+        assert f"\n{t} " in big, t
+    # Exactly one layer fits: the budget of `--gpu-layers 1` as printed, rounded up.
+    fixed = run(pdctl, "plan", "-m", str(model), "--gpu-mem", "4G", "--gpu-bw", "3000",
+                "--cpu-bw", "40", "--ctx", "256", "--gpu-layers", "1", check=True).stdout.decode()
+    assert "on the GPU (1 of" in fixed, fixed
+    tiny = run(pdctl, "plan", "-m", str(model), "--gpu-mem", "1M", "--gpu-bw", "3000",
+               "--cpu-bw", "40", "--ctx", "256")
+    assert tiny.returncode == 1, tiny.stdout
+    assert b"nothing fits" in tiny.stdout
+    kv = run(pdctl, "plan", "-m", str(model), "--gpu-mem", "1M", "--gpu-bw", "3000",
+             "--cpu-bw", "40", "--ctx", "100000", "--batch", "64")
+    assert kv.returncode == 1 and b"KV cache of one layer" in kv.stdout, kv.stdout
+    bad = run(pdctl, "plan", "-m", str(model), "--gpu-mem", "lots")
+    assert bad.returncode == 2 and b"not a size" in bad.stderr

@@ -87,6 +87,11 @@ int Main(int argc, char** argv) {
   auto* o_id = app.add_option("--model-id", model_id, "name clients use (default: file name)");
   auto* o_tmpl = app.add_option("--chat-template", chat_template, "gemma|chatml|llama3|llama2");
   auto* o_backend = app.add_option("--backend", backend, "cpu or cuda");
+  std::string gpu_layers;
+  auto* o_gpu_layers = app.add_option(
+      "--gpu-layers", gpu_layers,
+      "with --backend cuda: all, auto (what the GPU's free memory holds) or N (the last N "
+      "layers); the rest run on the CPU (model.gpu_layers)");
   auto* o_ctx = app.add_option("-c,--ctx", ctx, "context per request (0 = min(trained, 4096))");
   auto* o_threads = app.add_option("-t,--threads", threads, "CPU threads (0 = all cores)");
   auto* o_grpc_host = app.add_option("--grpc-host", grpc_host, "gRPC listen address");
@@ -132,6 +137,7 @@ int Main(int argc, char** argv) {
   if (o_id->count()) o.model.id = model_id;
   if (o_tmpl->count()) o.model.chat_template = chat_template;
   if (o_backend->count()) o.model.backend = backend;
+  if (o_gpu_layers->count()) o.model.gpu_layers = gpu_layers;
   if (o_ctx->count()) o.model.context = ctx;
   if (o_threads->count()) o.threads = threads;
   if (o_spec->count()) o.speculative.drafter = spec;

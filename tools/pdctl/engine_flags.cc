@@ -18,11 +18,13 @@ absl::StatusOr<Engine> LoadEngine(const EngineFlags& f) {
   eo.threads = f.threads;
   eo.force_scalar = f.cpu_kernels == "scalar";
   eo.context = f.ctx;
+  eo.gpu_layers = f.gpu_layers;
   PD_ASSIGN_OR_RETURN(node::Engine built, node::BuildEngine(eo));
   Engine e;
   e.model_path = built.model_path;
   e.kernels = built.kernels;
   e.backend = std::move(built.backend);
+  e.host_backend = std::move(built.host_backend);
   e.file = std::move(built.file);
   e.model = std::move(built.model);
   const int ctx = built.context;
@@ -31,7 +33,8 @@ absl::StatusOr<Engine> LoadEngine(const EngineFlags& f) {
   const std::optional<engine::KvDType> kv_type = engine::ParseKvDType(f.kv_type);
   if (!kv_type) return absl::InvalidArgumentError(pd::StrCat("unknown --kv-type ", f.kv_type));
   PD_ASSIGN_OR_RETURN(e.kv,
-                      engine::KvCache::Create(e.model->KvOptions(n_blocks, *kv_type), *e.backend));
+                      engine::KvCache::Create(e.model->KvOptions(n_blocks, *kv_type),
+                                              e.model->LayerBackends()));
   return e;
 }
 

@@ -23,6 +23,7 @@ struct EngineFlags {
   int ctx = 0;
   std::string backend = "cpu";
   std::string cpu_kernels = "auto";
+  std::string gpu_layers = "all";
 
   void Add(CLI::App* app) {
     app->add_option("-m,--model", model,
@@ -34,6 +35,9 @@ struct EngineFlags {
     app->add_option("-c,--ctx", ctx, "context size in tokens (0 = min(training context, 4096))");
     app->add_option("--backend", backend, "compute backend: cpu or cuda")
         ->check(CLI::IsMember({"cpu", "cuda"}));
+    app->add_option("--gpu-layers", gpu_layers,
+                    "with --backend cuda: all, auto (what the GPU's free memory holds) or N (the "
+                    "last N layers on the GPU, the rest on the CPU; docs/offload.md)");
     app->add_option("--cpu-kernels", cpu_kernels,
                     "CPU kernels: auto (the best the CPU has, capped by PDSERVE_CPU_ISA=avx512|"
                     "avx2|scalar) or scalar (portable)")
@@ -44,6 +48,7 @@ struct EngineFlags {
 // A loaded model with its backend and a KV cache for one sequence.
 struct Engine {
   std::unique_ptr<engine::Backend> backend;
+  std::unique_ptr<engine::Backend> host_backend;  // node::Engine::host_backend
   std::shared_ptr<engine::GgufFile> file;
   std::unique_ptr<engine::Model> model;
   std::unique_ptr<engine::KvCache> kv;

@@ -1,6 +1,6 @@
 // pdctl: the pdserve command line. Subcommands: generate, chat, tokenize, logits, models, bench,
-// quantize, texts, up; each in its own X_cmd.{h,cc}. This file assembles them into one CLI app
-// and runs the one given.
+// quantize, texts, synth-model, plan, up; each in its own X_cmd.{h,cc}. This file assembles them
+// into one CLI app and runs the one given.
 #include "CLI/CLI.hpp"
 #include "tools/pdctl/bench_cmd.h"
 #include "tools/pdctl/chat_cmd.h"
@@ -8,6 +8,8 @@
 #include "tools/pdctl/logits_cmd.h"
 #include "tools/pdctl/models_cmd.h"
 #include "tools/pdctl/quantize_cmd.h"
+#include "tools/pdctl/plan_cmd.h"
+#include "tools/pdctl/synth_model_cmd.h"
 #include "tools/pdctl/tokenize_cmd.h"
 #include "tools/pdctl/up_cmd.h"
 
@@ -33,6 +35,10 @@ int main(int argc, char** argv) {
   CLI::App* qz = AddQuantizeCommand(app, &qf);
   TextsFlags txf;
   CLI::App* tx = AddTextsCommand(app, &txf);
+  SynthModelFlags smf;
+  CLI::App* sm = AddSynthModelCommand(app, &smf);
+  PlanFlags pf;
+  CLI::App* plan = AddPlanCommand(app, &pf);
   UpFlags uf;
   CLI::App* up = AddUpCommand(app, &uf);
 
@@ -40,6 +46,8 @@ int main(int argc, char** argv) {
   if (up->parsed()) return RunUp(uf);
   if (qz->parsed()) return RunQuantize(qf);
   if (tx->parsed()) return RunTexts(txf);
+  if (sm->parsed()) return RunSynthModel(smf);
+  if (plan->parsed()) return RunPlan(pf);
   if (models->parsed()) return RunModels();
   if (bench->parsed()) return RunBench(bf);
   if (chat->parsed()) return RunChat(cf);

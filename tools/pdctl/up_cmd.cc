@@ -315,6 +315,12 @@ CLI::App* AddUpCommand(CLI::App& app, UpFlags* f) {
   up->add_option("--http-port", f->http_port,
                  "router HTTP port (0 = a free one; default: the config's; a free one with --chat "
                  "or --complete)");
+  up->add_option("--backend", f->backend,
+                 "compute backend of the prefill and decode nodes: cpu or cuda (default: the "
+                 "config's model.backend)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  up->add_option("--gpu-layers", f->gpu_layers,
+                 "with --backend cuda: all, auto or N layers on the GPU, the rest on the CPU");
   up->add_option("-t,--threads", f->threads,
                  "CPU threads per node (0 = the config's; 1 with --pin-cores)");
   up->add_flag("--tls", f->tls,
@@ -427,6 +433,8 @@ int RunUp(const UpFlags& f) {
     args.insert(args.end(), common.begin(), common.end());
     args.insert(args.end(), {"--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-port", "0"});
     if (threads > 0) args.insert(args.end(), {"--threads", StrCat(threads)});
+    if (!f.backend.empty()) args.insert(args.end(), {"--backend", f.backend});
+    if (!f.gpu_layers.empty()) args.insert(args.end(), {"--gpu-layers", f.gpu_layers});
     for (std::string& a : tls_args(c.name)) args.push_back(std::move(a));
     const int cpu = f.pin_cores ? cpus[i % cpus.size()] : -1;
     if (!Spawn(c, args, cpu)) return fail(c, "could not be started");

@@ -28,6 +28,8 @@ struct UpFlags {
   int grpc_port = -1;  // router; -1 = the config's (0 with --chat)
   int http_port = -1;
   int threads = 0;         // per node; 0 = the config's (1 with pin_cores)
+  std::string backend;     // passed to every engine node; "" = the config's
+  std::string gpu_layers;  // likewise
   bool pin_cores = false;  // each node on its own CPU (round robin over pdctl's allowed CPUs)
   // A throwaway CA in <log dir>/tls: mutual TLS between the daemons, TLS on the router's APIs.
   bool tls = false;
