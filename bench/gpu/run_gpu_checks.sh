@@ -193,8 +193,8 @@ RC=${PIPESTATUS[0]}
 
 section "summary [$(elapsed)]"
 grep -E "^\[timing\]" "$TEST_LOG" || true
-if grep -q "no CUDA backend:" "$TEST_LOG"; then
-  grep -m1 "no CUDA backend:" "$TEST_LOG"
+if grep -q "needs a CUDA GPU:" "$TEST_LOG"; then
+  grep -m1 "needs a CUDA GPU:" "$TEST_LOG"
   die 3 "no usable GPU: the parity tests skipped themselves"
 fi
 ((RC == 0)) || die 1 "cuda_backend_test failed (exit $RC)"
