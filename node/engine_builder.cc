@@ -43,7 +43,12 @@ absl::StatusOr<int> GpuLayers(const EngineOptions& options, const engine::GgufFi
   engine::PlanRequest req;
   req.gpu_bytes = dev.free_bytes / 10 * 9;
   req.ctx = context;
-  const size_t one_seq = engine::LayerKvBytes(c, context, engine::KvDType::kF16, 16) * c.n_layer;
+  const std::optional<engine::KvDType> kv_dtype = engine::ParseKvDType(options.kv_dtype);
+  if (!kv_dtype) {
+    return absl::InvalidArgumentError(StrCat("kv.dtype: unknown '", options.kv_dtype, "'"));
+  }
+  req.kv_type = *kv_dtype;
+  const size_t one_seq = engine::LayerKvBytes(c, context, *kv_dtype, 16) * c.n_layer;
   req.batch = options.kv_bytes > 0
                   ? std::max<int>(1, static_cast<int>(static_cast<size_t>(options.kv_bytes) /
                                                       std::max<size_t>(one_seq, 1)))
@@ -135,6 +140,7 @@ EngineOptions EngineOptionsFrom(const ServeOptions& o) {
   e.backend = o.model.backend;
   e.gpu_layers = o.model.gpu_layers;
   e.kv_bytes = o.kv.memory_mib << 20;
+  e.kv_dtype = o.kv.dtype;
   e.threads = o.threads;
   e.context = o.model.context;
   return e;

@@ -34,6 +34,7 @@ struct EngineOptions {
   // For "auto": the KV bytes the engine will allocate over all layers (0 = one sequence of the
   // context).
   int64_t kv_bytes = 0;
+  std::string kv_dtype = "f16";  // for "auto": the KV cache's element type
 };
 
 // A model loaded on its backend.
