@@ -17,7 +17,26 @@ struct PushTimes {
   absl::Time first = absl::InfinitePast();
   absl::Time last = absl::InfinitePast();
   int64_t kv_seq = -1;  // the exported sequence, whose blocks the scheduler holds for the send
+  // A cache in device memory (a GPU layer): the layers' blocks copied to host memory, which the
+  // transport reads instead of the device pointers (kv_transport.h: spans are host memory). Kept
+  // until RunAndPush returns, like the held blocks, for a zero-copy send.
+  std::vector<std::vector<char>> staged;
 };
+
+// Replaces `spans` (device pointers of a cache not in host memory) with host copies of the same
+// blocks, appended to `staged`.
+absl::Status StageOnHost(const engine::KvCache& kv, int64_t seq, std::vector<engine::KvSpan>& spans,
+                         std::vector<std::vector<char>>& staged) {
+  for (engine::KvSpan& s : spans) {
+    std::vector<char>& buf = staged.emplace_back(s.bytes);
+    if (absl::Status st = kv.Export(seq, s.layer, s.block_index, s.part, buf.data(), s.bytes);
+        !st.ok()) {
+      return st;
+    }
+    s.data = buf.data();
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -55,12 +74,18 @@ absl::StatusOr<PushedPrompt> RunAndPush(engine::Scheduler& sched, engine::Genera
         std::move(request), sink,
         [stream, times, n_layer](const engine::KvCache& kv, int64_t seq, int layer) {
           absl::StatusOr<std::vector<engine::KvSpan>> spans = kv.ExportSpans(seq, layer);
+          std::vector<std::vector<char>> staged;
+          if (spans.ok() && !kv.host_memory()) {
+            if (absl::Status st = StageOnHost(kv, seq, *spans, staged); !st.ok()) spans = st;
+          }
           const absl::Time now = absl::Now();
           {
             absl::MutexLock l(&times->mu);
             times->kv_seq = seq;
             if (layer == 0) times->first = now;
             if (layer == n_layer - 1) times->last = now;
+            // The vectors' heap buffers do not move with them: the spans stay valid.
+            for (std::vector<char>& buf : staged) times->staged.push_back(std::move(buf));
           }
           if (!spans.ok()) {
             stream->Abort(spans.status());

@@ -234,7 +234,7 @@ absl::StatusOr<char*> KvCache::BlockAddress(int64_t seq, int layer, int block_in
 }
 
 absl::Status KvCache::Export(int64_t seq, int layer, int block_index, KvPart part, void* host_dst,
-                             size_t bytes) {
+                             size_t bytes) const {
   PD_ASSIGN_OR_RETURN(char* src, BlockAddress(seq, layer, block_index, part, host_dst, bytes));
   PD_RETURN_IF_ERROR(backends_[layer]->Download(host_dst, src, bytes));
   return backends_[layer]->Synchronize();

@@ -120,7 +120,7 @@ class KvCache {
   // Copies block `block_index` of `seq` (K or V of `layer`) into `host_dst`, which holds `bytes`
   // == BlockBytes().span() bytes. Errors as Import.
   absl::Status Export(int64_t seq, int layer, int block_index, KvPart part, void* host_dst,
-                      size_t bytes);
+                      size_t bytes) const;
   // Overwrites block `block_index` of `seq` (K or V of `layer`, a block the sequence alone owns,
   // see Reserve; FAILED_PRECONDITION for a shared or cached one) with `bytes` bytes of the exported
   // format from host memory. The sender's cache must have the same dtype, block_size, n_kv_heads

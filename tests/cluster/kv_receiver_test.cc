@@ -17,6 +17,7 @@
 #include "engine/sched/scheduler.h"
 #include "kvtransfer/kv_transport.h"
 #include "node/kv_push.h"
+#include "tests/testing/counting_backend.h"
 #include "tests/testing/tiny_engine.h"
 
 namespace pd::node {
@@ -175,6 +176,57 @@ TEST_F(KvReceiverTest, PushedKvThenAttachWithTheFirstTokenEqualsALocalRun) {
   // A CPU cache: every layer of both transfers was landed in place by the transport.
   EXPECT_EQ(Layers("landed"), 2 * env_->model->config().n_layer);
   EXPECT_EQ(Layers("engine"), 0);
+}
+
+// A prefill node whose KV cache is in device memory (a GPU layer, docs/offload.md): the
+// transport must not read the device pointers; RunAndPush copies each layer's blocks to host
+// memory through the backend first. The device here is a CPU backend that says its memory is
+// not the host's and counts the copies.
+TEST_F(KvReceiverTest, AKvCacheInDeviceMemoryIsStagedOnTheHostBeforeThePush) {
+  engine::testing::CountingBackend device("cpu:device", /*host_memory=*/false);
+  auto file = engine::GgufFile::Parse(
+      MappedFile::Borrow(env_->bytes.data(), env_->bytes.size()));
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto model = engine::Model::Load(std::shared_ptr<const engine::GgufFile>(std::move(*file)),
+                                   device);
+  ASSERT_TRUE(model.ok()) << model.status();
+  engine::SchedulerOptions o;
+  o.kv_blocks = 16;
+  o.block_size = 16;
+  o.max_running_seqs = 4;
+  o.token_budget = 8;
+  o.prefill_chunk = 8;
+  auto prefill = engine::Scheduler::Create(**model, o);
+  ASSERT_TRUE(prefill.ok()) << prefill.status();
+  for (engine::KvDType wire : {engine::KvDType::kF16, engine::KvDType::kI8}) {
+    SCOPED_TRACE(engine::KvDTypeName(wire));
+    auto sink = std::make_shared<Sink>();
+    auto r = receiver_->Reserve(Req("d", 10), sink, wire, absl::Now() + absl::Seconds(5));
+    ASSERT_TRUE(r.ok()) << r.status();
+    auto d = kvtransfer::TransferDescriptor::Parse(r->descriptor);
+    ASSERT_TRUE(d.ok()) << d.status();
+    auto stream = tx_->Connect(*d, engine::KvDType::kF16);
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    const int before = device.downloads;
+    absl::StatusOr<PushedPrompt> pushed =
+        RunAndPush(**prefill, Req("p", 1), *std::move(stream), d->deadline, nullptr);
+    ASSERT_TRUE(pushed.ok()) << pushed.status();
+    EXPECT_EQ(pushed->first_token, want_[0]);
+    // Every block of every layer, K and V, went through Download: the 22-token prompt fills two
+    // blocks of 16.
+    EXPECT_GE(device.downloads - before, 2 * 2 * env_->model->config().n_layer);
+    ASSERT_TRUE(receiver_->Attach(r->reservation, pushed->first_token).ok());
+    ASSERT_TRUE(sink->WaitFinish());
+    receiver_->Release(r->reservation);
+    absl::MutexLock l(&sink->mu);
+    EXPECT_TRUE(sink->info->timing.kv_imported);
+    if (wire == engine::KvDType::kF16) {
+      EXPECT_EQ(sink->tokens, want_);
+    }
+  }
+  ExpectAllFree(**prefill);
+  ExpectAllFree(*decode_);
+  (*prefill)->Shutdown();
 }
 
 TEST_F(KvReceiverTest, AttachWithoutAFirstTokenPrefillsLocally) {

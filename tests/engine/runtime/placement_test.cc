@@ -16,11 +16,13 @@
 #include "common/status_matchers.h"
 #include "engine/runtime/model.h"
 #include "engine/sched/generate.h"
+#include "tests/testing/counting_backend.h"
 #include "tests/testing/tiny_model.h"
 
 namespace pd::engine {
 namespace {
 
+using ::pd::engine::testing::CountingBackend;
 using ::pd::engine::testing::TinyModelSpec;
 using ::pd::testing::StatusIs;
 
@@ -72,97 +74,6 @@ TEST(LayerPlacementTest, ValidateNamesTheFault) {
   EXPECT_THAT(LayerBackends(LayerPlacement::Single(2), 2, none),
               StatusIs(absl::StatusCode::kInvalidArgument, "null"));
 }
-
-// A CPU backend that counts what runs on it: bytes allocated, weights mapped, ops called.
-class CountingBackend final : public Backend {
- public:
-  explicit CountingBackend(std::string name) : inner_(CreateCpuBackend({.threads = 1})),
-                                               name_(std::move(name)) {}
-  std::string_view name() const override { return name_; }
-  bool host_memory() const override { return true; }
-  absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override {
-    allocated += bytes;
-    return inner_->Allocate(bytes);
-  }
-  absl::Status Upload(void* d, const void* s, size_t n) override { return inner_->Upload(d, s, n); }
-  absl::Status Download(void* d, const void* s, size_t n) override {
-    return inner_->Download(d, s, n);
-  }
-  absl::Status Zero(void* d, size_t n) override { return inner_->Zero(d, n); }
-  absl::StatusOr<Tensor> MapWeights(const Tensor& host, std::unique_ptr<Buffer>* st) override {
-    mapped += host.bytes();
-    return inner_->MapWeights(host, st);
-  }
-  absl::Status Synchronize() override { return inner_->Synchronize(); }
-  absl::Status MatMul(const Tensor& w, const Tensor& x, Tensor& y) override {
-    ++ops;
-    return inner_->MatMul(w, x, y);
-  }
-  absl::Status MatMulRowOrder(const Tensor& w, const Tensor& x, Tensor& y,
-                              absl::Span<const uint8_t> o) override {
-    ++ops;
-    return inner_->MatMulRowOrder(w, x, y, o);
-  }
-  absl::Status MatMulGroup(absl::Span<const Tensor* const> ws, const Tensor& x,
-                           absl::Span<Tensor* const> ys, absl::Span<const uint8_t> o) override {
-    ++ops;
-    return inner_->MatMulGroup(ws, x, ys, o);
-  }
-  absl::Status GetRows(const Tensor& t, absl::Span<const int32_t> ids, Tensor& out) override {
-    ++ops;
-    return inner_->GetRows(t, ids, out);
-  }
-  absl::Status RmsNorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) override {
-    ++ops;
-    return inner_->RmsNorm(x, w, eps, y);
-  }
-  absl::Status Rope(Tensor& x, int h, absl::Span<const int32_t> pos,
-                    const RopeParams& p) override {
-    ++ops;
-    return inner_->Rope(x, h, pos, p);
-  }
-  absl::Status Add(const Tensor& a, const Tensor& b, Tensor& y) override {
-    ++ops;
-    return inner_->Add(a, b, y);
-  }
-  absl::Status AddBias(const Tensor& x, const Tensor& b, Tensor& y) override {
-    ++ops;
-    return inner_->AddBias(x, b, y);
-  }
-  absl::Status SwiGlu(const Tensor& g, const Tensor& u, Tensor& y) override {
-    ++ops;
-    return inner_->SwiGlu(g, u, y);
-  }
-  absl::Status GeGlu(const Tensor& g, const Tensor& u, Tensor& y) override {
-    ++ops;
-    return inner_->GeGlu(g, u, y);
-  }
-  absl::Status Scale(const Tensor& x, float s, Tensor& y) override {
-    ++ops;
-    return inner_->Scale(x, s, y);
-  }
-  absl::Status Softmax(Tensor& x) override {
-    ++ops;
-    return inner_->Softmax(x);
-  }
-  absl::Status StoreKv(const Tensor& k, const Tensor& v, KvTensor& kc, KvTensor& vc,
-                       const KvBatch& kv) override {
-    ++ops;
-    return inner_->StoreKv(k, v, kc, vc, kv);
-  }
-  absl::Status Attention(const Tensor& q, const KvTensor& kc, const KvTensor& vc,
-                         const KvBatch& kv, const AttentionParams& p, Tensor& out) override {
-    ++ops;
-    return inner_->Attention(q, kc, vc, kv, p, out);
-  }
-
-  size_t allocated = 0, mapped = 0;
-  int ops = 0;
-
- private:
-  std::unique_ptr<Backend> inner_;
-  std::string name_;
-};
 
 struct PlacedRun {
   std::vector<float> logits;          // every prompt position, then each decode step's
