@@ -1,4 +1,5 @@
 #include <cstdint>
+#include <utility>
 
 #include "engine/backend/cuda/dequant_device.cuh"
 #include "engine/backend/cuda/device_util.cuh"
@@ -203,38 +204,22 @@ void LaunchRows(const void* w, size_t row_bytes, int m, int k, const float* x, f
                                                                 row_bytes, m, k, x, y);
 }
 
+// LaunchRows<F, n> for the batch's n in 1..kMaxGemvRows, picked at run time: one instantiation
+// per n, so that each keeps its n accumulators per row in registers.
+template <WeightFormat F, int... I>
+cudaError_t LaunchFormat(std::integer_sequence<int, I...>, const void* w, size_t row_bytes, int m,
+                         int k, const float* x, int n, float* y, cudaStream_t stream) {
+  const bool launched =
+      ((n == I + 1 ? (LaunchRows<F, I + 1>(w, row_bytes, m, k, x, y, stream), true) : false) ||
+       ...);
+  return launched ? cudaGetLastError() : cudaErrorInvalidValue;
+}
+
 template <WeightFormat F>
 cudaError_t LaunchFormat(const void* w, size_t row_bytes, int m, int k, const float* x, int n,
                          float* y, cudaStream_t stream) {
-  switch (n) {
-    case 1:
-      LaunchRows<F, 1>(w, row_bytes, m, k, x, y, stream);
-      break;
-    case 2:
-      LaunchRows<F, 2>(w, row_bytes, m, k, x, y, stream);
-      break;
-    case 3:
-      LaunchRows<F, 3>(w, row_bytes, m, k, x, y, stream);
-      break;
-    case 4:
-      LaunchRows<F, 4>(w, row_bytes, m, k, x, y, stream);
-      break;
-    case 5:
-      LaunchRows<F, 5>(w, row_bytes, m, k, x, y, stream);
-      break;
-    case 6:
-      LaunchRows<F, 6>(w, row_bytes, m, k, x, y, stream);
-      break;
-    case 7:
-      LaunchRows<F, 7>(w, row_bytes, m, k, x, y, stream);
-      break;
-    case 8:
-      LaunchRows<F, 8>(w, row_bytes, m, k, x, y, stream);
-      break;
-    default:
-      return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
+  return LaunchFormat<F>(std::make_integer_sequence<int, kMaxGemvRows>(), w, row_bytes, m, k, x,
+                         n, y, stream);
 }
 
 }  // namespace
