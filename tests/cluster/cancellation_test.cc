@@ -89,7 +89,7 @@ class HttpStream {
   ~HttpStream() { Close(); }
 
   // Reads until `n` SSE events arrived in all, the server ended the response, or `timeout`.
-  // Returns the events read so far.
+  // Returns the events read so far: n or more once satisfied, since one read can carry several.
   int ReadEvents(int n, absl::Duration timeout = absl::Seconds(30)) {
     const absl::Time end = absl::Now() + timeout;
     while (events_ < n && !eof_ && absl::Now() < end) {
@@ -404,7 +404,7 @@ TEST_F(CancellationStalledTransferTest, KvPushedNotAdmitted) {
 // Decoding: the client reads a few tokens and goes away; the decode node stops at the next step.
 TEST_F(CancellationTest, Decoding) {
   HttpStream s(c_->http, Prompt(120), 3000);
-  ASSERT_EQ(s.ReadEvents(20), 20);
+  ASSERT_GE(s.ReadEvents(20), 20);
   ASSERT_EQ(NodeLoad(decode_->grpc).running(), 1);
   const absl::Time t0 = absl::Now();
   s.Close();
@@ -437,7 +437,7 @@ TEST_F(CancellationTest, DecodingGrpcCallCancelled) {
 // the next step, nothing is left.
 TEST_F(CancellationTest, StreamBackPressured) {
   HttpStream s(c_->http, Prompt(120), 3000, /*rcvbuf=*/4096);
-  ASSERT_EQ(s.ReadEvents(5), 5);
+  ASSERT_GE(s.ReadEvents(5), 5);
   // Stuck: the decode node is still generating, but nothing more reaches the client's socket.
   int unread = -1;
   absl::Time since = absl::Now();
