@@ -16,8 +16,9 @@ namespace pd::engine {
 std::string_view BackendKind(std::string_view backend_name);
 
 // Of `ops` (Backend method names, "Rope", "MatMul", ...) and the MatMul weight types
-// `weight_types`, those that backend kind `kind` cannot run, each named: "Rope", "MatMul with q4_K
-// weights". Empty when it runs them all. An unknown kind lacks every op.
+// `weight_types`, those that backend kind `kind` cannot run, each named: "Rope", "MatMul with w8a8
+// weights". Empty when it runs them all. An unknown kind lacks every op. The CUDA kind's ops and
+// weight types are cuda_ops.h's lists.
 std::vector<std::string> MissingOps(std::string_view kind, absl::Span<const std::string_view> ops,
                                     absl::Span<const DType> weight_types);
 

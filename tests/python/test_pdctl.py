@@ -156,7 +156,7 @@ def test_synth_model_then_plan(pdctl, tmp_path):
               "--cpu-bw", "40", "--ctx", "256", check=True).stdout.decode()
     assert "every layer on the GPU" in big, big
     assert "predicted decode time per token" in big
-    for t in ("q4_K", "q5_0", "q6_K", "q8_0", "f16"):
+    for t in ("q2_K", "q3_K", "q4_0", "q4_K", "q5_0", "q5_K", "q6_K", "q8_0", "f16"):
         assert f"\n{t} " in big, t
     # Exactly one layer fits: the budget of `--gpu-layers 1` as printed, rounded up.
     fixed = run(pdctl, "plan", "-m", str(model), "--gpu-mem", "4G", "--gpu-bw", "3000",

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/strings.h"
+#include "engine/backend/cuda/cuda_ops.h"
 #include "engine/backend/kv_layout.h"
 #include "engine/model/gguf.h"
 #include "engine/model/model_config.h"
@@ -214,12 +215,22 @@ int RunPlan(const PlanFlags& f) {
     rc = plan.status().code() == absl::StatusCode::kResourceExhausted ? 1 : 2;
   }
 
-  // The other weight types the CUDA engine runs, re-quantized (`pdctl quantize --type T`).
+  // The other weight types the CUDA engine runs, re-quantized (`pdctl quantize --type T`), from
+  // the fewest bits per weight; f32 and bf16 are left out (nobody serves f32, and bf16 takes
+  // f16's bytes).
   std::printf("\nby weight type (every matrix re-quantized; 1-D tensors stay f32):\n");
   std::printf("%-6s %10s %10s %12s %12s\n", "type", "model MiB", "GPU layers", "GPU MiB",
               "ms/token");
-  for (engine::DType t : {engine::DType::kQ4_K, engine::DType::kQ5_0, engine::DType::kQ6_K,
-                          engine::DType::kQ8_0, engine::DType::kF16}) {
+  std::vector<engine::DType> types;
+  for (engine::DType t : engine::cuda::kMatMulWeightTypes) {
+    if (t != engine::DType::kF32 && t != engine::DType::kBF16) types.push_back(t);
+  }
+  const auto bits = [](engine::DType t) {
+    return 8.0 * engine::Traits(t).block_bytes / engine::Traits(t).block_size;
+  };
+  std::stable_sort(types.begin(), types.end(),
+                   [&](engine::DType a, engine::DType b) { return bits(a) < bits(b); });
+  for (engine::DType t : types) {
     const engine::ModelFootprint fp = engine::FootprintAs(**file, c, t);
     absl::StatusOr<engine::Plan> p = f.gpu_layers >= 0 ? engine::PlanFixed(c, fp, req, f.gpu_layers)
                                                         : engine::PlanOffload(c, fp, req);

@@ -148,13 +148,28 @@ bool FitsInt(int64_t v) { return v >= 0 && v <= INT_MAX; }
 // from engine/quant and kv_layout.h, which nvcc does not see; they must agree byte for byte.
 static_assert(sizeof(cuda::BlockQ8_0) == sizeof(BlockQ8_0) &&
               offsetof(cuda::BlockQ8_0, qs) == offsetof(BlockQ8_0, qs));
+static_assert(sizeof(cuda::BlockQ4_0) == sizeof(BlockQ4_0) &&
+              offsetof(cuda::BlockQ4_0, qs) == offsetof(BlockQ4_0, qs));
 static_assert(sizeof(cuda::BlockQ5_0) == sizeof(BlockQ5_0) &&
               offsetof(cuda::BlockQ5_0, qh) == offsetof(BlockQ5_0, qh) &&
               offsetof(cuda::BlockQ5_0, qs) == offsetof(BlockQ5_0, qs));
+static_assert(sizeof(cuda::BlockQ2_K) == sizeof(BlockQ2_K) &&
+              offsetof(cuda::BlockQ2_K, qs) == offsetof(BlockQ2_K, qs) &&
+              offsetof(cuda::BlockQ2_K, d) == offsetof(BlockQ2_K, d) &&
+              offsetof(cuda::BlockQ2_K, dmin) == offsetof(BlockQ2_K, dmin));
+static_assert(sizeof(cuda::BlockQ3_K) == sizeof(BlockQ3_K) &&
+              offsetof(cuda::BlockQ3_K, qs) == offsetof(BlockQ3_K, qs) &&
+              offsetof(cuda::BlockQ3_K, scales) == offsetof(BlockQ3_K, scales) &&
+              offsetof(cuda::BlockQ3_K, d) == offsetof(BlockQ3_K, d));
 static_assert(sizeof(cuda::BlockQ4_K) == sizeof(BlockQ4_K) &&
               offsetof(cuda::BlockQ4_K, dmin) == offsetof(BlockQ4_K, dmin) &&
               offsetof(cuda::BlockQ4_K, scales) == offsetof(BlockQ4_K, scales) &&
               offsetof(cuda::BlockQ4_K, qs) == offsetof(BlockQ4_K, qs));
+static_assert(sizeof(cuda::BlockQ5_K) == sizeof(BlockQ5_K) &&
+              offsetof(cuda::BlockQ5_K, dmin) == offsetof(BlockQ5_K, dmin) &&
+              offsetof(cuda::BlockQ5_K, scales) == offsetof(BlockQ5_K, scales) &&
+              offsetof(cuda::BlockQ5_K, qh) == offsetof(BlockQ5_K, qh) &&
+              offsetof(cuda::BlockQ5_K, qs) == offsetof(BlockQ5_K, qs));
 static_assert(sizeof(cuda::BlockQ6_K) == sizeof(BlockQ6_K) &&
               offsetof(cuda::BlockQ6_K, qh) == offsetof(BlockQ6_K, qh) &&
               offsetof(cuda::BlockQ6_K, scales) == offsetof(BlockQ6_K, scales) &&
@@ -174,10 +189,18 @@ std::optional<cuda::WeightFormat> FormatOf(DType t) {
       return cuda::WeightFormat::kBF16;
     case DType::kQ8_0:
       return cuda::WeightFormat::kQ8_0;
+    case DType::kQ4_0:
+      return cuda::WeightFormat::kQ4_0;
     case DType::kQ5_0:
       return cuda::WeightFormat::kQ5_0;
+    case DType::kQ2_K:
+      return cuda::WeightFormat::kQ2_K;
+    case DType::kQ3_K:
+      return cuda::WeightFormat::kQ3_K;
     case DType::kQ4_K:
       return cuda::WeightFormat::kQ4_K;
+    case DType::kQ5_K:
+      return cuda::WeightFormat::kQ5_K;
     case DType::kQ6_K:
       return cuda::WeightFormat::kQ6_K;
     default:
@@ -360,11 +383,11 @@ class CudaBackend final : public Backend {
   // F32 weights: SGEMM in plain FP32 (no TF32, the default math mode), 2*m*n*k flops.
   // F16 / BF16 weights: x is first rounded to the weights' type into scratch (n*k*6 bytes of
   // traffic), then GemmEx with half inputs, FP32 accumulation (tensor cores) and F32 output.
-  // Quantized weights (Q8_0, Q5_0, Q4_K, Q6_K): for n <= cuda::kMaxGemvRows, a GEMV that reads
-  // each weight block once and dots it with the F32 activations (matmul_quant.cu): bound by the
-  // m * row_bytes weight bytes. For larger n the weights are expanded to F16 a slab of rows at a
-  // time (dequantize.cu: row_bytes read and 2k bytes written per row) and multiplied like F16
-  // weights, so that tensor cores do the 2*m*n*k flops.
+  // Quantized weights (Q8_0, Q4_0, Q5_0, Q2_K ... Q6_K): for n <= cuda::kMaxGemvRows, a GEMV
+  // that reads each weight block once and dots it with the F32 activations (matmul_quant.cu):
+  // bound by the m * row_bytes weight bytes. For larger n the weights are expanded to F16 a slab
+  // of rows at a time (dequantize.cu: row_bytes read and 2k bytes written per row) and multiplied
+  // like F16 weights, so that tensor cores do the 2*m*n*k flops.
   absl::Status MatMul(const Tensor& w, const Tensor& x, Tensor& y) override {
     if (std::find(cuda::kMatMulWeightTypes.begin(), cuda::kMatMulWeightTypes.end(), w.type) ==
         cuda::kMatMulWeightTypes.end()) {
@@ -826,10 +849,12 @@ class CudaBackend final : public Backend {
     return CheckSameShape(a, y, op);
   }
 
-  // The GEMV reads Q4_K codes as 4-byte words and the other formats' as 2-byte halves; weight
-  // views at other offsets (never made by the model loader) take the GEMM path instead.
+  // The GEMV reads Q2_K, Q4_K and Q5_K codes as 4-byte words and the other formats' as 2-byte
+  // halves; weight views at other offsets (never made by the model loader) take the GEMM path
+  // instead.
   static bool GemvAligned(const Tensor& w) {
-    const uintptr_t align = w.type == DType::kQ4_K ? 4 : 2;
+    const bool words = w.type == DType::kQ2_K || w.type == DType::kQ4_K || w.type == DType::kQ5_K;
+    const uintptr_t align = words ? 4 : 2;
     return reinterpret_cast<uintptr_t>(w.data) % align == 0 && w.row_bytes() % align == 0;
   }
 

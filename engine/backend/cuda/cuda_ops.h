@@ -22,7 +22,8 @@ inline constexpr std::array<std::string_view, 12> kImplementedOps = {
     "SwiGlu", "GeGlu",   "Scale",   "Softmax", "StoreKv", "Attention"};
 // Weight types its MatMul multiplies (the row-order flags of MatMulRowOrder name CPU summation
 // orders and are ignored).
-inline constexpr std::array<DType, 7> kMatMulWeightTypes = {
-    DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K};
+inline constexpr std::array<DType, 11> kMatMulWeightTypes = {
+    DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ5_0,
+    DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
 
 }  // namespace pd::engine::cuda

@@ -16,7 +16,7 @@ __device__ __forceinline__ void Store(__half* p, float v) { *p = __float2half_rn
 // One output element per thread and step: blockIdx.y walks the rows, blockIdx.x the columns.
 // `ids` nullptr: output row r is table row r. Per element: reads the weight's share of its block
 // (its block header again for every element, from L1) and writes 4 (F32) or 2 (F16) bytes; a
-// few integer ops and at most three flops. Memory bound.
+// few integer ops and at most four flops. Memory bound.
 template <WeightFormat F, typename Out>
 __global__ void DequantizeRowsKernel(const uint8_t* __restrict__ table, size_t row_bytes,
                                      const int32_t* __restrict__ ids, int64_t n_rows, int64_t cols,
@@ -59,12 +59,28 @@ cudaError_t Launch(WeightFormat format, const void* table, size_t row_bytes, con
       DequantizeRowsKernel<WeightFormat::kQ8_0>
           <<<grid, kDequantBlock, 0, stream>>>(t, row_bytes, ids, n_rows, cols, out);
       break;
+    case WeightFormat::kQ4_0:
+      DequantizeRowsKernel<WeightFormat::kQ4_0>
+          <<<grid, kDequantBlock, 0, stream>>>(t, row_bytes, ids, n_rows, cols, out);
+      break;
     case WeightFormat::kQ5_0:
       DequantizeRowsKernel<WeightFormat::kQ5_0>
           <<<grid, kDequantBlock, 0, stream>>>(t, row_bytes, ids, n_rows, cols, out);
       break;
+    case WeightFormat::kQ2_K:
+      DequantizeRowsKernel<WeightFormat::kQ2_K>
+          <<<grid, kDequantBlock, 0, stream>>>(t, row_bytes, ids, n_rows, cols, out);
+      break;
+    case WeightFormat::kQ3_K:
+      DequantizeRowsKernel<WeightFormat::kQ3_K>
+          <<<grid, kDequantBlock, 0, stream>>>(t, row_bytes, ids, n_rows, cols, out);
+      break;
     case WeightFormat::kQ4_K:
       DequantizeRowsKernel<WeightFormat::kQ4_K>
+          <<<grid, kDequantBlock, 0, stream>>>(t, row_bytes, ids, n_rows, cols, out);
+      break;
+    case WeightFormat::kQ5_K:
+      DequantizeRowsKernel<WeightFormat::kQ5_K>
           <<<grid, kDequantBlock, 0, stream>>>(t, row_bytes, ids, n_rows, cols, out);
       break;
     case WeightFormat::kQ6_K:

@@ -394,12 +394,26 @@ std::vector<uint8_t> RandomWeights(DType type, int64_t rows, int64_t cols, uint3
       case DType::kQ8_0:  // d * q, q in [-128, 127]
         put_f16(blk + offsetof(BlockQ8_0, d), unit(rng) / 127.f);
         break;
+      case DType::kQ4_0:  // d * (c - 8), c in [0, 15]
+        put_f16(blk + offsetof(BlockQ4_0, d), unit(rng) / 8.f);
+        break;
       case DType::kQ5_0:  // d * (c - 16), c in [0, 31]
         put_f16(blk + offsetof(BlockQ5_0, d), unit(rng) / 16.f);
+        break;
+      case DType::kQ2_K:  // (d sc) q - dmin m, sc and m in [0, 15], q in [0, 3]
+        put_f16(blk + offsetof(BlockQ2_K, d), unit(rng) / (15.f * 3.f));
+        put_f16(blk + offsetof(BlockQ2_K, dmin), unit(rng) / (15.f * 2.f));
+        break;
+      case DType::kQ3_K:  // d sc q, sc in [-32, 31], q in [-4, 3]
+        put_f16(blk + offsetof(BlockQ3_K, d), unit(rng) / (32.f * 4.f));
         break;
       case DType::kQ4_K:  // (d sc) q - dmin m, sc and m in [0, 63], q in [0, 15]
         put_f16(blk + offsetof(BlockQ4_K, d), unit(rng) / (63.f * 15.f));
         put_f16(blk + offsetof(BlockQ4_K, dmin), unit(rng) / (63.f * 2.f));
+        break;
+      case DType::kQ5_K:  // (d sc) q - dmin m, sc and m in [0, 63], q in [0, 31]
+        put_f16(blk + offsetof(BlockQ5_K, d), unit(rng) / (63.f * 31.f));
+        put_f16(blk + offsetof(BlockQ5_K, dmin), unit(rng) / (63.f * 2.f));
         break;
       case DType::kQ6_K:  // d sc (q - 32), sc in [-128, 127], q - 32 in [-32, 31]
         put_f16(blk + offsetof(BlockQ6_K, d), unit(rng) / (128.f * 32.f));
@@ -480,7 +494,13 @@ INSTANTIATE_TEST_SUITE_P(
         GetRowsCase{DType::kBF16, 1000, 640}, GetRowsCase{DType::kQ8_0, 4096, 640},
         GetRowsCase{DType::kQ5_0, 4096, 640}, GetRowsCase{DType::kQ4_K, 1000, 4096},
         GetRowsCase{DType::kQ6_K, 1000, 4096}, GetRowsCase{DType::kQ8_0, 300, 4096},
-        GetRowsCase{DType::kQ4_K, 300, 2048}, GetRowsCase{DType::kQ6_K, 300, 2048}),
+        GetRowsCase{DType::kQ4_K, 300, 2048}, GetRowsCase{DType::kQ6_K, 300, 2048},
+        // The other GGUF types: Q4_0 (Q4_0 files' embeddings), Q2_K, Q3_K and Q5_K (the tables
+        // of Q2_K ... Q5_K_M files).
+        GetRowsCase{DType::kQ4_0, 4096, 640}, GetRowsCase{DType::kQ4_0, 300, 4096},
+        GetRowsCase{DType::kQ2_K, 1000, 4096}, GetRowsCase{DType::kQ3_K, 1000, 4096},
+        GetRowsCase{DType::kQ5_K, 1000, 4096}, GetRowsCase{DType::kQ2_K, 300, 2048},
+        GetRowsCase{DType::kQ3_K, 300, 2048}, GetRowsCase{DType::kQ5_K, 300, 2048}),
     GetRowsName);
 
 TEST_F(CudaBackendTest, GetRowsRejectsBadIdsAndTypes) {
@@ -491,11 +511,11 @@ TEST_F(CudaBackendTest, GetRowsRejectsBadIdsAndTypes) {
   const int32_t negative[] = {-1, 0};
   EXPECT_THAT(cuda_->GetRows(table.t, negative, out.t),
               StatusIs(absl::StatusCode::kInvalidArgument));
-  Owned q2 = Put(*cuda_, DType::kQ2_K, 4, 256, nullptr);
+  Owned w8 = Put(*cuda_, DType::kW8A8, 4, 256, nullptr);
   Owned out256 = Put(*cuda_, DType::kF32, 2, 256, nullptr);
   const int32_t ok[] = {0, 3};
-  EXPECT_THAT(cuda_->GetRows(q2.t, ok, out256.t),
-              StatusIs(absl::StatusCode::kUnimplemented, "q2_K"));
+  EXPECT_THAT(cuda_->GetRows(w8.t, ok, out256.t),
+              StatusIs(absl::StatusCode::kUnimplemented, "w8a8"));
   PD_EXPECT_OK(cuda_->Synchronize());
 }
 
@@ -505,11 +525,13 @@ TEST_F(CudaBackendTest, GetRowsRejectsBadIdsAndTypes) {
 // GetRows) and x the F32 activations. Per output element, with S = sum_j |W[i,j] x[r,j]|,
 // T = max_j |W[i,j]| * sum_j |x[r,j]| and u = 2^-24:
 //   GEMV (n <= 8, quantized): |gpu - y_ref| <= 5 (k/32 + 16) u T + 1e-6. The kernel sums each
-//     unit's codes times x, scales once per sub-block (Q4_K: minus dmin m times the sum of x),
-//     then adds the units along a lane (k/256 steps) and across the warp (5 steps). Every term
-//     it adds is at most 5 max|W| times a share of sum |x| (Q4_K's d sc q and dmin m can each be
-//     twice the largest weight while their difference is small), and each addition rounds by u
-//     of the running magnitude: k/32 + 16 bounds the additions on any path with room to spare.
+//     unit's codes times x, scales once per sub-block (Q2_K, Q4_K, Q5_K: minus dmin m times the
+//     sum of x), then adds the units' sub-block terms along a lane (k/256 steps; k/128 for Q2_K
+//     and Q3_K, whose units span four sub-blocks) and across the warp (5 steps). Every term it
+//     adds is at most 5 max|W| times a share of sum |x| (the d sc q and dmin m of Q2_K, Q4_K and
+//     Q5_K can each be twice the largest weight while their difference is small), and each
+//     addition rounds by u of the running magnitude: k/32 + 16 bounds the additions on any path
+//     with room to spare.
 //   GEMM (n > 8: weights expanded to F16, activations rounded to F16, tensor cores):
 //     |gpu - y_ref| <= (2^-10 + 5e-4) S + 2^-24 sum|x| + 1e-5: each factor of a product is
 //     rounded to F16 once (relative 2^-11 each; weights below f16's normal range lose at most
@@ -561,7 +583,8 @@ TEST_P(CudaQuantMatMulTest, MatchesReferenceAndCpu) {
 
   const bool bf16 = c.type == DType::kBF16;
   const bool gemv = !bf16 && c.n <= 8;
-  const int64_t act_block = (c.type == DType::kQ8_0 || c.type == DType::kQ5_0) ? 32 : 256;
+  const int64_t act_block =
+      (c.type == DType::kQ8_0 || c.type == DType::kQ4_0 || c.type == DType::kQ5_0) ? 32 : 256;
   constexpr double u = 1.0 / (1 << 24);
   int failures = 0;
   for (int64_t r = 0; r < c.n; ++r) {
@@ -627,6 +650,18 @@ INSTANTIATE_TEST_SUITE_P(
         QuantMatMulCase{DType::kQ6_K, 300, 11008, 1}, QuantMatMulCase{DType::kQ6_K, 300, 11008, 12},
         QuantMatMulCase{DType::kQ8_0, 1024, 4096, 8}, QuantMatMulCase{DType::kQ8_0, 256, 11008, 2},
         QuantMatMulCase{DType::kQ4_K, 256, 11008, 7},
+        // Q4_0, Q2_K, Q3_K and Q5_K (Q4_0 and Q2_K ... Q5_K_M files): decode, the GEMV's widest
+        // batch, and the F16 GEMM. k = 11008 is 43 super-blocks, so the two-super-block warp
+        // steps of Q2_K and Q3_K end on half a step.
+        QuantMatMulCase{DType::kQ4_0, 2048, 640, 1}, QuantMatMulCase{DType::kQ4_0, 2048, 640, 6},
+        QuantMatMulCase{DType::kQ4_0, 2048, 640, 37}, QuantMatMulCase{DType::kQ4_0, 1024, 4096, 8},
+        QuantMatMulCase{DType::kQ4_0, 256, 11008, 2}, QuantMatMulCase{DType::kQ2_K, 640, 2048, 1},
+        QuantMatMulCase{DType::kQ2_K, 1024, 4096, 8}, QuantMatMulCase{DType::kQ2_K, 300, 11008, 3},
+        QuantMatMulCase{DType::kQ2_K, 257, 4096, 33}, QuantMatMulCase{DType::kQ3_K, 640, 2048, 2},
+        QuantMatMulCase{DType::kQ3_K, 1024, 4096, 5}, QuantMatMulCase{DType::kQ3_K, 300, 11008, 1},
+        QuantMatMulCase{DType::kQ3_K, 300, 11008, 12}, QuantMatMulCase{DType::kQ5_K, 640, 2048, 1},
+        QuantMatMulCase{DType::kQ5_K, 1024, 4096, 4}, QuantMatMulCase{DType::kQ5_K, 256, 11008, 8},
+        QuantMatMulCase{DType::kQ5_K, 640, 2048, 9},
         // More weights than one F16 slab (32M elements): the GEMM runs in two slabs.
         QuantMatMulCase{DType::kQ8_0, 16384, 2560, 9}, QuantMatMulCase{DType::kBF16, 1024, 4096, 1},
         QuantMatMulCase{DType::kBF16, 300, 640, 17}),
@@ -658,7 +693,7 @@ TEST_F(CudaBackendTest, MatMulGroupMatchesMatMul) {
 TEST_F(CudaBackendTest, MatMulNamesWeightTypesItLacks) {
   Owned x = Put(*cuda_, DType::kF32, 2, 256, nullptr);
   Owned out = Put(*cuda_, DType::kF32, 2, 4, nullptr);
-  for (DType t : {DType::kQ4_0, DType::kQ2_K, DType::kQ3_K, DType::kQ5_K}) {
+  for (DType t : {DType::kW8A8, DType::kW4A16}) {
     Owned w = Put(*cuda_, t, 4, 256, nullptr);
     EXPECT_THAT(cuda_->MatMul(w.t, x.t, out.t),
                 StatusIs(absl::StatusCode::kUnimplemented, std::string(Traits(t).name)));

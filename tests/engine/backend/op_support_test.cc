@@ -34,20 +34,23 @@ TEST(OpSupportTest, TheCpuBackendRunsEveryOpAndType) {
 }
 
 TEST(OpSupportTest, TheCudaBackendLacksWhatItDoesNotImplement) {
-  // Every op of the forward pass, and the weight types of the default model and common GGUFs.
-  EXPECT_THAT(MissingOps("cuda",
-                         {"MatMul", "RmsNorm", "Rope", "Attention", "StoreKv", "GetRows", "Add",
-                          "AddBias", "SwiGlu", "GeGlu", "Scale", "Softmax"},
-                         {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ5_0,
-                          DType::kQ4_K, DType::kQ6_K}),
-              IsEmpty());
+  // Every op of the forward pass, and the weight types of the default model and of every GGUF
+  // type (Q4_0, Q2_K ... Q6_K, Q8_0, Q5_0).
+  EXPECT_THAT(
+      MissingOps("cuda",
+                 {"MatMul", "RmsNorm", "Rope", "Attention", "StoreKv", "GetRows", "Add", "AddBias",
+                  "SwiGlu", "GeGlu", "Scale", "Softmax"},
+                 {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ5_0,
+                  DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}),
+      IsEmpty());
   // Types without CUDA kernels yet are named, once each.
-  EXPECT_THAT(MissingOps("cuda", {"MatMul", "RmsNorm"}, {DType::kF16, DType::kQ2_K, DType::kQ2_K}),
-              ElementsAre("MatMul with q2_K weights"));
+  EXPECT_THAT(
+      MissingOps("cuda", {"MatMul", "RmsNorm"}, {DType::kF16, DType::kW4A16, DType::kW4A16}),
+      ElementsAre("MatMul with w4a16 weights"));
   EXPECT_THAT(MissingOps("cuda", {"MatMul", "Fft"}, {DType::kW8A8}),
               ElementsAre("Fft", "MatMul with w8a8 weights"));
   // Weight types only matter when the model multiplies by them.
-  EXPECT_THAT(MissingOps("cuda", {"RmsNorm"}, {DType::kQ2_K}), IsEmpty());
+  EXPECT_THAT(MissingOps("cuda", {"RmsNorm"}, {DType::kW4A16}), IsEmpty());
 }
 
 TEST(OpSupportTest, AnUnknownBackendLacksEverything) {
