@@ -200,7 +200,18 @@ class Backend {
   virtual absl::Status Attention(const Tensor& q, const KvTensor& k_cache,
                                  const KvTensor& v_cache, const KvBatch& kv,
                                  const AttentionParams& p, Tensor& out) = 0;
+
+  // ---- sampling -----------------------------------------------------------------------------
+  // The k best entries of each row of x (F32 [rows, cols]) in top_k.h's rank order (largest
+  // first, equal values by lower column; -0 equals +0; NaN below every number): their values in
+  // `values` (F32 [rows, k]) and their columns in ids[rows * k], both in this backend's memory.
+  // 1 <= k <= min(cols, kMaxTopK). A decode step that samples from a row's best k logits copies
+  // back k pairs, not the vocabulary's logits.
+  virtual absl::Status TopK(const Tensor& x, int k, Tensor& values, int32_t* ids) = 0;
 };
+
+// The largest k Backend::TopK takes.
+inline constexpr int kMaxTopK = 256;
 
 struct CpuBackendOptions {
   int threads = 0;             // 0 = all online cores

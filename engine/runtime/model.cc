@@ -9,12 +9,16 @@
 #include "common/status.h"
 #include "common/strings.h"
 #include "engine/backend/op_support.h"
+#include "engine/backend/top_k.h"
 
 namespace pd::engine {
 namespace {
 
 // Scratch slots, each a [rows, cols] F32 activation buffer.
-enum Slot { kX, kH, kQ, kK, kV, kAttn, kO, kGate, kUp, kOutX, kOutH, kLogits, kNumSlots };
+// kTopValues and kTopIds (int32 in an F32-sized slot) hold TopK's output for ForwardTop.
+enum Slot {
+  kX, kH, kQ, kK, kV, kAttn, kO, kGate, kUp, kOutX, kOutH, kLogits, kTopValues, kTopIds, kNumSlots
+};
 
 // The summation order llama.cpp gives each row (Backend::MatMulRowOrder), from the `rows`
 // (indices into the batch) of each sequence that a matmul multiplies, in batch order: those past
@@ -86,6 +90,7 @@ std::vector<std::string_view> Model::OpsUsed(const ModelConfig& c) {
   ops.push_back(c.ffn_act == FfnActivation::kGeluTanh ? "GeGlu" : "SwiGlu");
   if (c.qkv_bias) ops.push_back("AddBias");
   if (c.embedding_scale > 0 || c.attention_scale > 0) ops.push_back("Scale");
+  ops.push_back("TopK");  // ForwardTop
   return ops;
 }
 
@@ -130,8 +135,9 @@ absl::Status Model::EnsureScratch(int64_t n_tokens, int64_t n_out) {
   const ModelConfig& c = config_;
   const int64_t q_dim = int64_t{c.n_head} * c.head_dim;
   const int64_t kv_dim = int64_t{c.n_head_kv} * c.head_dim;
-  const int64_t cols[kNumSlots] = {c.n_embd, c.n_embd, q_dim,  kv_dim,   kv_dim,   q_dim,
-                                   c.n_embd, c.n_ff,   c.n_ff, c.n_embd, c.n_embd, HeadRows()};
+  const int64_t cols[kNumSlots] = {c.n_embd, c.n_embd,   q_dim,    kv_dim,     kv_dim,
+                                   q_dim,    c.n_embd,   c.n_ff,   c.n_ff,     c.n_embd,
+                                   c.n_embd, HeadRows(), kMaxTopK, kMaxTopK};
   const int head = layer_backend_index_.back();
   for (size_t bi = 0; bi < backends_.size(); ++bi) {
     std::vector<std::unique_ptr<Buffer>>& slots = scratch_[bi];
@@ -221,6 +227,77 @@ absl::Status Model::ObserveIntermediate(Backend& b, const char* name, int layer,
 
 absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>* logits,
                             const LayerHook& after_kv_store) {
+  Tensor out_logits;
+  PD_RETURN_IF_ERROR(Run(batch, kv, after_kv_store, logits != nullptr, &out_logits));
+  if (logits == nullptr) return absl::OkStatus();
+  logits->clear();
+  if (out_logits.rows == 0) return absl::OkStatus();
+  return DownloadLogits(out_logits, logits);
+}
+
+absl::Status Model::DownloadLogits(const Tensor& out_logits, std::vector<float>* logits) {
+  const ModelConfig& c = config_;
+  Backend& b = backend();
+  const int64_t n_out = out_logits.rows;
+  logits->resize(static_cast<size_t>(n_out) * c.n_vocab);
+  if (c.head_tokens.empty()) {
+    PD_RETURN_IF_ERROR(b.Download(logits->data(), out_logits.data, out_logits.bytes()));
+    return b.Synchronize();
+  }
+  // A restricted head: its [n_out, head_rows] scores go to their token ids; every other id gets
+  // -infinity, so that a sampler's probability there is exactly 0. (The device sends head_rows
+  // floats per row, not n_vocab; the scatter is n_vocab stores per row on the host.)
+  head_logits_.resize(static_cast<size_t>(out_logits.numel()));
+  PD_RETURN_IF_ERROR(b.Download(head_logits_.data(), out_logits.data, out_logits.bytes()));
+  PD_RETURN_IF_ERROR(b.Synchronize());
+  std::fill(logits->begin(), logits->end(), -std::numeric_limits<float>::infinity());
+  const int64_t rows = HeadRows();
+  for (int64_t j = 0; j < n_out; ++j) {
+    float* dst = logits->data() + j * c.n_vocab;
+    const float* src = head_logits_.data() + j * rows;
+    for (int64_t i = 0; i < rows; ++i) dst[c.head_tokens[i]] = src[i];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::ForwardTop(const Batch& batch, KvCache& kv, int k, TopLogits* top,
+                               const LayerHook& after_kv_store) {
+  const ModelConfig& c = config_;
+  if (top == nullptr) return absl::InvalidArgumentError("ForwardTop: null output");
+  if (k < 1 || k > std::min<int64_t>(c.n_vocab, kMaxTopK)) {
+    return absl::InvalidArgumentError(pd::StrCat("ForwardTop: k = ", k, " is outside [1, min(",
+                                                 c.n_vocab, " tokens, ", kMaxTopK, ")]"));
+  }
+  Tensor out_logits;
+  PD_RETURN_IF_ERROR(Run(batch, kv, after_kv_store, true, &out_logits));
+  const int64_t n_out = out_logits.rows;
+  top->k = k;
+  top->ids.resize(static_cast<size_t>(n_out) * k);
+  top->values.resize(top->ids.size());
+  if (n_out == 0) return absl::OkStatus();
+  if (!c.head_tokens.empty()) {
+    // A restricted head (a draft model's): its rows are not token ids, so rank the scattered
+    // rows on the host. Draft models sample on the host anyway.
+    PD_RETURN_IF_ERROR(DownloadLogits(out_logits, &top_scratch_));
+    for (int64_t j = 0; j < n_out; ++j) {
+      RowTopK(top_scratch_.data() + j * c.n_vocab, c.n_vocab, k, top->ids.data() + j * k,
+              top->values.data() + j * k);
+    }
+    return absl::OkStatus();
+  }
+  const int cur = layer_backend_index_.back();
+  Backend& b = backend();
+  Tensor values = Scratch(cur, kTopValues, k, n_out);
+  int32_t* ids = static_cast<int32_t*>(Scratch(cur, kTopIds, k, n_out).data);
+  PD_RETURN_IF_ERROR(b.TopK(out_logits, k, values, ids));
+  PD_RETURN_IF_ERROR(b.Download(top->values.data(), values.data, values.bytes()));
+  PD_RETURN_IF_ERROR(b.Download(top->ids.data(), ids, top->ids.size() * sizeof(int32_t)));
+  return b.Synchronize();
+}
+
+absl::Status Model::Run(const Batch& batch, KvCache& kv, const LayerHook& after_kv_store,
+                        bool head, Tensor* out) {
+  *out = Tensor{DType::kF32, HeadRows(), 0, nullptr};
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(batch.size());
   if (n == 0) return absl::InvalidArgumentError("empty batch");
@@ -378,9 +455,7 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
     PD_RETURN_IF_ERROR(b.Add(x, o, x));
   }
   Backend& b = *bp;  // the last layer's, which holds the output head
-  if (logits == nullptr) return b.Synchronize();
-  logits->clear();
-  if (n_out == 0) return b.Synchronize();
+  if (!head || n_out == 0) return b.Synchronize();
 
   // Only the rows whose logits are wanted go through the output head.
   Tensor out_x = Scratch(cur, kOutX, c.n_embd, n_out);
@@ -390,24 +465,7 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
   PD_RETURN_IF_ERROR(b.RmsNorm(out_x, weights_->output_norm, c.rms_eps, out_h));
   PD_RETURN_IF_ERROR(Linear(b, weights_->output, c.tied_output ? "token_embd" : "output", -1,
                             out_h, out_logits, orders_out));
-  logits->resize(static_cast<size_t>(n_out) * c.n_vocab);
-  if (c.head_tokens.empty()) {
-    PD_RETURN_IF_ERROR(b.Download(logits->data(), out_logits.data, out_logits.bytes()));
-    return b.Synchronize();
-  }
-  // A restricted head: its [n_out, head_rows] scores go to their token ids; every other id gets
-  // -infinity, so that a sampler's probability there is exactly 0. (The device sends head_rows
-  // floats per row, not n_vocab; the scatter is n_vocab stores per row on the host.)
-  head_logits_.resize(static_cast<size_t>(out_logits.numel()));
-  PD_RETURN_IF_ERROR(b.Download(head_logits_.data(), out_logits.data, out_logits.bytes()));
-  PD_RETURN_IF_ERROR(b.Synchronize());
-  std::fill(logits->begin(), logits->end(), -std::numeric_limits<float>::infinity());
-  const int64_t rows = HeadRows();
-  for (int64_t j = 0; j < n_out; ++j) {
-    float* dst = logits->data() + j * c.n_vocab;
-    const float* src = head_logits_.data() + j * rows;
-    for (int64_t i = 0; i < rows; ++i) dst[c.head_tokens[i]] = src[i];
-  }
+  *out = out_logits;
   return absl::OkStatus();
 }
 

@@ -50,6 +50,20 @@ struct Batch {
   size_t size() const { return tokens.size(); }
 };
 
+// ForwardTop's result: for logits row r (logits_rows order), its best k token ids and their
+// logits, best first.
+struct TopLogits {
+  int k = 0;
+  std::vector<int32_t> ids;   // [rows * k]
+  std::vector<float> values;  // [rows * k]
+  absl::Span<const int32_t> Ids(size_t row) const {
+    return absl::MakeConstSpan(ids.data() + row * k, static_cast<size_t>(k));
+  }
+  absl::Span<const float> Values(size_t row) const {
+    return absl::MakeConstSpan(values.data() + row * k, static_cast<size_t>(k));
+  }
+};
+
 // Sees the input of every weight matmul during Model::Forward: what quantizers calibrate on.
 // Called on the engine thread, synchronously, with host copies of the activations.
 class MatMulObserver {
@@ -117,6 +131,12 @@ class Model {
   using LayerHook = std::function<void(int layer)>;
   absl::Status Forward(const Batch& batch, KvCache& kv, std::vector<float>* logits,
                        const LayerHook& after_kv_store = nullptr);
+  // Forward that keeps the logits on the head's backend and copies back only each logits row's k
+  // best entries (Backend::TopK; 1 <= k <= min(n_vocab, kMaxTopK), else INVALID_ARGUMENT): what
+  // a sampler needs when its result depends on those alone (Sampler::TopNeeded). The entries are
+  // those of Forward's rows, in top_k.h's rank order.
+  absl::Status ForwardTop(const Batch& batch, KvCache& kv, int k, TopLogits* top,
+                          const LayerHook& after_kv_store = nullptr);
 
   // Observer of matmul inputs (nullptr = none, the default). Not owned; must outlive its use.
   void set_observer(MatMulObserver* observer) { observer_ = observer; }
@@ -124,6 +144,13 @@ class Model {
  private:
   explicit Model(std::shared_ptr<const GgufFile> file) : file_(std::move(file)) {}
   absl::Status EnsureScratch(int64_t n_tokens, int64_t n_out);
+  // The forward pass up to the output head. head: compute the logits rows into *out (on the
+  // head's backend, [logits_rows.size(), HeadRows()]); otherwise, and for a batch without logits
+  // rows, *out has no rows and the backends are synchronized.
+  absl::Status Run(const Batch& batch, KvCache& kv, const LayerHook& after_kv_store, bool head,
+                   Tensor* out);
+  // Copies Run's logits to the host as n_vocab floats per row (a restricted head scattered).
+  absl::Status DownloadLogits(const Tensor& out_logits, std::vector<float>* logits);
   // Rows of the output head: n_vocab, or a draft's head_tokens.
   int64_t HeadRows() const {
     return config_.head_tokens.empty() ? config_.n_vocab
@@ -165,6 +192,7 @@ class Model {
   absl::Status ObserveIntermediate(Backend& b, const char* name, int layer, const Tensor& x);
   std::vector<float> observe_buf_;
   std::vector<float> head_logits_;  // host copy of a restricted head's scores
+  std::vector<float> top_scratch_;  // ForwardTop's full rows for a restricted head
 };
 
 }  // namespace pd::engine

@@ -41,6 +41,13 @@ absl::StatusOr<GenerateResult> Generate(Model& model, KvCache& kv, int64_t seq,
   Sampler sampler(options.sampling);
   std::vector<int32_t> history = prompt;
   std::vector<float> logits;
+  // Only the row's best entries leave the backend when they decide the token (Scheduler does the
+  // same; Sampler::TopNeeded).
+  const int top_k = sampler.TopNeeded() <= std::min(n_vocab, kMaxTopK) ? sampler.TopNeeded() : 0;
+  TopLogits top;
+  const auto forward = [&](const Batch& batch) {
+    return top_k > 0 ? model.ForwardTop(batch, kv, top_k, &top) : model.Forward(batch, kv, &logits);
+  };
 
   const double t0 = Now();
   for (size_t start = 0; start < prompt.size(); start += options.prefill_chunk) {
@@ -51,14 +58,16 @@ absl::StatusOr<GenerateResult> Generate(Model& model, KvCache& kv, int64_t seq,
       batch.AddOrdered(prompt[i], static_cast<int32_t>(i), seq, i + 1 == prompt.size(),
                        static_cast<int32_t>(prompt.size()));
     }
-    PD_RETURN_IF_ERROR(model.Forward(batch, kv, &logits));
+    PD_RETURN_IF_ERROR(forward(batch));
   }
   const double t1 = Now();
   result.prefill_seconds = t1 - t0;
 
   result.finish_reason = "length";
   for (int step = 0; step < options.max_tokens; ++step) {
-    const int32_t token = sampler.Sample(absl::MakeConstSpan(logits.data(), n_vocab), history);
+    const int32_t token =
+        top_k > 0 ? sampler.SampleTop(top.Ids(0), top.Values(0))
+                  : sampler.Sample(absl::MakeConstSpan(logits.data(), n_vocab), history);
     if (!options.ignore_eos && options.eog_tokens.contains(token)) {
       result.finish_reason = "stop";
       break;
@@ -74,7 +83,7 @@ absl::StatusOr<GenerateResult> Generate(Model& model, KvCache& kv, int64_t seq,
     PD_RETURN_IF_ERROR(kv.Reserve(seq, pos + 1));
     Batch batch;
     batch.AddOrdered(token, pos, seq, true, static_cast<int32_t>(prompt.size()));
-    PD_RETURN_IF_ERROR(model.Forward(batch, kv, &logits));
+    PD_RETURN_IF_ERROR(forward(batch));
   }
   result.decode_seconds = Now() - t1;
   return result;

@@ -70,6 +70,10 @@ float TokenDist::Prob(int32_t id) const {
 
 int32_t Sampler::Sample(absl::Span<const float> logits, absl::Span<const int32_t> history) {
   if (!Chain(logits, history)) return ArgMax(logits);  // greedy, no copies
+  return DrawCandidates();
+}
+
+int32_t Sampler::DrawCandidates() {
   if (cand_.size() == 1) return cand_[0].id;
   std::uniform_real_distribution<double> uni(0.0, 1.0);
   double r = uni(rng_);
@@ -78,6 +82,48 @@ int32_t Sampler::Sample(absl::Span<const float> logits, absl::Span<const int32_t
     if (r <= 0) return cand_[i].id;
   }
   return cand_.back().id;
+}
+
+int Sampler::TopNeeded() const {
+  if (params_.repetition_penalty != 1.0f && params_.penalty_last_n > 0) return 0;
+  if (params_.temperature <= 0) return 1;
+  return params_.top_k > 0 ? params_.top_k : 0;
+}
+
+int32_t Sampler::SampleTop(absl::Span<const int32_t> ids, absl::Span<const float> logits) {
+  PD_CHECK(TopNeeded() > 0 && ids.size() == logits.size() && !ids.empty());
+  if (params_.temperature <= 0) return ids[0];  // greedy: the best entry, ties to the lower id
+  ChainTop(ids, logits);
+  return DrawCandidates();
+}
+
+void Sampler::DistributionTop(absl::Span<const int32_t> ids, absl::Span<const float> logits,
+                              TokenDist* out) {
+  PD_CHECK(TopNeeded() > 0 && ids.size() == logits.size() && !ids.empty());
+  out->ids.clear();
+  out->probs.clear();
+  if (params_.temperature <= 0) {
+    out->ids.push_back(ids[0]);
+    out->probs.push_back(1.0f);
+    return;
+  }
+  ChainTop(ids, logits);
+  out->ids.reserve(cand_.size());
+  for (const Candidate& c : cand_) out->ids.push_back(c.id);
+  if (cand_.size() == 1) {
+    out->probs.push_back(1.0f);
+  } else {
+    out->probs.assign(probs_.begin(), probs_.begin() + cand_.size());
+  }
+}
+
+void Sampler::ChainTop(absl::Span<const int32_t> ids, absl::Span<const float> logits) {
+  // The best top_k of the row in rank order are the candidates Chain's heap keeps, in the order
+  // its sort gives them (both order by logit, then id).
+  const size_t k = std::min<size_t>(params_.top_k, ids.size());
+  cand_.resize(k);
+  for (size_t i = 0; i < k; ++i) cand_[i] = {ids[i], logits[i]};
+  Filter();
 }
 
 void Sampler::Distribution(absl::Span<const float> logits, absl::Span<const int32_t> history,
@@ -178,6 +224,11 @@ bool Sampler::Chain(absl::Span<const float> logits, absl::Span<const int32_t> hi
     }
   }
   std::sort(cand_.begin(), cand_.end(), by_logit);
+  Filter();
+  return true;
+}
+
+void Sampler::Filter() {
   // Ids that can never be drawn (-inf logits: a draft head's missing rows) leave the list.
   while (cand_.size() > 1 && cand_.back().logit == -std::numeric_limits<float>::infinity()) {
     cand_.pop_back();
@@ -215,7 +266,6 @@ bool Sampler::Chain(absl::Span<const float> logits, absl::Span<const int32_t> hi
     cand_.resize(i);
   }
   softmax(params_.temperature);
-  return true;
 }
 
 }  // namespace pd::engine

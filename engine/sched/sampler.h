@@ -57,6 +57,17 @@ class Sampler {
   // temperature): what speculative decoding compares between draft and target.
   void Distribution(absl::Span<const float> logits, absl::Span<const int32_t> history,
                     TokenDist* out);
+  // How many of a row's best logits decide Sample and Distribution (so that a forward pass can
+  // copy back only those: Model::ForwardTop): 1 for greedy decoding, top_k with top-k on; 0 when
+  // the whole row is needed (no top-k, or a repetition penalty, which can lift any id).
+  int TopNeeded() const;
+  // Sample and Distribution from a row's best entries: `ids` and `logits` hold at least
+  // TopNeeded() (> 0) of them, or the whole of a shorter row, in top_k.h's rank order
+  // (Backend::TopK). Same results, same RNG draws, as from the whole row.
+  int32_t SampleTop(absl::Span<const int32_t> ids, absl::Span<const float> logits);
+  void DistributionTop(absl::Span<const int32_t> ids, absl::Span<const float> logits,
+                       TokenDist* out);
+
   // Draws from `dist` with the sampler's RNG (one uniform, none when it holds a single id).
   int32_t Draw(const TokenDist& dist);
   // A uniform draw in [0, 1) from the sampler's RNG (speculative acceptance tests).
@@ -78,6 +89,13 @@ class Sampler {
   // Fills cand_ / probs_ with the chain's result (non-greedy, or greedy with a penalty: then a
   // single candidate). Returns false for plain greedy (no penalty): the caller takes ArgMax.
   bool Chain(absl::Span<const float> logits, absl::Span<const int32_t> history);
+  // Chain from a row's best entries (SampleTop's precondition): cand_ = the first top_k of
+  // them, then the filters.
+  void ChainTop(absl::Span<const int32_t> ids, absl::Span<const float> logits);
+  // The chain past top-k over cand_ (sorted best first): drops -inf, top-p, min-p, temperature.
+  void Filter();
+  // Sample's draw from cand_ / probs_.
+  int32_t DrawCandidates();
 };
 
 }  // namespace pd::engine

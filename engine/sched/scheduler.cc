@@ -1025,7 +1025,25 @@ void Scheduler::Execute(const StepPlan& plan, StepStats& stats) {
       }
     };
   }
-  const absl::Status st = model_.Forward(batch, *kv_, &logits_, hook);
+  // When every sampler's result depends on its row's best few logits alone (greedy, or top-k
+  // without a repetition penalty: the defaults), only those leave the backend: a GPU copies back
+  // k pairs per row instead of the vocabulary's logits, and nothing scans 262k floats per row on
+  // the host. The tokens are the same either way (Sampler::SampleTop).
+  int top_k = options_.top_logits ? 0 : -1;
+  const int max_top = static_cast<int>(std::min<int64_t>(n_vocab_, kMaxTopK));
+  for (const auto& [s, row] : outputs) {
+    if (top_k < 0) break;
+    const int need = s->sampler.TopNeeded();
+    if (need <= 0 || need > max_top) {
+      top_k = 0;
+      break;
+    }
+    top_k = std::max(top_k, need);
+  }
+  use_top_ = top_k > 0;
+  stats.top_logits_k = std::max(top_k, 0);
+  const absl::Status st = use_top_ ? model_.ForwardTop(batch, *kv_, top_k, &top_, hook)
+                                   : model_.Forward(batch, *kv_, &logits_, hook);
   if (!st.ok()) {
     // A bug or a resource problem (requests were validated): fail this batch, keep serving.
     PD_LOG(kError, "forward of ", batch.size(), " tokens failed, failing its ", in_batch.size(),
@@ -1046,9 +1064,12 @@ void Scheduler::Execute(const StepPlan& plan, StepStats& stats) {
       Verify(s, row, stats);
       continue;
     }
-    const int32_t token = s->sampler.Sample(
-        absl::MakeConstSpan(logits_.data() + row * static_cast<size_t>(n_vocab_), n_vocab_),
-        s->tokens);
+    const int32_t token =
+        use_top_ ? s->sampler.SampleTop(top_.Ids(row), top_.Values(row))
+                 : s->sampler.Sample(absl::MakeConstSpan(
+                                         logits_.data() + row * static_cast<size_t>(n_vocab_),
+                                         n_vocab_),
+                                     s->tokens);
     std::vector<int32_t> emitted;
     if (Emit(s, token, &emitted)) FlushTokens(s, &emitted);
   }
@@ -1098,8 +1119,13 @@ void Scheduler::Verify(Sequence* s, size_t first_row, StepStats& stats) {
   bool live = true;  // still running (Emit did not finish it)
   bool go_on = true;
   for (int j = 0; j <= drafted && go_on; ++j) {
-    const float* row = logits_.data() + (first_row + j) * static_cast<size_t>(n_vocab_);
-    s->sampler.Distribution(absl::MakeConstSpan(row, n_vocab_), s->tokens, &target_dist_);
+    const size_t r = first_row + j;
+    if (use_top_) {
+      s->sampler.DistributionTop(top_.Ids(r), top_.Values(r), &target_dist_);
+    } else {
+      const float* row = logits_.data() + r * static_cast<size_t>(n_vocab_);
+      s->sampler.Distribution(absl::MakeConstSpan(row, n_vocab_), s->tokens, &target_dist_);
+    }
     spec::Verdict v;
     if (j < drafted) {
       const TokenDist* qj = q.empty() ? nullptr : &q[j];

@@ -74,6 +74,9 @@ struct StepStats {
   // position before it was accepted) and, of those, the ones accepted there.
   std::vector<int> drafted_at, accepted_at;
   double draft_seconds = 0;  // in the drafter's Propose
+  // The step copied back each logits row's best entries only (SchedulerOptions::top_logits): 0
+  // when it copied whole rows, else the k.
+  int top_logits_k = 0;
 };
 
 // Called on the engine thread after every step that ran a forward, before that step's tokens and
@@ -146,6 +149,11 @@ struct SchedulerOptions {
   bool run_thread = true;
   StepObserver step_observer;  // may be empty
   SpeculativeOptions speculative;
+  // On (the default): when every sampler in a step depends only on its row's best logits
+  // (greedy, or top-k without a repetition penalty), the step copies back just those
+  // (Model::ForwardTop), on the device for a GPU. Off: whole logits rows every step. The tokens
+  // are the same either way; off is for tests and comparisons.
+  bool top_logits = true;
 
   // INVALID_ARGUMENT naming the field.
   absl::Status Validate() const;
@@ -358,6 +366,10 @@ class Scheduler final : public GenerationEngine {
   std::vector<std::string> finished_ids_;  // this step's, released under the lock at Publish
   std::vector<int64_t> finished_tokens_;
   std::vector<float> logits_;
+  // The last step's logits rows as their best entries (Model::ForwardTop), when use_top_: then
+  // logits_ is stale.
+  TopLogits top_;
+  bool use_top_ = false;
   int64_t next_seq_id_ = 0;
   int64_t cache_query_tokens_ = 0;  // prompt tokens looked up in the prefix cache
   int64_t cache_hit_tokens_ = 0;    // of those, tokens found

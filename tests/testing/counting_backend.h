@@ -97,6 +97,10 @@ class CountingBackend final : public Backend {
     ++ops;
     return inner_->Attention(q, kc, vc, kv, p, out);
   }
+  absl::Status TopK(const Tensor& x, int k, Tensor& values, int32_t* ids) override {
+    ++ops;
+    return inner_->TopK(x, k, values, ids);
+  }
 
   // Updated on the thread that runs the ops (a scheduler's engine thread); readable from any.
   std::atomic<size_t> allocated{0}, mapped{0};

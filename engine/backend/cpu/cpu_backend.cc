@@ -26,6 +26,7 @@
 #include "engine/backend/cpu/cpu_backend_internal.h"
 #include "engine/backend/cpu/kernels.h"
 #include "engine/backend/kv_rotation.h"
+#include "engine/backend/top_k.h"
 #include "engine/quant/dtype.h"
 #include "engine/quant/fp16.h"
 
@@ -415,6 +416,54 @@ absl::Status CpuBackend::Softmax(Tensor& x) {
         }
       },
       std::max<int64_t>(1, 4096 / cols));
+  return absl::OkStatus();
+}
+
+// ---- sampling ------------------------------------------------------------------------------
+// Rows in parallel when there are enough of them; otherwise each row is cut into one chunk per
+// thread, every chunk keeps its own best k (top_k.h) and one merge of those lists gives the row's:
+// a batch-1 decode step's 262k logits take every core, not one.
+absl::Status CpuBackend::TopK(const Tensor& x, int k, Tensor& values, int32_t* ids) {
+  PD_RETURN_IF_ERROR(CheckF32(x, "TopK x"));
+  PD_RETURN_IF_ERROR(CheckF32(values, "TopK values"));
+  if (k < 1 || k > kMaxTopK || k > x.cols) {
+    return absl::InvalidArgumentError(absl::StrCat("TopK: k = ", k, " is outside [1, min(",
+                                                   x.cols, " columns, ", kMaxTopK, ")]"));
+  }
+  if (values.rows != x.rows || values.cols != k) {
+    return absl::InvalidArgumentError(absl::StrCat("TopK: values ", Describe(values), " for x ",
+                                                   Describe(x), " and k = ", k));
+  }
+  if (ids == nullptr && x.rows > 0) return absl::InvalidArgumentError("TopK: null ids");
+  const int threads = pool_.num_threads();
+  // Chunks shorter than this are not worth a thread (a merge costs about chunks * k entries).
+  constexpr int64_t kMinChunk = 16384;
+  const int64_t chunks = std::min<int64_t>(threads, x.cols / std::max<int64_t>(kMinChunk, 4 * k));
+  if (x.rows >= threads || chunks < 2) {
+    pool_.ParallelFor(x.rows, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        RowTopK(RowF32(x, r), x.cols, k, ids + r * k, RowF32(values, r));
+      }
+    });
+    return absl::OkStatus();
+  }
+  std::vector<int32_t> cand_ids(static_cast<size_t>(chunks * k));
+  std::vector<float> cand_values(cand_ids.size());
+  const int64_t per_chunk = (x.cols + chunks - 1) / chunks;
+  for (int64_t r = 0; r < x.rows; ++r) {
+    const float* row = RowF32(x, r);
+    pool_.ParallelFor(chunks, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t begin = c * per_chunk;
+        const int64_t len = std::min(per_chunk, x.cols - begin);
+        int32_t* cid = cand_ids.data() + c * k;
+        // Every chunk holds at least 4k columns, so each keeps k entries.
+        RowTopK(row + begin, len, k, cid, cand_values.data() + c * k);
+        for (int j = 0; j < k; ++j) cid[j] += static_cast<int32_t>(begin);
+      }
+    });
+    MergeTopK(cand_ids.data(), cand_values.data(), chunks * k, k, ids + r * k, RowF32(values, r));
+  }
   return absl::OkStatus();
 }
 

@@ -139,6 +139,7 @@ class CpuBackend final : public Backend {
                        const KvBatch& kv) override;
   absl::Status Attention(const Tensor& q, const KvTensor& k_cache, const KvTensor& v_cache,
                          const KvBatch& kv, const AttentionParams& p, Tensor& out) override;
+  absl::Status TopK(const Tensor& x, int k, Tensor& values, int32_t* ids) override;
 
  private:
   static absl::Status Copy(void* dst, const void* src, size_t bytes, const char* what) {

@@ -52,6 +52,7 @@
 #include "engine/backend/cuda/rmsnorm.cuh"
 #include "engine/backend/cuda/rope.cuh"
 #include "engine/backend/cuda/softmax.cuh"
+#include "engine/backend/cuda/topk.cuh"
 #include "engine/backend/kv_layout.h"
 #include "engine/quant/dtype.h"
 #include "engine/quant/k_quants.h"
@@ -59,6 +60,8 @@
 #include "engine/quant/q8_0.h"
 
 namespace pd::engine {
+
+static_assert(cuda::kTopKMax == kMaxTopK, "topk.cu must take every k Backend::TopK allows");
 namespace {
 
 // A cudaStream_t, destroyed with its owner. Move-only.
@@ -813,6 +816,35 @@ class CudaBackend final : public Backend {
     }
     PD_CUDA_RETURN_IF_ERROR(cuda::LaunchAttention(args, stream_.get()),
                             pd::StrCat("CUDA backend: Attention over ", ShapeString(k_cache)));
+    return absl::OkStatus();
+  }
+
+  // One block per row (topk.cu): k == 1 is a single reduction pass, larger k a radix select.
+  absl::Status TopK(const Tensor& x, int k, Tensor& values, int32_t* ids) override {
+    PD_RETURN_IF_ERROR(CheckF32(x, "TopK x"));
+    PD_RETURN_IF_ERROR(CheckF32(values, "TopK values"));
+    if (k < 1 || k > kMaxTopK || k > x.cols) {
+      return absl::InvalidArgumentError(pd::StrCat("CUDA backend: TopK: k = ", k,
+                                                   " is outside [1, min(", x.cols, " columns, ",
+                                                   kMaxTopK, ")]"));
+    }
+    if (values.rows != x.rows || values.cols != k) {
+      return absl::InvalidArgumentError(pd::StrCat("CUDA backend: TopK: values ",
+                                                   ShapeString(values), " for x ", ShapeString(x),
+                                                   " and k = ", k));
+    }
+    if (!FitsInt(x.rows) || !FitsInt(x.cols)) {
+      return absl::InvalidArgumentError(
+          pd::StrCat("CUDA backend: TopK: x too large: ", ShapeString(x)));
+    }
+    if (x.rows == 0) return absl::OkStatus();
+    if (ids == nullptr) return absl::InvalidArgumentError("CUDA backend: TopK: null ids");
+    PD_RETURN_IF_ERROR(Activate());
+    PD_CUDA_RETURN_IF_ERROR(
+        cuda::LaunchTopK(static_cast<const float*>(x.data), static_cast<int>(x.rows),
+                         static_cast<int>(x.cols), k, static_cast<float*>(values.data), ids,
+                         stream_.get()),
+        "CUDA backend: TopK kernel launch");
     return absl::OkStatus();
   }
 

@@ -28,6 +28,7 @@
 
 #include "common/status_matchers.h"
 #include "engine/backend/backend.h"
+#include "engine/backend/top_k.h"
 #include "engine/backend/cpu/cpu_backend_internal.h"
 #include "engine/backend/cpu/kernels.h"
 #include "engine/backend/cpu/thread_pool.h"
@@ -1311,6 +1312,71 @@ TEST_P(CpuBackendTest, MapWeightsIsAView) {
 }
 
 TEST(CpuBackendNameTest, Name) { EXPECT_EQ(CreateCpuBackend()->name(), "cpu"); }
+
+// ---- TopK ------------------------------------------------------------------------------------
+
+// Rows of logits with ties, both zeros, -inf and a NaN, in shapes that take each path: rows in
+// parallel, and one row cut into per-thread chunks then merged. Every thread count must give
+// RowTopK's entries (the documented order, tested against a full sort in sampler_test) exactly.
+TEST(CpuBackendTopKTest, EveryPathGivesTheRowsBestInRankOrder) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> grid(-400, 400);
+  for (const int threads : {1, 2, 3, 4}) {
+    std::unique_ptr<Backend> be = CreateCpuBackend({.threads = threads});
+    for (const auto& [rows, cols] : std::vector<std::pair<int, int>>{
+             {1, 7}, {1, 262144}, {2, 70000}, {5, 32000}, {1, 16384 * 4 + 3}}) {
+      std::vector<float> x(static_cast<size_t>(rows) * cols);
+      for (float& v : x) v = grid(rng) / 16.f;  // ~800 distinct values: many ties
+      x[3 % x.size()] = NAN;
+      x[1 % x.size()] = -0.f;
+      x[x.size() / 2] = INFINITY;
+      x[x.size() - 1] = -INFINITY;
+      HostTensor in = F32(rows, cols, x);
+      for (const int k : {1, 2, 40, 256}) {
+        if (k > cols) continue;
+        HostTensor values(DType::kF32, rows, k);
+        std::vector<int32_t> ids(static_cast<size_t>(rows) * k);
+        ASSERT_THAT(be->TopK(in.t, k, values.t, ids.data()), IsOk());
+        for (int r = 0; r < rows; ++r) {
+          std::vector<int32_t> want_ids(k);
+          std::vector<float> want_values(k);
+          RowTopK(x.data() + static_cast<size_t>(r) * cols, cols, k, want_ids.data(),
+                  want_values.data());
+          for (int j = 0; j < k; ++j) {
+            ASSERT_EQ(ids[r * k + j], want_ids[j])
+                << threads << " threads, " << rows << "x" << cols << " k=" << k << " row " << r
+                << " rank " << j;
+            ASSERT_EQ(std::memcmp(values.f() + r * k + j, &want_values[j], sizeof(float)), 0);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuBackendTopKTest, Validation) {
+  std::unique_ptr<Backend> be = CreateCpuBackend({.threads = 1});
+  HostTensor x(DType::kF32, 2, 10);
+  std::fill(x.f(), x.f() + 20, 1.f);
+  HostTensor values(DType::kF32, 2, 3);
+  std::vector<int32_t> ids(6);
+  EXPECT_THAT(be->TopK(x.t, 0, values.t, ids.data()), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(be->TopK(x.t, 11, values.t, ids.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument));  // k > cols
+  EXPECT_THAT(be->TopK(x.t, 2, values.t, ids.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument));  // values shape
+  EXPECT_THAT(be->TopK(x.t, 3, values.t, nullptr), StatusIs(absl::StatusCode::kInvalidArgument));
+  HostTensor half(DType::kF16, 2, 10);
+  EXPECT_THAT(be->TopK(half.t, 3, values.t, ids.data()),
+              StatusIs(absl::StatusCode::kUnimplemented));
+  HostTensor wide(DType::kF32, 1, 1000);
+  HostTensor wide_values(DType::kF32, 1, kMaxTopK + 1);
+  std::vector<int32_t> wide_ids(kMaxTopK + 1);
+  EXPECT_THAT(be->TopK(wide.t, kMaxTopK + 1, wide_values.t, wide_ids.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_THAT(be->TopK(x.t, 3, values.t, ids.data()), IsOk());
+  EXPECT_EQ(ids, (std::vector<int32_t>{0, 1, 2, 0, 1, 2}));  // all equal: the lowest columns
+}
 
 // ---- thread pool ---------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@
 
 #include "common/status_matchers.h"
 #include "common/strings.h"
+#include "engine/backend/top_k.h"
 #include "engine/kv/kv_cache.h"
 #include "engine/model/gguf.h"
 #include "engine/model/vocab_match.h"
@@ -162,6 +163,25 @@ TEST_F(DraftModelTest, HeadSubsetForwardEqualsFullHeadAtItsIds) {
     ASSERT_EQ(sub.size(), full.size());
     std::vector<bool> in_head(kVocab, false);
     for (int32_t id : o.head_tokens) in_head[id] = true;
+    // ForwardTop over a restricted head ranks the scattered rows: head ids, then -inf ids.
+    {
+      auto kv = KvCache::Create(draft.model->KvOptions(16, KvDType::kF32, 4), *draft.backend);
+      PD_ASSERT_OK(kv);
+      PD_ASSERT_OK((*kv)->Reserve(0, static_cast<int>(tokens.size())));
+      Batch b;
+      for (size_t i = 0; i < tokens.size(); ++i) b.Add(tokens[i], static_cast<int32_t>(i), 0, true);
+      TopLogits top;
+      constexpr int kTop = 8;  // past the head's 6 ids
+      PD_ASSERT_OK(draft.model->ForwardTop(b, **kv, kTop, &top));
+      for (size_t r = 0; r < tokens.size(); ++r) {
+        std::vector<int32_t> ids(kTop);
+        std::vector<float> values(kTop);
+        RowTopK(sub.data() + r * kVocab, kVocab, kTop, ids.data(), values.data());
+        EXPECT_EQ(std::vector<int32_t>(top.Ids(r).begin(), top.Ids(r).end()), ids);
+        EXPECT_EQ(std::vector<float>(top.Values(r).begin(), top.Values(r).end()), values);
+        EXPECT_TRUE(in_head[top.Ids(r)[0]]);
+      }
+    }
     for (size_t r = 0; r < tokens.size(); ++r) {
       for (int v = 0; v < kVocab; ++v) {
         const float d = sub[r * kVocab + v];

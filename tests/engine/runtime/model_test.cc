@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "common/status_matchers.h"
+#include "engine/backend/top_k.h"
 #include "engine/sched/generate.h"
 #include "tests/testing/tiny_model.h"
 
@@ -104,6 +105,50 @@ TEST_P(ModelTest, BatchedSequencesMatchSeparateRuns) {
   // logits_rows order: c's last token comes first in the batch (index 5), a's last later.
   EXPECT_LT(RelL2(mixed.data(), lc.data() + 2 * V, V), 1e-5);
   EXPECT_LT(RelL2(mixed.data() + V, la.data() + 5 * V, V), 1e-5);
+}
+
+// ForwardTop copies back each logits row's best k entries, which must be exactly those of
+// Forward's rows (ids and value bits), for every k up to the vocabulary; k past it is refused.
+TEST_P(ModelTest, ForwardTopIsTheBestOfForwardsRows) {
+  auto f = Make(GetParam());
+  const int V = f->model->config().n_vocab;
+  const std::vector<int32_t> a = {3, 14, 15, 92, 65, 35}, c = {27, 18, 28};
+  const auto batch = [&](int64_t sa, int64_t sc) {
+    Batch b;
+    for (size_t i = 0; i < a.size(); ++i) {
+      b.Add(a[i], int32_t(i), sa, i + 2 >= a.size());  // two rows of a, one of c
+      if (i < c.size()) b.Add(c[i], int32_t(i), sc, i + 1 == c.size());
+    }
+    return b;
+  };
+  PD_ASSERT_OK(f->kv->Reserve(0, int(a.size())));
+  PD_ASSERT_OK(f->kv->Reserve(1, int(c.size())));
+  std::vector<float> logits;
+  PD_ASSERT_OK(f->model->Forward(batch(0, 1), *f->kv, &logits));
+  const size_t rows = logits.size() / V;
+  ASSERT_EQ(rows, 3u);
+  for (const int k : {1, 2, 7, V}) {
+    f->kv->Free(0);
+    f->kv->Free(1);
+    PD_ASSERT_OK(f->kv->Reserve(0, int(a.size())));
+    PD_ASSERT_OK(f->kv->Reserve(1, int(c.size())));
+    TopLogits top;
+    PD_ASSERT_OK(f->model->ForwardTop(batch(0, 1), *f->kv, k, &top));
+    ASSERT_EQ(top.k, k);
+    ASSERT_EQ(top.ids.size(), rows * k);
+    for (size_t r = 0; r < rows; ++r) {
+      std::vector<int32_t> ids(k);
+      std::vector<float> values(k);
+      RowTopK(logits.data() + r * V, V, k, ids.data(), values.data());
+      EXPECT_EQ(std::vector<int32_t>(top.Ids(r).begin(), top.Ids(r).end()), ids) << "k " << k;
+      EXPECT_EQ(std::vector<float>(top.Values(r).begin(), top.Values(r).end()), values);
+    }
+  }
+  TopLogits top;
+  EXPECT_THAT(f->model->ForwardTop(batch(0, 1), *f->kv, 0, &top),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(f->model->ForwardTop(batch(0, 1), *f->kv, V + 1, &top),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST_P(ModelTest, GreedyGenerationIsDeterministicAndFreesKv) {

@@ -1,7 +1,8 @@
 #include "engine/sched/sampler.h"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <map>
 #include <random>
 #include <set>
@@ -10,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "common/status_matchers.h"
+#include "engine/backend/top_k.h"
 
 namespace pd::engine {
 namespace {
@@ -247,6 +249,112 @@ TEST(SamplerTest, DrawsWhatTheDefinitionDrawsForEveryFilterMix) {
                 << " temperature " << temperature << " draw " << draw;
           }
         }
+      }
+    }
+  }
+}
+
+// ---- sampling from a row's best entries (Model::ForwardTop) ----------------------------------
+
+// The row's best n entries as Backend::TopK gives them.
+void TopOf(const std::vector<float>& row, int n, std::vector<int32_t>* ids,
+           std::vector<float>* values) {
+  ids->resize(n);
+  values->resize(n);
+  RowTopK(row.data(), static_cast<int64_t>(row.size()), n, ids->data(), values->data());
+}
+
+TEST(SamplerTopTest, TopNeededFollowsTheChain) {
+  SamplingParams p;
+  p.top_k = 40;
+  EXPECT_EQ(Sampler(p).TopNeeded(), 40);
+  p.top_k = 0;
+  EXPECT_EQ(Sampler(p).TopNeeded(), 0);  // every id is a candidate
+  EXPECT_EQ(Sampler(SamplingParams::Greedy()).TopNeeded(), 1);
+  p = SamplingParams::Greedy();
+  p.repetition_penalty = 1.3f;
+  EXPECT_EQ(Sampler(p).TopNeeded(), 0);  // a penalty can lift any id
+  p.penalty_last_n = 0;
+  EXPECT_EQ(Sampler(p).TopNeeded(), 1);  // ... unless it looks at no tokens
+}
+
+TEST(SamplerTopTest, SameTokensAndDistributionsAsFromTheWholeRow) {
+  // Rows with ties (logits rounded to a coarse grid), -0 and +0, -inf entries; every mix of the
+  // filters; the same seed on both sides: every draw and every distribution must agree, given
+  // the row's best TopNeeded() entries, or more.
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-6.f, 6.f);
+  int checked = 0;
+  for (const int n_vocab : {1, 3, 50, 1000, 5000}) {
+    for (const float temperature : {0.f, 0.3f, 1.f, 1.7f}) {
+      for (const int top_k : {1, 2, 40, 256}) {
+        for (const float top_p : {1.f, 0.9f, 0.5f}) {
+          for (const float min_p : {0.f, 0.05f, 0.3f}) {
+            SamplingParams p;
+            p.temperature = temperature;
+            p.top_k = top_k;
+            p.top_p = top_p;
+            p.min_p = min_p;
+            p.seed = static_cast<uint64_t>(checked);
+            Sampler whole(p), top(p);
+            const int need = top.TopNeeded();
+            ASSERT_GT(need, 0);
+            for (int step = 0; step < 4; ++step) {
+              std::vector<float> row(n_vocab);
+              for (float& x : row) x = std::round(u(rng) * 4.f) / 4.f;  // many ties
+              if (n_vocab > 2) {
+                row[1] = -0.f;
+                row[2] = 0.f;
+              }
+              if (n_vocab > 10) row[5] = -INFINITY;
+              std::vector<int32_t> ids;
+              std::vector<float> values;
+              const int n = std::min(n_vocab, step % 2 == 0 ? need : need + 5);
+              TopOf(row, n, &ids, &values);
+              const std::vector<int32_t> history = {0};
+              TokenDist dw, dt;
+              whole.Distribution(row, history, &dw);
+              top.DistributionTop(ids, values, &dt);
+              ASSERT_EQ(dw.ids, dt.ids) << n_vocab << " " << temperature << " " << top_k;
+              ASSERT_EQ(dw.probs, dt.probs);
+              ASSERT_EQ(whole.Sample(row, history), top.SampleTop(ids, values))
+                  << n_vocab << " t=" << temperature << " k=" << top_k << " p=" << top_p
+                  << " min_p=" << min_p;
+              ++checked;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 5 * 4 * 4 * 3 * 3 * 4);
+}
+
+TEST(SamplerTopTest, RowTopKRanksLikeAFullSort) {
+  // Against sorting every (value, id) pair by the documented order: NaN last, -0 == +0.
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> pick(-8, 8);
+  for (const int cols : {1, 2, 17, 300, 4096}) {
+    std::vector<float> row(cols);
+    for (int i = 0; i < cols; ++i) {
+      const int v = pick(rng);
+      row[i] = v == 8 ? NAN : v == -8 ? -INFINITY : v == 0 ? (i % 2 ? -0.f : 0.f) : v * 0.5f;
+    }
+    std::vector<int32_t> order(cols);
+    for (int i = 0; i < cols; ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      const bool na = std::isnan(row[a]), nb = std::isnan(row[b]);
+      if (na || nb) return !na && nb;
+      return row[a] > row[b];
+    });
+    for (const int k : {1, 2, 5, 256}) {
+      if (k > cols) continue;
+      std::vector<int32_t> ids;
+      std::vector<float> values;
+      TopOf(row, k, &ids, &values);
+      for (int j = 0; j < k; ++j) {
+        ASSERT_EQ(ids[j], order[j]) << "cols " << cols << " k " << k << " rank " << j;
+        ASSERT_EQ(std::memcmp(&values[j], &row[order[j]], sizeof(float)), 0);
       }
     }
   }

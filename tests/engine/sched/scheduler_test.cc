@@ -323,6 +323,64 @@ TEST(SchedulerTest, ConcurrentSequencesMatchGenerateAlone) {
   EXPECT_EQ(steps.back().load.kv_blocks_free, steps.back().load.kv_blocks_total);
 }
 
+// Copying back only each row's best logits (the default) gives the tokens that whole rows give,
+// for greedy, seeded top-k / top-p / min-p sampling, and beside a sequence with a repetition
+// penalty (whose steps then copy whole rows for everyone).
+TEST(SchedulerTest, TopLogitsGiveTheTokensOfWholeRows) {
+  auto env = MakeEnv();
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 5; ++i) {
+    reqs.push_back(Req("r" + std::to_string(i), Prompt(5 + 7 * i, 300 + i), 24));
+  }
+  reqs[1].sampling = SamplingParams{};  // top_k 40, top_p 0.95, min_p 0.05, temperature 0.8
+  reqs[1].sampling.seed = 99;
+  reqs[2].sampling = SamplingParams{};
+  reqs[2].sampling.seed = 5;
+  reqs[2].sampling.temperature = 1.5f;
+  reqs[2].sampling.top_k = 7;
+  reqs[2].sampling.min_p = 0;
+  reqs[3].sampling = SamplingParams{};
+  reqs[3].sampling.seed = 6;
+  reqs[3].sampling.top_k = kVocab;  // every id, still from the copied-back entries
+  reqs[3].sampling.top_p = 1.0f;
+  reqs[3].sampling.min_p = 0;
+  reqs[4].sampling.repetition_penalty = 1.3f;  // greedy with a penalty: whole rows
+  reqs[4].sampling.penalty_last_n = 8;
+  reqs[4].max_tokens = 6;                      // ends early: later steps go back to top-k
+  std::vector<std::vector<int32_t>> got[2];
+  int top_steps[2] = {0, 0}, whole_steps[2] = {0, 0};
+  for (const bool top : {false, true}) {
+    SchedulerOptions o = Small(/*threaded=*/false);
+    o.top_logits = top;
+    o.step_observer = [&](const StepStats& st) {
+      ++(st.top_logits_k > 0 ? top_steps : whole_steps)[top];
+      // The largest need of the step's sampling sequences.
+      const int k = st.top_logits_k;
+      EXPECT_TRUE(k == 0 || k == 1 || k == 7 || k == 40 || k == kVocab) << k;
+    };
+    auto sched = MakeScheduler(*env, o);
+    std::vector<std::shared_ptr<RecordingSink>> sinks;
+    for (const auto& r : reqs) {
+      sinks.push_back(std::make_shared<RecordingSink>());
+      PD_ASSERT_OK(sched->Submit(r, sinks.back()));
+    }
+    RunToIdle(*sched);
+    for (auto& sink : sinks) {
+      ASSERT_TRUE(sink->finished());
+      got[top].push_back(sink->tokens());
+    }
+    ExpectAllBlocksFree(*sched);
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[1][i], got[0][i]) << reqs[i].id;
+  EXPECT_EQ(top_steps[0], 0);
+  EXPECT_GT(whole_steps[1], 0);  // while the penalized request ran
+  EXPECT_GT(top_steps[1], whole_steps[1]);
+  // The seeded requests really sampled: their streams differ from greedy decoding.
+  GenerationRequest greedy = reqs[2];
+  greedy.sampling = SamplingParams::Greedy();
+  EXPECT_NE(got[1][2], Reference(*env, greedy));
+}
+
 // Expected state after each Step(), TensorRT-LLM style.
 struct StepRow {
   std::vector<StepSequence> batch;
