@@ -16,7 +16,8 @@ size_t AttentionSmemBytes(int head_dim) {
   return sizeof(float) * (static_cast<size_t>(head_dim) * (1 + kAttnWarps) + 2 * kAttnWarps);
 }
 
-// One block per (token, query head, split). The block's warps take the split's positions in turn
+// One block per (row, query head, split), row = the batch row rows[blockIdx.x] (or blockIdx.x
+// when the kernel takes every row). The block's warps take the split's positions in turn
 // (warp w: positions p0 + w, p0 + w + 4, ...), each keeping an online softmax: a running max m,
 // the running sum l of exp(s - m) and the running sum o of exp(s - m) * v, rescaled whenever m
 // grows. Lane `lane` holds dimensions lane + 32 i (i < kDpl) of the query and of o, so every K and
@@ -37,7 +38,8 @@ __global__ void __launch_bounds__(kAttnThreads) AttentionKernel(AttentionArgs a)
   float* warp_o = smem + hd;                  // [kAttnWarps][hd]
   float* warp_ml = warp_o + kAttnWarps * hd;  // [kAttnWarps][2]
 
-  const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
+  const int t = a.rows != nullptr ? a.rows[blockIdx.x] : static_cast<int>(blockIdx.x);
+  const int h = blockIdx.y, split = blockIdx.z;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int kvh = h / (a.n_heads / a.n_kv_heads);
   const int pos = a.batch.pos[t];
@@ -116,7 +118,8 @@ __global__ void __launch_bounds__(kAttnThreads) AttentionKernel(AttentionArgs a)
 
   if (a.n_splits > 1) {
     float* rec =
-        a.partial + ((static_cast<int64_t>(t) * a.n_heads + h) * a.n_splits + split) * (hd + 2);
+        a.partial +
+        ((static_cast<int64_t>(blockIdx.x) * a.n_heads + h) * a.n_splits + split) * (hd + 2);
     if (threadIdx.x == 0) {
       rec[0] = big_m;
       rec[1] = big_l;
@@ -150,13 +153,14 @@ __global__ void __launch_bounds__(kAttnThreads) AttentionKernel(AttentionArgs a)
   }
 }
 
-// One block per (token, query head): merges the splits' (max, sum, unnormalized output) records
-// the same way the block merged its warps, and rotates INT8 outputs back. Reads
-// n_splits * (head_dim + 2) floats, writes head_dim.
+// One block per (row, query head), rows as in AttentionKernel: merges the splits' (max, sum,
+// unnormalized output) records the same way the block merged its warps, and rotates INT8 outputs
+// back. Reads n_splits * (head_dim + 2) floats, writes head_dim.
 __global__ void __launch_bounds__(kAttnThreads) AttentionMergeKernel(AttentionArgs a, bool rotate) {
   extern __shared__ float out_row[];  // [head_dim]
-  const int t = blockIdx.x, h = blockIdx.y, hd = a.head_dim, n = a.n_splits;
-  const float* recs = a.partial + (static_cast<int64_t>(t) * a.n_heads + h) * n * (hd + 2);
+  const int t = a.rows != nullptr ? a.rows[blockIdx.x] : static_cast<int>(blockIdx.x);
+  const int h = blockIdx.y, hd = a.head_dim, n = a.n_splits;
+  const float* recs = a.partial + (static_cast<int64_t>(blockIdx.x) * a.n_heads + h) * n * (hd + 2);
   float big_m = -INFINITY;
   for (int s = 0; s < n; ++s) big_m = fmaxf(big_m, recs[s * (hd + 2)]);
   // Split 0 always holds the first visible position, so big_m is finite and big_l > 0.
@@ -186,8 +190,8 @@ __global__ void __launch_bounds__(kAttnThreads) AttentionMergeKernel(AttentionAr
 }
 
 template <int kDpl>
-cudaError_t LaunchDpl(const AttentionArgs& a, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(a.batch.n_tokens), static_cast<unsigned>(a.n_heads),
+cudaError_t LaunchDpl(const AttentionArgs& a, int n_rows, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(n_rows), static_cast<unsigned>(a.n_heads),
                   static_cast<unsigned>(a.n_splits));
   const size_t smem = AttentionSmemBytes(a.head_dim);
   switch (a.k.type) {
@@ -211,23 +215,30 @@ cudaError_t LaunchDpl(const AttentionArgs& a, cudaStream_t stream) {
 cudaError_t LaunchAttention(const AttentionArgs& a, cudaStream_t stream) {
   if (a.batch.n_tokens <= 0 || a.n_heads <= 0) return cudaSuccess;
   if (a.head_dim <= 0 || a.head_dim > kMaxAttentionHeadDim || a.n_splits < 1 ||
-      a.k.type != a.v.type || (a.n_splits > 1 && a.partial == nullptr)) {
+      a.k.type != a.v.type || (a.n_splits > 1 && a.partial == nullptr) || a.n_rows < 0 ||
+      a.n_tiles < 0 || (a.n_tiles > 0 && a.tiles == nullptr)) {
     return cudaErrorInvalidValue;
   }
-  cudaError_t err;
+  cudaError_t err = cudaSuccess;
+  if (a.n_tiles > 0) {
+    err = LaunchTiledAttention(a, stream);
+    if (err != cudaSuccess) return err;
+  }
+  const int n_rows = a.rows != nullptr ? a.n_rows : a.batch.n_tokens;
+  if (n_rows == 0) return cudaSuccess;
   if (a.head_dim <= 32) {
-    err = LaunchDpl<1>(a, stream);
+    err = LaunchDpl<1>(a, n_rows, stream);
   } else if (a.head_dim <= 64) {
-    err = LaunchDpl<2>(a, stream);
+    err = LaunchDpl<2>(a, n_rows, stream);
   } else if (a.head_dim <= 128) {
-    err = LaunchDpl<4>(a, stream);
+    err = LaunchDpl<4>(a, n_rows, stream);
   } else if (a.head_dim <= 256) {
-    err = LaunchDpl<8>(a, stream);
+    err = LaunchDpl<8>(a, n_rows, stream);
   } else {
-    err = LaunchDpl<16>(a, stream);
+    err = LaunchDpl<16>(a, n_rows, stream);
   }
   if (err != cudaSuccess || a.n_splits == 1) return err;
-  const dim3 grid(static_cast<unsigned>(a.batch.n_tokens), static_cast<unsigned>(a.n_heads));
+  const dim3 grid(static_cast<unsigned>(n_rows), static_cast<unsigned>(a.n_heads));
   AttentionMergeKernel<<<grid, kAttnThreads, sizeof(float) * a.head_dim, stream>>>(
       a, a.v.type == KvType::kI8);
   return cudaGetLastError();

@@ -10,15 +10,17 @@
 // Numerics against the CPU backend (tests/engine/backend/cuda_backend_test.cc checks each op):
 // GetRows, Add, AddBias, Scale and StoreKv (F32, F16, INT8) are bit-exact; RmsNorm, Rope, SwiGlu,
 // GeGlu, Softmax and Attention differ by the rounding of expf/tanhf/sincosf and of sums taken in
-// another order. MatMul multiplies F32 activations for decode-sized batches of quantized weights
-// (the CPU quantizes them to the weights' companion type first) and F16-rounded activations and
-// weights on tensor cores otherwise.
+// another order, and Attention's prompt rows (the tiled kernel) by queries, probabilities and F32
+// cache values rounded to F16 for the tensor cores. MatMul multiplies F32 activations for
+// decode-sized batches of quantized weights (the CPU quantizes them to the weights' companion
+// type first) and F16-rounded activations and weights on tensor cores otherwise.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cmath>
 #include <cstddef>
@@ -29,6 +31,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -297,11 +300,12 @@ int64_t FirstVisible(const KvBatch& kv, int64_t t, int window) {
 // backend's device current on the calling thread first.
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, std::string name, int sm_count, CudaStream stream, CublasHandle cublas,
-              std::unique_ptr<HostStaging> staging)
+  CudaBackend(int device, std::string name, int sm_count, int cc_major, CudaStream stream,
+              CublasHandle cublas, std::unique_ptr<HostStaging> staging)
       : device_(device),
         name_(std::move(name)),
         sm_count_(sm_count),
+        cc_major_(cc_major),
         stream_(std::move(stream)),
         cublas_(std::move(cublas)),
         staging_(std::move(staging)) {}
@@ -733,9 +737,18 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  // See attention.cu: a block per (token, head, split of its positions), online softmax. Per
-  // token and head: 4 * head_dim flops per visible position, and its K and V rows read (from L2
-  // for the query heads of a KV head after the first).
+  // Two kernels (attention.cuh). Which rows each takes is decided here, per call:
+  //   - the tiled kernel (attention_tiled.cu) takes every run of at least
+  //     cuda::kTiledAttentionMinRun rows that are consecutive in the batch and hold consecutive
+  //     positions of one sequence (a prompt, or a chunk of one), cut into tiles of
+  //     cuda::TiledAttentionTokens(group) rows, when cuda::TiledAttentionSupports() holds
+  //     (head_dim a multiple of 16 up to 256, aligned caches, compute capability >= 8.0).
+  //     Tensor cores, Q and P rounded to F16: 4 * head_dim flops per visible (row, head,
+  //     position), each K and V row read once per tile of up to 64 (row, head) pairs.
+  //   - the per-row kernel (attention.cu) takes every other row: decode rows, short runs, and
+  //     all rows of a shape the tiled kernel does not take. A block per (row, head, split of its
+  //     positions), online softmax in F32: 4 * head_dim flops per visible position, its K and V
+  //     rows read per (row, head) (from L2 for the query heads of a KV head after the first).
   absl::Status Attention(const Tensor& q, const KvTensor& k_cache, const KvTensor& v_cache,
                          const KvBatch& kv, const AttentionParams& p, Tensor& out) override {
     PD_RETURN_IF_ERROR(CheckF32(q, "Attention q"));
@@ -775,35 +788,81 @@ class CudaBackend final : public Backend {
     const int64_t n_tokens = q.rows;
     PD_RETURN_IF_ERROR(CheckKvBatch(kv, n_tokens));
     const int64_t cache_slots = std::min(k_cache.slots(), v_cache.slots());
-    int64_t max_visible = 0;
     for (int64_t t = 0; t < n_tokens; ++t) {
-      const int64_t lo = FirstVisible(kv, t, p.window);
-      PD_RETURN_IF_ERROR(CheckSlots(kv, kv.seq[t], lo, kv.pos[t], cache_slots));
-      max_visible = std::max(max_visible, kv.pos[t] - lo + 1);
+      PD_RETURN_IF_ERROR(
+          CheckSlots(kv, kv.seq[t], FirstVisible(kv, t, p.window), kv.pos[t], cache_slots));
     }
     if (n_tokens == 0) return absl::OkStatus();
     PD_RETURN_IF_ERROR(Activate());
-    PD_ASSIGN_OR_RETURN(const cuda::KvBatchView batch, StageKvBatch(kv, n_tokens));
 
     cuda::AttentionArgs args;
     args.q = static_cast<const float*>(q.data);
     args.out = static_cast<float*>(out.data);
     args.k = CacheView(k_cache);
     args.v = CacheView(v_cache);
-    args.batch = batch;
     args.n_heads = p.n_heads;
     args.n_kv_heads = p.n_kv_heads;
     args.head_dim = p.head_dim;
     args.scale = p.scale;
     args.softcap = p.softcap;
     args.window = p.window;
-    // Fewer (token, head) blocks than two per SM (decode of a few sequences): split the positions
-    // so that every SM has work, keeping at least kMinSplitPositions per split, since each split
-    // costs a record of head_dim + 2 floats and a share of the merge.
+
+    // The tiles ([first row, rows] pairs, the latest positions first: the longest tiles start
+    // first and the short ones fill in behind them) and the per-row kernel's rows.
+    tiles_.clear();
+    rows_.clear();
+    const bool tiled = cuda::TiledAttentionSupports(p.head_dim, args.k, args.v, cc_major_);
+    const int64_t tile_rows = cuda::TiledAttentionTokens(p.n_heads / p.n_kv_heads);
+    for (int64_t t = 0; t < n_tokens;) {
+      int64_t run = 1;
+      while (t + run < n_tokens && kv.seq[t + run] == kv.seq[t] &&
+             kv.pos[t + run] == kv.pos[t] + run) {
+        ++run;
+      }
+      if (tiled && run >= cuda::kTiledAttentionMinRun) {
+        for (int64_t r = 0; r < run; r += tile_rows) {
+          tiles_.push_back(
+              {static_cast<int32_t>(t + r), static_cast<int32_t>(std::min(tile_rows, run - r))});
+        }
+      } else {
+        for (int64_t r = 0; r < run; ++r) rows_.push_back(static_cast<int32_t>(t + r));
+      }
+      t += run;
+    }
+    std::stable_sort(tiles_.begin(), tiles_.end(),
+                     [&](const std::array<int32_t, 2>& a, const std::array<int32_t, 2>& b) {
+                       return kv.pos[a[0]] + a[1] > kv.pos[b[0]] + b[1];
+                     });
+    // Every row per-row (no tiles): no list to stage.
+    const bool all_rows = tiles_.empty();
+    std::vector<int32_t>& extra = staged_ints_;
+    extra.clear();
+    for (const std::array<int32_t, 2>& tile : tiles_) {
+      extra.insert(extra.end(), tile.begin(), tile.end());
+    }
+    if (!all_rows) extra.insert(extra.end(), rows_.begin(), rows_.end());
+    const int32_t* extra_dev = nullptr;
+    PD_ASSIGN_OR_RETURN(args.batch, StageKvBatch(kv, n_tokens, extra, &extra_dev));
+    if (!all_rows) {
+      args.tiles = extra_dev;
+      args.n_tiles = static_cast<int>(tiles_.size());
+      args.rows = extra_dev + 2 * tiles_.size();
+      args.n_rows = static_cast<int>(rows_.size());
+    }
+
+    // Fewer per-row (row, head) blocks than two per SM (decode of a few sequences): split the
+    // positions so that every SM has work, keeping at least kMinSplitPositions per split, since
+    // each split costs a record of head_dim + 2 floats and a share of the merge.
+    const int64_t n_rows = all_rows ? n_tokens : static_cast<int64_t>(rows_.size());
+    int64_t max_visible = 0;
+    for (int64_t i = 0; i < n_rows; ++i) {
+      const int64_t t = all_rows ? i : rows_[i];
+      max_visible = std::max<int64_t>(max_visible, kv.pos[t] - FirstVisible(kv, t, p.window) + 1);
+    }
     constexpr int64_t kMinSplitPositions = 64, kMaxSplits = 64;
-    const int64_t blocks = n_tokens * p.n_heads;
+    const int64_t blocks = n_rows * p.n_heads;
     const int64_t want = 2 * int64_t{sm_count_};
-    if (blocks < want) {
+    if (blocks > 0 && blocks < want) {
       args.n_splits = static_cast<int>(std::max<int64_t>(
           1,
           std::min({(want + blocks - 1) / blocks, max_visible / kMinSplitPositions, kMaxSplits})));
@@ -891,8 +950,11 @@ class CudaBackend final : public Backend {
   }
 
   // Copies a checked batch's positions, sequence ids and block tables to the device (one staged
-  // copy, int32 throughout: pos [n], seq [n], table offsets [n_seq + 1], the tables).
-  absl::StatusOr<cuda::KvBatchView> StageKvBatch(const KvBatch& kv, int64_t n_tokens) {
+  // copy, int32 throughout: pos [n], seq [n], table offsets [n_seq + 1], the tables), and after
+  // them `extra` (Attention's tiles and rows), whose device address goes to *extra_dev.
+  absl::StatusOr<cuda::KvBatchView> StageKvBatch(const KvBatch& kv, int64_t n_tokens,
+                                                 absl::Span<const int32_t> extra = {},
+                                                 const int32_t** extra_dev = nullptr) {
     const size_t n_seq = kv.block_tables.size();
     size_t n_blocks = 0;
     for (const absl::Span<const int32_t>& table : kv.block_tables) n_blocks += table.size();
@@ -901,7 +963,7 @@ class CudaBackend final : public Backend {
           pd::StrCat("CUDA backend: KvBatch: ", n_blocks, " block ids in all"));
     }
     const size_t n = static_cast<size_t>(n_tokens);
-    const size_t ints = 2 * n + n_seq + 1 + n_blocks;
+    const size_t ints = 2 * n + n_seq + 1 + n_blocks + extra.size();
     PD_ASSIGN_OR_RETURN(char* host_bytes, staging_->Begin(ints * sizeof(int32_t)));
     int32_t* host = reinterpret_cast<int32_t*>(host_bytes);
     std::memcpy(host, kv.pos.data(), n * sizeof(int32_t));
@@ -917,8 +979,12 @@ class CudaBackend final : public Backend {
       offset += static_cast<int32_t>(table.size());
     }
     offsets[n_seq] = offset;
+    if (!extra.empty()) {
+      std::memcpy(tables + offset, extra.data(), extra.size() * sizeof(int32_t));
+    }
     PD_ASSIGN_OR_RETURN(const char* dev_bytes, staging_->Commit(ints * sizeof(int32_t)));
     const int32_t* dev = reinterpret_cast<const int32_t*>(dev_bytes);
+    if (extra_dev != nullptr) *extra_dev = dev + (ints - extra.size());
     cuda::KvBatchView view;
     view.pos = dev;
     view.seq = dev + n;
@@ -942,6 +1008,7 @@ class CudaBackend final : public Backend {
   const int device_;
   const std::string name_;
   const int sm_count_;  // multiprocessors: how many blocks Attention aims to keep busy
+  const int cc_major_;  // compute capability: the tiled attention kernel needs 8 or more
   // Declaration order is destruction order reversed: the scratch buffers, the staging and the
   // cuBLAS handle go before the stream they use.
   CudaStream stream_;
@@ -950,6 +1017,11 @@ class CudaBackend final : public Backend {
   std::unique_ptr<DeviceBuffer> scratch_;            // MatMul: activations in F16 / BF16
   std::unique_ptr<DeviceBuffer> weight_scratch_;     // MatMul: a slab of weights expanded to F16
   std::unique_ptr<DeviceBuffer> attention_scratch_;  // Attention: the splits' partial results
+  // Attention's row plan, kept across calls so that a step allocates nothing: the tiled
+  // kernel's tiles, the per-row kernel's rows, and both as the ints staged after the batch.
+  std::vector<std::array<int32_t, 2>> tiles_;
+  std::vector<int32_t> rows_;
+  std::vector<int32_t> staged_ints_;
 };
 
 }  // namespace
@@ -980,7 +1052,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
   std::string name =
       pd::StrCat("cuda:", device, " (", prop.name, ", sm_", prop.major, prop.minor, ")");
   return std::unique_ptr<Backend>(new CudaBackend(device, std::move(name), prop.multiProcessorCount,
-                                                  std::move(stream), std::move(cublas),
+                                                  prop.major, std::move(stream), std::move(cublas),
                                                   std::move(staging)));
 }
 

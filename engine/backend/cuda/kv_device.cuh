@@ -1,6 +1,6 @@
-// Device helpers for the KV-cache kernels (kv_store.cu, attention.cu): slot addressing, element
-// loads per cache type, and the block-wide Hadamard rotation of INT8 rows. Device code: include
-// from .cu files only.
+// Device helpers for the KV-cache kernels (kv_store.cu, attention.cu, attention_tiled.cu): slot
+// addressing, element loads per cache type, and the block-wide Hadamard rotation of INT8 rows.
+// Device code: include from .cu files only.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -79,6 +79,35 @@ __device__ __forceinline__ void BlockRotateKvRow(float* v, int head_dim, float s
   }
   if (scale != 1.f) {
     for (int i = threadIdx.x; i < head_dim; i += blockDim.x) v[i] = __fmul_rn(v[i], scale);
+    __syncthreads();
+  }
+}
+
+// BlockRotateKvRow on n_rows rows at once, row r at v + r * stride (shared memory; the same
+// butterflies, so the same bits per row): the tiled attention kernel rotates its 64 queries in
+// and its 64 outputs out this way. Call from every thread, after a barrier; ends with one.
+__device__ __forceinline__ void BlockRotateKvRows(float* v, int n_rows, int stride, int head_dim,
+                                                  float scale) {
+  const int b = head_dim & -head_dim;
+  const int half_b = b / 2;
+  const int pairs = head_dim / 2;
+  for (int len = 1; len < b; len *= 2) {
+    for (int i = threadIdx.x; i < n_rows * pairs; i += blockDim.x) {
+      const int pi = i % pairs;
+      const int r = pi % half_b;
+      float* row = v + (i / pairs) * stride;
+      const int j = (pi / half_b) * b + (r / len) * 2 * len + r % len;
+      const float u = row[j], w = row[j + len];
+      row[j] = __fadd_rn(u, w);
+      row[j + len] = __fsub_rn(u, w);
+    }
+    __syncthreads();
+  }
+  if (scale != 1.f) {
+    for (int i = threadIdx.x; i < n_rows * head_dim; i += blockDim.x) {
+      float* x = v + (i / head_dim) * stride + i % head_dim;
+      *x = __fmul_rn(*x, scale);
+    }
     __syncthreads();
   }
 }

@@ -22,11 +22,14 @@
 //   GetRows, Add, AddBias, Scale, StoreKv (f32, f16, int8): bit-exact.
 //   SwiGlu 1e-6 |cpu|; GeGlu one f16 ulp on rare elements; Softmax 1e-6 |cpu|;
 //   Rope 1e-6 (|a| + |b|) per rotated pair; Attention V (2 ds + (2L + 48) u) with ds the score's
-//                rounding bound (CudaAttentionTest).
+//                rounding bound (CudaAttentionTest), and for prompt rows (the tiled kernel, which
+//                rounds queries and probabilities to F16) V_w (e^(2 ds) - 1 + 2^-11 + L 2^-25)
+//                plus V_r (e_v + (4 L + 64) u), ds some 2^-11 |scale| ||q|| ||k|| (derived before
+//                CudaPromptAttentionTest).
 // Upload/Download/Zero/MapWeights are bit exact.
 //
-// On a GPU, CudaBackendTest.Timing also prints MatMul f16, RmsNorm, quantized GEMV (Q4_K, Q8_0)
-// and Attention decode timings (bench/gpu/ reads the first two).
+// On a GPU, CudaBackendTest.Timing also prints MatMul f16, RmsNorm, quantized GEMV (Q4_K, Q8_0),
+// Attention decode and Attention prefill timings (bench/gpu/ reads the first two).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -48,7 +51,9 @@
 #include "common/status.h"
 #include "common/status_matchers.h"
 #include "engine/backend/backend.h"
+#include "engine/backend/cuda/attention.cuh"
 #include "engine/backend/kv_layout.h"
+#include "engine/backend/kv_rotation.h"
 #include "engine/quant/dtype.h"
 #include "engine/quant/fp16.h"
 #include "engine/quant/k_quants.h"
@@ -974,6 +979,115 @@ struct AttnCase {
   float softcap;
 };
 
+// The prompt rows of a batch: which rows CudaBackend::Attention gives the tiled kernel
+// (attention.cuh). Runs of at least kTiledAttentionMinRun rows, consecutive in the batch, at
+// consecutive positions of one sequence, when the kernel takes the head size (the caches here
+// come from Allocate, so aligned, and the GPUs we run on have compute capability 8.0 or more).
+std::vector<bool> TiledRows(const std::vector<int32_t>& pos, const std::vector<int32_t>& seq,
+                            int head_dim) {
+  std::vector<bool> tiled(pos.size(), false);
+  if (head_dim % 16 != 0 || head_dim > cuda::kMaxTiledAttentionHeadDim) return tiled;
+  for (size_t t = 0; t < pos.size();) {
+    size_t run = 1;
+    while (t + run < pos.size() && seq[t + run] == seq[t] &&
+           pos[t + run] == pos[t] + static_cast<int32_t>(run)) {
+      ++run;
+    }
+    if (run >= static_cast<size_t>(cuda::kTiledAttentionMinRun)) {
+      std::fill(tiled.begin() + static_cast<std::ptrdiff_t>(t),
+                tiled.begin() + static_cast<std::ptrdiff_t>(t + run), true);
+    }
+    t += run;
+  }
+  return tiled;
+}
+
+// The tiled kernel's bound (prompt rows; the per-row kernel's is derived above). It rounds to
+// F16, unit roundoff e = 2^-11 (2^-25 absolute below 2^-14, in F16's subnormals), with u = 2^-24
+// and D = head_dim as above:
+//   - the query, once: q_i moves by e |q_i| + 2^-25, a score by |scale| (e sum |q_i k_i| +
+//     2^-25 sum |k_i|) <= |scale| (e ||q|| ||k|| + 2^-25 sqrt(D) ||k||). INT8 rotates q first and
+//     sums in the stored basis, where sum |q'_i k'_i| <= ||q'|| ||k'|| = ||q|| ||k|| with k the
+//     dequantized key: ||k|| <= its F32 norm + sqrt(b D) s / 2 (s = the key's scale, max |H k / b|
+//     / 127; b the rotation block).
+//   - F32 caches' keys, as loaded: e_k = e, the same with q and k swapped. F16 keys are exact;
+//     INT8 keys enter as their codes (exact in F16) with the scale applied to the F32 score.
+//   - the tensor cores' F32 sum of the D products, which may truncate rather than round: 2 (D + 8)
+//     u on top of the CPU's (D + 8) u.
+// So ds = |scale| (||q|| ||k|| (e + e_k + 3 (D + 8) u) + 2^-25 sqrt(D) (||q|| + ||k||)) + 4 u
+// softcap, and the softmax weights move by at most a factor e^(+-2 ds): V_w (e^(2 ds) - 1). Then:
+//   - P rounded to F16 before P V, while l sums the unrounded P: sum |p~ - p| |v| / l <= (e +
+//     L 2^-25) V_w, since l >= 1 (the largest score's own term is exp(0));
+//   - F32 and INT8 values rounded to F16 as loaded (INT8: code * scale), e_v = e: e_v V_r, plus
+//     2^-25 absolute per value below 2^-14 (b of them gathered by INT8's rotation back);
+//   - the F32 sums of the L products and of l, the rescaling per tile of 64 keys, and the CPU's
+//     own sums: (4 L + 64) u V_r.
+// V_w bounds |v_d| (INT8: of the dequantized value, |v_d| + b s / 2; weight errors are sums of
+// whole value rows, the same in either basis) and V_r is V_w for F32 / F16 but the largest ||v||
+// (+ sqrt(b D) s / 2) for INT8, whose per-element errors in the rotated basis can gather a whole
+// rotation block when rotated back:
+//   |gpu - cpu| <= V_w (1 + e_v) (e^(2 ds) - 1 + e + L 2^-25) + V_r (e_v + (4 L + 64) u)
+//                  + [e_v] b' 2^-25 + 1e-7            (b' = b for INT8, 1 for F32).
+// That is some 0.3% of max |v| for the shapes below, yet an off-by-one in a mask still shows: it
+// moves a row over L keys by about |v| / L, and the cases run windows of 24 positions and rows
+// that see 1, 2, 3 ... keys (a host emulation of the kernel with the window's first position off
+// by one exceeds this bound 14-fold).
+double AttentionTolerance(const AttnCase& c, const AttentionParams& p, const float* qh,
+                          const std::vector<float>& k, const std::vector<float>& v, int kvh,
+                          int64_t lo, int64_t hi, bool tiled) {
+  constexpr double u = 1.0 / (1 << 24), e = 1.0 / (1 << 11), sub = 1.0 / (1 << 25);
+  const int64_t row = int64_t{c.n_kv_heads} * c.head_dim, L = hi - lo + 1;
+  const int b = KvRotationBlock(c.head_dim);
+  const bool i8 = c.type == KvDType::kI8;
+  double qn = 0;
+  for (int d = 0; d < c.head_dim; ++d) qn += double{qh[d]} * qh[d];
+  qn = std::sqrt(qn);
+  // Over the visible rows: the largest ||k||, max |v_d| and ||v||, and (INT8) the dequantization
+  // allowances of the tiled bound.
+  double kn = 0, v_max = 0, vn = 0, kn_q = 0, v_max_q = 0, vn_q = 0;
+  std::vector<float> rotated(static_cast<size_t>(c.head_dim));
+  for (int64_t pp = lo; pp <= hi; ++pp) {
+    for (int kv = 0; kv < 2; ++kv) {
+      const float* x = (kv == 0 ? k : v).data() + pp * row + int64_t{kvh} * c.head_dim;
+      double norm = 0, amax = 0;
+      for (int d = 0; d < c.head_dim; ++d) {
+        norm += double{x[d]} * x[d];
+        amax = std::max(amax, std::fabs(double{x[d]}));
+      }
+      norm = std::sqrt(norm);
+      double s = 0;  // the INT8 scale StoreKv gives the row
+      if (i8) {
+        rotated.assign(x, x + c.head_dim);
+        RotateKvRowIn(rotated.data(), c.head_dim);
+        for (float f : rotated) s = std::max(s, std::fabs(double{f}) / 127);
+      }
+      const double norm_q = norm + std::sqrt(static_cast<double>(b) * c.head_dim) * s / 2;
+      if (kv == 0) {
+        kn = std::max(kn, norm);
+        kn_q = std::max(kn_q, norm_q);
+      } else {
+        v_max = std::max(v_max, amax);
+        vn = std::max(vn, norm);
+        v_max_q = std::max(v_max_q, amax + b * s / 2);
+        vn_q = std::max(vn_q, norm_q);
+      }
+    }
+  }
+  if (!tiled) {
+    const double ds = (c.head_dim + 8) * u * qn * kn * p.scale + 4 * u * c.softcap;
+    const double vb = i8 ? vn : v_max;
+    return vb * (2 * ds + (2.0 * L + 48) * u) + 1e-7;
+  }
+  const double e_k = c.type == KvDType::kF32 ? e : 0, e_v = c.type == KvDType::kF16 ? 0 : e;
+  const double k_b = i8 ? kn_q : kn;
+  const double v_w = i8 ? v_max_q : v_max, v_r = i8 ? vn_q : v_max;
+  const double ds = p.scale * (qn * k_b * (e + e_k + 3 * (c.head_dim + 8) * u) +
+                               sub * std::sqrt(static_cast<double>(c.head_dim)) * (qn + k_b)) +
+                    4 * u * c.softcap;
+  return v_w * (1 + e_v) * (std::expm1(2 * ds) + e + L * sub) + v_r * (e_v + (4.0 * L + 64) * u) +
+         (e_v > 0 ? (i8 ? b : 1) * sub : 0) + 1e-7;
+}
+
 class CudaAttentionTest : public CudaBackendTest, public ::testing::WithParamInterface<AttnCase> {};
 
 TEST_P(CudaAttentionTest, StoreKvIsBitExactAndAttentionMatchesCpu) {
@@ -1048,34 +1162,17 @@ TEST_P(CudaAttentionTest, StoreKvIsBitExactAndAttentionMatchesCpu) {
           << backends[b]->name();
       results[b] = Get(*backends[b], qt.t);
     }
-    constexpr double u = 1.0 / (1 << 24);
+    // Both batches' rows take the per-row kernel (the prompt's run of 9 is below
+    // kTiledAttentionMinRun), but the bound follows the kernel either way.
+    const std::vector<bool> tiled = TiledRows(pos, seq, c.head_dim);
     const int group = c.n_heads / c.n_kv_heads;
     int failures = 0;
     for (int64_t t = 0; t < n; ++t) {
       const int64_t lo = c.window > 0 ? std::max(0, pos[t] - c.window + 1) : 0;
-      const int64_t L = pos[t] - lo + 1;
       for (int h = 0; h < c.n_heads; ++h) {
-        const int kvh = h / group;
         const float* qh = q.data() + t * cols + int64_t{h} * c.head_dim;
-        double qn = 0;
-        for (int d = 0; d < c.head_dim; ++d) qn += double{qh[d]} * qh[d];
-        double kn_max = 0, v_max = 0, vn_max = 0;
-        for (int64_t pp = lo; pp <= pos[t]; ++pp) {
-          const float* kr = k[seq[t]].data() + pp * row + int64_t{kvh} * c.head_dim;
-          const float* vr = v[seq[t]].data() + pp * row + int64_t{kvh} * c.head_dim;
-          double kn = 0, vn = 0;
-          for (int d = 0; d < c.head_dim; ++d) {
-            kn += double{kr[d]} * kr[d];
-            vn += double{vr[d]} * vr[d];
-            v_max = std::max(v_max, std::fabs(double{vr[d]}));
-          }
-          kn_max = std::max(kn_max, kn);
-          vn_max = std::max(vn_max, vn);
-        }
-        const double ds =
-            (c.head_dim + 8) * u * std::sqrt(qn * kn_max) * p.scale + 4 * u * c.softcap;
-        const double vb = c.type == KvDType::kI8 ? std::sqrt(vn_max) : v_max;
-        const double tol = vb * (2 * ds + (2.0 * L + 48) * u) + 1e-7;
+        const double tol =
+            AttentionTolerance(c, p, qh, k[seq[t]], v[seq[t]], h / group, lo, pos[t], tiled[t]);
         for (int d = 0; d < c.head_dim; ++d) {
           const int64_t i = t * cols + int64_t{h} * c.head_dim + d;
           if (!(std::fabs(double{results[1][i]} - results[0][i]) <= tol) && ++failures <= 10) {
@@ -1106,6 +1203,146 @@ INSTANTIATE_TEST_SUITE_P(
         AttnCase{"softcap_f16", KvDType::kF16, 8, 4, 128, 16, 0, 50.f},
         AttnCase{"odd_blocks_int8", KvDType::kI8, 6, 2, 80, 7, 100, 30.f},
         AttnCase{"odd_blocks_f16", KvDType::kF16, 6, 2, 80, 7, 0, 0.f}),
+    [](const ::testing::TestParamInfo<AttnCase>& info) { return std::string(info.param.name); });
+
+// Prompt-shaped batches, whose runs of rows take the tiled kernel: six sequences, their rows in
+// the batch (in this order)
+//   - a decode at position 700;
+//   - sequence 0's prompt, positions 0 .. 139 (rows that see 1, 2, 3 ... keys);
+//   - a decode at position 2000 (past every window);
+//   - the rest of sequence 0's prompt, 140 .. 299, a run of its own;
+//   - a later chunk of sequence 1, positions 100 .. 116: 17 rows, a partial tile at its end;
+//   - sequence 3's whole prompt of 41 rows;
+//   - 5 rows 60 .. 64 of sequence 4, a run too short for the tiled kernel (speculative decoding's
+//     shape),
+// against the CPU, each row with its kernel's bound (AttentionTolerance). Block tables are
+// scattered as in CudaAttentionTest. The cases cover GQA groups of 1 to 72 query heads per KV
+// head (a tile's 64 rows are (row, head) pairs: 64 rows of one head, 16 of 4, 12 of 5, 4 of 16,
+// one row of 64 heads and one of 8), head sizes 16 to 256, windows, softcaps, odd block sizes,
+// and every cache type.
+class CudaPromptAttentionTest : public CudaBackendTest,
+                                public ::testing::WithParamInterface<AttnCase> {};
+
+TEST_P(CudaPromptAttentionTest, TiledPromptRowsMatchCpu) {
+  const AttnCase c = GetParam();
+  const int bs = c.block_size;
+  const int64_t row = int64_t{c.n_kv_heads} * c.head_dim;
+  std::vector<KvSeq> seqs = {{300, {}}, {117, {}}, {701, {}}, {41, {}}, {65, {}}, {2001, {}}};
+  // Block ids 7 i modulo a prime above the number of blocks: distinct and out of order.
+  int32_t n_blocks = 3;
+  for (const KvSeq& s : seqs) n_blocks += (s.len + bs - 1) / bs;
+  auto is_prime = [](int32_t x) {
+    for (int32_t d = 2; d * d <= x; ++d) {
+      if (x % d == 0) return false;
+    }
+    return true;
+  };
+  while (!is_prime(n_blocks)) ++n_blocks;
+  int32_t next_block = 3;
+  for (KvSeq& s : seqs) {
+    for (int32_t b = 0; b * bs < s.len; ++b) s.blocks.push_back(next_block++ * 7 % n_blocks);
+  }
+  std::vector<std::vector<float>> k, v;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    k.push_back(
+        RandomFloats(static_cast<size_t>(seqs[s].len * row), 91 + static_cast<uint32_t>(s)));
+    v.push_back(
+        RandomFloats(static_cast<size_t>(seqs[s].len * row), 95 + static_cast<uint32_t>(s)));
+  }
+  KvTensor caches[2][2];
+  std::unique_ptr<Buffer> bufs[2][2];
+  Backend* backends[2] = {cpu_.get(), cuda_.get()};
+  for (int b = 0; b < 2; ++b) {
+    for (int kv = 0; kv < 2; ++kv) {
+      KvTensor& t = caches[b][kv];
+      t = KvTensor{c.type, c.n_kv_heads, c.head_dim, bs, n_blocks, nullptr};
+      absl::StatusOr<std::unique_ptr<Buffer>> buf = backends[b]->Allocate(t.bytes());
+      PD_ASSERT_OK(buf.status());
+      bufs[b][kv] = *std::move(buf);
+      t.data = bufs[b][kv]->data();
+      PD_ASSERT_OK(backends[b]->Zero(t.data, t.bytes()));
+    }
+    PD_ASSERT_OK(StoreHistory(*backends[b], caches[b][0], caches[b][1], seqs, k, v, bs));
+  }
+
+  std::vector<int32_t> pos, seq;
+  auto add = [&](int32_t s, int32_t first, int32_t count) {
+    for (int32_t i = 0; i < count; ++i) {
+      pos.push_back(first + i);
+      seq.push_back(s);
+    }
+  };
+  add(2, 700, 1);
+  add(0, 0, 140);
+  add(5, 2000, 1);
+  add(0, 140, 160);
+  add(1, 100, 17);
+  add(3, 0, 41);
+  add(4, 60, 5);
+  std::vector<absl::Span<const int32_t>> tables;
+  for (const KvSeq& s : seqs) tables.emplace_back(s.blocks);
+  const AttentionParams p{c.n_heads,  c.n_kv_heads,
+                          c.head_dim, 1.f / std::sqrt(static_cast<float>(c.head_dim)),
+                          c.window,   c.softcap};
+  const int64_t n = static_cast<int64_t>(pos.size()), cols = int64_t{c.n_heads} * c.head_dim;
+  const std::vector<float> q = RandomFloats(static_cast<size_t>(n * cols), 99);
+  const KvBatch kvb{pos, seq, tables, bs, {}};
+  std::vector<float> results[2];
+  for (int b = 0; b < 2; ++b) {
+    Owned qt = Put(*backends[b], DType::kF32, n, cols, q.data());
+    // In place (out == q), as Model runs it.
+    PD_ASSERT_OK(backends[b]->Attention(qt.t, caches[b][0], caches[b][1], kvb, p, qt.t))
+        << backends[b]->name();
+    results[b] = Get(*backends[b], qt.t);
+  }
+  const std::vector<bool> tiled = TiledRows(pos, seq, c.head_dim);
+  ASSERT_EQ(std::count(tiled.begin(), tiled.end(), true), 300 + 17 + 41)
+      << "the prompts' runs should take the tiled kernel";
+  const int group = c.n_heads / c.n_kv_heads;
+  int failures = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t lo = c.window > 0 ? std::max(0, pos[t] - c.window + 1) : 0;
+    for (int h = 0; h < c.n_heads; ++h) {
+      const float* qh = q.data() + t * cols + int64_t{h} * c.head_dim;
+      const double tol =
+          AttentionTolerance(c, p, qh, k[seq[t]], v[seq[t]], h / group, lo, pos[t], tiled[t]);
+      for (int d = 0; d < c.head_dim; ++d) {
+        const int64_t i = t * cols + int64_t{h} * c.head_dim + d;
+        if (!(std::fabs(double{results[1][i]} - results[0][i]) <= tol) && ++failures <= 10) {
+          ADD_FAILURE() << "row " << t << " (sequence " << seq[t] << ", pos " << pos[t]
+                        << (tiled[t] ? ", tiled" : ", per-row") << ") head " << h << " dim " << d
+                        << ": cuda " << results[1][i] << " vs cpu " << results[0][i]
+                        << " (tolerance " << tol << ")";
+        }
+      }
+    }
+  }
+  EXPECT_EQ(failures, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, CudaPromptAttentionTest,
+    ::testing::Values(
+        // Llama 3.2 1B (32 heads on 8 KV heads of 64) and Llama 7B (32 on 32 of 128).
+        AttnCase{"llama1b_f16", KvDType::kF16, 32, 8, 64, 16, 0, 0.f},
+        AttnCase{"llama7b_f16", KvDType::kF16, 32, 32, 128, 16, 0, 0.f},
+        AttnCase{"llama_gqa_f32", KvDType::kF32, 32, 8, 128, 32, 0, 0.f},
+        AttnCase{"llama_gqa_int8_window", KvDType::kI8, 32, 8, 128, 16, 24, 0.f},
+        // Gemma 3 270M's heads of 256 (4 on 1 KV head).
+        AttnCase{"gemma3_f16_window", KvDType::kF16, 4, 1, 256, 16, 100, 0.f},
+        AttnCase{"gemma3_int8", KvDType::kI8, 4, 1, 256, 16, 0, 0.f},
+        AttnCase{"gemma3_f32_window_softcap", KvDType::kF32, 4, 1, 256, 16, 512, 30.f},
+        AttnCase{"softcap_f16", KvDType::kF16, 8, 4, 128, 16, 0, 50.f},
+        // Heads of 80 and 96 (the 128 kernel, column tiles skipped), odd block sizes, groups of
+        // 3 and 5 (tiles of 63 and 60 rows: padding rows).
+        AttnCase{"odd_blocks_int8", KvDType::kI8, 6, 2, 80, 7, 100, 30.f},
+        AttnCase{"odd_blocks_f32_window", KvDType::kF32, 6, 2, 80, 5, 24, 0.f},
+        AttnCase{"group5_hd96_f16", KvDType::kF16, 10, 2, 96, 16, 0, 0.f},
+        // Wide groups: 16 heads per KV head (tiles of 4 rows), and 72 (over two blocks of
+        // heads, 64 and 8), with the smallest heads; heads of 32 in INT8 (rotation blocks of 32).
+        AttnCase{"group16_f16", KvDType::kF16, 16, 1, 64, 16, 0, 0.f},
+        AttnCase{"group72_hd16_f16", KvDType::kF16, 72, 1, 16, 16, 0, 0.f},
+        AttnCase{"hd32_int8", KvDType::kI8, 8, 8, 32, 3, 0, 0.f}),
     [](const ::testing::TestParamInfo<AttnCase>& info) { return std::string(info.param.name); });
 
 // INT8 scales sit right after the block's values; with 3 slots of 1 head of 18 values they start
@@ -1293,6 +1530,52 @@ TEST_F(CudaBackendTest, Timing) {
         "[timing] Attention f16 decode %s heads=%d/%d head_dim=%d seqs=%d ctx=%d %9.2f "
         "us/op %8.1f GB/s (KV)\n",
         a.model, a.n_heads, a.n_kv_heads, a.head_dim, a.n_seq, a.ctx, us, bytes / us * 1e-3);
+  }
+
+  // Attention over a whole 2048-token prompt in one batch (prefill, F16 cache): through the
+  // tiled kernel, then the same work through the per-row kernel (the rows given in reverse
+  // order, which leaves no run of consecutive positions). TFLOP/s counts 4 * n_heads * head_dim
+  // flops per visible (row, position) pair, n (n + 1) / 2 of them.
+  struct PrefillTiming {
+    const char* model;
+    int n_heads, n_kv_heads, head_dim;
+  };
+  for (const PrefillTiming& a :
+       {PrefillTiming{"llama-1b", 32, 8, 64}, PrefillTiming{"llama7b", 32, 32, 128}}) {
+    const int n = 2048, bs = 16;
+    KvTensor kc{KvDType::kF16, a.n_kv_heads, a.head_dim, bs, n / bs, nullptr};
+    KvTensor vc = kc;
+    absl::StatusOr<std::unique_ptr<Buffer>> kb = cuda_->Allocate(kc.bytes());
+    absl::StatusOr<std::unique_ptr<Buffer>> vb = cuda_->Allocate(vc.bytes());
+    PD_ASSERT_OK(kb.status());
+    PD_ASSERT_OK(vb.status());
+    kc.data = (*kb)->data();
+    vc.data = (*vb)->data();
+    PD_ASSERT_OK(cuda_->Zero(kc.data, kc.bytes()));
+    PD_ASSERT_OK(cuda_->Zero(vc.data, vc.bytes()));
+    std::vector<int32_t> table(n / bs);
+    for (int b = 0; b < n / bs; ++b) table[b] = b;
+    const int64_t cols = int64_t{a.n_heads} * a.head_dim;
+    const std::vector<float> q = RandomFloats(static_cast<size_t>(n * cols), 18);
+    Owned qt = Put(*cuda_, DType::kF32, n, cols, q.data());
+    Owned out = Put(*cuda_, DType::kF32, n, cols, nullptr);
+    AttentionParams p{a.n_heads,  a.n_kv_heads,
+                      a.head_dim, 1.f / std::sqrt(static_cast<float>(a.head_dim)),
+                      0,          0.f};
+    const double flops = 4.0 * a.n_heads * a.head_dim * (double{n} * (n + 1) / 2);
+    for (const bool per_row : {false, true}) {
+      std::vector<int32_t> pos(n), seq(n, 0);
+      for (int t = 0; t < n; ++t) pos[t] = per_row ? n - 1 - t : t;
+      KvBatch kvb{pos, seq, {table}, bs, {}};
+      absl::StatusOr<double> t = MicrosPerOp(
+          *cuda_, per_row ? 5 : 50, [&] { return cuda_->Attention(qt.t, kc, vc, kvb, p, out.t); });
+      PD_ASSERT_OK(t.status());
+      std::printf(
+          "[timing] Attention f16 prefill %s heads=%d/%d head_dim=%d tokens=%d %-8s %9.2f us/op "
+          "%8.2f TFLOP/s\n",
+          a.model, a.n_heads, a.n_kv_heads, a.head_dim, n, per_row ? "per-row" : "tiled", *t,
+          flops / *t * 1e-6);
+    }
   }
   std::fflush(stdout);
 }
