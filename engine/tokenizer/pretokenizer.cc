@@ -3,7 +3,9 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
 
 #include "common/log.h"
 #include "common/status.h"
@@ -12,75 +14,309 @@
 namespace pd::engine::tokenizer_internal {
 namespace {
 
-// ---- patterns (PCRE2 syntax; \s is rewritten to White_Space at compile time) ----
+// ---- patterns ---------------------------------------------------------------------------------
+//
+// Written in the regex dialect llama.cpp's tables use, with its meaning (Rewrite turns them into
+// PCRE2): llama.cpp's rewrites of the Hugging Face patterns (case-insensitive contractions spelled
+// out, possessive quantifiers made greedy, \p{Lu} and \p{Ll} classes expressed with lookaheads)
+// are what it runs, so they are what we run. Built from shared pieces where the rows share them.
 
-// GPT-2's split: contractions, letter runs, digit runs and other-symbol runs (each with one
-// optional leading space), then whitespace not followed by a non-space.
-constexpr const char* kGpt2 =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))";
-
-// Llama 3 / tiktoken-style split. The case-insensitive contractions are spelled out with ASCII
-// classes, which is what llama.cpp implements (its tolower never maps a non-ASCII letter onto
-// s, t, r, e, v, m, l or d).
-constexpr const char* kLlama3 =
-    R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|)"
-    R"(\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-
-// Qwen2: as Llama 3, but every digit is its own piece.
-constexpr const char* kQwen2 =
-    R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|)"
-    R"(\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-
+// English contractions, case-insensitive, spelled with ASCII classes (llama.cpp's tolower never
+// maps a non-ASCII letter onto one of these letters).
+#define PD_CONTRACTIONS R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD]))"
+// GPT-2's split without its lookahead tail, and with it.
+#define PD_GPT2_CORE R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+)"
+constexpr const char* kGpt2 = PD_GPT2_CORE R"(|\s+(?!\S))";
+// Line breaks and whitespace as tiktoken-style patterns end.
+#define PD_TIKTOKEN_SPACE R"(|\s*[\r\n]+|\s+(?!\S)|\s+)"
+// A tiktoken-style pattern: contractions, a letter run with one optional non-letter prefix, a
+// digit group `digits`, a punctuation run with trailing line breaks, whitespace.
+#define PD_TIKTOKEN(digits)                                                            \
+  PD_CONTRACTIONS R"(|[^\r\n\p{L}\p{N}]?\p{L}+|)" digits R"(| ?[^\s\p{L}\p{N}]+[\r\n]*)" \
+      PD_TIKTOKEN_SPACE
+constexpr const char* kLlama3 = PD_TIKTOKEN(R"(\p{N}{1,3})");
+constexpr const char* kQwen2 = PD_TIKTOKEN(R"(\p{N})");
+constexpr const char* kMiniCpm5 = PD_TIKTOKEN(R"(\p{N}+)");
+// Jais 2: Llama 3 with whitespace runs cut into power-of-two lengths.
+constexpr const char* kJais2 =
+    PD_CONTRACTIONS R"(|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+)"
+    R"(|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)|\s{16}(?!\S))"
+    R"(|\s{8}(?!\S)|\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1})";
+// Qwen 3.5: letters keep their combining marks.
+constexpr const char* kQwen35 =
+    PD_CONTRACTIONS R"(|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*)"
+    PD_TIKTOKEN_SPACE;
+// Seed-Coder: punctuation runs stop at line breaks.
+constexpr const char* kSeedCoder =
+    PD_CONTRACTIONS R"(|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+)" PD_TIKTOKEN_SPACE;
+// Qwen 2 without contractions (Turkish suffixes after an apostrophe stay with their word).
+constexpr const char* kUfakzeka =
+    R"([^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*)" PD_TIKTOKEN_SPACE;
+// Bailing MoE: Qwen 2 with single line breaks.
+constexpr const char* kBailing =
+    R"('(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N})"
+    R"(| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+)";
+// EXAONE MoE: a letter run may hold single spaces between letters.
+constexpr const char* kExaoneMoe =
+    PD_CONTRACTIONS R"(|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N})"
+    R"(| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+)";
+// Upper-then-lower letter runs (tiktoken's o200k: GPT-4o, Llama 4), in llama.cpp's lookahead
+// form: "a letter that is not a-z" for the upper-case class, "not A-Z" for the lower-case one.
+// `letter` is the class a letter comes from; `tail` follows each run (contractions or nothing).
+#define PD_CASED_RUNS(letter, tail)                                                        \
+  R"([^\r\n\p{L}\p{N}]?((?=[)" letter R"(])([^a-z]))*((?=[)" letter R"(])([^A-Z]))+)" tail \
+  R"(|[^\r\n\p{L}\p{N}]?((?=[)" letter R"(])([^a-z]))+((?=[)" letter R"(])([^A-Z]))*)" tail
+#define PD_O200K(letter)                                                                  \
+  PD_CASED_RUNS(letter, PD_CONTRACTIONS "?") R"(|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*)" \
+      PD_TIKTOKEN_SPACE
+constexpr const char* kGpt4o = PD_O200K(R"(\p{L})");
+constexpr const char* kGraniteMulti = PD_O200K(R"(\p{L}\p{M})");
+// Mistral's Tekken: o200k's runs without contractions, single digits.
+constexpr const char* kTekken =
+    PD_CASED_RUNS(R"(\p{L})", "") R"(|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*)" PD_TIKTOKEN_SPACE;
+// Tiny Aya: digit groups of three from the right, then the cased runs in their class form.
+#define PD_AYA_CASED(tail)                                                                      \
+  R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+)" tail        \
+      R"(|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*)" tail
+constexpr const char* kTinyAya = PD_AYA_CASED(PD_CONTRACTIONS "?")
+    R"(|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*)" PD_TIKTOKEN_SPACE;
+// Youtu: CJK and Hangul runs first, then Tiny Aya's cased runs with single digits.
+constexpr const char* kYoutuCjk =
+    "[\uAC00-\uD7A3\u3131-\u318E]+|[\uFF01\u2026\u201C\u201D\u2018\u2019\u2014\uFF1A\uFF1B"
+    "\uFF0C\u3001-\u303F\uFE30-\uFE4F]+|[\u3105-\u312F]+|[\u4E00-\u9FA5\u3040-\u309F\u30A0-\u30FF]+";
+constexpr const char* kYoutu = PD_AYA_CASED(PD_CONTRACTIONS "?")
+    R"(|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*)" PD_TIKTOKEN_SPACE;
+// DeepSeek V3 family: digit triples, kana and CJK runs, then a pattern where an ASCII
+// punctuation mark may lead a Latin word.
+constexpr const char* kCjkKana = "[\u4E00-\u9FA5\u3040-\u309F\u30A0-\u30FF]+";
+#define PD_DEEPSEEK3_HEAD \
+  R"([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+)"
+constexpr const char* kDeepseek3 =
+    PD_DEEPSEEK3_HEAD R"(| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr const char* kSpark25 =
+    PD_DEEPSEEK3_HEAD R"(| ?[\p{P}\p{S}]+|[\r\n]|\s+(?!\S)|\s+)";
+// DeepSeek LLM: its Latin-script letter ranges, ASCII and full-width punctuation, trailing
+// whitespace, CJK runs, digit runs.
+constexpr const char* kDeepseekLatin =
+    "\\s?[A-Za-z\u00B5\u00C0-\u00D6\u00D8-\u00F6\u00F8-\u01BA\u01BC-\u01BF\u01C4-\u0293"
+    "\u0295-\u02AF\u0370-\u0373\u0376\u0377\u037B-\u037D\u037F\u0386\u0388-\u038A\u038C"
+    "\u038E-\u03A1\u03A3-\u03F5\u03F7-\u0481\u048A-\u052F\u0531-\u0556\u10A0-\u10C5"
+    "\u13A0-\u13F5\u13F8-\u13FD\u1C90-\u1CBA\u1CBD-\u1CBF\u1D00-\u1D2B\u1D6B-\u1D77"
+    "\u1D79-\u1D9A\u1E00-\u1F15\u1F18-\u1F1D\u1F20-\u1F45\u1F48-\u1F4D\u1F50-\u1F57\u1F59"
+    "\u1F5B\u1F5D\u1F5F-\u1F7D\u1F80-\u1FB4\u1FB6-\u1FBC\u1FBE\u1FC2-\u1FC4\u1FC6-\u1FCC"
+    "\u1FD0-\u1FD3\u1FD6-\u1FDB\u1FE0-\u1FEC\u1FF2-\u1FF4\u1FF6-\u1FFC\u2102\u2107"
+    "\u210A-\u2113\u2115\u2119-\u211D\u2124\u2126\u2128\u212A-\u212D\u212F-\u2134\u2139"
+    "\u213C-\u213F\u2145-\u2149\u214E\u2183\u2184\u2C00-\u2C7B\u2C7E-\u2CE4\u2CEB-\u2CEE"
+    "\u2CF2\u2CF3\uA640-\uA66D\uA680-\uA69B\uA722-\uA76F\uA771-\uA787\uA78B-\uA78E"
+    "\uAB70-\uABBF\uFB00-\uFB06\uFB13-\uFB17\uFF21-\uFF3A\uFF41-\uFF5A\U00010400-\U0001044F"
+    "\U000104B0-\U000104D3\U000104D8-\U000104FB\U00010C80-\U00010CB2\U00010CC0-\U00010CF2"
+    "\U000118A0-\U000118DF\U0001E900-\U0001E943]+";
+constexpr const char* kDeepseekPunct =
+    "\\s?[!-/:-~\uFF01-\uFF0F\uFF1A-\uFF5E\u2018-\u201F\u3000-\u3002]+";
 // CJK unified ideographs U+4E00-U+9FA5, U+0800-U+4E00 and Hangul syllables/Jamo U+AC00-U+D7FF
-// as one run (DeepSeek's pre-tokenizer).
+// as one run (DeepSeek's pre-tokenizers).
 constexpr const char* kCjkRun = R"([\x{4E00}-\x{9FA5}\x{0800}-\x{4E00}\x{AC00}-\x{D7FF}]+)";
+// BLOOM / Poro: runs of anything but whitespace and a few sentence marks.
+constexpr const char* kBloom =
+    " ?[^(\\s|.,!?\u2026\u3002\uFF0C\u3001\u0964\u06D4\u060C)]+";
 
-PreTokenizerSpec Gpt2Spec() { return {{kGpt2}}; }
+// The whole lines, then the line breaks (Laguna's first split; Gemma 4's only one).
+constexpr const char* kLines = R"([^\n]+|[\n]+)";
 
-PreTokenizerSpec Llama3Spec(bool llama3_flags) {
-  PreTokenizerSpec s{{kLlama3}};
-  s.ignore_merges = llama3_flags;
-  s.add_bos = llama3_flags;
-  return s;
+#undef PD_DEEPSEEK3_HEAD
+#undef PD_AYA_CASED
+#undef PD_O200K
+#undef PD_CASED_RUNS
+#undef PD_TIKTOKEN
+#undef PD_TIKTOKEN_SPACE
+#undef PD_GPT2_CORE
+#undef PD_CONTRACTIONS
+
+// Flags of a row (llama.cpp's per-type loader settings).
+enum RowFlags : unsigned {
+  kKeepSpaces = 1,     // clean_spaces off when decoding
+  kIgnoreMerges = 2,   // a whole piece that is a token is emitted as is
+  kAddBos = 4,         // default of tokenizer.ggml.add_bos_token
+  kNoBos = 8,          // the type has no BOS token (ChatGLM)
+};
+
+// One row per pre-tokenizer type: the `tokenizer.ggml.pre` names that select it, its patterns
+// (applied in order) and its flags. A new type is a new row.
+struct Row {
+  std::vector<std::string_view> names;
+  std::vector<const char*> patterns;
+  unsigned flags = 0;
+};
+
+const std::vector<Row>& Rows() {
+  static const auto* rows = new std::vector<Row>{
+      {{"default"},
+       {R"([\p{P}\$\+<=>\^~\|]+)", kGpt2, R"(\p{N}+)", "[0-9][0-9][0-9]"}},
+      {{"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+        "jina-v5-nano"},
+       {kLlama3},
+       kIgnoreMerges | kAddBos},
+      {{"dbrx", "smaug-bpe"}, {kLlama3}},
+      {{"chatglm-bpe"}, {kLlama3}, kNoBos},
+      {{"glm4", "glm5"}, {kLlama3}, kNoBos | kIgnoreMerges},
+      {{"jais-2"}, {kJais2}},
+      {{"minicpm5"}, {R"(\p{N}{1,3})", kMiniCpm5}, kIgnoreMerges},
+      {{"qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "hunyuan", "solar-open"},
+       {kQwen2},
+       kKeepSpaces},
+      {{"stablelm2", "megrez"}, {kQwen2}},
+      {{"grok-2"}, {kQwen2}, kKeepSpaces},
+      {{"laguna"}, {kLines, kQwen2}, kKeepSpaces},
+      {{"qwen35"}, {kQwen35}, kKeepSpaces},
+      {{"seed-coder"}, {kSeedCoder}, kKeepSpaces},
+      {{"ufakzeka"}, {kUfakzeka}, kKeepSpaces},
+      {{"bailingmoe", "bailingmoe2", "llada-moe"}, {kBailing}, kKeepSpaces},
+      {{"exaone-moe"}, {kExaoneMoe}},
+      {{"gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"}, {kGpt4o}, kKeepSpaces},
+      {{"granite-embed-multi-97m"}, {kGraniteMulti}, kKeepSpaces | kIgnoreMerges},
+      {{"tekken"}, {kTekken}, kKeepSpaces | kIgnoreMerges | kAddBos},
+      {{"tiny_aya", "cohere2moe"}, {R"(\d{1,3}(?=(?:\d{3})*\b))", kTinyAya}, kKeepSpaces},
+      {{"youtu"}, {kYoutuCjk, kYoutu}, kKeepSpaces | kIgnoreMerges},
+      {{"deepseek-v3", "hunyuan-dense", "hy_v4", "joyai-llm"},
+       {R"(\p{N}{1,3})", kCjkKana, kDeepseek3},
+       kKeepSpaces},
+      {{"spark2_5"}, {R"(\p{N}{1,3})", kCjkKana, kSpark25, R"(\p{N})"}, kKeepSpaces},
+      {{"deepseek-llm"},
+       {"[\r\n]", kDeepseekLatin, kDeepseekPunct, R"(\s+$)", kCjkRun, R"(\p{N}+)"},
+       kKeepSpaces},
+      {{"deepseek-coder"},
+       {"[\r\n]", R"(\s?\p{L}+)", R"(\s?\p{P}+)", kCjkRun, R"(\p{N})"},
+       kKeepSpaces},
+      {{"falcon"}, {R"([\p{P}\$\+<=>\^~\|`]+)", kGpt2, "[0-9][0-9][0-9]"}},
+      {{"starcoder", "refact", "codeshell", "exaone", "minerva-7b", "mellum2"},
+       {R"(\p{N})", kGpt2}},
+      {{"command-r", "smollm"}, {R"(\p{N})", kGpt2}, kKeepSpaces},
+      {{"gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0",
+        "mellum", "modern-bert", "exaone4", "mpt", "olmo", "jais"},
+       {kGpt2}},
+      {{"trillion", "granite-docling"}, {kGpt2}, kKeepSpaces},
+      {{"bloom", "gpt3-finnish"}, {kBloom}},
+      {{"poro-chat"}, {kBloom}, kKeepSpaces},
+      {{"viking"}, {kBloom, R"(\p{N})"}, kKeepSpaces},
+      {{"chameleon"},
+       {"<sentinel:[0-9]+>", "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z", "([\\t\\n]|    |  )",
+        R"(\p{N})", R"([\p{P}!-/:-@\[-`{-~])", kGpt2},
+       kKeepSpaces | kAddBos},
+      {{"superbpe"}, {R"(\p{N}+)", R"((?=(\d{3})+(?!\d)))"}, kKeepSpaces},
+  };
+  return *rows;
 }
 
-PreTokenizerSpec Qwen2Spec(bool clean_spaces) {
-  PreTokenizerSpec s{{kQwen2}};
-  s.clean_spaces = clean_spaces;
-  return s;
+// Types llama.cpp accepts that need more than a table row, and why they are refused here.
+struct Refused {
+  std::vector<std::string_view> names;
+  std::string_view why;
+};
+const std::vector<Refused>& RefusedTypes() {
+  static const auto* refused = new std::vector<Refused>{
+      {{"kimi-k2"}, "its Han-aware split is custom code in llama.cpp, not a pattern"},
+      {{"afmoe"}, "its digit grouping is custom code in llama.cpp, not a pattern"},
+      {{"gemma4", "granite-embed-multi-311m", "sarvam-moe", "whitespace"},
+       "it runs BPE on raw UTF-8 (no byte-level mapping), which pdserve's BPE does not"},
+      {{"jina-v1-en", "jina-v2-code", "roberta-bpe"},
+       "it is an encoder vocabulary that appends a separator token, which pdserve does not"},
+  };
+  return *refused;
 }
 
-PreTokenizerSpec StarcoderSpec(bool clean_spaces) {
-  PreTokenizerSpec s{{R"(\p{N})", kGpt2}};
-  s.clean_spaces = clean_spaces;
-  return s;
-}
-
-bool In(std::string_view pre, std::initializer_list<std::string_view> names) {
-  for (std::string_view n : names) {
-    if (pre == n) return true;
+// A pattern of the tables, in PCRE2 syntax with llama.cpp's meaning. llama.cpp runs patterns with
+// \p{..} classes through std::regex on a copy of the text where every non-ASCII code point is
+// replaced by one byte for its class, and the others through std::wregex with non-ASCII
+// whitespace mapped to one whitespace character. Either way:
+//   \s, \S   Unicode White_Space, and its complement (PCRE2's own \s also matches U+180E);
+//   \p{Lu} \p{Ll} \p{Lt} \p{Lm} \p{Lo}   any letter: llama.cpp's classes know "letter" only;
+//   \d       ASCII digits (std::regex's \d);
+//   \b       a boundary between ASCII word characters [A-Za-z0-9_] and anything else.
+// And since llama.cpp replaces every non-ASCII whitespace character of the text by U+000B before
+// it matches, a class that names non-ASCII characters (DeepSeek's U+0800-U+4E00, which holds
+// U+2003 and U+3000) never matches non-ASCII whitespace: such a class is guarded by a negative
+// lookahead. Other escapes are copied.
+//
+// The end of the character class that opens at pattern[open] (the index of its ']').
+size_t ClassEnd(std::string_view pattern, size_t open) {
+  size_t i = open + 1;
+  if (i < pattern.size() && pattern[i] == '^') ++i;
+  if (i < pattern.size() && pattern[i] == ']') ++i;  // a leading ']' is a literal
+  for (; i < pattern.size(); ++i) {
+    if (pattern[i] == '\\') {
+      ++i;
+    } else if (pattern[i] == ']') {
+      return i;
+    }
   }
-  return false;
+  return std::string_view::npos;
 }
 
-// `\s` -> `\p{White_Space}`, `\S` -> `\P{White_Space}` (inside classes too); other escapes copied.
-std::string RewriteWhitespace(std::string_view pattern) {
+// True when a class (its text, brackets included) names a character above U+007F and neither
+// whitespace nor a property class.
+bool NamesNonAsciiOnly(std::string_view cls) {
+  bool non_ascii = false;
+  for (size_t i = 0; i < cls.size(); ++i) {
+    if (static_cast<unsigned char>(cls[i]) >= 0x80) non_ascii = true;
+    if (cls[i] != '\\' || i + 1 >= cls.size()) continue;
+    const char e = cls[++i];
+    if (e == 's' || e == 'p' || e == 'P') return false;
+    if (e == 'x' && i + 1 < cls.size() && cls[i + 1] == '{') {
+      non_ascii |= std::strtoul(std::string(cls.substr(i + 2, 8)).c_str(), nullptr, 16) >= 0x80;
+    }
+  }
+  return non_ascii;
+}
+
+std::string Rewrite(std::string_view pattern, bool guard_classes = true) {
+  constexpr std::string_view kAsciiWord = "[A-Za-z0-9_]";
   std::string out;
   out.reserve(pattern.size() + 32);
+  bool in_class = false;
   for (size_t i = 0; i < pattern.size(); ++i) {
-    if (pattern[i] == '\\' && i + 1 < pattern.size()) {
-      const char c = pattern[i + 1];
-      if (c == 's') {
+    const char c = pattern[i];
+    if (guard_classes && c == '[' && !in_class && i + 1 < pattern.size() &&
+        pattern[i + 1] != '^') {
+      const size_t end = ClassEnd(pattern, i);
+      if (end != std::string_view::npos && NamesNonAsciiOnly(pattern.substr(i, end - i + 1))) {
+        out += StrCat(R"((?:(?!\p{White_Space}))", Rewrite(pattern.substr(i, end - i + 1), false),
+                      ")");
+        i = end;
+        continue;
+      }
+    }
+    if (c == '\\' && i + 1 < pattern.size()) {
+      const char e = pattern[i + 1];
+      const std::string_view rest = pattern.substr(i);
+      if (e == 's') {
         out += R"(\p{White_Space})";
-      } else if (c == 'S') {
+      } else if (e == 'S') {
         out += R"(\P{White_Space})";
+      } else if (e == 'd') {
+        out += in_class ? "0-9" : "[0-9]";
+      } else if (e == 'b' && !in_class) {
+        out += StrCat("(?:(?<=", kAsciiWord, ")(?!", kAsciiWord, ")|(?<!", kAsciiWord, ")(?=",
+                      kAsciiWord, "))");
+      } else if (rest.size() >= 6 && rest.substr(0, 4) == "\\p{L" && rest[5] == '}' &&
+                 std::string_view("ultmo").find(rest[4]) != std::string_view::npos) {
+        out += R"(\p{L})";
+        i += 4;  // past "p{Lx" (the loop's ++i takes the '}'), with the 1 below
       } else {
         out += pattern.substr(i, 2);
       }
       ++i;
-    } else {
-      out += pattern[i];
+      continue;
     }
+    if (c == '[' && !in_class) {
+      in_class = true;
+      out += c;
+      // A ']' or '^]' right after '[' is a literal; copy it so it does not close the class.
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];
+      continue;
+    }
+    if (c == ']' && in_class) in_class = false;
+    out += c;
   }
   return out;
 }
@@ -120,48 +356,33 @@ size_t NextCharEnd(std::string_view text, size_t pos) {
 }  // namespace
 
 absl::StatusOr<PreTokenizerSpec> PreTokenizerSpecFor(std::string_view pre) {
-  if (pre.empty() || pre == "default") {
-    return PreTokenizerSpec{{R"([\p{P}\$\+<=>\^~\|]+)", kGpt2, R"(\p{N}+)", "[0-9][0-9][0-9]"}};
-  }
-  if (In(pre, {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0",
-               "lfm2", "jina-v5-nano"})) {
-    return Llama3Spec(/*llama3_flags=*/true);
-  }
-  if (In(pre, {"dbrx", "smaug-bpe"})) return Llama3Spec(/*llama3_flags=*/false);
-  if (In(pre, {"glm4", "chatglm-bpe"})) {
-    PreTokenizerSpec s = Llama3Spec(/*llama3_flags=*/false);
-    s.bos_disabled = true;
+  const std::string_view name = pre.empty() ? "default" : pre;
+  for (const Row& row : Rows()) {
+    if (std::find(row.names.begin(), row.names.end(), name) == row.names.end()) continue;
+    PreTokenizerSpec s;
+    s.patterns.assign(row.patterns.begin(), row.patterns.end());
+    s.clean_spaces = !(row.flags & kKeepSpaces);
+    s.ignore_merges = row.flags & kIgnoreMerges;
+    s.add_bos = row.flags & kAddBos;
+    s.bos_disabled = row.flags & kNoBos;
     return s;
   }
-  if (In(pre, {"qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "hunyuan", "solar-open"})) {
-    return Qwen2Spec(/*clean_spaces=*/false);
+  for (const Refused& r : RefusedTypes()) {
+    if (std::find(r.names.begin(), r.names.end(), name) != r.names.end()) {
+      return absl::UnimplementedError(
+          StrCat("tokenizer.ggml.pre '", name, "' is not supported: ", r.why));
+    }
   }
-  if (In(pre, {"stablelm2", "megrez"})) return Qwen2Spec(/*clean_spaces=*/true);
-  if (pre == "deepseek-coder") {
-    PreTokenizerSpec s{{"[\r\n]", R"(\s?\p{L}+)", R"(\s?\p{P}+)", kCjkRun, R"(\p{N})"}};
-    s.clean_spaces = false;
-    return s;
-  }
-  if (pre == "falcon") {
-    return PreTokenizerSpec{{R"([\p{P}\$\+<=>\^~\|`]+)", kGpt2, "[0-9][0-9][0-9]"}};
-  }
-  if (In(pre, {"starcoder", "refact", "codeshell", "exaone", "minerva-7b", "mellum2"})) {
-    return StarcoderSpec(/*clean_spaces=*/true);
-  }
-  if (In(pre, {"command-r", "smollm"})) return StarcoderSpec(/*clean_spaces=*/false);
-  if (In(pre, {"gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de",
-               "a.x-4.0", "mellum", "modern-bert", "exaone4", "mpt", "olmo", "jais"})) {
-    return Gpt2Spec();
-  }
-  if (In(pre, {"trillion", "granite-docling"})) {
-    PreTokenizerSpec s = Gpt2Spec();
-    s.clean_spaces = false;
-    return s;
-  }
-  return absl::InvalidArgumentError(
-      StrCat("unsupported tokenizer.ggml.pre '", pre,
-             "' (supported: default, gpt-2, llama3/llama-bpe, qwen2, starcoder, deepseek-coder, "
-             "falcon and their aliases)"));
+  return absl::InvalidArgumentError(StrCat(
+      "unknown tokenizer.ggml.pre '", name, "' (", Rows().size(),
+      " pre-tokenizer types are supported, every one llama.cpp's vocabulary loader knows but ",
+      RefusedTypes().size(), " kinds; docs/models.md lists them)"));
+}
+
+std::vector<std::string_view> SupportedPreTokenizers() {
+  std::vector<std::string_view> names;
+  for (const Row& row : Rows()) names.insert(names.end(), row.names.begin(), row.names.end());
+  return names;
 }
 
 struct PreTokenizer::Pattern {
@@ -175,7 +396,7 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> PreTokenizer::Create(
   pcre2_config(PCRE2_CONFIG_JIT, &have_jit);
   std::unique_ptr<PreTokenizer> pt(new PreTokenizer());
   for (const std::string& raw : patterns) {
-    const std::string pattern = RewriteWhitespace(raw);
+    const std::string pattern = Rewrite(raw);
     int error = 0;
     PCRE2_SIZE error_offset = 0;
     auto p = std::make_unique<Pattern>();
@@ -230,7 +451,8 @@ void PreTokenizer::Split(std::string_view text,
         const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(scratch.match_data);
         const size_t m_begin = ov[0], m_end = ov[1];
         if (m_end == m_begin) {
-          // Empty match (none of the shipped patterns can produce one): a split point only.
+          // Empty match (superbpe's digit-group lookahead): a split point only, as in llama.cpp,
+          // whose empty pieces vanish.
           if (m_begin > gap_start) next.emplace_back(begin + gap_start, begin + m_begin);
           gap_start = m_begin;
           if (m_begin >= seg.size()) break;

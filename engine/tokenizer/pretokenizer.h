@@ -5,9 +5,16 @@
 // and both its matches and the unmatched gaps between them become pieces. A pattern never sees
 // past the end of the piece it splits (lookaheads stop there), as in llama.cpp.
 //
-// Character classes follow llama.cpp's Unicode semantics: \p{L}, \p{N}, \p{P} are the general
-// categories (from PCRE2's tables) and \s / \S are rewritten to the Unicode White_Space property,
-// which is what llama.cpp uses (PCRE2's own \s also matches U+180E).
+// Patterns are written as llama.cpp's tables write them and mean what they mean there (Rewrite in
+// pretokenizer.cc): \p{L}, \p{N}, \p{P}, \p{M}, \p{S} are the general categories (from PCRE2's
+// tables), \p{Lu} and the other letter subclasses mean any letter, \s / \S the Unicode
+// White_Space property (PCRE2's own \s also matches U+180E), \d ASCII digits and \b an ASCII
+// word boundary.
+//
+// The types are rows of one table (pretokenizer.cc, Rows()): the `tokenizer.ggml.pre` names that
+// select a type, its patterns and its flags. Every name llama.cpp's vocabulary loader accepts is
+// a row, except the few types that need more than patterns, which are refused by name with the
+// reason (RefusedTypes()).
 //
 // Thread safety: immutable after Create(); Split() may be called from many threads at once (each
 // thread keeps its own PCRE2 match data and JIT stack).
@@ -32,9 +39,13 @@ struct PreTokenizerSpec {
   bool bos_disabled = false;   // the pre type has no BOS token (chatglm)
 };
 
-// The spec for a pre-tokenizer name; INVALID_ARGUMENT naming the value when it is not supported.
-// An empty name means "default", as in llama.cpp.
+// The spec for a pre-tokenizer name. An empty name means "default", as in llama.cpp.
+// UNIMPLEMENTED with the reason for a type llama.cpp knows that pdserve does not run;
+// INVALID_ARGUMENT for a name nobody knows.
 absl::StatusOr<PreTokenizerSpec> PreTokenizerSpecFor(std::string_view pre);
+
+// Every name PreTokenizerSpecFor accepts, in table order.
+std::vector<std::string_view> SupportedPreTokenizers();
 
 class PreTokenizer {
  public:

@@ -13,6 +13,8 @@ struct TokenizeFlags {
   std::string file;   // read the text from this file, when set
   std::string text;
   bool no_special = false;
+  bool no_parse = false;   // add BOS/EOS but parse no special-token text
+  std::string hex_lines;   // a file of texts, one per line as hex: one line of ids per text
   // Set by AddTokenizeCommand: --text, whose count() tells whether it was given (even as "").
   const CLI::Option* text_option = nullptr;
 };

@@ -22,6 +22,7 @@
 #include "common/status.h"
 #include "common/status_matchers.h"
 #include "engine/model/gguf.h"
+#include "engine/tokenizer/pretokenizer.h"
 #include "engine/tokenizer/unicode.h"
 #include "tests/testing/gguf_builder.h"
 
@@ -756,6 +757,20 @@ TEST(ThreadTest, ConcurrentEncodeGivesTheSameIds) {
   EXPECT_EQ(mismatches.load(), 0);
 }
 
+// Every row of the table compiles and loads (its splitting is checked against llama.cpp in
+// tests/python/test_pretokenizers.py).
+TEST(PreTokenizerTableTest, EveryNameLoadsAndSplits) {
+  const std::vector<std::string_view> names = tokenizer_internal::SupportedPreTokenizers();
+  EXPECT_GE(names.size(), 80u);
+  for (std::string_view name : names) {
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tok =
+        Build(BpeVocab(std::string(name)).U32("tokenizer.ggml.bos_token_id", 9));
+    ASSERT_TRUE(tok.ok()) << name << ": " << tok.status();
+    EXPECT_FALSE((*tok)->Encode("Hello, world 12345 \xe4\xbd\xa0\xe5\xa5\xbd!", false, false).empty())
+        << name;
+  }
+}
+
 TEST(LoadErrorTest, ReportsBadMetadata) {
   auto expect_invalid = [](const GgufBuilder& b, const std::string& what) {
     EXPECT_THAT(Build(b), StatusIs(absl::StatusCode::kInvalidArgument, what)) << what;
@@ -763,7 +778,14 @@ TEST(LoadErrorTest, ReportsBadMetadata) {
   expect_invalid(GgufBuilder().U32("general.alignment", 32), "tokenizer.ggml.model is missing");
   expect_invalid(GgufBuilder().Str("tokenizer.ggml.model", "bert"),
                  "unsupported tokenizer.ggml.model 'bert'");
-  expect_invalid(BpeVocab("no-such-pre"), "unsupported tokenizer.ggml.pre 'no-such-pre'");
+  expect_invalid(BpeVocab("no-such-pre"), "unknown tokenizer.ggml.pre 'no-such-pre'");
+  // Types llama.cpp knows that need more than patterns: refused by name, with the reason.
+  for (const char* pre : {"kimi-k2", "afmoe", "gemma4", "whitespace", "roberta-bpe"}) {
+    EXPECT_THAT(Build(BpeVocab(pre)),
+                StatusIs(absl::StatusCode::kUnimplemented,
+                         std::string("'") + pre + "' is not supported: "))
+        << pre;
+  }
   {
     GgufBuilder b;
     b.Str("tokenizer.ggml.model", "gpt2").StrArray("tokenizer.ggml.tokens", {"a", "b"});

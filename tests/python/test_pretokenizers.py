@@ -1,0 +1,221 @@
+"""Every pre-tokenizer type llama.cpp's vocabulary loader accepts, against llama.cpp itself.
+
+For each `tokenizer.ggml.pre` name, GPT-2's test vocabulary (testdata/tokenizer) is rewritten with
+that name, and the edge-case corpus (testdata/tokenizer/corpus.jsonl: whitespace runs, digits, CJK,
+emoji, combining marks, invalid UTF-8, special-token text) is tokenized by llama.cpp (the
+llama-cpp-python of requirements-dev.txt, one worker process per vocabulary so that an abort costs
+one string) and by `pdctl tokenize --hex-lines`. The ids must be equal with and without BOS/EOS.
+Strings on which llama.cpp aborts are skipped (it does on 4-byte sequences above U+10FFFF).
+
+The names are llama.cpp's, as its vocabulary loader spells them (src/llama-vocab.cpp of the
+vendored llama.cpp); the test fails when llama.cpp refuses one, so the list cannot drift from the
+reference. pdserve refuses a few types that need more than patterns, by name and with the reason
+(engine/tokenizer/pretokenizer.cc, RefusedTypes): those are checked to fail cleanly.
+"""
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "testdata" / "tokenizer"
+
+# Every name llama.cpp 0.3.36's loader (llama-cpp-python 0.3.36) accepts for a BPE vocabulary.
+LLAMA_CPP_PRE = [
+    "default", "minicpm5", "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
+    "midm-2.0", "lfm2", "jina-v5-nano", "deepseek-llm", "deepseek-coder", "deepseek-v3",
+    "spark2_5", "youtu", "falcon", "mpt", "starcoder", "gpt-2", "phi-2", "jina-es", "jina-de",
+    "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0", "mellum", "modern-bert", "jais-2",
+    "gemma4", "granite-embed-multi-311m", "sarvam-moe", "jina-v1-en", "jina-v2-code",
+    "roberta-bpe", "whitespace", "refact", "command-r", "qwen2", "deepseek-r1-qwen", "kormo",
+    "f2llmv2", "qwen35", "stablelm2", "olmo", "dbrx", "smaug-bpe", "poro-chat", "chatglm-bpe",
+    "glm4", "glm5", "viking", "jais", "tekken", "smollm", "codeshell", "bloom", "gpt3-finnish",
+    "exaone", "exaone4", "exaone-moe", "chameleon", "minerva-7b", "megrez", "gpt-4o", "llama4",
+    "kanana2", "talkie", "granite-embed-multi-97m", "tiny_aya", "cohere2moe", "superbpe",
+    "trillion", "granite-docling", "bailingmoe", "bailingmoe2", "llada-moe", "seed-coder",
+    "hunyuan", "hunyuan-dense", "hy_v4", "joyai-llm", "kimi-k2", "ufakzeka", "grok-2", "afmoe",
+    "laguna", "minimax-m2", "solar-open", "mellum2",
+]
+# Refused by pdserve (see the module docstring).
+REFUSED = {"kimi-k2", "afmoe", "gemma4", "granite-embed-multi-311m", "sarvam-moe", "whitespace",
+           "jina-v1-en", "jina-v2-code", "roberta-bpe"}
+
+
+# One llama.cpp process for every vocabulary: "LOAD path" answers "ok" or "refused"; a hex line
+# answers [ids, ids_special]. It dies on the strings llama.cpp aborts on; the parent then starts a
+# new one, reloads the vocabulary and goes on with the next string.
+_WORKER = r"""
+import ctypes, json, os, sys
+sys.path.insert(0, os.path.join(sys.argv[1], "scripts"))
+import make_tokenizer_reference as ref
+import llama_cpp
+vocab = None
+for line in sys.stdin:
+    line = line.rstrip("\n")
+    if line.startswith("LOAD "):
+        try:
+            vocab = ref.Vocab(line[5:])
+            print("ok", flush=True)
+        except RuntimeError:
+            vocab = None
+            print("refused", flush=True)
+        continue
+    data = bytes.fromhex(line)
+    print(json.dumps([vocab.tokenize(data, False, False), vocab.tokenize(data, True, False)]),
+          flush=True)
+"""
+
+
+class LlamaCpp:
+    def __init__(self):
+        self.proc = None
+        self.path = None
+
+    def _start(self):
+        env = dict(os.environ, GGML_NO_BACKTRACE="1")
+        self.proc = subprocess.Popen([sys.executable, "-c", _WORKER, str(ROOT)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, env=env)
+
+    def _kill(self):
+        self.proc.kill()
+        self.proc.wait()
+        self.proc = None
+
+    def load(self, path):
+        """Loads a vocabulary; False when llama.cpp refuses it."""
+        self.path = str(path)
+        if self.proc is None:
+            self._start()
+        self.proc.stdin.write("LOAD " + self.path + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline().strip()
+        if not answer:
+            self._kill()
+        return answer == "ok"
+
+    def tokenize_all(self, hexes):
+        """[ids, ids_special] per string, None where llama.cpp aborts. The strings are written by
+        a thread while the answers are read, so the pipe never waits on a round trip."""
+        out = []
+        while len(out) < len(hexes):
+            if self.proc is None:
+                assert self.load(self.path)
+            todo = hexes[len(out):]
+            proc = self.proc
+
+            def feed():
+                try:
+                    for h in todo:
+                        proc.stdin.write(h + "\n")
+                    proc.stdin.flush()
+                except (BrokenPipeError, ValueError):
+                    pass
+
+            writer = threading.Thread(target=feed)
+            writer.start()
+            for _ in todo:
+                answer = proc.stdout.readline()
+                if not answer:
+                    break
+                out.append(json.loads(answer))
+            else:
+                writer.join()
+                continue
+            writer.join()
+            self._kill()  # it aborted on the next string
+            out.append(None)
+        return out
+
+    def close(self):
+        if self.proc is not None:
+            self.proc.stdin.close()
+            self.proc.wait()
+
+
+def variant(base: bytes, pre: str) -> bytes:
+    """`base` (a vocabulary-only GGUF: no tensors, so no offsets) with tokenizer.ggml.pre = pre:
+    the key's string value is replaced in place (GGUF value type 8, u64 length, bytes)."""
+    key = b"tokenizer.ggml.pre"
+    at = base.index(struct.pack("<Q", len(key)) + key) + 8 + len(key)
+    vtype, length = struct.unpack_from("<IQ", base, at)
+    assert vtype == 8, vtype
+    end = at + 12 + length
+    value = pre.encode()
+    return base[:at + 4] + struct.pack("<Q", len(value)) + value + base[end:]
+
+
+@pytest.fixture(scope="module")
+def gpt2_bytes():
+    return (DATA / "ggml-vocab-gpt-2.gguf").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def llama():
+    pytest.importorskip("llama_cpp")
+    worker = LlamaCpp()
+    yield worker
+    worker.close()
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    with open(DATA / "corpus.jsonl") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _ours(pdctl, vocab, hex_file, flag):
+    out = subprocess.run([str(pdctl), "tokenize", "-m", str(vocab), "--hex-lines", str(hex_file),
+                          flag], capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr.decode()
+    lines = out.stdout.decode().split("\n")
+    assert lines[-1] == ""
+    return [[int(t) for t in line.split()] for line in lines[:-1]]
+
+
+@pytest.mark.parametrize("pre", LLAMA_CPP_PRE)
+def test_pretokenizer_matches_llama_cpp(pre, llama, gpt2_bytes, corpus, pdctl, tmp_path):
+    vocab = tmp_path / f"gpt-2.{pre}.gguf"
+    vocab.write_bytes(variant(gpt2_bytes, pre))
+    # llama.cpp must know the name (or this list is stale).
+    assert llama.load(vocab), f"llama.cpp refuses tokenizer.ggml.pre '{pre}'"
+    if pre in REFUSED:
+        out = subprocess.run([str(pdctl), "tokenize", "-m", str(vocab), "--text", "Hello"],
+                             capture_output=True, timeout=60)
+        assert out.returncode != 0
+        assert f"'{pre}' is not supported: " in out.stderr.decode(), out.stderr.decode()
+        return
+    expected = llama.tokenize_all([item["hex"] for item in corpus])
+    hex_file = tmp_path / "corpus.hex"
+    hex_file.write_text("".join(item["hex"] + "\n" for item in corpus))
+    plain = _ours(pdctl, vocab, hex_file, "--no-special")
+    special = _ours(pdctl, vocab, hex_file, "--no-parse")
+    assert len(plain) == len(corpus) and len(special) == len(corpus)
+    bad = []
+    compared = 0
+    for item, rec, ids, ids_special in zip(corpus, expected, plain, special):
+        if rec is None:  # llama.cpp aborted on this string: nothing to compare
+            continue
+        compared += 1
+        if [ids, ids_special] != rec:
+            bad.append(f"#{item['id']} ({item.get('note', '')}) {bytes.fromhex(item['hex'])[:40]!r}:"
+                       f" llama.cpp {rec[0][:12]} / {rec[1][:3]}...,"
+                       f" pdserve {ids[:12]} / {ids_special[:3]}...")
+    assert compared > len(corpus) * 0.95
+    assert not bad, f"{len(bad)} of {compared} strings differ for '{pre}':\n" + "\n".join(bad[:8])
+
+
+def test_unknown_name_is_refused_by_both(llama, gpt2_bytes, pdctl, tmp_path):
+    vocab = tmp_path / "gpt-2.no-such-pre.gguf"
+    vocab.write_bytes(variant(gpt2_bytes, "no-such-pre"))
+    assert not llama.load(vocab)
+    out = subprocess.run([str(pdctl), "tokenize", "-m", str(vocab), "--text", "Hello"],
+                         capture_output=True, timeout=60)
+    assert out.returncode != 0
+    assert "unknown tokenizer.ggml.pre 'no-such-pre'" in out.stderr.decode()
