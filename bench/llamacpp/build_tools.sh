@@ -20,15 +20,10 @@ if have_all; then
   echo "$CACHE/bin"
   exit 0
 fi
-PIP="$ROOT/.venv/bin/pip"
-[[ -x "$PIP" ]] || { echo "build_tools: $PIP missing (run scripts/setup.sh)" >&2; exit 2; }
+SRC="$("$ROOT/scripts/llama_cpp_src.sh" | tail -1)"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 echo "build_tools: llama.cpp of llama-cpp-python $VERSION -> $CACHE (about 10 min on 2 cores)" >&2
-"$PIP" download --no-binary :all: --no-deps -q -d "$WORK" "llama_cpp_python==$VERSION" >&2
-tar xzf "$WORK"/llama_cpp_python-"$VERSION".tar.gz -C "$WORK"
-SRC="$WORK/llama_cpp_python-$VERSION/vendor/llama.cpp"
-[[ -f "$SRC/CMakeLists.txt" ]] || { echo "build_tools: no vendor/llama.cpp in the sdist" >&2; exit 2; }
 cmake -S "$SRC" -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
   -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_APP=OFF \
