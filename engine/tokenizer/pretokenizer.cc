@@ -95,6 +95,11 @@ constexpr const char* kDeepseek3 =
     PD_DEEPSEEK3_HEAD R"(| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr const char* kSpark25 =
     PD_DEEPSEEK3_HEAD R"(| ?[\p{P}\p{S}]+|[\r\n]|\s+(?!\S)|\s+)";
+// AFMoE: CJK, kana, half-width kana, Kangxi radicals, Thai, Lao, Khmer, Myanmar, Hangul runs.
+constexpr const char* kAfmoeScripts =
+    "[\u4E00-\u9FFF\u3400-\u4DBF\u8C48-\uFAFF\u3040-\u309F\u30A0-\u30FF\uFF65-\uFF9F"
+    "\u2F00-\u2FDF\u0E40-\u0E7F\u0E80-\u0EFF\u1780-\u17FF\u1000-\u109F\uAA60-\uAA7F"
+    "\uA9E0-\uA9FF\uAC00-\uD7AF\u1100-\u11FF]+";
 // DeepSeek LLM: its Latin-script letter ranges, ASCII and full-width punctuation, trailing
 // whitespace, CJK runs, digit runs.
 constexpr const char* kDeepseekLatin =
@@ -175,7 +180,8 @@ const std::vector<Row>& Rows() {
       {{"gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"}, {kGpt4o}, kKeepSpaces},
       {{"granite-embed-multi-97m"}, {kGraniteMulti}, kKeepSpaces | kIgnoreMerges},
       {{"tekken"}, {kTekken}, kKeepSpaces | kIgnoreMerges | kAddBos},
-      {{"tiny_aya", "cohere2moe"}, {R"(\d{1,3}(?=(?:\d{3})*\b))", kTinyAya}, kKeepSpaces},
+      {{"tiny_aya", "cohere2moe"}, {kDigitGroups, kTinyAya}, kKeepSpaces},
+      {{"afmoe"}, {kDigitGroups, kAfmoeScripts, kDeepseek3}, kKeepSpaces},
       {{"youtu"}, {kYoutuCjk, kYoutu}, kKeepSpaces | kIgnoreMerges},
       {{"deepseek-v3", "hunyuan-dense", "hy_v4", "joyai-llm"},
        {R"(\p{N}{1,3})", kCjkKana, kDeepseek3},
@@ -215,7 +221,6 @@ struct Refused {
 const std::vector<Refused>& RefusedTypes() {
   static const auto* refused = new std::vector<Refused>{
       {{"kimi-k2"}, "its Han-aware split is custom code in llama.cpp, not a pattern"},
-      {{"afmoe"}, "its digit grouping is custom code in llama.cpp, not a pattern"},
       {{"gemma4", "granite-embed-multi-311m", "sarvam-moe", "whitespace"},
        "it runs BPE on raw UTF-8 (no byte-level mapping), which pdserve's BPE does not"},
       {{"jina-v1-en", "jina-v2-code", "roberta-bpe"},
@@ -387,6 +392,9 @@ std::vector<std::string_view> SupportedPreTokenizers() {
 
 struct PreTokenizer::Pattern {
   pcre2_code* code = nullptr;
+  // kDigitGroups: `code` finds digit runs (\p{N}+), and Split cuts at the run's end and every
+  // third digit before it instead of isolating matches.
+  bool digit_groups = false;
   ~Pattern() { pcre2_code_free(code); }
 };
 
@@ -396,7 +404,8 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> PreTokenizer::Create(
   pcre2_config(PCRE2_CONFIG_JIT, &have_jit);
   std::unique_ptr<PreTokenizer> pt(new PreTokenizer());
   for (const std::string& raw : patterns) {
-    const std::string pattern = Rewrite(raw);
+    const bool digit_groups = raw == kDigitGroups;
+    const std::string pattern = digit_groups ? std::string(R"(\p{N}+)") : Rewrite(raw);
     int error = 0;
     PCRE2_SIZE error_offset = 0;
     auto p = std::make_unique<Pattern>();
@@ -412,6 +421,7 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> PreTokenizer::Create(
     }
     // Without JIT the interpreter is used; same results, slower.
     if (have_jit) pcre2_jit_compile(p->code, PCRE2_JIT_COMPLETE);
+    p->digit_groups = digit_groups;
     pt->patterns_.push_back(std::move(p));
   }
   return pt;
@@ -450,6 +460,20 @@ void PreTokenizer::Split(std::string_view text,
         }
         const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(scratch.match_data);
         const size_t m_begin = ov[0], m_end = ov[1];
+        if (pattern->digit_groups) {
+          // Cuts at the run's end and every third digit back from it (never at its start: the
+          // text before a run stays with its first group, as in llama.cpp).
+          std::vector<size_t> starts;  // code point starts in the run
+          for (size_t i = m_begin; i < m_end; i = NextCharEnd(seg, i)) starts.push_back(i);
+          const size_t n = starts.size();
+          for (size_t first = n % 3 == 0 ? 3 : n % 3; first <= n; first += 3) {
+            const size_t cut = first == n ? m_end : starts[first];
+            next.emplace_back(begin + gap_start, begin + cut);
+            gap_start = cut;
+          }
+          search = m_end;
+          continue;
+        }
         if (m_end == m_begin) {
           // Empty match (superbpe's digit-group lookahead): a split point only, as in llama.cpp,
           // whose empty pieces vanish.

@@ -47,9 +47,15 @@ absl::StatusOr<PreTokenizerSpec> PreTokenizerSpecFor(std::string_view pre);
 // Every name PreTokenizerSpecFor accepts, in table order.
 std::vector<std::string_view> SupportedPreTokenizers();
 
+// A pattern that is not a regex: llama.cpp's digit grouping (its AFMoE split, which it also runs
+// for Tiny Aya's "\d{1,3}(?=(?:\d{3})*\b)"). Every run of numbers (\p{N}) is cut at its end and
+// at every third code point before that; the text before a run stays with its first group.
+inline constexpr char kDigitGroups[] = "@digit-groups";
+
 class PreTokenizer {
  public:
-  // Compiles `patterns`. INVALID_ARGUMENT with PCRE2's message and offset if one does not compile.
+  // Compiles `patterns` (regexes, or kDigitGroups). INVALID_ARGUMENT with PCRE2's message and
+  // offset if one does not compile.
   static absl::StatusOr<std::unique_ptr<PreTokenizer>> Create(
       const std::vector<std::string>& patterns);
   ~PreTokenizer();

@@ -43,7 +43,7 @@ LLAMA_CPP_PRE = [
     "laguna", "minimax-m2", "solar-open", "mellum2",
 ]
 # Refused by pdserve (see the module docstring).
-REFUSED = {"kimi-k2", "afmoe", "gemma4", "granite-embed-multi-311m", "sarvam-moe", "whitespace",
+REFUSED = {"kimi-k2", "gemma4", "granite-embed-multi-311m", "sarvam-moe", "whitespace",
            "jina-v1-en", "jina-v2-code", "roberta-bpe"}
 
 
@@ -164,10 +164,18 @@ def llama():
     worker.close()
 
 
+# Digit runs in several scripts, for the digit-grouping types (tiny_aya, afmoe), beside the corpus.
+EXTRA = ["12345678", "ab1234cd56789", "\u0661\u0662\u0663\u0664\u0665 and \u0666\u0667",
+         "x\u00b2\u00b3\u2074\u2075y 7", "3.14159 2,718,281,828", "\u2167\u2168 1\u00bd2345"]
+
+
 @pytest.fixture(scope="module")
 def corpus():
     with open(DATA / "corpus.jsonl") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        items = [json.loads(line) for line in f if line.strip()]
+    items += [{"id": 10000 + i, "note": "digit groups", "hex": text.encode().hex()}
+              for i, text in enumerate(EXTRA)]
+    return items
 
 
 def _ours(pdctl, vocab, hex_file, flag):
