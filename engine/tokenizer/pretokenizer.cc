@@ -95,6 +95,19 @@ constexpr const char* kDeepseek3 =
     PD_DEEPSEEK3_HEAD R"(| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr const char* kSpark25 =
     PD_DEEPSEEK3_HEAD R"(| ?[\p{P}\p{S}]+|[\r\n]|\s+(?!\S)|\s+)";
+// Kimi K2: Han runs, then letter runs without Han (its cased classes only ever meant "letters"
+// here), contractions, digit triples, punctuation and whitespace as in o200k. llama.cpp runs this
+// as custom code; the pattern gives the same pieces. Han is llama.cpp's list of CJK ideograph
+// blocks, not the Unicode script (which adds radicals, U+3005 and U+3007).
+#define PD_HAN                                                                     \
+  R"([\x{4E00}-\x{9FFF}\x{3400}-\x{4DBF}\x{20000}-\x{2A6DF}\x{2A700}-\x{2B73F})" \
+  R"(\x{2B740}-\x{2B81F}\x{2B820}-\x{2CEAF}\x{2CEB0}-\x{2EBEF}\x{F900}-\x{FAFF})"    \
+  R"(\x{2F800}-\x{2FA1F}])"
+constexpr const char* kKimiK2 =
+    PD_HAN R"(+|[^\r\n\p{L}\p{N}]?(?:(?!)" PD_HAN R"()\p{L})+)"
+    R"((?:'[sS]|'[tT]|'[mM]|'[dD]|'[rR][eE]|'[vV][eE]|'[lL][lL])?|\p{N}{1,3})"
+    R"(| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+#undef PD_HAN
 // AFMoE: CJK, kana, half-width kana, Kangxi radicals, Thai, Lao, Khmer, Myanmar, Hangul runs.
 constexpr const char* kAfmoeScripts =
     "[\u4E00-\u9FFF\u3400-\u4DBF\u8C48-\uFAFF\u3040-\u309F\u30A0-\u30FF\uFF65-\uFF9F"
@@ -182,6 +195,7 @@ const std::vector<Row>& Rows() {
       {{"tekken"}, {kTekken}, kKeepSpaces | kIgnoreMerges | kAddBos},
       {{"tiny_aya", "cohere2moe"}, {kDigitGroups, kTinyAya}, kKeepSpaces},
       {{"afmoe"}, {kDigitGroups, kAfmoeScripts, kDeepseek3}, kKeepSpaces},
+      {{"kimi-k2"}, {kKimiK2}, kKeepSpaces},
       {{"youtu"}, {kYoutuCjk, kYoutu}, kKeepSpaces | kIgnoreMerges},
       {{"deepseek-v3", "hunyuan-dense", "hy_v4", "joyai-llm"},
        {R"(\p{N}{1,3})", kCjkKana, kDeepseek3},
@@ -220,7 +234,6 @@ struct Refused {
 };
 const std::vector<Refused>& RefusedTypes() {
   static const auto* refused = new std::vector<Refused>{
-      {{"kimi-k2"}, "its Han-aware split is custom code in llama.cpp, not a pattern"},
       {{"gemma4", "granite-embed-multi-311m", "sarvam-moe", "whitespace"},
        "it runs BPE on raw UTF-8 (no byte-level mapping), which pdserve's BPE does not"},
       {{"jina-v1-en", "jina-v2-code", "roberta-bpe"},

@@ -43,7 +43,7 @@ LLAMA_CPP_PRE = [
     "laguna", "minimax-m2", "solar-open", "mellum2",
 ]
 # Refused by pdserve (see the module docstring).
-REFUSED = {"kimi-k2", "gemma4", "granite-embed-multi-311m", "sarvam-moe", "whitespace",
+REFUSED = {"gemma4", "granite-embed-multi-311m", "sarvam-moe", "whitespace",
            "jina-v1-en", "jina-v2-code", "roberta-bpe"}
 
 
@@ -164,8 +164,10 @@ def llama():
     worker.close()
 
 
-# Digit runs in several scripts, for the digit-grouping types (tiny_aya, afmoe), beside the corpus.
-EXTRA = ["12345678", "ab1234cd56789", "\u0661\u0662\u0663\u0664\u0665 and \u0666\u0667",
+# Beside the corpus: digit runs in several scripts (the digit-grouping types: tiny_aya, afmoe) and
+# Han mixed with other letters (kimi-k2 splits Han runs from the letters around them).
+EXTRA = ["\u4e2d\u6587English\u6df7\u5408text's", "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8",
+         "\u6c49\u5b57abc\u4e2d \u3005\u3007\u2e80 I'LL", "12345678", "ab1234cd56789", "\u0661\u0662\u0663\u0664\u0665 and \u0666\u0667",
          "x\u00b2\u00b3\u2074\u2075y 7", "3.14159 2,718,281,828", "\u2167\u2168 1\u00bd2345"]
 
 

@@ -780,7 +780,7 @@ TEST(LoadErrorTest, ReportsBadMetadata) {
                  "unsupported tokenizer.ggml.model 'bert'");
   expect_invalid(BpeVocab("no-such-pre"), "unknown tokenizer.ggml.pre 'no-such-pre'");
   // Types llama.cpp knows that need more than patterns: refused by name, with the reason.
-  for (const char* pre : {"kimi-k2", "gemma4", "whitespace", "roberta-bpe"}) {
+  for (const char* pre : {"gemma4", "whitespace", "roberta-bpe"}) {
     EXPECT_THAT(Build(BpeVocab(pre)),
                 StatusIs(absl::StatusCode::kUnimplemented,
                          std::string("'") + pre + "' is not supported: "))
