@@ -1,4 +1,5 @@
-// Byte-level BPE (tokenizer.ggml.model = gpt2).
+// BPE: byte-level (tokenizer.ggml.model = gpt2), or over raw UTF-8 (gemma4 and the other
+// SentencePiece-style types, PreTokenizerSpec::byte_encode false).
 //
 // Encode path per run of text: lenient UTF-8 decode (llama.cpp's rules, see tokenizer.h) ->
 // regex pre-tokenizer -> each piece's bytes mapped onto the GPT-2 alphabet -> rank-ordered merges.
@@ -51,6 +52,7 @@ void Tokenizer::EncodeBpe(std::string_view text, std::vector<int32_t>* out) cons
   for (uint32_t cpt : tokenizer_internal::DecodeUtf8Lenient(text)) {
     if (cpt > 0x10FFFF) cpt = kReplacementChar;  // llama.cpp aborts here
     has_surrogate |= cpt >= 0xD800 && cpt <= 0xDFFF;
+    if (cpt == ' ' && escape_spaces_) cpt = 0x2581;  // SentencePiece's "▁"
     AppendUtf8(cpt, &normalized);
   }
   std::string regex_text;
@@ -65,9 +67,21 @@ void Tokenizer::EncodeBpe(std::string_view text, std::vector<int32_t>* out) cons
 
   BpeScratch scratch;
   for (const auto& [begin, end] : pieces) {
+    const std::string_view piece = std::string_view(normalized).substr(begin, end - begin);
+    if (whole_newline_runs_ && piece.find_first_not_of('\n') == std::string_view::npos) {
+      const int32_t id = Find(piece);
+      if (id != kNoToken) {
+        out->push_back(id);
+        continue;
+      }
+    }
+    if (!byte_encode_) {
+      MergeBpeWord(piece, &scratch, out);
+      continue;
+    }
     scratch.word.clear();
-    for (size_t i = begin; i < end; ++i) {
-      scratch.word += tokenizer_internal::ByteToUnicodeUtf8(static_cast<uint8_t>(normalized[i]));
+    for (const char c : piece) {
+      scratch.word += tokenizer_internal::ByteToUnicodeUtf8(static_cast<uint8_t>(c));
     }
     MergeBpeWord(scratch.word, &scratch, out);
   }
@@ -149,9 +163,18 @@ void Tokenizer::MergeBpeWord(std::string_view word, BpeScratch* scratch,
       continue;
     }
     // Not a token (a merge whose result is missing from the vocabulary, or a byte symbol the
-    // vocabulary lacks): fall back to single-byte tokens where they exist, as llama.cpp does.
+    // vocabulary lacks): fall back to single-byte tokens where they exist, as llama.cpp does:
+    // one character of the byte alphabet, or <0xXX> for BPE over raw UTF-8.
     for (const char ch : s) {
-      const int32_t b = Find(std::string_view(&ch, 1));
+      int32_t b;
+      if (byte_encode_) {
+        b = Find(std::string_view(&ch, 1));
+      } else {
+        static constexpr char kHex[] = "0123456789ABCDEF";
+        const uint8_t u = static_cast<uint8_t>(ch);
+        const char name[6] = {'<', '0', 'x', kHex[u >> 4], kHex[u & 15], '>'};
+        b = Find(std::string_view(name, 6));
+      }
       if (b != kNoToken) out->push_back(b);
     }
   }

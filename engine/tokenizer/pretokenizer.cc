@@ -156,6 +156,10 @@ enum RowFlags : unsigned {
   kIgnoreMerges = 2,   // a whole piece that is a token is emitted as is
   kAddBos = 4,         // default of tokenizer.ggml.add_bos_token
   kNoBos = 8,          // the type has no BOS token (ChatGLM)
+  kRawUtf8 = 16,       // BPE over raw UTF-8, not GPT-2's byte alphabet (PreTokenizerSpec)
+  kEscapeSpaces = 32,  // spaces become U+2581 (PreTokenizerSpec::escape_spaces)
+  kNewlineRuns = 64,   // PreTokenizerSpec::whole_newline_runs
+  kForceBos = 128,     // PreTokenizerSpec::force_add_bos
 };
 
 // One row per pre-tokenizer type: the `tokenizer.ggml.pre` names that select it, its patterns
@@ -223,6 +227,11 @@ const std::vector<Row>& Rows() {
         R"(\p{N})", R"([\p{P}!-/:-@\[-`{-~])", kGpt2},
        kKeepSpaces | kAddBos},
       {{"superbpe"}, {R"(\p{N}+)", R"((?=(\d{3})+(?!\d)))"}, kKeepSpaces},
+      // SentencePiece-style BPE: the whole text (spaces as U+2581) merges line by line.
+      {{"gemma4", "granite-embed-multi-311m"}, {kLines},
+       kRawUtf8 | kEscapeSpaces | kNewlineRuns | kForceBos},
+      {{"sarvam-moe"}, {kLines}, kRawUtf8 | kEscapeSpaces | kKeepSpaces},
+      {{"whitespace"}, {R"(\S+)"}, kRawUtf8},
   };
   return *rows;
 }
@@ -234,8 +243,6 @@ struct Refused {
 };
 const std::vector<Refused>& RefusedTypes() {
   static const auto* refused = new std::vector<Refused>{
-      {{"gemma4", "granite-embed-multi-311m", "sarvam-moe", "whitespace"},
-       "it runs BPE on raw UTF-8 (no byte-level mapping), which pdserve's BPE does not"},
       {{"jina-v1-en", "jina-v2-code", "roberta-bpe"},
        "it is an encoder vocabulary that appends a separator token, which pdserve does not"},
   };
@@ -383,6 +390,10 @@ absl::StatusOr<PreTokenizerSpec> PreTokenizerSpecFor(std::string_view pre) {
     s.ignore_merges = row.flags & kIgnoreMerges;
     s.add_bos = row.flags & kAddBos;
     s.bos_disabled = row.flags & kNoBos;
+    s.byte_encode = !(row.flags & kRawUtf8);
+    s.escape_spaces = row.flags & kEscapeSpaces;
+    s.whole_newline_runs = row.flags & kNewlineRuns;
+    s.force_add_bos = row.flags & kForceBos;
     return s;
   }
   for (const Refused& r : RefusedTypes()) {

@@ -37,6 +37,16 @@ struct PreTokenizerSpec {
   bool ignore_merges = false;  // a whole piece that is a token is emitted as is
   bool add_bos = false;        // default for tokenizer.ggml.add_bos_token
   bool bos_disabled = false;   // the pre type has no BOS token (chatglm)
+  // false: BPE over the text's own UTF-8 (symbols are characters, unknown ones fall back to
+  // <0xXX> byte tokens) instead of GPT-2's byte-level alphabet (Gemma 4's SentencePiece-style BPE).
+  bool byte_encode = true;
+  bool escape_spaces = false;  // spaces become U+2581 before splitting, and back when decoding
+  // A piece of newlines only that is a token is that token (Gemma 4: its merges never join
+  // newlines, but its vocabulary holds runs of them).
+  bool whole_newline_runs = false;
+  // BOS is added even when tokenizer.ggml.add_bos_token says false, if the vocabulary has one
+  // (llama.cpp overrides the key for Gemma 4, whose converted files carry a wrong false).
+  bool force_add_bos = false;
 };
 
 // The spec for a pre-tokenizer name. An empty name means "default", as in llama.cpp.

@@ -199,6 +199,12 @@ class Tokenizer {
   bool add_space_prefix_ = false;
   bool clean_spaces_ = false;
   bool ignore_merges_ = false;
+  // BPE over the text's UTF-8 rather than GPT-2's byte alphabet, spaces escaped as U+2581,
+  // newline-only pieces whole (PreTokenizerSpec).
+  bool byte_encode_ = true;
+  bool escape_spaces_ = false;
+  bool whole_newline_runs_ = false;
+  bool force_add_bos_ = false;  // PreTokenizerSpec::force_add_bos
   // SPM: no token has U+2581 after anything but a leading run of U+2581 (see EncodeSpm).
   bool spm_split_at_spaces_ = false;
 };

@@ -173,18 +173,25 @@ absl::Status Tokenizer::Load(const GgufFile& gguf) {
     add_space_prefix_ = true;
     add_bos_ = true;
     clean_spaces_ = false;
-  } else if (*model == "gpt2") {
+  } else if (*model == "gpt2" || *model == "gemma4") {
     model_ = TokenizerModel::kBpe;
+    // Gemma 4's model name implies its pre-tokenizer, and no default special tokens.
+    const bool gemma4 = *model == "gemma4";
+    if (gemma4) pre_ = "gemma4";
     PD_ASSIGN_OR_RETURN(spec, tokenizer_internal::PreTokenizerSpecFor(pre_));
-    bos_ = spec.bos_disabled ? kNoToken : 11;
-    eos_ = 11;
+    bos_ = spec.bos_disabled || gemma4 ? kNoToken : 11;
+    eos_ = gemma4 ? kNoToken : 11;
     add_space_prefix_ = false;
     add_bos_ = spec.add_bos;
     clean_spaces_ = spec.clean_spaces;
     ignore_merges_ = spec.ignore_merges;
+    byte_encode_ = spec.byte_encode;
+    escape_spaces_ = spec.escape_spaces;
+    whole_newline_runs_ = spec.whole_newline_runs;
+    force_add_bos_ = spec.force_add_bos;
   } else {
-    return absl::InvalidArgumentError(
-        StrCat("unsupported tokenizer.ggml.model '", *model, "' (supported: llama, gpt2)"));
+    return absl::InvalidArgumentError(StrCat("unsupported tokenizer.ggml.model '", *model,
+                                             "' (supported: llama, gpt2, gemma4)"));
   }
   if (gguf.Has(kKeyAddPrefix)) {
     absl::StatusOr<bool> v = gguf.GetBool(kKeyAddPrefix);
@@ -245,7 +252,7 @@ absl::Status Tokenizer::Load(const GgufFile& gguf) {
   // ---- merges (BPE) ----
   if (model_ == TokenizerModel::kBpe) {
     if (!gguf.Has(kKeyMerges)) {
-      return absl::InvalidArgumentError("tokenizer.ggml.merges is missing (needed for gpt2)");
+      return absl::InvalidArgumentError("tokenizer.ggml.merges is missing (needed for BPE)");
     }
     absl::StatusOr<std::vector<std::string_view>> merges = gguf.GetStringArray(kKeyMerges);
     if (!merges.ok()) return Invalid(kKeyMerges, merges.status());
@@ -339,6 +346,7 @@ absl::Status Tokenizer::LoadSpecialIds(const GgufFile& gguf) {
     if (!v.ok()) return Invalid(key, v.status());
     *flag = *v;
   }
+  if (force_add_bos_ && bos_ != kNoToken) add_bos_ = true;
   if (add_bos_ && bos_ == kNoToken) {
     return absl::InvalidArgumentError(
         "tokenizer.ggml.add_bos_token is true but there is no BOS token");
@@ -479,7 +487,7 @@ std::string Tokenizer::ComputePiece(int32_t id) const {
     return t.text;
   }
   if (t.attrs & TokenAttr::kNormal) {
-    if (model_ == TokenizerModel::kBpe) return DecodeByteLevel(t.text);
+    if (model_ == TokenizerModel::kBpe && !escape_spaces_) return DecodeByteLevel(t.text);
     std::string s = t.text;
     ReplaceAll(&s, kSpaceEscape, " ");
     return s;

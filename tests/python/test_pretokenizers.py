@@ -43,8 +43,10 @@ LLAMA_CPP_PRE = [
     "laguna", "minimax-m2", "solar-open", "mellum2",
 ]
 # Refused by pdserve (see the module docstring).
-REFUSED = {"gemma4", "granite-embed-multi-311m", "sarvam-moe", "whitespace",
-           "jina-v1-en", "jina-v2-code", "roberta-bpe"}
+REFUSED = {"jina-v1-en", "jina-v2-code", "roberta-bpe"}
+# BPE over raw UTF-8: on this byte-level vocabulary, llama.cpp throws for every string with a byte
+# that is no token by itself (no <0xXX> tokens here), so fewer strings are comparable.
+RAW_UTF8 = {"gemma4", "granite-embed-multi-311m", "sarvam-moe", "whitespace"}
 
 
 # One llama.cpp process for every vocabulary: "LOAD path" answers "ok" or "refused"; a hex line
@@ -217,7 +219,7 @@ def test_pretokenizer_matches_llama_cpp(pre, llama, gpt2_bytes, corpus, pdctl, t
             bad.append(f"#{item['id']} ({item.get('note', '')}) {bytes.fromhex(item['hex'])[:40]!r}:"
                        f" llama.cpp {rec[0][:12]} / {rec[1][:3]}...,"
                        f" pdserve {ids[:12]} / {ids_special[:3]}...")
-    assert compared > len(corpus) * 0.95
+    assert compared > len(corpus) * (0.9 if pre in RAW_UTF8 else 0.95)
     assert not bad, f"{len(bad)} of {compared} strings differ for '{pre}':\n" + "\n".join(bad[:8])
 
 
