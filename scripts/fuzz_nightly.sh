@@ -77,7 +77,7 @@ row() {
   echo "| $t | $seconds | ${execs:-?} | ${eps:-?} | ${cov:-?} | ${corp:-?} | ${new:-?} | $crashes | $result |"
 }
 
-all=(gguf tokenizer chat_template openai_request node_protocol kv_frame)
+all=(gguf safetensors tokenizer chat_template openai_request node_protocol kv_frame)
 if [[ ${#targets[@]} -eq 0 ]]; then targets=("${all[@]}"); fi
 cpu="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
 {

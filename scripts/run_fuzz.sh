@@ -3,15 +3,15 @@
 #
 #   scripts/run_fuzz.sh [SECONDS] [TARGET...]
 #
-# Targets (tests/fuzz/fuzz_targets.h): gguf tokenizer chat_template openai_request node_protocol
-# kv_frame; all of them when none is named. They run one after the other, each a single process
-# on one core. Each runs over a temporary COPY of tests/fuzz/corpus/<target>, so the committed seed
-# corpus never grows; new interesting inputs are thrown away with the copy (unless
-# FUZZ_MERGE_INTO_CORPUS=1, below). A crash, leak, timeout or sanitizer report stops that target:
-# the reproducer is kept under $FUZZ_BUILD_DIR/fuzz_artifacts/ and the script exits non-zero after
-# the remaining targets ran. Reproduce with the command printed on the target's FAIL line; once
-# fixed, copy the reproducer into tests/fuzz/corpus/<target>/ so that fuzz_corpus_test (ctest)
-# replays it from then on.
+# Targets (tests/fuzz/fuzz_targets.h): gguf safetensors tokenizer chat_template openai_request
+# node_protocol kv_frame; all of them when none is named. They run one after the other, each a
+# single process on one core. Each runs over a temporary COPY of tests/fuzz/corpus/<target>, so
+# the committed seed corpus never grows; new interesting inputs are thrown away with the copy
+# (unless FUZZ_MERGE_INTO_CORPUS=1, below). A crash, leak, timeout or sanitizer report stops that
+# target: the reproducer is kept under $FUZZ_BUILD_DIR/fuzz_artifacts/ and the script exits
+# non-zero after the remaining targets ran. Reproduce with the command printed on the target's
+# FAIL line; once fixed, copy the reproducer into tests/fuzz/corpus/<target>/ so that
+# fuzz_corpus_test (ctest) replays it from then on.
 #
 # Prints one "FUZZ SUMMARY:" line per target and a last one for the whole run.
 #
@@ -21,7 +21,7 @@
 # minimized by libFuzzer's -merge, into tests/fuzz/corpus/<target>/: only on purpose, to commit).
 set -euo pipefail
 
-all_targets=(gguf tokenizer chat_template openai_request node_protocol kv_frame)
+all_targets=(gguf safetensors tokenizer chat_template openai_request node_protocol kv_frame)
 seconds="${1:-60}"
 if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [[ "$seconds" -eq 0 ]]; then
   echo "usage: $0 [SECONDS] [TARGET...]   (a positive number of seconds per target, default 60;" \

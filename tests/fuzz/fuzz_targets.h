@@ -15,6 +15,9 @@ namespace pd::fuzz {
 
 // GGUF reader, ModelConfig::FromGguf, Weights::Load (gguf_fuzzer.cc).
 int FuzzGguf(const uint8_t* data, size_t size);
+// The safetensors reader and the model.safetensors.index.json parser, on every input
+// (safetensors_fuzzer.cc).
+int FuzzSafetensors(const uint8_t* data, size_t size);
 // Tokenizer::Encode / Decode / StreamingDetokenizer on SPM and BPE vocabularies, and
 // Tokenizer::FromGguf on vocabularies made from the input (tokenizer_fuzzer.cc).
 int FuzzTokenizer(const uint8_t* data, size_t size);
@@ -37,6 +40,7 @@ struct FuzzTarget {
 
 inline constexpr FuzzTarget kFuzzTargets[] = {
     {"gguf", FuzzGguf},
+    {"safetensors", FuzzSafetensors},
     {"tokenizer", FuzzTokenizer},
     {"chat_template", FuzzChatTemplate},
     {"openai_request", FuzzOpenAiRequest},

@@ -298,11 +298,113 @@ def kv_frame_seeds() -> dict[str, bytes]:
     }
 
 
+# ---------------------------------------------------------------------------------------------
+# safetensors: a whole safetensors file, or a model.safetensors.index.json (the harness tries
+# both parsers on every input)
+
+def st_file(entries: list[tuple[str, str]], data: bytes, pad: bool = True) -> bytes:
+    """A file from (name, entry JSON text) pairs written verbatim (so duplicates survive)."""
+    header = ("{" + ",".join(f"{json.dumps(k)}:{v}" for k, v in entries) + "}").encode()
+    if pad:  # the Python library pads the header with spaces to a multiple of 8
+        header += b" " * (-(8 + len(header)) % 8)
+    return struct.pack("<Q", len(header)) + header + data
+
+
+def st_raw(header: bytes, data: bytes = b"") -> bytes:
+    """A file whose header is `header`, byte for byte."""
+    return struct.pack("<Q", len(header)) + header + data
+
+
+def st_entry(dtype: str, shape: list[int], begin: int, end: int) -> str:
+    return json.dumps({"dtype": dtype, "shape": shape, "data_offsets": [begin, end]},
+                      separators=(",", ":"))
+
+
+def st_tensors(*tensors: tuple[str, str, list[int], bytes], meta: dict | None = None) -> bytes:
+    """A valid file: (name, dtype, shape, bytes) in order, each right after the previous one."""
+    entries, data = [], b""
+    if meta is not None:
+        entries.append(("__metadata__", json.dumps(meta, separators=(",", ":"))))
+    for name, dtype, shape, payload in tensors:
+        entries.append((name, st_entry(dtype, shape, len(data), len(data) + len(payload))))
+        data += payload
+    return st_file(entries, data)
+
+
+def safetensors_seeds() -> dict[str, bytes]:
+    f32 = lambda *v: struct.pack(f"<{len(v)}f", *v)  # noqa: E731
+    f16 = lambda *v: struct.pack(f"<{len(v)}e", *v)  # noqa: E731
+    bf16 = lambda *v: b"".join(struct.pack("<f", x)[2:] for x in v)  # noqa: E731
+    llama = st_tensors(
+        ("model.embed_tokens.weight", "BF16", [4, 2], bf16(*[0.5 * i for i in range(8)])),
+        ("model.layers.0.input_layernorm.weight", "F32", [2], f32(1.0, 1.0)),
+        ("model.layers.0.self_attn.q_proj.weight", "F16", [2, 2], f16(1, -1, 0.5, 2)),
+        ("model.norm.weight", "F32", [2], f32(1.0, 0.5)),
+        ("lm_head.weight", "BF16", [4, 2], bf16(*[-0.25 * i for i in range(8)])),
+        meta={"format": "pt"})
+    every_dtype = st_tensors(
+        *[(f"t.{d}", d, [2, 4], bytes(range(bits)))
+          for d, bits in [("BOOL", 8), ("U8", 8), ("I8", 8), ("F8_E4M3", 8), ("F8_E5M2", 8),
+                          ("F8_E8M0", 8), ("F8_E4M3FNUZ", 8), ("F8_E5M2FNUZ", 8), ("F4", 4),
+                          ("F6_E2M3", 6), ("F6_E3M2", 6), ("I16", 16), ("U16", 16), ("F16", 16), ("BF16", 16), ("I32", 32),
+                          ("U32", 32), ("F32", 32), ("I64", 64), ("U64", 64), ("F64", 64),
+                          ("C64", 64)]])
+    scalar_empty = st_file([("empty", st_entry("F32", [0, 4], 0, 0)),
+                            ("scalar", st_entry("F64", [], 0, 8)),
+                            ("tail", st_entry("I8", [0], 8, 8))], struct.pack("<d", 2.5))
+    ab = [("a", st_entry("U8", [4], 0, 4)), ("b", st_entry("U8", [4], 4, 8))]
+    index = {"metadata": {"total_size": 24},
+             "weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+                            "model.norm.weight": "model-00002-of-00002.safetensors",
+                            "lm_head.weight": "model-00002-of-00002.safetensors"}}
+    return {
+        # Valid files.
+        "llama_tiny": llama,
+        "every_dtype": every_dtype,
+        "scalar_and_empty": scalar_empty,
+        "empty": st_file([], b""),
+        "unpadded_unaligned": st_file([("x", st_entry("F32", [1], 0, 4))], f32(3.0), pad=False),
+        "metadata_only": st_file([("__metadata__", '{"format":"pt","a":"b"}')], b""),
+        # Broken files, each in one way.
+        "short": b"\x10\x00\x00",
+        "huge_header_length": struct.pack("<Q", 100_000_001) + b"{}",
+        "header_past_end": struct.pack("<Q", 64) + b"{}",
+        "not_json": st_raw(b'{"a":{"dtype":"U8",}}'),
+        "truncated_data": llama[:-3],
+        "not_utf8": st_raw(b'{"a\xff":{}}'),
+        "nul_after_json": st_raw(b'{}\x00{"b":1}'),
+        "not_object": st_raw(b"[]"),
+        "duplicate_tensor": st_file(ab + [("a", st_entry("U8", [4], 0, 4))], bytes(8)),
+        "duplicate_field": st_file(
+            [("a", '{"dtype":"U8","dtype":"I8","shape":[4],"data_offsets":[0,4]}')], bytes(4)),
+        "missing_dtype": st_file([("a", '{"shape":[4],"data_offsets":[0,4]}')], bytes(4)),
+        "unknown_dtype": st_file([("a", st_entry("Q4_0", [4], 0, 4))], bytes(4)),
+        "negative_dim": st_file([("a", '{"dtype":"U8","shape":[-4],"data_offsets":[0,4]}')],
+                                bytes(4)),
+        "float_offset": st_file([("a", '{"dtype":"U8","shape":[4],"data_offsets":[0,4.0]}')],
+                                bytes(4)),
+        "numel_overflow": st_file([("a", st_entry("F64", [2**32, 2**32, 0], 0, 0))], b""),
+        "size_mismatch": st_file([("a", st_entry("F32", [2, 3], 0, 20))], bytes(20)),
+        "sub_byte_partial": st_file([("a", st_entry("F4", [3], 0, 2))], bytes(2)),
+        "overlap": st_file([("a", st_entry("U8", [8], 0, 8)), ("b", st_entry("U8", [8], 4, 12))],
+                           bytes(12)),
+        "gap": st_file([("a", st_entry("U8", [4], 0, 4)), ("b", st_entry("U8", [4], 8, 12))],
+                       bytes(12)),
+        "trailing_bytes": st_file(ab, bytes(10)),
+        "metadata_not_strings": st_file([("__metadata__", '{"layers":32}')], b""),
+        # Indexes.
+        "index": json.dumps(index, indent=2).encode(),
+        "index_traversal": json.dumps({"weight_map": {"a": "../x.safetensors"}}).encode(),
+        "index_not_string": b'{"weight_map":{"a":1}}',
+    }
+
+
 def main() -> int:
     root = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "corpus"
     for target, seeds in [("tokenizer", tokenizer_seeds()), ("chat_template", chat_template_seeds()),
                           ("openai_request", openai_seeds()), ("node_protocol", node_seeds()),
-                          ("kv_frame", kv_frame_seeds())]:
+                          ("kv_frame", kv_frame_seeds()),
+                          ("safetensors", safetensors_seeds())]:
         folder = root / target
         folder.mkdir(parents=True, exist_ok=True)
         for old in folder.glob("seed_*"):
