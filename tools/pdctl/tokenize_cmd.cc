@@ -1,7 +1,14 @@
 #include "tools/pdctl/tokenize_cmd.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -9,16 +16,51 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 
+#include "common/status.h"
 #include "common/strings.h"
 #include "engine/model/gguf.h"
+#include "engine/quant/quantize/gguf_vocab.h"
+#include "engine/quant/quantize/gguf_writer.h"
+#include "engine/tokenizer/hf_tokenizer.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "tools/pdctl/cli_util.h"
 
 namespace pd::tools {
+namespace {
+
+// The GGUF whose tokenizer to use: PATH itself, or for a folder (a Hugging Face checkpoint) the
+// vocabulary-only GGUF of its tokenizer.json, written to a temporary file in $TMPDIR that is
+// removed as soon as it is mapped.
+absl::StatusOr<std::unique_ptr<engine::GgufFile>> OpenVocab(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return engine::GgufFile::Open(path);
+  PD_ASSIGN_OR_RETURN(engine::GgufVocab vocab, engine::ReadHfTokenizer(path));
+  engine::quantize::GgufWriter writer;
+  engine::quantize::SetVocabKeys(vocab, &writer);
+  const char* tmpdir = std::getenv("TMPDIR");
+  std::string tmp =
+      pd::StrCat(tmpdir != nullptr && *tmpdir ? tmpdir : "/tmp", "/pdctl-vocab-XXXXXX");
+  const int fd = ::mkstemp(tmp.data());
+  if (fd < 0) {
+    return absl::InternalError(
+        pd::StrCat("cannot create a temporary file ", tmp, ": ", std::strerror(errno)));
+  }
+  ::close(fd);
+  absl::Status s = writer.Open(tmp);
+  if (s.ok()) s = writer.Commit();
+  absl::StatusOr<std::unique_ptr<engine::GgufFile>> gguf = s.ok() ? engine::GgufFile::Open(tmp) : s;
+  ::unlink(tmp.c_str());  // the map outlives the name
+  return gguf;
+}
+
+}  // namespace
 
 CLI::App* AddTokenizeCommand(CLI::App& app, TokenizeFlags* flags) {
   CLI::App* tk = app.add_subcommand("tokenize", "print the token ids of a text on one line");
-  tk->add_option("-m,--model", flags->model, "GGUF model or vocabulary file")->required();
+  tk->add_option("-m,--model", flags->model,
+                 "GGUF model or vocabulary file, or a Hugging Face folder (its tokenizer.json, "
+                 "read as llama.cpp's converter reads it; docs/models.md)")
+      ->required();
   auto* ns = tk->add_flag("--no-special", flags->no_special,
                           "add no BOS/EOS and parse no special-token text");
   tk->add_flag("--no-parse", flags->no_parse,
@@ -45,7 +87,7 @@ int RunTokenize(const TokenizeFlags& flags) {
   const bool no_special = flags.no_special;
   const std::string& file = flags.file;
   const std::string& text = flags.text;
-  auto gguf = engine::GgufFile::Open(model);
+  auto gguf = OpenVocab(model);
   if (!gguf.ok()) return Fail(gguf.status());
   auto tok = engine::Tokenizer::FromGguf(**gguf);
   if (!tok.ok()) return Fail(tok.status());
