@@ -417,6 +417,7 @@ absl::StatusOr<ServeOptions> ParseServeOptions(std::string_view yaml, std::strin
       m.Get("context", &o.model.context);
       m.Get("backend", &o.model.backend);
       m.Get("gpu_layers", &o.model.gpu_layers);
+      m.Get("quantize", &o.model.quantize);
       top.Merge(m);
     }
     top.Get("threads", &o.threads);

@@ -27,6 +27,9 @@ struct ModelConfigOptions {
   // (every layer; the default), a count N (the last N layers), or "auto" (as many as the GPU's
   // free memory holds, by the offload planner).
   std::string gpu_layers = "all";
+  // "" = serve the weights as stored; a quantized type (q4_K, q8_0, ...): F32/F16/BF16 weights
+  // (a GGUF or a Hugging Face folder) are quantized to it at load, in memory.
+  std::string quantize;
 };
 
 struct ListenOptions {

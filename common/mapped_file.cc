@@ -20,27 +20,29 @@ absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path) {
     std::string msg = pd::StrCat("cannot open '", path, "': ", std::strerror(err));
     return err == ENOENT ? absl::NotFoundError(msg) : absl::PermissionDeniedError(msg);
   }
+  absl::StatusOr<MappedFile> f = MapFd(fd, path);
+  ::close(fd);
+  return f;
+}
+
+absl::StatusOr<MappedFile> MappedFile::MapFd(int fd, const std::string& what) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    return absl::InternalError(pd::StrCat("cannot stat '", path, "'"));
+    return absl::InternalError(pd::StrCat("cannot stat '", what, "'"));
   }
   if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(pd::StrCat("'", path, "' is not a regular file"));
+    return absl::InvalidArgumentError(pd::StrCat("'", what, "' is not a regular file"));
   }
   MappedFile f;
   f.size_ = static_cast<size_t>(st.st_size);
   if (f.size_ > 0) {
     void* p = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
-      ::close(fd);
-      return absl::InternalError(pd::StrCat("mmap of '", path, "' failed: ", std::strerror(errno)));
+      return absl::InternalError(pd::StrCat("mmap of '", what, "' failed: ", std::strerror(errno)));
     }
     f.data_ = static_cast<const uint8_t*>(p);
     f.owned_ = true;
   }
-  ::close(fd);
   return f;
 }
 

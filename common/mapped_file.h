@@ -16,6 +16,9 @@ class MappedFile {
   static absl::StatusOr<MappedFile> Open(const std::string& path);
   // Wraps a caller-owned byte range without mapping (used by the fuzzer and tests).
   static MappedFile Borrow(const void* data, size_t size);
+  // Maps the whole of an open file (regular or memfd) read-only; `what` names it in errors. The
+  // map does not keep `fd`: the caller still closes it.
+  static absl::StatusOr<MappedFile> MapFd(int fd, const std::string& what);
 
   MappedFile() = default;
   MappedFile(MappedFile&& other) noexcept;

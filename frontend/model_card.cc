@@ -44,7 +44,9 @@ std::string QuantizationName(const engine::GgufFile& file) {
 }
 
 std::string FileStem(const std::string& path) {
-  std::string name = path.substr(path.find_last_of('/') + 1);
+  std::string trimmed = path;  // a Hugging Face folder may be given as DIR/
+  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+  std::string name = trimmed.substr(trimmed.find_last_of('/') + 1);
   if (name.size() > 5 && name.substr(name.size() - 5) == ".gguf") name.resize(name.size() - 5);
   return name;
 }

@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/strings.h"
+#include "engine/convert/hf_convert.h"
 #include "engine/backend/cpu/kernels.h"
 #include "engine/backend/device_info.h"
 #include "engine/backend/kv_layout.h"
@@ -19,7 +20,9 @@
 #include "engine/runtime/placement.h"
 #include "engine/runtime/planner.h"
 #include "engine/quant/quantize/draft_model.h"
+#include "engine/quant/quantize/policy.h"
 #include "engine/quant/quantize/progress.h"
+#include "engine/quant/quantize/quantize_model.h"
 #include "engine/spec/draft_model.h"
 #include "engine/spec/ngram.h"
 
@@ -79,6 +82,34 @@ absl::StatusOr<int> GpuLayers(const EngineOptions& options, const engine::GgufFi
 
 }  // namespace
 
+namespace {
+
+// The model quantized to options.quantize by pdserve's quantizer, kept in memory.
+absl::StatusOr<std::shared_ptr<engine::GgufFile>> QuantizeAtLoad(const std::string& path,
+                                                                 const EngineOptions& options) {
+  namespace q = engine::quantize;
+  absl::StatusOr<engine::DType> type = q::ParseTypeName(options.quantize);
+  if (!type.ok()) {
+    return absl::InvalidArgumentError(StrCat("quantize: ", type.status().message()));
+  }
+  q::QuantizeOptions qo;
+  qo.input = path;  // qo.output "": in memory
+  qo.type = *type;
+  qo.threads = options.threads;
+  qo.open_input = engine::OpenModelFile;
+  PD_LOG(kInfo, "quantizing ", path, " to ", options.quantize, " at load");
+  std::unique_ptr<q::Progress> progress = q::MakeQuietProgress();
+  absl::StatusOr<q::QuantizeReport> r = q::QuantizeModel(qo, *progress);
+  if (!r.ok()) {
+    return absl::Status(r.status().code(),
+                        StrCat("quantize ", options.quantize, " at load: ", r.status().message()));
+  }
+  PD_LOG(kInfo, "quantized at load: ", r->bpw, " bits per weight, ", r->file_bytes >> 20, " MiB");
+  return r->model;
+}
+
+}  // namespace
+
 absl::StatusOr<Engine> BuildEngine(const EngineOptions& options) {
   if (options.backend != "cpu" && options.backend != "cuda") {
     return absl::InvalidArgumentError(
@@ -89,7 +120,11 @@ absl::StatusOr<Engine> BuildEngine(const EngineOptions& options) {
   if (e.model_path.empty()) {
     PD_ASSIGN_OR_RETURN(e.model_path, engine::FindDefaultModel());
   }
-  PD_ASSIGN_OR_RETURN(e.file, engine::GgufFile::Open(e.model_path));
+  if (options.quantize.empty()) {
+    PD_ASSIGN_OR_RETURN(e.file, engine::OpenModelFile(e.model_path));
+  } else {
+    PD_ASSIGN_OR_RETURN(e.file, QuantizeAtLoad(e.model_path, options));
+  }
   PD_RETURN_IF_ERROR(engine::Model::CheckBackend(*e.file, options.backend));
   if (options.gpu_layers != "all" && options.backend != "cuda") {
     return absl::InvalidArgumentError(StrCat("gpu_layers '", options.gpu_layers,
@@ -139,6 +174,7 @@ EngineOptions EngineOptionsFrom(const ServeOptions& o) {
   e.model_path = o.model.path;
   e.backend = o.model.backend;
   e.gpu_layers = o.model.gpu_layers;
+  e.quantize = o.model.quantize;
   e.kv_bytes = o.kv.memory_mib << 20;
   e.kv_dtype = o.kv.dtype;
   e.threads = o.threads;
@@ -149,6 +185,11 @@ EngineOptions EngineOptionsFrom(const ServeOptions& o) {
 absl::StatusOr<std::string> FindOrBuildSelfDraft(const std::string& model_path, int threads) {
   namespace fs = std::filesystem;
   std::error_code ec;
+  if (engine::IsHfCheckpoint(model_path)) {
+    return absl::FailedPreconditionError(
+        StrCat("self-draft: ", model_path, " is a Hugging Face folder; convert it first "
+               "(pdctl convert) so that the draft can be cached beside a file"));
+  }
   const fs::path model(model_path);
   const std::string stem = model.stem().string();
   const fs::path beside = model.parent_path() / (stem + ".draft.gguf");

@@ -35,6 +35,9 @@ struct EngineOptions {
   // context).
   int64_t kv_bytes = 0;
   std::string kv_dtype = "f16";  // for "auto": the KV cache's element type
+  // "" = the weights as stored; else a quantized type (q4_K, q8_0, ...) that F32/F16/BF16 weights
+  // are quantized to at load by pdserve's quantizer (round to nearest, policy M), in memory.
+  std::string quantize;
 };
 
 // A model loaded on its backend.

@@ -28,6 +28,7 @@
 #include "common/status.h"
 #include "common/strings.h"
 #include "common/tls_flags.h"
+#include "engine/convert/hf_convert.h"
 #include "engine/model/fingerprint.h"
 #include "engine/model/gguf.h"
 #include "engine/model/model_config.h"
@@ -56,7 +57,7 @@ absl::Status Route(const ServeOptions& o, sigset_t signals, double wait_ready_s)
   if (model_path.empty()) {
     PD_ASSIGN_OR_RETURN(model_path, engine::FindDefaultModel());
   }
-  PD_ASSIGN_OR_RETURN(std::shared_ptr<engine::GgufFile> file, engine::GgufFile::Open(model_path));
+  PD_ASSIGN_OR_RETURN(std::shared_ptr<engine::GgufFile> file, engine::OpenModelFile(model_path));
   PD_ASSIGN_OR_RETURN(FrontendModel model, LoadFrontendModel(*file, model_path, o.model));
   ModelCard& card = model.card;
 

@@ -83,7 +83,13 @@ int Main(int argc, char** argv) {
   bool no_http = false, no_grpc = false;
   app.add_option("--config", config, "YAML config file (see configs/serve.yaml)");
   auto* o_model =
-      app.add_option("-m,--model", model, "GGUF model file (default: the default model)");
+      app.add_option("-m,--model", model,
+                     "GGUF model file or Hugging Face checkpoint folder (default: the default "
+                     "model)");
+  std::string quantize;
+  auto* o_quantize = app.add_option(
+      "--quantize", quantize,
+      "quantize F32/F16/BF16 weights at load to this type (q8_0, q4_K, ...; model.quantize)");
   auto* o_id = app.add_option("--model-id", model_id, "name clients use (default: file name)");
   auto* o_tmpl = app.add_option("--chat-template", chat_template, "gemma|chatml|llama3|llama2");
   auto* o_backend = app.add_option("--backend", backend, "cpu or cuda");
@@ -138,6 +144,7 @@ int Main(int argc, char** argv) {
   if (o_tmpl->count()) o.model.chat_template = chat_template;
   if (o_backend->count()) o.model.backend = backend;
   if (o_gpu_layers->count()) o.model.gpu_layers = gpu_layers;
+  if (o_quantize->count()) o.model.quantize = quantize;
   if (o_ctx->count()) o.model.context = ctx;
   if (o_threads->count()) o.threads = threads;
   if (o_spec->count()) o.speculative.drafter = spec;

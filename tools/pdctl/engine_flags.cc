@@ -19,6 +19,7 @@ absl::StatusOr<Engine> LoadEngine(const EngineFlags& f) {
   eo.force_scalar = f.cpu_kernels == "scalar";
   eo.context = f.ctx;
   eo.gpu_layers = f.gpu_layers;
+  eo.quantize = f.quantize;
   eo.kv_dtype = f.kv_type;
   PD_ASSIGN_OR_RETURN(node::Engine built, node::BuildEngine(eo));
   Engine e;

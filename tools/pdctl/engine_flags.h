@@ -24,10 +24,15 @@ struct EngineFlags {
   std::string backend = "cpu";
   std::string cpu_kernels = "auto";
   std::string gpu_layers = "all";
+  std::string quantize;
 
   void Add(CLI::App* app) {
     app->add_option("-m,--model", model,
-                    "GGUF model file (default: the default model, see `pdctl models`)");
+                    "GGUF model file or Hugging Face checkpoint folder (default: the default "
+                    "model, see `pdctl models`)");
+    app->add_option("--quantize", quantize,
+                    "quantize F32/F16/BF16 weights at load to this type (q8_0, q4_0, q2_K .. "
+                    "q6_K), in memory");
     app->add_option("-t,--threads", threads, "CPU threads (0 = all cores)");
     app->add_option("--kv-type", kv_type,
                     "KV cache element type: f16, f32, or int8 (per token and head scales)")

@@ -1,9 +1,10 @@
 // pdctl: the pdserve command line. Subcommands: generate, chat, tokenize, logits, models, bench,
-// quantize, texts, synth-model, plan, up; each in its own X_cmd.{h,cc}. This file assembles them
+// quantize, convert, texts, synth-model, plan, up; each in its own X_cmd.{h,cc}. This file assembles them
 // into one CLI app and runs the one given.
 #include "CLI/CLI.hpp"
 #include "tools/pdctl/bench_cmd.h"
 #include "tools/pdctl/chat_cmd.h"
+#include "tools/pdctl/convert_cmd.h"
 #include "tools/pdctl/generate_cmd.h"
 #include "tools/pdctl/logits_cmd.h"
 #include "tools/pdctl/models_cmd.h"
@@ -33,6 +34,8 @@ int main(int argc, char** argv) {
   CLI::App* bench = AddBenchCommand(app, &bf);
   QuantizeFlags qf;
   CLI::App* qz = AddQuantizeCommand(app, &qf);
+  ConvertFlags cvf;
+  CLI::App* cv = AddConvertCommand(app, &cvf);
   TextsFlags txf;
   CLI::App* tx = AddTextsCommand(app, &txf);
   SynthModelFlags smf;
@@ -45,6 +48,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (up->parsed()) return RunUp(uf);
   if (qz->parsed()) return RunQuantize(qf);
+  if (cv->parsed()) return RunConvert(cvf);
   if (tx->parsed()) return RunTexts(txf);
   if (sm->parsed()) return RunSynthModel(smf);
   if (plan->parsed()) return RunPlan(pf);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/strings.h"
+#include "engine/convert/hf_convert.h"
 #include "engine/backend/cuda/cuda_ops.h"
 #include "engine/backend/kv_layout.h"
 #include "engine/model/gguf.h"
@@ -140,7 +141,7 @@ int RunPlan(const PlanFlags& f) {
     }
     path = *def;
   }
-  absl::StatusOr<std::unique_ptr<engine::GgufFile>> file = engine::GgufFile::Open(path);
+  absl::StatusOr<std::unique_ptr<engine::GgufFile>> file = engine::OpenModelFile(path);
   if (!file.ok()) {
     std::fprintf(stderr, "pdctl plan: %s\n", std::string(file.status().message()).c_str());
     return 2;

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "common/strings.h"
+#include "engine/convert/hf_convert.h"
 #include "engine/quant/quantize/draft_model.h"
 #include "engine/quant/quantize/policy.h"
 #include "engine/quant/quantize/progress.h"
@@ -44,7 +45,8 @@ CLI::App* AddQuantizeCommand(CLI::App& app, QuantizeFlags* f) {
       "q3_K, q4_K, q5_K, q6_K, or pdserve's own w8a8 / w4a16, with a mixed-precision policy; "
       "prints a per-tensor table. With --draft: a self-draft model for speculative decoding "
       "(docs/quantization.md, \"Draft models\")");
-  c->add_option("input", f->input, "input GGUF model")->required();
+  c->add_option("input", f->input, "input GGUF model, or a Hugging Face checkpoint folder")
+      ->required();
   c->add_option("output", f->output, "output GGUF file (written to OUTPUT.tmp, then renamed)")
       ->required();
   c->add_option("--type", f->type,
@@ -104,6 +106,7 @@ int RunQuantize(const QuantizeFlags& f) {
   q::QuantizeOptions o;
   o.input = f.input;
   o.output = f.output;
+  o.open_input = engine::OpenModelFile;  // a GGUF, or a Hugging Face folder
   if (f.type.empty() && !f.draft) {
     return FailQuantize(absl::InvalidArgumentError("--type is required (or --draft)"));
   }

@@ -308,7 +308,8 @@ CLI::App* AddUpCommand(CLI::App& app, UpFlags* f) {
   up->add_option("--decode", f->decode, "decode nodes")->check(CLI::PositiveNumber);
   up->add_option("--config", f->config,
                  "YAML config for every daemon (configs/cluster-local.yaml)");
-  up->add_option("-m,--model", f->model, "GGUF model (default: the default model)");
+  up->add_option("-m,--model", f->model,
+                 "GGUF model or Hugging Face checkpoint folder (default: the default model)");
   up->add_option("--grpc-port", f->grpc_port,
                  "router gRPC port (0 = a free one; default: the config's; a free one with --chat "
                  "or --complete)");

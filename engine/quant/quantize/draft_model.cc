@@ -215,7 +215,8 @@ absl::StatusOr<DraftReport> QuantizeDraft(const DraftOptions& o, Progress& progr
         pd::StrCat("held-out fraction ", o.heldout_fraction, " is not in [0, 0.5]"));
   }
   DraftReport r;
-  auto opened = GgufFile::Open(o.quant.input);
+  auto opened = o.quant.open_input ? o.quant.open_input(o.quant.input)
+                                   : GgufFile::Open(o.quant.input);
   if (!opened.ok()) {
     return absl::Status(opened.status().code(), pd::StrCat("cannot read input '", o.quant.input,
                                                            "': ", opened.status().message()));

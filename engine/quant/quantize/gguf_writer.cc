@@ -1,6 +1,7 @@
 #include "engine/quant/quantize/gguf_writer.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -241,6 +242,33 @@ absl::Status GgufWriter::Open(const std::string& path) {
   return WriteAt(0, h.data(), h.size());
 }
 
+absl::Status GgufWriter::OpenMemory(const std::string& name) {
+  PD_CHECK_MSG(fd_ < 0, "GgufWriter: opened twice");
+  fd_ = ::memfd_create(name.c_str(), MFD_CLOEXEC);
+  if (fd_ < 0) return ErrnoStatus("create in-memory file", name, errno);
+  in_memory_ = true;
+  tmp_path_ = name;  // names the file in errors; never unlinked (see Abandon)
+  std::string h = Header();
+  data_start_ = (h.size() + alignment_ - 1) / alignment_ * alignment_;
+  h.resize(data_start_, '\0');
+  return WriteAt(0, h.data(), h.size());
+}
+
+absl::StatusOr<MappedFile> GgufWriter::CommitToMemory() {
+  PD_CHECK_MSG(fd_ >= 0 && in_memory_, "GgufWriter: CommitToMemory without OpenMemory()");
+  absl::StatusOr<MappedFile> map;
+  if (::ftruncate(fd_, static_cast<off_t>(FileSize())) != 0) {
+    map = ErrnoStatus("resize", tmp_path_, errno);
+  } else {
+    map = MappedFile::MapFd(fd_, tmp_path_);
+  }
+  ::close(fd_);
+  fd_ = -1;
+  committed_ = true;
+  tmp_path_.clear();
+  return map;
+}
+
 absl::Status GgufWriter::WriteAt(uint64_t offset, const void* data, size_t n) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
@@ -270,7 +298,7 @@ absl::Status GgufWriter::WriteTensorPart(size_t i, uint64_t offset, const void* 
 }
 
 absl::Status GgufWriter::Commit() {
-  PD_CHECK_MSG(fd_ >= 0, "GgufWriter: Commit before Open()");
+  PD_CHECK_MSG(fd_ >= 0 && !in_memory_, "GgufWriter: Commit before Open()");
   absl::Status s;
   // ftruncate zero-fills the gaps between tensors (never written) and pads the end.
   if (::ftruncate(fd_, static_cast<off_t>(FileSize())) != 0) {
@@ -297,7 +325,7 @@ void GgufWriter::Abandon() {
     ::close(fd_);
     fd_ = -1;
   }
-  if (!committed_ && !tmp_path_.empty()) {
+  if (!committed_ && !in_memory_ && !tmp_path_.empty()) {
     ::unlink(tmp_path_.c_str());
     tmp_path_.clear();
   }

@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/mapped_file.h"
 #include "engine/model/gguf.h"
 #include "engine/quant/dtype.h"
 
@@ -52,6 +54,9 @@ class GgufWriter {
   // Creates PATH.tmp and writes the header. PERMISSION_DENIED / NOT_FOUND (missing folder) /
   // INTERNAL with the path and errno text when it cannot.
   absl::Status Open(const std::string& path);
+  // Like Open, into an anonymous in-memory file (memfd) instead of PATH.tmp; finish with
+  // CommitToMemory. `name` labels it in errors and /proc.
+  absl::Status OpenMemory(const std::string& name);
   // Writes tensor i's data (exactly TensorBytes(i) bytes) at its offset.
   absl::Status WriteTensor(size_t i, const void* data, size_t n);
   // Writes `n` bytes of tensor i's data starting `offset` bytes into it (offset + n at most
@@ -59,6 +64,8 @@ class GgufWriter {
   absl::Status WriteTensorPart(size_t i, uint64_t offset, const void* data, size_t n);
   // Pads, flushes, closes and renames PATH.tmp onto PATH. After a failure PATH.tmp is removed.
   absl::Status Commit();
+  // Pads and maps the in-memory file of OpenMemory read-only (it lives as long as the map).
+  absl::StatusOr<MappedFile> CommitToMemory();
   // Removes PATH.tmp if it exists (also done by the destructor unless committed).
   void Abandon();
 
@@ -90,6 +97,7 @@ class GgufWriter {
   std::string path_, tmp_path_;
   int fd_ = -1;
   bool committed_ = false;
+  bool in_memory_ = false;  // OpenMemory: fd_ is a memfd, no paths
 };
 
 }  // namespace pd::engine::quantize

@@ -663,7 +663,7 @@ absl::StatusOr<QuantizeReport> Job::Run() {
     PD_ASSIGN_OR_RETURN(TensorOverride ov, ParseOverride(spec));
     overrides_.push_back(std::move(ov));
   }
-  auto opened = GgufFile::Open(o_.input);
+  auto opened = o_.open_input ? o_.open_input(o_.input) : GgufFile::Open(o_.input);
   if (!opened.ok()) {
     const absl::Status& s = opened.status();
     const bool named = s.message().find(o_.input) != absl::string_view::npos;
@@ -685,7 +685,8 @@ absl::StatusOr<QuantizeReport> Job::Run() {
     report_.tensors.push_back(std::move(r));
   }
   // Fail early (before calibration) when the output cannot be created.
-  PD_RETURN_IF_ERROR(writer_->Open(o_.output));
+  PD_RETURN_IF_ERROR(o_.output.empty() ? writer_->OpenMemory(pd::StrCat("quantized:", o_.input))
+                                        : writer_->Open(o_.output));
   // Norms that W8A8 smoothing may divide wait for calibration.
   std::set<const Plan*> deferred;
   if (o_.smooth) {
@@ -720,7 +721,12 @@ absl::StatusOr<QuantizeReport> Job::Run() {
     }
     progress_.Finish();
   }
-  PD_RETURN_IF_ERROR(writer_->Commit());
+  if (o_.output.empty()) {
+    PD_ASSIGN_OR_RETURN(MappedFile map, writer_->CommitToMemory());
+    PD_ASSIGN_OR_RETURN(report_.model, GgufFile::Parse(std::move(map)));
+  } else {
+    PD_RETURN_IF_ERROR(writer_->Commit());
+  }
 
   report_.file_bytes = writer_->FileSize();
   uint64_t bits = 0, qbits = 0;

@@ -13,12 +13,15 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/model/gguf.h"
 #include "engine/quant/dtype.h"
 #include "engine/quant/gptq.h"
 #include "engine/quant/quantize/progress.h"
@@ -31,7 +34,11 @@ absl::StatusOr<Method> ParseMethod(std::string_view name);
 std::string_view MethodName(Method m);
 
 struct QuantizeOptions {
+  // output "": the quantized model stays in memory (QuantizeReport::model), for quantizing at load.
   std::string input, output;
+  // Opens `input` (default GgufFile::Open): callers that also take other formats (a Hugging Face
+  // folder, engine/convert/hf_convert.h) pass their opener.
+  std::function<absl::StatusOr<std::unique_ptr<GgufFile>>(const std::string&)> open_input;
   DType type = DType::kQ4_K;  // base type (QuantTypes())
   Method method = Method::kRtn;
   std::string policy = "M";            // S, M, L or a policy YAML file
@@ -88,6 +95,8 @@ struct TensorReport {
 
 struct QuantizeReport {
   std::string input, output, policy;
+  // QuantizeOptions::output "": the quantized model, in an anonymous in-memory file.
+  std::shared_ptr<GgufFile> model;
   DType base = DType::kQ4_K;
   Method method = Method::kRtn;
   uint32_t file_type = 0;

@@ -158,6 +158,29 @@ TEST(GgufWriterTest, TensorsCanBeWrittenInParts) {
   std::filesystem::remove(path);
 }
 
+TEST(GgufWriterTest, InMemoryFilesParseAndLeaveNoPath) {
+  GgufWriter w;
+  w.SetString("general.architecture", "llama");
+  const size_t a = w.AddTensor("a", DType::kF32, {3});
+  const size_t b = w.AddTensor("b", DType::kF16, {40});  // its end is padded to the alignment
+  const float va[3] = {1.5f, -2.f, 7.f};
+  std::vector<uint16_t> vb(40, 0x3C00);
+  PD_ASSERT_OK(w.OpenMemory("writer-test"));
+  EXPECT_EQ(w.tmp_path(), "writer-test");
+  PD_ASSERT_OK(w.WriteTensor(b, vb.data(), vb.size() * 2));
+  PD_ASSERT_OK(w.WriteTensorPart(a, 4, va + 1, 8));
+  PD_ASSERT_OK(w.WriteTensorPart(a, 0, va, 4));
+  absl::StatusOr<MappedFile> map = w.CommitToMemory();
+  PD_ASSERT_OK(map);
+  EXPECT_EQ(map->size(), w.FileSize());
+  EXPECT_FALSE(Exists("writer-test")) << "an in-memory file has no path";
+  auto out = GgufFile::Parse(std::move(*map));
+  PD_ASSERT_OK(out);
+  EXPECT_EQ(*(*out)->GetString("general.architecture"), "llama");
+  EXPECT_EQ(std::memcmp((*out)->FindTensor("a")->data, va, 12), 0);
+  EXPECT_EQ(std::memcmp((*out)->FindTensor("b")->data, vb.data(), 80), 0);
+}
+
 TEST(GgufWriterDeathTest, PartsOutsideTheirTensorAreRefused) {
   GgufWriter w;
   const size_t a = w.AddTensor("a", DType::kF32, {4});

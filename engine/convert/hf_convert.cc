@@ -1,0 +1,618 @@
+#include "engine/convert/hf_convert.h"
+
+#include <sys/stat.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <numbers>
+#include <set>
+#include <sstream>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "common/strings.h"
+#include "engine/model/safetensors.h"
+#include "engine/quant/fp16.h"
+#include "engine/quant/quantize/gguf_vocab.h"
+#include "engine/quant/quantize/gguf_writer.h"
+#include "engine/tokenizer/hf_tokenizer.h"
+#include "nlohmann/json.hpp"
+
+namespace pd::engine {
+namespace {
+
+using json = nlohmann::json;
+using quantize::GgufWriter;
+
+// llama.cpp's general.file_type for the float files this writes.
+constexpr uint32_t kFileTypeF32 = 0, kFileTypeF16 = 1, kFileTypeBf16 = 32;
+
+// One supported transformers class: its GGUF architecture and per-layer tensor names.
+struct ArchSpec {
+  std::string_view hf_class;
+  std::string_view arch;
+  std::string_view activation;  // config.json hidden_act / hidden_activation the model runs
+  bool permute_qk;     // llama.cpp's "llama" rotates adjacent pairs; HF rotates halves
+  bool norm_plus_one;  // Gemma: RMSNorm scales by (1 + w)
+  // "model.layers.N.<hf>" -> "blk.N.<gguf>".
+  std::vector<std::pair<std::string_view, std::string_view>> layer;
+};
+
+const std::vector<ArchSpec>& Archs() {
+  static const auto* archs = [] {
+    const std::vector<std::pair<std::string_view, std::string_view>> common = {
+        {"input_layernorm.weight", "attn_norm.weight"},
+        {"self_attn.q_proj.weight", "attn_q.weight"},
+        {"self_attn.k_proj.weight", "attn_k.weight"},
+        {"self_attn.v_proj.weight", "attn_v.weight"},
+        {"self_attn.o_proj.weight", "attn_output.weight"},
+        {"mlp.gate_proj.weight", "ffn_gate.weight"},
+        {"mlp.up_proj.weight", "ffn_up.weight"},
+        {"mlp.down_proj.weight", "ffn_down.weight"},
+    };
+    auto with = [&](std::vector<std::pair<std::string_view, std::string_view>> extra) {
+      extra.insert(extra.begin(), common.begin(), common.end());
+      return extra;
+    };
+    const auto llama_like = with({{"post_attention_layernorm.weight", "ffn_norm.weight"},
+                                  {"self_attn.q_proj.bias", "attn_q.bias"},
+                                  {"self_attn.k_proj.bias", "attn_k.bias"},
+                                  {"self_attn.v_proj.bias", "attn_v.bias"}});
+    return new std::vector<ArchSpec>{
+        {"LlamaForCausalLM", "llama", "silu", true, false, llama_like},
+        {"MistralForCausalLM", "llama", "silu", true, false, llama_like},
+        {"Qwen2ForCausalLM", "qwen2", "silu", false, false, llama_like},
+        {"Gemma3ForCausalLM", "gemma3", "gelu_pytorch_tanh", false, true,
+         with({{"self_attn.q_norm.weight", "attn_q_norm.weight"},
+               {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+               {"post_attention_layernorm.weight", "post_attention_norm.weight"},
+               {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+               {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"}})},
+    };
+  }();
+  return *archs;
+}
+
+std::string SupportedClasses() {
+  std::string s;
+  for (const ArchSpec& a : Archs()) s += (s.empty() ? "" : ", ") + std::string(a.hf_class);
+  return s;
+}
+
+absl::StatusOr<json> ReadJson(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(StrCat("cannot open '", path, "'"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError(StrCat(path, ": not valid JSON"));
+  if (!j.is_object()) return absl::InvalidArgumentError(StrCat(path, ": not a JSON object"));
+  return j;
+}
+
+// Typed reads of config.json; null counts as absent, as transformers treats it.
+class Config {
+ public:
+  Config(json j, std::string file) : j_(std::move(j)), file_(std::move(file)) {}
+
+  bool Has(std::string_view key) const {
+    auto it = j_.find(key);
+    return it != j_.end() && !it->is_null();
+  }
+  const json* Get(std::string_view key) const {
+    auto it = j_.find(key);
+    return it == j_.end() || it->is_null() ? nullptr : &*it;
+  }
+  absl::StatusOr<int64_t> Int(std::string_view key, int64_t lo, int64_t hi) const {
+    const json* v = Get(key);
+    if (v == nullptr) return Bad(key, "is missing");
+    if (!v->is_number_integer()) return Bad(key, "is not an integer");
+    const int64_t x = v->get<int64_t>();
+    if (x < lo || x > hi) return Bad(key, StrCat("= ", x, " is outside [", lo, ", ", hi, "]"));
+    return x;
+  }
+  absl::StatusOr<int64_t> IntOr(std::string_view key, int64_t def, int64_t lo, int64_t hi) const {
+    return Has(key) ? Int(key, lo, hi) : def;
+  }
+  absl::StatusOr<double> Float(std::string_view key) const {
+    const json* v = Get(key);
+    if (v == nullptr) return Bad(key, "is missing");
+    if (!v->is_number()) return Bad(key, "is not a number");
+    const double x = v->get<double>();
+    if (!std::isfinite(x)) return Bad(key, "is not finite");
+    return x;
+  }
+  absl::StatusOr<double> FloatOr(std::string_view key, double def) const {
+    return Has(key) ? Float(key) : def;
+  }
+  absl::StatusOr<std::string> String(std::string_view key) const {
+    const json* v = Get(key);
+    if (v == nullptr) return Bad(key, "is missing");
+    if (!v->is_string()) return Bad(key, "is not a string");
+    return v->get<std::string>();
+  }
+  absl::StatusOr<bool> BoolOr(std::string_view key, bool def) const {
+    const json* v = Get(key);
+    if (v == nullptr) return def;
+    if (!v->is_boolean()) return Bad(key, "is not true or false");
+    return v->get<bool>();
+  }
+  absl::Status Bad(std::string_view key, std::string_view what) const {
+    return absl::InvalidArgumentError(StrCat(file_, ": \"", key, "\" ", what));
+  }
+  absl::Status Unsupported(std::string_view what) const {
+    return absl::UnimplementedError(StrCat(file_, ": ", what));
+  }
+  const std::string& file() const { return file_; }
+
+ private:
+  json j_;
+  std::string file_;
+};
+
+// A tensor of the output: from the checkpoint (with a transform) or computed here.
+struct OutTensor {
+  std::string name;
+  DType type = DType::kF32;
+  std::vector<int64_t> shape;  // ggml order
+  const SafetensorsTensor* src = nullptr;
+  int permute_heads = 0;  // > 0: reorder rows from rotate-half to adjacent-pair layout
+  bool plus_one = false;
+  std::vector<float> values;  // src == nullptr: the data, F32
+};
+
+// Llama 3's rope frequency factors (rope_scaling.rope_type "llama3"): wavelengths shorter than
+// the original context / high_freq_factor keep their frequency, those longer than the original
+// context / low_freq_factor are divided by `factor`, and the ones between blend smoothly.
+// llama.cpp applies them as theta_i / factor_i, which is what rope_freqs.weight holds.
+absl::StatusOr<std::vector<float>> Llama3RopeFactors(const Config& cfg, const json& rs,
+                                                     int head_dim, double base) {
+  auto num = [&](const char* k, double def) -> absl::StatusOr<double> {
+    auto it = rs.find(k);
+    if (it == rs.end() || it->is_null()) {
+      if (def > 0) return def;
+      return cfg.Bad(StrCat("rope_scaling.", k), "is missing");
+    }
+    if (!it->is_number() || !(it->get<double>() > 0)) {
+      return cfg.Bad(StrCat("rope_scaling.", k), "is not a positive number");
+    }
+    return it->get<double>();
+  };
+  PD_ASSIGN_OR_RETURN(double factor, num("factor", 0));
+  PD_ASSIGN_OR_RETURN(double low, num("low_freq_factor", 1.0));
+  PD_ASSIGN_OR_RETURN(double high, num("high_freq_factor", 4.0));
+  PD_ASSIGN_OR_RETURN(double old_ctx, num("original_max_position_embeddings", 8192));
+  if (!(high > low)) {
+    return cfg.Bad("rope_scaling.high_freq_factor", "must exceed low_freq_factor");
+  }
+  const double low_wavelen = old_ctx / low, high_wavelen = old_ctx / high;
+  std::vector<float> f;
+  for (int i = 0; i < head_dim; i += 2) {
+    const double freq = 1.0 / std::pow(base, static_cast<double>(i) / head_dim);
+    const double wavelen = 2 * std::numbers::pi / freq;
+    if (wavelen < high_wavelen) {
+      f.push_back(1.0f);
+    } else if (wavelen > low_wavelen) {
+      f.push_back(static_cast<float>(factor));
+    } else {
+      const double smooth = (old_ctx / wavelen - low) / (high - low);
+      f.push_back(static_cast<float>(1.0 / ((1 - smooth) / factor + smooth)));
+    }
+  }
+  return f;
+}
+
+struct Plan {
+  std::unique_ptr<SafetensorsCheckpoint> ckpt;
+  std::vector<OutTensor> tensors;
+};
+
+float LoadElement(const SafetensorsTensor& t, size_t i) {
+  switch (*t.type) {
+    case DType::kF32: {
+      float v;
+      std::memcpy(&v, t.data + 4 * i, 4);
+      return v;
+    }
+    case DType::kF16: {
+      uint16_t h;
+      std::memcpy(&h, t.data + 2 * i, 2);
+      return F16ToF32(h);
+    }
+    default: {  // BF16
+      uint16_t h;
+      std::memcpy(&h, t.data + 2 * i, 2);
+      return Bf16ToF32(h);
+    }
+  }
+}
+
+void StoreElement(DType type, float v, uint8_t* out, size_t i) {
+  if (type == DType::kF32) {
+    std::memcpy(out + 4 * i, &v, 4);
+  } else {
+    const uint16_t h = type == DType::kF16 ? F32ToF16(v) : F32ToBf16(v);
+    std::memcpy(out + 2 * i, &h, 2);
+  }
+}
+
+// Sets every metadata key and adds every tensor to `w`; the data is written by WriteData.
+absl::StatusOr<Plan> MakePlan(const std::string& dir, const HfConvertOptions& o, GgufWriter* w) {
+  PD_ASSIGN_OR_RETURN(json cj, ReadJson(dir + "/config.json"));
+  const Config cfg(std::move(cj), dir + "/config.json");
+  const json* classes = cfg.Get("architectures");
+  if (classes == nullptr || !classes->is_array() || classes->size() != 1 ||
+      !(*classes)[0].is_string()) {
+    return cfg.Bad("architectures", "must be a list of one class name");
+  }
+  const std::string cls = (*classes)[0].get<std::string>();
+  const ArchSpec* spec = nullptr;
+  for (const ArchSpec& a : Archs()) {
+    if (a.hf_class == cls) spec = &a;
+  }
+  if (spec == nullptr) {
+    return cfg.Unsupported(StrCat("architecture ", cls, " is not supported (supported: ",
+                                  SupportedClasses(), ")"));
+  }
+  const std::string arch(spec->arch);
+  const std::string p = arch + ".";
+
+  // ---- hyperparameters ----
+  PD_ASSIGN_OR_RETURN(int64_t n_embd, cfg.Int("hidden_size", 1, 1 << 16));
+  PD_ASSIGN_OR_RETURN(int64_t n_ff, cfg.Int("intermediate_size", 1, 1 << 20));
+  PD_ASSIGN_OR_RETURN(int64_t n_layer, cfg.Int("num_hidden_layers", 1, 1024));
+  PD_ASSIGN_OR_RETURN(int64_t n_head, cfg.Int("num_attention_heads", 1, 1024));
+  PD_ASSIGN_OR_RETURN(int64_t n_head_kv, cfg.IntOr("num_key_value_heads", n_head, 1, 1024));
+  PD_ASSIGN_OR_RETURN(int64_t n_ctx, cfg.IntOr("max_position_embeddings", 4096, 1, 1 << 24));
+  if (n_head % n_head_kv != 0) {
+    return cfg.Bad("num_key_value_heads", StrCat("= ", n_head_kv, " does not divide ",
+                                                 "num_attention_heads = ", n_head));
+  }
+  const bool explicit_head_dim = cfg.Has("head_dim");
+  if (!explicit_head_dim && n_embd % n_head != 0) {
+    return cfg.Bad("hidden_size", "is not a multiple of num_attention_heads (and no head_dim)");
+  }
+  PD_ASSIGN_OR_RETURN(int64_t head_dim, cfg.IntOr("head_dim", n_embd / n_head, 2, 1024));
+  if (head_dim % 2 != 0) return cfg.Bad("head_dim", "is odd");
+  PD_ASSIGN_OR_RETURN(double eps, cfg.FloatOr("rms_norm_eps", 1e-6));
+  PD_ASSIGN_OR_RETURN(double rope_base, cfg.FloatOr("rope_theta", 10000.0));
+  const std::string act_key = cfg.Has("hidden_activation") ? "hidden_activation" : "hidden_act";
+  if (cfg.Has(act_key)) {
+    PD_ASSIGN_OR_RETURN(std::string act, cfg.String(act_key));
+    if (act != spec->activation) {
+      return cfg.Unsupported(StrCat(act_key, " '", act, "' is not supported for ", cls,
+                                    " (supported: ", spec->activation, ")"));
+    }
+  }
+  PD_ASSIGN_OR_RETURN(bool mlp_bias, cfg.BoolOr("mlp_bias", false));
+  if (mlp_bias) return cfg.Unsupported("mlp_bias: true is not supported");
+  PD_ASSIGN_OR_RETURN(bool tied, cfg.BoolOr("tie_word_embeddings", arch == "gemma3"));
+  if (const json* pr = cfg.Get("partial_rotary_factor"); pr != nullptr && *pr != 1.0) {
+    return cfg.Unsupported("partial_rotary_factor other than 1 is not supported");
+  }
+  // Sliding windows: Gemma 3's run; Mistral's and Qwen2's do not yet (refused unless inactive).
+  if (arch != "gemma3" && cfg.Has("sliding_window")) {
+    PD_ASSIGN_OR_RETURN(bool use_swa, cfg.BoolOr("use_sliding_window", arch == "llama"));
+    PD_ASSIGN_OR_RETURN(int64_t window, cfg.Int("sliding_window", 1, int64_t{1} << 40));
+    if (use_swa && window < n_ctx) {
+      return cfg.Unsupported(StrCat("sliding_window = ", window, " below max_position_embeddings = ",
+                                    n_ctx, ": sliding-window attention is not supported for ",
+                                    cls, " yet"));
+    }
+  }
+
+  w->SetString("general.architecture", arch);
+  std::string name = dir;
+  while (name.size() > 1 && name.back() == '/') name.pop_back();
+  name = name.substr(name.find_last_of('/') + 1);  // npos + 1 == 0
+  if (name.empty() || name == "/" || name == ".") name = "model";
+  w->SetString("general.name", name);
+  w->SetU32(p + "context_length", static_cast<uint32_t>(n_ctx));
+  w->SetU32(p + "embedding_length", static_cast<uint32_t>(n_embd));
+  w->SetU32(p + "block_count", static_cast<uint32_t>(n_layer));
+  w->SetU32(p + "feed_forward_length", static_cast<uint32_t>(n_ff));
+  w->SetU32(p + "attention.head_count", static_cast<uint32_t>(n_head));
+  w->SetU32(p + "attention.head_count_kv", static_cast<uint32_t>(n_head_kv));
+  w->SetF32(p + "attention.layer_norm_rms_epsilon", static_cast<float>(eps));
+  w->SetF32(p + "rope.freq_base", static_cast<float>(rope_base));
+  w->SetU32(p + "rope.dimension_count", static_cast<uint32_t>(head_dim));
+  if (explicit_head_dim || arch == "gemma3") {
+    w->SetU32(p + "attention.key_length", static_cast<uint32_t>(head_dim));
+    w->SetU32(p + "attention.value_length", static_cast<uint32_t>(head_dim));
+  }
+
+  std::vector<float> rope_factors;
+  if (const json* rs = cfg.Get("rope_scaling")) {
+    if (!rs->is_object()) return cfg.Bad("rope_scaling", "is not an object");
+    std::string type;
+    for (const char* k : {"rope_type", "type"}) {
+      auto it = rs->find(k);
+      if (it != rs->end() && it->is_string()) type = it->get<std::string>();
+    }
+    if (type == "linear") {
+      auto it = rs->find("factor");
+      if (it == rs->end() || !it->is_number() || !(it->get<double>() > 0)) {
+        return cfg.Bad("rope_scaling.factor", "is not a positive number");
+      }
+      w->SetString(p + "rope.scaling.type", "linear");
+      w->SetF32(p + "rope.scaling.factor", static_cast<float>(it->get<double>()));
+    } else if (type == "llama3" && arch == "llama") {
+      PD_ASSIGN_OR_RETURN(rope_factors,
+                          Llama3RopeFactors(cfg, *rs, static_cast<int>(head_dim), rope_base));
+    } else if (type != "default") {
+      return cfg.Unsupported(StrCat("rope_scaling type '", type, "' is not supported for ", cls,
+                                    " (supported: linear", arch == "llama" ? ", llama3" : "",
+                                    ")"));
+    }
+  }
+
+  if (arch == "gemma3") {
+    PD_ASSIGN_OR_RETURN(int64_t window, cfg.Int("sliding_window", 1, 1 << 24));
+    w->SetU32(p + "attention.sliding_window", static_cast<uint32_t>(window));
+    PD_ASSIGN_OR_RETURN(int64_t pattern, cfg.IntOr("sliding_window_pattern", 6, 1, 1024));
+    if (const json* lt = cfg.Get("layer_types")) {
+      // Newer configs list each layer; pdserve runs Gemma 3's five local, one global.
+      if (!lt->is_array() || static_cast<int64_t>(lt->size()) != n_layer) {
+        return cfg.Bad("layer_types", "is not a list of num_hidden_layers strings");
+      }
+      for (int64_t i = 0; i < n_layer; ++i) {
+        const bool global = (i + 1) % 6 == 0;
+        if ((*lt)[i] != (global ? "full_attention" : "sliding_attention")) {
+          return cfg.Unsupported("layer_types other than five sliding, one full is not supported");
+        }
+      }
+    } else if (pattern != 6) {
+      return cfg.Unsupported(StrCat("sliding_window_pattern ", pattern,
+                                    " is not supported (Gemma 3's is 6)"));
+    }
+    PD_ASSIGN_OR_RETURN(double local_base, cfg.FloatOr("rope_local_base_freq", 10000.0));
+    if (local_base != 10000.0) {
+      return cfg.Unsupported("rope_local_base_freq other than 10000 is not supported");
+    }
+    PD_ASSIGN_OR_RETURN(double qscale, cfg.FloatOr("query_pre_attn_scalar",
+                                                   static_cast<double>(head_dim)));
+    const bool scale_ok = qscale == static_cast<double>(head_dim) ||
+                          (n_layer == 62 && qscale == static_cast<double>(n_embd / n_head));
+    if (!scale_ok) {
+      return cfg.Unsupported(StrCat("query_pre_attn_scalar ", qscale,
+                                    " is not supported (the head dimension ", head_dim,
+                                    " is, as in every released Gemma 3 but 27B)"));
+    }
+    for (const char* k : {"final_logit_softcapping", "attn_logit_softcapping"}) {
+      if (cfg.Has(k)) return cfg.Unsupported(StrCat(k, " is not supported for Gemma 3"));
+    }
+  }
+
+  // ---- tokenizer ----
+  PD_ASSIGN_OR_RETURN(GgufVocab vocab, ReadHfTokenizer(dir));
+
+  // ---- tensors ----
+  Plan plan;
+  PD_ASSIGN_OR_RETURN(plan.ckpt, SafetensorsCheckpoint::Open(dir));
+  std::map<std::string_view, std::string_view> layer_map(spec->layer.begin(), spec->layer.end());
+  std::vector<std::set<std::string>> per_layer(n_layer);
+  std::vector<std::string> unknown;
+  int64_t vocab_rows = -1;
+  for (const SafetensorsTensor* t : plan.ckpt->tensors()) {
+    const std::string& hf = t->name;
+    std::string out;
+    if (hf == "model.embed_tokens.weight") {
+      out = "token_embd.weight";
+      if (t->shape.size() == 2) vocab_rows = t->shape[0];
+    } else if (hf == "model.norm.weight") {
+      out = "output_norm.weight";
+    } else if (hf == "lm_head.weight") {
+      if (tied) continue;  // the embedding is the head
+      out = "output.weight";
+    } else if (hf.starts_with("model.layers.")) {
+      const std::string_view rest = std::string_view(hf).substr(13);
+      const size_t dot = rest.find('.');
+      int64_t layer = -1;
+      if (dot != std::string_view::npos && dot > 0 && dot < 5) {
+        layer = 0;
+        for (char c : rest.substr(0, dot)) {
+          layer = c >= '0' && c <= '9' ? layer * 10 + (c - '0') : -1 - n_layer;
+        }
+      }
+      const std::string_view suffix = dot == std::string_view::npos ? "" : rest.substr(dot + 1);
+      if (suffix == "self_attn.rotary_emb.inv_freq") continue;  // recomputed from rope_theta
+      auto it = layer_map.find(suffix);
+      if (layer < 0 || layer >= n_layer || it == layer_map.end()) {
+        unknown.push_back(hf);
+        continue;
+      }
+      per_layer[layer].insert(std::string(it->second));
+      out = StrCat("blk.", layer, ".", it->second);
+    } else {
+      unknown.push_back(hf);
+      continue;
+    }
+    if (!t->type.has_value()) {
+      return absl::UnimplementedError(StrCat("tensor ", hf, " (", t->file, ") has dtype ",
+                                             t->dtype, ": only F32, F16 and BF16 are supported"));
+    }
+    if (t->shape.empty() || t->shape.size() > 2) {
+      return absl::InvalidArgumentError(StrCat("tensor ", hf, " (", t->file, ") has ",
+                                               t->shape.size(), " dimensions: expected 1 or 2"));
+    }
+    OutTensor ot;
+    ot.name = out;
+    ot.src = t;
+    ot.shape.assign(t->shape.rbegin(), t->shape.rend());
+    const bool is_matrix = t->shape.size() == 2;
+    ot.type = is_matrix ? o.float_type.value_or(*t->type) : DType::kF32;
+    ot.plus_one = spec->norm_plus_one && hf.ends_with("norm.weight");
+    if (spec->permute_qk && (out.ends_with("attn_q.weight") || out.ends_with("attn_q.bias") ||
+                             out.ends_with("attn_k.weight") || out.ends_with("attn_k.bias"))) {
+      const bool q = out.find("attn_q.") != std::string::npos;
+      ot.permute_heads = static_cast<int>(q ? n_head : n_head_kv);
+      if (t->shape[0] != ot.permute_heads * head_dim) {
+        return absl::InvalidArgumentError(
+            StrCat("tensor ", hf, " has ", t->shape[0], " rows: expected ", ot.permute_heads,
+                   " heads of ", head_dim));
+      }
+    }
+    plan.tensors.push_back(std::move(ot));
+  }
+  if (!unknown.empty()) {
+    std::string list;
+    for (size_t i = 0; i < unknown.size() && i < 5; ++i) list += (i ? ", " : "") + unknown[i];
+    if (unknown.size() > 5) list += StrCat(" and ", unknown.size() - 5, " more");
+    return absl::UnimplementedError(StrCat(unknown.size(), " tensor(s) of the checkpoint are not ",
+                                           "part of a ", cls, " this converter knows: ", list));
+  }
+  if (vocab_rows < 0) {
+    return absl::InvalidArgumentError("model.embed_tokens.weight is missing or not 2-D");
+  }
+  for (int64_t i = 0; i < n_layer; ++i) {
+    for (const std::string& want : per_layer[0]) {
+      if (!per_layer[i].count(want)) {
+        return absl::InvalidArgumentError(
+            StrCat("model.layers.", i, ": its ", want, " (GGUF name) is missing"));
+      }
+    }
+    if (per_layer[i].size() != per_layer[0].size()) {
+      return absl::InvalidArgumentError(
+          StrCat("model.layers.", i, " has tensors that layer 0 lacks"));
+    }
+  }
+  if (!tied && plan.ckpt->Find("lm_head.weight") == nullptr) {
+    return absl::InvalidArgumentError(
+        "lm_head.weight is missing and tie_word_embeddings is false");
+  }
+  if (!rope_factors.empty()) {
+    OutTensor rf;
+    rf.name = "rope_freqs.weight";
+    rf.shape = {static_cast<int64_t>(rope_factors.size())};
+    rf.values = std::move(rope_factors);
+    plan.tensors.push_back(std::move(rf));
+  }
+
+  // The embedding may have more rows than the tokenizer has tokens (padded for speed): those
+  // rows become unused tokens, as llama.cpp's converter writes them.
+  if (static_cast<int64_t>(vocab.tokens.size()) > vocab_rows) {
+    return absl::InvalidArgumentError(StrCat("the tokenizer has ", vocab.tokens.size(),
+                                             " tokens but model.embed_tokens.weight only ",
+                                             vocab_rows, " rows"));
+  }
+  while (static_cast<int64_t>(vocab.tokens.size()) < vocab_rows) {
+    vocab.tokens.push_back(StrCat("[PAD", vocab.tokens.size(), "]"));
+    if (!vocab.scores.empty()) vocab.scores.push_back(-1000.0f);
+    if (!vocab.token_types.empty()) vocab.token_types.push_back(5);  // unused
+  }
+  quantize::SetVocabKeys(vocab, w);
+
+  // general.file_type: the matrices' type (the embedding's when stored types differ).
+  DType ft = DType::kF32;
+  for (const OutTensor& t : plan.tensors) {
+    if (t.name == "token_embd.weight") ft = t.type;
+  }
+  w->SetU32("general.file_type", ft == DType::kF16    ? kFileTypeF16
+                                 : ft == DType::kBF16 ? kFileTypeBf16
+                                                      : kFileTypeF32);
+  for (const OutTensor& t : plan.tensors) w->AddTensor(t.name, t.type, t.shape);
+  return plan;
+}
+
+absl::Status WriteData(const Plan& plan, const HfConvertOptions& o, GgufWriter* w) {
+  std::vector<uint8_t> buf;
+  for (size_t i = 0; i < plan.tensors.size(); ++i) {
+    const OutTensor& t = plan.tensors[i];
+    if (o.progress) o.progress(t.name, i + 1, plan.tensors.size());
+    if (t.src == nullptr) {
+      PD_RETURN_IF_ERROR(w->WriteTensor(i, t.values.data(), t.values.size() * sizeof(float)));
+      continue;
+    }
+    const SafetensorsTensor& s = *t.src;
+    if (t.type == *s.type && t.permute_heads == 0 && !t.plus_one) {
+      PD_RETURN_IF_ERROR(w->WriteTensor(i, s.data, s.nbytes));
+      continue;
+    }
+    const int64_t cols = s.shape.size() == 2 ? s.shape[1] : s.shape[0];
+    const int64_t rows = s.shape.size() == 2 ? s.shape[0] : 1;
+    const size_t esize = Traits(t.type).block_bytes;  // F32/F16/BF16: one element per block
+    // Rows in pieces of about 16 MiB, converted and written as they go.
+    const int64_t chunk = std::max<int64_t>(1, (int64_t{16} << 20) / std::max<int64_t>(1, cols * 4));
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      const int64_t nr = std::min(chunk, rows - r0);
+      buf.resize(static_cast<size_t>(nr * cols) * esize);
+      for (int64_t r = r0; r < r0 + nr; ++r) {
+        int64_t src_row = r;
+        if (t.permute_heads > 0) {
+          // Output row h*d + 2i + j holds input row h*d + j*d/2 + i.
+          const int64_t d = rows / t.permute_heads;
+          const int64_t h = r / d, k = r % d;
+          src_row = h * d + (k % 2) * (d / 2) + k / 2;
+        }
+        for (int64_t c = 0; c < cols; ++c) {
+          float v = LoadElement(s, static_cast<size_t>(src_row * cols + c));
+          if (t.plus_one) v += 1.0f;
+          StoreElement(t.type, v, buf.data(), static_cast<size_t>((r - r0) * cols + c));
+        }
+      }
+      PD_RETURN_IF_ERROR(w->WriteTensorPart(i, static_cast<uint64_t>(r0 * cols) * esize,
+                                            buf.data(), buf.size()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckFloatType(const HfConvertOptions& o) {
+  if (o.float_type && *o.float_type != DType::kF32 && *o.float_type != DType::kF16 &&
+      *o.float_type != DType::kBF16) {
+    return absl::InvalidArgumentError("the converted weights' type must be F32, F16 or BF16");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool IsHfCheckpoint(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
+         ::stat((path + "/config.json").c_str(), &st) == 0;
+}
+
+absl::Status ConvertHfCheckpoint(const std::string& dir, const std::string& out,
+                                 const HfConvertOptions& options) {
+  PD_RETURN_IF_ERROR(CheckFloatType(options));
+  GgufWriter w;
+  PD_ASSIGN_OR_RETURN(Plan plan, MakePlan(dir, options, &w));
+  PD_RETURN_IF_ERROR(w.Open(out));
+  PD_RETURN_IF_ERROR(WriteData(plan, options, &w));
+  return w.Commit();
+}
+
+absl::StatusOr<std::unique_ptr<GgufFile>> LoadHfCheckpoint(const std::string& dir,
+                                                           const HfConvertOptions& options) {
+  PD_RETURN_IF_ERROR(CheckFloatType(options));
+  GgufWriter w;
+  PD_ASSIGN_OR_RETURN(Plan plan, MakePlan(dir, options, &w));
+  PD_RETURN_IF_ERROR(w.OpenMemory(StrCat("pdserve-hf:", dir)));
+  PD_RETURN_IF_ERROR(WriteData(plan, options, &w));
+  PD_ASSIGN_OR_RETURN(MappedFile map, w.CommitToMemory());
+  absl::StatusOr<std::unique_ptr<GgufFile>> f = GgufFile::Parse(std::move(map));
+  if (!f.ok()) {
+    return absl::InternalError(StrCat("the GGUF converted from ", dir,
+                                      " does not parse: ", f.status().message()));
+  }
+  return f;
+}
+
+absl::StatusOr<std::unique_ptr<GgufFile>> OpenModelFile(const std::string& path) {
+  if (IsHfCheckpoint(path)) {
+    absl::StatusOr<std::unique_ptr<GgufFile>> f = LoadHfCheckpoint(path, {});
+    if (!f.ok()) {
+      return absl::Status(f.status().code(), StrCat("Hugging Face checkpoint ", path, ": ",
+                                                    f.status().message()));
+    }
+    return f;
+  }
+  return GgufFile::Open(path);
+}
+
+}  // namespace pd::engine

@@ -1,0 +1,440 @@
+"""Hugging Face checkpoints: `pdctl convert` against llama.cpp, and pdserve serving the folder.
+
+Each case writes a small synthetic checkpoint as transformers would save it (config.json,
+safetensors written with the `safetensors` package, a byte-level BPE tokenizer.json trained with
+the `tokenizers` package; no PyTorch), then checks three things on one prompt:
+
+  * llama.cpp (llama-cpp-python) on the GGUF that `pdctl convert` wrote, against pdserve reading
+    the folder itself (`pdctl logits -m FOLDER`): last-position logits within rel L2 1e-4 (F32
+    weights, F32 KV), and 32 greedy tokens identical;
+  * pdserve against an independent float64 NumPy forward pass written from the transformers
+    definitions (rotate-half RoPE on the unpermuted Q/K, Gemma's 1 + w norms, windows, scaling):
+    this catches a conversion mistake that llama.cpp and pdserve would share;
+  * converted files whose weights are rounded (BF16, Q8_0) within those types' tolerances.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+tokenizers = pytest.importorskip("tokenizers")
+
+import make_llama_reference  # scripts/: run_llama (llama.cpp's logits and greedy ids)
+
+TIMEOUT_S = 300
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "Once upon a time, in a small village by the sea, there lived an old fisherman.",
+    "Numbers 12345 and 678, symbols !?#, tabs\tand\nnewlines.",
+    "def main():\n    return 42\n",
+]
+
+
+def _tokenizer(folder: Path) -> int:
+    """Trains a byte-level BPE tokenizer (GPT-2's pre-tokenizer); returns its size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(CORPUS * 4, trainer)
+    tok.save(str(folder / "tokenizer.json"))
+    return tok.get_vocab_size()
+
+
+CASES = {
+    # name: (class, config overrides, stored dtype, shards)
+    "llama": ("LlamaForCausalLM", {}, "F32", 1),
+    "llama_tied_linear_rope": ("LlamaForCausalLM", {
+        "tie_word_embeddings": True, "rope_scaling": {"type": "linear", "factor": 2.0}}, "F32", 2),
+    "llama3_rope": ("LlamaForCausalLM", {"rope_theta": 500000.0, "rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64}}, "F32", 1),
+    "mistral": ("MistralForCausalLM", {"sliding_window": None, "head_dim": 24}, "F32", 1),
+    "qwen2_bias": ("Qwen2ForCausalLM", {"tie_word_embeddings": True}, "F32", 1),
+    "gemma3": ("Gemma3ForCausalLM", {}, "F32", 1),
+    "llama_bf16": ("LlamaForCausalLM", {}, "BF16", 2),
+}
+
+
+def _config(cls: str, n_vocab: int, overrides: dict) -> dict:
+    c = {"architectures": [cls], "hidden_size": 64, "intermediate_size": 96,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+         "vocab_size": n_vocab, "tie_word_embeddings": False, "hidden_act": "silu",
+         "bos_token_id": None, "eos_token_id": 0}
+    if cls == "Gemma3ForCausalLM":
+        c.update({"num_hidden_layers": 6, "head_dim": 16, "query_pre_attn_scalar": 16,
+                  "sliding_window": 4, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+                  "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True,
+                  "rms_norm_eps": 1e-6})
+        del c["hidden_act"]
+    if cls == "Qwen2ForCausalLM":
+        c.update({"use_sliding_window": False, "sliding_window": 4096})
+    c.update(overrides)
+    return c
+
+
+def _weights(c: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    H, F, L = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+    nh, nkv = c["num_attention_heads"], c["num_key_value_heads"]
+    hd = c.get("head_dim") or H // nh
+    gemma = c["architectures"][0].startswith("Gemma")
+    qwen = c["architectures"][0].startswith("Qwen2")
+
+    def mat(rows, cols):
+        return (rng.standard_normal((rows, cols)) / math.sqrt(cols)).astype(np.float32)
+
+    def norm(n):  # Gemma stores w of (1 + w)
+        base = 0.0 if gemma else 1.0
+        return (base + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    w = {"model.embed_tokens.weight": (0.5 * rng.standard_normal((c["vocab_size"], H)))
+         .astype(np.float32), "model.norm.weight": norm(H)}
+    if not c["tie_word_embeddings"]:
+        w["lm_head.weight"] = mat(c["vocab_size"], H)
+    for i in range(L):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = norm(H)
+        w[p + "post_attention_layernorm.weight"] = norm(H)
+        w[p + "self_attn.q_proj.weight"] = mat(nh * hd, H)
+        w[p + "self_attn.k_proj.weight"] = mat(nkv * hd, H)
+        w[p + "self_attn.v_proj.weight"] = mat(nkv * hd, H)
+        w[p + "self_attn.o_proj.weight"] = mat(H, nh * hd)
+        w[p + "mlp.gate_proj.weight"] = mat(F, H)
+        w[p + "mlp.up_proj.weight"] = mat(F, H)
+        w[p + "mlp.down_proj.weight"] = mat(H, F)
+        if qwen:
+            for n, rows in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
+                w[p + f"self_attn.{n}_proj.bias"] = (0.1 * rng.standard_normal(rows)).astype(
+                    np.float32)
+        if gemma:
+            w[p + "self_attn.q_norm.weight"] = norm(hd)
+            w[p + "self_attn.k_norm.weight"] = norm(hd)
+            w[p + "pre_feedforward_layernorm.weight"] = norm(H)
+            w[p + "post_feedforward_layernorm.weight"] = norm(H)
+    return w
+
+
+def _to_bf16(a: np.ndarray) -> np.ndarray:
+    """Rounds float32 to bfloat16 (nearest even), returned as float32 values."""
+    u = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return u.astype(np.uint32).view(np.float32)
+
+
+def _save(folder: Path, w: dict[str, np.ndarray], dtype: str, shards: int) -> None:
+    """Writes model.safetensors, or `shards` files with model.safetensors.index.json."""
+    names = sorted(w)
+
+    def encoded(name):
+        if dtype == "BF16" and w[name].ndim == 2:
+            # safetensors' NumPy API has no bfloat16: write the bytes and patch the header.
+            return (_to_bf16(w[name]).view(np.uint32) >> 16).astype(np.uint16)
+        return w[name]
+
+    groups = [names[i::shards] for i in range(shards)]
+    files = ["model.safetensors"] if shards == 1 else [
+        f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
+    for group, fname in zip(groups, files):
+        path = folder / fname
+        safetensors_numpy.save_file({n: encoded(n) for n in group}, str(path))
+        if dtype == "BF16":
+            raw = path.read_bytes()
+            n = int.from_bytes(raw[:8], "little")
+            header = raw[8:8 + n].rstrip(b" ").replace(b'"U16"', b'"BF16"')
+            header += b" " * (-len(header) % 8)
+            path.write_bytes(len(header).to_bytes(8, "little") + header + raw[8 + n:])
+    if shards > 1:
+        index = {"metadata": {"total_size": sum(a.nbytes for a in w.values())},
+                 "weight_map": {n: files[i] for i, g in enumerate(groups) for n in g}}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def make_checkpoint(folder: Path, name: str) -> tuple[dict, dict[str, np.ndarray]]:
+    cls, overrides, dtype, shards = CASES[name]
+    folder.mkdir(parents=True, exist_ok=True)
+    n_tok = _tokenizer(folder)
+    c = _config(cls, n_tok + 20, overrides)  # the embedding padded past the tokenizer
+    (folder / "config.json").write_text(json.dumps(c, indent=1))
+    w = _weights(c, np.random.default_rng(zlib.crc32(name.encode())))
+    _save(folder, w, dtype, shards)
+    if dtype == "BF16":
+        w = {k: _to_bf16(v) if v.ndim == 2 else v for k, v in w.items()}
+    return c, w
+
+
+# ---- the float64 reference, from the transformers definitions ----
+
+def _rms(x, w, eps, gemma):
+    y = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    return y * ((1.0 + w) if gemma else w)
+
+
+def _inv_freq(c: dict, hd: int, theta: float, scaled: bool) -> np.ndarray:
+    inv = 1.0 / theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd)
+    rs = c.get("rope_scaling") if scaled else None
+    if rs and rs.get("rope_type", rs.get("type")) == "llama3":
+        factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+        old = rs["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        smooth = (old / wavelen - low) / (high - low)
+        mid = (1 - smooth) * inv / factor + smooth * inv
+        inv = np.where(wavelen < old / high, inv, np.where(wavelen > old / low, inv / factor, mid))
+    return inv
+
+
+def _gelu_tanh(g: np.ndarray, ggml_table: bool) -> np.ndarray:
+    """GELU (tanh form). ggml_table: as ggml's CPU backend computes it, through a table indexed by
+    the input rounded to F16, holding F16 results (llama.cpp, and pdserve bit for bit)."""
+    if ggml_table:
+        g = np.where(np.abs(g) < 10, g.astype(np.float16).astype(np.float64), g)
+    y = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)))
+    if ggml_table:
+        y = np.where(g <= -10, 0.0, np.where(g >= 10, g, y.astype(np.float16).astype(np.float64)))
+    return y
+
+
+def hf_forward(c: dict, w: dict[str, np.ndarray], ids: list[int],
+               ggml_gelu: bool = False) -> np.ndarray:
+    """Last-position logits of the transformers model, in float64 (ggml_gelu: _gelu_tanh)."""
+    W = {k: v.astype(np.float64) for k, v in w.items()}
+    H, L = c["hidden_size"], c["num_hidden_layers"]
+    nh, nkv = c["num_attention_heads"], c["num_key_value_heads"]
+    hd = c.get("head_dim") or H // nh
+    eps = c["rms_norm_eps"]
+    gemma = c["architectures"][0].startswith("Gemma")
+    T = len(ids)
+    pos = np.arange(T, dtype=np.float64)
+    rs = c.get("rope_scaling") or {}
+    if rs.get("type", rs.get("rope_type")) == "linear":
+        pos = pos / rs["factor"]
+    x = W["model.embed_tokens.weight"][ids]
+    if gemma:
+        x = x * math.sqrt(H)
+
+    def rope(v, inv):  # v: [T, heads, hd], rotate-half
+        ang = pos[:, None] * inv[None, :]
+        cos = np.concatenate([np.cos(ang)] * 2, axis=-1)[:, None, :]
+        sin = np.concatenate([np.sin(ang)] * 2, axis=-1)[:, None, :]
+        rot = np.concatenate([-v[..., hd // 2:], v[..., :hd // 2]], axis=-1)
+        return v * cos + rot * sin
+
+    for i in range(L):
+        p = f"model.layers.{i}."
+        sliding = gemma and (i + 1) % 6 != 0
+        theta = c["rope_local_base_freq"] if sliding else c["rope_theta"]
+        inv = _inv_freq(c, hd, theta, not sliding)
+        h = _rms(x, W[p + "input_layernorm.weight"], eps, gemma)
+        q = h @ W[p + "self_attn.q_proj.weight"].T
+        k = h @ W[p + "self_attn.k_proj.weight"].T
+        v = h @ W[p + "self_attn.v_proj.weight"].T
+        if p + "self_attn.q_proj.bias" in W:
+            q += W[p + "self_attn.q_proj.bias"]
+            k += W[p + "self_attn.k_proj.bias"]
+            v += W[p + "self_attn.v_proj.bias"]
+        q, k, v = q.reshape(T, nh, hd), k.reshape(T, nkv, hd), v.reshape(T, nkv, hd)
+        if gemma:
+            q = _rms(q, W[p + "self_attn.q_norm.weight"], eps, True)
+            k = _rms(k, W[p + "self_attn.k_norm.weight"], eps, True)
+        q, k = rope(q, inv), rope(k, inv)
+        scale = (c["query_pre_attn_scalar"] if gemma else hd) ** -0.5
+        mask = np.tril(np.ones((T, T), dtype=bool))
+        if sliding:
+            mask &= (np.arange(T)[:, None] - np.arange(T)[None, :]) < c["sliding_window"]
+        out = np.zeros((T, nh, hd))
+        for head in range(nh):
+            g = head // (nh // nkv)
+            s = (q[:, head] @ k[:, g].T) * scale
+            s = np.where(mask, s, -np.inf)
+            s = np.exp(s - s.max(axis=-1, keepdims=True))
+            out[:, head] = (s / s.sum(axis=-1, keepdims=True)) @ v[:, g]
+        o = out.reshape(T, nh * hd) @ W[p + "self_attn.o_proj.weight"].T
+        if gemma:
+            o = _rms(o, W[p + "post_attention_layernorm.weight"], eps, True)
+            x = x + o
+            h = _rms(x, W[p + "pre_feedforward_layernorm.weight"], eps, True)
+            g = h @ W[p + "mlp.gate_proj.weight"].T
+            act = _gelu_tanh(g, ggml_gelu)
+            m = (act * (h @ W[p + "mlp.up_proj.weight"].T)) @ W[p + "mlp.down_proj.weight"].T
+            x = x + _rms(m, W[p + "post_feedforward_layernorm.weight"], eps, True)
+        else:
+            x = x + o
+            h = _rms(x, W[p + "post_attention_layernorm.weight"], eps, False)
+            g = h @ W[p + "mlp.gate_proj.weight"].T
+            act = g / (1 + np.exp(-g))
+            x = x + (act * (h @ W[p + "mlp.up_proj.weight"].T)) @ W[p + "mlp.down_proj.weight"].T
+    x = _rms(x[-1:], W["model.norm.weight"], eps, gemma)[0]
+    head = W.get("lm_head.weight", W["model.embed_tokens.weight"])
+    return head @ x
+
+
+def rel_l2(a, ref) -> float:
+    a, ref = np.asarray(a, np.float64), np.asarray(ref, np.float64)
+    return float(np.linalg.norm(a - ref) / np.linalg.norm(ref))
+
+
+def _pdctl_logits(pdctl, model: Path, ids: list[int], out: Path) -> np.ndarray:
+    proc = subprocess.run([str(pdctl), "logits", "-m", str(model), "--prompt-ids",
+                           " ".join(map(str, ids)), "--threads", "2", "--kv-type", "f32",
+                           "--out", str(out)], capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return np.fromfile(out, dtype=np.float32)
+
+
+def _pdctl_greedy(pdctl, model: Path, ids: list[int]) -> list[int]:
+    proc = subprocess.run([str(pdctl), "generate", "-m", str(model), "--prompt-ids",
+                           " ".join(map(str, ids)), "-n", "32", "--temperature", "0",
+                           "--ignore-eos", "--print-ids", "--kv-type", "f32", "--threads", "2"],
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.strip()][-1]
+    return [int(t) for t in line.split()]
+
+
+def _convert(pdctl, folder: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(pdctl), "convert", str(folder), str(out), *args],
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_convert_matches_llama_cpp_and_transformers(name, pdctl, tmp_path):
+    folder = tmp_path / name
+    c, w = make_checkpoint(folder, name)
+    gguf = tmp_path / f"{name}.gguf"
+    proc = _convert(pdctl, folder, gguf)
+    assert proc.returncode == 0, proc.stderr
+    ids = [int(t) for t in np.random.default_rng(7).integers(1, 250, size=13)]
+    ours = _pdctl_logits(pdctl, folder, ids, tmp_path / "ours.f32")
+    assert ours.shape == (c["vocab_size"],)
+    gemma = c["architectures"][0].startswith("Gemma")
+    # Gemma's GELU: llama.cpp (and pdserve with it) round through an F16 table, 2e-4 here.
+    ref = hf_forward(c, w, ids, ggml_gelu=gemma)
+    err_ref = rel_l2(ours, ref)
+    if gemma:
+        assert rel_l2(ours, hf_forward(c, w, ids)) <= 1e-3
+    lc_logits, lc_ids, _ = make_llama_reference.run_llama(gguf, ids)
+    err_lc = rel_l2(ours, lc_logits)
+    tol = 1e-3 if CASES[name][2] == "BF16" else 1e-4
+    print(f"{name}: pdserve vs llama.cpp {err_lc:.2e}, vs float64 transformers {err_ref:.2e}")
+    assert err_lc <= tol, f"pdserve vs llama.cpp on the converted GGUF: rel L2 {err_lc:.3g}"
+    # BF16 weights: pdserve rounds activations to BF16 too; the float64 pass does not.
+    assert err_ref <= (1e-2 if CASES[name][2] == "BF16" else 1e-4), (
+        f"pdserve vs the float64 transformers forward: rel L2 {err_ref:.3g}")
+    if CASES[name][2] == "F32":
+        assert _pdctl_greedy(pdctl, folder, ids) == lc_ids
+
+
+def test_convert_quantized_and_float_types(pdctl, tmp_path):
+    folder = tmp_path / "llama"
+    c, w = make_checkpoint(folder, "llama")
+    ids = [5, 17, 42, 99, 7, 120, 33]
+    ref = hf_forward(c, w, ids)
+    for typ, tol in (("f16", 1e-2), ("bf16", 3e-2), ("q8_0", 5e-2)):
+        gguf = tmp_path / f"llama-{typ}.gguf"
+        proc = _convert(pdctl, folder, gguf, "--type", typ)
+        assert proc.returncode == 0, proc.stderr
+        lc_logits, _, _ = make_llama_reference.run_llama(gguf, ids)
+        ours = _pdctl_logits(pdctl, gguf, ids, tmp_path / f"{typ}.f32")
+        assert rel_l2(lc_logits, ref) <= tol, (typ, rel_l2(lc_logits, ref))
+        assert rel_l2(ours, lc_logits) <= tol / 5, (typ, rel_l2(ours, lc_logits))
+
+
+def test_convert_refuses_what_it_cannot_run(pdctl, tmp_path):
+    folder = tmp_path / "llama"
+    c, _ = make_checkpoint(folder, "llama")
+    out = tmp_path / "out.gguf"
+
+    def expect(fragment: str) -> None:
+        proc = _convert(pdctl, folder, out)
+        assert proc.returncode == 2, proc.stderr
+        assert fragment in proc.stderr, proc.stderr
+        assert not out.exists() and not Path(str(out) + ".tmp").exists()
+
+    def with_config(**changes) -> None:
+        (folder / "config.json").write_text(json.dumps({**c, **changes}))
+
+    with_config(architectures=["MixtralForCausalLM"])
+    expect("architecture MixtralForCausalLM is not supported")
+    with_config(hidden_act="gelu")
+    expect("hidden_act 'gelu' is not supported")
+    with_config(rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    expect("rope_scaling type 'yarn' is not supported")
+    with_config(num_hidden_layers=3)
+    expect("model.layers.2")
+    with_config(sliding_window=16)
+    expect("sliding-window attention is not supported")
+    with_config(hidden_size="64")
+    expect('"hidden_size" is not an integer')
+    (folder / "config.json").write_text("{not json")
+    expect("not valid JSON")
+    (folder / "config.json").write_text(json.dumps(c))
+    (folder / "tokenizer.json").unlink()
+    expect("tokenizer.json")
+    proc = _convert(pdctl, tmp_path / "nowhere", out)
+    assert proc.returncode == 2 and "not a Hugging Face checkpoint folder" in proc.stderr
+
+
+def test_pd_serve_serves_the_folder_quantized_at_load(pdctl, tmp_path):
+    """pd-serve -m FOLDER --quantize q8_0: converted and quantized in memory, served over OpenAI
+    HTTP, giving the greedy tokens that `pdctl generate` gives on the same folder and type."""
+    import re
+    import signal
+
+    from openai import OpenAI
+
+    folder = tmp_path / "tiny-llama"
+    make_checkpoint(folder, "llama")
+    gen = subprocess.run([str(pdctl), "generate", "-m", f"{folder}/", "--quantize", "q8_0",
+                          "-p", "The quick brown", "-n", "12", "--temperature", "0",
+                          "--ignore-eos", "--print-ids", "--threads", "2"],
+                         capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert gen.returncode == 0, gen.stderr[-3000:]
+    want = [int(t) for t in [ln for ln in gen.stdout.splitlines() if ln.strip()][-1].split()]
+    proc = subprocess.Popen([str(pdctl.parent / "pd-serve"), "-m", f"{folder}/", "--quantize",
+                             "q8_0", "--grpc-port", "0", "--http-port", "0", "--threads", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        m = None
+        for line in proc.stdout:
+            m = re.match(r"^pd-serve ready: grpc=\S+ http=(\S+) model=(\S+)$", line.strip())
+            if m:
+                break
+        assert m, proc.stderr.read()
+        http_url, model = m.groups()
+        assert model == "tiny-llama"
+        client = OpenAI(base_url=f"{http_url}/v1", api_key="none")
+        chunks = list(client.completions.create(
+            model=model, prompt="The quick brown", max_tokens=12, temperature=0, stream=True,
+            stream_options={"include_usage": True, "include_token_ids": True},
+            extra_body={"ignore_eos": True}))
+        got = [t for ch in chunks if ch.choices for t in ch.choices[0].model_extra["token_ids"]]
+        assert chunks[-1].usage.completion_tokens == 12
+        assert got == want
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_cluster_serves_the_folder(pdctl, tmp_path):
+    folder = tmp_path / "tiny-qwen"
+    make_checkpoint(folder, "qwen2_bias")
+    proc = subprocess.run([str(pdctl), "up", "--prefill", "1", "--decode", "1", "-m", str(folder),
+                           "--complete", "The quick brown fox", "-n", "8"],
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "The quick brown fox" in proc.stdout
