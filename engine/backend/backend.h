@@ -187,6 +187,9 @@ class Backend {
   virtual absl::Status GeGlu(const Tensor& gate, const Tensor& up, Tensor& y) = 0;
   // y = s * x elementwise (y may alias x).
   virtual absl::Status Scale(const Tensor& x, float s, Tensor& y) = 0;
+  // y = cap * tanh(x / cap) elementwise, computed as ggml does (x times 1/cap, tanhf, times cap):
+  // Gemma 2's final logit soft-capping. y may alias x.
+  virtual absl::Status Softcap(const Tensor& x, float cap, Tensor& y) = 0;
   // In-place numerically stable softmax over each row.
   virtual absl::Status Softmax(Tensor& x) = 0;
   // Writes k, v [n_tokens, n_kv_heads * head_dim] (F32) into the caches (layout: kv_layout.h;

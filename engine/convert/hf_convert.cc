@@ -66,6 +66,10 @@ const std::vector<ArchSpec>& Archs() {
         {"LlamaForCausalLM", "llama", "silu", true, false, llama_like},
         {"MistralForCausalLM", "llama", "silu", true, false, llama_like},
         {"Qwen2ForCausalLM", "qwen2", "silu", false, false, llama_like},
+        {"Gemma2ForCausalLM", "gemma2", "gelu_pytorch_tanh", false, true,
+         with({{"post_attention_layernorm.weight", "post_attention_norm.weight"},
+               {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+               {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"}})},
         {"Gemma3ForCausalLM", "gemma3", "gelu_pytorch_tanh", false, true,
          with({{"self_attn.q_norm.weight", "attn_q_norm.weight"},
                {"self_attn.k_norm.weight", "attn_k_norm.weight"},
@@ -290,12 +294,13 @@ absl::StatusOr<Plan> MakePlan(const std::string& dir, const HfConvertOptions& o,
   }
   PD_ASSIGN_OR_RETURN(bool mlp_bias, cfg.BoolOr("mlp_bias", false));
   if (mlp_bias) return cfg.Unsupported("mlp_bias: true is not supported");
-  PD_ASSIGN_OR_RETURN(bool tied, cfg.BoolOr("tie_word_embeddings", arch == "gemma3"));
+  const bool gemma = arch == "gemma2" || arch == "gemma3";
+  PD_ASSIGN_OR_RETURN(bool tied, cfg.BoolOr("tie_word_embeddings", gemma));
   if (const json* pr = cfg.Get("partial_rotary_factor"); pr != nullptr && *pr != 1.0) {
     return cfg.Unsupported("partial_rotary_factor other than 1 is not supported");
   }
   // Sliding windows: Gemma 3's run; Mistral's and Qwen2's do not yet (refused unless inactive).
-  if (arch != "gemma3" && cfg.Has("sliding_window")) {
+  if (!gemma && cfg.Has("sliding_window")) {
     PD_ASSIGN_OR_RETURN(bool use_swa, cfg.BoolOr("use_sliding_window", arch == "llama"));
     PD_ASSIGN_OR_RETURN(int64_t window, cfg.Int("sliding_window", 1, int64_t{1} << 40));
     if (use_swa && window < n_ctx) {
@@ -320,7 +325,7 @@ absl::StatusOr<Plan> MakePlan(const std::string& dir, const HfConvertOptions& o,
   w->SetF32(p + "attention.layer_norm_rms_epsilon", static_cast<float>(eps));
   w->SetF32(p + "rope.freq_base", static_cast<float>(rope_base));
   w->SetU32(p + "rope.dimension_count", static_cast<uint32_t>(head_dim));
-  if (explicit_head_dim || arch == "gemma3") {
+  if (explicit_head_dim || gemma) {
     w->SetU32(p + "attention.key_length", static_cast<uint32_t>(head_dim));
     w->SetU32(p + "attention.value_length", static_cast<uint32_t>(head_dim));
   }
@@ -384,6 +389,27 @@ absl::StatusOr<Plan> MakePlan(const std::string& dir, const HfConvertOptions& o,
     }
     for (const char* k : {"final_logit_softcapping", "attn_logit_softcapping"}) {
       if (cfg.Has(k)) return cfg.Unsupported(StrCat(k, " is not supported for Gemma 3"));
+    }
+  }
+
+  if (arch == "gemma2") {
+    PD_ASSIGN_OR_RETURN(int64_t window, cfg.IntOr("sliding_window", 4096, 1, 1 << 24));
+    w->SetU32(p + "attention.sliding_window", static_cast<uint32_t>(window));
+    for (const char* k : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+      if (!cfg.Has(k)) {
+        return cfg.Unsupported(StrCat(k, ": null (no soft-capping) is not supported for Gemma 2"));
+      }
+      PD_ASSIGN_OR_RETURN(double cap, cfg.Float(k));
+      if (!(cap > 0)) return cfg.Bad(k, "must be > 0");
+      w->SetF32(p + k, static_cast<float>(cap));
+    }
+    PD_ASSIGN_OR_RETURN(double qscale, cfg.FloatOr("query_pre_attn_scalar",
+                                                   static_cast<double>(head_dim)));
+    if (qscale != static_cast<double>(head_dim) &&
+        !(n_layer == 46 && qscale == static_cast<double>(n_embd / n_head))) {
+      return cfg.Unsupported(StrCat("query_pre_attn_scalar ", qscale,
+                                    " is not supported (the head dimension ", head_dim,
+                                    " is, as in every released Gemma 2 but 27B)"));
     }
   }
 

@@ -5,7 +5,8 @@
 //
 // Supported `architectures` (config.json): LlamaForCausalLM and MistralForCausalLM (GGUF "llama";
 // Q/K rows reordered for llama.cpp's adjacent-pair rotary layout), Qwen2ForCausalLM ("qwen2"),
-// Gemma3ForCausalLM ("gemma3"; norm weights stored as w, applied as 1 + w, become 1 + w). Rope
+// Gemma2ForCausalLM and Gemma3ForCausalLM ("gemma2", "gemma3"; norm weights stored as w, applied
+// as 1 + w, become 1 + w; Gemma 2's soft-capping as its GGUF keys). Rope
 // scaling: linear, and Llama 3's (written as rope_freqs.weight, as llama.cpp does). Anything else
 // is UNIMPLEMENTED naming what, never converted into a model that runs wrongly. docs/models.md has
 // the tables.

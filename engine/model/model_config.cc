@@ -1,6 +1,7 @@
 #include "engine/model/model_config.h"
 
 #include <cmath>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -63,9 +64,10 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   ModelConfig c;
   PD_ASSIGN_OR_RETURN(std::string_view arch, f.GetString("general.architecture"));
   c.arch = std::string(arch);
-  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "gemma3") {
-    return absl::UnimplementedError(pd::StrCat(
-        "architecture '", c.arch, "' is not supported (supported: llama, qwen2, gemma3)"));
+  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "gemma2" && c.arch != "gemma3") {
+    return absl::UnimplementedError(pd::StrCat("architecture '", c.arch,
+                                               "' is not supported (supported: llama, qwen2, "
+                                               "gemma2, gemma3)"));
   }
   if (auto name = f.GetString("general.name"); name.ok()) c.name = std::string(*name);
   const std::string p = c.arch + ".";
@@ -189,6 +191,39 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
     c.sliding_window = static_cast<int>(window);
     // The 27B model scales queries by 1/sqrt(n_embd / n_head); the others by 1/sqrt(head_dim).
     c.attention_scale = c.n_layer == 62
+                            ? 1.0f / std::sqrt(static_cast<float>(c.n_embd / c.n_head))
+                            : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  }
+  if (c.arch == "gemma2") {
+    // Gemma 2: Gemma's scaled embeddings, GeGLU and pre/post norms; local (sliding-window) and
+    // global layers alternate, sharing one rope base; attention scores and output logits are
+    // soft-capped (llama.cpp's defaults 50 and 30 when the keys are absent).
+    c.embedding_scale = std::sqrt(static_cast<float>(c.n_embd));
+    c.ffn_act = FfnActivation::kGeluTanh;
+    c.post_norms = true;
+    c.swa_pattern = 2;
+    PD_ASSIGN_OR_RETURN(double base_swa, f.GetFloatOr(p + "rope.freq_base_swa", c.rope_freq_base));
+    if (!(base_swa > 1.0) || !std::isfinite(static_cast<float>(base_swa))) {
+      return absl::InvalidArgumentError(pd::StrCat("rope.freq_base_swa ", base_swa, " must be > 1"));
+    }
+    c.rope_freq_base_swa = static_cast<float>(base_swa);
+    c.rope_freq_scale_swa = c.rope_freq_scale;
+    PD_ASSIGN_OR_RETURN(uint64_t window, f.GetUintOr(p + "attention.sliding_window", 4096));
+    if (window == 0 || window > (uint64_t{1} << 24)) {
+      return absl::InvalidArgumentError(
+          pd::StrCat(p, "attention.sliding_window = ", window, " is out of range"));
+    }
+    c.sliding_window = static_cast<int>(window);
+    for (auto [key, def, field] : {std::tuple{"attn_logit_softcapping", 50.0, &c.attn_softcap},
+                                   std::tuple{"final_logit_softcapping", 30.0, &c.final_softcap}}) {
+      PD_ASSIGN_OR_RETURN(double cap, f.GetFloatOr(p + key, def));
+      if (!(cap > 0) || !std::isfinite(static_cast<float>(cap))) {
+        return absl::InvalidArgumentError(pd::StrCat(p, key, " = ", cap, " must be > 0"));
+      }
+      *field = static_cast<float>(cap);
+    }
+    // The 27B model (46 layers) scales queries by 1/sqrt(n_embd / n_head), as llama.cpp does.
+    c.attention_scale = c.n_layer == 46
                             ? 1.0f / std::sqrt(static_cast<float>(c.n_embd / c.n_head))
                             : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   }

@@ -56,12 +56,16 @@ struct ModelConfig {
   int swa_pattern = 0;
   float rope_freq_base_swa = 10000.f;
   float rope_freq_scale_swa = 1.f;
+  // Logit soft-capping, cap * tanh(x / cap), when > 0: of the attention scores, and of the output
+  // logits (Gemma 2).
+  float attn_softcap = 0.f;
+  float final_softcap = 0.f;
 
   bool IsSlidingLayer(int layer) const {
     return swa_pattern > 0 && sliding_window > 0 && (layer + 1) % swa_pattern != 0;
   }
 
-  // Reads and validates the config (architectures: llama, qwen2, gemma3). INVALID_ARGUMENT names
+  // Reads and validates the config (architectures: llama, qwen2, gemma2, gemma3). INVALID_ARGUMENT names
   // the key and the bad value (also for head_tokens that are out of range, repeated, not one per
   // row of output.weight, or given without an output.weight); UNIMPLEMENTED for an architecture
   // or rope scaling this engine does not run.

@@ -90,6 +90,7 @@ std::vector<std::string_view> Model::OpsUsed(const ModelConfig& c) {
   ops.push_back(c.ffn_act == FfnActivation::kGeluTanh ? "GeGlu" : "SwiGlu");
   if (c.qkv_bias) ops.push_back("AddBias");
   if (c.embedding_scale > 0 || c.attention_scale > 0) ops.push_back("Scale");
+  if (c.final_softcap > 0) ops.push_back("Softcap");
   ops.push_back("TopK");  // ForwardTop
   return ops;
 }
@@ -392,6 +393,7 @@ absl::Status Model::Run(const Batch& batch, KvCache& kv, const LayerHook& after_
   // Architectures with an explicit query scale apply it to Q (as llama.cpp does); the others
   // scale the Q.K logits.
   ap.scale = c.attention_scale > 0 ? 1.0f : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  ap.softcap = c.attn_softcap;
   const absl::Span<const int32_t> pos = absl::MakeConstSpan(batch.pos);
 
   PD_RETURN_IF_ERROR(bp->GetRows(weights_->token_embd, absl::MakeConstSpan(batch.tokens), x));
@@ -465,6 +467,7 @@ absl::Status Model::Run(const Batch& batch, KvCache& kv, const LayerHook& after_
   PD_RETURN_IF_ERROR(b.RmsNorm(out_x, weights_->output_norm, c.rms_eps, out_h));
   PD_RETURN_IF_ERROR(Linear(b, weights_->output, c.tied_output ? "token_embd" : "output", -1,
                             out_h, out_logits, orders_out));
+  if (c.final_softcap > 0) PD_RETURN_IF_ERROR(b.Softcap(out_logits, c.final_softcap, out_logits));
   *out = out_logits;
   return absl::OkStatus();
 }

@@ -64,6 +64,9 @@ CASES = {
     "mistral": ("MistralForCausalLM", {"sliding_window": None, "head_dim": 24}, "F32", 1),
     "qwen2_bias": ("Qwen2ForCausalLM", {"tie_word_embeddings": True}, "F32", 1),
     "gemma3": ("Gemma3ForCausalLM", {}, "F32", 1),
+    # Caps small enough to bite on this model's scores and logits.
+    "gemma2_softcap": ("Gemma2ForCausalLM", {"attn_logit_softcapping": 2.0,
+                                             "final_logit_softcapping": 3.0}, "F32", 1),
     "llama_bf16": ("LlamaForCausalLM", {}, "BF16", 2),
 }
 
@@ -79,6 +82,12 @@ def _config(cls: str, n_vocab: int, overrides: dict) -> dict:
                   "sliding_window": 4, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
                   "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True,
                   "rms_norm_eps": 1e-6})
+        del c["hidden_act"]
+    if cls == "Gemma2ForCausalLM":
+        c.update({"num_hidden_layers": 4, "head_dim": 16, "query_pre_attn_scalar": 16,
+                  "sliding_window": 4, "hidden_activation": "gelu_pytorch_tanh",
+                  "tie_word_embeddings": True, "rms_norm_eps": 1e-6,
+                  "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0})
         del c["hidden_act"]
     if cls == "Qwen2ForCausalLM":
         c.update({"use_sliding_window": False, "sliding_window": 4096})
@@ -120,8 +129,9 @@ def _weights(c: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
                 w[p + f"self_attn.{n}_proj.bias"] = (0.1 * rng.standard_normal(rows)).astype(
                     np.float32)
         if gemma:
-            w[p + "self_attn.q_norm.weight"] = norm(hd)
-            w[p + "self_attn.k_norm.weight"] = norm(hd)
+            if c["architectures"][0].startswith("Gemma3"):
+                w[p + "self_attn.q_norm.weight"] = norm(hd)
+                w[p + "self_attn.k_norm.weight"] = norm(hd)
             w[p + "pre_feedforward_layernorm.weight"] = norm(H)
             w[p + "post_feedforward_layernorm.weight"] = norm(H)
     return w
@@ -215,6 +225,7 @@ def hf_forward(c: dict, w: dict[str, np.ndarray], ids: list[int],
     hd = c.get("head_dim") or H // nh
     eps = c["rms_norm_eps"]
     gemma = c["architectures"][0].startswith("Gemma")
+    gemma2 = c["architectures"][0].startswith("Gemma2")
     T = len(ids)
     pos = np.arange(T, dtype=np.float64)
     rs = c.get("rope_scaling") or {}
@@ -233,8 +244,8 @@ def hf_forward(c: dict, w: dict[str, np.ndarray], ids: list[int],
 
     for i in range(L):
         p = f"model.layers.{i}."
-        sliding = gemma and (i + 1) % 6 != 0
-        theta = c["rope_local_base_freq"] if sliding else c["rope_theta"]
+        sliding = (i % 2 == 0) if gemma2 else gemma and (i + 1) % 6 != 0
+        theta = c["rope_local_base_freq"] if sliding and not gemma2 else c["rope_theta"]
         inv = _inv_freq(c, hd, theta, not sliding)
         h = _rms(x, W[p + "input_layernorm.weight"], eps, gemma)
         q = h @ W[p + "self_attn.q_proj.weight"].T
@@ -245,7 +256,7 @@ def hf_forward(c: dict, w: dict[str, np.ndarray], ids: list[int],
             k += W[p + "self_attn.k_proj.bias"]
             v += W[p + "self_attn.v_proj.bias"]
         q, k, v = q.reshape(T, nh, hd), k.reshape(T, nkv, hd), v.reshape(T, nkv, hd)
-        if gemma:
+        if gemma and not gemma2:
             q = _rms(q, W[p + "self_attn.q_norm.weight"], eps, True)
             k = _rms(k, W[p + "self_attn.k_norm.weight"], eps, True)
         q, k = rope(q, inv), rope(k, inv)
@@ -257,6 +268,9 @@ def hf_forward(c: dict, w: dict[str, np.ndarray], ids: list[int],
         for head in range(nh):
             g = head // (nh // nkv)
             s = (q[:, head] @ k[:, g].T) * scale
+            if gemma2:
+                cap = c["attn_logit_softcapping"]
+                s = np.tanh(s / cap) * cap
             s = np.where(mask, s, -np.inf)
             s = np.exp(s - s.max(axis=-1, keepdims=True))
             out[:, head] = (s / s.sum(axis=-1, keepdims=True)) @ v[:, g]
@@ -277,7 +291,11 @@ def hf_forward(c: dict, w: dict[str, np.ndarray], ids: list[int],
             x = x + (act * (h @ W[p + "mlp.up_proj.weight"].T)) @ W[p + "mlp.down_proj.weight"].T
     x = _rms(x[-1:], W["model.norm.weight"], eps, gemma)[0]
     head = W.get("lm_head.weight", W["model.embed_tokens.weight"])
-    return head @ x
+    logits = head @ x
+    if gemma2:
+        cap = c["final_logit_softcapping"]
+        logits = np.tanh(logits / cap) * cap
+    return logits
 
 
 def rel_l2(a, ref) -> float:
@@ -329,8 +347,11 @@ def test_convert_matches_llama_cpp_and_transformers(name, pdctl, tmp_path):
     tol = 1e-3 if CASES[name][2] == "BF16" else 1e-4
     print(f"{name}: pdserve vs llama.cpp {err_lc:.2e}, vs float64 transformers {err_ref:.2e}")
     assert err_lc <= tol, f"pdserve vs llama.cpp on the converted GGUF: rel L2 {err_lc:.3g}"
-    # BF16 weights: pdserve rounds activations to BF16 too; the float64 pass does not.
-    assert err_ref <= (1e-2 if CASES[name][2] == "BF16" else 1e-4), (
+    # BF16 weights: pdserve rounds activations to BF16 too; the float64 pass does not. Gemma 3:
+    # the F16 GELU table, imitated in float64, still leaves one-ulp flips (up to 8e-5 seen); a
+    # mapping mistake costs 1e-2 or more (a query scale of 17 instead of 16: 8e-3).
+    limit = 1e-2 if CASES[name][2] == "BF16" else 1e-3 if name == "gemma3" else 1e-4
+    assert err_ref <= limit, (
         f"pdserve vs the float64 transformers forward: rel L2 {err_ref:.3g}")
     if CASES[name][2] == "F32":
         assert _pdctl_greedy(pdctl, folder, ids) == lc_ids

@@ -83,6 +83,10 @@ class CountingBackend final : public Backend {
     ++ops;
     return inner_->Scale(x, s, y);
   }
+  absl::Status Softcap(const Tensor& x, float cap, Tensor& y) override {
+    ++ops;
+    return inner_->Softcap(x, cap, y);
+  }
   absl::Status Softmax(Tensor& x) override {
     ++ops;
     return inner_->Softmax(x);

@@ -396,6 +396,26 @@ absl::Status CpuBackend::Scale(const Tensor& x, float s, Tensor& y) {
   return absl::OkStatus();
 }
 
+// Scalar on every CPU: tanhf is libm's, as in ggml's CPU backend, so the results are llama.cpp's.
+absl::Status CpuBackend::Softcap(const Tensor& x, float cap, Tensor& y) {
+  PD_RETURN_IF_ERROR(CheckF32(x, "Softcap x"));
+  PD_RETURN_IF_ERROR(CheckF32(y, "Softcap y"));
+  PD_RETURN_IF_ERROR(CheckSameShape(x, y, "Softcap"));
+  if (!(cap > 0) || !std::isfinite(cap)) {
+    return absl::InvalidArgumentError(StrCat("Softcap: cap ", cap, " must be finite and > 0"));
+  }
+  const float* px = static_cast<const float*>(x.data);
+  float* py = static_cast<float*>(y.data);
+  const float inv = 1.0f / cap;
+  pool_.ParallelFor(
+      x.numel(),
+      [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) py[i] = std::tanh(px[i] * inv) * cap;
+      },
+      kElementwiseGrain);
+  return absl::OkStatus();
+}
+
 // A row of all -inf (everything masked) becomes all zeros rather than NaN.
 absl::Status CpuBackend::Softmax(Tensor& x) {
   PD_RETURN_IF_ERROR(CheckF32(x, "Softmax x"));

@@ -676,6 +676,21 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status Softcap(const Tensor& x, float cap, Tensor& y) override {
+    PD_RETURN_IF_ERROR(CheckF32(x, "Softcap x"));
+    PD_RETURN_IF_ERROR(CheckF32(y, "Softcap y"));
+    PD_RETURN_IF_ERROR(CheckSameShape(x, y, "Softcap"));
+    if (!(cap > 0) || !std::isfinite(cap)) {
+      return absl::InvalidArgumentError(StrCat("Softcap: cap ", cap, " must be finite and > 0"));
+    }
+    if (y.numel() == 0) return absl::OkStatus();
+    PD_RETURN_IF_ERROR(Activate());
+    PD_CUDA_RETURN_IF_ERROR(cuda::LaunchSoftcap(static_cast<const float*>(x.data), cap, x.numel(),
+                                                static_cast<float*>(y.data), stream_.get()),
+                            "CUDA backend: Softcap kernel launch");
+    return absl::OkStatus();
+  }
+
   absl::Status Scale(const Tensor& x, float s, Tensor& y) override {
     PD_RETURN_IF_ERROR(CheckF32(x, "Scale x"));
     PD_RETURN_IF_ERROR(CheckF32(y, "Scale y"));

@@ -71,7 +71,19 @@ __global__ void ScaleKernel(const float* x, float s, int64_t n, float* y) {
   for (int64_t i = FirstIndex(); i < n; i += Stride()) y[i] = __fmul_rn(s, x[i]);
 }
 
+__global__ void SoftcapKernel(const float* x, float cap, float inv, int64_t n, float* y) {
+  for (int64_t i = FirstIndex(); i < n; i += Stride()) {
+    y[i] = __fmul_rn(tanhf(__fmul_rn(x[i], inv)), cap);
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchSoftcap(const float* x, float cap, int64_t n, float* y, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  SoftcapKernel<<<Blocks(n), kElementwiseBlock, 0, stream>>>(x, cap, 1.0f / cap, n, y);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchAdd(const float* a, const float* b, int64_t n, float* y, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;

@@ -27,5 +27,7 @@ cudaError_t LaunchGeGlu(const float* g, const float* u, int64_t n, float* y, cud
 
 // y = s * x, n elements. Bit-exact with the CPU backend.
 cudaError_t LaunchScale(const float* x, float s, int64_t n, float* y, cudaStream_t stream);
+// y = tanhf(x * (1 / cap)) * cap (CUDA's tanhf: within 2 ulp of the CPU backend's libm).
+cudaError_t LaunchSoftcap(const float* x, float cap, int64_t n, float* y, cudaStream_t stream);
 
 }  // namespace pd::engine::cuda

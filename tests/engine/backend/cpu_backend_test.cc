@@ -371,6 +371,24 @@ TEST_P(CpuBackendTest, GetRowsAllTypes) {
 
 // ---- RmsNorm -------------------------------------------------------------------------------
 
+TEST_P(CpuBackendTest, SoftcapIsGgmlsFormulaExactly) {
+  const int64_t rows = 3, cols = 4099;  // more than one thread's grain
+  const std::vector<float> xv = RandomVec(rng_, rows * cols, 100.f);
+  HostTensor x = F32(rows, cols, xv), y(DType::kF32, rows, cols);
+  const float cap = 30.f;
+  ASSERT_THAT(be_->Softcap(x.t, cap, y.t), IsOk());
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    // ggml: scale by 1/cap, tanhf, scale by cap; the same float operations give the same bits.
+    ASSERT_EQ(y.f()[i], std::tanh(xv[i] * (1.0f / cap)) * cap) << i;
+    ASSERT_LE(std::fabs(y.f()[i]), cap);
+  }
+  ASSERT_THAT(be_->Softcap(x.t, cap, x.t), IsOk());  // in place
+  EXPECT_EQ(std::memcmp(x.t.data, y.t.data, x.t.bytes()), 0);
+  EXPECT_THAT(be_->Softcap(x.t, 0.f, y.t), StatusIs(absl::StatusCode::kInvalidArgument));
+  HostTensor other(DType::kF32, rows, cols + 1);
+  EXPECT_THAT(be_->Softcap(x.t, cap, other.t), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
 TEST_P(CpuBackendTest, RmsNormWithAndWithoutWeight) {
   for (int64_t cols : {1, 7, 64, 4099}) {
     const int64_t rows = 5;

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -187,6 +188,42 @@ TEST(ModelConfigTest, Qwen2NeoxRopeBiasAndTiedOutput) {
   EXPECT_TRUE(c->tied_output);
   EXPECT_EQ(c->n_head_kv, 1);
   EXPECT_FLOAT_EQ(c->rope_freq_base, 1e6f);
+}
+
+TEST(ModelConfigTest, Gemma2SoftCapsAndAlternatingWindows) {
+  TinyModel m;
+  m.arch = "gemma2";
+  m.tied = true;
+  const std::string defaults = m.Build();
+  auto c = Config(defaults);
+  PD_ASSERT_OK(c);
+  EXPECT_EQ(c->rope_mode, RopeMode::kNeox);
+  EXPECT_FLOAT_EQ(c->attn_softcap, 50.f);  // llama.cpp's defaults without the keys
+  EXPECT_FLOAT_EQ(c->final_softcap, 30.f);
+  EXPECT_EQ(c->sliding_window, 4096);
+  EXPECT_TRUE(c->IsSlidingLayer(0));
+  EXPECT_FALSE(c->IsSlidingLayer(1));
+  EXPECT_FLOAT_EQ(c->rope_freq_base_swa, c->rope_freq_base);
+  EXPECT_FALSE(c->qk_norm);
+  EXPECT_TRUE(c->post_norms);
+  EXPECT_FLOAT_EQ(c->attention_scale, 1.f / std::sqrt(static_cast<float>(c->head_dim)));
+
+  m.extra_kv = [](GgufBuilder& b) {
+    b.F32("gemma2.attn_logit_softcapping", 20.f)
+        .F32("gemma2.final_logit_softcapping", 10.f)
+        .U32("gemma2.attention.sliding_window", 8);
+  };
+  const std::string set = m.Build();
+  c = Config(set);
+  PD_ASSERT_OK(c);
+  EXPECT_FLOAT_EQ(c->attn_softcap, 20.f);
+  EXPECT_FLOAT_EQ(c->final_softcap, 10.f);
+  EXPECT_EQ(c->sliding_window, 8);
+
+  m.extra_kv = [](GgufBuilder& b) { b.F32("gemma2.final_logit_softcapping", -1.f); };
+  const std::string bad = m.Build();
+  EXPECT_THAT(Config(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                    "final_logit_softcapping = -1 must be > 0"));
 }
 
 TEST(ModelConfigTest, LegacyLinearScaleKey) {
