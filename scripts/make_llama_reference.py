@@ -144,11 +144,15 @@ def _top2_margin(row: np.ndarray) -> float:
 
 
 class NumpyModel:
-    """Float64 forward pass of a llama/qwen2 GGUF, written from the GGUF conventions.
+    """Float64 forward pass of a llama/qwen2/qwen3/phi3 GGUF, written from the GGUF conventions.
 
     Weights are dequantized to float32 and then held in float64; nothing is rounded on the way.
     Rotary pairs are (2i, 2i+1) for llama (GGUF stores Q/K rows in that order) and (i, i + d/2)
-    for qwen2 (NeoX). theta_i = pos * base^(-2i/d) * freq_scale / rope_freqs[i].
+    for qwen2, qwen3 and phi3 (NeoX). theta_i = pos * base^(-2i/d) * freq_scale / rope_freqs[i].
+    The head size is attention.key_length when given. qwen3 RMS-normalizes each head of Q and K
+    (attn_q_norm / attn_k_norm) before rope. phi3's fused matrices are split by rows: attn_qkv
+    into q, k, v; ffn_up (2 * n_ff rows) into gate (first half) and up. A phi3 sliding window
+    lets each position see the last `window` positions.
     """
 
     def __init__(self, path: Path, ggml_rounding: bool = False):
@@ -168,12 +172,13 @@ class NumpyModel:
         self.n_head_kv = int(kv("attention.head_count_kv", self.n_head))
         self.eps = float(kv("attention.layer_norm_rms_epsilon"))
         self.base = float(kv("rope.freq_base", 10000.0))
-        self.head_dim = self.n_embd // self.n_head
+        self.head_dim = int(kv("attention.key_length", self.n_embd // self.n_head))
         self.n_rot = int(kv("rope.dimension_count", self.head_dim))
         self.freq_scale = 1.0
         if kv("rope.scaling.type") == "linear":
             self.freq_scale = 1.0 / float(kv("rope.scaling.factor"))
-        self.neox = arch == "qwen2"
+        self.neox = arch in ("qwen2", "qwen3", "phi3")
+        self.window = int(kv("attention.sliding_window", 0)) if arch == "phi3" else 0
         self.w: dict[str, np.ndarray] = {}
         self.wtype: dict[str, gguf.GGMLQuantizationType] = {}
         for t in r.tensors:
@@ -184,8 +189,33 @@ class NumpyModel:
         if "output.weight" not in self.w:
             self.w["output.weight"] = self.w["token_embd.weight"]
             self.wtype["output.weight"] = self.wtype["token_embd.weight"]
+        self._split_fused()
         self.use_rope_freqs = True
+        self.use_qk_norm = True  # only for --sensitivity: False forgets the per-head QK norm
         self.gqa_interleaved = False  # only for --sensitivity: the wrong query-to-kv-head map
+
+    def _split_fused(self, swap_gate_up: bool = False) -> None:
+        """Splits phi3's fused matrices into the per-projection names last_logits reads.
+        swap_gate_up (only for --sensitivity) takes the halves of ffn_up the wrong way round."""
+        q_dim, kv_dim = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
+        for il in range(self.n_layer):
+            p = f"blk.{il}."
+            if p + "attn_qkv.weight" in self.w:
+                qkv, t = self.w[p + "attn_qkv.weight"], self.wtype[p + "attn_qkv.weight"]
+                assert qkv.shape[0] == q_dim + 2 * kv_dim, qkv.shape
+                for name, rows in (("attn_q", slice(0, q_dim)),
+                                   ("attn_k", slice(q_dim, q_dim + kv_dim)),
+                                   ("attn_v", slice(q_dim + kv_dim, q_dim + 2 * kv_dim))):
+                    self.w[p + name + ".weight"], self.wtype[p + name + ".weight"] = qkv[rows], t
+            if p + "ffn_gate.weight" not in self.w or p + "ffn_up_fused" in self.w:
+                fused = self.w.setdefault(p + "ffn_up_fused", self.w[p + "ffn_up.weight"])
+                n_ff = fused.shape[0] // 2
+                gate, up = fused[:n_ff], fused[n_ff:]
+                if swap_gate_up:
+                    gate, up = up, gate
+                t = self.wtype[p + "ffn_up.weight"]
+                self.w[p + "ffn_gate.weight"], self.wtype[p + "ffn_gate.weight"] = gate, t
+                self.w[p + "ffn_up.weight"] = up
 
     @property
     def inv_freq(self) -> np.ndarray:
@@ -228,6 +258,8 @@ class NumpyModel:
         pos = np.arange(n, dtype=np.float64)
         x = w["token_embd.weight"][np.asarray(tokens)]  # [n, d]
         mask = np.triu(np.full((n, n), -np.inf), k=1)
+        if self.window > 0:  # position i sees i - window + 1 .. i
+            mask = mask + np.tril(np.full((n, n), -np.inf), k=-self.window)
         for il in range(self.n_layer):
             p = f"blk.{il}."
             h = self._rms_norm(x, w[p + "attn_norm.weight"])
@@ -236,9 +268,12 @@ class NumpyModel:
             v = self._mm(h, p + "attn_v.weight")
             if p + "attn_q.bias" in w:
                 q, k, v = q + w[p + "attn_q.bias"], k + w[p + "attn_k.bias"], v + w[p + "attn_v.bias"]
-            q = self._rope(q.reshape(n, nh, hd), pos)
-            k = self._rope(k.reshape(n, nkv, hd), pos)
-            v = v.reshape(n, nkv, hd)
+            q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
+            if p + "attn_q_norm.weight" in w and self.use_qk_norm:
+                q = self._rms_norm(q, w[p + "attn_q_norm.weight"])
+                k = self._rms_norm(k, w[p + "attn_k_norm.weight"])
+            q = self._rope(q, pos)
+            k = self._rope(k, pos)
             group = nh // nkv  # query head j reads kv head j // group
             if self.gqa_interleaved:
                 k, v = np.tile(k, (1, group, 1)), np.tile(v, (1, group, 1))
@@ -307,6 +342,10 @@ BUGS: dict[str, tuple[Any, Any]] = {
     "qkv bias ignored": (lambda m: any(n.endswith(".bias") for n in m.w), _drop_biases),
     "gqa heads interleaved": (lambda m: m.n_head_kv not in (1, m.n_head),
                               lambda m: setattr(m, "gqa_interleaved", True)),
+    "qk norm ignored": (lambda m: any(n.endswith("attn_q_norm.weight") for n in m.w),
+                        lambda m: setattr(m, "use_qk_norm", False)),
+    "fused gate/up halves swapped": (lambda m: any(n.endswith("ffn_up_fused") for n in m.w),
+                                     lambda m: m._split_fused(swap_gate_up=True)),
     "rms eps 1e-5 <-> 1e-6": (lambda m: True,
                               lambda m: setattr(m, "eps", 1e-6 if m.eps > 5e-6 else 1e-5)),
 }

@@ -9,7 +9,8 @@ and in pdserve like real checkpoints do.
 
 The variants cover the paths a forward pass can get wrong: multi-head and grouped-query attention,
 normal and NeoX rotary embeddings, linear rope scaling, Llama-3 frequency factors, QKV biases, tied
-and separate output heads, and F32 / F16 / BF16 / Q8_0 weights. Golden outputs for them are made by
+and separate output heads, and F32 / F16 / BF16 / Q8_0 weights; Qwen3's per-head QK norm with a
+head size of its own, and Phi-3's fused QKV and gate/up matrices. Golden outputs for them are made by
 scripts/make_llama_reference.py and checked by tests/python/test_forward_reference.py.
 
 Weight scales. Every matrix is N(0, (gain / sqrt(fan_in))^2), so a unit-RMS input gives an output of
@@ -73,7 +74,7 @@ class Variant:
 
     name: str
     description: str
-    arch: str  # "llama" or "qwen2"
+    arch: str  # "llama", "qwen2", "qwen3" or "phi3"
     vocab: str  # NAME of testdata/tokenizer/ggml-vocab-NAME.gguf
     n_embd: int
     n_layer: int
@@ -93,13 +94,22 @@ class Variant:
     logit_std: float = 3.0  # target standard deviation of the final logits
     qk_gain: float = 1.5  # gain of attn_q / attn_k: attention scores have std ~ qk_gain^2
     down_gain: float = 1.5  # gain of ffn_down
+    # Per-head size written as attention.key_length / value_length (Qwen3: n_head * head_dim need
+    # not be n_embd); None: n_embd / n_head and no keys.
+    key_length: Optional[int] = None
+    qk_norm: bool = False  # attn_q_norm / attn_k_norm per-head RMS norm weights (Qwen3)
+    # Phi-3 layout: one attn_qkv.weight (rows q, k, v) and an ffn_up.weight of 2 * n_ff rows
+    # (gate rows first: llama.cpp's ggml_swiglu applies silu to the first half), no ffn_gate.
+    fused: bool = False
+    sliding_window: Optional[int] = None  # {arch}.attention.sliding_window
 
     @property
     def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+        return self.key_length if self.key_length is not None else self.n_embd // self.n_head
 
     def validate(self) -> None:
-        dims = (self.n_embd, self.n_ff, self.head_dim, self.head_dim * self.n_head_kv)
+        dims = (self.n_embd, self.n_ff, self.head_dim, self.head_dim * self.n_head_kv,
+                self.head_dim * self.n_head)
         if any(d % 32 for d in dims):
             raise ValueError(f"{self.name}: all dims must be multiples of 32, got {dims}")
         if self.n_head % self.n_head_kv:
@@ -165,6 +175,28 @@ VARIANTS: dict[str, Variant] = {
             weight_type="f32", tied_output=True,
             rope_base=1000000.0, rms_eps=1e-6, seed=1004, context_length=4096,
             qkv_bias=True,
+        ),
+        Variant(
+            name="qwen3_gqa_f32",
+            description="Qwen3 style: GQA 4/2 with head_dim 64 (n_head * head_dim = 256 != "
+            "n_embd 128), per-head QK RMS norm, NeoX rope, no biases, tied head, F32, GPT-2 BPE "
+            "vocab",
+            arch="qwen3", vocab="gpt-2",
+            n_embd=128, n_layer=2, n_head=4, n_head_kv=2, n_ff=352,
+            weight_type="f32", tied_output=True,
+            rope_base=1000000.0, rms_eps=1e-6, seed=1007, context_length=4096,
+            key_length=64, qk_norm=True,
+        ),
+        Variant(
+            name="phi3_f32",
+            description="Phi-3-mini-4k style: fused QKV (GQA 2/1, head_dim 96) and gate/up, "
+            "NeoX rope, no biases, sliding window 2047 (not reached by the prompts), separate "
+            "head, F32, Phi-3 SPM vocab",
+            arch="phi3", vocab="phi-3",
+            n_embd=192, n_layer=2, n_head=2, n_head_kv=1, n_ff=512,
+            weight_type="f32", tied_output=False,
+            rope_base=10000.0, rms_eps=1e-5, seed=1008, context_length=4096,
+            fused=True, sliding_window=2047,
         ),
         Variant(
             name="tinyllama_q8_0",
@@ -322,6 +354,11 @@ def write_variant(v: Variant, outdir: Path, vocab_dir: Optional[Path] = None) ->
     writer.add_layer_norm_rms_eps(v.rms_eps)
     writer.add_rope_freq_base(v.rope_base)
     writer.add_rope_dimension_count(v.head_dim)
+    if v.key_length is not None:
+        writer.add_key_length(v.key_length)
+        writer.add_value_length(v.key_length)
+    if v.sliding_window is not None:
+        writer.add_sliding_window(v.sliding_window)
     if v.rope_linear_factor is not None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(v.rope_linear_factor)
@@ -340,17 +377,32 @@ def write_variant(v: Variant, outdir: Path, vocab_dir: Optional[Path] = None) ->
     for il in range(v.n_layer):
         p = f"blk.{il}."
         writer.add_tensor(p + "attn_norm.weight", mk.norm(d))
-        _add_weight(writer, p + "attn_q.weight", mk.matrix(n_q, d, v.qk_gain), v.weight_type)
-        _add_weight(writer, p + "attn_k.weight", mk.matrix(n_kv, d, v.qk_gain), v.weight_type)
-        _add_weight(writer, p + "attn_v.weight", mk.matrix(n_kv, d), v.weight_type)
+        wq = mk.matrix(n_q, d, v.qk_gain)
+        wk = mk.matrix(n_kv, d, v.qk_gain)
+        wv = mk.matrix(n_kv, d)
+        if v.fused:
+            _add_weight(writer, p + "attn_qkv.weight", np.concatenate([wq, wk, wv]),
+                        v.weight_type)
+        else:
+            _add_weight(writer, p + "attn_q.weight", wq, v.weight_type)
+            _add_weight(writer, p + "attn_k.weight", wk, v.weight_type)
+            _add_weight(writer, p + "attn_v.weight", wv, v.weight_type)
+        if v.qk_norm:
+            writer.add_tensor(p + "attn_q_norm.weight", mk.norm(hd))
+            writer.add_tensor(p + "attn_k_norm.weight", mk.norm(hd))
         if v.qkv_bias:
             writer.add_tensor(p + "attn_q.bias", mk.normal((n_q,), 0.3))
             writer.add_tensor(p + "attn_k.bias", mk.normal((n_kv,), 0.3))
             writer.add_tensor(p + "attn_v.bias", mk.normal((n_kv,), 0.3))
         _add_weight(writer, p + "attn_output.weight", mk.matrix(d, n_q), v.weight_type)
         writer.add_tensor(p + "ffn_norm.weight", mk.norm(d))
-        _add_weight(writer, p + "ffn_gate.weight", mk.matrix(ff, d), v.weight_type)
-        _add_weight(writer, p + "ffn_up.weight", mk.matrix(ff, d), v.weight_type)
+        gate = mk.matrix(ff, d)
+        up = mk.matrix(ff, d)
+        if v.fused:
+            _add_weight(writer, p + "ffn_up.weight", np.concatenate([gate, up]), v.weight_type)
+        else:
+            _add_weight(writer, p + "ffn_gate.weight", gate, v.weight_type)
+            _add_weight(writer, p + "ffn_up.weight", up, v.weight_type)
         _add_weight(writer, p + "ffn_down.weight", mk.matrix(d, ff, v.down_gain), v.weight_type)
 
     # logit_j = sum_k W_jk g_k n_k with unit-RMS n: std = g * std(W) * sqrt(d).

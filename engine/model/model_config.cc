@@ -58,16 +58,51 @@ absl::Status ReadHeadTokens(const GgufFile& f, ModelConfig& c) {
   return absl::OkStatus();
 }
 
+// Phi-3 (and Phi-4, which llama.cpp converts to the same architecture): SwiGLU with fused
+// weights (Weights::Load splits them), queries scaled before Q.K as llama.cpp's phi3 graph does,
+// and a sliding window on every layer when the file gives one.
+absl::Status ReadPhi3(const GgufFile& f, ModelConfig& c) {
+  // LongRoPE (Phi-3 128k, Phi-3.5): per-frequency factors whose set (long or short) depends on
+  // the context a sequence gets, and an attention factor on top. Not run: refused, not run wrong.
+  for (const char* t : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
+    if (f.FindTensor(t) != nullptr) {
+      return absl::UnimplementedError(pd::StrCat(
+          "phi3 with LongRoPE (tensor '", t,
+          "': the 128k-context Phi-3 and Phi-3.5 models) is not supported; the 4k-context "
+          "layout without rope_factors_long/short is"));
+    }
+  }
+  if (f.FindTensor("blk.0.ffn_gate_inp.weight") != nullptr) {
+    return absl::UnimplementedError(
+        "phi3 with a mixture of experts (tensor 'blk.0.ffn_gate_inp.weight') is not supported");
+  }
+  c.attention_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  // Phi-3-mini-4k was trained with a window of 2047 positions on every layer (its config.json's
+  // sliding_window; Hugging Face's Phi3 masks with it); Phi-4 files say 0. llama.cpp (0.3.36)
+  // ignores the window with a warning, so the two agree below `sliding_window` positions only.
+  PD_ASSIGN_OR_RETURN(uint64_t window, f.GetUintOr("phi3.attention.sliding_window", 0));
+  if (window > (uint64_t{1} << 24)) {
+    return absl::InvalidArgumentError(
+        pd::StrCat("phi3.attention.sliding_window = ", window, " is out of range"));
+  }
+  c.sliding_window = static_cast<int>(window);
+  c.swa_pattern = 0;  // every layer slides, with the model's own rope
+  c.rope_freq_base_swa = c.rope_freq_base;
+  c.rope_freq_scale_swa = c.rope_freq_scale;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   ModelConfig c;
   PD_ASSIGN_OR_RETURN(std::string_view arch, f.GetString("general.architecture"));
   c.arch = std::string(arch);
-  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "gemma2" && c.arch != "gemma3") {
-    return absl::UnimplementedError(pd::StrCat("architecture '", c.arch,
-                                               "' is not supported (supported: llama, qwen2, "
-                                               "gemma2, gemma3)"));
+  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "phi3" &&
+      c.arch != "gemma2" && c.arch != "gemma3") {
+    return absl::UnimplementedError(
+        pd::StrCat("architecture '", c.arch,
+                   "' is not supported (supported: llama, qwen2, qwen3, phi3, gemma2, gemma3)"));
   }
   if (auto name = f.GetString("general.name"); name.ok()) c.name = std::string(*name);
   const std::string p = c.arch + ".";
@@ -227,6 +262,12 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
                             ? 1.0f / std::sqrt(static_cast<float>(c.n_embd / c.n_head))
                             : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   }
+  if (c.arch == "qwen3") {
+    // Qwen3: Qwen2 without the QKV biases, with an RMS norm over each head of Q and K before
+    // rope (llama.cpp's qwen3 graph); the head size may differ from n_embd / n_head.
+    c.qk_norm = true;
+  }
+  if (c.arch == "phi3") PD_RETURN_IF_ERROR(ReadPhi3(f, c));
   c.qkv_bias = f.FindTensor("blk.0.attn_q.bias") != nullptr;
   return c;
 }

@@ -1,7 +1,10 @@
 // Hyper-parameters of a decoder-only transformer, read from GGUF metadata.
 //
 // Architectures differ by configuration, not by forked code: `llama` (Llama 2/3, Mistral,
-// TinyLlama) and `qwen2` share one forward pass; the fields below select their differences.
+// TinyLlama), `qwen2`, `qwen3`, `phi3` and `gemma3` share one forward pass; the fields below
+// select their differences. How the weights are stored (fused QKV or gate/up matrices) is not
+// part of the config: Weights::Load splits fused matrices into the per-projection views the
+// forward pass reads.
 #pragma once
 
 #include <cstdint>
@@ -50,8 +53,10 @@ struct ModelConfig {
   bool qk_norm = false;          // RMSNorm over each head of Q and K (attn_{q,k}_norm)
   bool post_norms = false;       // RMSNorm on the attention and FFN outputs before the residual
   float attention_scale = 0.f;   // Q is multiplied by this before Q.K; 0 = 1/sqrt(head_dim)
-  // Sliding-window attention: with swa_pattern P > 0, layer i is global when (i + 1) % P == 0 and
-  // attends to the last `sliding_window` positions otherwise, with its own rope base and scale.
+  // Sliding-window attention (sliding_window > 0): a sliding layer attends to the last
+  // `sliding_window` positions only, with its own rope base and scale. With swa_pattern P > 0,
+  // layer i is global when (i + 1) % P == 0 and sliding otherwise (Gemma 3); with P == 0 every
+  // layer slides (Phi-3).
   int sliding_window = 0;
   int swa_pattern = 0;
   float rope_freq_base_swa = 10000.f;
@@ -62,13 +67,14 @@ struct ModelConfig {
   float final_softcap = 0.f;
 
   bool IsSlidingLayer(int layer) const {
-    return swa_pattern > 0 && sliding_window > 0 && (layer + 1) % swa_pattern != 0;
+    return sliding_window > 0 && (swa_pattern == 0 || (layer + 1) % swa_pattern != 0);
   }
 
-  // Reads and validates the config (architectures: llama, qwen2, gemma2, gemma3). INVALID_ARGUMENT names
-  // the key and the bad value (also for head_tokens that are out of range, repeated, not one per
-  // row of output.weight, or given without an output.weight); UNIMPLEMENTED for an architecture
-  // or rope scaling this engine does not run.
+  // Reads and validates the config (architectures: llama, qwen2, qwen3, phi3, gemma2, gemma3).
+  // INVALID_ARGUMENT names the key and the bad value (also for head_tokens that are out of range,
+  // repeated, not one per row of output.weight, or given without an output.weight);
+  // UNIMPLEMENTED for an architecture, rope scaling or variant this engine does not run (phi3
+  // with LongRoPE factors or experts).
   static absl::StatusOr<ModelConfig> FromGguf(const GgufFile& f);
 };
 

@@ -1,7 +1,9 @@
 #include "engine/model/weights.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <string>
+#include <string_view>
 
 #include "common/status.h"
 #include "common/strings.h"
@@ -44,14 +46,51 @@ class Loader {
                                                    Traits(t->type).name, ", expected f32"));
     }
     Tensor host{t->type, cols, rows > 0 ? rows : 1, const_cast<uint8_t*>(t->data)};
-    std::unique_ptr<Buffer> buf;
-    PD_ASSIGN_OR_RETURN(Tensor mapped, b_->MapWeights(host, &buf));
-    if (buf) storage_.push_back(std::move(buf));
+    PD_ASSIGN_OR_RETURN(Tensor mapped, Map(host));
     if (count) bytes_ += t->nbytes;
     return mapped;
   }
 
+  // Finds the fused matrix `name`, ggml shape {cols, sum(parts)}, and maps its consecutive row
+  // blocks of parts[0], parts[1], ... rows as one tensor each (in that order). A row of every
+  // weight type is self-contained (its header and whole blocks, dtype.h), so a block of rows of
+  // the file's bytes is a matrix of the same type: on the CPU the parts are views, on a device
+  // copies. `layout` says what the rows hold, for the error message.
+  absl::StatusOr<std::vector<Tensor>> GetSplit(const std::string& name, int64_t cols,
+                                               std::initializer_list<int64_t> parts,
+                                               std::string_view layout) {
+    const GgufTensorInfo* t = f_.FindTensor(name);
+    if (t == nullptr) {
+      return absl::InvalidArgumentError(pd::StrCat("tensor '", name, "' is missing"));
+    }
+    int64_t rows = 0;
+    for (int64_t n : parts) rows += n;
+    const std::vector<int64_t> want = {cols, rows};
+    if (t->shape != want) {
+      return absl::InvalidArgumentError(pd::StrCat("tensor '", name, "' has shape ",
+                                                   ShapeStr(t->shape), ", expected ",
+                                                   ShapeStr(want), " (", layout, ")"));
+    }
+    const Tensor whole{t->type, cols, rows, const_cast<uint8_t*>(t->data)};
+    std::vector<Tensor> out;
+    int64_t first = 0;
+    for (int64_t n : parts) {
+      PD_ASSIGN_OR_RETURN(Tensor part, Map(whole.Rows(first, n)));
+      out.push_back(part);
+      first += n;
+    }
+    bytes_ += t->nbytes;
+    return out;
+  }
+
  private:
+  absl::StatusOr<Tensor> Map(const Tensor& host) {
+    std::unique_ptr<Buffer> buf;
+    PD_ASSIGN_OR_RETURN(Tensor mapped, b_->MapWeights(host, &buf));
+    if (buf) storage_.push_back(std::move(buf));
+    return mapped;
+  }
+
   const GgufFile& f_;
   Backend* b_ = nullptr;
   std::vector<std::unique_ptr<Buffer>>& storage_;
@@ -114,9 +153,34 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(const GgufFile& f, const 
     L.set_backend(*layer_backends[i]);
     const std::string p = pd::StrCat("blk.", i, ".");
     PD_ASSIGN_OR_RETURN(l.attn_norm, L.Get(p + "attn_norm.weight", c.n_embd, 0, true));
-    PD_ASSIGN_OR_RETURN(l.wq, L.Get(p + "attn_q.weight", c.n_embd, q_dim));
-    PD_ASSIGN_OR_RETURN(l.wk, L.Get(p + "attn_k.weight", c.n_embd, kv_dim));
-    PD_ASSIGN_OR_RETURN(l.wv, L.Get(p + "attn_v.weight", c.n_embd, kv_dim));
+    if (f.FindTensor(p + "attn_qkv.weight") != nullptr) {
+      // Fused projections (Phi-3; llama.cpp takes them for any architecture): rows q, k, v.
+      for (const char* separate : {"attn_q.weight", "attn_k.weight", "attn_v.weight"}) {
+        if (f.FindTensor(p + separate) != nullptr) {
+          return absl::InvalidArgumentError(pd::StrCat("layer ", i, " has both '", p,
+                                                       "attn_qkv.weight' and '", p, separate,
+                                                       "'; expected either fused or separate "
+                                                       "Q, K and V"));
+        }
+      }
+      if (f.FindTensor(p + "attn_qkv.bias") != nullptr) {
+        return absl::UnimplementedError(pd::StrCat("a fused QKV bias ('", p,
+                                                   "attn_qkv.bias') is not supported (separate "
+                                                   "attn_{q,k,v}.bias are)"));
+      }
+      PD_ASSIGN_OR_RETURN(
+          std::vector<Tensor> qkv,
+          L.GetSplit(p + "attn_qkv.weight", c.n_embd, {q_dim, kv_dim, kv_dim},
+                     pd::StrCat("q, k and v rows: ", q_dim, " + ", kv_dim, " + ", kv_dim)));
+      l.wq = qkv[0];
+      l.wk = qkv[1];
+      l.wv = qkv[2];
+      l.fused_qkv = true;
+    } else {
+      PD_ASSIGN_OR_RETURN(l.wq, L.Get(p + "attn_q.weight", c.n_embd, q_dim));
+      PD_ASSIGN_OR_RETURN(l.wk, L.Get(p + "attn_k.weight", c.n_embd, kv_dim));
+      PD_ASSIGN_OR_RETURN(l.wv, L.Get(p + "attn_v.weight", c.n_embd, kv_dim));
+    }
     PD_ASSIGN_OR_RETURN(l.wo, L.Get(p + "attn_output.weight", q_dim, c.n_embd));
     PD_ASSIGN_OR_RETURN(l.bq, L.Get(p + "attn_q.bias", q_dim, 0, true, !c.qkv_bias));
     PD_ASSIGN_OR_RETURN(l.bk, L.Get(p + "attn_k.bias", kv_dim, 0, true, !c.qkv_bias));
@@ -131,8 +195,21 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(const GgufFile& f, const 
                           L.Get(p + "post_attention_norm.weight", c.n_embd, 0, true));
       PD_ASSIGN_OR_RETURN(l.post_ffn_norm, L.Get(p + "post_ffw_norm.weight", c.n_embd, 0, true));
     }
-    PD_ASSIGN_OR_RETURN(l.w_gate, L.Get(p + "ffn_gate.weight", c.n_embd, c.n_ff));
-    PD_ASSIGN_OR_RETURN(l.w_up, L.Get(p + "ffn_up.weight", c.n_embd, c.n_ff));
+    if (f.FindTensor(p + "ffn_gate.weight") == nullptr &&
+        f.FindTensor(p + "ffn_up.weight") != nullptr) {
+      // Gate and up fused into ffn_up (Phi-3): the first n_ff rows are the gate (ggml_swiglu
+      // applies silu to the first half of the row), the next n_ff the up projection.
+      PD_ASSIGN_OR_RETURN(std::vector<Tensor> gate_up,
+                          L.GetSplit(p + "ffn_up.weight", c.n_embd, {c.n_ff, c.n_ff},
+                                     pd::StrCat("no '", p, "ffn_gate.weight': gate and up fused, ",
+                                                c.n_ff, " + ", c.n_ff, " rows")));
+      l.w_gate = gate_up[0];
+      l.w_up = gate_up[1];
+      l.fused_gate_up = true;
+    } else {
+      PD_ASSIGN_OR_RETURN(l.w_gate, L.Get(p + "ffn_gate.weight", c.n_embd, c.n_ff));
+      PD_ASSIGN_OR_RETURN(l.w_up, L.Get(p + "ffn_up.weight", c.n_embd, c.n_ff));
+    }
     PD_ASSIGN_OR_RETURN(l.w_down, L.Get(p + "ffn_down.weight", c.n_ff, c.n_embd));
   }
   return w;

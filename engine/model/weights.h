@@ -22,13 +22,20 @@ struct LayerWeights {
   Tensor ffn_norm;             // F32 [1, n_embd]
   Tensor post_ffn_norm;        // F32 [1, n_embd] (post_norms architectures)
   Tensor w_gate, w_up, w_down; // [n_ff, n_embd] x2, [n_embd, n_ff]
+  // The file stores wq, wk and wv as the row blocks of one matrix (attn_qkv.weight), and w_gate
+  // and w_up as the two halves of ffn_up.weight: the tensors above are views (copies on a
+  // device) of those rows. Matmul observers see them under the file's names.
+  bool fused_qkv = false;
+  bool fused_gate_up = false;
 };
 
 class Weights {
  public:
   // Validates every tensor against `config` (presence, shape, type) and maps it onto `backend`.
-  // INVALID_ARGUMENT names the tensor, its shape and the expected one. The file and the backend
-  // must outlive the Weights.
+  // INVALID_ARGUMENT names the tensor, its shape and the expected one. Fused matrices are split
+  // by rows: blk.N.attn_qkv.weight (q, k, v rows) in place of attn_{q,k,v}.weight, and an
+  // ffn_up.weight of 2 * n_ff rows (gate, then up) when there is no ffn_gate.weight. The file and
+  // the backend must outlive the Weights.
   static absl::StatusOr<std::unique_ptr<Weights>> Load(const GgufFile& file,
                                                        const ModelConfig& config,
                                                        Backend& backend);

@@ -412,8 +412,14 @@ absl::Status Model::Run(const Batch& batch, KvCache& kv, const LayerHook& after_
     // Attention block.  h = norm(x); q,k,v = h W^T (+ b); [qk norm]; rope; store; attend;
     // x += [post norm](attn Wo^T)
     PD_RETURN_IF_ERROR(b.RmsNorm(x, w.attn_norm, c.rms_eps, h));
-    PD_RETURN_IF_ERROR(LinearGroup(
-        b, {{&w.wq, "attn_q", &q}, {&w.wk, "attn_k", &k}, {&w.wv, "attn_v", &v}}, l, h, orders));
+    // Views of a fused matrix report their inputs under the file's one name: a quantizer's
+    // calibration files its statistics by tensor name.
+    const bool fq = w.fused_qkv;
+    PD_RETURN_IF_ERROR(LinearGroup(b,
+                                   {{&w.wq, fq ? "attn_qkv" : "attn_q", &q},
+                                    {&w.wk, fq ? "attn_qkv" : "attn_k", &k},
+                                    {&w.wv, fq ? "attn_qkv" : "attn_v", &v}},
+                                   l, h, orders));
     if (w.bq.data != nullptr) {
       PD_RETURN_IF_ERROR(b.AddBias(q, w.bq, q));
       PD_RETURN_IF_ERROR(b.AddBias(k, w.bk, k));
@@ -441,9 +447,9 @@ absl::Status Model::Run(const Batch& batch, KvCache& kv, const LayerHook& after_
     // Feed-forward block.  x += [post norm]((act(h Wg^T) * (h Wu^T)) Wd^T)
     PD_RETURN_IF_ERROR(b.RmsNorm(x, w.ffn_norm, c.rms_eps, h));
     const absl::Span<const uint8_t> ffn_orders = l + 1 == c.n_layer ? orders_last : orders;
-    PD_RETURN_IF_ERROR(
-        LinearGroup(b, {{&w.w_gate, "ffn_gate", &gate}, {&w.w_up, "ffn_up", &up}}, l, h,
-                    ffn_orders));
+    PD_RETURN_IF_ERROR(LinearGroup(
+        b, {{&w.w_gate, w.fused_gate_up ? "ffn_up" : "ffn_gate", &gate}, {&w.w_up, "ffn_up", &up}},
+        l, h, ffn_orders));
     PD_RETURN_IF_ERROR(ObserveIntermediate(b, "ffn_gate", l, gate));
     PD_RETURN_IF_ERROR(ObserveIntermediate(b, "ffn_up", l, up));
     if (c.ffn_act == FfnActivation::kGeluTanh) {

@@ -117,7 +117,7 @@ absl::StatusOr<ChatTemplateKind> DetectChatTemplate(const GgufFile& file) {
   auto arch = file.GetString("general.architecture");
   if (arch.ok()) {
     if (*arch == "gemma3" || *arch == "gemma2" || *arch == "gemma") return ChatTemplateKind::kGemma;
-    if (*arch == "qwen2") return ChatTemplateKind::kChatMl;
+    if (*arch == "qwen2" || *arch == "qwen3") return ChatTemplateKind::kChatMl;
     if (*arch == "llama") return ChatTemplateKind::kLlama2;
   }
   return absl::UnimplementedError(

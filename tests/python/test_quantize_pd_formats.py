@@ -173,6 +173,30 @@ def test_w8a8_smoothing_helps_with_outlier_channels(pdctl, synth_model, tmp_path
     assert errs["smoothed"] < 0.15
 
 
+def test_fused_phi3_matrices_are_smoothed_and_calibrated(pdctl, synth_model, tmp_path, request):
+    """phi3_f32 stores attn_qkv (q, k, v rows) and a gate/up ffn_up: the engine splits them into
+    views but reports their inputs under the file's names, so SmoothQuant migrates each norm into
+    its one reader and GPTQ gets the fused matrix's full X^T X (x_err exact: no "~")."""
+    src = synth_model("phi3_f32")
+    ids = prompt_ids(src)
+    ref = logits(pdctl, src, ids, tmp_path)
+    out = tmp_path / "w8a8.gguf"
+    rows = quantize(pdctl, src, out, "--type", "w8a8", *CALIB)
+    for name in ("blk.0.attn_qkv.weight", "blk.1.ffn_up.weight"):
+        assert rows[name][2] == "w8a8" and "smoothed" in " ".join(rows[name]), rows[name]
+    assert rows["blk.0.attn_norm.weight"][6] == "smooth"
+    assert rows["blk.1.ffn_norm.weight"][6] == "smooth"
+    err = rel_l2(logits(pdctl, out, ids, tmp_path), ref)
+    out = tmp_path / "gptq.gguf"
+    rows = quantize(pdctl, src, out, "--type", "q8_0", "--method", "gptq", *CALIB)
+    for name in ("blk.0.attn_qkv.weight", "blk.1.ffn_up.weight"):
+        x_err = rows[name][5]
+        assert rows[name][6] == "gptq" and float(x_err) > 0, rows[name]  # "-", "0.01~" fail
+    record(request, f"phi3_f32 w8a8 (fused matrices smoothed): logits rel_l2 vs the original "
+                    f"{err:.4f} (limit 0.05)")
+    assert err < 0.05
+
+
 def test_bad_smoothing_alpha_is_a_usage_error(pdctl, synth_model, tmp_path):
     out = tmp_path / "x.gguf"
     p = run(pdctl, "quantize", synth_model(MODEL), out, "--type", "w8a8", "--smooth-alpha", "1.5")

@@ -1,5 +1,6 @@
-// Test helper: a tiny random Llama-style (or Qwen2-style) model as GGUF bytes, written with
-// GgufBuilder. Weights are drawn from a seeded normal distribution and stored in `type`.
+// Test helper: a tiny random Llama-style (or Qwen2-, Qwen3-, Phi-3-style) model as GGUF bytes,
+// written with GgufBuilder. Weights are drawn from a seeded normal distribution and stored in
+// `type`.
 #pragma once
 
 #include <cmath>
@@ -20,6 +21,10 @@ struct TinyModelSpec {
   std::string arch = "llama";
   int n_vocab = 96, n_embd = 64, n_layer = 2, n_head = 4, n_head_kv = 2, n_ff = 96;
   bool tied = false, qkv_bias = false;
+  int head_dim = 0;         // > 0: written as attention.key_length/value_length (Qwen3)
+  bool qk_norm = false;     // attn_{q,k}_norm.weight (Qwen3)
+  bool fused = false;       // attn_qkv.weight and a gate/up ffn_up.weight (Phi-3)
+  int sliding_window = -1;  // >= 0: written as attention.sliding_window (Phi-3)
   DType type = DType::kF32;
   uint32_t seed = 1;
   // > 0: every matrix weight gets this much of an independent normal perturbation (relative to
@@ -69,7 +74,7 @@ inline std::string TinyModel(const TinyModelSpec& s) {
                         EncodeRows(v, int64_t(dims[0]), type)});
   };
   const std::string a = s.arch;
-  const uint64_t E = s.n_embd, hd = s.n_embd / s.n_head, F = s.n_ff;
+  const uint64_t E = s.n_embd, hd = s.head_dim > 0 ? s.head_dim : s.n_embd / s.n_head, F = s.n_ff;
   const uint64_t q = s.n_head * hd, kv = s.n_head_kv * hd;
   b.Str("general.architecture", a);
   b.U32(a + ".context_length", s.context_length);
@@ -80,6 +85,11 @@ inline std::string TinyModel(const TinyModelSpec& s) {
   b.U32(a + ".attention.head_count_kv", s.n_head_kv);
   b.F32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
   b.F32(a + ".rope.freq_base", 10000.f);
+  if (s.head_dim > 0) {
+    b.U32(a + ".attention.key_length", s.head_dim);
+    b.U32(a + ".attention.value_length", s.head_dim);
+  }
+  if (s.sliding_window >= 0) b.U32(a + ".attention.sliding_window", s.sliding_window);
   if (s.metadata) s.metadata(b);
   const float w = 1.0f / std::sqrt(float(E));
   add("token_embd.weight", {E, uint64_t(s.n_vocab)}, 1.f, false, s.type);
@@ -88,9 +98,17 @@ inline std::string TinyModel(const TinyModelSpec& s) {
   for (int l = 0; l < s.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     add(p + "attn_norm.weight", {E}, 0, true, DType::kF32);
-    add(p + "attn_q.weight", {E, q}, w, false, s.type);
-    add(p + "attn_k.weight", {E, kv}, w, false, s.type);
-    add(p + "attn_v.weight", {E, kv}, w, false, s.type);
+    if (s.fused) {
+      add(p + "attn_qkv.weight", {E, q + 2 * kv}, w, false, s.type);
+    } else {
+      add(p + "attn_q.weight", {E, q}, w, false, s.type);
+      add(p + "attn_k.weight", {E, kv}, w, false, s.type);
+      add(p + "attn_v.weight", {E, kv}, w, false, s.type);
+    }
+    if (s.qk_norm) {
+      add(p + "attn_q_norm.weight", {hd}, 0, true, DType::kF32);
+      add(p + "attn_k_norm.weight", {hd}, 0, true, DType::kF32);
+    }
     if (s.qkv_bias) {
       add(p + "attn_q.bias", {q}, 0.1f, false, DType::kF32);
       add(p + "attn_k.bias", {kv}, 0.1f, false, DType::kF32);
@@ -98,8 +116,12 @@ inline std::string TinyModel(const TinyModelSpec& s) {
     }
     add(p + "attn_output.weight", {q, E}, w, false, s.type);
     add(p + "ffn_norm.weight", {E}, 0, true, DType::kF32);
-    add(p + "ffn_gate.weight", {E, F}, w, false, s.type);
-    add(p + "ffn_up.weight", {E, F}, w, false, s.type);
+    if (s.fused) {
+      add(p + "ffn_up.weight", {E, 2 * F}, w, false, s.type);  // gate rows, then up rows
+    } else {
+      add(p + "ffn_gate.weight", {E, F}, w, false, s.type);
+      add(p + "ffn_up.weight", {E, F}, w, false, s.type);
+    }
     add(p + "ffn_down.weight", {F, E}, 1.0f / std::sqrt(float(F)), false, s.type);
   }
   return b.Build();

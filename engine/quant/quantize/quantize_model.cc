@@ -209,8 +209,17 @@ std::vector<Job::SmoothGroup> Job::SmoothGroups() {
   for (const Plan& p : plans_) n_layers = std::max(n_layers, LayerOf(p.src->name) + 1);
   for (int i = 0; i < n_layers; ++i) {
     const std::string b = pd::StrCat("blk.", i, ".");
-    add(b + "attn_norm.weight", {b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"});
-    add(b + "ffn_norm.weight", {b + "ffn_gate.weight", b + "ffn_up.weight"});
+    // The readers of each norm: separate or fused (Phi-3: attn_qkv; ffn_up holding gate and up).
+    if (find(b + "attn_qkv.weight") != nullptr) {
+      add(b + "attn_norm.weight", {b + "attn_qkv.weight"});
+    } else {
+      add(b + "attn_norm.weight", {b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"});
+    }
+    if (find(b + "ffn_gate.weight") == nullptr) {
+      add(b + "ffn_norm.weight", {b + "ffn_up.weight"});
+    } else {
+      add(b + "ffn_norm.weight", {b + "ffn_gate.weight", b + "ffn_up.weight"});
+    }
   }
   // The head, only when it is its own matrix (a tied embedding is also a lookup table whose
   // columns must not change).

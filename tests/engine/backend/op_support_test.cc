@@ -92,5 +92,29 @@ TEST(OpSupportTest, CheckBackendNamesEveryMissingOpOfTheModel) {
                     Not(HasSubstr("GeGlu"))));
 }
 
+// Qwen3 (QK norm) and Phi-3 (fused matrices, query scale, window) need no op beyond the Llama
+// set plus Scale: the CUDA backend runs both; an op it lacks would be named with the
+// architecture.
+TEST(OpSupportTest, Qwen3AndPhi3RunOnCuda) {
+  const testing::TinyModelSpec specs[] = {
+      {.arch = "qwen3", .head_dim = 32, .qk_norm = true, .type = DType::kQ8_0},
+      {.arch = "phi3", .fused = true, .sliding_window = 8, .type = DType::kQ8_0},
+  };
+  for (const testing::TinyModelSpec& spec : specs) {
+    SCOPED_TRACE(spec.arch);
+    const std::string bytes = testing::TinyModel(spec);
+    std::shared_ptr<const GgufFile> file = TinyFile(bytes);
+    PD_EXPECT_OK(Model::CheckBackend(*file, "cpu"));
+    PD_EXPECT_OK(Model::CheckBackend(*file, "cuda"));
+    EXPECT_THAT(Model::CheckBackend(*file, "tpu"),
+                StatusIs(absl::StatusCode::kUnimplemented,
+                         "the tpu backend cannot run this model (" + spec.arch + ")"));
+  }
+  const std::string phi3 = testing::TinyModel({.arch = "phi3", .fused = true, .sliding_window = 8});
+  auto c = ModelConfig::FromGguf(*TinyFile(phi3));
+  PD_ASSERT_OK(c);
+  EXPECT_THAT(Model::OpsUsed(*c), ::testing::Contains("Scale"));  // the query scale
+}
+
 }  // namespace
 }  // namespace pd::engine

@@ -37,6 +37,9 @@ struct TinyModel {
   bool tokens = true;               // write tokenizer.ggml.tokens (n_vocab of them)
   bool qkv_bias = false;            // write attn_{q,k,v}.bias
   bool tied = false;                // leave output.weight out
+  int64_t head_dim = 0;             // > 0: attention.key_length/value_length (else n_embd/n_head)
+  bool qk_norm = false;             // write attn_{q,k}_norm.weight
+  bool fused = false;               // attn_qkv.weight and a gate/up ffn_up.weight, as Phi-3
   uint32_t weight_type = kTypeF32;  // of the matmul weights
   // Extra metadata, applied after the defaults (so tests can add keys).
   std::function<void(GgufBuilder&)> extra_kv;
@@ -66,18 +69,31 @@ struct TinyModel {
       for (int i = 0; i < n_vocab; ++i) toks.push_back(pd::StrCat("t", i));
       b.StrArray("tokenizer.ggml.tokens", toks);
     }
+    if (head_dim > 0) {
+      u32("attention.key_length", head_dim);
+      u32("attention.value_length", head_dim);
+    }
     if (extra_kv) extra_kv(b);
 
-    const uint64_t e = n_embd, hd = n_embd / n_head, q = n_head * hd, kv = n_head_kv * hd;
+    const uint64_t e = n_embd, hd = head_dim > 0 ? head_dim : n_embd / n_head, q = n_head * hd,
+                   kv = n_head_kv * hd;
     std::vector<std::pair<std::string, std::vector<uint64_t>>> ts = {
         {"token_embd.weight", {e, uint64_t(n_vocab)}}, {"output_norm.weight", {e}}};
     if (!tied) ts.push_back({"output.weight", {e, uint64_t(n_vocab)}});
     for (int i = 0; i < n_layer; ++i) {
       const std::string p = pd::StrCat("blk.", i, ".");
       ts.push_back({p + "attn_norm.weight", {e}});
-      ts.push_back({p + "attn_q.weight", {e, q}});
-      ts.push_back({p + "attn_k.weight", {e, kv}});
-      ts.push_back({p + "attn_v.weight", {e, kv}});
+      if (fused) {
+        ts.push_back({p + "attn_qkv.weight", {e, q + 2 * kv}});
+      } else {
+        ts.push_back({p + "attn_q.weight", {e, q}});
+        ts.push_back({p + "attn_k.weight", {e, kv}});
+        ts.push_back({p + "attn_v.weight", {e, kv}});
+      }
+      if (qk_norm) {
+        ts.push_back({p + "attn_q_norm.weight", {hd}});
+        ts.push_back({p + "attn_k_norm.weight", {hd}});
+      }
       ts.push_back({p + "attn_output.weight", {q, e}});
       if (qkv_bias) {
         ts.push_back({p + "attn_q.bias", {q}});
@@ -85,8 +101,12 @@ struct TinyModel {
         ts.push_back({p + "attn_v.bias", {kv}});
       }
       ts.push_back({p + "ffn_norm.weight", {e}});
-      ts.push_back({p + "ffn_gate.weight", {e, uint64_t(n_ff)}});
-      ts.push_back({p + "ffn_up.weight", {e, uint64_t(n_ff)}});
+      if (fused) {
+        ts.push_back({p + "ffn_up.weight", {e, 2 * uint64_t(n_ff)}});
+      } else {
+        ts.push_back({p + "ffn_gate.weight", {e, uint64_t(n_ff)}});
+        ts.push_back({p + "ffn_up.weight", {e, uint64_t(n_ff)}});
+      }
       ts.push_back({p + "ffn_down.weight", {uint64_t(n_ff), e}});
     }
     for (const auto& [name, d] : dims) {  // additions not in the default list
@@ -379,6 +399,95 @@ TEST(ModelConfigTest, HugeUnsignedValuesAreOutOfRangeNotNegative) {
   }
 }
 
+TEST(ModelConfigTest, Qwen3QkNormNeoxAndItsOwnHeadSize) {
+  TinyModel m;
+  m.arch = "qwen3";
+  m.head_dim = 8;  // n_embd / n_head = 4
+  m.qk_norm = true;
+  m.tied = true;
+  m.extra_kv = [](GgufBuilder& b) {
+    b.F32("qwen3.rope.freq_base", 1000000.f).F32("qwen3.attention.layer_norm_rms_epsilon", 1e-6f);
+  };
+  const std::string bytes = m.Build();
+  auto c = Config(bytes);
+  PD_ASSERT_OK(c);
+  EXPECT_EQ(c->arch, "qwen3");
+  EXPECT_EQ(c->rope_mode, RopeMode::kNeox);
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_FALSE(c->qkv_bias);
+  EXPECT_FALSE(c->post_norms);
+  EXPECT_EQ(c->ffn_act, FfnActivation::kSilu);
+  EXPECT_EQ(c->head_dim, 8);
+  EXPECT_EQ(c->rope_dim, 8);
+  EXPECT_EQ(c->n_head_kv, 1);
+  EXPECT_FLOAT_EQ(c->attention_scale, 0.f);  // 1/sqrt(head_dim) on the Q.K logits
+  EXPECT_EQ(c->sliding_window, 0);
+  EXPECT_FALSE(c->IsSlidingLayer(0));
+  EXPECT_FLOAT_EQ(c->rope_freq_base, 1e6f);
+  EXPECT_FLOAT_EQ(c->rms_eps, 1e-6f);
+}
+
+TEST(ModelConfigTest, Phi3QueryScaleAndAWindowOnEveryLayer) {
+  TinyModel m;
+  m.arch = "phi3";
+  m.n_head_kv = 2;
+  m.fused = true;
+  m.extra_kv = [](GgufBuilder& b) {
+    b.U32("phi3.attention.sliding_window", 2047)
+        .F32("phi3.rope.freq_base", 20000.f)
+        .U32("phi3.rope.scaling.original_context_length", 4096);
+  };
+  const std::string bytes = m.Build();
+  auto c = Config(bytes);
+  PD_ASSERT_OK(c);
+  EXPECT_EQ(c->arch, "phi3");
+  EXPECT_EQ(c->rope_mode, RopeMode::kNeox);
+  EXPECT_FALSE(c->qk_norm);
+  EXPECT_FALSE(c->qkv_bias);
+  EXPECT_EQ(c->ffn_act, FfnActivation::kSilu);
+  EXPECT_FLOAT_EQ(c->attention_scale, 0.5f);  // 1/sqrt(4), on Q as llama.cpp does
+  EXPECT_EQ(c->sliding_window, 2047);
+  for (int l = 0; l < 2; ++l) EXPECT_TRUE(c->IsSlidingLayer(l)) << l;
+  EXPECT_FLOAT_EQ(c->rope_freq_base_swa, 20000.f);
+  EXPECT_FLOAT_EQ(c->rope_freq_scale_swa, 1.f);
+
+  // Phi-4 files (also phi3) say 0: no window.
+  m.extra_kv = [](GgufBuilder& b) { b.U32("phi3.attention.sliding_window", 0); };
+  const std::string phi4 = m.Build();
+  auto c4 = Config(phi4);
+  PD_ASSERT_OK(c4);
+  EXPECT_EQ(c4->sliding_window, 0);
+  EXPECT_FALSE(c4->IsSlidingLayer(0));
+}
+
+TEST(ModelConfigTest, Phi3LongRopeAndExpertsAreRefused) {
+  for (const char* t : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
+    SCOPED_TRACE(t);
+    TinyModel m;
+    m.arch = "phi3";
+    m.fused = true;
+    m.dims[t] = {2};
+    const std::string bytes = m.Build();
+    EXPECT_THAT(Config(bytes), StatusIs(absl::StatusCode::kUnimplemented,
+                                        pd::StrCat("phi3 with LongRoPE (tensor '", t, "'")));
+  }
+  TinyModel moe;
+  moe.arch = "phi3";
+  moe.fused = true;
+  moe.dims["blk.0.ffn_gate_inp.weight"] = {8, 4};
+  const std::string bytes = moe.Build();
+  EXPECT_THAT(Config(bytes),
+              StatusIs(absl::StatusCode::kUnimplemented, "phi3 with a mixture of experts"));
+  TinyModel big;
+  big.arch = "phi3";
+  big.fused = true;
+  big.extra_kv = [](GgufBuilder& b) { b.U64("phi3.attention.sliding_window", uint64_t{1} << 40); };
+  const std::string window = big.Build();
+  EXPECT_THAT(Config(window), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       "phi3.attention.sliding_window = 1099511627776 is out of "
+                                       "range"));
+}
+
 // A draft model's restricted head (pdserve.draft.head_tokens): read when consistent, refused with
 // INVALID_ARGUMENT naming the problem otherwise.
 TEST(ModelConfigTest, DraftHeadTokens) {
@@ -578,6 +687,113 @@ TEST_F(WeightsTest, BadRopeFreqs) {
   h.dims["rope_freqs.weight"] = {2};
   h.types["rope_freqs.weight"] = kTypeF16;
   EXPECT_THAT(Load(h), StatusIs(absl::StatusCode::kInvalidArgument, "type f16, expected [2] f32"));
+}
+
+TEST_F(WeightsTest, Qwen3QkNormsAreLoadedAndRequired) {
+  TinyModel m;
+  m.arch = "qwen3";
+  m.head_dim = 8;
+  m.qk_norm = true;
+  auto w = Load(m);
+  PD_ASSERT_OK(w);
+  const LayerWeights& l = (*w)->layers[1];
+  EXPECT_EQ(l.wq.rows, 16);  // n_head * head_dim, not n_embd
+  EXPECT_EQ(l.wk.rows, 8);
+  EXPECT_EQ(l.wo.cols, 16);
+  EXPECT_EQ(l.q_norm.cols, 8);
+  EXPECT_EQ(l.q_norm.data, file_->FindTensor("blk.1.attn_q_norm.weight")->data);
+  EXPECT_EQ(l.k_norm.data, file_->FindTensor("blk.1.attn_k_norm.weight")->data);
+  EXPECT_FALSE(l.fused_qkv);
+
+  TinyModel missing = m;
+  missing.dims["blk.1.attn_k_norm.weight"] = {};
+  EXPECT_THAT(Load(missing), StatusIs(absl::StatusCode::kInvalidArgument,
+                                      "tensor 'blk.1.attn_k_norm.weight' is missing"));
+  TinyModel wide = m;
+  wide.dims["blk.0.attn_q_norm.weight"] = {16};  // per head, not per model
+  EXPECT_THAT(Load(wide),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "tensor 'blk.0.attn_q_norm.weight' has shape [16], expected [8]"));
+}
+
+// Fused matrices become views of their rows: q, k, v of attn_qkv; gate then up of ffn_up.
+TEST_F(WeightsTest, FusedMatricesAreSplitIntoRowViews) {
+  for (uint32_t type : {kTypeF32, kTypeQ8_0}) {
+    SCOPED_TRACE(type);
+    TinyModel m;
+    m.arch = "phi3";
+    m.fused = true;
+    m.weight_type = type;
+    if (type == kTypeQ8_0) {  // rows of whole Q8_0 blocks
+      m.n_embd = 64;
+      m.n_ff = 32;
+    }
+    auto w = Load(m);
+    PD_ASSERT_OK(w);
+    const int64_t e = m.n_embd, hd = e / m.n_head, q = m.n_head * hd, kv = m.n_head_kv * hd;
+    for (int i = 0; i < 2; ++i) {
+      const LayerWeights& l = (*w)->layers[i];
+      const GgufTensorInfo* qkv = file_->FindTensor(pd::StrCat("blk.", i, ".attn_qkv.weight"));
+      const GgufTensorInfo* up = file_->FindTensor(pd::StrCat("blk.", i, ".ffn_up.weight"));
+      ASSERT_NE(qkv, nullptr);
+      ASSERT_NE(up, nullptr);
+      const size_t row = l.wq.row_bytes();
+      EXPECT_TRUE(l.fused_qkv);
+      EXPECT_TRUE(l.fused_gate_up);
+      EXPECT_EQ(l.wq.rows, q);
+      EXPECT_EQ(l.wk.rows, kv);
+      EXPECT_EQ(l.wv.rows, kv);
+      EXPECT_EQ(l.wq.cols, e);
+      EXPECT_EQ(l.wq.data, qkv->data);
+      EXPECT_EQ(l.wk.data, qkv->data + q * row);
+      EXPECT_EQ(l.wv.data, qkv->data + (q + kv) * row);
+      EXPECT_EQ(l.wv.bytes() + l.wv.row_bytes() * (q + kv), qkv->nbytes);
+      EXPECT_EQ(l.w_gate.rows, m.n_ff);
+      EXPECT_EQ(l.w_up.rows, m.n_ff);
+      EXPECT_EQ(l.w_gate.data, up->data);
+      EXPECT_EQ(l.w_up.data, up->data + m.n_ff * l.w_up.row_bytes());
+      EXPECT_EQ(l.w_gate.type, l.wq.type);
+    }
+    // Every tensor's bytes counted once.
+    size_t sum = 0;
+    for (const GgufTensorInfo& t : file_->tensors()) sum += t.nbytes;
+    EXPECT_EQ((*w)->total_bytes, sum);
+  }
+}
+
+TEST_F(WeightsTest, WrongFusedShapesNameTheLayout) {
+  TinyModel qkv;
+  qkv.arch = "phi3";
+  qkv.fused = true;
+  qkv.dims["blk.1.attn_qkv.weight"] = {8, 24};  // q, k, v of an MHA model in a GQA one
+  EXPECT_THAT(Load(qkv), StatusIs(absl::StatusCode::kInvalidArgument,
+                                  "tensor 'blk.1.attn_qkv.weight' has shape [8, 24], expected "
+                                  "[8, 16] (q, k and v rows: 8 + 4 + 4)"));
+  TinyModel up;
+  up.arch = "phi3";
+  up.fused = true;
+  up.dims["blk.0.ffn_up.weight"] = {8, 16};  // up alone
+  EXPECT_THAT(Load(up), StatusIs(absl::StatusCode::kInvalidArgument,
+                                 "tensor 'blk.0.ffn_up.weight' has shape [8, 16], expected [8, 32] "
+                                 "(no 'blk.0.ffn_gate.weight': gate and up fused, 16 + 16 rows)"));
+  TinyModel both;
+  both.arch = "phi3";
+  both.fused = true;
+  both.dims["blk.0.attn_k.weight"] = {8, 4};
+  EXPECT_THAT(Load(both), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   "has both 'blk.0.attn_qkv.weight' and 'blk.0.attn_k.weight'"));
+  TinyModel bias;
+  bias.arch = "phi3";
+  bias.fused = true;
+  bias.dims["blk.1.attn_qkv.bias"] = {16};
+  EXPECT_THAT(Load(bias), StatusIs(absl::StatusCode::kUnimplemented,
+                                   "a fused QKV bias ('blk.1.attn_qkv.bias') is not supported"));
+  TinyModel norm;
+  norm.arch = "phi3";
+  norm.fused = true;
+  norm.dims["blk.1.ffn_norm.weight"] = {};
+  EXPECT_THAT(Load(norm), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   "tensor 'blk.1.ffn_norm.weight' is missing"));
 }
 
 }  // namespace

@@ -189,7 +189,12 @@ TEST_P(ModelTest, ObserverSeesEveryMatMulInputWithoutChangingResults) {
   f->model->set_observer(nullptr);
   EXPECT_EQ(plain, observed);
   ASSERT_EQ(rec.names.size(), size_t(7 * c.n_layer + 1));
-  EXPECT_EQ(rec.names[0], "blk.0.attn_q.weight");
+  // Views of a fused matrix report under its name.
+  const bool fused = f->model->weights().layers[0].fused_qkv;
+  EXPECT_EQ(rec.names[0], fused ? "blk.0.attn_qkv.weight" : "blk.0.attn_q.weight");
+  EXPECT_EQ(rec.names[2], fused ? "blk.0.attn_qkv.weight" : "blk.0.attn_v.weight");
+  EXPECT_EQ(rec.names[4], f->model->weights().layers[0].fused_gate_up ? "blk.0.ffn_up.weight"
+                                                                      : "blk.0.ffn_gate.weight");
   EXPECT_EQ(rec.names[3], "blk.0.attn_output.weight");
   EXPECT_EQ(rec.shapes[3], std::make_pair(int64_t{5}, int64_t{c.n_head} * c.head_dim));
   EXPECT_EQ(rec.names[6], "blk.0.ffn_down.weight");
@@ -200,14 +205,46 @@ TEST_P(ModelTest, ObserverSeesEveryMatMulInputWithoutChangingResults) {
 
 INSTANTIATE_TEST_SUITE_P(
     Variants, ModelTest,
-    ::testing::Values(TinyModelSpec{},
-                      TinyModelSpec{.arch = "qwen2", .n_head_kv = 4, .tied = true, .qkv_bias = true},
-                      TinyModelSpec{.n_head_kv = 1, .type = DType::kQ8_0},
-                      TinyModelSpec{.type = DType::kF16}, TinyModelSpec{.type = DType::kBF16}),
+    ::testing::Values(
+        TinyModelSpec{},
+        TinyModelSpec{.arch = "qwen2", .n_head_kv = 4, .tied = true, .qkv_bias = true},
+        TinyModelSpec{.n_head_kv = 1, .type = DType::kQ8_0}, TinyModelSpec{.type = DType::kF16},
+        TinyModelSpec{.type = DType::kBF16},
+        // Qwen3: per-head QK norm, head_dim 32 != n_embd / n_head = 16.
+        TinyModelSpec{.arch = "qwen3", .tied = true, .head_dim = 32, .qk_norm = true},
+        // Phi-3: fused QKV and gate/up, a window of 4 positions on every layer (the prompts are
+        // longer), in F32 and Q8_0 (row views of a quantized matrix).
+        TinyModelSpec{.arch = "phi3", .n_head_kv = 4, .fused = true, .sliding_window = 4},
+        TinyModelSpec{.arch = "phi3", .fused = true, .sliding_window = 0, .type = DType::kQ8_0}),
     [](const auto& info) {
       return info.param.arch + "_" + std::string(Traits(info.param.type).name) + "_kv" +
              std::to_string(info.param.n_head_kv);
     });
+
+// Phi-3's window (attention.sliding_window) holds on every layer: a position sees the last
+// `window` positions only. Logits before the window fills equal those of the same model without
+// one; later ones differ.
+TEST(ModelWindowTest, Phi3WindowLimitsEveryLayer) {
+  const TinyModelSpec windowed{.arch = "phi3", .fused = true, .sliding_window = 3};
+  TinyModelSpec full = windowed;
+  full.sliding_window = 0;
+  auto a = Make(windowed);
+  auto b = Make(full);
+  ASSERT_EQ(a->model->config().sliding_window, 3);
+  ASSERT_EQ(b->model->config().sliding_window, 0);
+  const int V = a->model->config().n_vocab;
+  const std::vector<int32_t> prompt = {1, 5, 9, 33, 2, 70, 11};
+  const std::vector<float> la = AllLogits(*a, prompt, 0);
+  const std::vector<float> lb = AllLogits(*b, prompt, 0);
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const double d = RelL2(la.data() + i * V, lb.data() + i * V, V);
+    if (i < 3) {
+      EXPECT_EQ(d, 0) << "position " << i;
+    } else {
+      EXPECT_GT(d, 1e-3) << "position " << i;
+    }
+  }
+}
 
 TEST(ModelErrorsTest, BadBatchesAreRefused) {
   auto f = Make(TinyModelSpec{});
