@@ -144,7 +144,7 @@ def _top2_margin(row: np.ndarray) -> float:
 
 
 class NumpyModel:
-    """Float64 forward pass of a llama/qwen2/qwen3/phi3 GGUF, written from the GGUF conventions.
+    """Float64 forward pass of a llama/qwen2/qwen3/qwen3moe/phi3 GGUF, from the GGUF conventions.
 
     Weights are dequantized to float32 and then held in float64; nothing is rounded on the way.
     Rotary pairs are (2i, 2i+1) for llama (GGUF stores Q/K rows in that order) and (i, i + d/2)
@@ -152,7 +152,7 @@ class NumpyModel:
     The head size is attention.key_length when given. qwen3 RMS-normalizes each head of Q and K
     (attn_q_norm / attn_k_norm) before rope. phi3's fused matrices are split by rows: attn_qkv
     into q, k, v; ffn_up (2 * n_ff rows) into gate (first half) and up. A phi3 sliding window
-    lets each position see the last `window` positions.
+    lets each position see the last `window` positions. Experts (ffn_gate_inp): see _experts.
     """
 
     def __init__(self, path: Path, ggml_rounding: bool = False):
@@ -177,7 +177,8 @@ class NumpyModel:
         self.freq_scale = 1.0
         if kv("rope.scaling.type") == "linear":
             self.freq_scale = 1.0 / float(kv("rope.scaling.factor"))
-        self.neox = arch in ("qwen2", "qwen3", "phi3")
+        self.neox = arch in ("qwen2", "qwen3", "qwen3moe", "phi3")
+        self.n_expert_used = int(kv("expert_used_count", 0))
         self.window = int(kv("attention.sliding_window", 0)) if arch == "phi3" else 0
         self.w: dict[str, np.ndarray] = {}
         self.wtype: dict[str, gguf.GGMLQuantizationType] = {}
@@ -207,6 +208,8 @@ class NumpyModel:
                                    ("attn_k", slice(q_dim, q_dim + kv_dim)),
                                    ("attn_v", slice(q_dim + kv_dim, q_dim + 2 * kv_dim))):
                     self.w[p + name + ".weight"], self.wtype[p + name + ".weight"] = qkv[rows], t
+            if p + "ffn_up.weight" not in self.w:
+                continue  # experts (ffn_*_exps)
             if p + "ffn_gate.weight" not in self.w or p + "ffn_up_fused" in self.w:
                 fused = self.w.setdefault(p + "ffn_up_fused", self.w[p + "ffn_up.weight"])
                 n_ff = fused.shape[0] // 2
@@ -285,11 +288,38 @@ class NumpyModel:
             o = np.einsum("hqk,khd->qhd", s, v).reshape(n, nh * hd)
             x = x + self._mm(o, p + "attn_output.weight")
             h = self._rms_norm(x, w[p + "ffn_norm.weight"])
+            if p + "ffn_gate_inp.weight" in w:
+                x = x + self._experts(h, p)
+                continue
             g = self._mm(h, p + "ffn_gate.weight")
             u = self._mm(h, p + "ffn_up.weight")
             x = x + self._mm((g / (1.0 + np.exp(-g))) * u, p + "ffn_down.weight")
         h = self._rms_norm(x[-1], w["output_norm.weight"])
         return self._mm(h, "output.weight")
+
+    def _experts(self, h: np.ndarray, p: str) -> np.ndarray:
+        """Mixture of experts (qwen3moe, Mixtral): softmax over the router's logits, the
+        n_expert_used most probable experts per token, their SwiGLU outputs weighted by their
+        probabilities renormalized to sum 1."""
+        w = self.w
+        logits = self._mm(h, p + "ffn_gate_inp.weight")  # [n, n_expert]
+        probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        probs /= probs.sum(axis=-1, keepdims=True)
+        top = np.argsort(-probs, axis=-1, kind="stable")[:, :self.n_expert_used]
+        out = np.zeros_like(h)
+        gate, up, down = (w[p + f"ffn_{m}_exps.weight"] for m in ("gate", "up", "down"))
+        for t in range(h.shape[0]):
+            weights = probs[t, top[t]] / probs[t, top[t]].sum()
+            for e, wt in zip(top[t], weights):
+                x = h[t]
+                if self.ggml_rounding:
+                    x = round_like_ggml_cpu(x, self.wtype[p + "ffn_gate_exps.weight"])
+                g, u = gate[e] @ x, up[e] @ x
+                a = (g / (1.0 + np.exp(-g))) * u
+                if self.ggml_rounding:
+                    a = round_like_ggml_cpu(a, self.wtype[p + "ffn_down_exps.weight"])
+                out[t] += wt * (down[e] @ a)
+        return out
 
     def greedy(self, prompt: list[int], n: int) -> list[int]:
         seq, out = list(prompt), []
@@ -454,6 +484,8 @@ def make_golden(v: synth_models.Variant, model_dir: Path, crosscheck: bool = Tru
             "n_head_kv": v.n_head_kv,
             "head_dim": v.head_dim,
             "n_ff": v.n_ff,
+            **({"n_expert": v.n_expert, "n_expert_used": v.n_expert_used,
+                "n_ff_expert": v.ff_expert} if v.n_expert else {}),
             "weight_type": v.weight_type,
             "tied_output": v.tied_output,
         },

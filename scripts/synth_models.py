@@ -74,7 +74,7 @@ class Variant:
 
     name: str
     description: str
-    arch: str  # "llama", "qwen2", "qwen3" or "phi3"
+    arch: str  # "llama", "qwen2", "qwen3", "qwen3moe" or "phi3"
     vocab: str  # NAME of testdata/tokenizer/ggml-vocab-NAME.gguf
     n_embd: int
     n_layer: int
@@ -102,18 +102,31 @@ class Variant:
     # (gate rows first: llama.cpp's ggml_swiglu applies silu to the first half), no ffn_gate.
     fused: bool = False
     sliding_window: Optional[int] = None  # {arch}.attention.sliding_window
+    # Mixture of experts (n_expert > 0): ffn_gate_inp (the router, always F32 as llama.cpp's
+    # converter writes it) and ffn_{gate,up,down}_exps stacked over n_expert experts of n_ff rows
+    # (llama, i.e. Mixtral) or of expert_ff rows (qwen3moe: {arch}.expert_feed_forward_length).
+    n_expert: int = 0
+    n_expert_used: int = 0
+    expert_ff: Optional[int] = None
+    router_gain: float = 4.0  # router logits have std ~ router_gain: decisive expert choices
 
     @property
     def head_dim(self) -> int:
         return self.key_length if self.key_length is not None else self.n_embd // self.n_head
 
+    @property
+    def ff_expert(self) -> int:
+        return self.expert_ff if self.expert_ff is not None else self.n_ff
+
     def validate(self) -> None:
         dims = (self.n_embd, self.n_ff, self.head_dim, self.head_dim * self.n_head_kv,
-                self.head_dim * self.n_head)
+                self.head_dim * self.n_head, self.ff_expert)
         if any(d % 32 for d in dims):
             raise ValueError(f"{self.name}: all dims must be multiples of 32, got {dims}")
         if self.n_head % self.n_head_kv:
             raise ValueError(f"{self.name}: n_head must be a multiple of n_head_kv")
+        if self.n_expert and not 0 < self.n_expert_used <= self.n_expert:
+            raise ValueError(f"{self.name}: n_expert_used must be in 1..n_expert")
         if self.weight_type not in _GGML_TYPES:
             raise ValueError(f"{self.name}: unknown weight type {self.weight_type}")
 
@@ -197,6 +210,37 @@ VARIANTS: dict[str, Variant] = {
             weight_type="f32", tied_output=False,
             rope_base=10000.0, rms_eps=1e-5, seed=1008, context_length=4096,
             fused=True, sliding_window=2047,
+        ),
+        Variant(
+            name="qwen3moe_f32",
+            description="Qwen3-MoE style: Qwen3 attention (GQA 4/2, head_dim 64, QK norm), 8 "
+            "SwiGLU experts of 96 rows with 2 used per token, softmax router with normalized "
+            "weights, tied head, F32, GPT-2 BPE vocab",
+            arch="qwen3moe", vocab="gpt-2",
+            n_embd=128, n_layer=2, n_head=4, n_head_kv=2, n_ff=352,
+            weight_type="f32", tied_output=True,
+            rope_base=1000000.0, rms_eps=1e-6, seed=1012, context_length=4096,
+            key_length=64, qk_norm=True, n_expert=8, n_expert_used=2, expert_ff=96,
+        ),
+        Variant(
+            name="mixtral_f32",
+            description="Mixtral style: llama with 4 experts of n_ff = 160 rows, 2 used per "
+            "token, GQA 4/2, normal rope, separate head, F32, SPM vocab",
+            arch="llama", vocab="llama-spm",
+            n_embd=128, n_layer=2, n_head=4, n_head_kv=2, n_ff=160,
+            weight_type="f32", tied_output=False,
+            rope_base=1000000.0, rms_eps=1e-5, seed=1010, n_expert=4, n_expert_used=2,
+        ),
+        Variant(
+            name="qwen3moe_q8_0",
+            description="Qwen3-MoE style with Q8_0 matrices and experts (F32 router and norms): "
+            "16 experts of 64 rows, 4 used per token, 3 layers, separate head, GPT-2 BPE vocab",
+            arch="qwen3moe", vocab="gpt-2",
+            n_embd=128, n_layer=3, n_head=4, n_head_kv=2, n_ff=256,
+            weight_type="q8_0", tied_output=False,
+            rope_base=1000000.0, rms_eps=1e-6, seed=1011, context_length=4096,
+            key_length=32, qk_norm=True, n_expert=16, n_expert_used=4, expert_ff=64,
+            embd_std=1.0, qk_gain=1.0,  # as tinyllama_q8_0: less Q8_0 rounding noise
         ),
         Variant(
             name="tinyllama_q8_0",
@@ -359,6 +403,11 @@ def write_variant(v: Variant, outdir: Path, vocab_dir: Optional[Path] = None) ->
         writer.add_value_length(v.key_length)
     if v.sliding_window is not None:
         writer.add_sliding_window(v.sliding_window)
+    if v.n_expert:
+        writer.add_expert_count(v.n_expert)
+        writer.add_expert_used_count(v.n_expert_used)
+        if v.expert_ff is not None:
+            writer.add_expert_feed_forward_length(v.expert_ff)
     if v.rope_linear_factor is not None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(v.rope_linear_factor)
@@ -396,6 +445,18 @@ def write_variant(v: Variant, outdir: Path, vocab_dir: Optional[Path] = None) ->
             writer.add_tensor(p + "attn_v.bias", mk.normal((n_kv,), 0.3))
         _add_weight(writer, p + "attn_output.weight", mk.matrix(d, n_q), v.weight_type)
         writer.add_tensor(p + "ffn_norm.weight", mk.norm(d))
+        if v.n_expert:
+            fe, ne = v.ff_expert, v.n_expert
+            writer.add_tensor(p + "ffn_gate_inp.weight", mk.matrix(ne, d, v.router_gain))
+            # [n_expert, rows, cols] in numpy order: ggml ne = {cols, rows, n_expert}.
+            _add_weight(writer, p + "ffn_gate_exps.weight",
+                        np.stack([mk.matrix(fe, d) for _ in range(ne)]), v.weight_type)
+            _add_weight(writer, p + "ffn_up_exps.weight",
+                        np.stack([mk.matrix(fe, d) for _ in range(ne)]), v.weight_type)
+            _add_weight(writer, p + "ffn_down_exps.weight",
+                        np.stack([mk.matrix(d, fe, v.down_gain) for _ in range(ne)]),
+                        v.weight_type)
+            continue
         gate = mk.matrix(ff, d)
         up = mk.matrix(ff, d)
         if v.fused:

@@ -192,6 +192,13 @@ class Backend {
   virtual absl::Status Softcap(const Tensor& x, float cap, Tensor& y) = 0;
   // In-place numerically stable softmax over each row.
   virtual absl::Status Softmax(Tensor& x) = 0;
+  // The output of a mixture-of-experts layer from its experts' rows: y[t, :] = sum over j < k of
+  // weights[t * k + j] * rows[index[t * k + j], :], the terms added in slot order j = 0, 1, ...,
+  // each product rounded to F32 before its add (llama.cpp's ggml_mul, then its chain of ggml_add
+  // over the expert slots). rows: F32 [m, cols]; y: F32 [index.size() / k, cols], must not alias
+  // rows; index (each in [0, m)) and weights: host spans of k entries per row of y.
+  virtual absl::Status MoeCombine(const Tensor& rows, absl::Span<const int32_t> index,
+                                  absl::Span<const float> weights, int k, Tensor& y) = 0;
   // Writes k, v [n_tokens, n_kv_heads * head_dim] (F32) into the caches (layout: kv_layout.h;
   // F32, F16 or INT8, block_size == kv.block_size) at the slots `kv` gives each token. F16 rounds
   // to nearest even; INT8 quantizes each token's head symmetrically with its own scale.

@@ -1,5 +1,6 @@
 #include "engine/model/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <tuple>
 #include <string>
@@ -92,17 +93,68 @@ absl::Status ReadPhi3(const GgufFile& f, ModelConfig& c) {
   return absl::OkStatus();
 }
 
+// Mixture-of-experts keys: `{arch}.expert_count` and `expert_used_count` (qwen3moe: required;
+// llama: Mixtral when present), and qwen3moe's `expert_feed_forward_length` (else n_ff /
+// n_expert_used, as llama.cpp; llama's experts are n_ff rows). Expert groups (DeepSeek's
+// group-limited routing) are refused; so are per-layer expert counts (arrays: GetUint fails).
+absl::Status ReadExperts(const GgufFile& f, ModelConfig& c) {
+  const std::string p = c.arch + ".";
+  const bool moe_arch = c.arch == "qwen3moe";
+  if (!moe_arch && c.arch != "llama") {
+    if (f.Has(p + "expert_count") || f.FindTensor("blk.0.ffn_gate_inp.weight") != nullptr) {
+      return absl::UnimplementedError(pd::StrCat(
+          c.arch, " with a mixture of experts is not supported (experts run for llama and "
+                  "qwen3moe)"));
+    }
+    return absl::OkStatus();
+  }
+  if (!moe_arch && !f.Has(p + "expert_count")) {
+    if (f.FindTensor("blk.0.ffn_gate_inp.weight") != nullptr) {
+      return absl::InvalidArgumentError(
+          "tensor 'blk.0.ffn_gate_inp.weight' (an expert router) without 'llama.expert_count'");
+    }
+    return absl::OkStatus();
+  }
+  PD_ASSIGN_OR_RETURN(c.n_expert, PositiveInt(f, p + "expert_count", 4096));
+  PD_ASSIGN_OR_RETURN(c.n_expert_used,
+                      PositiveInt(f, p + "expert_used_count", std::min(c.n_expert, kMaxTopK)));
+  for (const char* key : {"expert_group_count", "expert_group_used_count"}) {
+    PD_ASSIGN_OR_RETURN(uint64_t groups, f.GetUintOr(p + key, 0));
+    if (groups > 1) {
+      return absl::UnimplementedError(
+          pd::StrCat(p, key, " = ", groups, ": group-limited expert routing is not supported"));
+    }
+  }
+  if (moe_arch && f.Has(p + "expert_feed_forward_length")) {
+    PD_ASSIGN_OR_RETURN(c.n_ff_exp, PositiveInt(f, p + "expert_feed_forward_length", 1 << 20));
+  } else {
+    c.n_ff_exp = moe_arch ? c.n_ff / c.n_expert_used : c.n_ff;
+    if (c.n_ff_exp == 0) {
+      return absl::InvalidArgumentError(pd::StrCat(p, "feed_forward_length ", c.n_ff,
+                                                   " is smaller than expert_used_count ",
+                                                   c.n_expert_used));
+    }
+  }
+  for (const char* t : {"blk.0.ffn_gate_shexp.weight", "blk.0.ffn_gate_inp_shexp.weight"}) {
+    if (f.FindTensor(t) != nullptr) {
+      return absl::UnimplementedError(
+          pd::StrCat("shared experts (tensor '", t, "') are not supported"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   ModelConfig c;
   PD_ASSIGN_OR_RETURN(std::string_view arch, f.GetString("general.architecture"));
   c.arch = std::string(arch);
-  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "phi3" &&
-      c.arch != "gemma2" && c.arch != "gemma3") {
-    return absl::UnimplementedError(
-        pd::StrCat("architecture '", c.arch,
-                   "' is not supported (supported: llama, qwen2, qwen3, phi3, gemma2, gemma3)"));
+  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "qwen3moe" &&
+      c.arch != "phi3" && c.arch != "gemma2" && c.arch != "gemma3") {
+    return absl::UnimplementedError(pd::StrCat(
+        "architecture '", c.arch,
+        "' is not supported (supported: llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3)"));
   }
   if (auto name = f.GetString("general.name"); name.ok()) c.name = std::string(*name);
   const std::string p = c.arch + ".";
@@ -262,11 +314,13 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
                             ? 1.0f / std::sqrt(static_cast<float>(c.n_embd / c.n_head))
                             : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   }
-  if (c.arch == "qwen3") {
+  if (c.arch == "qwen3" || c.arch == "qwen3moe") {
     // Qwen3: Qwen2 without the QKV biases, with an RMS norm over each head of Q and K before
-    // rope (llama.cpp's qwen3 graph); the head size may differ from n_embd / n_head.
+    // rope (llama.cpp's qwen3 graph); the head size may differ from n_embd / n_head. Qwen3-MoE is
+    // the same attention with experts in every layer.
     c.qk_norm = true;
   }
+  PD_RETURN_IF_ERROR(ReadExperts(f, c));
   if (c.arch == "phi3") PD_RETURN_IF_ERROR(ReadPhi3(f, c));
   c.qkv_bias = f.FindTensor("blk.0.attn_q.bias") != nullptr;
   return c;

@@ -65,12 +65,22 @@ struct ModelConfig {
   // logits (Gemma 2).
   float attn_softcap = 0.f;
   float final_softcap = 0.f;
+  // Mixture of experts (n_expert > 0; Qwen3-MoE, Mixtral): each layer's feed-forward is n_expert
+  // SwiGLU experts of n_ff_exp rows (ffn_{gate,up,down}_exps); a router (ffn_gate_inp) scores the
+  // experts of each token, softmax gives their probabilities, the n_expert_used most probable run,
+  // and their outputs are summed weighted by those probabilities renormalized to sum 1
+  // (llama.cpp's softmax gating with normalized weights). n_ff is then the dense size the file
+  // states, unused.
+  int n_expert = 0;
+  int n_expert_used = 0;
+  int n_ff_exp = 0;
 
   bool IsSlidingLayer(int layer) const {
     return sliding_window > 0 && (swa_pattern == 0 || (layer + 1) % swa_pattern != 0);
   }
 
-  // Reads and validates the config (architectures: llama, qwen2, qwen3, phi3, gemma2, gemma3).
+  // Reads and validates the config (architectures: llama (with or without experts), qwen2,
+  // qwen3, qwen3moe, phi3, gemma2, gemma3).
   // INVALID_ARGUMENT names the key and the bad value (also for head_tokens that are out of range,
   // repeated, not one per row of output.weight, or given without an output.weight);
   // UNIMPLEMENTED for an architecture, rope scaling or variant this engine does not run (phi3

@@ -51,6 +51,26 @@ class Loader {
     return mapped;
   }
 
+  // Finds the stacked expert matrices `name`, ggml shape {cols, rows, n_expert}, and maps them as
+  // one [n_expert * rows, cols] tensor (each expert's rows are contiguous: a block of rows).
+  absl::StatusOr<Tensor> GetExperts(const std::string& name, int64_t cols, int64_t rows,
+                                    int64_t n_expert) {
+    const GgufTensorInfo* t = f_.FindTensor(name);
+    if (t == nullptr) {
+      return absl::InvalidArgumentError(pd::StrCat("tensor '", name, "' is missing"));
+    }
+    const std::vector<int64_t> want = {cols, rows, n_expert};
+    if (t->shape != want) {
+      return absl::InvalidArgumentError(pd::StrCat("tensor '", name, "' has shape ",
+                                                   ShapeStr(t->shape), ", expected ",
+                                                   ShapeStr(want), " ({cols, rows, experts})"));
+    }
+    PD_ASSIGN_OR_RETURN(Tensor mapped,
+                        Map(Tensor{t->type, cols, rows * n_expert, const_cast<uint8_t*>(t->data)}));
+    bytes_ += t->nbytes;
+    return mapped;
+  }
+
   // Finds the fused matrix `name`, ggml shape {cols, sum(parts)}, and maps its consecutive row
   // blocks of parts[0], parts[1], ... rows as one tensor each (in that order). A row of every
   // weight type is self-contained (its header and whole blocks, dtype.h), so a block of rows of
@@ -194,6 +214,20 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(const GgufFile& f, const 
       PD_ASSIGN_OR_RETURN(l.post_attn_norm,
                           L.Get(p + "post_attention_norm.weight", c.n_embd, 0, true));
       PD_ASSIGN_OR_RETURN(l.post_ffn_norm, L.Get(p + "post_ffw_norm.weight", c.n_embd, 0, true));
+    }
+    if (c.n_expert > 0) {
+      // Experts: the router stays F32 or whatever the file has (llama.cpp's quantizer keeps
+      // ffn_gate_inp unquantized; any matrix type runs).
+      l.n_expert = c.n_expert;
+      PD_ASSIGN_OR_RETURN(l.ffn_gate_inp, L.Get(p + "ffn_gate_inp.weight", c.n_embd, c.n_expert));
+      PD_ASSIGN_OR_RETURN(l.gate_exps,
+                          L.GetExperts(p + "ffn_gate_exps.weight", c.n_embd, c.n_ff_exp,
+                                       c.n_expert));
+      PD_ASSIGN_OR_RETURN(l.up_exps, L.GetExperts(p + "ffn_up_exps.weight", c.n_embd, c.n_ff_exp,
+                                                  c.n_expert));
+      PD_ASSIGN_OR_RETURN(l.down_exps, L.GetExperts(p + "ffn_down_exps.weight", c.n_ff_exp,
+                                                    c.n_embd, c.n_expert));
+      continue;
     }
     if (f.FindTensor(p + "ffn_gate.weight") == nullptr &&
         f.FindTensor(p + "ffn_up.weight") != nullptr) {

@@ -21,7 +21,18 @@ struct LayerWeights {
   Tensor post_attn_norm;       // F32 [1, n_embd] (post_norms architectures)
   Tensor ffn_norm;             // F32 [1, n_embd]
   Tensor post_ffn_norm;        // F32 [1, n_embd] (post_norms architectures)
-  Tensor w_gate, w_up, w_down; // [n_ff, n_embd] x2, [n_embd, n_ff]
+  Tensor w_gate, w_up, w_down; // [n_ff, n_embd] x2, [n_embd, n_ff]; empty with experts
+  // A mixture of experts (ModelConfig::n_expert > 0): the router ffn_gate_inp [n_expert, n_embd],
+  // and the experts' matrices stacked by rows as the file stores them (ggml shape {cols, rows,
+  // n_expert}): gate_exps and up_exps [n_expert * n_ff_exp, n_embd], down_exps [n_expert *
+  // n_embd, n_ff_exp]. Expert e's matrix is the row block Expert(stacked, e).
+  Tensor ffn_gate_inp;
+  Tensor gate_exps, up_exps, down_exps;
+  int n_expert = 0;
+  Tensor Expert(const Tensor& stacked, int e) const {
+    const int64_t rows = stacked.rows / n_expert;
+    return stacked.Rows(e * rows, rows);
+  }
   // The file stores wq, wk and wv as the row blocks of one matrix (attn_qkv.weight), and w_gate
   // and w_up as the two halves of ffn_up.weight: the tensors above are views (copies on a
   // device) of those rows. Matmul observers see them under the file's names.

@@ -16,8 +16,12 @@ namespace {
 
 // Scratch slots, each a [rows, cols] F32 activation buffer.
 // kTopValues and kTopIds (int32 in an F32-sized slot) hold TopK's output for ForwardTop.
+// kRouter .. kMoeOut hold a mixture-of-experts layer's router probabilities, the top experts'
+// probabilities and ids, and the expert-sorted rows (n_tokens * n_expert_used of them) of its
+// inputs, gate, up and outputs; one float column each in a dense model.
 enum Slot {
-  kX, kH, kQ, kK, kV, kAttn, kO, kGate, kUp, kOutX, kOutH, kLogits, kTopValues, kTopIds, kNumSlots
+  kX, kH, kQ, kK, kV, kAttn, kO, kGate, kUp, kRouter, kMoeTopV, kMoeTopI, kMoeIn, kMoeGate, kMoeUp,
+  kMoeOut, kOutX, kOutH, kLogits, kTopValues, kTopIds, kNumSlots
 };
 
 // The summation order llama.cpp gives each row (Backend::MatMulRowOrder), from the `rows`
@@ -88,6 +92,10 @@ std::vector<std::string_view> Model::OpsUsed(const ModelConfig& c) {
   std::vector<std::string_view> ops = {"GetRows", "MatMul",    "RmsNorm", "Rope",
                                        "StoreKv", "Attention", "Add"};
   ops.push_back(c.ffn_act == FfnActivation::kGeluTanh ? "GeGlu" : "SwiGlu");
+  if (c.n_expert > 0) {
+    ops.push_back("Softmax");  // the router's probabilities; TopK below picks the experts
+    ops.push_back("MoeCombine");
+  }
   if (c.qkv_bias) ops.push_back("AddBias");
   if (c.embedding_scale > 0 || c.attention_scale > 0) ops.push_back("Scale");
   if (c.final_softcap > 0) ops.push_back("Softcap");
@@ -136,9 +144,29 @@ absl::Status Model::EnsureScratch(int64_t n_tokens, int64_t n_out) {
   const ModelConfig& c = config_;
   const int64_t q_dim = int64_t{c.n_head} * c.head_dim;
   const int64_t kv_dim = int64_t{c.n_head_kv} * c.head_dim;
-  const int64_t cols[kNumSlots] = {c.n_embd, c.n_embd,   q_dim,    kv_dim,     kv_dim,
-                                   q_dim,    c.n_embd,   c.n_ff,   c.n_ff,     c.n_embd,
-                                   c.n_embd, HeadRows(), kMaxTopK, kMaxTopK};
+  const bool moe = c.n_expert > 0;
+  const int64_t k = moe ? c.n_expert_used : 1;  // rows of the expert slots per token
+  const int64_t cols[kNumSlots] = {c.n_embd,
+                                   c.n_embd,
+                                   q_dim,
+                                   kv_dim,
+                                   kv_dim,
+                                   q_dim,
+                                   c.n_embd,
+                                   moe ? 1 : c.n_ff,
+                                   moe ? 1 : c.n_ff,
+                                   moe ? c.n_expert : 1,
+                                   k,
+                                   k,
+                                   moe ? k * c.n_embd : 1,
+                                   moe ? k * c.n_ff_exp : 1,
+                                   moe ? k * c.n_ff_exp : 1,
+                                   moe ? k * c.n_embd : 1,
+                                   c.n_embd,
+                                   c.n_embd,
+                                   HeadRows(),
+                                   kMaxTopK,
+                                   kMaxTopK};
   const int head = layer_backend_index_.back();
   for (size_t bi = 0; bi < backends_.size(); ++bi) {
     std::vector<std::unique_ptr<Buffer>>& slots = scratch_[bi];
@@ -224,6 +252,93 @@ absl::Status Model::ObserveIntermediate(Backend& b, const char* name, int layer,
   observer_->ObserveIntermediate(pd::StrCat("blk.", layer, ".", name), observe_buf_.data(), x.rows,
                                  x.cols);
   return absl::OkStatus();
+}
+
+// Routing as llama.cpp's build_moe_ffn with softmax gating and normalized weights: the router's
+// logits, softmax over the experts, the n_expert_used most probable (TopK's rank order: ties to
+// the lower expert id), their probabilities divided by their sum (summed in double and rounded
+// to F32 as ggml_sum_rows does, clamped below at 2^-14). Unlike llama.cpp, which computes every
+// expert for the whole batch through mul_mat_id, the tokens are sorted by expert and each expert
+// multiplies only the rows routed to it: one gather, three matmuls per expert with work, one
+// SwiGLU and one combine. Every expert row takes the single-row (GEMV) summation order, so that a
+// token's result does not depend on which other tokens share its experts in a batch (batch
+// invariance, docs/numerics.md).
+absl::Status Model::MoeFeedForward(int bi, int layer, const Tensor& h, Tensor& o,
+                                   absl::Span<const uint8_t> orders) {
+  const ModelConfig& c = config_;
+  const LayerWeights& w = weights_->layers[layer];
+  Backend& b = *backends_[bi];
+  const int64_t n = h.rows;
+  const int k = c.n_expert_used;
+  const int64_t nk = n * k;
+  Tensor router = Scratch(bi, kRouter, c.n_expert, n);
+  PD_RETURN_IF_ERROR(Linear(b, w.ffn_gate_inp, "ffn_gate_inp", layer, h, router, orders));
+  PD_RETURN_IF_ERROR(b.Softmax(router));
+  Tensor top_v = Scratch(bi, kMoeTopV, k, n);
+  int32_t* top_i = static_cast<int32_t*>(Scratch(bi, kMoeTopI, k, n).data);
+  PD_RETURN_IF_ERROR(b.TopK(router, k, top_v, top_i));
+  MoeRouting& r = moe_;
+  r.expert.resize(nk);
+  r.prob.resize(nk);
+  PD_RETURN_IF_ERROR(b.Download(r.prob.data(), top_v.data, nk * sizeof(float)));
+  PD_RETURN_IF_ERROR(b.Download(r.expert.data(), top_i, nk * sizeof(int32_t)));
+  PD_RETURN_IF_ERROR(b.Synchronize());
+
+  // Weights, and the expert-sorted order of the (token, slot) pairs: by expert, then token.
+  r.weight.resize(nk);
+  r.first.assign(c.n_expert + 1, 0);
+  for (int64_t t = 0; t < n; ++t) {
+    double sum = 0;
+    for (int j = 0; j < k; ++j) sum += r.prob[t * k + j];
+    const float norm = std::max(static_cast<float>(sum), 6.103515625e-5f);
+    for (int j = 0; j < k; ++j) {
+      const int32_t e = r.expert[t * k + j];
+      if (e < 0 || e >= c.n_expert) {
+        return absl::InternalError(pd::StrCat("expert routing: expert ", e, " of token ", t,
+                                              " in layer ", layer, " is outside [0, ",
+                                              c.n_expert, ")"));
+      }
+      r.weight[t * k + j] = r.prob[t * k + j] / norm;
+      ++r.first[e + 1];
+    }
+  }
+  for (int e = 0; e < c.n_expert; ++e) r.first[e + 1] += r.first[e];
+  r.gather.resize(nk);
+  r.slot_row.resize(nk);
+  std::vector<int64_t> next(r.first.begin(), r.first.end() - 1);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int j = 0; j < k; ++j) {
+      const int64_t row = next[r.expert[t * k + j]]++;
+      r.gather[row] = static_cast<int32_t>(t);
+      r.slot_row[t * k + j] = static_cast<int32_t>(row);
+    }
+  }
+  r.orders.assign(nk, kRowOrderGemv);
+
+  Tensor in = Scratch(bi, kMoeIn, c.n_embd, nk);
+  Tensor gate = Scratch(bi, kMoeGate, c.n_ff_exp, nk);
+  Tensor up = Scratch(bi, kMoeUp, c.n_ff_exp, nk);
+  Tensor out = Scratch(bi, kMoeOut, c.n_embd, nk);
+  PD_RETURN_IF_ERROR(b.GetRows(h, absl::MakeConstSpan(r.gather), in));
+  for (int e = 0; e < c.n_expert; ++e) {
+    const int64_t first = r.first[e], m = r.first[e + 1] - first;
+    if (m == 0) continue;
+    const Tensor we_gate = w.Expert(w.gate_exps, e), we_up = w.Expert(w.up_exps, e);
+    Tensor g = gate.Rows(first, m), u = up.Rows(first, m);
+    const absl::Span<const uint8_t> ord = absl::MakeConstSpan(r.orders).subspan(first, m);
+    PD_RETURN_IF_ERROR(LinearGroup(b, {{&we_gate, "ffn_gate_exps", &g}, {&we_up, "ffn_up_exps", &u}},
+                                   layer, in.Rows(first, m), ord));
+  }
+  PD_RETURN_IF_ERROR(b.SwiGlu(gate, up, gate));
+  for (int e = 0; e < c.n_expert; ++e) {
+    const int64_t first = r.first[e], m = r.first[e + 1] - first;
+    if (m == 0) continue;
+    Tensor y = out.Rows(first, m);
+    PD_RETURN_IF_ERROR(Linear(b, w.Expert(w.down_exps, e), "ffn_down_exps", layer,
+                              gate.Rows(first, m), y,
+                              absl::MakeConstSpan(r.orders).subspan(first, m)));
+  }
+  return b.MoeCombine(out, absl::MakeConstSpan(r.slot_row), absl::MakeConstSpan(r.weight), k, o);
 }
 
 absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>* logits,
@@ -447,6 +562,13 @@ absl::Status Model::Run(const Batch& batch, KvCache& kv, const LayerHook& after_
     // Feed-forward block.  x += [post norm]((act(h Wg^T) * (h Wu^T)) Wd^T)
     PD_RETURN_IF_ERROR(b.RmsNorm(x, w.ffn_norm, c.rms_eps, h));
     const absl::Span<const uint8_t> ffn_orders = l + 1 == c.n_layer ? orders_last : orders;
+    if (c.n_expert > 0) {
+      PD_RETURN_IF_ERROR(MoeFeedForward(cur, l, h, o, ffn_orders));
+      PD_RETURN_IF_ERROR(ObserveIntermediate(b, "ffn_out", l, o));
+      if (c.post_norms) PD_RETURN_IF_ERROR(b.RmsNorm(o, w.post_ffn_norm, c.rms_eps, o));
+      PD_RETURN_IF_ERROR(b.Add(x, o, x));
+      continue;
+    }
     PD_RETURN_IF_ERROR(LinearGroup(
         b, {{&w.w_gate, w.fused_gate_up ? "ffn_up" : "ffn_gate", &gate}, {&w.w_up, "ffn_up", &up}},
         l, h, ffn_orders));

@@ -170,6 +170,13 @@ class Model {
   };
   absl::Status LinearGroup(Backend& b, std::initializer_list<LinearOut> outs, int layer,
                            const Tensor& x, absl::Span<const uint8_t> row_orders);
+  // A mixture-of-experts feed-forward (ModelConfig::n_expert > 0) of layer `layer` on backend
+  // index `bi`: o [n, n_embd] from the normed h [n, n_embd]. Routes each token to its experts,
+  // runs every expert once over all the tokens routed to it (rows gathered by expert), and
+  // combines the outputs by the normalized router probabilities. `orders`: the router matmul's
+  // row orders (the layer's, as for a dense feed-forward).
+  absl::Status MoeFeedForward(int bi, int layer, const Tensor& h, Tensor& o,
+                              absl::Span<const uint8_t> orders);
   // Moves x [n, n_embd] from backend `from`'s residual slot to backend `to`'s (through host
   // memory): the activation hand-off at a placement boundary.
   absl::Status HandOff(int from, int to, int64_t n);
@@ -193,6 +200,17 @@ class Model {
   std::vector<float> observe_buf_;
   std::vector<float> head_logits_;  // host copy of a restricted head's scores
   std::vector<float> top_scratch_;  // ForwardTop's full rows for a restricted head
+  // MoeFeedForward's host-side routing, reused across layers and calls.
+  struct MoeRouting {
+    std::vector<int32_t> expert;     // [n * k] chosen experts, rank order per token
+    std::vector<float> prob;         // [n * k] their probabilities
+    std::vector<float> weight;       // [n * k] normalized weights
+    std::vector<int32_t> gather;     // [n * k] token of each row of the expert-sorted batch
+    std::vector<int32_t> slot_row;   // [n * k] row of slot (t, j) in that batch
+    std::vector<int64_t> first;      // [n_expert + 1] each expert's first row
+    std::vector<uint8_t> orders;     // row orders of the expert matmuls (all GEMV)
+  };
+  MoeRouting moe_;
 };
 
 }  // namespace pd::engine

@@ -111,7 +111,12 @@ absl::StatusOr<Plan> PlanFixed(const ModelConfig& c, const ModelFootprint& f,
     const size_t E = c.n_embd, F = c.n_ff;
     const size_t q = size_t(c.n_head) * c.head_dim, kv = size_t(c.n_head_kv) * c.head_dim;
     const size_t head_rows = c.head_tokens.empty() ? size_t(c.n_vocab) : c.head_tokens.size();
-    p.activation_bytes = sizeof(float) * (T * (3 * E + 2 * q + 2 * kv + 2 * F) +
+    // Per token: the residual, norm and attention-output rows, Q/K/V and attention, and the
+    // feed-forward: gate and up rows, or with experts the router's probabilities, the chosen
+    // experts' values and ids, and k rows each of expert input, gate, up and output.
+    const size_t k = size_t(c.n_expert_used), Fe = size_t(c.n_ff_exp);
+    const size_t ffn = c.n_expert > 0 ? size_t(c.n_expert) + 2 * k + k * (2 * E + 2 * Fe) : 2 * F;
+    p.activation_bytes = sizeof(float) * (T * (3 * E + 2 * q + 2 * kv + ffn) +
                                           size_t(req.batch) * (2 * E + head_rows));
     p.workspace_bytes = sizeof(uint16_t) * (T * std::max({E, F, q}) + f.max_matrix_elems) +
                         kCublasWorkspace;

@@ -252,6 +252,62 @@ def test_gptq_and_importance_with_the_builtin_text(pdctl, synth_model, tmp_path,
     assert kl["importance"] < 1.05 * kl["rtn"]
 
 
+# (method, type, limit on pdserve vs llama.cpp on the same file, both with F32 KV and llama.cpp's
+# golden settings, scripts/make_llama_reference.py). Q8_0: our kernels follow llama.cpp's
+# summation orders, measured 0.
+MOE_CASES = [("rtn", "q8_0", 1e-6), ("gptq", "q4_0", 1e-6)]
+
+
+def llama_logits_f32_kv(model: Path, ids: list[int]) -> np.ndarray:
+    """llama.cpp's last-position logits with the goldens' settings (F32 KV, no flash attention:
+    the settings pdserve reproduces bit for bit)."""
+    import llama_cpp
+    import make_llama_reference
+
+    llm = llama_cpp.Llama(str(model), verbose=False, **make_llama_reference.SETTINGS)
+    try:
+        llm.eval(ids)
+        return np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32, copy=True)
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("method,qtype,limit", MOE_CASES)
+def test_experts_are_quantized_and_the_router_kept(method, qtype, limit, pdctl, synth_model,
+                                                   tmp_path, request):
+    """A mixture of experts (qwen3moe_f32): the stacked expert tensors are quantized whole (each
+    expert's rows are rows of the 3-D tensor; GPTQ's statistics of a stacked tensor gather the
+    inputs of all its experts), the router stays F32 as llama.cpp's quantizer keeps it, llama.cpp
+    loads the output, and our engine matches llama.cpp on it."""
+    src = synth_model("qwen3moe_f32")
+    out = tmp_path / f"moe-{method}.gguf"
+    report = quantize(pdctl, src, out, "--type", qtype, "--method", method,
+                      "--calib-tokens", "1024", *FAST)
+    rows = table_rows(report)
+    assert rows["blk.0.ffn_gate_exps.weight"][2] == qtype
+    assert rows["blk.1.ffn_down_exps.weight"][6] == method
+    r = gguf.GGUFReader(out)
+    tensors = {t.name: t for t in r.tensors}
+    assert tensors["blk.0.ffn_gate_inp.weight"].tensor_type.name == "F32"
+    for name in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+        t = tensors[f"blk.1.{name}.weight"]
+        assert t.tensor_type.name == qtype.upper()
+        assert [int(d) for d in t.shape] == [
+            int(d) for d in {t.name: t for t in gguf.GGUFReader(src).tensors}[t.name].shape]
+    ids = prompt_ids(src, 40)
+    dump = tmp_path / "logits.f32"
+    p = run(pdctl, "logits", "-m", out, "--kv-type", "f32", "--prompt-ids",
+            " ".join(map(str, ids)), "-o", dump)
+    assert p.returncode == 0, p.stderr.decode(errors="replace")
+    ours = np.fromfile(dump, dtype=np.float32)
+    theirs = llama_logits_f32_kv(out, ids)
+    base = llama_logits_f32_kv(src, ids)
+    err, q_err = rel_l2(ours, theirs), rel_l2(theirs, base)
+    record(request, f"qwen3moe_f32 {qtype} {method}: pdserve vs llama.cpp on the same file "
+                    f"rel_l2 {err:.2e} (limit {limit:g}); llama.cpp quantized vs f32 {q_err:.3f}")
+    assert err < limit
+
+
 def test_calibration_from_a_file(pdctl, synth_model, tmp_path):
     calib = tmp_path / "calib.txt"
     calib.write_text("The quick brown fox jumps over the lazy dog. " * 200)

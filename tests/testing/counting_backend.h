@@ -87,6 +87,11 @@ class CountingBackend final : public Backend {
     ++ops;
     return inner_->Softcap(x, cap, y);
   }
+  absl::Status MoeCombine(const Tensor& rows, absl::Span<const int32_t> index,
+                          absl::Span<const float> weights, int k, Tensor& y) override {
+    ++ops;
+    return inner_->MoeCombine(rows, index, weights, k, y);
+  }
   absl::Status Softmax(Tensor& x) override {
     ++ops;
     return inner_->Softmax(x);

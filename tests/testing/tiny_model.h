@@ -1,4 +1,5 @@
-// Test helper: a tiny random Llama-style (or Qwen2-, Qwen3-, Phi-3-style) model as GGUF bytes,
+// Test helper: a tiny random Llama-style (or Qwen2-, Qwen3-, Qwen3-MoE-, Mixtral-, Phi-3-style)
+// model as GGUF bytes,
 // written with GgufBuilder. Weights are drawn from a seeded normal distribution and stored in
 // `type`.
 #pragma once
@@ -25,6 +26,10 @@ struct TinyModelSpec {
   bool qk_norm = false;     // attn_{q,k}_norm.weight (Qwen3)
   bool fused = false;       // attn_qkv.weight and a gate/up ffn_up.weight (Phi-3)
   int sliding_window = -1;  // >= 0: written as attention.sliding_window (Phi-3)
+  // Experts (n_expert > 0): expert_count / expert_used_count, a router and stacked experts of
+  // expert_ff rows (written as expert_feed_forward_length when > 0; else n_ff rows, Mixtral's
+  // layout) in place of the dense feed-forward. The router is F32, as converters write it.
+  int n_expert = 0, n_expert_used = 0, expert_ff = 0;
   DType type = DType::kF32;
   uint32_t seed = 1;
   // > 0: every matrix weight gets this much of an independent normal perturbation (relative to
@@ -90,6 +95,11 @@ inline std::string TinyModel(const TinyModelSpec& s) {
     b.U32(a + ".attention.value_length", s.head_dim);
   }
   if (s.sliding_window >= 0) b.U32(a + ".attention.sliding_window", s.sliding_window);
+  if (s.n_expert > 0) {
+    b.U32(a + ".expert_count", s.n_expert);
+    b.U32(a + ".expert_used_count", s.n_expert_used);
+    if (s.expert_ff > 0) b.U32(a + ".expert_feed_forward_length", s.expert_ff);
+  }
   if (s.metadata) s.metadata(b);
   const float w = 1.0f / std::sqrt(float(E));
   add("token_embd.weight", {E, uint64_t(s.n_vocab)}, 1.f, false, s.type);
@@ -116,6 +126,14 @@ inline std::string TinyModel(const TinyModelSpec& s) {
     }
     add(p + "attn_output.weight", {q, E}, w, false, s.type);
     add(p + "ffn_norm.weight", {E}, 0, true, DType::kF32);
+    if (s.n_expert > 0) {
+      const uint64_t ne = s.n_expert, fe = s.expert_ff > 0 ? s.expert_ff : F;
+      add(p + "ffn_gate_inp.weight", {E, ne}, 2.f * w, false, DType::kF32);
+      add(p + "ffn_gate_exps.weight", {E, fe, ne}, w, false, s.type);
+      add(p + "ffn_up_exps.weight", {E, fe, ne}, w, false, s.type);
+      add(p + "ffn_down_exps.weight", {fe, E, ne}, 1.0f / std::sqrt(float(fe)), false, s.type);
+      continue;
+    }
     if (s.fused) {
       add(p + "ffn_up.weight", {E, 2 * F}, w, false, s.type);  // gate rows, then up rows
     } else {

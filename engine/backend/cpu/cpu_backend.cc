@@ -416,6 +416,48 @@ absl::Status CpuBackend::Softcap(const Tensor& x, float cap, Tensor& y) {
   return absl::OkStatus();
 }
 
+// Rows of y in parallel; within a row the slots in order, so that the sums are llama.cpp's: a
+// product then an add per slot, each rounded to F32 (this file is built without FMA and with
+// ISO C++, where GCC does not contract a * b + c).
+absl::Status CpuBackend::MoeCombine(const Tensor& rows, absl::Span<const int32_t> index,
+                                    absl::Span<const float> weights, int k, Tensor& y) {
+  PD_RETURN_IF_ERROR(CheckF32(rows, "MoeCombine rows"));
+  PD_RETURN_IF_ERROR(CheckF32(y, "MoeCombine y"));
+  if (k < 1 || index.size() != weights.size() ||
+      index.size() != static_cast<size_t>(y.rows) * static_cast<size_t>(k) ||
+      rows.cols != y.cols) {
+    return absl::InvalidArgumentError(StrCat("MoeCombine: rows ", Describe(rows), ", y ",
+                                             Describe(y), ", k = ", k, ", ", index.size(),
+                                             " indices and ", weights.size(), " weights"));
+  }
+  if (rows.data == y.data) return absl::InvalidArgumentError("MoeCombine: y aliases rows");
+  for (size_t i = 0; i < index.size(); ++i) {
+    if (index[i] < 0 || index[i] >= rows.rows) {
+      return absl::InvalidArgumentError(StrCat("MoeCombine: index[", i, "] = ", index[i],
+                                               " is outside the ", rows.rows, " rows"));
+    }
+  }
+  const int64_t cols = y.cols;
+  pool_.ParallelFor(
+      y.rows,
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          float* out = RowF32(y, r);
+          const size_t s0 = static_cast<size_t>(r) * k;
+          const float* first = RowF32(rows, index[s0]);
+          const float w0 = weights[s0];
+          for (int64_t c = 0; c < cols; ++c) out[c] = first[c] * w0;
+          for (int j = 1; j < k; ++j) {
+            const float* src = RowF32(rows, index[s0 + j]);
+            const float w = weights[s0 + j];
+            for (int64_t c = 0; c < cols; ++c) out[c] += src[c] * w;
+          }
+        }
+      },
+      std::max<int64_t>(1, 4096 / std::max<int64_t>(cols, 1)));
+  return absl::OkStatus();
+}
+
 // A row of all -inf (everything masked) becomes all zeros rather than NaN.
 absl::Status CpuBackend::Softmax(Tensor& x) {
   PD_RETURN_IF_ERROR(CheckF32(x, "Softmax x"));

@@ -135,6 +135,8 @@ class CpuBackend final : public Backend {
   absl::Status GeGlu(const Tensor& gate, const Tensor& up, Tensor& y) override;
   absl::Status Scale(const Tensor& x, float s, Tensor& y) override;
   absl::Status Softcap(const Tensor& x, float cap, Tensor& y) override;
+  absl::Status MoeCombine(const Tensor& rows, absl::Span<const int32_t> index,
+                          absl::Span<const float> weights, int k, Tensor& y) override;
   absl::Status Softmax(Tensor& x) override;
   absl::Status StoreKv(const Tensor& k, const Tensor& v, KvTensor& k_cache, KvTensor& v_cache,
                        const KvBatch& kv) override;

@@ -703,6 +703,44 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  // The slots' row indices and weights are staged together (both 4-byte values).
+  absl::Status MoeCombine(const Tensor& rows, absl::Span<const int32_t> index,
+                          absl::Span<const float> weights, int k, Tensor& y) override {
+    PD_RETURN_IF_ERROR(CheckF32(rows, "MoeCombine rows"));
+    PD_RETURN_IF_ERROR(CheckF32(y, "MoeCombine y"));
+    if (k < 1 || index.size() != weights.size() ||
+        index.size() != static_cast<size_t>(y.rows) * static_cast<size_t>(k) ||
+        rows.cols != y.cols) {
+      return absl::InvalidArgumentError(pd::StrCat(
+          "CUDA backend: MoeCombine: rows ", ShapeString(rows), ", y ", ShapeString(y), ", k = ",
+          k, ", ", index.size(), " indices and ", weights.size(), " weights"));
+    }
+    if (Overlap(rows, y)) {
+      return absl::InvalidArgumentError("CUDA backend: MoeCombine: y overlaps rows");
+    }
+    for (size_t i = 0; i < index.size(); ++i) {
+      if (index[i] < 0 || index[i] >= rows.rows) {
+        return absl::InvalidArgumentError(pd::StrCat("CUDA backend: MoeCombine: index[", i,
+                                                     "] = ", index[i], " is outside the ",
+                                                     rows.rows, " rows"));
+      }
+    }
+    if (y.numel() == 0) return absl::OkStatus();
+    PD_RETURN_IF_ERROR(Activate());
+    const size_t bytes = index.size() * sizeof(int32_t);
+    PD_ASSIGN_OR_RETURN(char* host, staging_->Begin(2 * bytes));
+    std::memcpy(host, index.data(), bytes);
+    std::memcpy(host + bytes, weights.data(), bytes);
+    PD_ASSIGN_OR_RETURN(const char* dev, staging_->Commit(2 * bytes));
+    PD_CUDA_RETURN_IF_ERROR(
+        cuda::LaunchMoeCombine(static_cast<const float*>(rows.data), rows.cols,
+                               reinterpret_cast<const int32_t*>(dev),
+                               reinterpret_cast<const float*>(dev + bytes), y.rows, k,
+                               static_cast<float*>(y.data), stream_.get()),
+        "CUDA backend: MoeCombine kernel launch");
+    return absl::OkStatus();
+  }
+
   absl::Status Softmax(Tensor& x) override {
     PD_RETURN_IF_ERROR(CheckF32(x, "Softmax x"));
     if (!FitsInt(x.rows) || !FitsInt(x.cols)) {

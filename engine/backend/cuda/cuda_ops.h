@@ -17,9 +17,9 @@ namespace pd::engine::cuda {
 
 // Ops of the Backend interface that the CUDA backend implements: all of them (MatMulRowOrder and
 // MatMulGroup are MatMul there).
-inline constexpr std::array<std::string_view, 14> kImplementedOps = {
-    "MatMul", "GetRows", "RmsNorm", "Rope",    "Add",       "AddBias", "SwiGlu",
-    "GeGlu",  "Scale",   "Softcap", "Softmax", "StoreKv",   "Attention", "TopK"};
+inline constexpr std::array<std::string_view, 15> kImplementedOps = {
+    "MatMul",  "GetRows", "RmsNorm", "Rope",      "Add",  "AddBias",   "SwiGlu", "GeGlu",
+    "Scale",   "Softcap", "Softmax", "MoeCombine", "StoreKv", "Attention", "TopK"};
 // Weight types its MatMul multiplies (the row-order flags of MatMulRowOrder name CPU summation
 // orders and are ignored).
 inline constexpr std::array<DType, 11> kMatMulWeightTypes = {

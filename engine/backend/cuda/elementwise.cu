@@ -77,7 +77,30 @@ __global__ void SoftcapKernel(const float* x, float cap, float inv, int64_t n, f
   }
 }
 
+// One output element per thread step: k row reads (gathered, 4 bytes each) and one write.
+__global__ void MoeCombineKernel(const float* rows, int64_t cols, const int32_t* index,
+                                 const float* weights, int64_t n_out, int k, float* y) {
+  const int64_t n = n_out * cols;
+  for (int64_t i = FirstIndex(); i < n; i += Stride()) {
+    const int64_t r = i / cols, c = i % cols;
+    const int32_t* idx = index + r * k;
+    const float* w = weights + r * k;
+    float acc = __fmul_rn(rows[idx[0] * cols + c], w[0]);
+    for (int j = 1; j < k; ++j) acc = __fadd_rn(acc, __fmul_rn(rows[idx[j] * cols + c], w[j]));
+    y[i] = acc;
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchMoeCombine(const float* rows, int64_t cols, const int32_t* index,
+                             const float* weights, int64_t n_out, int k, float* y,
+                             cudaStream_t stream) {
+  if (n_out <= 0 || cols <= 0) return cudaSuccess;
+  MoeCombineKernel<<<Blocks(n_out * cols), kElementwiseBlock, 0, stream>>>(rows, cols, index,
+                                                                           weights, n_out, k, y);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchSoftcap(const float* x, float cap, int64_t n, float* y, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;

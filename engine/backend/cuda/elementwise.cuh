@@ -1,4 +1,5 @@
-// Elementwise ops on the device: Add, AddBias, SwiGlu, GeGlu and Scale over F32 arrays.
+// Elementwise ops on the device: Add, AddBias, SwiGlu, GeGlu, Scale, Softcap and MoeCombine over
+// F32 arrays.
 //
 // Host-callable declarations only; safe to include from .cc files compiled by the host compiler.
 // All arrays are device F32, contiguous; y may alias any input (each element is read before it is
@@ -29,5 +30,12 @@ cudaError_t LaunchGeGlu(const float* g, const float* u, int64_t n, float* y, cud
 cudaError_t LaunchScale(const float* x, float s, int64_t n, float* y, cudaStream_t stream);
 // y = tanhf(x * (1 / cap)) * cap (CUDA's tanhf: within 2 ulp of the CPU backend's libm).
 cudaError_t LaunchSoftcap(const float* x, float cap, int64_t n, float* y, cudaStream_t stream);
+// y[r, c] = sum over j < k, in order, of weights[r * k + j] * rows[index[r * k + j], c], each
+// product and sum rounded separately (Backend::MoeCombine), for n_out rows of `cols`. index and
+// weights are device arrays of n_out * k entries, every index a row of `rows`; y must not alias
+// rows. Bit-exact with the CPU backend.
+cudaError_t LaunchMoeCombine(const float* rows, int64_t cols, const int32_t* index,
+                             const float* weights, int64_t n_out, int k, float* y,
+                             cudaStream_t stream);
 
 }  // namespace pd::engine::cuda

@@ -38,13 +38,17 @@ constexpr uint64_t kAlignment = 32;
 
 bool IsFloat(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 
-// Weight matrices are quantized; norms, biases, rope factors and other 1-D tensors are copied.
+// Weight matrices are quantized (the stacked experts of a mixture too: each expert's rows are
+// rows of the stacked tensor); norms, biases, rope factors and other 1-D tensors are copied, and
+// so is an expert router (ffn_gate_inp: small, and a rounding there changes which experts run,
+// so llama.cpp's quantizer keeps it as well).
 bool IsWeightMatrix(const GgufTensorInfo& t) {
   const std::string_view n = t.name;
   constexpr std::string_view kSuffix = ".weight";
   if (t.shape.size() < 2 || n.size() < kSuffix.size()) return false;
   if (n.substr(n.size() - kSuffix.size()) != kSuffix) return false;
-  return n.find("norm") == std::string_view::npos;
+  return n.find("norm") == std::string_view::npos &&
+         n.find("ffn_gate_inp") == std::string_view::npos;
 }
 
 int LayerOf(std::string_view name) {

@@ -389,6 +389,56 @@ TEST_P(CpuBackendTest, SoftcapIsGgmlsFormulaExactly) {
   EXPECT_THAT(be_->Softcap(x.t, cap, other.t), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+// MoeCombine: each output row sums its k slots in slot order, product then add, both rounded to
+// F32: the same float operations in the same order, hence the same bits.
+TEST_P(CpuBackendTest, MoeCombineSumsSlotsInOrderExactly) {
+  const int k = 3;
+  const int64_t n_out = 5, m = 9, cols = 4099;  // more than one thread's grain per row
+  const std::vector<float> rv = RandomVec(rng_, m * cols, 3.f);
+  HostTensor rows = F32(m, cols, rv), y(DType::kF32, n_out, cols);
+  std::vector<int32_t> index(n_out * k);
+  std::vector<float> weights(n_out * k);
+  for (size_t i = 0; i < index.size(); ++i) {
+    index[i] = static_cast<int32_t>((i * 7 + 3) % m);
+    weights[i] = 0.1f + 0.3f * static_cast<float>(i % 4);
+  }
+  ASSERT_THAT(be_->MoeCombine(rows.t, index, weights, k, y.t), IsOk());
+  for (int64_t r = 0; r < n_out; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      float acc = rv[index[r * k] * cols + c] * weights[r * k];
+      for (int j = 1; j < k; ++j) {
+        const float prod = rv[index[r * k + j] * cols + c] * weights[r * k + j];
+        acc = acc + prod;
+      }
+      ASSERT_EQ(y.f()[r * cols + c], acc) << r << "," << c;
+    }
+  }
+  // k = 1 copies the scaled row.
+  HostTensor y1(DType::kF32, 2, cols);
+  const std::vector<int32_t> one = {4, 0};
+  const std::vector<float> w1 = {1.f, 0.5f};
+  ASSERT_THAT(be_->MoeCombine(rows.t, one, w1, 1, y1.t), IsOk());
+  for (int64_t c = 0; c < cols; ++c) {
+    ASSERT_EQ(y1.f()[c], rv[4 * cols + c]);
+    ASSERT_EQ(y1.f()[cols + c], rv[c] * 0.5f);
+  }
+  // Bad calls.
+  std::vector<int32_t> out_of_range = index;
+  out_of_range[4] = static_cast<int32_t>(m);
+  EXPECT_THAT(be_->MoeCombine(rows.t, out_of_range, weights, k, y.t),
+              StatusIs(absl::StatusCode::kInvalidArgument, "index[4] = 9 is outside the 9 rows"));
+  EXPECT_THAT(be_->MoeCombine(rows.t, index, weights, 2, y.t),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(be_->MoeCombine(rows.t, index, absl::MakeConstSpan(weights).subspan(1), k, y.t),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  HostTensor narrow(DType::kF32, n_out, cols - 1);
+  EXPECT_THAT(be_->MoeCombine(rows.t, index, weights, k, narrow.t),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(be_->MoeCombine(rows.t, std::vector<int32_t>(m * 1, 0), std::vector<float>(m, 1.f),
+                              1, rows.t),
+              StatusIs(absl::StatusCode::kInvalidArgument, "aliases"));
+}
+
 TEST_P(CpuBackendTest, RmsNormWithAndWithoutWeight) {
   for (int64_t cols : {1, 7, 64, 4099}) {
     const int64_t rows = 5;

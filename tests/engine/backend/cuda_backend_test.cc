@@ -784,6 +784,27 @@ TEST_P(CudaElementwiseTest, ExactOpsMatchCpuBitForBit) {
   EXPECT_EQ(gpu, cpu) << "AddBias";
 }
 
+// MoeCombine: separately rounded products and sums in slot order on both sides: bit for bit.
+TEST_P(CudaElementwiseTest, MoeCombineMatchesCpuBitForBit) {
+  const EltShape c = GetParam();
+  const int k = 4;
+  const int64_t m = c.rows * 2 + 1;
+  const std::vector<float> rv = RandomFloats(static_cast<size_t>(m * c.cols), 71, -4.f, 4.f);
+  std::vector<int32_t> index(static_cast<size_t>(c.rows * k));
+  std::vector<float> weights = RandomFloats(index.size(), 72, 0.f, 1.f);
+  for (size_t i = 0; i < index.size(); ++i) index[i] = static_cast<int32_t>((i * 5 + 1) % m);
+  std::vector<float> out[2];
+  for (int b2 = 0; b2 < 2; ++b2) {
+    Backend& be = b2 == 0 ? *cpu_ : *cuda_;
+    Owned rows = Put(be, DType::kF32, m, c.cols, rv.data());
+    const std::vector<float> zeros(static_cast<size_t>(c.rows * c.cols), 0.f);
+    Owned y = Put(be, DType::kF32, c.rows, c.cols, zeros.data());
+    PD_ASSERT_OK(be.MoeCombine(rows.t, index, weights, k, y.t));
+    out[b2] = Get(be, y.t);
+  }
+  EXPECT_EQ(out[1], out[0]) << "MoeCombine";
+}
+
 TEST_P(CudaElementwiseTest, SwiGluAndGeGluMatchCpu) {
   const EltShape c = GetParam();
   const size_t n = static_cast<size_t>(c.rows * c.cols);

@@ -41,6 +41,10 @@ struct TinyModel {
   bool qk_norm = false;             // write attn_{q,k}_norm.weight
   bool fused = false;               // attn_qkv.weight and a gate/up ffn_up.weight, as Phi-3
   uint32_t weight_type = kTypeF32;  // of the matmul weights
+  // Experts (n_expert > 0): {arch}.expert_count / expert_used_count, and for expert_ff > 0
+  // expert_feed_forward_length; ffn_gate_inp and stacked ffn_{gate,up,down}_exps in place of the
+  // dense feed-forward (experts of expert_ff rows, else n_ff).
+  int64_t n_expert = 0, n_expert_used = 0, expert_ff = 0;
   // Extra metadata, applied after the defaults (so tests can add keys).
   std::function<void(GgufBuilder&)> extra_kv;
   // Metadata keys (without the arch prefix) to leave out.
@@ -73,6 +77,11 @@ struct TinyModel {
       u32("attention.key_length", head_dim);
       u32("attention.value_length", head_dim);
     }
+    if (n_expert > 0) {
+      u32("expert_count", n_expert);
+      u32("expert_used_count", n_expert_used);
+      if (expert_ff > 0) u32("expert_feed_forward_length", expert_ff);
+    }
     if (extra_kv) extra_kv(b);
 
     const uint64_t e = n_embd, hd = head_dim > 0 ? head_dim : n_embd / n_head, q = n_head * hd,
@@ -101,6 +110,14 @@ struct TinyModel {
         ts.push_back({p + "attn_v.bias", {kv}});
       }
       ts.push_back({p + "ffn_norm.weight", {e}});
+      if (n_expert > 0) {
+        const uint64_t ne = n_expert, fe = expert_ff > 0 ? expert_ff : n_ff;
+        ts.push_back({p + "ffn_gate_inp.weight", {e, ne}});
+        ts.push_back({p + "ffn_gate_exps.weight", {e, fe, ne}});
+        ts.push_back({p + "ffn_up_exps.weight", {e, fe, ne}});
+        ts.push_back({p + "ffn_down_exps.weight", {fe, e, ne}});
+        continue;
+      }
       if (fused) {
         ts.push_back({p + "ffn_up.weight", {e, 2 * uint64_t(n_ff)}});
       } else {
@@ -120,7 +137,7 @@ struct TinyModel {
         d = it->second;
       }
       uint32_t type = kTypeF32;
-      if (d.size() == 2 && name != "token_embd.weight") type = weight_type;
+      if (d.size() >= 2 && name != "token_embd.weight") type = weight_type;
       if (auto it = types.find(name); it != types.end()) type = it->second;
       b.Tensor(name, d, type);
     }
@@ -488,6 +505,101 @@ TEST(ModelConfigTest, Phi3LongRopeAndExpertsAreRefused) {
                                        "range"));
 }
 
+TEST(ModelConfigTest, Qwen3MoeExpertsAndTheirSize) {
+  TinyModel m;
+  m.arch = "qwen3moe";
+  m.qk_norm = true;
+  m.n_expert = 4;
+  m.n_expert_used = 2;
+  m.expert_ff = 8;
+  const std::string bytes = m.Build();
+  auto c = Config(bytes);
+  PD_ASSERT_OK(c);
+  EXPECT_EQ(c->arch, "qwen3moe");
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_EQ(c->rope_mode, RopeMode::kNeox);
+  EXPECT_EQ(c->n_expert, 4);
+  EXPECT_EQ(c->n_expert_used, 2);
+  EXPECT_EQ(c->n_ff_exp, 8);
+  EXPECT_EQ(c->n_ff, 16);  // the dense size the file states
+
+  // Without expert_feed_forward_length: n_ff / n_expert_used, as llama.cpp.
+  TinyModel implicit = m;
+  implicit.expert_ff = 0;
+  const std::string b2 = implicit.Build();
+  auto c2 = Config(b2);
+  PD_ASSERT_OK(c2);
+  EXPECT_EQ(c2->n_ff_exp, 8);
+
+  // Mixtral: llama with experts of n_ff rows.
+  TinyModel mixtral;
+  mixtral.n_expert = 8;
+  mixtral.n_expert_used = 2;
+  const std::string b3 = mixtral.Build();
+  auto c3 = Config(b3);
+  PD_ASSERT_OK(c3);
+  EXPECT_EQ(c3->n_expert, 8);
+  EXPECT_EQ(c3->n_ff_exp, 16);
+  EXPECT_EQ(c3->rope_mode, RopeMode::kNormal);
+  TinyModel dense;
+  const std::string b4 = dense.Build();
+  auto c4 = Config(b4);
+  PD_ASSERT_OK(c4);
+  EXPECT_EQ(c4->n_expert, 0);
+}
+
+TEST(ModelConfigTest, BadExpertConfigsAreRefused) {
+  struct Case {
+    std::function<void(TinyModel&)> edit;
+    absl::StatusCode code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](TinyModel& m) { m.drop_keys = {"expert_count"}; }, absl::StatusCode::kNotFound,
+       "qwen3moe.expert_count"},
+      {[](TinyModel& m) { m.n_expert_used = 5; }, absl::StatusCode::kInvalidArgument,
+       "'qwen3moe.expert_used_count' = 5 is out of range (1..4)"},
+      {[](TinyModel& m) { m.n_expert_used = 0; }, absl::StatusCode::kInvalidArgument,
+       "'qwen3moe.expert_used_count' = 0 is out of range"},
+      {[](TinyModel& m) {
+         m.extra_kv = [](GgufBuilder& b) { b.U32("qwen3moe.expert_group_count", 2); };
+       },
+       absl::StatusCode::kUnimplemented, "group-limited expert routing is not supported"},
+      {[](TinyModel& m) { m.dims["blk.0.ffn_gate_shexp.weight"] = {8, 16}; },
+       absl::StatusCode::kUnimplemented, "shared experts (tensor 'blk.0.ffn_gate_shexp.weight')"},
+      {[](TinyModel& m) {
+         m.expert_ff = 0;
+         m.n_ff = 1;
+       },
+       absl::StatusCode::kInvalidArgument,
+       "feed_forward_length 1 is smaller than expert_used_count 2"},
+      {[](TinyModel& m) {
+         m.arch = "qwen2";
+         m.qk_norm = false;
+       },
+       absl::StatusCode::kUnimplemented, "qwen2 with a mixture of experts is not supported"},
+      {[](TinyModel& m) {
+         m.arch = "llama";
+         m.qk_norm = false;
+         m.drop_keys = {"expert_count"};
+       },
+       absl::StatusCode::kInvalidArgument,
+       "tensor 'blk.0.ffn_gate_inp.weight' (an expert router) without 'llama.expert_count'"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(i);
+    TinyModel m;
+    m.arch = "qwen3moe";
+    m.qk_norm = true;
+    m.n_expert = 4;
+    m.n_expert_used = 2;
+    m.expert_ff = 8;
+    cases[i].edit(m);
+    const std::string bytes = m.Build();
+    EXPECT_THAT(Config(bytes), StatusIs(cases[i].code, cases[i].message));
+  }
+}
+
 // A draft model's restricted head (pdserve.draft.head_tokens): read when consistent, refused with
 // INVALID_ARGUMENT naming the problem otherwise.
 TEST(ModelConfigTest, DraftHeadTokens) {
@@ -794,6 +906,63 @@ TEST_F(WeightsTest, WrongFusedShapesNameTheLayout) {
   norm.dims["blk.1.ffn_norm.weight"] = {};
   EXPECT_THAT(Load(norm), StatusIs(absl::StatusCode::kInvalidArgument,
                                    "tensor 'blk.1.ffn_norm.weight' is missing"));
+}
+
+// Stacked experts are one mapping each; expert e is the e-th block of rows, a view of the file.
+TEST_F(WeightsTest, ExpertsAreRowBlocksOfTheStackedTensors) {
+  for (uint32_t type : {kTypeF32, kTypeQ8_0}) {
+    SCOPED_TRACE(type);
+    TinyModel m;
+    m.arch = "qwen3moe";
+    m.qk_norm = true;
+    m.n_expert = 4;
+    m.n_expert_used = 2;
+    m.expert_ff = 8;
+    m.weight_type = type;
+    if (type == kTypeQ8_0) {  // rows of whole Q8_0 blocks
+      m.n_embd = 64;
+      m.expert_ff = 32;
+      m.types["blk.0.ffn_gate_inp.weight"] = kTypeF32;
+      m.types["blk.1.ffn_gate_inp.weight"] = kTypeF32;
+    }
+    auto w = Load(m);
+    PD_ASSERT_OK(w);
+    for (int i = 0; i < 2; ++i) {
+      const LayerWeights& l = (*w)->layers[i];
+      const GgufTensorInfo* up = file_->FindTensor(pd::StrCat("blk.", i, ".ffn_up_exps.weight"));
+      const GgufTensorInfo* down =
+          file_->FindTensor(pd::StrCat("blk.", i, ".ffn_down_exps.weight"));
+      ASSERT_NE(up, nullptr);
+      ASSERT_NE(down, nullptr);
+      EXPECT_EQ(l.w_gate.data, nullptr);  // no dense feed-forward
+      EXPECT_EQ(l.ffn_gate_inp.rows, 4);
+      EXPECT_EQ(l.ffn_gate_inp.cols, m.n_embd);
+      EXPECT_EQ(l.up_exps.rows, 4 * m.expert_ff);
+      for (int e = 0; e < 4; ++e) {
+        const Tensor ue = l.Expert(l.up_exps, e), de = l.Expert(l.down_exps, e);
+        EXPECT_EQ(ue.rows, m.expert_ff);
+        EXPECT_EQ(ue.cols, m.n_embd);
+        EXPECT_EQ(ue.data, up->data + e * m.expert_ff * ue.row_bytes());
+        EXPECT_EQ(de.rows, m.n_embd);
+        EXPECT_EQ(de.cols, m.expert_ff);
+        EXPECT_EQ(de.data, down->data + e * m.n_embd * de.row_bytes());
+        EXPECT_EQ(ue.type, type == kTypeQ8_0 ? DType::kQ8_0 : DType::kF32);
+      }
+    }
+    size_t sum = 0;
+    for (const GgufTensorInfo& t : file_->tensors()) sum += t.nbytes;
+    EXPECT_EQ((*w)->total_bytes, sum);
+  }
+  TinyModel bad;
+  bad.arch = "qwen3moe";
+  bad.qk_norm = true;
+  bad.n_expert = 4;
+  bad.n_expert_used = 2;
+  bad.expert_ff = 8;
+  bad.dims["blk.1.ffn_down_exps.weight"] = {8, 8, 3};  // one expert short
+  EXPECT_THAT(Load(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                  "tensor 'blk.1.ffn_down_exps.weight' has shape [8, 8, 3], "
+                                  "expected [8, 8, 4] ({cols, rows, experts})"));
 }
 
 }  // namespace

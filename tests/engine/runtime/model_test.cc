@@ -4,6 +4,7 @@
 #include "engine/runtime/model.h"
 
 #include <cmath>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -188,6 +189,26 @@ TEST_P(ModelTest, ObserverSeesEveryMatMulInputWithoutChangingResults) {
   std::vector<float> observed = AllLogits(*f, prompt, 0);
   f->model->set_observer(nullptr);
   EXPECT_EQ(plain, observed);
+  if (c.n_expert > 0) {
+    // Per layer: q, k, v, o, the router, and each expert that tokens went to (gate and up of the
+    // rows routed to it, then down): every token's k rows once each.
+    std::map<std::string, int64_t> rows;
+    for (size_t i = 0; i < rec.names.size(); ++i) {
+      rows[rec.names[i]] += rec.shapes[i].first;
+      if (rec.names[i] == "blk.0.ffn_down_exps.weight") EXPECT_EQ(rec.shapes[i].second, c.n_ff_exp);
+      if (rec.names[i] == "blk.0.ffn_gate_inp.weight") EXPECT_EQ(rec.shapes[i].second, c.n_embd);
+    }
+    const int64_t n = static_cast<int64_t>(prompt.size());
+    for (int l = 0; l < c.n_layer; ++l) {
+      const std::string p = "blk." + std::to_string(l) + ".";
+      EXPECT_EQ(rows[p + "ffn_gate_inp.weight"], n) << l;
+      EXPECT_EQ(rows[p + "ffn_gate_exps.weight"], n * c.n_expert_used) << l;
+      EXPECT_EQ(rows[p + "ffn_up_exps.weight"], n * c.n_expert_used) << l;
+      EXPECT_EQ(rows[p + "ffn_down_exps.weight"], n * c.n_expert_used) << l;
+    }
+    EXPECT_EQ(rec.names.back(), c.tied_output ? "token_embd.weight" : "output.weight");
+    return;
+  }
   ASSERT_EQ(rec.names.size(), size_t(7 * c.n_layer + 1));
   // Views of a fused matrix report under its name.
   const bool fused = f->model->weights().layers[0].fused_qkv;
@@ -215,11 +236,47 @@ INSTANTIATE_TEST_SUITE_P(
         // Phi-3: fused QKV and gate/up, a window of 4 positions on every layer (the prompts are
         // longer), in F32 and Q8_0 (row views of a quantized matrix).
         TinyModelSpec{.arch = "phi3", .n_head_kv = 4, .fused = true, .sliding_window = 4},
-        TinyModelSpec{.arch = "phi3", .fused = true, .sliding_window = 0, .type = DType::kQ8_0}),
+        TinyModelSpec{.arch = "phi3", .fused = true, .sliding_window = 0, .type = DType::kQ8_0},
+        // Experts: Qwen3-MoE (8 experts of 32 rows, 2 used) in F32 and Q8_0, and Mixtral's
+        // layout (llama, 4 experts of n_ff rows, 2 used).
+        TinyModelSpec{.arch = "qwen3moe", .tied = true, .head_dim = 32, .qk_norm = true,
+                      .n_expert = 8, .n_expert_used = 2, .expert_ff = 32},
+        TinyModelSpec{.arch = "qwen3moe", .head_dim = 32, .qk_norm = true, .n_expert = 8,
+                      .n_expert_used = 3, .expert_ff = 32, .type = DType::kQ8_0},
+        TinyModelSpec{.n_expert = 4, .n_expert_used = 2}),
     [](const auto& info) {
       return info.param.arch + "_" + std::string(Traits(info.param.type).name) + "_kv" +
-             std::to_string(info.param.n_head_kv);
+             std::to_string(info.param.n_head_kv) +
+             (info.param.n_expert > 0 ? "_moe" + std::to_string(info.param.n_expert) : "");
     });
+
+// A token's experts run over the rows routed to them, gathered from the whole batch, each row in
+// the single-row summation order: its logits are bit-identical whatever else shares the batch
+// (and so its experts).
+TEST(ModelExpertsTest, ExpertsAreBatchInvariantBitForBit) {
+  for (DType type : {DType::kF32, DType::kQ8_0}) {
+    SCOPED_TRACE(Traits(type).name);
+    auto f = Make(TinyModelSpec{.arch = "qwen3moe", .head_dim = 32, .qk_norm = true,
+                                .n_expert = 4, .n_expert_used = 2, .expert_ff = 32,
+                                .type = type});
+    const int V = f->model->config().n_vocab;
+    const std::vector<int32_t> a = {3, 14, 15, 92, 65, 35, 89, 79};
+    const std::vector<int32_t> c = {27, 18, 28, 18, 28, 45, 90, 45, 23};
+    const std::vector<float> la = AllLogits(*f, a, 10);
+    f->kv->Free(10);
+    PD_ASSERT_OK(f->kv->Reserve(20, int(a.size())));
+    PD_ASSERT_OK(f->kv->Reserve(21, int(c.size())));
+    Batch b;
+    for (size_t i = 0; i < c.size(); ++i) {
+      if (i < a.size()) b.Add(a[i], int32_t(i), 20, true);
+      b.Add(c[i], int32_t(i), 21, false);
+    }
+    std::vector<float> mixed;
+    PD_ASSERT_OK(f->model->Forward(b, *f->kv, &mixed));
+    ASSERT_EQ(mixed.size(), la.size());
+    EXPECT_EQ(mixed, la);
+  }
+}
 
 // Phi-3's window (attention.sliding_window) holds on every layer: a position sees the last
 // `window` positions only. Logits before the window fills equal those of the same model without
