@@ -21,6 +21,7 @@
 #include "common/status.h"
 #include "common/strings.h"
 #include "engine/tokenizer/pretokenizer.h"
+#include "engine/tokenizer/ugm.h"
 #include "nlohmann/json.hpp"
 
 namespace pd::engine {
@@ -31,7 +32,7 @@ using json = nlohmann::json;
 constexpr std::string_view kSpaceEscape = "\xE2\x96\x81";  // U+2581, SentencePiece's space
 
 // llama.cpp's token types (gguf.TokenType).
-constexpr int32_t kNormal = 1, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6;
+constexpr int32_t kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6;
 
 // ---- the Hugging Face pre-tokenizer definitions llama.cpp's types were transcribed from -------
 //
@@ -336,12 +337,59 @@ struct AddedToken {
 };
 
 struct HfModel {
+  bool unigram = false;
+  std::optional<int32_t> unk_id;  // Unigram
+  std::vector<double> scores;     // Unigram, by id
   bool byte_fallback = false;
   bool ignore_merges = false;
   absl::flat_hash_map<std::string, int32_t> vocab;
   std::vector<std::pair<std::string, std::string>> merges;  // by rank
   bool merges_are_pairs = false;                            // the [a, b] form
 };
+
+// model.vocab of a Unigram model: [[piece, log probability], ...], the id being the index.
+absl::StatusOr<HfModel> ReadUnigram(const JsonFile& f, const json& model) {
+  HfModel m;
+  m.unigram = true;
+  PD_ASSIGN_OR_RETURN(std::optional<bool> byte_fallback,
+                      f.OptBool(model, "model", "byte_fallback"));
+  m.byte_fallback = byte_fallback.value_or(false);
+  PD_ASSIGN_OR_RETURN(const json* vocab, f.Require(model, "model", "vocab"));
+  if (!vocab->is_array()) {
+    return f.WrongType("model.vocab", "an array of [piece, score] pairs", *vocab);
+  }
+  if (vocab->size() >= static_cast<size_t>(INT32_MAX)) {
+    return f.Invalid("model.vocab", "too many pieces");
+  }
+  m.vocab.reserve(vocab->size());
+  m.scores.reserve(vocab->size());
+  for (size_t i = 0; i < vocab->size(); ++i) {
+    const json& e = (*vocab)[i];
+    const std::string at = StrCat("model.vocab[", i, "]");
+    if (!e.is_array() || e.size() != 2 || !e[0].is_string() || !e[1].is_number()) {
+      return f.WrongType(at, "a [piece, score] pair", e);
+    }
+    const std::string text = e[0].get<std::string>();
+    const auto [it, inserted] = m.vocab.emplace(text, static_cast<int32_t>(i));
+    if (!inserted) {
+      return f.Invalid(at, StrCat(Quoted(text), " is also piece ", it->second));
+    }
+    m.scores.push_back(e[1].get<double>());
+  }
+  const json* unk = JsonFile::Find(model, "unk_id");
+  if (unk == nullptr) {
+    return f.Unsupported("model.unk_id",
+                         "a Unigram model without an unknown token is not supported (llama.cpp's "
+                         "Unigram encoder needs one)");
+  }
+  PD_ASSIGN_OR_RETURN(int32_t unk_id, f.Id(*unk, "model.unk_id"));
+  if (static_cast<size_t>(unk_id) >= vocab->size()) {
+    return f.Invalid("model.unk_id", StrCat("id ", unk_id, " is out of range: model.vocab has ",
+                                            vocab->size(), " pieces"));
+  }
+  m.unk_id = unk_id;
+  return m;
+}
 
 absl::StatusOr<HfModel> ReadModel(const JsonFile& f) {
   PD_ASSIGN_OR_RETURN(const json* model, f.Require(f.root(), "", "model"));
@@ -354,14 +402,12 @@ absl::StatusOr<HfModel> ReadModel(const JsonFile& f) {
     }
     type = "BPE";
   }
-  if (*type == "Unigram") {
-    return f.Unsupported("model.type", "Unigram tokenizers are not supported yet");
-  }
+  if (*type == "Unigram") return ReadUnigram(f, *model);
   if (*type != "BPE") {
     return f.Unsupported("model.type",
                          StrCat(Quoted(*type),
                                 " tokenizers are not supported "
-                                "(supported: BPE, byte-level or SentencePiece-style)"));
+                                "(supported: BPE, byte-level or SentencePiece-style; Unigram)"));
   }
   HfModel m;
   PD_ASSIGN_OR_RETURN(std::optional<bool> byte_fallback,
@@ -677,18 +723,148 @@ absl::StatusOr<SpmSetup> ReadSpmSetup(const JsonFile& f) {
   return s;
 }
 
+// Unigram: the GGUF flags and charsmap its normalizer and pre-tokenizer map onto, or
+// UNIMPLEMENTED naming the step that maps onto none.
+struct UgmSetup {
+  bool add_space_prefix = false;
+  bool split_at_spaces = false;
+  bool remove_extra_whitespaces = false;
+  std::string charsmap;
+};
+
+absl::StatusOr<UgmSetup> ReadUgmSetup(const JsonFile& f) {
+  UgmSetup s;
+  bool squeeze = false, strip = false;
+  if (const json* norm = JsonFile::Find(f.root(), "normalizer")) {
+    std::vector<std::pair<const json*, std::string>> steps;
+    PD_RETURN_IF_ERROR(Flatten(f, *norm, "normalizer", "normalizers", &steps));
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const auto& [step, at] = steps[i];
+      const std::string type = TypeOf(*step);
+      if (type == "Precompiled" && i == 0) {
+        PD_ASSIGN_OR_RETURN(std::optional<std::string> b64,
+                            f.OptString(*step, at, "precompiled_charsmap"));
+        std::string blob;
+        if (!absl::Base64Unescape(ToAbsl(b64.value_or("")), &blob)) {
+          return f.Invalid(JsonFile::Join(at, "precompiled_charsmap"), "not valid base64");
+        }
+        if (!blob.empty()) {
+          absl::StatusOr<std::unique_ptr<tokenizer_internal::PrecompiledCharsmap>> map =
+              tokenizer_internal::PrecompiledCharsmap::Parse(
+                  absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(blob.data()), blob.size()));
+          if (!map.ok()) {
+            return f.Invalid(JsonFile::Join(at, "precompiled_charsmap"),
+                             std::string(map.status().message()));
+          }
+        }
+        s.charsmap = std::move(blob);
+      } else if (type == "Replace") {
+        // transformers' SentencePiece converter: runs of spaces become one.
+        PD_ASSIGN_OR_RETURN(const json* pattern, f.Require(*step, at, "pattern"));
+        const json* regex = JsonFile::Find(*pattern, "Regex");
+        PD_ASSIGN_OR_RETURN(std::optional<std::string> content, f.OptString(*step, at, "content"));
+        if (regex == nullptr || !regex->is_string() || regex->get<std::string>() != " {2,}" ||
+            (content.value_or("") != " " && content.value_or("") != kSpaceEscape)) {
+          return f.Unsupported(
+              at, StrCat("Replace ", pattern->dump(), " -> ", Quoted(content.value_or("")),
+                         " is not supported for a Unigram model (only Regex \" {2,}\" -> \" \" "
+                         "or U+2581)"));
+        }
+        squeeze = true;
+      } else if (type == "Strip") {
+        PD_ASSIGN_OR_RETURN(std::optional<bool> left, f.OptBool(*step, at, "strip_left"));
+        PD_ASSIGN_OR_RETURN(std::optional<bool> right, f.OptBool(*step, at, "strip_right"));
+        if (left.value_or(false) || !right.value_or(false)) {
+          return f.Unsupported(at, "Strip is supported for a Unigram model only of the right end");
+        }
+        strip = true;
+      } else {
+        return f.Unsupported(
+            at, StrCat("normalizer ", Quoted(type),
+                       " is not supported for a Unigram model (supported: a first Precompiled, "
+                       "Replace of \" {2,}\", Strip of the right end): a GGUF Unigram vocabulary "
+                       "normalizes only by a precompiled charsmap"));
+      }
+    }
+  }
+  if (strip && !squeeze) {
+    return f.Unsupported("normalizer",
+                         "Strip without Replace of \" {2,}\" is not supported for a Unigram model");
+  }
+  bool metaspace = false, whitespace_split = false;
+  std::string scheme_used;
+  if (const json* pre = JsonFile::Find(f.root(), "pre_tokenizer")) {
+    std::vector<std::pair<const json*, std::string>> steps;
+    PD_RETURN_IF_ERROR(Flatten(f, *pre, "pre_tokenizer", "pretokenizers", &steps));
+    for (const auto& [step, at] : steps) {
+      const std::string type = TypeOf(*step);
+      if (type == "WhitespaceSplit" && !metaspace && !whitespace_split) {
+        whitespace_split = true;
+        continue;
+      }
+      if (type != "Metaspace" || metaspace) {
+        return f.Unsupported(at, StrCat("pre-tokenizer ", Quoted(type),
+                                        " is not supported for a Unigram model (only one "
+                                        "Metaspace, possibly after WhitespaceSplit)"));
+      }
+      PD_ASSIGN_OR_RETURN(std::optional<std::string> rep, f.OptString(*step, at, "replacement"));
+      if (rep.value_or(std::string(kSpaceEscape)) != kSpaceEscape) {
+        return f.Unsupported(
+            at, StrCat("Metaspace replacement ", Quoted(*rep), " is not supported (only U+2581)"));
+      }
+      PD_ASSIGN_OR_RETURN(std::optional<std::string> scheme,
+                          f.OptString(*step, at, "prepend_scheme"));
+      PD_ASSIGN_OR_RETURN(std::optional<bool> add_prefix, f.OptBool(*step, at, "add_prefix_space"));
+      if (scheme.has_value() && *scheme != "always" && *scheme != "first" && *scheme != "never") {
+        return f.Invalid(JsonFile::Join(at, "prepend_scheme"),
+                         StrCat("expected always, first or never, got ", Quoted(*scheme)));
+      }
+      scheme_used = scheme.value_or(add_prefix.value_or(true) ? "always" : "never");
+      s.add_space_prefix = scheme_used != "never";
+      PD_ASSIGN_OR_RETURN(std::optional<bool> split, f.OptBool(*step, at, "split"));
+      s.split_at_spaces = split.value_or(true);
+      metaspace = true;
+    }
+  }
+  if (!metaspace) {
+    return f.Unsupported("pre_tokenizer",
+                         "a Unigram model needs a Metaspace pre-tokenizer (spaces as U+2581); "
+                         "there is none");
+  }
+  if (whitespace_split) {
+    // Words split at whitespace, each given a U+2581: llama.cpp's remove_extra_whitespaces,
+    // which puts a U+2581 before every word.
+    if (scheme_used != "always") {
+      return f.Unsupported("pre_tokenizer",
+                           StrCat("WhitespaceSplit with Metaspace prepend_scheme ",
+                                  Quoted(scheme_used), " is not supported (only always)"));
+    }
+    s.remove_extra_whitespaces = true;
+  }
+  if (squeeze) s.remove_extra_whitespaces = true;
+  return s;
+}
+
 // The decoder must turn the model's pieces back into text the way llama.cpp's decoder for the
 // chosen model does.
-absl::Status CheckDecoder(const JsonFile& f, bool byte_level) {
+absl::Status CheckDecoder(const JsonFile& f, bool byte_level, bool unigram) {
   const json* dec = JsonFile::Find(f.root(), "decoder");
   std::vector<std::pair<const json*, std::string>> steps;
   if (dec != nullptr) PD_RETURN_IF_ERROR(Flatten(f, *dec, "decoder", "decoders", &steps));
   bool ok = false;
   for (const auto& [step, at] : steps) {
     const std::string type = TypeOf(*step);
-    ok |= byte_level ? type == "ByteLevel" : type == "ByteFallback";
+    if (unigram) {
+      ok |= type == "Metaspace" || type == "Replace";
+    } else {
+      ok |= byte_level ? type == "ByteLevel" : type == "ByteFallback";
+    }
   }
   if (ok) return absl::OkStatus();
+  if (unigram) {
+    return f.Unsupported("decoder",
+                         "a Unigram model needs a Metaspace decoder (or a Replace of U+2581)");
+  }
   return f.Unsupported("decoder", byte_level ? "a byte-level BPE needs a ByteLevel decoder"
                                              : "a SentencePiece-style BPE needs a ByteFallback "
                                                "decoder");
@@ -1030,11 +1206,18 @@ absl::StatusOr<GgufVocab> ReadHfTokenizer(const std::string& dir) {
 
   PD_ASSIGN_OR_RETURN(HfModel m, ReadModel(f));
   PD_ASSIGN_OR_RETURN(std::vector<AddedToken> added, ReadAddedTokens(f));
-  const bool byte_level = !m.byte_fallback;
+  const bool byte_level = !m.byte_fallback && !m.unigram;
 
   GgufVocab v;
   SpmSetup spm;
-  if (byte_level) {
+  UgmSetup ugm;
+  if (m.unigram) {
+    v.model = "t5";
+    PD_ASSIGN_OR_RETURN(ugm, ReadUgmSetup(f));
+    v.add_space_prefix = ugm.add_space_prefix;
+    v.remove_extra_whitespaces = ugm.remove_extra_whitespaces;
+    v.precompiled_charsmap = ugm.charsmap;
+  } else if (byte_level) {
     v.model = "gpt2";
     if (const json* norm = JsonFile::Find(f.root(), "normalizer")) {
       std::vector<std::pair<const json*, std::string>> steps;
@@ -1065,7 +1248,7 @@ absl::StatusOr<GgufVocab> ReadHfTokenizer(const std::string& dir) {
     PD_ASSIGN_OR_RETURN(spm, ReadSpmSetup(f));
     v.add_space_prefix = spm.add_space_prefix;
   }
-  PD_RETURN_IF_ERROR(CheckDecoder(f, byte_level));
+  PD_RETURN_IF_ERROR(CheckDecoder(f, byte_level, m.unigram));
 
   // ---- tokens: model.vocab, then added_tokens over it ----
   // The vocabulary size: every distinct token (ids must then be dense), or config.json's
@@ -1105,7 +1288,7 @@ absl::StatusOr<GgufVocab> ReadHfTokenizer(const std::string& dir) {
     // An added token with this text under another id took it: this id is a hole.
     if (text_to_id.find(ToAbsl(text))->second != id) continue;
     slots[id] = std::string(text);
-    if (!byte_level && IsByteToken(text)) types[id] = kByte;
+    if (!byte_level && (!m.unigram || m.byte_fallback) && IsByteToken(text)) types[id] = kByte;
   }
   std::set<int32_t> added_ids;
   for (size_t i = 0; i < added.size(); ++i) {
@@ -1157,8 +1340,25 @@ absl::StatusOr<GgufVocab> ReadHfTokenizer(const std::string& dir) {
     }
   }
 
+  // SentencePiece types its unknown piece so, whether or not it is also an added token.
+  if (m.unigram) v.token_types[*m.unk_id] = kUnknown;
+
   // ---- merges / scores ----
-  if (byte_level) {
+  if (m.unigram) {
+    v.scores.assign(n, 0.0f);
+    for (size_t id = 0; id < m.scores.size(); ++id) v.scores[id] = static_cast<float>(m.scores[id]);
+    if (ugm.split_at_spaces) {
+      // Hugging Face searches each piece between U+2581 on its own; llama.cpp searches the whole
+      // text, which is the same only while no token holds U+2581 after its start.
+      for (const auto& [id, text] : ById(m)) {
+        if (text.find(kSpaceEscape, 1) != std::string::npos) {
+          return f.Unsupported("pre_tokenizer.split",
+                               StrCat("Metaspace split with token ", Quoted(text), " (id ", id,
+                                      "), which holds U+2581 after its start, is not supported"));
+        }
+      }
+    }
+  } else if (byte_level) {
     v.merges.reserve(m.merges.size());
     for (const auto& [l, r] : m.merges) {
       if (!m.merges_are_pairs) {
@@ -1197,6 +1397,13 @@ absl::StatusOr<GgufVocab> ReadHfTokenizer(const std::string& dir) {
 
   SpecialVocab special(added, static_cast<int32_t>(n));
   PD_RETURN_IF_ERROR(special.Load(f, config_file, model_config, dir, &v));
+  if (m.unigram) {
+    if (!v.unk.has_value()) v.unk = *m.unk_id;
+    // Hugging Face adds only what the post_processor / tokenizer_config say; llama.cpp's t5
+    // default is to add EOS.
+    if (!v.add_bos.has_value()) v.add_bos = false;
+    if (!v.add_eos.has_value()) v.add_eos = false;
+  }
   return v;
 }
 

@@ -3,7 +3,7 @@
 // SpecialVocab) writes for it, so that a Hugging Face folder can be tokenized by pdserve's
 // Tokenizer without converting it first.
 //
-// Two kinds of tokenizer.json are supported:
+// Three kinds of tokenizer.json are supported:
 //  - byte-level BPE (model BPE, pre-tokenizer ByteLevel, possibly after Split/Digits steps in a
 //    Sequence; decoder ByteLevel) -> tokenizer.ggml.model "gpt2". tokenizer.ggml.pre is chosen
 //    from the tokenizer's own pre-tokenizer definition: its Split regexes (and ByteLevel's own
@@ -21,7 +21,17 @@
 //    converted from a SentencePiece model: Llama 2, Mistral, Gemma); a vocabulary with incomplete
 //    merges (a BPE trained with `tokenizers` itself) is refused, naming a token and the missing
 //    merge. add_space_prefix follows the Prepend normalizer / Metaspace prepend_scheme.
-// Refused with UNIMPLEMENTED, naming exactly what: Unigram, WordPiece and WordLevel models;
+//  - Unigram (model Unigram; a Metaspace pre-tokenizer, possibly after WhitespaceSplit) -> "t5".
+//    Scores are the model's log probabilities, model.unk_id the unknown token, <0xXX> pieces byte
+//    tokens when byte_fallback. The normalizer may be a Precompiled charsmap (copied to
+//    tokenizer.ggml.precompiled_charsmap after checking it), and transformers' SentencePiece
+//    whitespace steps, Replace of " {2,}" (with Strip of the right end), which with WhitespaceSplit
+//    become tokenizer.ggml.remove_extra_whitespaces; Metaspace's prepend_scheme gives
+//    add_space_prefix. add_bos/add_eos are written as the post_processor says, false when it says
+//    nothing (llama.cpp's t5 default would add EOS, Hugging Face adds nothing).
+// Refused with UNIMPLEMENTED, naming exactly what: WordPiece and WordLevel models; Unigram models
+// without unk_id or with other normalizers (NFKC, NFC, Lowercase...: a GGUF Unigram vocabulary
+// normalizes only by a precompiled charsmap) or pre-tokenizers;
 // normalizers other than NFC (byte-level; pdserve does not normalise, so non-NFC text can
 // tokenize differently from Hugging Face, as in llama.cpp) and the SentencePiece ones above;
 // pre-tokenizers not in the table (quoting their regexes); ByteLevel with add_prefix_space;
@@ -53,16 +63,22 @@ namespace pd::engine {
 // The GGUF tokenizer metadata that llama.cpp's converter writes for a Hugging Face tokenizer
 // (written by quantize::SetVocabKeys, read back by Tokenizer::FromGguf).
 struct GgufVocab {
-  std::string model;                 // tokenizer.ggml.model: "gpt2" or "llama"
-  std::string pre;                   // tokenizer.ggml.pre ("default" for "llama", as llama.cpp)
+  std::string model;                 // tokenizer.ggml.model: "gpt2", "llama" or "t5"
+  std::string pre;                   // tokenizer.ggml.pre ("default" for "llama", as llama.cpp;
+                                     // "" for "t5": not written)
   std::vector<std::string> tokens;   // by id
-  std::vector<float> scores;         // empty when the model has none (byte-level BPE)
+  std::vector<float> scores;         // empty when the model has none (byte-level BPE);
+                                     // Unigram: the log probabilities
   std::vector<int32_t> token_types;  // llama.cpp: 1 normal 2 unknown 3 control 4 user-defined
                                      // 5 unused 6 byte
   std::vector<std::string> merges;   // "left right", byte-level BPE only
   // Special tokens, as SpecialVocab derives them (unset: the key is not written).
   std::optional<int32_t> bos, eos, unk, sep, pad, mask, eot, eom;
   std::optional<bool> add_bos, add_eos, add_sep, add_space_prefix;
+  // Unigram ("t5"): tokenizer.ggml.remove_extra_whitespaces, and the SentencePiece charsmap
+  // (tokenizer.ggml.precompiled_charsmap, a uint8 array; empty: not written).
+  std::optional<bool> remove_extra_whitespaces;
+  std::string precompiled_charsmap;
   std::string chat_template;  // tokenizer.chat_template ("" when none)
   // Named templates (tokenizer_config.json's list form): tokenizer.chat_template.NAME, listed in
   // tokenizer.chat_templates.

@@ -156,6 +156,15 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special,
       EncodeSpm(escaped, &out);
       prev_special = false;
     }
+  } else if (model_ == TokenizerModel::kUgm) {
+    // Each run of text is normalized on its own, space prefix included (as llama.cpp does).
+    for (const Fragment& f : frags) {
+      if (f.token != kNoToken) {
+        out.push_back(f.token);
+      } else {
+        EncodeUgm(text.substr(f.begin, f.end - f.begin), &out);
+      }
+    }
   } else {
     for (const Fragment& f : frags) {
       if (f.token != kNoToken) {

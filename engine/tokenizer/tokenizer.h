@@ -8,9 +8,15 @@
 //  - `tokenizer.ggml.model = gpt2`: byte-level BPE. Text is split by the regex pre-tokenizer named
 //    by `tokenizer.ggml.pre` (PCRE2), each piece is mapped byte by byte onto GPT-2's printable
 //    alphabet, and merged by rank from `tokenizer.ggml.merges`.
+//  - `tokenizer.ggml.model = t5`: Unigram (SentencePiece's, llama.cpp's "UGM"). Each run of text
+//    is normalized (`tokenizer.ggml.precompiled_charsmap`, spaces as U+2581, the space prefix and
+//    `tokenizer.ggml.remove_extra_whitespaces`) and segmented by a Viterbi search for the most
+//    probable sequence of tokens (scores are log probabilities); unknown characters become the
+//    unknown token, or byte tokens when the vocabulary has them (ugm.cc says exactly how).
 //
 // Input bytes need not be valid UTF-8; they are handled the way llama.cpp handles them so that the
-// ids match its ids:
+// ids match its ids (Unigram: an invalid byte is normalized to U+FFFD; byte fallback is the one
+// place where pdserve departs from llama.cpp on purpose, to give the ids the model was trained on):
 //  - SPM works on raw bytes: an invalid byte ends up as its byte token. Initial symbols are cut by
 //    the lead byte without validation, so an invalid lead byte takes the next 1-3 bytes (even an
 //    escaped space) into its byte tokens, exactly as llama.cpp does.
@@ -42,6 +48,7 @@ namespace pd::engine {
 
 namespace tokenizer_internal {
 class PreTokenizer;
+struct UgmModel;
 }  // namespace tokenizer_internal
 
 // `tokenizer.ggml.token_type` values.
@@ -73,7 +80,7 @@ struct TokenAttr {
   static constexpr uint32_t kSingleWord = 1u << 9;
 };
 
-enum class TokenizerModel { kSpm, kBpe };
+enum class TokenizerModel { kSpm, kBpe, kUgm };
 
 inline constexpr int32_t kNoToken = -1;
 
@@ -100,14 +107,14 @@ class Tokenizer {
 
   // Token ids of `text` (any bytes). `add_special`: add BOS/EOS as the model asks
   // (tokenizer.ggml.add_bos_token / add_eos_token, or llama.cpp's per-model defaults: SPM adds BOS;
-  // BPE adds BOS for the llama3 pre-tokenizers only). `parse_special`: text equal to a control or
-  // unknown token becomes that token. User-defined tokens are always recognised, as in llama.cpp
-  // and Hugging Face tokenizers. Longer special tokens win over shorter ones.
-  // Precondition: text.size() < 4 GiB (PD_CHECKed; requests are bounded far below that).
+  // BPE adds BOS for the llama3 pre-tokenizers only; Unigram adds EOS, not BOS). `parse_special`:
+  // text equal to a control or unknown token becomes that token. User-defined tokens are always
+  // recognised, as in llama.cpp and Hugging Face tokenizers. Longer special tokens win over shorter
+  // ones. Precondition: text.size() < 4 GiB (PD_CHECKed; requests are bounded far below that).
   std::vector<int32_t> Encode(std::string_view text, bool add_special, bool parse_special) const;
 
   // Bytes of one token: byte tokens give their byte, BPE tokens are mapped back from the byte-level
-  // alphabet, SPM's U+2581 becomes a space. Control and unknown tokens give "" unless
+  // alphabet, SPM's and Unigram's U+2581 becomes a space. Control and unknown tokens give "" unless
   // `render_special`; unused/undefined tokens always give "". An id out of range gives "".
   std::string TokenToPiece(int32_t id, bool render_special = false) const;
 
@@ -176,6 +183,9 @@ class Tokenizer {
   void EncodeSpmRun(std::string_view run, SpmScratch* scratch, std::vector<int32_t>* out) const;
   void EncodeBpe(std::string_view text, std::vector<int32_t>* out) const;
   void MergeBpeWord(std::string_view word, BpeScratch* scratch, std::vector<int32_t>* out) const;
+  // Unigram (ugm.cc): the matcher, charsmap and flags, after the token attributes are final.
+  absl::Status LoadUgm(const GgufFile& gguf);
+  void EncodeUgm(std::string_view text, std::vector<int32_t>* out) const;
 
   TokenizerModel model_ = TokenizerModel::kSpm;
   std::string pre_;
@@ -184,9 +194,11 @@ class Tokenizer {
   // BPE: "left right" -> merge rank (lower merges first).
   absl::flat_hash_map<std::string, int32_t> merge_rank_;
   std::unique_ptr<tokenizer_internal::PreTokenizer> pre_tokenizer_;
+  std::unique_ptr<tokenizer_internal::UgmModel> ugm_;  // Unigram only
   // Control, user-defined and unknown tokens, longest text first (ties: lower id first).
   std::vector<int32_t> special_tokens_;
-  // SPM byte fallback: token of each byte value (kNoToken if the vocabulary lacks it).
+  // SPM and Unigram byte fallback: token of each byte value (kNoToken if the vocabulary lacks
+  // it; Unigram takes byte tokens <0xXX> only).
   std::array<int32_t, 256> byte_token_{};
   std::vector<int32_t> eog_ids_;
 

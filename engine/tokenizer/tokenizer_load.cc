@@ -11,6 +11,7 @@
 #include "common/strings.h"
 #include "engine/tokenizer/pretokenizer.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "engine/tokenizer/ugm.h"
 #include "engine/tokenizer/unicode.h"
 
 namespace pd::engine {
@@ -189,9 +190,21 @@ absl::Status Tokenizer::Load(const GgufFile& gguf) {
     escape_spaces_ = spec.escape_spaces;
     whole_newline_runs_ = spec.whole_newline_runs;
     force_add_bos_ = spec.force_add_bos;
+  } else if (*model == "t5") {
+    // llama.cpp's defaults for its UGM vocabularies (T5's ids); no space prefix unless the key
+    // says so.
+    model_ = TokenizerModel::kUgm;
+    bos_ = kNoToken;
+    eos_ = 1;
+    unk_ = 2;
+    pad_ = 0;
+    add_space_prefix_ = false;
+    add_bos_ = false;
+    add_eos_ = true;
+    clean_spaces_ = false;
   } else {
     return absl::InvalidArgumentError(StrCat("unsupported tokenizer.ggml.model '", *model,
-                                             "' (supported: llama, gpt2, gemma4)"));
+                                             "' (supported: llama, gpt2, gemma4, t5)"));
   }
   if (gguf.Has(kKeyAddPrefix)) {
     absl::StatusOr<bool> v = gguf.GetBool(kKeyAddPrefix);
@@ -301,13 +314,14 @@ absl::Status Tokenizer::Load(const GgufFile& gguf) {
       byte_token_[b] = id;
     }
   }
+  if (model_ == TokenizerModel::kUgm) PD_RETURN_IF_ERROR(LoadUgm(gguf));
   return absl::OkStatus();
 }
 
 absl::Status Tokenizer::LoadSpecialIds(const GgufFile& gguf) {
   const int32_t n = n_vocab();
   // Defaults that do not fit this vocabulary are dropped, as in llama.cpp.
-  for (int32_t* id : {&bos_, &eos_, &unk_}) {
+  for (int32_t* id : {&bos_, &eos_, &unk_, &pad_}) {
     if (*id >= n) *id = kNoToken;
   }
   const std::pair<std::string_view, int32_t*> keys[] = {

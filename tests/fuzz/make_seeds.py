@@ -63,6 +63,18 @@ def tokenizer_seeds() -> dict[str, bytes]:
     spm_vocab = bytes([2 | 4 | 64, 3]) + tok(2, 0, b"<unk>") + tok(1, 1, b"\xe2\x96\x81a") + \
         tok(6, 2, b"<0x61>") + bytes([0])
     out["vocab_spm"] = bytes([8, 0]) + spm_vocab + b"a a"
+    # A Unigram (t5) vocabulary with a one-key charsmap (TAB -> " ") and remove_extra_whitespaces.
+    sp = "\u2581".encode()
+    t5_tokens = [tok(3, 0, b"<pad>"), tok(3, 0, b"</s>"), tok(2, 0, b"<unk>"), tok(1, -2, sp),
+                 tok(1, -3, b"a"), tok(1, -4, sp + b"a"), tok(6, 0, b"<0x62>")]
+    units = [0] * 768
+    units[0] = 256 << 10                                # root: children at 256
+    units[256 ^ 9] = ((265 ^ 512) << 10) | (1 << 8) | 9  # TAB, its value below 512
+    units[512] = (1 << 31) | 0                          # offset of " " in the strings
+    charsmap = struct.pack("<I", 4 * len(units)) + struct.pack(f"<{len(units)}I", *units) + b" \0"
+    t5_vocab = bytes([2 | 4 | 128, len(t5_tokens)]) + b"".join(t5_tokens)
+    t5_vocab += bytes([1]) + struct.pack("<H", len(charsmap)) + charsmap + bytes([1])
+    out["vocab_t5"] = bytes([8, add]) + t5_vocab + b" a\ta  b\xff"
     return out
 
 

@@ -4,7 +4,8 @@
 // 2 render_special, 3 clean_spaces, 4 remove_special), the rest is the payload.
 //   mode 0-3  Encode the payload with one of the fuzz vocabularies (fuzz_vocab.h), then decode it
 //   mode 4-7  decode the payload read as token ids (in range or not) with vocabulary mode - 4
-//   mode 8    build a vocabulary from the payload (Tokenizer::FromGguf), then encode the rest
+//   mode 8    build a vocabulary from the payload (Tokenizer::FromGguf: SPM, BPE or Unigram with
+//             a charsmap from the input), then encode the rest
 //
 // What must hold, each from a promise of tokenizer.h:
 //  - Encode gives ids in [0, n_vocab); with add_special it starts with BOS when the model adds
@@ -172,6 +173,7 @@ void FuzzVocabulary(const Flags& f, FuzzInput& in) {
                                      "falcon", "deepseek-coder", "no-such-pre"};
   const uint8_t shape = in.Byte();
   const bool bpe = shape & 1;
+  const bool t5 = !bpe && (shape & 128);  // Unigram
   std::vector<std::string> tokens;
   std::vector<int32_t> types;
   std::vector<float> scores;
@@ -182,7 +184,17 @@ void FuzzVocabulary(const Flags& f, FuzzInput& in) {
     tokens.emplace_back(in.Short());
   }
   engine::testing::GgufBuilder b;
-  b.Str("tokenizer.ggml.model", bpe ? "gpt2" : "llama");
+  b.Str("tokenizer.ggml.model", bpe ? "gpt2" : t5 ? "t5" : "llama");
+  if (t5) {
+    // A precompiled charsmap from the input (mostly malformed: it must be refused cleanly) and
+    // the whitespace flag.
+    const std::string map = in.Bool() ? std::string(in.Bytes(in.Int<uint16_t>())) : std::string();
+    if (!map.empty()) {
+      b.Array<uint8_t>("tokenizer.ggml.precompiled_charsmap", engine::GgufValueType::kUint8,
+                       std::vector<uint8_t>(map.begin(), map.end()));
+    }
+    b.Bool("tokenizer.ggml.remove_extra_whitespaces", in.Bool());
+  }
   if (bpe) b.Str("tokenizer.ggml.pre", kPre[in.Pick(std::size(kPre))]);
   b.StrArray("tokenizer.ggml.tokens", tokens);
   if (shape & 2) {

@@ -324,8 +324,9 @@ def test_pdctl_matches_hf_tokenizers(kind, folders, texts, pdctl, tmp_path):
 
 
 def test_refusals_name_what(tmp_path, pdctl):
-    """A BPE trained with byte_fallback by `tokenizers` (incomplete merges) and a Unigram model are
-    refused with the reason; so is an unknown pre-tokenizer, quoting its regex."""
+    """A BPE trained with byte_fallback by `tokenizers` (incomplete merges) and a Unigram model
+    without Metaspace are refused with the reason; so is an unknown pre-tokenizer, quoting its
+    regex."""
     cases = []
     # A SentencePiece-style BPE trained by `tokenizers`: its merges are the ones it learned, not
     # every split of a token into two tokens.
@@ -339,7 +340,7 @@ def test_refusals_name_what(tmp_path, pdctl):
                                                     special_tokens=["<unk>"]))
     cases.append((trained, "these are not the merges of a SentencePiece model"))
     unigram = Tokenizer(models.Unigram([("<unk>", 0.0), ("a", -1.0)], 0, False))
-    cases.append((unigram, "Unigram tokenizers are not supported yet"))
+    cases.append((unigram, "a Unigram model needs a Metaspace pre-tokenizer"))
     odd = Tokenizer(models.BPE())
     odd.pre_tokenizer = pre_tokenizers.Sequence([_split("[a-z]+"), _byte_level(False)])
     odd.decoder = decoders.ByteLevel()

@@ -37,9 +37,13 @@ void SetVocabKeys(const GgufVocab& v, GgufWriter* w) {
       {"tokenizer.ggml.add_eos_token", &v.add_eos},
       {"tokenizer.ggml.add_sep_token", &v.add_sep},
       {"tokenizer.ggml.add_space_prefix", &v.add_space_prefix},
+      {"tokenizer.ggml.remove_extra_whitespaces", &v.remove_extra_whitespaces},
   };
   for (const auto& [key, flag] : flags) {
     if (flag->has_value()) w->SetBool(key, **flag);
+  }
+  if (!v.precompiled_charsmap.empty()) {
+    w->SetU8Array("tokenizer.ggml.precompiled_charsmap", v.precompiled_charsmap);
   }
   if (!v.named_chat_templates.empty()) {
     std::vector<std::string> names;

@@ -153,6 +153,14 @@ void GgufWriter::SetString(std::string_view key, std::string_view v) {
   Put(key, static_cast<uint32_t>(GgufValueType::kString), std::move(p));
 }
 
+void GgufWriter::SetU8Array(std::string_view key, std::string_view bytes) {
+  std::string p;
+  Append<uint32_t>(&p, static_cast<uint32_t>(GgufValueType::kUint8));
+  Append<uint64_t>(&p, bytes.size());
+  p.append(bytes);
+  Put(key, static_cast<uint32_t>(GgufValueType::kArray), std::move(p));
+}
+
 void GgufWriter::SetI32Array(std::string_view key, const std::vector<int32_t>& v) {
   std::string p;
   Append<uint32_t>(&p, static_cast<uint32_t>(GgufValueType::kInt32));

@@ -36,6 +36,7 @@ class GgufWriter {
   void SetF32(std::string_view key, float v);
   void SetBool(std::string_view key, bool v);
   void SetString(std::string_view key, std::string_view v);
+  void SetU8Array(std::string_view key, std::string_view bytes);
   void SetI32Array(std::string_view key, const std::vector<int32_t>& v);
   void SetF32Array(std::string_view key, const std::vector<float>& v);
   void SetStringArray(std::string_view key, const std::vector<std::string>& v);

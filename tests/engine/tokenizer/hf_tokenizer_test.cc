@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "common/status.h"
 #include "common/status_matchers.h"
 #include "engine/model/gguf.h"
@@ -575,7 +576,8 @@ TEST_F(HfTokenizerTest, MalformedOrUnsupportedByteLevel) {
        },
        absl::StatusCode::kUnimplemented, "Qwen 2's, but with ignore_merges true"},
       {"Unigram", [](json* t) { (*t)["model"]["type"] = "Unigram"; },
-       absl::StatusCode::kUnimplemented, "model.type: Unigram tokenizers are not supported yet"},
+       absl::StatusCode::kInvalidArgument,
+       "model.vocab: expected an array of [piece, score] pairs, got an object"},
       {"WordPiece", [](json* t) { (*t)["model"]["type"] = "WordPiece"; },
        absl::StatusCode::kUnimplemented, "\"WordPiece\" tokenizers are not supported"},
       {"dropout", [](json* t) { (*t)["model"]["dropout"] = 0.1; }, absl::StatusCode::kUnimplemented,
@@ -619,6 +621,126 @@ TEST_F(HfTokenizerTest, MalformedOrUnsupportedSentencePiece) {
   };
   for (const ErrorCase& c : cases) {
     json t = SpmTokenizer();
+    c.edit(&t);
+    Write("tokenizer.json", t);
+    EXPECT_THAT(Read(), StatusIs(c.code, c.message)) << c.what;
+  }
+}
+
+// ---- Unigram -----------------------------------------------------------------------------------
+
+// A charsmap of one key, TAB -> " " (three 256-unit blocks, as darts-clone writes them), base64.
+std::string TabCharsmapBase64() {
+  std::vector<uint32_t> u(768, 0);
+  u[0] = 256u << 10;
+  u[256 ^ 9] = ((265u ^ 512u) << 10) | (1u << 8) | 9;
+  u[512] = 0x80000000u;
+  std::string blob;
+  auto put = [&](uint32_t x) {
+    for (int i = 0; i < 4; ++i) blob.push_back(static_cast<char>(x >> (8 * i)));
+  };
+  put(static_cast<uint32_t>(u.size() * 4));
+  for (uint32_t x : u) put(x);
+  blob += std::string(" \0", 2);
+  return absl::Base64Escape(blob);
+}
+
+// T5's layout: <pad> </s> <unk>, pieces with log probabilities, transformers' SentencePiece
+// normalizer (Precompiled, Strip, Replace) and Metaspace, a post-processor that adds </s>.
+json UnigramTokenizer() {
+  json vocab = json::array({json::array({"<pad>", 0.0}), json::array({"</s>", 0.0}),
+                            json::array({"<unk>", 0.0}), json::array({kSp, -2.0}),
+                            json::array({"a", -3.0}), json::array({"b", -3.0}),
+                            json::array({kSp + "a", -3.5}), json::array({"<0x41>", 0.0})});
+  return {
+      {"added_tokens", {Added(0, "<pad>", true), Added(1, "</s>", true), Added(2, "<unk>", true)}},
+      {"normalizer",
+       {{"type", "Sequence"},
+        {"normalizers",
+         {{{"type", "Precompiled"}, {"precompiled_charsmap", TabCharsmapBase64()}},
+          {{"type", "Strip"}, {"strip_left", false}, {"strip_right", true}},
+          {{"type", "Replace"}, {"pattern", {{"Regex", " {2,}"}}}, {"content", kSp}}}}}},
+      {"pre_tokenizer",
+       {{"type", "Metaspace"},
+        {"replacement", kSp},
+        {"prepend_scheme", "always"},
+        {"split", true}}},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single",
+         {{{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+          {{"SpecialToken", {{"id", "</s>"}, {"type_id", 0}}}}}},
+        {"pair", json::array()},
+        {"special_tokens", {{"</s>", {{"id", "</s>"}, {"ids", {1}}, {"tokens", {"</s>"}}}}}}}},
+      {"decoder", {{"type", "Metaspace"}, {"replacement", kSp}, {"prepend_scheme", "always"}}},
+      {"model", {{"type", "Unigram"}, {"unk_id", 2}, {"byte_fallback", true}, {"vocab", vocab}}}};
+}
+
+TEST_F(HfTokenizerTest, Unigram) {
+  Write("tokenizer.json", UnigramTokenizer());
+  Write("tokenizer_config.json",
+        json{{"eos_token", "</s>"}, {"unk_token", "<unk>"}, {"pad_token", "<pad>"}});
+  absl::StatusOr<GgufVocab> v = Read();
+  PD_ASSERT_OK(v);
+  EXPECT_EQ(v->model, "t5");
+  EXPECT_EQ(v->pre, "");
+  EXPECT_THAT(v->scores, ElementsAre(0, 0, 0, -2, -3, -3, -3.5f, 0));
+  EXPECT_THAT(v->token_types,
+              ElementsAre(kControl, kControl, 2, kNormal, kNormal, kNormal, kNormal, kByte));
+  EXPECT_EQ(v->unk, 2);
+  EXPECT_EQ(v->eos, 1);
+  EXPECT_EQ(v->pad, 0);
+  EXPECT_EQ(v->add_eos, true);
+  EXPECT_EQ(v->add_bos, false);
+  EXPECT_EQ(v->add_space_prefix, true);
+  EXPECT_EQ(v->remove_extra_whitespaces, true);
+  EXPECT_EQ(v->precompiled_charsmap.size(), 4u + 768 * 4 + 2);
+  std::unique_ptr<Tokenizer> tok = Load(*v);
+  EXPECT_EQ(tok->model(), TokenizerModel::kUgm);
+  // TAB is a space (charsmap), runs of spaces one U+2581 (remove_extra_whitespaces).
+  EXPECT_THAT(tok->Encode("a\t  b ", true, false), ElementsAre(6, 3, 5, 1));
+  // "A" has only its byte token.
+  EXPECT_THAT(tok->Encode("aA", false, false), ElementsAre(6, 7));
+  EXPECT_EQ(tok->Decode({6, 3, 5, 7, 1}), "a bA");
+}
+
+TEST_F(HfTokenizerTest, MalformedOrUnsupportedUnigram) {
+  const std::vector<ErrorCase> cases = {
+      {"NFKC",
+       [](json* t) {
+         (*t)["normalizer"]["normalizers"].push_back({{"type", "NFKC"}});
+       },
+       absl::StatusCode::kUnimplemented,
+       "normalizer.normalizers[3]: normalizer \"NFKC\" is not supported for a Unigram model"},
+      {"no unk_id", [](json* t) { (*t)["model"].erase("unk_id"); },
+       absl::StatusCode::kUnimplemented, "model.unk_id: a Unigram model without an unknown token"},
+      {"vocab not pairs", [](json* t) { (*t)["model"]["vocab"][1] = "x"; },
+       absl::StatusCode::kInvalidArgument, "model.vocab[1]: expected a [piece, score] pair"},
+      {"bad charsmap",
+       [](json* t) { (*t)["normalizer"]["normalizers"][0]["precompiled_charsmap"] = "AQAAAAA="; },
+       absl::StatusCode::kInvalidArgument,
+       "normalizer.normalizers[0].precompiled_charsmap: tokenizer.ggml.precompiled_charsmap: "
+       "trie size 1 is not a multiple of 4"},
+      {"Strip alone", [](json* t) { (*t)["normalizer"]["normalizers"].erase(2); },
+       absl::StatusCode::kUnimplemented, "Strip without Replace"},
+      {"no Metaspace", [](json* t) { (*t)["pre_tokenizer"] = nullptr; },
+       absl::StatusCode::kUnimplemented, "a Unigram model needs a Metaspace pre-tokenizer"},
+      {"WhitespaceSplit with first",
+       [](json* t) {
+         json meta = (*t)["pre_tokenizer"];
+         meta["prepend_scheme"] = "first";
+         (*t)["pre_tokenizer"] = {{"type", "Sequence"},
+                                  {"pretokenizers", {{{"type", "WhitespaceSplit"}}, meta}}};
+       },
+       absl::StatusCode::kUnimplemented, "WhitespaceSplit with Metaspace prepend_scheme \"first\""},
+      {"inner U+2581",
+       [](json* t) {
+         (*t)["model"]["vocab"].push_back({"x" + kSp, -1.0});
+       },
+       absl::StatusCode::kUnimplemented, "Metaspace split with token \"x" + kSp + "\""},
+  };
+  for (const ErrorCase& c : cases) {
+    json t = UnigramTokenizer();
     c.edit(&t);
     Write("tokenizer.json", t);
     EXPECT_THAT(Read(), StatusIs(c.code, c.message)) << c.what;
