@@ -24,7 +24,7 @@ struct TinyModelSpec {
   int head_dim = 0;         // > 0: written as attention.key_length/value_length (Qwen3)
   bool qk_norm = false;     // attn_{q,k}_norm.weight (Qwen3)
   bool fused = false;       // attn_qkv.weight and a gate/up ffn_up.weight (Phi-3)
-  int sliding_window = -1;  // >= 0: written as attention.sliding_window (Phi-3)
+  int sliding_window = -1;  // >= 0: written as attention.sliding_window (Phi-3, Mistral)
   DType type = DType::kF32;
   uint32_t seed = 1;
   // > 0: every matrix weight gets this much of an independent normal perturbation (relative to
