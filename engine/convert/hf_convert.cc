@@ -31,6 +31,15 @@ using quantize::GgufWriter;
 // llama.cpp's general.file_type for the float files this writes.
 constexpr uint32_t kFileTypeF32 = 0, kFileTypeF16 = 1, kFileTypeBf16 = 32;
 
+// What a class does with config.json's `sliding_window`.
+enum class Window {
+  kIgnored,     // not part of the model (transformers' Llama has no window): not read
+  kOptIn,       // Qwen2, Qwen3: only with use_sliding_window, which is refused below the context
+  kEveryLayer,  // Mistral: every layer slides (use_sliding_window: false turns it off)
+  kPhi3,        // written as llama.cpp's converter writes it (0 when null)
+  kGemma,       // Gemma 2 and 3: read with their layer patterns
+};
+
 // One supported transformers class: its GGUF architecture and per-layer tensor names.
 struct ArchSpec {
   std::string_view hf_class;
@@ -38,6 +47,7 @@ struct ArchSpec {
   std::string_view activation;  // config.json hidden_act / hidden_activation the model runs
   bool permute_qk;     // llama.cpp's "llama" rotates adjacent pairs; HF rotates halves
   bool norm_plus_one;  // Gemma: RMSNorm scales by (1 + w)
+  Window window;
   // "model.layers.N.<hf>" -> "blk.N.<gguf>".
   std::vector<std::pair<std::string_view, std::string_view>> layer;
 };
@@ -62,15 +72,30 @@ const std::vector<ArchSpec>& Archs() {
                                   {"self_attn.q_proj.bias", "attn_q.bias"},
                                   {"self_attn.k_proj.bias", "attn_k.bias"},
                                   {"self_attn.v_proj.bias", "attn_v.bias"}});
+    // Phi-3 stores Q, K and V as one matrix (rows q, k, v) and gate and up as one (gate first),
+    // as llama.cpp's attn_qkv and 2 * n_ff-row ffn_up hold them (Weights::Load splits both).
+    const std::vector<std::pair<std::string_view, std::string_view>> phi3 = {
+        {"input_layernorm.weight", "attn_norm.weight"},
+        {"self_attn.qkv_proj.weight", "attn_qkv.weight"},
+        {"self_attn.o_proj.weight", "attn_output.weight"},
+        {"post_attention_layernorm.weight", "ffn_norm.weight"},
+        {"mlp.gate_up_proj.weight", "ffn_up.weight"},
+        {"mlp.down_proj.weight", "ffn_down.weight"},
+    };
     return new std::vector<ArchSpec>{
-        {"LlamaForCausalLM", "llama", "silu", true, false, llama_like},
-        {"MistralForCausalLM", "llama", "silu", true, false, llama_like},
-        {"Qwen2ForCausalLM", "qwen2", "silu", false, false, llama_like},
-        {"Gemma2ForCausalLM", "gemma2", "gelu_pytorch_tanh", false, true,
+        {"LlamaForCausalLM", "llama", "silu", true, false, Window::kIgnored, llama_like},
+        {"MistralForCausalLM", "llama", "silu", true, false, Window::kEveryLayer, llama_like},
+        {"Qwen2ForCausalLM", "qwen2", "silu", false, false, Window::kOptIn, llama_like},
+        {"Qwen3ForCausalLM", "qwen3", "silu", false, false, Window::kOptIn,
+         with({{"post_attention_layernorm.weight", "ffn_norm.weight"},
+               {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+               {"self_attn.k_norm.weight", "attn_k_norm.weight"}})},
+        {"Phi3ForCausalLM", "phi3", "silu", false, false, Window::kPhi3, phi3},
+        {"Gemma2ForCausalLM", "gemma2", "gelu_pytorch_tanh", false, true, Window::kGemma,
          with({{"post_attention_layernorm.weight", "post_attention_norm.weight"},
                {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
                {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"}})},
-        {"Gemma3ForCausalLM", "gemma3", "gelu_pytorch_tanh", false, true,
+        {"Gemma3ForCausalLM", "gemma3", "gelu_pytorch_tanh", false, true, Window::kGemma,
          with({{"self_attn.q_norm.weight", "attn_q_norm.weight"},
                {"self_attn.k_norm.weight", "attn_k_norm.weight"},
                {"post_attention_layernorm.weight", "post_attention_norm.weight"},
@@ -299,15 +324,29 @@ absl::StatusOr<Plan> MakePlan(const std::string& dir, const HfConvertOptions& o,
   if (const json* pr = cfg.Get("partial_rotary_factor"); pr != nullptr && *pr != 1.0) {
     return cfg.Unsupported("partial_rotary_factor other than 1 is not supported");
   }
-  // Sliding windows: Gemma 3's run; Mistral's and Qwen2's do not yet (refused unless inactive).
-  if (!gemma && cfg.Has("sliding_window")) {
-    PD_ASSIGN_OR_RETURN(bool use_swa, cfg.BoolOr("use_sliding_window", arch == "llama"));
-    PD_ASSIGN_OR_RETURN(int64_t window, cfg.Int("sliding_window", 1, int64_t{1} << 40));
-    if (use_swa && window < n_ctx) {
-      return cfg.Unsupported(StrCat("sliding_window = ", window, " below max_position_embeddings = ",
+  // Sliding windows (Gemma's below, with their layer patterns). Mistral's slides on every layer;
+  // Qwen2's and Qwen3's (use_sliding_window, on the layers from max_window_layers on) do not run
+  // yet and are refused when they would bite.
+  int64_t window = 0;  // written as {arch}.attention.sliding_window when > 0 (and for Phi-3)
+  if (spec->window == Window::kOptIn && cfg.Has("sliding_window")) {
+    PD_ASSIGN_OR_RETURN(bool use_swa, cfg.BoolOr("use_sliding_window", false));
+    PD_ASSIGN_OR_RETURN(int64_t w_cfg, cfg.Int("sliding_window", 1, int64_t{1} << 40));
+    if (use_swa && w_cfg < n_ctx) {
+      return cfg.Unsupported(StrCat("sliding_window = ", w_cfg, " below max_position_embeddings = ",
                                     n_ctx, ": sliding-window attention is not supported for ",
                                     cls, " yet"));
     }
+  }
+  if (spec->window == Window::kEveryLayer && cfg.Has("sliding_window")) {
+    PD_ASSIGN_OR_RETURN(bool use_swa, cfg.BoolOr("use_sliding_window", true));
+    PD_ASSIGN_OR_RETURN(int64_t w_cfg, cfg.Int("sliding_window", 1, int64_t{1} << 24));
+    // A window as long as the context changes nothing: written only when it can bite.
+    if (use_swa && w_cfg < n_ctx) window = w_cfg;
+  }
+  if (spec->window == Window::kPhi3) {
+    // llama.cpp writes Phi-3's window as given, 0 when null (Phi-4); Hugging Face's Phi3 masks
+    // every layer with it, and so does pdserve (llama.cpp 0.3.36 ignores it: docs/models.md).
+    PD_ASSIGN_OR_RETURN(window, cfg.IntOr("sliding_window", 0, 0, 1 << 24));
   }
 
   w->SetString("general.architecture", arch);
@@ -329,6 +368,13 @@ absl::StatusOr<Plan> MakePlan(const std::string& dir, const HfConvertOptions& o,
     w->SetU32(p + "attention.key_length", static_cast<uint32_t>(head_dim));
     w->SetU32(p + "attention.value_length", static_cast<uint32_t>(head_dim));
   }
+  if (window > 0 || spec->window == Window::kPhi3) {
+    w->SetU32(p + "attention.sliding_window", static_cast<uint32_t>(window));
+  }
+  if (arch == "phi3" && cfg.Has("original_max_position_embeddings")) {
+    PD_ASSIGN_OR_RETURN(int64_t orig, cfg.Int("original_max_position_embeddings", 1, 1 << 24));
+    w->SetU32(p + "rope.scaling.original_context_length", static_cast<uint32_t>(orig));
+  }
 
   std::vector<float> rope_factors;
   if (const json* rs = cfg.Get("rope_scaling")) {
@@ -337,6 +383,12 @@ absl::StatusOr<Plan> MakePlan(const std::string& dir, const HfConvertOptions& o,
     for (const char* k : {"rope_type", "type"}) {
       auto it = rs->find(k);
       if (it != rs->end() && it->is_string()) type = it->get<std::string>();
+    }
+    if (arch == "phi3" && type != "default") {
+      // LongRoPE ("longrope", "su": Phi-3 128k, Phi-3.5) needs per-context factor sets and an
+      // attention factor the engine does not run; nothing else is Phi-3's.
+      return cfg.Unsupported(StrCat("rope_scaling type '", type, "' is not supported for ", cls,
+                                    " (LongRoPE does not run yet; only no rope_scaling does)"));
     }
     if (type == "linear") {
       auto it = rs->find("factor");
@@ -356,8 +408,8 @@ absl::StatusOr<Plan> MakePlan(const std::string& dir, const HfConvertOptions& o,
   }
 
   if (arch == "gemma3") {
-    PD_ASSIGN_OR_RETURN(int64_t window, cfg.Int("sliding_window", 1, 1 << 24));
-    w->SetU32(p + "attention.sliding_window", static_cast<uint32_t>(window));
+    PD_ASSIGN_OR_RETURN(int64_t gemma_window, cfg.Int("sliding_window", 1, 1 << 24));
+    w->SetU32(p + "attention.sliding_window", static_cast<uint32_t>(gemma_window));
     PD_ASSIGN_OR_RETURN(int64_t pattern, cfg.IntOr("sliding_window_pattern", 6, 1, 1024));
     if (const json* lt = cfg.Get("layer_types")) {
       // Newer configs list each layer; pdserve runs Gemma 3's five local, one global.
@@ -393,8 +445,8 @@ absl::StatusOr<Plan> MakePlan(const std::string& dir, const HfConvertOptions& o,
   }
 
   if (arch == "gemma2") {
-    PD_ASSIGN_OR_RETURN(int64_t window, cfg.IntOr("sliding_window", 4096, 1, 1 << 24));
-    w->SetU32(p + "attention.sliding_window", static_cast<uint32_t>(window));
+    PD_ASSIGN_OR_RETURN(int64_t gemma_window, cfg.IntOr("sliding_window", 4096, 1, 1 << 24));
+    w->SetU32(p + "attention.sliding_window", static_cast<uint32_t>(gemma_window));
     for (const char* k : {"attn_logit_softcapping", "final_logit_softcapping"}) {
       if (!cfg.Has(k)) {
         return cfg.Unsupported(StrCat(k, ": null (no soft-capping) is not supported for Gemma 2"));

@@ -4,12 +4,16 @@
 // a folder instead of a .gguf (the same GGUF, built in memory: OpenModelFile).
 //
 // Supported `architectures` (config.json): LlamaForCausalLM and MistralForCausalLM (GGUF "llama";
-// Q/K rows reordered for llama.cpp's adjacent-pair rotary layout), Qwen2ForCausalLM ("qwen2"),
-// Gemma2ForCausalLM and Gemma3ForCausalLM ("gemma2", "gemma3"; norm weights stored as w, applied
-// as 1 + w, become 1 + w; Gemma 2's soft-capping as its GGUF keys). Rope
-// scaling: linear, and Llama 3's (written as rope_freqs.weight, as llama.cpp does). Anything else
-// is UNIMPLEMENTED naming what, never converted into a model that runs wrongly. docs/models.md has
-// the tables.
+// Q/K rows reordered for llama.cpp's adjacent-pair rotary layout; Mistral's sliding_window, when
+// shorter than the context, written as llama.attention.sliding_window: every layer slides),
+// Qwen2ForCausalLM ("qwen2"), Qwen3ForCausalLM ("qwen3": per-head q_norm/k_norm),
+// Phi3ForCausalLM ("phi3": fused qkv_proj and gate_up_proj kept fused, as attn_qkv and a 2 * n_ff
+// row ffn_up; its sliding_window written as llama.cpp writes it), Gemma2ForCausalLM and
+// Gemma3ForCausalLM ("gemma2", "gemma3"; norm weights stored as w, applied as 1 + w, become
+// 1 + w; Gemma 2's soft-capping as its GGUF keys). Rope scaling: linear, and Llama 3's (written
+// as rope_freqs.weight, as llama.cpp does); none for Phi-3 (LongRoPE is refused). Anything else
+// is UNIMPLEMENTED naming what (Qwen2/Qwen3 windows that would bite, for one), never converted
+// into a model that runs wrongly. docs/models.md has the tables.
 //
 // Thread safety: free functions, no shared state.
 #pragma once

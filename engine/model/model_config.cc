@@ -322,6 +322,20 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   }
   PD_RETURN_IF_ERROR(ReadExperts(f, c));
   if (c.arch == "phi3") PD_RETURN_IF_ERROR(ReadPhi3(f, c));
+  if (c.arch == "llama") {
+    // Mistral's window (hf_convert writes it as llama.attention.sliding_window; llama.cpp's llama
+    // graph does not read the key): every layer attends to the last `sliding_window` positions,
+    // with the model's own rope.
+    PD_ASSIGN_OR_RETURN(uint64_t window, f.GetUintOr("llama.attention.sliding_window", 0));
+    if (window > (uint64_t{1} << 24)) {
+      return absl::InvalidArgumentError(
+          pd::StrCat("llama.attention.sliding_window = ", window, " is out of range"));
+    }
+    c.sliding_window = static_cast<int>(window);
+    c.swa_pattern = 0;
+    c.rope_freq_base_swa = c.rope_freq_base;
+    c.rope_freq_scale_swa = c.rope_freq_scale;
+  }
   c.qkv_bias = f.FindTensor("blk.0.attn_q.bias") != nullptr;
   return c;
 }

@@ -1,10 +1,10 @@
 // Hyper-parameters of a decoder-only transformer, read from GGUF metadata.
 //
-// Architectures differ by configuration, not by forked code: `llama` (Llama 2/3, Mistral,
-// TinyLlama), `qwen2`, `qwen3`, `phi3` and `gemma3` share one forward pass; the fields below
-// select their differences. How the weights are stored (fused QKV or gate/up matrices) is not
-// part of the config: Weights::Load splits fused matrices into the per-projection views the
-// forward pass reads.
+// Architectures differ by configuration, not by forked code: `llama` (Llama 2/3, Mistral with
+// its window, TinyLlama), `qwen2`, `qwen3`, `phi3`, `gemma2` and `gemma3` share one forward
+// pass; the fields below select their differences. How the weights are stored (fused QKV or
+// gate/up matrices) is not part of the config: Weights::Load splits fused matrices into the
+// per-projection views the forward pass reads.
 #pragma once
 
 #include <cstdint>
@@ -56,7 +56,7 @@ struct ModelConfig {
   // Sliding-window attention (sliding_window > 0): a sliding layer attends to the last
   // `sliding_window` positions only, with its own rope base and scale. With swa_pattern P > 0,
   // layer i is global when (i + 1) % P == 0 and sliding otherwise (Gemma 3); with P == 0 every
-  // layer slides (Phi-3).
+  // layer slides (Phi-3; Mistral, as llama with llama.attention.sliding_window).
   int sliding_window = 0;
   int swa_pattern = 0;
   float rope_freq_base_swa = 10000.f;

@@ -38,14 +38,15 @@ CORPUS = [
 ]
 
 
-def _tokenizer(folder: Path) -> int:
-    """Trains a byte-level BPE tokenizer (GPT-2's pre-tokenizer); returns its size."""
+def _tokenizer(folder: Path, specials: tuple[str, ...] = ()) -> int:
+    """Trains a byte-level BPE tokenizer (GPT-2's pre-tokenizer) with <|endoftext|> and `specials`
+    as special tokens; returns its size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", *specials],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tok.train_from_iterator(CORPUS * 4, trainer)
@@ -62,7 +63,15 @@ CASES = {
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 64}}, "F32", 1),
     "mistral": ("MistralForCausalLM", {"sliding_window": None, "head_dim": 24}, "F32", 1),
+    # A window of 8 on every layer; the 13-token prompt and its 32 greedy tokens run past it, so
+    # this case is checked against the float64 reference only (llama.cpp ignores the window:
+    # test_mistral_window compares them where the window does not bite).
+    "mistral_window": ("MistralForCausalLM", {"sliding_window": 8}, "F32", 1),
     "qwen2_bias": ("Qwen2ForCausalLM", {"tie_word_embeddings": True}, "F32", 1),
+    # Per-head Q/K norms; head_dim 32 on hidden 64 with 4 heads (q rows != hidden).
+    "qwen3": ("Qwen3ForCausalLM", {}, "F32", 1),
+    # Fused qkv_proj and gate_up_proj; a window (64) longer than the 45 positions run.
+    "phi3": ("Phi3ForCausalLM", {}, "F32", 1),
     "gemma3": ("Gemma3ForCausalLM", {}, "F32", 1),
     # Caps small enough to bite on this model's scores and logits.
     "gemma2_softcap": ("Gemma2ForCausalLM", {"attn_logit_softcapping": 2.0,
@@ -91,6 +100,13 @@ def _config(cls: str, n_vocab: int, overrides: dict) -> dict:
         del c["hidden_act"]
     if cls == "Qwen2ForCausalLM":
         c.update({"use_sliding_window": False, "sliding_window": 4096})
+    if cls == "Qwen3ForCausalLM":
+        c.update({"head_dim": 32, "attention_bias": False, "use_sliding_window": False,
+                  "sliding_window": None, "max_window_layers": 2, "tie_word_embeddings": False,
+                  "rope_theta": 1000000.0, "rms_norm_eps": 1e-6})
+    if cls == "Phi3ForCausalLM":
+        c.update({"sliding_window": 64, "original_max_position_embeddings": 256,
+                  "rope_scaling": None, "attention_bias": False})
     c.update(overrides)
     return c
 
@@ -101,6 +117,8 @@ def _weights(c: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
     hd = c.get("head_dim") or H // nh
     gemma = c["architectures"][0].startswith("Gemma")
     qwen = c["architectures"][0].startswith("Qwen2")
+    qwen3 = c["architectures"][0].startswith("Qwen3")
+    phi3 = c["architectures"][0].startswith("Phi3")
 
     def mat(rows, cols):
         return (rng.standard_normal((rows, cols)) / math.sqrt(cols)).astype(np.float32)
@@ -128,12 +146,17 @@ def _weights(c: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
             for n, rows in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
                 w[p + f"self_attn.{n}_proj.bias"] = (0.1 * rng.standard_normal(rows)).astype(
                     np.float32)
+        if qwen3 or c["architectures"][0].startswith("Gemma3"):
+            w[p + "self_attn.q_norm.weight"] = norm(hd)
+            w[p + "self_attn.k_norm.weight"] = norm(hd)
         if gemma:
-            if c["architectures"][0].startswith("Gemma3"):
-                w[p + "self_attn.q_norm.weight"] = norm(hd)
-                w[p + "self_attn.k_norm.weight"] = norm(hd)
             w[p + "pre_feedforward_layernorm.weight"] = norm(H)
             w[p + "post_feedforward_layernorm.weight"] = norm(H)
+        if phi3:  # transformers' Phi3 stores them fused: rows q, k, v; rows gate, up
+            w[p + "self_attn.qkv_proj.weight"] = np.concatenate(
+                [w.pop(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
+            w[p + "mlp.gate_up_proj.weight"] = np.concatenate(
+                [w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight")])
     return w
 
 
@@ -172,11 +195,14 @@ def _save(folder: Path, w: dict[str, np.ndarray], dtype: str, shards: int) -> No
         (folder / "model.safetensors.index.json").write_text(json.dumps(index))
 
 
-def make_checkpoint(folder: Path, name: str) -> tuple[dict, dict[str, np.ndarray]]:
+def make_checkpoint(folder: Path, name: str, **changes) -> tuple[dict, dict[str, np.ndarray]]:
+    """Writes CASES[name] (config.json keys in `changes` on top) into `folder`."""
     cls, overrides, dtype, shards = CASES[name]
     folder.mkdir(parents=True, exist_ok=True)
-    n_tok = _tokenizer(folder)
-    c = _config(cls, n_tok + 20, overrides)  # the embedding padded past the tokenizer
+    # llama.cpp looks up Phi-3's <s>, </s> and <unk> in any model whose name contains "phi3"
+    # (llama-vocab.cpp) and cannot load one without them.
+    n_tok = _tokenizer(folder, ("<s>", "</s>", "<unk>") if cls == "Phi3ForCausalLM" else ())
+    c = _config(cls, n_tok + 20, {**overrides, **changes})  # embedding padded past the tokenizer
     (folder / "config.json").write_text(json.dumps(c, indent=1))
     w = _weights(c, np.random.default_rng(zlib.crc32(name.encode())))
     _save(folder, w, dtype, shards)
@@ -216,10 +242,21 @@ def _gelu_tanh(g: np.ndarray, ggml_table: bool) -> np.ndarray:
     return y
 
 
+def _every_layer_window(c: dict) -> int | None:
+    """The window transformers' Mistral and Phi3 put on every layer (None: full attention)."""
+    cls = c["architectures"][0]
+    if cls == "MistralForCausalLM" and c.get("use_sliding_window", True):
+        return c.get("sliding_window")
+    if cls == "Phi3ForCausalLM":
+        return c.get("sliding_window")
+    return None
+
+
 def hf_forward(c: dict, w: dict[str, np.ndarray], ids: list[int],
                ggml_gelu: bool = False) -> np.ndarray:
     """Last-position logits of the transformers model, in float64 (ggml_gelu: _gelu_tanh)."""
     W = {k: v.astype(np.float64) for k, v in w.items()}
+    every_window = _every_layer_window(c)
     H, L = c["hidden_size"], c["num_hidden_layers"]
     nh, nkv = c["num_attention_heads"], c["num_key_value_heads"]
     hd = c.get("head_dim") or H // nh
@@ -244,26 +281,35 @@ def hf_forward(c: dict, w: dict[str, np.ndarray], ids: list[int],
 
     for i in range(L):
         p = f"model.layers.{i}."
-        sliding = (i % 2 == 0) if gemma2 else gemma and (i + 1) % 6 != 0
-        theta = c["rope_local_base_freq"] if sliding and not gemma2 else c["rope_theta"]
-        inv = _inv_freq(c, hd, theta, not sliding)
+        if gemma:
+            sliding = (i % 2 == 0) if gemma2 else (i + 1) % 6 != 0
+            window = c["sliding_window"] if sliding else None
+            theta = c["rope_local_base_freq"] if sliding and not gemma2 else c["rope_theta"]
+            inv = _inv_freq(c, hd, theta, not sliding)
+        else:  # Mistral's and Phi-3's windows keep the model's rope
+            window = every_window
+            inv = _inv_freq(c, hd, c["rope_theta"], True)
         h = _rms(x, W[p + "input_layernorm.weight"], eps, gemma)
-        q = h @ W[p + "self_attn.q_proj.weight"].T
-        k = h @ W[p + "self_attn.k_proj.weight"].T
-        v = h @ W[p + "self_attn.v_proj.weight"].T
+        if p + "self_attn.qkv_proj.weight" in W:  # Phi3: split as its forward does
+            qkv = h @ W[p + "self_attn.qkv_proj.weight"].T
+            q, k, v = np.split(qkv, [nh * hd, (nh + nkv) * hd], axis=-1)
+        else:
+            q = h @ W[p + "self_attn.q_proj.weight"].T
+            k = h @ W[p + "self_attn.k_proj.weight"].T
+            v = h @ W[p + "self_attn.v_proj.weight"].T
         if p + "self_attn.q_proj.bias" in W:
             q += W[p + "self_attn.q_proj.bias"]
             k += W[p + "self_attn.k_proj.bias"]
             v += W[p + "self_attn.v_proj.bias"]
         q, k, v = q.reshape(T, nh, hd), k.reshape(T, nkv, hd), v.reshape(T, nkv, hd)
-        if gemma and not gemma2:
-            q = _rms(q, W[p + "self_attn.q_norm.weight"], eps, True)
-            k = _rms(k, W[p + "self_attn.k_norm.weight"], eps, True)
+        if p + "self_attn.q_norm.weight" in W:  # Gemma 3 (1 + w), Qwen3 (w)
+            q = _rms(q, W[p + "self_attn.q_norm.weight"], eps, gemma)
+            k = _rms(k, W[p + "self_attn.k_norm.weight"], eps, gemma)
         q, k = rope(q, inv), rope(k, inv)
         scale = (c["query_pre_attn_scalar"] if gemma else hd) ** -0.5
         mask = np.tril(np.ones((T, T), dtype=bool))
-        if sliding:
-            mask &= (np.arange(T)[:, None] - np.arange(T)[None, :]) < c["sliding_window"]
+        if window is not None:
+            mask &= (np.arange(T)[:, None] - np.arange(T)[None, :]) < window
         out = np.zeros((T, nh, hd))
         for head in range(nh):
             g = head // (nh // nkv)
@@ -286,9 +332,12 @@ def hf_forward(c: dict, w: dict[str, np.ndarray], ids: list[int],
         else:
             x = x + o
             h = _rms(x, W[p + "post_attention_layernorm.weight"], eps, False)
-            g = h @ W[p + "mlp.gate_proj.weight"].T
+            if p + "mlp.gate_up_proj.weight" in W:  # Phi3: gate first, then up
+                g, up = np.split(h @ W[p + "mlp.gate_up_proj.weight"].T, 2, axis=-1)
+            else:
+                g, up = h @ W[p + "mlp.gate_proj.weight"].T, h @ W[p + "mlp.up_proj.weight"].T
             act = g / (1 + np.exp(-g))
-            x = x + (act * (h @ W[p + "mlp.up_proj.weight"].T)) @ W[p + "mlp.down_proj.weight"].T
+            x = x + (act * up) @ W[p + "mlp.down_proj.weight"].T
     x = _rms(x[-1:], W["model.norm.weight"], eps, gemma)[0]
     head = W.get("lm_head.weight", W["model.embed_tokens.weight"])
     logits = head @ x
@@ -296,6 +345,15 @@ def hf_forward(c: dict, w: dict[str, np.ndarray], ids: list[int],
         cap = c["final_logit_softcapping"]
         logits = np.tanh(logits / cap) * cap
     return logits
+
+
+def hf_greedy(c: dict, w: dict[str, np.ndarray], ids: list[int], n: int = 32) -> list[int]:
+    """n greedy ids of the float64 transformers forward (each step recomputes the sequence)."""
+    seq, out = list(ids), []
+    for _ in range(n):
+        out.append(int(np.argmax(hf_forward(c, w, seq))))
+        seq.append(out[-1])
+    return out
 
 
 def rel_l2(a, ref) -> float:
@@ -346,6 +404,14 @@ def test_convert_matches_llama_cpp_and_transformers(name, pdctl, tmp_path):
     err_lc = rel_l2(ours, lc_logits)
     tol = 1e-3 if CASES[name][2] == "BF16" else 1e-4
     print(f"{name}: pdserve vs llama.cpp {err_lc:.2e}, vs float64 transformers {err_ref:.2e}")
+    window = _every_layer_window(c)
+    if window is not None and window < len(ids) + 32:
+        # llama.cpp runs full attention here (it ignores the window: docs/models.md), so the
+        # window must make a difference; the model's own definition is the float64 pass.
+        assert err_lc > 1e-2, f"the window of {window} changed nothing: rel L2 {err_lc:.3g}"
+        assert err_ref <= 1e-4, f"pdserve vs the float64 transformers forward: {err_ref:.3g}"
+        assert _pdctl_greedy(pdctl, folder, ids) == hf_greedy(c, w, ids)
+        return
     assert err_lc <= tol, f"pdserve vs llama.cpp on the converted GGUF: rel L2 {err_lc:.3g}"
     # BF16 weights: pdserve rounds activations to BF16 too; the float64 pass does not. Gemma 3:
     # the F16 GELU table, imitated in float64, still leaves one-ulp flips (up to 8e-5 seen); a
@@ -394,8 +460,13 @@ def test_convert_refuses_what_it_cannot_run(pdctl, tmp_path):
     expect("rope_scaling type 'yarn' is not supported")
     with_config(num_hidden_layers=3)
     expect("model.layers.2")
-    with_config(sliding_window=16)
-    expect("sliding-window attention is not supported")
+    # Qwen2's window (on the layers from max_window_layers on) does not run yet; Llama has none
+    # (transformers' Llama ignores the key, and so does the converter).
+    with_config(architectures=["Qwen2ForCausalLM"], use_sliding_window=True, sliding_window=16)
+    expect("sliding-window attention is not supported for Qwen2ForCausalLM")
+    with_config(architectures=["Phi3ForCausalLM"], rope_scaling={
+        "type": "longrope", "long_factor": [1.0] * 8, "short_factor": [1.0] * 8})
+    expect("rope_scaling type 'longrope' is not supported for Phi3ForCausalLM")
     with_config(hidden_size="64")
     expect('"hidden_size" is not an integer')
     (folder / "config.json").write_text("{not json")
@@ -459,3 +530,89 @@ def test_cluster_serves_the_folder(pdctl, tmp_path):
                           capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "The quick brown fox" in proc.stdout
+
+
+def _gguf_u32(path: Path, key: str) -> int | None:
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(path)).fields.get(key)
+    return None if field is None else int(field.parts[field.data[0]][0])
+
+
+def test_mistral_window(pdctl, tmp_path):
+    """Mistral's window (8) on every layer: written as llama.attention.sliding_window; llama.cpp
+    agrees where the window does not bite, the float64 pass past it; prefill in chunks of 5
+    (pd-serve, crossing the window's edge) gives the ids of one whole prefill (pdctl)."""
+    import re
+    import signal
+    import urllib.request
+
+    from openai import OpenAI
+
+    folder = tmp_path / "tiny-mistral"
+    c, w = make_checkpoint(folder, "mistral_window")
+    gguf = tmp_path / "mistral.gguf"
+    proc = _convert(pdctl, folder, gguf)
+    assert proc.returncode == 0, proc.stderr
+    assert _gguf_u32(gguf, "llama.attention.sliding_window") == 8
+
+    # Within the window (6 prompt tokens: positions 0..7 for the first 3 greedy tokens).
+    short = [5, 17, 42, 99, 7, 120]
+    ours = _pdctl_logits(pdctl, folder, short, tmp_path / "short.f32")
+    lc_logits, lc_ids, _ = make_llama_reference.run_llama(gguf, short)
+    err_lc, err_ref = rel_l2(ours, lc_logits), rel_l2(ours, hf_forward(c, w, short))
+    assert err_lc <= 1e-4 and err_ref <= 1e-4, (err_lc, err_ref)
+    ours_ids = _pdctl_greedy(pdctl, folder, short)
+    assert ours_ids[:3] == lc_ids[:3]
+    assert ours_ids == hf_greedy(c, w, short)
+
+    # Three windows long.
+    long = [int(t) for t in np.random.default_rng(11).integers(1, 250, size=24)]
+    ours = _pdctl_logits(pdctl, folder, long, tmp_path / "long.f32")
+    err_ref = rel_l2(ours, hf_forward(c, w, long))
+    err_full = rel_l2(ours, make_llama_reference.run_llama(gguf, long)[0])
+    print(f"mistral_window: short prompt vs llama.cpp {err_lc:.2e}; 24 tokens vs float64 "
+          f"{err_ref:.2e}, vs llama.cpp (full attention) {err_full:.2e}")
+    assert err_ref <= 1e-4 and err_full > 1e-2, (err_ref, err_full)
+    assert _pdctl_greedy(pdctl, folder, long) == hf_greedy(c, w, long)
+
+    # Chunked prefill across the window's edge: pd-serve in chunks of 5 vs pdctl's whole prompt.
+    prompt = CORPUS[1]
+    gen = subprocess.run([str(pdctl), "generate", "-m", str(folder), "-p", prompt, "-n", "24",
+                          "--temperature", "0", "--ignore-eos", "--print-ids", "--kv-type", "f32",
+                          "--threads", "2"], capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert gen.returncode == 0, gen.stderr[-3000:]
+    want = [int(t) for t in [ln for ln in gen.stdout.splitlines() if ln.strip()][-1].split()]
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text("scheduler:\n  prefill_chunk: 5\n  min_prefill_chunk: 1\n"
+                   "  step_time_stretch: 0\nkv:\n  dtype: f32\nprefix_cache:\n  enabled: false\n"
+                   "speculative:\n  drafter: off\n")
+    serve = subprocess.Popen([str(pdctl.parent / "pd-serve"), "--config", str(cfg), "-m",
+                              str(folder), "--grpc-port", "0", "--http-port", "0", "--threads",
+                              "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        m = None
+        for line in serve.stdout:
+            m = re.match(r"^pd-serve ready: grpc=\S+ http=(\S+) model=(\S+)$", line.strip())
+            if m:
+                break
+        assert m, serve.stderr.read()
+        client = OpenAI(base_url=f"{m.group(1)}/v1", api_key="none")
+        chunks = list(client.completions.create(
+            model=m.group(2), prompt=prompt, max_tokens=24, temperature=0, stream=True,
+            stream_options={"include_usage": True, "include_token_ids": True},
+            extra_body={"ignore_eos": True}))
+        got = [t for ch in chunks if ch.choices for t in ch.choices[0].model_extra["token_ids"]]
+        n_prompt = chunks[-1].usage.prompt_tokens
+        assert n_prompt > 2 * 8  # past the window
+        assert got == want
+        with urllib.request.urlopen(f"{m.group(1)}/metrics", timeout=10) as r:
+            steps = re.search(r"^pdserve_prefill_step_seconds_count (\S+)$", r.read().decode(),
+                              re.M)
+        assert steps and float(steps.group(1)) >= -(-n_prompt // 5), "not prefilled in chunks"
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=30) == 0
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()

@@ -25,7 +25,7 @@ struct TinyModelSpec {
   int head_dim = 0;         // > 0: written as attention.key_length/value_length (Qwen3)
   bool qk_norm = false;     // attn_{q,k}_norm.weight (Qwen3)
   bool fused = false;       // attn_qkv.weight and a gate/up ffn_up.weight (Phi-3)
-  int sliding_window = -1;  // >= 0: written as attention.sliding_window (Phi-3)
+  int sliding_window = -1;  // >= 0: written as attention.sliding_window (Phi-3, Mistral)
   // Experts (n_expert > 0): expert_count / expert_used_count, a router and stacked experts of
   // expert_ff rows (written as expert_feed_forward_length when > 0; else n_ff rows, Mixtral's
   // layout) in place of the dense feed-forward. The router is F32, as converters write it.

@@ -600,6 +600,41 @@ TEST(ModelConfigTest, BadExpertConfigsAreRefused) {
   }
 }
 
+// Mistral's window, as hf_convert writes it (llama.attention.sliding_window): every layer slides,
+// with the model's own rope (base and linear scale); without the key no layer does.
+TEST(ModelConfigTest, MistralWindowOnEveryLlamaLayer) {
+  TinyModel m;
+  m.extra_kv = [](GgufBuilder& b) {
+    b.U32("llama.attention.sliding_window", 16)
+        .F32("llama.rope.freq_base", 1e6f)
+        .Str("llama.rope.scaling.type", "linear")
+        .F32("llama.rope.scaling.factor", 2.f);
+  };
+  const std::string bytes = m.Build();
+  auto c = Config(bytes);
+  PD_ASSERT_OK(c);
+  EXPECT_EQ(c->rope_mode, RopeMode::kNormal);
+  EXPECT_EQ(c->sliding_window, 16);
+  EXPECT_EQ(c->swa_pattern, 0);
+  for (int l = 0; l < 2; ++l) EXPECT_TRUE(c->IsSlidingLayer(l)) << l;
+  EXPECT_FLOAT_EQ(c->rope_freq_base_swa, 1e6f);
+  EXPECT_FLOAT_EQ(c->rope_freq_scale_swa, 0.5f);
+  EXPECT_EQ(c->attention_scale, 0.f);  // Llama's scale on Q.K, unchanged
+
+  const std::string plain = TinyModel{}.Build();
+  auto full = Config(plain);
+  PD_ASSERT_OK(full);
+  EXPECT_EQ(full->sliding_window, 0);
+  EXPECT_FALSE(full->IsSlidingLayer(0));
+
+  TinyModel big;
+  big.extra_kv = [](GgufBuilder& b) { b.U64("llama.attention.sliding_window", uint64_t{1} << 40); };
+  const std::string window = big.Build();
+  EXPECT_THAT(Config(window), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       "llama.attention.sliding_window = 1099511627776 is out of "
+                                       "range"));
+}
+
 // A draft model's restricted head (pdserve.draft.head_tokens): read when consistent, refused with
 // INVALID_ARGUMENT naming the problem otherwise.
 TEST(ModelConfigTest, DraftHeadTokens) {

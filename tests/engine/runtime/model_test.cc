@@ -243,7 +243,9 @@ INSTANTIATE_TEST_SUITE_P(
                       .n_expert = 8, .n_expert_used = 2, .expert_ff = 32},
         TinyModelSpec{.arch = "qwen3moe", .head_dim = 32, .qk_norm = true, .n_expert = 8,
                       .n_expert_used = 3, .expert_ff = 32, .type = DType::kQ8_0},
-        TinyModelSpec{.n_expert = 4, .n_expert_used = 2}),
+        TinyModelSpec{.n_expert = 4, .n_expert_used = 2},
+        // Mistral: llama with a window of 3 on every layer (prefill chunks of 3 cross it).
+        TinyModelSpec{.n_head_kv = 1, .sliding_window = 3}),
     [](const auto& info) {
       return info.param.arch + "_" + std::string(Traits(info.param.type).name) + "_kv" +
              std::to_string(info.param.n_head_kv) +
@@ -278,27 +280,31 @@ TEST(ModelExpertsTest, ExpertsAreBatchInvariantBitForBit) {
   }
 }
 
-// Phi-3's window (attention.sliding_window) holds on every layer: a position sees the last
-// `window` positions only. Logits before the window fills equal those of the same model without
-// one; later ones differ.
-TEST(ModelWindowTest, Phi3WindowLimitsEveryLayer) {
-  const TinyModelSpec windowed{.arch = "phi3", .fused = true, .sliding_window = 3};
-  TinyModelSpec full = windowed;
-  full.sliding_window = 0;
-  auto a = Make(windowed);
-  auto b = Make(full);
-  ASSERT_EQ(a->model->config().sliding_window, 3);
-  ASSERT_EQ(b->model->config().sliding_window, 0);
-  const int V = a->model->config().n_vocab;
-  const std::vector<int32_t> prompt = {1, 5, 9, 33, 2, 70, 11};
-  const std::vector<float> la = AllLogits(*a, prompt, 0);
-  const std::vector<float> lb = AllLogits(*b, prompt, 0);
-  for (size_t i = 0; i < prompt.size(); ++i) {
-    const double d = RelL2(la.data() + i * V, lb.data() + i * V, V);
-    if (i < 3) {
-      EXPECT_EQ(d, 0) << "position " << i;
-    } else {
-      EXPECT_GT(d, 1e-3) << "position " << i;
+// Phi-3's window and Mistral's (attention.sliding_window of phi3 and llama) hold on every layer:
+// a position sees the last `window` positions only. Logits before the window fills equal those of
+// the same model without one; later ones differ.
+TEST(ModelWindowTest, WindowLimitsEveryLayer) {
+  for (const TinyModelSpec& windowed :
+       {TinyModelSpec{.arch = "phi3", .fused = true, .sliding_window = 3},
+        TinyModelSpec{.arch = "llama", .sliding_window = 3}}) {
+    SCOPED_TRACE(windowed.arch);
+    TinyModelSpec full = windowed;
+    full.sliding_window = 0;
+    auto a = Make(windowed);
+    auto b = Make(full);
+    ASSERT_EQ(a->model->config().sliding_window, 3);
+    ASSERT_EQ(b->model->config().sliding_window, 0);
+    const int V = a->model->config().n_vocab;
+    const std::vector<int32_t> prompt = {1, 5, 9, 33, 2, 70, 11};
+    const std::vector<float> la = AllLogits(*a, prompt, 0);
+    const std::vector<float> lb = AllLogits(*b, prompt, 0);
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      const double d = RelL2(la.data() + i * V, lb.data() + i * V, V);
+      if (i < 3) {
+        EXPECT_EQ(d, 0) << "position " << i;
+      } else {
+        EXPECT_GT(d, 1e-3) << "position " << i;
+      }
     }
   }
 }
