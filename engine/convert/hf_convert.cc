@@ -50,6 +50,11 @@ struct ArchSpec {
   Window window;
   // "model.layers.N.<hf>" -> "blk.N.<gguf>".
   std::vector<std::pair<std::string_view, std::string_view>> layer;
+  // A mixture of experts (moe_block non-empty): "<moe_block>.gate.weight" is the router, and
+  // "<moe_block>.experts.E.<expert_gate|expert_up|expert_down>.weight" expert E's matrices, which
+  // the GGUF stacks into ffn_{gate,up,down}_exps.
+  std::string_view moe_block;
+  std::string_view expert_gate, expert_up, expert_down;
 };
 
 const std::vector<ArchSpec>& Archs() {
@@ -91,6 +96,24 @@ const std::vector<ArchSpec>& Archs() {
                {"self_attn.q_norm.weight", "attn_q_norm.weight"},
                {"self_attn.k_norm.weight", "attn_k_norm.weight"}})},
         {"Phi3ForCausalLM", "phi3", "silu", false, false, Window::kPhi3, phi3},
+        {"Qwen3MoeForCausalLM", "qwen3moe", "silu", false, false, Window::kOptIn,
+         {{"input_layernorm.weight", "attn_norm.weight"},
+          {"self_attn.q_proj.weight", "attn_q.weight"},
+          {"self_attn.k_proj.weight", "attn_k.weight"},
+          {"self_attn.v_proj.weight", "attn_v.weight"},
+          {"self_attn.o_proj.weight", "attn_output.weight"},
+          {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+          {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+          {"post_attention_layernorm.weight", "ffn_norm.weight"}},
+         "mlp", "gate_proj", "up_proj", "down_proj"},
+        {"MixtralForCausalLM", "llama", "silu", true, false, Window::kEveryLayer,
+         {{"input_layernorm.weight", "attn_norm.weight"},
+          {"self_attn.q_proj.weight", "attn_q.weight"},
+          {"self_attn.k_proj.weight", "attn_k.weight"},
+          {"self_attn.v_proj.weight", "attn_v.weight"},
+          {"self_attn.o_proj.weight", "attn_output.weight"},
+          {"post_attention_layernorm.weight", "ffn_norm.weight"}},
+         "block_sparse_moe", "w1", "w3", "w2"},
         {"Gemma2ForCausalLM", "gemma2", "gelu_pytorch_tanh", false, true, Window::kGemma,
          with({{"post_attention_layernorm.weight", "post_attention_norm.weight"},
                {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
@@ -189,9 +212,11 @@ struct OutTensor {
   DType type = DType::kF32;
   std::vector<int64_t> shape;  // ggml order
   const SafetensorsTensor* src = nullptr;
+  // Stacked experts (src == nullptr): expert e's matrix is the e-th block of rows.
+  std::vector<const SafetensorsTensor*> experts;
   int permute_heads = 0;  // > 0: reorder rows from rotate-half to adjacent-pair layout
   bool plus_one = false;
-  std::vector<float> values;  // src == nullptr: the data, F32
+  std::vector<float> values;  // src == nullptr and no experts: the data, F32
 };
 
 // Llama 3's rope frequency factors (rope_scaling.rope_type "llama3"): wavelengths shorter than
@@ -368,6 +393,35 @@ absl::StatusOr<Plan> MakePlan(const std::string& dir, const HfConvertOptions& o,
     w->SetU32(p + "attention.key_length", static_cast<uint32_t>(head_dim));
     w->SetU32(p + "attention.value_length", static_cast<uint32_t>(head_dim));
   }
+  const bool moe = !spec->moe_block.empty();
+  int64_t n_expert = 0;
+  if (moe) {
+    // Qwen3-MoE: num_experts of moe_intermediate_size rows; Mixtral: num_local_experts of
+    // intermediate_size. Both route with softmax, top num_experts_per_tok, weights renormalized
+    // (Qwen3-MoE: norm_topk_prob, which llama.cpp's qwen3moe graph assumes).
+    const bool qwen = arch == "qwen3moe";
+    PD_ASSIGN_OR_RETURN(n_expert, cfg.Int(qwen ? "num_experts" : "num_local_experts", 1, 4096));
+    PD_ASSIGN_OR_RETURN(int64_t used, cfg.Int("num_experts_per_tok", 1, n_expert));
+    w->SetU32(p + "expert_count", static_cast<uint32_t>(n_expert));
+    w->SetU32(p + "expert_used_count", static_cast<uint32_t>(used));
+    if (qwen) {
+      PD_ASSIGN_OR_RETURN(int64_t moe_ff, cfg.Int("moe_intermediate_size", 1, 1 << 20));
+      w->SetU32(p + "expert_feed_forward_length", static_cast<uint32_t>(moe_ff));
+      PD_ASSIGN_OR_RETURN(bool norm_topk, cfg.BoolOr("norm_topk_prob", false));
+      if (!norm_topk) {
+        return cfg.Unsupported(
+            "norm_topk_prob: false (expert weights not renormalized) is not supported; "
+            "llama.cpp's qwen3moe and pdserve renormalize them");
+      }
+      PD_ASSIGN_OR_RETURN(int64_t step, cfg.IntOr("decoder_sparse_step", 1, 0, 1024));
+      const json* dense = cfg.Get("mlp_only_layers");
+      if (step != 1 || (dense != nullptr && !(dense->is_array() && dense->empty()))) {
+        return cfg.Unsupported(
+            "dense layers among the expert layers (decoder_sparse_step other than 1, or "
+            "mlp_only_layers) are not supported");
+      }
+    }
+  }
   if (window > 0 || spec->window == Window::kPhi3) {
     w->SetU32(p + "attention.sliding_window", static_cast<uint32_t>(window));
   }
@@ -474,6 +528,7 @@ absl::StatusOr<Plan> MakePlan(const std::string& dir, const HfConvertOptions& o,
   std::map<std::string_view, std::string_view> layer_map(spec->layer.begin(), spec->layer.end());
   std::vector<std::set<std::string>> per_layer(n_layer);
   std::vector<std::string> unknown;
+  std::map<std::string, std::vector<const SafetensorsTensor*>> experts;  // by GGUF name
   int64_t vocab_rows = -1;
   for (const SafetensorsTensor* t : plan.ckpt->tensors()) {
     const std::string& hf = t->name;
@@ -498,6 +553,50 @@ absl::StatusOr<Plan> MakePlan(const std::string& dir, const HfConvertOptions& o,
       }
       const std::string_view suffix = dot == std::string_view::npos ? "" : rest.substr(dot + 1);
       if (suffix == "self_attn.rotary_emb.inv_freq") continue;  // recomputed from rope_theta
+      if (moe && layer >= 0 && layer < n_layer && suffix.starts_with(spec->moe_block) &&
+          suffix.size() > spec->moe_block.size() && suffix[spec->moe_block.size()] == '.') {
+        const std::string_view m = suffix.substr(spec->moe_block.size() + 1);
+        if (m == "gate.weight") {
+          // The router: F32 whatever the checkpoint stores, as llama.cpp's converter writes it.
+          if (!t->type.has_value() || t->shape.size() != 2 || t->shape[0] != n_expert) {
+            return absl::InvalidArgumentError(StrCat("tensor ", hf, " must be a 2-D float matrix "
+                                                     "of ", n_expert, " rows (one per expert)"));
+          }
+          OutTensor ot;
+          ot.name = StrCat("blk.", layer, ".ffn_gate_inp.weight");
+          ot.src = t;
+          ot.shape.assign(t->shape.rbegin(), t->shape.rend());
+          per_layer[layer].insert("ffn_gate_inp.weight");
+          plan.tensors.push_back(std::move(ot));
+          continue;
+        }
+        // experts.E.<name>.weight
+        int64_t e = -1;
+        std::string_view kind;
+        if (m.starts_with("experts.")) {
+          const std::string_view r = m.substr(8);
+          const size_t d = r.find('.');
+          if (d != std::string_view::npos && d > 0 && d < 5) {
+            e = 0;
+            for (char c : r.substr(0, d)) e = c >= '0' && c <= '9' ? e * 10 + (c - '0') : -4096;
+            kind = r.substr(d + 1);
+          }
+        }
+        const char* which = kind == StrCat(spec->expert_gate, ".weight")   ? "ffn_gate_exps"
+                            : kind == StrCat(spec->expert_up, ".weight")   ? "ffn_up_exps"
+                            : kind == StrCat(spec->expert_down, ".weight") ? "ffn_down_exps"
+                                                                           : nullptr;
+        if (e < 0 || e >= n_expert || which == nullptr) {
+          unknown.push_back(hf);
+          continue;
+        }
+        std::vector<const SafetensorsTensor*>& slots =
+            experts[StrCat("blk.", layer, ".", which, ".weight")];
+        slots.resize(static_cast<size_t>(n_expert), nullptr);
+        slots[static_cast<size_t>(e)] = t;
+        per_layer[layer].insert(StrCat(which, ".weight"));
+        continue;
+      }
       auto it = layer_map.find(suffix);
       if (layer < 0 || layer >= n_layer || it == layer_map.end()) {
         unknown.push_back(hf);
@@ -534,6 +633,32 @@ absl::StatusOr<Plan> MakePlan(const std::string& dir, const HfConvertOptions& o,
                    " heads of ", head_dim));
       }
     }
+    plan.tensors.push_back(std::move(ot));
+  }
+  // Each stacked tensor: every expert present, all of one 2-D shape and dtype.
+  for (auto& [name, slots] : experts) {
+    const SafetensorsTensor* first = slots[0];
+    for (size_t e = 0; e < slots.size(); ++e) {
+      const SafetensorsTensor* t = slots[e];
+      if (t == nullptr) {
+        return absl::InvalidArgumentError(StrCat(name, ": expert ", e, " of ", slots.size(),
+                                                 " is missing from the checkpoint"));
+      }
+      if (!t->type.has_value()) {
+        return absl::UnimplementedError(StrCat("tensor ", t->name, " (", t->file, ") has dtype ",
+                                               t->dtype, ": only F32, F16 and BF16 are "
+                                               "supported"));
+      }
+      if (t->shape.size() != 2 || t->shape != first->shape || t->type != first->type) {
+        return absl::InvalidArgumentError(StrCat("tensor ", t->name, " differs in shape or "
+                                                 "dtype from expert 0's (", first->name, ")"));
+      }
+    }
+    OutTensor ot;
+    ot.name = name;
+    ot.experts = slots;
+    ot.shape = {first->shape[1], first->shape[0], static_cast<int64_t>(slots.size())};
+    ot.type = o.float_type.value_or(*first->type);
     plan.tensors.push_back(std::move(ot));
   }
   if (!unknown.empty()) {
@@ -596,19 +721,37 @@ absl::StatusOr<Plan> MakePlan(const std::string& dir, const HfConvertOptions& o,
   return plan;
 }
 
+absl::Status WriteSource(const OutTensor& t, const SafetensorsTensor& s, size_t i,
+                         uint64_t base, GgufWriter* w, std::vector<uint8_t>& buf);
+
+// Writes each tensor's data: copied when the stored type is the output's, else converted.
 absl::Status WriteData(const Plan& plan, const HfConvertOptions& o, GgufWriter* w) {
   std::vector<uint8_t> buf;
   for (size_t i = 0; i < plan.tensors.size(); ++i) {
     const OutTensor& t = plan.tensors[i];
     if (o.progress) o.progress(t.name, i + 1, plan.tensors.size());
-    if (t.src == nullptr) {
+    if (t.src == nullptr && t.experts.empty()) {
       PD_RETURN_IF_ERROR(w->WriteTensor(i, t.values.data(), t.values.size() * sizeof(float)));
       continue;
     }
-    const SafetensorsTensor& s = *t.src;
+    // One source, or the experts' matrices one after the other.
+    const std::vector<const SafetensorsTensor*> sources =
+        t.src != nullptr ? std::vector<const SafetensorsTensor*>{t.src} : t.experts;
+    uint64_t base = 0;
+    for (const SafetensorsTensor* src : sources) {
+      PD_RETURN_IF_ERROR(WriteSource(t, *src, i, base, w, buf));
+      base += static_cast<uint64_t>(src->nbytes / Traits(*src->type).block_bytes) *
+              Traits(t.type).block_bytes;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteSource(const OutTensor& t, const SafetensorsTensor& s, size_t i,
+                         uint64_t base, GgufWriter* w, std::vector<uint8_t>& buf) {
+  {
     if (t.type == *s.type && t.permute_heads == 0 && !t.plus_one) {
-      PD_RETURN_IF_ERROR(w->WriteTensor(i, s.data, s.nbytes));
-      continue;
+      return w->WriteTensorPart(i, base, s.data, s.nbytes);
     }
     const int64_t cols = s.shape.size() == 2 ? s.shape[1] : s.shape[0];
     const int64_t rows = s.shape.size() == 2 ? s.shape[0] : 1;
@@ -632,7 +775,7 @@ absl::Status WriteData(const Plan& plan, const HfConvertOptions& o, GgufWriter* 
           StoreElement(t.type, v, buf.data(), static_cast<size_t>((r - r0) * cols + c));
         }
       }
-      PD_RETURN_IF_ERROR(w->WriteTensorPart(i, static_cast<uint64_t>(r0 * cols) * esize,
+      PD_RETURN_IF_ERROR(w->WriteTensorPart(i, base + static_cast<uint64_t>(r0 * cols) * esize,
                                             buf.data(), buf.size()));
     }
   }

@@ -8,7 +8,9 @@
 // shorter than the context, written as llama.attention.sliding_window: every layer slides),
 // Qwen2ForCausalLM ("qwen2"), Qwen3ForCausalLM ("qwen3": per-head q_norm/k_norm),
 // Phi3ForCausalLM ("phi3": fused qkv_proj and gate_up_proj kept fused, as attn_qkv and a 2 * n_ff
-// row ffn_up; its sliding_window written as llama.cpp writes it), Gemma2ForCausalLM and
+// row ffn_up; its sliding_window written as llama.cpp writes it), the mixtures of experts
+// Qwen3MoeForCausalLM ("qwen3moe") and MixtralForCausalLM ("llama" with expert_count; both:
+// the router as an F32 ffn_gate_inp, each layer's experts stacked into ffn_{gate,up,down}_exps), Gemma2ForCausalLM and
 // Gemma3ForCausalLM ("gemma2", "gemma3"; norm weights stored as w, applied as 1 + w, become
 // 1 + w; Gemma 2's soft-capping as its GGUF keys). Rope scaling: linear, and Llama 3's (written
 // as rope_freqs.weight, as llama.cpp does); none for Phi-3 (LongRoPE is refused). Anything else

@@ -77,6 +77,11 @@ ARCHS = [
     ("gemma2", hf_folder("gemma2_softcap", tie_word_embeddings=False)),
     ("gemma3", hf_folder("gemma3", tie_word_embeddings=False)),
     ("mistral_window", hf_folder("mistral_window")),
+    # Mixtures of experts: Hugging Face Qwen3-MoE and Mixtral folders, and a Qwen3-MoE GGUF
+    # whose experts are Q8_0 (the quantized kernels on row blocks of stacked tensors).
+    ("qwen3moe", hf_folder("qwen3moe", tie_word_embeddings=False)),
+    ("mixtral", hf_folder("mixtral")),
+    ("qwen3moe_q8_0", gguf_variant("qwen3moe_q8_0")),
 ]
 
 

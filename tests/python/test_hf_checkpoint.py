@@ -77,6 +77,11 @@ CASES = {
     "gemma2_softcap": ("Gemma2ForCausalLM", {"attn_logit_softcapping": 2.0,
                                              "final_logit_softcapping": 3.0}, "F32", 1),
     "llama_bf16": ("LlamaForCausalLM", {}, "BF16", 2),
+    # Mixtures of experts: 8 experts of 32 rows, 2 per token (Qwen3-MoE); 4 of 96, 2 per token,
+    # in BF16 over two shards (Mixtral, whose experts are w1 / w3 / w2).
+    "qwen3moe": ("Qwen3MoeForCausalLM", {}, "F32", 1),
+    "mixtral": ("MixtralForCausalLM", {}, "F32", 1),
+    "mixtral_bf16": ("MixtralForCausalLM", {}, "BF16", 2),
 }
 
 
@@ -104,6 +109,15 @@ def _config(cls: str, n_vocab: int, overrides: dict) -> dict:
         c.update({"head_dim": 32, "attention_bias": False, "use_sliding_window": False,
                   "sliding_window": None, "max_window_layers": 2, "tie_word_embeddings": False,
                   "rope_theta": 1000000.0, "rms_norm_eps": 1e-6})
+    if cls == "Qwen3MoeForCausalLM":
+        c.update({"head_dim": 32, "attention_bias": False, "use_sliding_window": False,
+                  "sliding_window": None, "max_window_layers": 2, "rope_theta": 1000000.0,
+                  "rms_norm_eps": 1e-6, "num_experts": 8, "num_experts_per_tok": 2,
+                  "moe_intermediate_size": 32, "norm_topk_prob": True,
+                  "decoder_sparse_step": 1, "mlp_only_layers": []})
+    if cls == "MixtralForCausalLM":
+        c.update({"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None,
+                  "rope_theta": 1000000.0})
     if cls == "Phi3ForCausalLM":
         c.update({"sliding_window": 64, "original_max_position_embeddings": 256,
                   "rope_scaling": None, "attention_bias": False})
@@ -118,6 +132,7 @@ def _weights(c: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
     gemma = c["architectures"][0].startswith("Gemma")
     qwen = c["architectures"][0].startswith("Qwen2")
     qwen3 = c["architectures"][0].startswith("Qwen3")
+    moe = _moe_names(c)
     phi3 = c["architectures"][0].startswith("Phi3")
 
     def mat(rows, cols):
@@ -152,12 +167,34 @@ def _weights(c: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
         if gemma:
             w[p + "pre_feedforward_layernorm.weight"] = norm(H)
             w[p + "post_feedforward_layernorm.weight"] = norm(H)
+        if moe is not None:  # a router and the experts in place of the dense MLP
+            block, (gn, un, dn), n_exp, fe = moe
+            for n in ("gate", "up", "down"):
+                del w[p + f"mlp.{n}_proj.weight"]
+            w[p + f"{block}.gate.weight"] = (3.0 * mat(n_exp, H)).astype(np.float32)
+            for e in range(n_exp):
+                q = f"{p}{block}.experts.{e}."
+                w[q + f"{gn}.weight"] = mat(fe, H)
+                w[q + f"{un}.weight"] = mat(fe, H)
+                w[q + f"{dn}.weight"] = mat(H, fe)
         if phi3:  # transformers' Phi3 stores them fused: rows q, k, v; rows gate, up
             w[p + "self_attn.qkv_proj.weight"] = np.concatenate(
                 [w.pop(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
             w[p + "mlp.gate_up_proj.weight"] = np.concatenate(
                 [w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight")])
     return w
+
+
+def _moe_names(c: dict):
+    """(block, (gate, up, down) names, experts, expert rows) of a mixture of experts, or None."""
+    cls = c["architectures"][0]
+    if cls == "Qwen3MoeForCausalLM":
+        return "mlp", ("gate_proj", "up_proj", "down_proj"), c["num_experts"], \
+            c["moe_intermediate_size"]
+    if cls == "MixtralForCausalLM":
+        return "block_sparse_moe", ("w1", "w3", "w2"), c["num_local_experts"], \
+            c["intermediate_size"]
+    return None
 
 
 def _to_bf16(a: np.ndarray) -> np.ndarray:
@@ -247,6 +284,15 @@ def _every_layer_window(c: dict) -> int | None:
     cls = c["architectures"][0]
     if cls == "MistralForCausalLM" and c.get("use_sliding_window", True):
         return c.get("sliding_window")
+    if cls == "Qwen3MoeForCausalLM":
+        c.update({"head_dim": 32, "attention_bias": False, "use_sliding_window": False,
+                  "sliding_window": None, "max_window_layers": 2, "rope_theta": 1000000.0,
+                  "rms_norm_eps": 1e-6, "num_experts": 8, "num_experts_per_tok": 2,
+                  "moe_intermediate_size": 32, "norm_topk_prob": True,
+                  "decoder_sparse_step": 1, "mlp_only_layers": []})
+    if cls == "MixtralForCausalLM":
+        c.update({"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None,
+                  "rope_theta": 1000000.0})
     if cls == "Phi3ForCausalLM":
         return c.get("sliding_window")
     return None
@@ -263,6 +309,7 @@ def hf_forward(c: dict, w: dict[str, np.ndarray], ids: list[int],
     eps = c["rms_norm_eps"]
     gemma = c["architectures"][0].startswith("Gemma")
     gemma2 = c["architectures"][0].startswith("Gemma2")
+    moe = _moe_names(c)
     T = len(ids)
     pos = np.arange(T, dtype=np.float64)
     rs = c.get("rope_scaling") or {}
@@ -332,6 +379,25 @@ def hf_forward(c: dict, w: dict[str, np.ndarray], ids: list[int],
         else:
             x = x + o
             h = _rms(x, W[p + "post_attention_layernorm.weight"], eps, False)
+            if moe is not None:
+                # transformers' sparse MoE blocks: softmax over the router's logits, the top
+                # num_experts_per_tok, their weights renormalized (Mixtral always; Qwen3-MoE with
+                # norm_topk_prob), the weighted sum of the chosen experts' SwiGLU outputs.
+                block, (gn, un, dn), _, _ = moe
+                logits = h @ W[p + f"{block}.gate.weight"].T
+                probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+                probs /= probs.sum(axis=-1, keepdims=True)
+                top = np.argsort(-probs, axis=-1, kind="stable")[:, :c["num_experts_per_tok"]]
+                m = np.zeros_like(h)
+                for t in range(T):
+                    wts = probs[t, top[t]] / probs[t, top[t]].sum()
+                    for e, wt in zip(top[t], wts):
+                        q = f"{p}{block}.experts.{e}."
+                        g = W[q + f"{gn}.weight"] @ h[t]
+                        act = g / (1 + np.exp(-g))
+                        m[t] += wt * (W[q + f"{dn}.weight"] @ (act * (W[q + f"{un}.weight"] @ h[t])))
+                x = x + m
+                continue
             if p + "mlp.gate_up_proj.weight" in W:  # Phi3: gate first, then up
                 g, up = np.split(h @ W[p + "mlp.gate_up_proj.weight"].T, 2, axis=-1)
             else:
@@ -452,8 +518,8 @@ def test_convert_refuses_what_it_cannot_run(pdctl, tmp_path):
     def with_config(**changes) -> None:
         (folder / "config.json").write_text(json.dumps({**c, **changes}))
 
-    with_config(architectures=["MixtralForCausalLM"])
-    expect("architecture MixtralForCausalLM is not supported")
+    with_config(architectures=["FalconForCausalLM"])
+    expect("architecture FalconForCausalLM is not supported")
     with_config(hidden_act="gelu")
     expect("hidden_act 'gelu' is not supported")
     with_config(rope_scaling={"rope_type": "yarn", "factor": 4.0})
@@ -476,6 +542,30 @@ def test_convert_refuses_what_it_cannot_run(pdctl, tmp_path):
     expect("tokenizer.json")
     proc = _convert(pdctl, tmp_path / "nowhere", out)
     assert proc.returncode == 2 and "not a Hugging Face checkpoint folder" in proc.stderr
+
+
+def test_convert_refuses_expert_layouts_it_cannot_run(pdctl, tmp_path):
+    """Qwen3-MoE without renormalized expert weights or with dense layers among the expert ones,
+    and a checkpoint missing an expert: refused naming what, nothing written."""
+    folder = tmp_path / "qwen3moe"
+    c, w = make_checkpoint(folder, "qwen3moe")
+    out = tmp_path / "out.gguf"
+
+    def expect(fragment: str, **changes) -> None:
+        (folder / "config.json").write_text(json.dumps({**c, **changes}))
+        proc = _convert(pdctl, folder, out)
+        assert proc.returncode == 2, proc.stderr
+        assert fragment in proc.stderr, proc.stderr
+        assert not out.exists() and not Path(str(out) + ".tmp").exists()
+
+    expect("norm_topk_prob: false", norm_topk_prob=False)
+    expect("dense layers among the expert layers", mlp_only_layers=[1])
+    expect("dense layers among the expert layers", decoder_sparse_step=2)
+    expect('"num_experts_per_tok"', num_experts_per_tok=9)
+    expect("must be a 2-D float matrix of 9 rows (one per expert)", num_experts=9)
+    del w["model.layers.1.mlp.experts.5.down_proj.weight"]
+    _save(folder, w, "F32", 1)
+    expect("blk.1.ffn_down_exps.weight: expert 5 of 8 is missing from the checkpoint")
 
 
 def test_pd_serve_serves_the_folder_quantized_at_load(pdctl, tmp_path):
