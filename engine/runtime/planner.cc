@@ -27,6 +27,7 @@ ModelFootprint Footprint(const GgufFile& file, const ModelConfig& c, const DType
   ModelFootprint f;
   f.n_layer = c.n_layer;
   f.layer_bytes.assign(c.n_layer, 0);
+  f.layer_expert_bytes.assign(c.n_layer, 0);
   f.tied = c.tied_output;
   for (const GgufTensorInfo& t : file.tensors()) {
     size_t bytes = t.nbytes;
@@ -39,6 +40,7 @@ ModelFootprint Footprint(const GgufFile& file, const ModelConfig& c, const DType
     }
     if (l >= 0 && l < c.n_layer) {
       f.layer_bytes[l] += bytes;
+      if (t.name.find("_exps.") != std::string::npos) f.layer_expert_bytes[l] += bytes;
     } else if (t.name == "token_embd.weight") {
       f.embd_bytes = bytes;
     } else if (t.name == "output.weight" || t.name == "output_norm.weight") {
@@ -94,9 +96,16 @@ absl::StatusOr<Plan> PlanFixed(const ModelConfig& c, const ModelFootprint& f,
   p.layer_kv_bytes =
       LayerKvBytes(c, req.ctx, req.kv_type, req.kv_block_size) * static_cast<size_t>(req.batch);
   const int split = c.n_layer - gpu_layers;
+  // Expert bytes a batch-1 decode step does not read (the experts its token does not use).
+  double gpu_unread = 0, cpu_unread = 0;
+  const double unused =
+      c.n_expert > 0 ? 1.0 - static_cast<double>(c.n_expert_used) / c.n_expert : 0.0;
   for (int l = 0; l < c.n_layer; ++l) {
     (l >= split ? p.gpu_weight_bytes : p.cpu_weight_bytes) += f.layer_bytes[l];
     (l >= split ? p.gpu_kv_bytes : p.cpu_kv_bytes) += p.layer_kv_bytes;
+    if (l < static_cast<int>(f.layer_expert_bytes.size())) {
+      (l >= split ? gpu_unread : cpu_unread) += unused * f.layer_expert_bytes[l];
+    }
   }
   // The head is on the last layer's backend; the embedding on the first layer's. A tied head is
   // the embedding, mapped on each side that needs it.
@@ -122,10 +131,13 @@ absl::StatusOr<Plan> PlanFixed(const ModelConfig& c, const ModelFootprint& f,
                         kCublasWorkspace;
   }
   // A decode step reads every layer's weights and the head once; the embedding only its rows.
-  p.gpu_read_bytes = static_cast<double>(p.gpu_weight_bytes - (embd_gpu && !f.tied ? f.embd_bytes : 0));
+  p.gpu_read_bytes =
+      static_cast<double>(p.gpu_weight_bytes - (embd_gpu && !f.tied ? f.embd_bytes : 0)) -
+      gpu_unread;
   p.cpu_read_bytes = static_cast<double>(p.cpu_weight_bytes - (!embd_gpu && !(f.tied && !head_gpu)
                                                                    ? f.embd_bytes
-                                                                   : 0));
+                                                                   : 0)) -
+                     cpu_unread;
   const bool need_gpu = p.gpu_read_bytes > 0, need_cpu = p.cpu_read_bytes > 0;
   if ((!need_gpu || req.gpu_bandwidth > 0) && (!need_cpu || req.cpu_bandwidth > 0)) {
     p.decode_seconds = (need_gpu ? p.gpu_read_bytes / req.gpu_bandwidth : 0) +

@@ -13,6 +13,8 @@
 // Predicted decode time per token (batch 1, bounded by memory bandwidth):
 //   t = bytes read on the GPU / B_gpu + bytes read on the CPU / B_cpu
 // with each layer's weights (and the head) read once per step: n w / B_gpu + (N - n) w / B_cpu.
+// In a mixture of experts a batch-1 step reads only the experts it routes to: of a layer's
+// stacked expert tensors, the fraction expert_used_count / expert_count.
 //
 // Thread safety: plain functions.
 #pragma once
@@ -34,6 +36,7 @@ namespace pd::engine {
 struct ModelFootprint {
   int n_layer = 0;
   std::vector<size_t> layer_bytes;  // per layer: every tensor of blk.L
+  std::vector<size_t> layer_expert_bytes;  // per layer: its stacked experts (ffn_*_exps)
   size_t embd_bytes = 0;            // token_embd.weight
   size_t head_bytes = 0;            // output.weight (0 when tied) + output_norm.weight
   bool tied = false;

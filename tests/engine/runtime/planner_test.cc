@@ -199,5 +199,34 @@ TEST(PlannerTest, FootprintOfAFileCountsEveryTensorOnce) {
   EXPECT_EQ(f.layer_bytes[1], elems * 4 + 2 * 64 * 4);
 }
 
+// A mixture of experts: a batch-1 step reads expert_used_count / expert_count of each layer's
+// stacked experts (and everything else), on each side of the split.
+TEST(PlannerTest, ExpertsAreReadInTheFractionATokenUses) {
+  TinyModelSpec spec{.arch = "qwen3moe", .head_dim = 32, .qk_norm = true, .n_expert = 8,
+                     .n_expert_used = 2, .expert_ff = 32};
+  spec.n_layer = 2;
+  const std::string bytes = testing::TinyModel(spec);
+  auto file = GgufFile::Parse(MappedFile::Borrow(bytes.data(), bytes.size()));
+  PD_ASSERT_OK(file);
+  auto c = ModelConfig::FromGguf(**file);
+  PD_ASSERT_OK(c);
+  const ModelFootprint f = FootprintOf(**file, *c);
+  const size_t experts = size_t{3} * 8 * 32 * 64 * 4;  // gate, up, down: 8 x 32 x 64 F32 each
+  ASSERT_EQ(f.layer_expert_bytes.size(), 2u);
+  EXPECT_EQ(f.layer_expert_bytes[0], experts);
+  PlanRequest req;
+  req.ctx = 64;
+  req.cpu_bandwidth = 1e9;
+  req.gpu_bandwidth = 1e10;
+  auto none = PlanFixed(*c, f, req, 0);
+  PD_ASSERT_OK(none);
+  EXPECT_DOUBLE_EQ(none->cpu_read_bytes,
+                   double(f.layer_bytes[0] + f.layer_bytes[1] + f.head_bytes) - 2 * 0.75 * experts);
+  auto one = PlanFixed(*c, f, req, 1);
+  PD_ASSERT_OK(one);
+  EXPECT_DOUBLE_EQ(one->gpu_read_bytes, double(f.layer_bytes[1] + f.head_bytes) - 0.75 * experts);
+  EXPECT_DOUBLE_EQ(one->cpu_read_bytes, double(f.layer_bytes[0]) - 0.75 * experts);
+}
+
 }  // namespace
 }  // namespace pd::engine
