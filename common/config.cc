@@ -197,9 +197,9 @@ absl::Status ValidateEtcd(const EtcdOptions& etcd) {
 absl::Status ServeOptions::Validate() const {
   if (!model.chat_template.empty() && model.chat_template != "gemma" &&
       model.chat_template != "chatml" && model.chat_template != "llama3" &&
-      model.chat_template != "llama2") {
+      model.chat_template != "llama2" && model.chat_template != "phi3") {
     return absl::InvalidArgumentError(
-        StrCat("model.chat_template: must be gemma, chatml, llama3, llama2 or empty (got '",
+        StrCat("model.chat_template: must be gemma, chatml, llama3, llama2, phi3 or empty (got '",
                model.chat_template, "')"));
   }
   if (model.backend != "cpu" && model.backend != "cuda") {

@@ -85,6 +85,17 @@ std::string Llama2(const std::vector<ChatMessage>& m, bool gen) {
   return out;
 }
 
+// Phi-3 (and Phi-3.5, Phi-4-mini): <|role|>, newline, the content and <|end|> per turn; the system
+// role is a turn of its own.
+std::string Phi3(const std::vector<ChatMessage>& m, bool gen) {
+  std::string out;
+  for (const ChatMessage& msg : m) {
+    out += pd::StrCat("<|", msg.role, "|>\n", msg.content, "<|end|>\n");
+  }
+  if (gen) out += "<|assistant|>\n";
+  return out;
+}
+
 }  // namespace
 
 std::string_view ChatTemplateName(ChatTemplateKind kind) {
@@ -93,17 +104,19 @@ std::string_view ChatTemplateName(ChatTemplateKind kind) {
     case ChatTemplateKind::kChatMl: return "chatml";
     case ChatTemplateKind::kLlama3: return "llama3";
     case ChatTemplateKind::kLlama2: return "llama2";
+    case ChatTemplateKind::kPhi3: return "phi3";
   }
   return "unknown";
 }
 
 absl::StatusOr<ChatTemplateKind> ParseChatTemplateName(std::string_view name) {
   for (ChatTemplateKind k : {ChatTemplateKind::kGemma, ChatTemplateKind::kChatMl,
-                             ChatTemplateKind::kLlama3, ChatTemplateKind::kLlama2}) {
+                             ChatTemplateKind::kLlama3, ChatTemplateKind::kLlama2,
+                             ChatTemplateKind::kPhi3}) {
     if (name == ChatTemplateName(k)) return k;
   }
   return absl::InvalidArgumentError(
-      pd::StrCat("unknown chat template '", name, "' (known: gemma, chatml, llama3, llama2)"));
+      pd::StrCat("unknown chat template '", name, "' (known: gemma, chatml, llama3, llama2, phi3)"));
 }
 
 absl::StatusOr<ChatTemplateKind> DetectChatTemplate(const GgufFile& file) {
@@ -113,16 +126,23 @@ absl::StatusOr<ChatTemplateKind> DetectChatTemplate(const GgufFile& file) {
     if (s.find("<|im_start|>") != std::string_view::npos) return ChatTemplateKind::kChatMl;
     if (s.find("<|start_header_id|>") != std::string_view::npos) return ChatTemplateKind::kLlama3;
     if (s.find("[INST]") != std::string_view::npos) return ChatTemplateKind::kLlama2;
+    if (s.find("<|assistant|>") != std::string_view::npos &&
+        s.find("<|end|>") != std::string_view::npos) {
+      return ChatTemplateKind::kPhi3;
+    }
   }
   auto arch = file.GetString("general.architecture");
   if (arch.ok()) {
     if (*arch == "gemma3" || *arch == "gemma2" || *arch == "gemma") return ChatTemplateKind::kGemma;
-    if (*arch == "qwen2" || *arch == "qwen3") return ChatTemplateKind::kChatMl;
+    if (*arch == "qwen2" || *arch == "qwen3" || *arch == "qwen3moe") {
+      return ChatTemplateKind::kChatMl;
+    }
+    if (*arch == "phi3") return ChatTemplateKind::kPhi3;
     if (*arch == "llama") return ChatTemplateKind::kLlama2;
   }
   return absl::UnimplementedError(
       "the model has no chat template this engine knows; pass one explicitly (gemma, chatml, "
-      "llama3, llama2)");
+      "llama3, llama2, phi3)");
 }
 
 absl::StatusOr<std::string> ApplyChatTemplate(ChatTemplateKind kind,
@@ -134,6 +154,7 @@ absl::StatusOr<std::string> ApplyChatTemplate(ChatTemplateKind kind,
     case ChatTemplateKind::kChatMl: return ChatMl(messages, add_generation_prompt);
     case ChatTemplateKind::kLlama3: return Llama3(messages, add_generation_prompt);
     case ChatTemplateKind::kLlama2: return Llama2(messages, add_generation_prompt);
+    case ChatTemplateKind::kPhi3: return Phi3(messages, add_generation_prompt);
   }
   return absl::InternalError("unknown chat template kind");
 }

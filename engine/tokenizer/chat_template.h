@@ -1,7 +1,7 @@
 // Chat templates: turning a list of messages into the prompt text a model was trained on.
 //
 // Templates are implemented natively (no Jinja engine): Gemma, ChatML (Qwen2 and many others),
-// Llama 3 and Llama 2. The kind is detected from the GGUF's `tokenizer.chat_template` when the
+// Llama 3, Llama 2 and Phi-3. The kind is detected from the GGUF's `tokenizer.chat_template` when the
 // file has one, otherwise from the architecture. The rendered text holds special-token text
 // (e.g. "<start_of_turn>"), so encode it with parse_special = true; the BOS token is left to the
 // tokenizer's add_special rule. Thread safe (pure functions).
@@ -21,10 +21,10 @@ struct ChatMessage {
   std::string content;
 };
 
-enum class ChatTemplateKind { kGemma, kChatMl, kLlama3, kLlama2 };
+enum class ChatTemplateKind { kGemma, kChatMl, kLlama3, kLlama2, kPhi3 };
 
 std::string_view ChatTemplateName(ChatTemplateKind kind);
-// Parses "gemma", "chatml", "llama3", "llama2". INVALID_ARGUMENT otherwise.
+// Parses "gemma", "chatml", "llama3", "llama2", "phi3". INVALID_ARGUMENT otherwise.
 absl::StatusOr<ChatTemplateKind> ParseChatTemplateName(std::string_view name);
 // The template for a model file. UNIMPLEMENTED when the file's template is none of the known kinds
 // and the architecture gives no default.

@@ -40,11 +40,9 @@ N_TOKENS = 12
 TIMEOUT_S = 120
 # Read by pd-serve and by every daemon of `pdctl up` (each ignores the others' sections). Every
 # prompt goes to the prefill node (the default keeps prompts under 512 tokens on the decode
-# node). A chat template is named because Phi-3's is none pdserve knows and none is detected for
-# the phi3 architecture (completions do not use it; pd-serve refuses to start without one).
+# node). No chat template is named: each architecture's is detected (pd-serve refuses to start
+# without one).
 CONFIG = """\
-model:
-  chat_template: chatml
 router:
   disaggregate_min_prompt: 0
 """

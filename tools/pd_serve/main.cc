@@ -91,7 +91,7 @@ int Main(int argc, char** argv) {
       "--quantize", quantize,
       "quantize F32/F16/BF16 weights at load to this type (q8_0, q4_K, ...; model.quantize)");
   auto* o_id = app.add_option("--model-id", model_id, "name clients use (default: file name)");
-  auto* o_tmpl = app.add_option("--chat-template", chat_template, "gemma|chatml|llama3|llama2");
+  auto* o_tmpl = app.add_option("--chat-template", chat_template, "gemma|chatml|llama3|llama2|phi3");
   auto* o_backend = app.add_option("--backend", backend, "cpu or cuda");
   std::string gpu_layers;
   auto* o_gpu_layers = app.add_option(

@@ -25,7 +25,7 @@ CLI::App* AddChatCommand(CLI::App& app, ChatFlags* flags) {
   cg.spec.Add(chat);
   chat->add_option("--system", flags->system, "system message");
   chat->add_option("--template", flags->template_name,
-                   "chat template: gemma, chatml, llama3, llama2 (default: from the model)");
+                   "chat template: gemma, chatml, llama3, llama2, phi3 (default: from the model)");
   chat->add_option("-n,--n-predict", cg.n_predict, "most tokens per reply")
       ->check(CLI::NonNegativeNumber);
   chat->add_option("--temperature,--temp", cg.temperature, "sampling temperature; 0 = greedy");
