@@ -50,12 +50,23 @@ struct ArchSpec {
   Window window;
   // "model.layers.N.<hf>" -> "blk.N.<gguf>".
   std::vector<std::pair<std::string_view, std::string_view>> layer;
-  // A mixture of experts (moe_block non-empty): "<moe_block>.gate.weight" is the router, and
-  // "<moe_block>.experts.E.<expert_gate|expert_up|expert_down>.weight" expert E's matrices, which
-  // the GGUF stacks into ffn_{gate,up,down}_exps.
-  std::string_view moe_block;
-  std::string_view expert_gate, expert_up, expert_down;
 };
+
+// The tensor names of a mixture of experts: "<block>.gate.weight" is the router, and
+// "<block>.experts.E.<gate|up|down>.weight" expert E's matrices, which the GGUF stacks into
+// ffn_{gate,up,down}_exps.
+struct MoeNames {
+  std::string_view block, gate, up, down;
+};
+
+// The expert layout of a class, or nullptr for a dense one.
+const MoeNames* MoeNamesOf(std::string_view hf_class) {
+  static constexpr MoeNames kQwen3Moe{"mlp", "gate_proj", "up_proj", "down_proj"};
+  static constexpr MoeNames kMixtral{"block_sparse_moe", "w1", "w3", "w2"};
+  if (hf_class == "Qwen3MoeForCausalLM") return &kQwen3Moe;
+  if (hf_class == "MixtralForCausalLM") return &kMixtral;
+  return nullptr;
+}
 
 const std::vector<ArchSpec>& Archs() {
   static const auto* archs = [] {
@@ -104,16 +115,14 @@ const std::vector<ArchSpec>& Archs() {
           {"self_attn.o_proj.weight", "attn_output.weight"},
           {"self_attn.q_norm.weight", "attn_q_norm.weight"},
           {"self_attn.k_norm.weight", "attn_k_norm.weight"},
-          {"post_attention_layernorm.weight", "ffn_norm.weight"}},
-         "mlp", "gate_proj", "up_proj", "down_proj"},
+          {"post_attention_layernorm.weight", "ffn_norm.weight"}}},
         {"MixtralForCausalLM", "llama", "silu", true, false, Window::kEveryLayer,
          {{"input_layernorm.weight", "attn_norm.weight"},
           {"self_attn.q_proj.weight", "attn_q.weight"},
           {"self_attn.k_proj.weight", "attn_k.weight"},
           {"self_attn.v_proj.weight", "attn_v.weight"},
           {"self_attn.o_proj.weight", "attn_output.weight"},
-          {"post_attention_layernorm.weight", "ffn_norm.weight"}},
-         "block_sparse_moe", "w1", "w3", "w2"},
+          {"post_attention_layernorm.weight", "ffn_norm.weight"}}},
         {"Gemma2ForCausalLM", "gemma2", "gelu_pytorch_tanh", false, true, Window::kGemma,
          with({{"post_attention_layernorm.weight", "post_attention_norm.weight"},
                {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
@@ -393,7 +402,8 @@ absl::StatusOr<Plan> MakePlan(const std::string& dir, const HfConvertOptions& o,
     w->SetU32(p + "attention.key_length", static_cast<uint32_t>(head_dim));
     w->SetU32(p + "attention.value_length", static_cast<uint32_t>(head_dim));
   }
-  const bool moe = !spec->moe_block.empty();
+  const MoeNames* const moe_names = MoeNamesOf(spec->hf_class);
+  const bool moe = moe_names != nullptr;
   int64_t n_expert = 0;
   if (moe) {
     // Qwen3-MoE: num_experts of moe_intermediate_size rows; Mixtral: num_local_experts of
@@ -553,9 +563,9 @@ absl::StatusOr<Plan> MakePlan(const std::string& dir, const HfConvertOptions& o,
       }
       const std::string_view suffix = dot == std::string_view::npos ? "" : rest.substr(dot + 1);
       if (suffix == "self_attn.rotary_emb.inv_freq") continue;  // recomputed from rope_theta
-      if (moe && layer >= 0 && layer < n_layer && suffix.starts_with(spec->moe_block) &&
-          suffix.size() > spec->moe_block.size() && suffix[spec->moe_block.size()] == '.') {
-        const std::string_view m = suffix.substr(spec->moe_block.size() + 1);
+      if (moe && layer >= 0 && layer < n_layer && suffix.starts_with(moe_names->block) &&
+          suffix.size() > moe_names->block.size() && suffix[moe_names->block.size()] == '.') {
+        const std::string_view m = suffix.substr(moe_names->block.size() + 1);
         if (m == "gate.weight") {
           // The router: F32 whatever the checkpoint stores, as llama.cpp's converter writes it.
           if (!t->type.has_value() || t->shape.size() != 2 || t->shape[0] != n_expert) {
@@ -582,10 +592,10 @@ absl::StatusOr<Plan> MakePlan(const std::string& dir, const HfConvertOptions& o,
             kind = r.substr(d + 1);
           }
         }
-        const char* which = kind == StrCat(spec->expert_gate, ".weight")   ? "ffn_gate_exps"
-                            : kind == StrCat(spec->expert_up, ".weight")   ? "ffn_up_exps"
-                            : kind == StrCat(spec->expert_down, ".weight") ? "ffn_down_exps"
-                                                                           : nullptr;
+        const char* which = kind == StrCat(moe_names->gate, ".weight")   ? "ffn_gate_exps"
+                            : kind == StrCat(moe_names->up, ".weight")   ? "ffn_up_exps"
+                            : kind == StrCat(moe_names->down, ".weight") ? "ffn_down_exps"
+                                                                         : nullptr;
         if (e < 0 || e >= n_expert || which == nullptr) {
           unknown.push_back(hf);
           continue;
