@@ -646,6 +646,32 @@ struct SpmSetup {
   bool split_at_spaces = false;
 };
 
+// A Metaspace pre-tokenizer step: spaces become U+2581 (another replacement is UNIMPLEMENTED),
+// `scheme` is its prepend_scheme (always / first / never; older files' add_prefix_space gives
+// always or never), `split` whether it splits before each U+2581.
+struct Metaspace {
+  std::string scheme;
+  bool split = true;
+};
+
+absl::StatusOr<Metaspace> ReadMetaspace(const JsonFile& f, const json& step,
+                                        const std::string& at) {
+  PD_ASSIGN_OR_RETURN(std::optional<std::string> rep, f.OptString(step, at, "replacement"));
+  if (rep.value_or(std::string(kSpaceEscape)) != kSpaceEscape) {
+    return f.Unsupported(
+        at, StrCat("Metaspace replacement ", Quoted(*rep), " is not supported (only U+2581)"));
+  }
+  PD_ASSIGN_OR_RETURN(std::optional<std::string> scheme, f.OptString(step, at, "prepend_scheme"));
+  PD_ASSIGN_OR_RETURN(std::optional<bool> add_prefix, f.OptBool(step, at, "add_prefix_space"));
+  if (scheme.has_value() && *scheme != "always" && *scheme != "first" && *scheme != "never") {
+    return f.Invalid(JsonFile::Join(at, "prepend_scheme"),
+                     StrCat("expected always, first or never, got ", Quoted(*scheme)));
+  }
+  PD_ASSIGN_OR_RETURN(std::optional<bool> split, f.OptBool(step, at, "split"));
+  return Metaspace{scheme.value_or(add_prefix.value_or(true) ? "always" : "never"),
+                   split.value_or(true)};
+}
+
 absl::StatusOr<SpmSetup> ReadSpmSetup(const JsonFile& f) {
   SpmSetup s;
   bool replace = false, prepend = false;
@@ -688,22 +714,9 @@ absl::StatusOr<SpmSetup> ReadSpmSetup(const JsonFile& f) {
                                         " is not supported for a "
                                         "SentencePiece-style BPE (only one Metaspace)"));
       }
-      PD_ASSIGN_OR_RETURN(std::optional<std::string> rep, f.OptString(*step, at, "replacement"));
-      if (rep.value_or(std::string(kSpaceEscape)) != kSpaceEscape) {
-        return f.Unsupported(
-            at, StrCat("Metaspace replacement ", Quoted(*rep), " is not supported (only U+2581)"));
-      }
-      // prepend_scheme (always / first / never); older files: add_prefix_space.
-      PD_ASSIGN_OR_RETURN(std::optional<std::string> scheme,
-                          f.OptString(*step, at, "prepend_scheme"));
-      PD_ASSIGN_OR_RETURN(std::optional<bool> add_prefix, f.OptBool(*step, at, "add_prefix_space"));
-      if (scheme.has_value() && *scheme != "always" && *scheme != "first" && *scheme != "never") {
-        return f.Invalid(JsonFile::Join(at, "prepend_scheme"),
-                         StrCat("expected always, first or never, got ", Quoted(*scheme)));
-      }
-      s.add_space_prefix = scheme.has_value() ? *scheme != "never" : add_prefix.value_or(true);
-      PD_ASSIGN_OR_RETURN(std::optional<bool> split, f.OptBool(*step, at, "split"));
-      s.split_at_spaces = split.value_or(true);
+      PD_ASSIGN_OR_RETURN(const Metaspace m, ReadMetaspace(f, *step, at));
+      s.add_space_prefix = m.scheme != "never";
+      s.split_at_spaces = m.split;
       metaspace = true;
     }
   }
@@ -807,22 +820,10 @@ absl::StatusOr<UgmSetup> ReadUgmSetup(const JsonFile& f) {
                                         " is not supported for a Unigram model (only one "
                                         "Metaspace, possibly after WhitespaceSplit)"));
       }
-      PD_ASSIGN_OR_RETURN(std::optional<std::string> rep, f.OptString(*step, at, "replacement"));
-      if (rep.value_or(std::string(kSpaceEscape)) != kSpaceEscape) {
-        return f.Unsupported(
-            at, StrCat("Metaspace replacement ", Quoted(*rep), " is not supported (only U+2581)"));
-      }
-      PD_ASSIGN_OR_RETURN(std::optional<std::string> scheme,
-                          f.OptString(*step, at, "prepend_scheme"));
-      PD_ASSIGN_OR_RETURN(std::optional<bool> add_prefix, f.OptBool(*step, at, "add_prefix_space"));
-      if (scheme.has_value() && *scheme != "always" && *scheme != "first" && *scheme != "never") {
-        return f.Invalid(JsonFile::Join(at, "prepend_scheme"),
-                         StrCat("expected always, first or never, got ", Quoted(*scheme)));
-      }
-      scheme_used = scheme.value_or(add_prefix.value_or(true) ? "always" : "never");
-      s.add_space_prefix = scheme_used != "never";
-      PD_ASSIGN_OR_RETURN(std::optional<bool> split, f.OptBool(*step, at, "split"));
-      s.split_at_spaces = split.value_or(true);
+      PD_ASSIGN_OR_RETURN(const Metaspace m, ReadMetaspace(f, *step, at));
+      scheme_used = m.scheme;
+      s.add_space_prefix = m.scheme != "never";
+      s.split_at_spaces = m.split;
       metaspace = true;
     }
   }
