@@ -70,20 +70,26 @@ const MoeNames* MoeNamesOf(std::string_view hf_class) {
 
 const std::vector<ArchSpec>& Archs() {
   static const auto* archs = [] {
-    const std::vector<std::pair<std::string_view, std::string_view>> common = {
+    using Names = std::vector<std::pair<std::string_view, std::string_view>>;
+    const Names attention = {
         {"input_layernorm.weight", "attn_norm.weight"},
         {"self_attn.q_proj.weight", "attn_q.weight"},
         {"self_attn.k_proj.weight", "attn_k.weight"},
         {"self_attn.v_proj.weight", "attn_v.weight"},
         {"self_attn.o_proj.weight", "attn_output.weight"},
+    };
+    const Names dense_mlp = {
         {"mlp.gate_proj.weight", "ffn_gate.weight"},
         {"mlp.up_proj.weight", "ffn_up.weight"},
         {"mlp.down_proj.weight", "ffn_down.weight"},
     };
-    auto with = [&](std::vector<std::pair<std::string_view, std::string_view>> extra) {
-      extra.insert(extra.begin(), common.begin(), common.end());
+    // The attention rows and `extra`; with_mlp: the dense MLP's too (experts: MoeNamesOf).
+    auto rows = [&](Names extra, bool with_mlp) {
+      extra.insert(extra.begin(), attention.begin(), attention.end());
+      if (with_mlp) extra.insert(extra.end(), dense_mlp.begin(), dense_mlp.end());
       return extra;
     };
+    auto with = [&](Names extra) { return rows(std::move(extra), true); };
     const auto llama_like = with({{"post_attention_layernorm.weight", "ffn_norm.weight"},
                                   {"self_attn.q_proj.bias", "attn_q.bias"},
                                   {"self_attn.k_proj.bias", "attn_k.bias"},
@@ -108,21 +114,12 @@ const std::vector<ArchSpec>& Archs() {
                {"self_attn.k_norm.weight", "attn_k_norm.weight"}})},
         {"Phi3ForCausalLM", "phi3", "silu", false, false, Window::kPhi3, phi3},
         {"Qwen3MoeForCausalLM", "qwen3moe", "silu", false, false, Window::kOptIn,
-         {{"input_layernorm.weight", "attn_norm.weight"},
-          {"self_attn.q_proj.weight", "attn_q.weight"},
-          {"self_attn.k_proj.weight", "attn_k.weight"},
-          {"self_attn.v_proj.weight", "attn_v.weight"},
-          {"self_attn.o_proj.weight", "attn_output.weight"},
-          {"self_attn.q_norm.weight", "attn_q_norm.weight"},
-          {"self_attn.k_norm.weight", "attn_k_norm.weight"},
-          {"post_attention_layernorm.weight", "ffn_norm.weight"}}},
+         rows({{"self_attn.q_norm.weight", "attn_q_norm.weight"},
+               {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+               {"post_attention_layernorm.weight", "ffn_norm.weight"}},
+              false)},
         {"MixtralForCausalLM", "llama", "silu", true, false, Window::kEveryLayer,
-         {{"input_layernorm.weight", "attn_norm.weight"},
-          {"self_attn.q_proj.weight", "attn_q.weight"},
-          {"self_attn.k_proj.weight", "attn_k.weight"},
-          {"self_attn.v_proj.weight", "attn_v.weight"},
-          {"self_attn.o_proj.weight", "attn_output.weight"},
-          {"post_attention_layernorm.weight", "ffn_norm.weight"}}},
+         rows({{"post_attention_layernorm.weight", "ffn_norm.weight"}}, false)},
         {"Gemma2ForCausalLM", "gemma2", "gelu_pytorch_tanh", false, true, Window::kGemma,
          with({{"post_attention_layernorm.weight", "post_attention_norm.weight"},
                {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
