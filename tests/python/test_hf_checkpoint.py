@@ -284,15 +284,6 @@ def _every_layer_window(c: dict) -> int | None:
     cls = c["architectures"][0]
     if cls == "MistralForCausalLM" and c.get("use_sliding_window", True):
         return c.get("sliding_window")
-    if cls == "Qwen3MoeForCausalLM":
-        c.update({"head_dim": 32, "attention_bias": False, "use_sliding_window": False,
-                  "sliding_window": None, "max_window_layers": 2, "rope_theta": 1000000.0,
-                  "rms_norm_eps": 1e-6, "num_experts": 8, "num_experts_per_tok": 2,
-                  "moe_intermediate_size": 32, "norm_topk_prob": True,
-                  "decoder_sparse_step": 1, "mlp_only_layers": []})
-    if cls == "MixtralForCausalLM":
-        c.update({"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None,
-                  "rope_theta": 1000000.0})
     if cls == "Phi3ForCausalLM":
         return c.get("sliding_window")
     return None
