@@ -8,6 +8,8 @@
   * importance and GPTQ run end to end on the built-in calibration text, and GPTQ brings the
     quantized model closer to the original than round-to-nearest on the (disjoint) built-in
     evaluation text;
+  * an untied token_embd under importance/GPTQ is weighed by the matrices that read the residual
+    stream (recomputed here in NumPy), which lowers its error so weighed;
   * the built-in texts are the same bytes in pdctl and scripts/texts.py;
   * errors exit with 2 and leave neither OUT nor OUT.tmp behind.
 
@@ -250,6 +252,57 @@ def test_gptq_and_importance_with_the_builtin_text(pdctl, synth_model, tmp_path,
            ", ".join(f"{m} {v:.4f}" for m, v in kl.items()))
     assert kl["gptq"] < 0.9 * kl["rtn"]
     assert kl["importance"] < 1.05 * kl["rtn"]
+
+
+def residual_importance(src: Path) -> np.ndarray:
+    """The column weights of an untied token_embd, computed here from the model's own tensors:
+    sum over every matrix that reads the residual stream (after the norm g in front of it) of
+    g_j^2 ||W[:, j]||^2, plus 1% of the mean as a floor (calibration.h, ResidualImportance)."""
+    r = gguf.GGUFReader(src)
+    t = {x.name: np.asarray(x.data, dtype=np.float64) for x in r.tensors}
+    n_embd = t["token_embd.weight"].shape[1]
+    acc = np.zeros(n_embd)
+    groups = [("output_norm.weight", ["output.weight"])]
+    layer = 0
+    while f"blk.{layer}.attn_norm.weight" in t:
+        b = f"blk.{layer}."
+        groups.append((b + "attn_norm.weight", [b + "attn_q.weight", b + "attn_k.weight",
+                                                b + "attn_v.weight"]))
+        groups.append((b + "ffn_norm.weight", [b + "ffn_gate.weight", b + "ffn_up.weight"]))
+        layer += 1
+    for norm, readers in groups:
+        col_sq = sum((t[m] ** 2).sum(axis=0) for m in readers if m in t)
+        acc += t[norm] ** 2 * col_sq
+    return acc + 1e-2 * acc.mean()
+
+
+def test_untied_embedding_is_weighed_by_the_residual_stream(pdctl, synth_model, tmp_path,
+                                                            request):
+    """A lookup table has no calibration inputs; its columns are weighed by what reads them."""
+    src = synth_model(MODEL)  # untied head
+    keep = ["--override", r"token_embd\.weight=q2_K", "--override", r"blk\..*=q8_0",
+            "--override", r"output\.weight=q8_0"]
+    a = residual_importance(src)
+    emb = next(x for x in gguf.GGUFReader(src).tensors if x.name == "token_embd.weight")
+    w = np.asarray(emb.data, dtype=np.float64)
+    err, reports = {}, {}
+    for method in ("rtn", "importance", "gptq"):
+        out = tmp_path / f"{method}.gguf"
+        reports[method] = table_rows(quantize(pdctl, src, out, "--type", "q2_K", "--method",
+                                              method, "--calib-tokens", "512", *keep))
+        q_t = next(x for x in gguf.GGUFReader(out).tensors if x.name == "token_embd.weight")
+        assert q_t.tensor_type == gguf.GGMLQuantizationType.Q2_K
+        q = gguf.quants.dequantize(q_t.data, q_t.tensor_type).astype(np.float64)
+        err[method] = float(np.sqrt(((w - q) ** 2 * a).sum() / (w ** 2 * a).sum()))
+    record(request, f"{MODEL} q2_K token_embd, error weighed by the residual stream: " +
+           ", ".join(f"{m} {v:.5f}" for m, v in err.items()))
+    assert reports["rtn"]["token_embd.weight"][6] == "rtn"
+    for method in ("importance", "gptq"):
+        row = reports[method]["token_embd.weight"]
+        assert row[6] == "importance" and "residual" in " ".join(row[7:]), row
+        # The reported x_err is this weighted error, and the weighing lowered it.
+        assert float(row[5].rstrip("~")) == pytest.approx(err[method], rel=2e-3, abs=2e-5)
+        assert err[method] < err["rtn"]
 
 
 # (method, type, limit on pdserve vs llama.cpp on the same file, both with F32 KV and llama.cpp's

@@ -4,6 +4,9 @@
 #include <cstring>
 
 #include "common/status.h"
+#include "common/strings.h"
+#include "engine/quant/dtype.h"
+#include "engine/quant/matrix_quant.h"
 #include "engine/kv/kv_cache.h"
 
 namespace pd::engine::quantize {
@@ -121,6 +124,85 @@ absl::Status RunCalibration(Model& model, const std::vector<std::vector<int32_t>
   model.set_observer(nullptr);
   progress.Finish();
   return status;
+}
+
+namespace {
+
+// Column sums of squares of a stored matrix [rows, cols] times its row weight, added to `acc`;
+// read in slabs so that a large consumer is never held as F32 whole.
+void AddColumnSquares(const GgufTensorInfo& t, int64_t cols, double weight, int threads,
+                      std::vector<double>& acc) {
+  const int64_t rows = t.rows();
+  const size_t row_bytes = RowBytes(t.type, cols);
+  constexpr int64_t kSlab = 1024;
+  std::vector<float> slab(static_cast<size_t>(std::min(rows, kSlab)) * cols);
+  for (int64_t r0 = 0; r0 < rows; r0 += kSlab) {
+    const int64_t n = std::min(kSlab, rows - r0);
+    DequantizeMatrix(t.type, t.data + r0 * row_bytes, n, cols, threads, slab.data());
+    for (int64_t r = 0; r < n; ++r) {
+      const float* x = slab.data() + r * cols;
+      for (int64_t j = 0; j < cols; ++j) acc[j] += weight * double{x[j]} * x[j];
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<float> ResidualImportance(const GgufFile& file, int64_t cols, int threads) {
+  std::vector<double> total(cols, 0.0);
+  bool any = false;
+  double experts_used = 1;
+  if (auto arch = file.GetString("general.architecture"); arch.ok()) {
+    experts_used = static_cast<double>(
+        file.GetUintOr(pd::StrCat(*arch, ".expert_used_count"), 1).value_or(1));
+  }
+  // One norm and the matrices that read its output.
+  auto add = [&](const std::string& norm, const std::vector<std::string>& readers) {
+    std::vector<double> part(cols, 0.0);
+    bool found = false;
+    for (const std::string& name : readers) {
+      const GgufTensorInfo* t = file.FindTensor(name);
+      if (t == nullptr || t->shape.empty() || t->shape[0] != cols || t->shape.size() > 3 ||
+          cols % Traits(t->type).block_size != 0) {
+        continue;
+      }
+      // Stacked experts [cols, ff, n_expert]: a token meets expert_used_count of them.
+      const double weight =
+          t->shape.size() == 3 && t->shape[2] > 0 ? experts_used / t->shape[2] : 1.0;
+      AddColumnSquares(*t, cols, weight, threads, part);
+      found = true;
+    }
+    if (!found) return;
+    any = true;
+    std::vector<float> g(cols, 1.f);
+    if (const GgufTensorInfo* n = file.FindTensor(norm);
+        n != nullptr && n->numel() == cols && cols % Traits(n->type).block_size == 0) {
+      DequantizeMatrix(n->type, n->data, 1, cols, 1, g.data());
+    }
+    for (int64_t j = 0; j < cols; ++j) total[j] += double{g[j]} * g[j] * part[j];
+  };
+  for (int layer = 0;; ++layer) {
+    const std::string b = pd::StrCat("blk.", layer, ".");
+    if (file.FindTensor(b + "attn_norm.weight") == nullptr &&
+        file.FindTensor(b + "attn_q.weight") == nullptr &&
+        file.FindTensor(b + "attn_qkv.weight") == nullptr) {
+      break;
+    }
+    add(b + "attn_norm.weight",
+        {b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight", b + "attn_qkv.weight"});
+    add(b + "ffn_norm.weight", {b + "ffn_gate.weight", b + "ffn_up.weight",
+                                b + "ffn_gate_inp.weight", b + "ffn_gate_exps.weight",
+                                b + "ffn_up_exps.weight"});
+  }
+  add("output_norm.weight", {"output.weight"});
+  if (!any) return {};
+  // A floor, as for calibrated importance: columns no consumer reads still count a little.
+  double mean = 0;
+  for (double v : total) mean += v;
+  mean /= cols;
+  std::vector<float> out(cols);
+  for (int64_t j = 0; j < cols; ++j) out[j] = static_cast<float>(total[j] + 1e-2 * mean);
+  return out;
 }
 
 }  // namespace pd::engine::quantize

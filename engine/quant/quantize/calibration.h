@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/model/gguf.h"
 #include "engine/quant/hessian.h"
 #include "engine/quant/quantize/progress.h"
 #include "engine/runtime/model.h"
@@ -31,6 +32,20 @@ namespace pd::engine::quantize {
 std::vector<std::vector<int32_t>> MakeCalibrationChunks(const Tokenizer& tokenizer,
                                                         std::string_view text, int chunk_tokens,
                                                         int64_t max_tokens);
+
+// The importance of each column of an untied token embedding ([cols] per row), from the weights
+// rather than from calibration: a lookup has no inputs to measure. A token's row starts the
+// residual stream, which every layer reads through its input norm (weight g) and the output
+// head through the final norm; an error e_j in column j reaches a consumer W as W[:, j] g_j e_j
+// scaled by the token's 1/rms (the same for the whole row, so it does not change how the row is
+// rounded). Its cost is e_j^2 times
+//   importance_j = sum over consumers of g_j^2 ||W[:, j]||^2
+// (the diagonal of G W^T W G): attn_q/k/v or attn_qkv after attn_norm, ffn_gate/up (or the
+// router and the experts, averaged and counted expert_used_count times) after ffn_norm, and
+// output after output_norm. The error stays in the stream for every later layer, so each
+// consumer counts; the residual's growth with depth is not modeled. Consumers stored quantized
+// are dequantized. Empty when no consumer reads `cols` columns.
+std::vector<float> ResidualImportance(const GgufFile& file, int64_t cols, int threads);
 
 class ActivationCollector final : public MatMulObserver {
  public:

@@ -491,7 +491,18 @@ absl::Status Job::QuantizeOne(Plan& p, const GptqFactor* factor, const std::vect
     }
   }
   std::vector<uint8_t> out(writer_->TensorBytes(p.out_index));
-  if (IsFloat(p.type)) {
+  // An untied token embedding has no input statistics (it is a lookup): its columns are
+  // weighed by how much the weights that read the residual stream amplify them.
+  std::vector<float> residual;
+  if (o_.method != Method::kRtn && mean_sq == nullptr && !p.input_table && p.select == nullptr &&
+      p.name == "token_embd.weight" && !IsFloat(p.type) && p.type != DType::kW8A8) {
+    residual = ResidualImportance(*file_, cols, o_.threads);
+  }
+  if (!residual.empty()) {
+    QuantizeMatrix(p.type, w, rows, cols, residual.data(), o_.threads, out.data());
+    r.method = "importance";
+    r.note = pd::StrCat(r.note.empty() ? "" : r.note + "; ", "weighed by the residual stream");
+  } else if (IsFloat(p.type)) {
     QuantizeMatrix(p.type, w, rows, cols, nullptr, o_.threads, out.data());
     r.method = "convert";
   } else if (o_.method == Method::kGptq && factor != nullptr && HasGrid(p.type)) {
@@ -524,6 +535,8 @@ absl::Status Job::QuantizeOne(Plan& p, const GptqFactor* factor, const std::vect
     r.x_err_exact = true;
   } else if (mean_sq != nullptr) {
     r.x_err = WeightedRelativeError(w, q.data(), rows, cols, mean_sq->data());
+  } else if (!residual.empty()) {
+    r.x_err = WeightedRelativeError(w, q.data(), rows, cols, residual.data());
   }
   p.done = true;
   return absl::OkStatus();

@@ -85,7 +85,9 @@ struct TensorReport {
   size_t bytes = 0;
   std::string method;        // rtn | importance | gptq | convert | copy
   double w_err = -1;         // ||W - Q||_F / ||W||_F; -1 when copied
-  double x_err = -1;         // relative output error on the calibration inputs; -1 without stats
+  // Relative output error on the calibration inputs; -1 without stats. For an untied
+  // token_embd weighed by the residual stream (ResidualImportance): the error weighed so.
+  double x_err = -1;
   bool x_err_exact = false;  // from the full X^T X (else the diagonal approximation)
   std::string note;          // policy rule / override / fallback
   // W8A8 smoothing: max s / min s over the input channels for smoothed matrices (0 when not

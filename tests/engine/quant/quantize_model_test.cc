@@ -171,6 +171,52 @@ TEST_F(QuantizeModelTest, HalfAndQuantizedInputs) {
   }
 }
 
+// The column weights of an untied token_embd (calibration.h): the sum over the matrices that
+// read the residual stream of g_j^2 ||W[:, j]||^2, recomputed here by hand from the F32 file;
+// a model stored as F16 gives the same weights to F16 rounding; no reader of that width: empty.
+TEST_F(QuantizeModelTest, ResidualImportanceSumsEveryReaderOfTheStream) {
+  auto f32 = GgufFile::Open(KModel());
+  PD_ASSERT_OK(f32);
+  const GgufFile& f = **f32;
+  const int64_t cols = 256;
+  auto column_sq = [&](const std::string& name, int64_t j) {
+    const GgufTensorInfo* t = f.FindTensor(name);
+    const float* w = reinterpret_cast<const float*>(t->data);
+    double s = 0;
+    for (int64_t r = 0; r < t->rows(); ++r) s += double{w[r * cols + j]} * w[r * cols + j];
+    return s;
+  };
+  auto norm = [&](const std::string& name, int64_t j) {
+    return double{reinterpret_cast<const float*>(f.FindTensor(name)->data)[j]};
+  };
+  std::vector<double> want(cols, 0.0);
+  for (int64_t j = 0; j < cols; ++j) {
+    for (int layer = 0; f.FindTensor(pd::StrCat("blk.", layer, ".attn_norm.weight")); ++layer) {
+      const std::string b = pd::StrCat("blk.", layer, ".");
+      const double ga = norm(b + "attn_norm.weight", j), gf = norm(b + "ffn_norm.weight", j);
+      want[j] += ga * ga *
+                 (column_sq(b + "attn_q.weight", j) + column_sq(b + "attn_k.weight", j) +
+                  column_sq(b + "attn_v.weight", j));
+      want[j] += gf * gf * (column_sq(b + "ffn_gate.weight", j) + column_sq(b + "ffn_up.weight", j));
+    }
+    const double go = norm("output_norm.weight", j);
+    want[j] += go * go * column_sq("output.weight", j);
+  }
+  double mean = 0;
+  for (double v : want) mean += v / cols;
+  const std::vector<float> got = ResidualImportance(f, cols, 2);
+  ASSERT_EQ(got.size(), static_cast<size_t>(cols));
+  for (int64_t j = 0; j < cols; ++j) {
+    EXPECT_NEAR(got[j], want[j] + 1e-2 * mean, 1e-5 * want[j]) << j;  // float sums of doubles
+  }
+  auto f16 = GgufFile::Open(KModel(DType::kF16));
+  PD_ASSERT_OK(f16);
+  const std::vector<float> half = ResidualImportance(**f16, cols, 1);
+  ASSERT_EQ(half.size(), got.size());
+  for (int64_t j = 0; j < cols; ++j) EXPECT_NEAR(half[j], got[j], 2e-3 * got[j]) << j;
+  EXPECT_TRUE(ResidualImportance(f, 128, 1).empty());
+}
+
 TEST_F(QuantizeModelTest, RowsThatKQuantsCannotTakeFallBack) {
   t::TinyModelSpec s;  // n_embd 64, n_ff 96
   QuantizeOptions o;
