@@ -107,7 +107,8 @@ class Tokenizer {
 
   // Token ids of `text` (any bytes). `add_special`: add BOS/EOS as the model asks
   // (tokenizer.ggml.add_bos_token / add_eos_token, or llama.cpp's per-model defaults: SPM adds BOS;
-  // BPE adds BOS for the llama3 pre-tokenizers only; Unigram adds EOS, not BOS). `parse_special`:
+  // BPE adds BOS for the llama3 pre-tokenizers only; Unigram adds EOS, not BOS); add_sep never
+  // changes Encode() (see add_sep()). `parse_special`:
   // text equal to a control or unknown token becomes that token. User-defined tokens are always
   // recognised, as in llama.cpp and Hugging Face tokenizers. Longer special tokens win over shorter
   // ones. Precondition: text.size() < 4 GiB (PD_CHECKed; requests are bounded far below that).
@@ -148,8 +149,16 @@ class Tokenizer {
   int32_t eom() const { return eom_; }
   int32_t unk() const { return unk_; }
   int32_t pad() const { return pad_; }
+  // The separator (tokenizer.ggml.seperator_token_id, llama.cpp's spelling).
+  int32_t sep() const { return sep_; }
   bool add_bos() const { return add_bos_; }
   bool add_eos() const { return add_eos_; }
+  // Whether a separator goes between the two texts of a pair, as llama.cpp's reranking and
+  // embedding tools put it (tokenizer.ggml.add_sep_token; default true for the jina-v1-en,
+  // jina-v2-code and roberta-bpe pre-tokenizers). Encode() takes one text and never adds it; a
+  // caller joining two texts does. May be true with sep() == kNoToken, as in llama.cpp: then
+  // there is nothing to add.
+  bool add_sep() const { return add_sep_; }
   bool add_space_prefix() const { return add_space_prefix_; }
   bool clean_spaces_default() const { return clean_spaces_; }
 
@@ -203,11 +212,12 @@ class Tokenizer {
   std::vector<int32_t> eog_ids_;
 
   int32_t bos_ = kNoToken, eos_ = kNoToken, eot_ = kNoToken, eom_ = kNoToken;
-  int32_t unk_ = kNoToken, pad_ = kNoToken;
+  int32_t unk_ = kNoToken, pad_ = kNoToken, sep_ = kNoToken;
   int32_t fim_pre_ = kNoToken, fim_suf_ = kNoToken, fim_mid_ = kNoToken;
   int32_t fim_pad_ = kNoToken, fim_rep_ = kNoToken, fim_sep_ = kNoToken;
   bool add_bos_ = false;
   bool add_eos_ = false;
+  bool add_sep_ = false;
   bool add_space_prefix_ = false;
   bool clean_spaces_ = false;
   bool ignore_merges_ = false;

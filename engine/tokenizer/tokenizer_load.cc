@@ -30,6 +30,7 @@ constexpr std::string_view kKeyTypes = "tokenizer.ggml.token_type";
 constexpr std::string_view kKeyMerges = "tokenizer.ggml.merges";
 constexpr std::string_view kKeyAddBos = "tokenizer.ggml.add_bos_token";
 constexpr std::string_view kKeyAddEos = "tokenizer.ggml.add_eos_token";
+constexpr std::string_view kKeyAddSep = "tokenizer.ggml.add_sep_token";
 constexpr std::string_view kKeyAddPrefix = "tokenizer.ggml.add_space_prefix";
 
 // Token texts by which llama.cpp recognises special tokens that the GGUF does not name by id.
@@ -190,6 +191,7 @@ absl::Status Tokenizer::Load(const GgufFile& gguf) {
     escape_spaces_ = spec.escape_spaces;
     whole_newline_runs_ = spec.whole_newline_runs;
     force_add_bos_ = spec.force_add_bos;
+    add_sep_ = spec.add_sep;
   } else if (*model == "t5") {
     // llama.cpp's defaults for its UGM vocabularies (T5's ids); no space prefix unless the key
     // says so.
@@ -321,7 +323,7 @@ absl::Status Tokenizer::Load(const GgufFile& gguf) {
 absl::Status Tokenizer::LoadSpecialIds(const GgufFile& gguf) {
   const int32_t n = n_vocab();
   // Defaults that do not fit this vocabulary are dropped, as in llama.cpp.
-  for (int32_t* id : {&bos_, &eos_, &unk_, &pad_}) {
+  for (int32_t* id : {&bos_, &eos_, &unk_, &pad_, &sep_}) {
     if (*id >= n) *id = kNoToken;
   }
   const std::pair<std::string_view, int32_t*> keys[] = {
@@ -331,6 +333,7 @@ absl::Status Tokenizer::LoadSpecialIds(const GgufFile& gguf) {
       {"tokenizer.ggml.eom_token_id", &eom_},
       {"tokenizer.ggml.unknown_token_id", &unk_},
       {"tokenizer.ggml.padding_token_id", &pad_},
+      {"tokenizer.ggml.seperator_token_id", &sep_},  // sic: llama.cpp's spelling
       {"tokenizer.ggml.fim_pre_token_id", &fim_pre_},
       {"tokenizer.ggml.fim_suf_token_id", &fim_suf_},
       {"tokenizer.ggml.fim_mid_token_id", &fim_mid_},
@@ -353,8 +356,9 @@ absl::Status Tokenizer::LoadSpecialIds(const GgufFile& gguf) {
     }
     *id = static_cast<int32_t>(*v);
   }
-  for (const auto& [key, flag] :
-       {std::pair<std::string_view, bool*>{kKeyAddBos, &add_bos_}, {kKeyAddEos, &add_eos_}}) {
+  for (const auto& [key, flag] : {std::pair<std::string_view, bool*>{kKeyAddBos, &add_bos_},
+                                  {kKeyAddEos, &add_eos_},
+                                  {kKeyAddSep, &add_sep_}}) {
     if (!gguf.Has(key)) continue;
     absl::StatusOr<bool> v = gguf.GetBool(key);
     if (!v.ok()) return Invalid(key, v.status());

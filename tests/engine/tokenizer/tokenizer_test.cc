@@ -659,6 +659,37 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Build(const GgufBuilder& b) {
   return Tokenizer::FromGguf(*gguf);
 }
 
+// jina-v1-en, jina-v2-code and roberta-bpe: GPT-2's split, with add_sep on. The separator is for
+// callers that join two texts; Encode() adds none, as llama.cpp's llama_tokenize adds none.
+TEST(SyntheticTest, AddSepRowsSplitLikeGpt2) {
+  absl::StatusOr<std::unique_ptr<Tokenizer>> gpt2 = Build(BpeVocab());
+  ASSERT_TRUE(gpt2.ok()) << gpt2.status();
+  EXPECT_FALSE((*gpt2)->add_sep());
+  EXPECT_EQ((*gpt2)->sep(), kNoToken);
+  const std::string text = "abc ab, c <x><y> abcabc\n";
+  for (const char* pre : {"jina-v1-en", "jina-v2-code", "roberta-bpe"}) {
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tok =
+        Build(BpeVocab(pre).U32("tokenizer.ggml.seperator_token_id", 9));
+    ASSERT_TRUE(tok.ok()) << pre << ": " << tok.status();
+    EXPECT_TRUE((*tok)->add_sep()) << pre;
+    EXPECT_EQ((*tok)->sep(), 9) << pre;
+    for (const bool add_special : {false, true}) {
+      EXPECT_EQ((*tok)->Encode(text, add_special, false), (*gpt2)->Encode(text, add_special, false))
+          << pre;
+    }
+  }
+  // The key wins over the row; a vocabulary without a separator still loads (nothing to add).
+  absl::StatusOr<std::unique_ptr<Tokenizer>> off =
+      Build(BpeVocab("roberta-bpe").Bool("tokenizer.ggml.add_sep_token", false));
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE((*off)->add_sep());
+  EXPECT_EQ((*off)->sep(), kNoToken);
+  absl::StatusOr<std::unique_ptr<Tokenizer>> on =
+      Build(BpeVocab().Bool("tokenizer.ggml.add_sep_token", true));
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_TRUE((*on)->add_sep());
+}
+
 TEST(SyntheticTest, VocabularyOnlyBpeLoadsAndMerges) {
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Build(BpeVocab());
   PD_ASSERT_OK(tok);
@@ -779,13 +810,6 @@ TEST(LoadErrorTest, ReportsBadMetadata) {
   expect_invalid(GgufBuilder().Str("tokenizer.ggml.model", "bert"),
                  "unsupported tokenizer.ggml.model 'bert'");
   expect_invalid(BpeVocab("no-such-pre"), "unknown tokenizer.ggml.pre 'no-such-pre'");
-  // Types llama.cpp knows that need more than patterns: refused by name, with the reason.
-  for (const char* pre : {"jina-v1-en", "roberta-bpe"}) {
-    EXPECT_THAT(Build(BpeVocab(pre)),
-                StatusIs(absl::StatusCode::kUnimplemented,
-                         std::string("'") + pre + "' is not supported: "))
-        << pre;
-  }
   {
     GgufBuilder b;
     b.Str("tokenizer.ggml.model", "gpt2").StrArray("tokenizer.ggml.tokens", {"a", "b"});
