@@ -1,6 +1,6 @@
 // Loading: a Tokenizer built from GGUF metadata (vocabulary, scores, token types, merges,
 // special-token ids) and llama.cpp's post-load fix-ups of token attributes. Encoding and decoding
-// are in tokenizer.cc, the merge loops in spm.cc and bpe.cc.
+// are in tokenizer.cc, the encoders of each model in spm.cc, bpe.cc, ugm.cc and wpm.cc.
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
@@ -13,6 +13,7 @@
 #include "engine/tokenizer/tokenizer.h"
 #include "engine/tokenizer/ugm.h"
 #include "engine/tokenizer/unicode.h"
+#include "engine/tokenizer/wpm.h"
 
 namespace pd::engine {
 namespace {
@@ -204,9 +205,23 @@ absl::Status Tokenizer::Load(const GgufFile& gguf) {
     add_bos_ = false;
     add_eos_ = true;
     clean_spaces_ = false;
+  } else if (*model == "bert") {
+    // llama.cpp's WPM defaults, BERT's ids: [CLS] 101 as BOS, [UNK] 100, [SEP] 102, [PAD] 0; no
+    // EOS.
+    model_ = TokenizerModel::kWpm;
+    bos_ = 101;
+    eos_ = kNoToken;
+    unk_ = 100;
+    sep_ = 102;
+    pad_ = 0;
+    add_space_prefix_ = false;
+    add_bos_ = true;
+    add_eos_ = false;
+    add_sep_ = true;
+    clean_spaces_ = true;
   } else {
     return absl::InvalidArgumentError(StrCat("unsupported tokenizer.ggml.model '", *model,
-                                             "' (supported: llama, gpt2, gemma4, t5)"));
+                                             "' (supported: llama, gpt2, gemma4, t5, bert)"));
   }
   if (gguf.Has(kKeyAddPrefix)) {
     absl::StatusOr<bool> v = gguf.GetBool(kKeyAddPrefix);
@@ -317,6 +332,7 @@ absl::Status Tokenizer::Load(const GgufFile& gguf) {
     }
   }
   if (model_ == TokenizerModel::kUgm) PD_RETURN_IF_ERROR(LoadUgm(gguf));
+  if (model_ == TokenizerModel::kWpm) PD_RETURN_IF_ERROR(LoadWpm(gguf));
   return absl::OkStatus();
 }
 
@@ -365,11 +381,14 @@ absl::Status Tokenizer::LoadSpecialIds(const GgufFile& gguf) {
     *flag = *v;
   }
   if (force_add_bos_ && bos_ != kNoToken) add_bos_ = true;
-  if (add_bos_ && bos_ == kNoToken) {
+  // WordPiece adds [CLS] and [SEP] whatever add_bos/add_eos say (LoadWpm names what such a
+  // vocabulary lacks), as llama.cpp does.
+  const bool wpm = model_ == TokenizerModel::kWpm;
+  if (add_bos_ && bos_ == kNoToken && !wpm) {
     return absl::InvalidArgumentError(
         "tokenizer.ggml.add_bos_token is true but there is no BOS token");
   }
-  if (add_eos_ && eos_ == kNoToken) {
+  if (add_eos_ && eos_ == kNoToken && !wpm) {
     return absl::InvalidArgumentError(
         "tokenizer.ggml.add_eos_token is true but there is no EOS token");
   }
