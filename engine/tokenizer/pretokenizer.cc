@@ -160,6 +160,7 @@ enum RowFlags : unsigned {
   kEscapeSpaces = 32,  // spaces become U+2581 (PreTokenizerSpec::escape_spaces)
   kNewlineRuns = 64,   // PreTokenizerSpec::whole_newline_runs
   kForceBos = 128,     // PreTokenizerSpec::force_add_bos
+  kAddSep = 256,       // default of tokenizer.ggml.add_sep_token (PreTokenizerSpec::add_sep)
 };
 
 // One row per pre-tokenizer type: the `tokenizer.ggml.pre` names that select it, its patterns
@@ -219,6 +220,8 @@ const std::vector<Row>& Rows() {
         "mellum", "modern-bert", "exaone4", "mpt", "olmo", "jais"},
        {kGpt2}},
       {{"trillion", "granite-docling"}, {kGpt2}, kKeepSpaces},
+      // Encoders (Jina v1/v2 code, RoBERTa) whose texts of a pair are joined by a separator.
+      {{"jina-v1-en", "jina-v2-code", "roberta-bpe"}, {kGpt2}, kAddSep},
       {{"bloom", "gpt3-finnish"}, {kBloom}},
       {{"poro-chat"}, {kBloom}, kKeepSpaces},
       {{"viking"}, {kBloom, R"(\p{N})"}, kKeepSpaces},
@@ -234,19 +237,6 @@ const std::vector<Row>& Rows() {
       {{"whitespace"}, {R"(\S+)"}, kRawUtf8},
   };
   return *rows;
-}
-
-// Types llama.cpp accepts that need more than a table row, and why they are refused here.
-struct Refused {
-  std::vector<std::string_view> names;
-  std::string_view why;
-};
-const std::vector<Refused>& RefusedTypes() {
-  static const auto* refused = new std::vector<Refused>{
-      {{"jina-v1-en", "jina-v2-code", "roberta-bpe"},
-       "it is an encoder vocabulary that appends a separator token, which pdserve does not"},
-  };
-  return *refused;
 }
 
 // A pattern of the tables, in PCRE2 syntax with llama.cpp's meaning. llama.cpp runs patterns with
@@ -394,18 +384,14 @@ absl::StatusOr<PreTokenizerSpec> PreTokenizerSpecFor(std::string_view pre) {
     s.escape_spaces = row.flags & kEscapeSpaces;
     s.whole_newline_runs = row.flags & kNewlineRuns;
     s.force_add_bos = row.flags & kForceBos;
+    s.add_sep = row.flags & kAddSep;
     return s;
   }
-  for (const Refused& r : RefusedTypes()) {
-    if (std::find(r.names.begin(), r.names.end(), name) != r.names.end()) {
-      return absl::UnimplementedError(
-          StrCat("tokenizer.ggml.pre '", name, "' is not supported: ", r.why));
-    }
-  }
-  return absl::InvalidArgumentError(StrCat(
-      "unknown tokenizer.ggml.pre '", name, "' (", Rows().size(),
-      " pre-tokenizer types are supported, every one llama.cpp's vocabulary loader knows but ",
-      RefusedTypes().size(), " kinds; docs/models.md lists them)"));
+  return absl::InvalidArgumentError(
+      StrCat("unknown tokenizer.ggml.pre '", name, "' (", SupportedPreTokenizers().size(),
+             " names of ", Rows().size(),
+             " pre-tokenizer types are supported, every one llama.cpp's vocabulary loader knows; "
+             "docs/models.md lists them)"));
 }
 
 std::vector<std::string_view> SupportedPreTokenizers() {

@@ -13,8 +13,7 @@
 //
 // The types are rows of one table (pretokenizer.cc, Rows()): the `tokenizer.ggml.pre` names that
 // select a type, its patterns and its flags. Every name llama.cpp's vocabulary loader accepts is
-// a row, except the few types that need more than patterns, which are refused by name with the
-// reason (RefusedTypes()).
+// a row.
 //
 // Thread safety: immutable after Create(); Split() may be called from many threads at once (each
 // thread keeps its own PCRE2 match data and JIT stack).
@@ -47,10 +46,12 @@ struct PreTokenizerSpec {
   // BOS is added even when tokenizer.ggml.add_bos_token says false, if the vocabulary has one
   // (llama.cpp overrides the key for Gemma 4, whose converted files carry a wrong false).
   bool force_add_bos = false;
+  // Default for tokenizer.ggml.add_sep_token (encoders that join two texts with a separator:
+  // jina-v1-en, jina-v2-code, roberta-bpe). Tokenizing one text is unchanged (Tokenizer::add_sep).
+  bool add_sep = false;
 };
 
 // The spec for a pre-tokenizer name. An empty name means "default", as in llama.cpp.
-// UNIMPLEMENTED with the reason for a type llama.cpp knows that pdserve does not run;
 // INVALID_ARGUMENT for a name nobody knows.
 absl::StatusOr<PreTokenizerSpec> PreTokenizerSpecFor(std::string_view pre);
 

@@ -1,5 +1,5 @@
-// Special-token handling, encoding and decoding. Loading is in tokenizer_load.cc, the merge loops
-// in spm.cc and bpe.cc.
+// Special-token handling, encoding and decoding. Loading is in tokenizer_load.cc, the encoders of
+// each model in spm.cc, bpe.cc, ugm.cc and wpm.cc.
 #include "engine/tokenizer/tokenizer.h"
 
 #include <string>
@@ -134,7 +134,9 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special,
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 4);
   const std::vector<Fragment> frags = Partition(text, parse_special);
-  if (add_special && add_bos_) out.push_back(bos_);
+  // WordPiece: [CLS] and [SEP] whatever add_bos/add_eos say (LoadWpm checked that both exist).
+  const bool wpm = model_ == TokenizerModel::kWpm;
+  if (add_special && (add_bos_ || wpm)) out.push_back(bos_);
   if (model_ == TokenizerModel::kSpm) {
     bool prev_special = true;  // the first run of text gets the space prefix too
     std::string escaped;
@@ -165,6 +167,14 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special,
         EncodeUgm(text.substr(f.begin, f.end - f.begin), &out);
       }
     }
+  } else if (wpm) {
+    for (const Fragment& f : frags) {
+      if (f.token != kNoToken) {
+        out.push_back(f.token);
+      } else {
+        EncodeWpm(text.substr(f.begin, f.end - f.begin), &out);
+      }
+    }
   } else {
     for (const Fragment& f : frags) {
       if (f.token != kNoToken) {
@@ -174,7 +184,11 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special,
       }
     }
   }
-  if (add_special && add_eos_) out.push_back(eos_);
+  if (add_special && wpm) {
+    out.push_back(sep_);
+  } else if (add_special && add_eos_) {
+    out.push_back(eos_);
+  }
   return out;
 }
 

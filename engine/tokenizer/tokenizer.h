@@ -1,6 +1,6 @@
 // Tokenizers read from a GGUF file's `tokenizer.ggml.*` metadata, id-compatible with llama.cpp.
 //
-// Two vocabulary kinds are supported:
+// Four vocabulary kinds are supported:
 //  - `tokenizer.ggml.model = llama`: SentencePiece-style BPE. Spaces become U+2581, a space is
 //    prefixed to each run of text that starts the input or follows a special token (when
 //    `tokenizer.ggml.add_space_prefix`, default true), pairs of symbols are merged greedily by the
@@ -13,6 +13,11 @@
 //    `tokenizer.ggml.remove_extra_whitespaces`) and segmented by a Viterbi search for the most
 //    probable sequence of tokens (scores are log probabilities); unknown characters become the
 //    unknown token, or byte tokens when the vocabulary has them (ugm.cc says exactly how).
+//  - `tokenizer.ggml.model = bert`: WordPiece (llama.cpp's "WPM"). Each run of text is split into
+//    words at white space, punctuation and CJK ideographs, lowercased and stripped of accents
+//    (`tokenizer.ggml.normalizer.lowercase` / `.strip_accents`, default true), and each word,
+//    marked with a leading U+2581, is cut into the longest tokens from its start; a word that
+//    cannot be cut is the unknown token (wpm.cc says exactly how).
 //
 // Input bytes need not be valid UTF-8; they are handled the way llama.cpp handles them so that the
 // ids match its ids (Unigram: an invalid byte is normalized to U+FFFD; byte fallback is the one
@@ -24,6 +29,8 @@
 //    checks (overlong forms are re-encoded in shortest form, surrogates keep their 3-byte form),
 //    any other byte becomes U+FFFD (one per byte). A 4-byte form above U+10FFFF (e.g. F4 90 80 80)
 //    becomes one U+FFFD; llama.cpp aborts the process on that input.
+//  - WordPiece decodes leniently too; an invalid byte becomes U+FFFD, which it drops, and a
+//    4-byte form above U+10FFFF is dropped (llama.cpp aborts there as well).
 // Decoding (TokenToPiece/Decode) returns a token's bytes, which may be a fragment of a UTF-8
 // sequence; StreamingDetokenizer turns a stream of ids into valid UTF-8 only.
 //
@@ -49,6 +56,7 @@ namespace pd::engine {
 namespace tokenizer_internal {
 class PreTokenizer;
 struct UgmModel;
+struct WpmModel;
 }  // namespace tokenizer_internal
 
 // `tokenizer.ggml.token_type` values.
@@ -80,7 +88,7 @@ struct TokenAttr {
   static constexpr uint32_t kSingleWord = 1u << 9;
 };
 
-enum class TokenizerModel { kSpm, kBpe, kUgm };
+enum class TokenizerModel { kSpm, kBpe, kUgm, kWpm };
 
 inline constexpr int32_t kNoToken = -1;
 
@@ -99,7 +107,8 @@ class Tokenizer {
   // Builds the tokenizer from `gguf` metadata (a vocabulary-only GGUF is fine).
   // INVALID_ARGUMENT: missing or unsupported tokenizer.ggml.model / .pre, missing tokens or merges,
   // arrays whose length differs from the token count, a value of the wrong type, duplicate tokens,
-  // a special token id out of range, add_bos/add_eos without the token to add.
+  // a special token id out of range, add_bos/add_eos without the token to add, a t5 vocabulary
+  // without an unknown token, a bert vocabulary without an unknown, [CLS] or [SEP] token.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromGguf(const GgufFile& gguf);
   ~Tokenizer();
   Tokenizer(const Tokenizer&) = delete;
@@ -107,15 +116,18 @@ class Tokenizer {
 
   // Token ids of `text` (any bytes). `add_special`: add BOS/EOS as the model asks
   // (tokenizer.ggml.add_bos_token / add_eos_token, or llama.cpp's per-model defaults: SPM adds BOS;
-  // BPE adds BOS for the llama3 pre-tokenizers only; Unigram adds EOS, not BOS). `parse_special`:
+  // BPE adds BOS for the llama3 pre-tokenizers only; Unigram adds EOS, not BOS); WordPiece always
+  // adds [CLS] (BOS) and [SEP], whatever the keys say, as llama.cpp does. add_sep never changes
+  // Encode() (see add_sep()). `parse_special`:
   // text equal to a control or unknown token becomes that token. User-defined tokens are always
   // recognised, as in llama.cpp and Hugging Face tokenizers. Longer special tokens win over shorter
   // ones. Precondition: text.size() < 4 GiB (PD_CHECKed; requests are bounded far below that).
   std::vector<int32_t> Encode(std::string_view text, bool add_special, bool parse_special) const;
 
   // Bytes of one token: byte tokens give their byte, BPE tokens are mapped back from the byte-level
-  // alphabet, SPM's and Unigram's U+2581 becomes a space. Control and unknown tokens give "" unless
-  // `render_special`; unused/undefined tokens always give "". An id out of range gives "".
+  // alphabet, U+2581 becomes a space in SPM, Unigram and WordPiece tokens. Control and unknown
+  // tokens give "" unless `render_special`; unused/undefined tokens always give "". An id out of
+  // range gives "".
   std::string TokenToPiece(int32_t id, bool render_special = false) const;
 
   // Concatenated pieces. Like llama.cpp's llama_detokenize: when the vocabulary adds a space
@@ -148,8 +160,17 @@ class Tokenizer {
   int32_t eom() const { return eom_; }
   int32_t unk() const { return unk_; }
   int32_t pad() const { return pad_; }
+  // The separator (tokenizer.ggml.seperator_token_id, llama.cpp's spelling; WordPiece: [SEP], 102
+  // by default).
+  int32_t sep() const { return sep_; }
   bool add_bos() const { return add_bos_; }
   bool add_eos() const { return add_eos_; }
+  // Whether a separator goes between the two texts of a pair, as llama.cpp's reranking and
+  // embedding tools put it (tokenizer.ggml.add_sep_token; defaults: true for WordPiece and the
+  // jina-v1-en, jina-v2-code and roberta-bpe pre-tokenizers). Encode() takes one text and never
+  // adds it; a caller joining two texts does. May be true with sep() == kNoToken, as in
+  // llama.cpp: then there is nothing to add.
+  bool add_sep() const { return add_sep_; }
   bool add_space_prefix() const { return add_space_prefix_; }
   bool clean_spaces_default() const { return clean_spaces_; }
 
@@ -186,6 +207,9 @@ class Tokenizer {
   // Unigram (ugm.cc): the matcher, charsmap and flags, after the token attributes are final.
   absl::Status LoadUgm(const GgufFile& gguf);
   void EncodeUgm(std::string_view text, std::vector<int32_t>* out) const;
+  // WordPiece (wpm.cc): the trie and normalizer flags; needs the unknown, BOS and SEP tokens.
+  absl::Status LoadWpm(const GgufFile& gguf);
+  void EncodeWpm(std::string_view text, std::vector<int32_t>* out) const;
 
   TokenizerModel model_ = TokenizerModel::kSpm;
   std::string pre_;
@@ -195,6 +219,7 @@ class Tokenizer {
   absl::flat_hash_map<std::string, int32_t> merge_rank_;
   std::unique_ptr<tokenizer_internal::PreTokenizer> pre_tokenizer_;
   std::unique_ptr<tokenizer_internal::UgmModel> ugm_;  // Unigram only
+  std::unique_ptr<tokenizer_internal::WpmModel> wpm_;  // WordPiece only
   // Control, user-defined and unknown tokens, longest text first (ties: lower id first).
   std::vector<int32_t> special_tokens_;
   // SPM and Unigram byte fallback: token of each byte value (kNoToken if the vocabulary lacks
@@ -203,11 +228,12 @@ class Tokenizer {
   std::vector<int32_t> eog_ids_;
 
   int32_t bos_ = kNoToken, eos_ = kNoToken, eot_ = kNoToken, eom_ = kNoToken;
-  int32_t unk_ = kNoToken, pad_ = kNoToken;
+  int32_t unk_ = kNoToken, pad_ = kNoToken, sep_ = kNoToken;
   int32_t fim_pre_ = kNoToken, fim_suf_ = kNoToken, fim_mid_ = kNoToken;
   int32_t fim_pad_ = kNoToken, fim_rep_ = kNoToken, fim_sep_ = kNoToken;
   bool add_bos_ = false;
   bool add_eos_ = false;
+  bool add_sep_ = false;
   bool add_space_prefix_ = false;
   bool clean_spaces_ = false;
   bool ignore_merges_ = false;

@@ -1,6 +1,6 @@
 // Loading: a Tokenizer built from GGUF metadata (vocabulary, scores, token types, merges,
 // special-token ids) and llama.cpp's post-load fix-ups of token attributes. Encoding and decoding
-// are in tokenizer.cc, the merge loops in spm.cc and bpe.cc.
+// are in tokenizer.cc, the encoders of each model in spm.cc, bpe.cc, ugm.cc and wpm.cc.
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
@@ -13,6 +13,7 @@
 #include "engine/tokenizer/tokenizer.h"
 #include "engine/tokenizer/ugm.h"
 #include "engine/tokenizer/unicode.h"
+#include "engine/tokenizer/wpm.h"
 
 namespace pd::engine {
 namespace {
@@ -30,6 +31,7 @@ constexpr std::string_view kKeyTypes = "tokenizer.ggml.token_type";
 constexpr std::string_view kKeyMerges = "tokenizer.ggml.merges";
 constexpr std::string_view kKeyAddBos = "tokenizer.ggml.add_bos_token";
 constexpr std::string_view kKeyAddEos = "tokenizer.ggml.add_eos_token";
+constexpr std::string_view kKeyAddSep = "tokenizer.ggml.add_sep_token";
 constexpr std::string_view kKeyAddPrefix = "tokenizer.ggml.add_space_prefix";
 
 // Token texts by which llama.cpp recognises special tokens that the GGUF does not name by id.
@@ -190,6 +192,7 @@ absl::Status Tokenizer::Load(const GgufFile& gguf) {
     escape_spaces_ = spec.escape_spaces;
     whole_newline_runs_ = spec.whole_newline_runs;
     force_add_bos_ = spec.force_add_bos;
+    add_sep_ = spec.add_sep;
   } else if (*model == "t5") {
     // llama.cpp's defaults for its UGM vocabularies (T5's ids); no space prefix unless the key
     // says so.
@@ -202,9 +205,23 @@ absl::Status Tokenizer::Load(const GgufFile& gguf) {
     add_bos_ = false;
     add_eos_ = true;
     clean_spaces_ = false;
+  } else if (*model == "bert") {
+    // llama.cpp's WPM defaults, BERT's ids: [CLS] 101 as BOS, [UNK] 100, [SEP] 102, [PAD] 0; no
+    // EOS.
+    model_ = TokenizerModel::kWpm;
+    bos_ = 101;
+    eos_ = kNoToken;
+    unk_ = 100;
+    sep_ = 102;
+    pad_ = 0;
+    add_space_prefix_ = false;
+    add_bos_ = true;
+    add_eos_ = false;
+    add_sep_ = true;
+    clean_spaces_ = true;
   } else {
     return absl::InvalidArgumentError(StrCat("unsupported tokenizer.ggml.model '", *model,
-                                             "' (supported: llama, gpt2, gemma4, t5)"));
+                                             "' (supported: llama, gpt2, gemma4, t5, bert)"));
   }
   if (gguf.Has(kKeyAddPrefix)) {
     absl::StatusOr<bool> v = gguf.GetBool(kKeyAddPrefix);
@@ -315,13 +332,14 @@ absl::Status Tokenizer::Load(const GgufFile& gguf) {
     }
   }
   if (model_ == TokenizerModel::kUgm) PD_RETURN_IF_ERROR(LoadUgm(gguf));
+  if (model_ == TokenizerModel::kWpm) PD_RETURN_IF_ERROR(LoadWpm(gguf));
   return absl::OkStatus();
 }
 
 absl::Status Tokenizer::LoadSpecialIds(const GgufFile& gguf) {
   const int32_t n = n_vocab();
   // Defaults that do not fit this vocabulary are dropped, as in llama.cpp.
-  for (int32_t* id : {&bos_, &eos_, &unk_, &pad_}) {
+  for (int32_t* id : {&bos_, &eos_, &unk_, &pad_, &sep_}) {
     if (*id >= n) *id = kNoToken;
   }
   const std::pair<std::string_view, int32_t*> keys[] = {
@@ -331,6 +349,7 @@ absl::Status Tokenizer::LoadSpecialIds(const GgufFile& gguf) {
       {"tokenizer.ggml.eom_token_id", &eom_},
       {"tokenizer.ggml.unknown_token_id", &unk_},
       {"tokenizer.ggml.padding_token_id", &pad_},
+      {"tokenizer.ggml.seperator_token_id", &sep_},  // sic: llama.cpp's spelling
       {"tokenizer.ggml.fim_pre_token_id", &fim_pre_},
       {"tokenizer.ggml.fim_suf_token_id", &fim_suf_},
       {"tokenizer.ggml.fim_mid_token_id", &fim_mid_},
@@ -353,19 +372,23 @@ absl::Status Tokenizer::LoadSpecialIds(const GgufFile& gguf) {
     }
     *id = static_cast<int32_t>(*v);
   }
-  for (const auto& [key, flag] :
-       {std::pair<std::string_view, bool*>{kKeyAddBos, &add_bos_}, {kKeyAddEos, &add_eos_}}) {
+  for (const auto& [key, flag] : {std::pair<std::string_view, bool*>{kKeyAddBos, &add_bos_},
+                                  {kKeyAddEos, &add_eos_},
+                                  {kKeyAddSep, &add_sep_}}) {
     if (!gguf.Has(key)) continue;
     absl::StatusOr<bool> v = gguf.GetBool(key);
     if (!v.ok()) return Invalid(key, v.status());
     *flag = *v;
   }
   if (force_add_bos_ && bos_ != kNoToken) add_bos_ = true;
-  if (add_bos_ && bos_ == kNoToken) {
+  // WordPiece adds [CLS] and [SEP] whatever add_bos/add_eos say (LoadWpm names what such a
+  // vocabulary lacks), as llama.cpp does.
+  const bool wpm = model_ == TokenizerModel::kWpm;
+  if (add_bos_ && bos_ == kNoToken && !wpm) {
     return absl::InvalidArgumentError(
         "tokenizer.ggml.add_bos_token is true but there is no BOS token");
   }
-  if (add_eos_ && eos_ == kNoToken) {
+  if (add_eos_ && eos_ == kNoToken && !wpm) {
     return absl::InvalidArgumentError(
         "tokenizer.ggml.add_eos_token is true but there is no EOS token");
   }

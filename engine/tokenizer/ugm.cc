@@ -158,17 +158,6 @@ size_t PrecompiledCharsmap::Match(std::string_view text, std::string_view* repla
   return best;
 }
 
-void TokenTrie::Insert(std::string_view text, int32_t id) {
-  int32_t node = 0;
-  for (const char ch : text) {
-    const uint64_t key = (static_cast<uint64_t>(node) << 8) | static_cast<uint8_t>(ch);
-    const auto [it, inserted] = children_.emplace(key, static_cast<int32_t>(values_.size()));
-    if (inserted) values_.push_back(-1);
-    node = it->second;
-  }
-  values_[node] = id;  // token texts are unique (checked at load)
-}
-
 }  // namespace tokenizer_internal
 
 namespace {

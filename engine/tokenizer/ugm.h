@@ -1,5 +1,5 @@
 // Internals of the Unigram tokenizer (tokenizer.ggml.model = t5, llama.cpp's "UGM"): the
-// SentencePiece precompiled character map and the byte trie the Viterbi search walks. The
+// SentencePiece precompiled character map and the model state (its byte trie: token_trie.h). The
 // encoder itself is Tokenizer::EncodeUgm (ugm.cc).
 //
 // Thread safety: immutable after creation; const methods may be called concurrently.
@@ -11,9 +11,9 @@
 #include <string_view>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "engine/tokenizer/token_trie.h"
 
 namespace pd::engine::tokenizer_internal {
 
@@ -46,24 +46,6 @@ class PrecompiledCharsmap {
 
   std::vector<uint32_t> units_;
   std::string strings_;
-};
-
-// A byte trie over token texts: node 0 is the root; Child() walks one byte.
-class TokenTrie {
- public:
-  TokenTrie() : values_(1, -1) {}
-  void Insert(std::string_view text, int32_t id);
-  // The child of `node` by `byte`, -1 when there is none.
-  int32_t Child(int32_t node, uint8_t byte) const {
-    const auto it = children_.find((static_cast<uint64_t>(node) << 8) | byte);
-    return it == children_.end() ? -1 : it->second;
-  }
-  // The token id that ends at `node`, -1 when none does.
-  int32_t Value(int32_t node) const { return values_[node]; }
-
- private:
-  absl::flat_hash_map<uint64_t, int32_t> children_;  // (node << 8 | byte) -> node
-  std::vector<int32_t> values_;                      // by node
 };
 
 // What a Unigram vocabulary needs beyond the token table.

@@ -1,6 +1,9 @@
 #include "engine/tokenizer/unicode.h"
 
+#include <algorithm>
+
 #include "common/status.h"
+#include "engine/tokenizer/unicode_data.h"
 
 namespace pd::engine::tokenizer_internal {
 namespace {
@@ -117,6 +120,47 @@ std::string SanitizeUtf8(std::string_view s) {
     }
   }
   return out;
+}
+
+CharClass ClassOf(uint32_t cpt) {
+  if (cpt >= 0x110000) return CharClass::kOther;
+  const absl::Span<const uint32_t> ranges = unicode_data::ClassRanges();
+  // The last run starting at or before cpt (entries compare by their first code point, cpt << 2
+  // | 3 being above every entry that starts at cpt).
+  const auto it = std::upper_bound(ranges.begin(), ranges.end(), (cpt << 2) | 3u);
+  return static_cast<CharClass>(*(it - 1) & 3u);
+}
+
+bool IsWhiteSpace(uint32_t cpt) {
+  if (cpt <= 0x20) return cpt == 0x20 || (cpt >= 0x09 && cpt <= 0x0D);
+  if (cpt < 0x85) return false;
+  return cpt == 0x85 || cpt == 0xA0 || cpt == 0x1680 || (cpt >= 0x2000 && cpt <= 0x200A) ||
+         cpt == 0x2028 || cpt == 0x2029 || cpt == 0x202F || cpt == 0x205F || cpt == 0x3000;
+}
+
+uint32_t SimpleLowercase(uint32_t cpt) {
+  if (cpt < 0x80) return cpt >= 'A' && cpt <= 'Z' ? cpt + 32 : cpt;
+  const absl::Span<const unicode_data::LowercaseRun> runs = unicode_data::LowercaseRuns();
+  // The last run starting at or before cpt; it maps cpt when cpt is one of its members.
+  auto it =
+      std::upper_bound(runs.begin(), runs.end(), cpt,
+                       [](uint32_t c, const unicode_data::LowercaseRun& r) { return c < r.first; });
+  if (it == runs.begin()) return cpt;
+  const unicode_data::LowercaseRun& r = *(it - 1);
+  const uint32_t off = cpt - r.first;
+  if (off % r.stride != 0 || off / r.stride >= r.count) return cpt;
+  return static_cast<uint32_t>(static_cast<int64_t>(cpt) + r.delta);
+}
+
+uint32_t NfdFirst(uint32_t cpt) {
+  if (cpt < 0xC0) return cpt;
+  // Hangul syllables: the leading consonant, U+1100 + (cpt - U+AC00) / (21 vowels * 28 tails).
+  if (cpt >= 0xAC00 && cpt <= 0xD7A3) return 0x1100 + (cpt - 0xAC00) / 588;
+  const absl::Span<const unicode_data::NfdFirstPair> pairs = unicode_data::NfdFirstPairs();
+  const auto it =
+      std::lower_bound(pairs.begin(), pairs.end(), cpt,
+                       [](const unicode_data::NfdFirstPair& p, uint32_t c) { return p.cpt < c; });
+  return it != pairs.end() && it->cpt == cpt ? it->first : cpt;
 }
 
 }  // namespace pd::engine::tokenizer_internal

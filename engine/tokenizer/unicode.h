@@ -5,7 +5,9 @@
 //    (so that our token ids match its ids on any input, valid UTF-8 or not), and
 //  - a *strict* one (Unicode "maximal subpart" replacement) for what we hand to clients, which must
 //    always be valid UTF-8.
-// No Unicode property tables here: character classes are PCRE2's business (pretokenizer.h).
+// Character classes of the regex pre-tokenizers are PCRE2's business (pretokenizer.h). The few
+// properties the WordPiece normalizer needs (wpm.cc) are looked up here, in tables generated from
+// the Unicode version llama.cpp's own tables hold (unicode_data.h).
 //
 // Thread safety: pure functions and immutable tables.
 #pragma once
@@ -51,5 +53,28 @@ using ::pd::Utf8ValidSeqLen;
 
 // Replaces every invalid or truncated sequence in `s` by U+FFFD (one per maximal subpart).
 std::string SanitizeUtf8(std::string_view s);
+
+// ---- Character properties (Unicode 15.1, as llama.cpp's tables; unicode_data.h) ----
+// Code points above U+10FFFF have no properties: class kOther, no mappings.
+
+// The general-category classes WordPiece tells apart.
+enum class CharClass : uint8_t {
+  kOther = 0,        // letters, numbers, symbols, separators, unassigned (Cn)
+  kControl = 1,      // Cc, Cf, Co, Cs
+  kMark = 2,         // Mn, Mc, Me
+  kPunctuation = 3,  // Pc, Pd, Ps, Pe, Pi, Pf, Po
+};
+CharClass ClassOf(uint32_t cpt);
+
+// The White_Space property: U+0009-U+000D, U+0020, U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028,
+// U+2029, U+202F, U+205F, U+3000.
+bool IsWhiteSpace(uint32_t cpt);
+
+// UnicodeData.txt's simple lowercase mapping of `cpt` (cpt itself when it has none).
+uint32_t SimpleLowercase(uint32_t cpt);
+
+// The first code point of the canonical decomposition (NFD) of `cpt`, cpt itself when it has
+// none: U+00E9 -> U+0065, U+AC00 -> U+1100. What follows the first code point is not given.
+uint32_t NfdFirst(uint32_t cpt);
 
 }  // namespace pd::engine::tokenizer_internal

@@ -75,6 +75,15 @@ def tokenizer_seeds() -> dict[str, bytes]:
     t5_vocab = bytes([2 | 4 | 128, len(t5_tokens)]) + b"".join(t5_tokens)
     t5_vocab += bytes([1]) + struct.pack("<H", len(charsmap)) + charsmap + bytes([1])
     out["vocab_t5"] = bytes([8, add]) + t5_vocab + b" a\ta  b\xff"
+    # A WordPiece (bert) vocabulary: [UNK] 0, [CLS] 1, [SEP] 2, word-start and continuation pieces.
+    bert_tokens = [tok(3, 0, b"[UNK]"), tok(3, 0, b"[CLS]"), tok(3, 0, b"[SEP]"),
+                   tok(1, 0, sp + b"a"), tok(1, 0, b"b"), tok(1, 0, sp + b"ab"),
+                   tok(1, 0, sp + b",")]
+    bert_vocab = bytes([1 | 2 | 8 | 128, len(bert_tokens)]) + b"".join(bert_tokens)
+    bert_vocab += bytes([1, 0, 1, 2, 1, 1])  # unk 0, sep 2, lowercase, strip_accents
+    bert_vocab += bytes([1])                  # bos ([CLS]) 1
+    out["vocab_bert"] = bytes([8, add | parse]) + bert_vocab + \
+        "Ab \u00e1bb, [SEP]x\u4e2d\u3000a".encode() + b"\xff\xf4\x90\x80\x80"
     return out
 
 

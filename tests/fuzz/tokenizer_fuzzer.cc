@@ -4,8 +4,8 @@
 // 2 render_special, 3 clean_spaces, 4 remove_special), the rest is the payload.
 //   mode 0-3  Encode the payload with one of the fuzz vocabularies (fuzz_vocab.h), then decode it
 //   mode 4-7  decode the payload read as token ids (in range or not) with vocabulary mode - 4
-//   mode 8    build a vocabulary from the payload (Tokenizer::FromGguf: SPM, BPE or Unigram with
-//             a charsmap from the input), then encode the rest
+//   mode 8    build a vocabulary from the payload (Tokenizer::FromGguf: SPM, BPE, Unigram with
+//             a charsmap from the input, or WordPiece), then encode the rest
 //
 // What must hold, each from a promise of tokenizer.h:
 //  - Encode gives ids in [0, n_vocab); with add_special it starts with BOS when the model adds
@@ -172,8 +172,10 @@ void FuzzVocabulary(const Flags& f, FuzzInput& in) {
                                      "qwen2",  "gpt-2",          "starcoder",
                                      "falcon", "deepseek-coder", "no-such-pre"};
   const uint8_t shape = in.Byte();
-  const bool bpe = shape & 1;
-  const bool t5 = !bpe && (shape & 128);  // Unigram
+  // Bit 0: byte-level BPE; bit 7: Unigram; both: WordPiece.
+  const bool bert = (shape & 1) && (shape & 128);
+  const bool bpe = (shape & 1) && !bert;
+  const bool t5 = !(shape & 1) && (shape & 128);
   std::vector<std::string> tokens;
   std::vector<int32_t> types;
   std::vector<float> scores;
@@ -184,7 +186,7 @@ void FuzzVocabulary(const Flags& f, FuzzInput& in) {
     tokens.emplace_back(in.Short());
   }
   engine::testing::GgufBuilder b;
-  b.Str("tokenizer.ggml.model", bpe ? "gpt2" : t5 ? "t5" : "llama");
+  b.Str("tokenizer.ggml.model", bpe ? "gpt2" : t5 ? "t5" : bert ? "bert" : "llama");
   if (t5) {
     // A precompiled charsmap from the input (mostly malformed: it must be refused cleanly) and
     // the whitespace flag.
@@ -194,6 +196,13 @@ void FuzzVocabulary(const Flags& f, FuzzInput& in) {
                        std::vector<uint8_t>(map.begin(), map.end()));
     }
     b.Bool("tokenizer.ggml.remove_extra_whitespaces", in.Bool());
+  }
+  if (bert) {
+    // The ids WordPiece needs (missing or out of range: refused cleanly) and its normalizer.
+    if (in.Bool()) b.U32("tokenizer.ggml.unknown_token_id", in.Byte());
+    if (in.Bool()) b.U32("tokenizer.ggml.seperator_token_id", in.Byte());
+    b.Bool("tokenizer.ggml.normalizer.lowercase", in.Bool());
+    b.Bool("tokenizer.ggml.normalizer.strip_accents", in.Bool());
   }
   if (bpe) b.Str("tokenizer.ggml.pre", kPre[in.Pick(std::size(kPre))]);
   b.StrArray("tokenizer.ggml.tokens", tokens);
@@ -225,11 +234,15 @@ void FuzzVocabulary(const Flags& f, FuzzInput& in) {
   const Tokenizer& t = **tok;
   PD_CHECK(t.n_vocab() == static_cast<int32_t>(tokens.size()));
   for (int32_t id : t.eog_ids()) PD_CHECK(t.IsValid(id) && t.IsEog(id));
-  for (int32_t id : {t.bos(), t.eos(), t.eot(), t.eom(), t.unk(), t.pad()}) {
+  for (int32_t id : {t.bos(), t.eos(), t.eot(), t.eom(), t.unk(), t.pad(), t.sep()}) {
     PD_CHECK(id == engine::kNoToken || t.IsValid(id));
   }
   const std::vector<int32_t> ids = t.Encode(in.Rest(), f.add_special, f.parse_special);
   CheckIds(t, ids);
+  if (bert && f.add_special) {
+    PD_CHECK_MSG(ids.size() >= 2 && ids.front() == t.bos() && ids.back() == t.sep(),
+                 "WordPiece: add_special must give [CLS] ... [SEP]");
+  }
   DecodeAllWays(t, ids, f);
 }
 

@@ -9,8 +9,11 @@ Strings on which llama.cpp aborts are skipped (it does on 4-byte sequences above
 
 The names are llama.cpp's, as its vocabulary loader spells them (src/llama-vocab.cpp of the
 vendored llama.cpp); the test fails when llama.cpp refuses one, so the list cannot drift from the
-reference. pdserve refuses a few types that need more than patterns, by name and with the reason
-(engine/tokenizer/pretokenizer.cc, RefusedTypes): those are checked to fail cleanly.
+reference.
+
+WordPiece (tokenizer.ggml.model "bert", which has no pre-tokenizer types) is run the same way on
+llama.cpp's BGE vocabulary (testdata/tokenizer/ggml-vocab-bert-bge.gguf), as it is and with its
+normalizer and add_* keys set.
 """
 
 import json
@@ -42,8 +45,6 @@ LLAMA_CPP_PRE = [
     "hunyuan", "hunyuan-dense", "hy_v4", "joyai-llm", "kimi-k2", "ufakzeka", "grok-2", "afmoe",
     "laguna", "minimax-m2", "solar-open", "mellum2",
 ]
-# Refused by pdserve (see the module docstring).
-REFUSED = {"jina-v1-en", "jina-v2-code", "roberta-bpe"}
 # BPE over raw UTF-8: on this byte-level vocabulary, llama.cpp throws for every string with a byte
 # that is no token by itself (no <0xXX> tokens here), so fewer strings are comparable.
 RAW_UTF8 = {"gemma4", "granite-embed-multi-311m", "sarvam-moe", "whitespace"}
@@ -197,12 +198,12 @@ def test_pretokenizer_matches_llama_cpp(pre, llama, gpt2_bytes, corpus, pdctl, t
     vocab.write_bytes(variant(gpt2_bytes, pre))
     # llama.cpp must know the name (or this list is stale).
     assert llama.load(vocab), f"llama.cpp refuses tokenizer.ggml.pre '{pre}'"
-    if pre in REFUSED:
-        out = subprocess.run([str(pdctl), "tokenize", "-m", str(vocab), "--text", "Hello"],
-                             capture_output=True, timeout=60)
-        assert out.returncode != 0
-        assert f"'{pre}' is not supported: " in out.stderr.decode(), out.stderr.decode()
-        return
+    _compare(llama, pdctl, vocab, corpus, tmp_path, 0.9 if pre in RAW_UTF8 else 0.95)
+
+
+def _compare(llama, pdctl, vocab, corpus, tmp_path, min_share):
+    """Asserts that pdserve gives llama.cpp's ids for every corpus string llama.cpp survives, with
+    and without special tokens, and that it survives at least `min_share` of them."""
     expected = llama.tokenize_all([item["hex"] for item in corpus])
     hex_file = tmp_path / "corpus.hex"
     hex_file.write_text("".join(item["hex"] + "\n" for item in corpus))
@@ -219,8 +220,52 @@ def test_pretokenizer_matches_llama_cpp(pre, llama, gpt2_bytes, corpus, pdctl, t
             bad.append(f"#{item['id']} ({item.get('note', '')}) {bytes.fromhex(item['hex'])[:40]!r}:"
                        f" llama.cpp {rec[0][:12]} / {rec[1][:3]}...,"
                        f" pdserve {ids[:12]} / {ids_special[:3]}...")
-    assert compared > len(corpus) * (0.9 if pre in RAW_UTF8 else 0.95)
-    assert not bad, f"{len(bad)} of {compared} strings differ for '{pre}':\n" + "\n".join(bad[:8])
+    assert compared > len(corpus) * min_share
+    assert not bad, (f"{len(bad)} of {compared} strings differ for {vocab.name}:\n"
+                     + "\n".join(bad[:8]))
+
+
+# WordPiece: BGE's vocabulary (uncased) with these keys added; llama.cpp reads every one of them.
+WPM_VARIANTS = {
+    "as-is": {},
+    "cased": {"tokenizer.ggml.normalizer.lowercase": False},
+    "accents": {"tokenizer.ggml.normalizer.strip_accents": False},
+    "lowercase-only": {"tokenizer.ggml.normalizer.lowercase": True,
+                       "tokenizer.ggml.normalizer.strip_accents": False},
+    # WordPiece adds [CLS] and [SEP] whatever these say, in llama.cpp and in pdserve.
+    "add-flags": {"tokenizer.ggml.add_bos_token": False, "tokenizer.ggml.add_eos_token": True,
+                  "tokenizer.ggml.add_sep_token": False},
+}
+
+
+def with_keys(base, extra, out):
+    """Copies every key of the vocabulary-only GGUF `base` to `out`, then the bool keys `extra`."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(base))
+    assert len(reader.tensors) == 0
+    writer = gguf.GGUFWriter(str(out), reader.fields["general.architecture"].contents())
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key in extra:
+            continue
+        vtype = gguf.GGUFValueType(field.types[0])
+        sub = gguf.GGUFValueType(field.types[1]) if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), vtype, sub_type=sub)
+    for key, value in extra.items():
+        writer.add_bool(key, value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("name", list(WPM_VARIANTS))
+def test_wordpiece_matches_llama_cpp(name, llama, corpus, pdctl, tmp_path):
+    vocab = tmp_path / f"bert-bge.{name}.gguf"
+    with_keys(DATA / "ggml-vocab-bert-bge.gguf", WPM_VARIANTS[name], vocab)
+    assert llama.load(vocab), "llama.cpp refuses the vocabulary"
+    # llama.cpp aborts on the 5 strings with a 4-byte form above U+10FFFF.
+    _compare(llama, pdctl, vocab, corpus, tmp_path, 0.98)
 
 
 def test_unknown_name_is_refused_by_both(llama, gpt2_bytes, pdctl, tmp_path):
