@@ -1,6 +1,7 @@
 #include "engine/quant/quantize/calibration.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 
 #include "common/status.h"
@@ -148,6 +149,41 @@ void AddColumnSquares(const GgufTensorInfo& t, int64_t cols, double weight, int 
 
 }  // namespace
 
+std::vector<NormReaders> ResidualReaders(const GgufFile& file) {
+  int n_layers = 0;
+  for (const GgufTensorInfo& t : file.tensors()) {
+    std::string_view n = t.name;
+    if (n.substr(0, 4) != "blk.") continue;
+    int layer = 0;
+    const auto [end, ec] = std::from_chars(n.data() + 4, n.data() + n.size(), layer);
+    if (ec == std::errc() && end != n.data() + n.size() && *end == '.') {
+      n_layers = std::max(n_layers, layer + 1);
+    }
+  }
+  auto has = [&](const std::string& name) { return file.FindTensor(name) != nullptr; };
+  std::vector<NormReaders> out;
+  for (int i = 0; i < n_layers; ++i) {
+    const std::string b = pd::StrCat("blk.", i, ".");
+    if (has(b + "attn_qkv.weight")) {
+      out.push_back({b + "attn_norm.weight", {b + "attn_qkv.weight"}});
+    } else {
+      out.push_back(
+          {b + "attn_norm.weight", {b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"}});
+    }
+    if (has(b + "ffn_gate.weight")) {
+      out.push_back({b + "ffn_norm.weight", {b + "ffn_gate.weight", b + "ffn_up.weight"}});
+    } else if (has(b + "ffn_gate_inp.weight")) {
+      out.push_back({b + "ffn_norm.weight",
+                     {b + "ffn_gate_inp.weight", b + "ffn_gate_exps.weight",
+                      b + "ffn_up_exps.weight"}});
+    } else {
+      out.push_back({b + "ffn_norm.weight", {b + "ffn_up.weight"}});
+    }
+  }
+  out.push_back({"output_norm.weight", {"output.weight"}});
+  return out;
+}
+
 std::vector<float> ResidualImportance(const GgufFile& file, int64_t cols, int threads) {
   std::vector<double> total(cols, 0.0);
   bool any = false;
@@ -181,20 +217,7 @@ std::vector<float> ResidualImportance(const GgufFile& file, int64_t cols, int th
     }
     for (int64_t j = 0; j < cols; ++j) total[j] += double{g[j]} * g[j] * part[j];
   };
-  for (int layer = 0;; ++layer) {
-    const std::string b = pd::StrCat("blk.", layer, ".");
-    if (file.FindTensor(b + "attn_norm.weight") == nullptr &&
-        file.FindTensor(b + "attn_q.weight") == nullptr &&
-        file.FindTensor(b + "attn_qkv.weight") == nullptr) {
-      break;
-    }
-    add(b + "attn_norm.weight",
-        {b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight", b + "attn_qkv.weight"});
-    add(b + "ffn_norm.weight", {b + "ffn_gate.weight", b + "ffn_up.weight",
-                                b + "ffn_gate_inp.weight", b + "ffn_gate_exps.weight",
-                                b + "ffn_up_exps.weight"});
-  }
-  add("output_norm.weight", {"output.weight"});
+  for (const NormReaders& nr : ResidualReaders(file)) add(nr.norm, nr.readers);
   if (!any) return {};
   // A floor, as for calibrated importance: columns no consumer reads still count a little.
   double mean = 0;

@@ -33,6 +33,19 @@ std::vector<std::vector<int32_t>> MakeCalibrationChunks(const Tokenizer& tokeniz
                                                         std::string_view text, int chunk_tokens,
                                                         int64_t max_tokens);
 
+// A norm and the weight matrices that read its output: the readers of the residual stream.
+struct NormReaders {
+  std::string norm;
+  std::vector<std::string> readers;
+};
+
+// Every layer's (blk.N.) readers, then the head's: attn_norm -> attn_qkv when the file has it
+// (Phi-3), else attn_q/k/v; ffn_norm -> ffn_gate and ffn_up, or the router and the stacked
+// experts (ffn_gate_inp, ffn_gate_exps, ffn_up_exps) when the layer has a router, or ffn_up
+// alone (Phi-3's fused gate/up); output_norm -> output. Names are listed whether or not the file
+// holds them; each caller decides what a missing one means.
+std::vector<NormReaders> ResidualReaders(const GgufFile& file);
+
 // The importance of each column of an untied token embedding ([cols] per row), from the weights
 // rather than from calibration: a lookup has no inputs to measure. A token's row starts the
 // residual stream, which every layer reads through its input norm (weight g) and the output
@@ -40,9 +53,8 @@ std::vector<std::vector<int32_t>> MakeCalibrationChunks(const Tokenizer& tokeniz
 // scaled by the token's 1/rms (the same for the whole row, so it does not change how the row is
 // rounded). Its cost is e_j^2 times
 //   importance_j = sum over consumers of g_j^2 ||W[:, j]||^2
-// (the diagonal of G W^T W G): attn_q/k/v or attn_qkv after attn_norm, ffn_gate/up (or the
-// router and the experts, averaged and counted expert_used_count times) after ffn_norm, and
-// output after output_norm. The error stays in the stream for every later layer, so each
+// (the diagonal of G W^T W G) over ResidualReaders' matrices that the file holds (stacked
+// experts averaged and counted expert_used_count times). The error stays in the stream for every later layer, so each
 // consumer counts; the residual's growth with depth is not modeled. Consumers stored quantized
 // are dequantized. Empty when no consumer reads `cols` columns.
 std::vector<float> ResidualImportance(const GgufFile& file, int64_t cols, int threads);

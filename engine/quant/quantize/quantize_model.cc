@@ -193,7 +193,7 @@ std::vector<Job::SmoothGroup> Job::SmoothGroups() {
     return it == by_name.end() ? nullptr : it->second;
   };
   std::vector<SmoothGroup> groups;
-  auto add = [&](const std::string& norm, std::initializer_list<std::string> members) {
+  auto add = [&](const std::string& norm, const std::vector<std::string>& members) {
     SmoothGroup g;
     g.norm = find(norm);
     if (g.norm == nullptr || g.norm->src->type != DType::kF32 || g.norm->src->shape.size() != 1) {
@@ -209,25 +209,9 @@ std::vector<Job::SmoothGroup> Job::SmoothGroups() {
     }
     if (any_w8a8) groups.push_back(std::move(g));
   };
-  int n_layers = 0;
-  for (const Plan& p : plans_) n_layers = std::max(n_layers, LayerOf(p.src->name) + 1);
-  for (int i = 0; i < n_layers; ++i) {
-    const std::string b = pd::StrCat("blk.", i, ".");
-    // The readers of each norm: separate or fused (Phi-3: attn_qkv; ffn_up holding gate and up).
-    if (find(b + "attn_qkv.weight") != nullptr) {
-      add(b + "attn_norm.weight", {b + "attn_qkv.weight"});
-    } else {
-      add(b + "attn_norm.weight", {b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"});
-    }
-    if (find(b + "ffn_gate.weight") == nullptr) {
-      add(b + "ffn_norm.weight", {b + "ffn_up.weight"});
-    } else {
-      add(b + "ffn_norm.weight", {b + "ffn_gate.weight", b + "ffn_up.weight"});
-    }
-  }
-  // The head, only when it is its own matrix (a tied embedding is also a lookup table whose
-  // columns must not change).
-  add("output_norm.weight", {"output.weight"});
+  // The head only when it is its own matrix: a tied embedding is also a lookup table whose
+  // columns must not change (ResidualReaders names output.weight, which a tied model lacks).
+  for (const NormReaders& nr : ResidualReaders(*file_)) add(nr.norm, nr.readers);
   return groups;
 }
 

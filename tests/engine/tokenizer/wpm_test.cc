@@ -2,7 +2,7 @@
 // word splitting and normalization, the greedy longest match, unknown words, [CLS]/[SEP], the
 // normalizer keys, the bert defaults, malformed vocabularies, and the Unicode lookups it uses.
 // Ids against llama.cpp: tokenizer_test (bert-bge's test vectors and the reference corpus) and
-// tests/python/test_llama_vocab_vectors.py, test_wpm_tokenizer.py.
+// tests/python/test_llama_vocab_vectors.py and test_pretokenizers.py (its WordPiece cases).
 #include "engine/tokenizer/wpm.h"
 
 #include <gmock/gmock.h>
