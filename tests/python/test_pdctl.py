@@ -143,6 +143,28 @@ def test_cpu_isa_cap_picks_the_kernel_set(pdctl, synth_model):
     assert b"PDSERVE_CPU_ISA='avx3': expected avx512, avx2 or scalar" in bad.stderr
 
 
+def test_bench_batched_after_prompt(pdctl, synth_model):
+    """`pdctl bench --batch B --batch-pp P` times B sequences that each hold a P-token prompt
+    (llama-batched-bench's -npp), B = 1 included; more than the cache holds is refused (exit 2)
+    with the numbers, not run short."""
+    import json
+
+    model = str(synth_model("llama2_f32"))
+    for b in (1, 3):
+        p = subprocess.run([str(pdctl), "bench", "-m", model, "--pp", "8", "--tg", "3", "-r", "2",
+                            "-t", "2", "--batch", str(b), "--batch-pp", "20"],
+                           capture_output=True, timeout=120)
+        assert p.returncode == 0, p.stderr.decode(errors="replace")
+        d = json.loads(p.stdout)
+        assert (d["batch"], d["batch_pp"]) == (b, 20)
+        assert len(d["tg_batch_tok_s"]) == 2 and min(d["tg_batch_tok_s"]) > 0
+    p = subprocess.run([str(pdctl), "bench", "-m", model, "--pp", "8", "--tg", "3", "-r", "1",
+                        "--ctx", "64", "--batch", "4", "--batch-pp", "60"],
+                       capture_output=True, timeout=120)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert b"(--batch-pp + --tg) need" in p.stderr, p.stderr
+
+
 def test_synth_model_then_plan(pdctl, tmp_path):
     """`pdctl synth-model` writes a model pdctl runs; `pdctl plan` places it for a GPU budget,
     refuses what cannot fit (exit 1) and bad sizes (exit 2)."""

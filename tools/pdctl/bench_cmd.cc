@@ -64,6 +64,12 @@ CLI::App* AddBenchCommand(CLI::App& app, BenchFlags* flags) {
                    "(tg_batch_tok_s: all sequences' tokens per second)")
       ->check(CLI::PositiveNumber);
   bench
+      ->add_option("--batch-pp", flags->batch_pp,
+                   "with --batch (1 too): each sequence first takes a prompt of this many tokens "
+                   "(prefilled, not timed), so the timed steps attend over it, as "
+                   "llama-batched-bench's -npp (default 0: the sequences start empty)")
+      ->check(CLI::NonNegativeNumber);
+  bench
       ->add_option("--verify", flags->verify,
                    "also time speculative-verification steps: one sequence takes this many "
                    "generated tokens per step (K drafted + 1), logits for each (tg_step_ms: a "
@@ -75,7 +81,9 @@ CLI::App* AddBenchCommand(CLI::App& app, BenchFlags* flags) {
 int RunBench(const BenchFlags& flags) {
   const EngineFlags& f = flags.engine;
   const int pp = flags.pp, tg = flags.tg, reps = flags.reps, batch_seqs = flags.batch;
-  const int verify_rows = flags.verify;
+  const int verify_rows = flags.verify, batch_pp = flags.batch_pp;
+  // Batched runs: more than one sequence, or one sequence decoding after a prompt.
+  const bool batched = batch_seqs > 1 || batch_pp > 0;
   const double t0 = NowSeconds();
   auto e = LoadEngine(f);
   if (!e.ok()) return Fail(e.status());
@@ -86,11 +94,12 @@ int RunBench(const BenchFlags& flags) {
   if (std::max(pp, tg) > kv.total_blocks() * kv.options().block_size) {
     return Fail(absl::InvalidArgumentError("pp/tg larger than the context (raise --ctx)"));
   }
-  const int tg_blocks = (tg + kv.options().block_size - 1) / kv.options().block_size;
-  if (batch_seqs > 1 && int64_t{batch_seqs} * tg_blocks > kv.total_blocks()) {
+  const int seq_blocks = (batch_pp + tg + kv.options().block_size - 1) / kv.options().block_size;
+  if (batched && int64_t{batch_seqs} * seq_blocks > kv.total_blocks()) {
     return Fail(absl::InvalidArgumentError(pd::StrCat(
-        "--batch ", batch_seqs, " sequences of ", tg, " tokens need ", batch_seqs * tg_blocks,
-        " KV blocks, the cache has ", kv.total_blocks(), " (raise --ctx or lower --tg)")));
+        "--batch ", batch_seqs, " sequences of ", batch_pp + tg, " tokens (--batch-pp + --tg) need ",
+        batch_seqs * seq_blocks, " KV blocks, the cache has ", kv.total_blocks(),
+        " (raise --ctx or lower --tg)")));
   }
   std::vector<float> logits;
   auto prompt = [&](int n) -> absl::Status {
@@ -113,15 +122,29 @@ int RunBench(const BenchFlags& flags) {
     return absl::OkStatus();
   };
   // Batched decode: `batch_seqs` sequences (ids 1..B) each take one token per step, as a
-  // continuous-batching engine's decode steps do; full logits for every row.
+  // continuous-batching engine's decode steps do; full logits for every row. With batch_pp, each
+  // sequence first gets its own batch_pp-token prompt (prefill_batch, not timed by the caller).
+  auto prefill_batch = [&]() -> absl::Status {
+    kv.Free(0);  // the single-sequence runs are done with it
+    for (int s = 1; s <= batch_seqs; ++s) {
+      kv.Free(s);
+      if (batch_pp == 0) continue;
+      PD_RETURN_IF_ERROR(kv.Reserve(s, batch_pp));
+      engine::Batch batch;
+      for (int i = 0; i < batch_pp; ++i) {
+        batch.Add(BenchToken(i == 0 ? 0 : i + s, n_vocab), i, s, i + 1 == batch_pp);
+      }
+      PD_RETURN_IF_ERROR(model.Forward(batch, kv, &logits));
+    }
+    return absl::OkStatus();
+  };
   auto decode_batch = [&](int n) -> absl::Status {
     std::vector<int32_t> tokens(batch_seqs, BenchToken(0, n_vocab));
-    for (int s = 1; s <= batch_seqs; ++s) kv.Free(s);
     for (int i = 0; i < n; ++i) {
       engine::Batch batch;
       for (int s = 0; s < batch_seqs; ++s) {
-        PD_RETURN_IF_ERROR(kv.Reserve(s + 1, i + 1));
-        batch.Add(tokens[s] + (i == 0 ? s : 0), i, s + 1, true);
+        PD_RETURN_IF_ERROR(kv.Reserve(s + 1, batch_pp + i + 1));
+        batch.Add(tokens[s] + (i == 0 ? s : 0), batch_pp + i, s + 1, true);
       }
       PD_RETURN_IF_ERROR(model.Forward(batch, kv, &logits));
       for (int s = 0; s < batch_seqs; ++s) {
@@ -159,7 +182,8 @@ int RunBench(const BenchFlags& flags) {
   // Rates per wall second, and per second of this process's CPU time (all threads): on a
   // machine shared with other work the latter moves less for single-threaded runs.
   std::vector<double> pp_rates, tg_rates, pp_cpu, tg_cpu, tgb_rates, tgb_cpu, tgv_ms, tgv_cpu_ms;
-  if (batch_seqs > 1) {
+  if (batched) {
+    if (auto s = prefill_batch(); !s.ok()) return Fail(s);
     if (auto s = decode_batch(std::min(tg, 4)); !s.ok()) return Fail(s);
   }
   if (verify_rows > 1) {
@@ -174,7 +198,8 @@ int RunBench(const BenchFlags& flags) {
     if (auto s = decode(tg); !s.ok()) return Fail(s);
     tg_rates.push_back(tg / (NowSeconds() - t));
     tg_cpu.push_back(tg / (CpuSeconds() - c));
-    if (batch_seqs > 1) {
+    if (batched) {
+      if (auto s = prefill_batch(); !s.ok()) return Fail(s);
       t = NowSeconds(), c = CpuSeconds();
       if (auto s = decode_batch(tg); !s.ok()) return Fail(s);
       tgb_rates.push_back(static_cast<double>(tg) * batch_seqs / (NowSeconds() - t));
@@ -203,13 +228,13 @@ int RunBench(const BenchFlags& flags) {
       "\"pp\": %d, \"tg\": %d, \"load_s\": %.4f, \"first_token_s\": %.4f, \"pp_tok_s\": %s, "
       "\"tg_tok_s\": %s, \"pp_tok_per_cpu_s\": %s, \"tg_tok_per_cpu_s\": %s, \"peak_rss_mib\": "
       "%.1f, \"rss_file_mib\": %.1f, \"rss_anon_mib\": %.1f, "
-      "\"weights_bytes\": %zu, \"batch\": %d, \"tg_batch_tok_s\": %s, \"tg_batch_tok_per_cpu_s\": "
+      "\"weights_bytes\": %zu, \"batch\": %d, \"batch_pp\": %d, \"tg_batch_tok_s\": %s, \"tg_batch_tok_per_cpu_s\": "
       "%s, \"verify\": %d, \"tg_step_ms\": %s, \"tg_step_cpu_ms\": %s, \"tg_verify_step_ms\": %s, "
       "\"tg_verify_step_cpu_ms\": %s}\n",
       e->model_path.c_str(), e->kernels.c_str(), threads, f.kv_type.c_str(), pp, tg, load_s, first_s,
       list(pp_rates).c_str(), list(tg_rates).c_str(), list(pp_cpu).c_str(), list(tg_cpu).c_str(),
       PeakRssMiB(), ProcStatusMiB("RssFile"), ProcStatusMiB("RssAnon"),
-      static_cast<size_t>(model.weights().total_bytes), batch_seqs, list(tgb_rates).c_str(),
+      static_cast<size_t>(model.weights().total_bytes), batch_seqs, batch_pp, list(tgb_rates).c_str(),
       list(tgb_cpu).c_str(), verify_rows, list(tg_ms).c_str(), list(tg_cpu_ms).c_str(),
       list(tgv_ms).c_str(), list(tgv_cpu_ms).c_str());
   return 0;

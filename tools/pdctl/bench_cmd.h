@@ -4,7 +4,8 @@
 // then BenchToken(i)); bench/cpu_vs_llamacpp/run.py feeds llama.cpp the same ids. Also times the
 // model load and the first forward after it (cold or warm page cache: the caller decides), and
 // reports peak RSS split into file-backed (the mmapped weights) and anonymous memory. With
-// --batch B > 1, also B sequences decoding one token per step together. Prints one JSON object on
+// --batch B > 1, also B sequences decoding one token per step together (each first holding a
+// --batch-pp-token prompt, prefilled untimed, as llama-batched-bench's -npp does). Prints one JSON object on
 // stdout. Exit codes: 0 success; 2 bad input (pp/tg larger than the context); 1 any other failure.
 #pragma once
 
@@ -19,6 +20,7 @@ struct BenchFlags {
   int tg = 128;   // generated tokens
   int reps = 3;   // repetitions
   int batch = 1;  // > 1: also time batched decoding of this many sequences
+  int batch_pp = 0;  // prompt tokens each batched sequence holds before its timed steps
   int verify = 1;  // > 1: also time steps of this many rows of one sequence (speculative verify)
 };
 
