@@ -488,6 +488,7 @@ absl::StatusOr<ServeOptions> ParseServeOptions(std::string_view yaml, std::strin
       c.Get("min_free_blocks", &o.prefix_cache.min_free_blocks);
       c.Get("summary_blocks", &o.prefix_cache.summary_blocks);
       c.Get("compress_idle_ms", &o.prefix_cache.compress_idle_ms);
+      c.Get("fill_generated", &o.prefix_cache.fill_generated);
       top.Merge(c);
     }
     {

@@ -104,6 +104,10 @@ struct PrefixCacheConfigOptions {
   // > 0: cached blocks unused this long are compressed to INT8 (twice the prefixes per byte;
   // hits on them are no longer bit for bit the cache-off result). f16 KV, CPU backend. 0: off.
   int compress_idle_ms = 0;
+  // An idle engine prefills each finished request's prompt + answer again so that the answer's
+  // blocks are filed too (a chat's next turn finds them); yields to any request. Off: it spends
+  // idle compute on every answer, which pays only for multi-turn chat.
+  bool fill_generated = false;
 };
 
 // Speculative decoding (docs/speculative.md): a drafter proposes tokens that the target verifies

@@ -86,6 +86,11 @@ ServingMetrics::ServingMetrics(MetricsRegistry& registry)
                      .AddCounter("pdserve_prefix_cache_evictions_total",
                                  "Prefix-cache blocks evicted to make room for new KV.")
                      .Get()),
+      fill_tokens_(registry
+                       .AddCounter("pdserve_prefix_cache_fill_tokens_total",
+                                   "Tokens an idle engine prefilled to file finished answers in "
+                                   "the prefix cache (prefix_cache.fill_generated).")
+                       .Get()),
       cache_queries_(registry
                          .AddCounter("pdserve_prefix_cache_queries_tokens_total",
                                      "Prompt tokens of finished requests looked up in the prefix "
@@ -196,6 +201,8 @@ void ServingMetrics::Load(const engine::EngineLoad& load) {
   compressed_blocks_.Set(load.kv_blocks_compressed);
   const int64_t seen = evictions_seen_.exchange(load.prefix_cache_evictions);
   if (load.prefix_cache_evictions > seen) evictions_.Increment(load.prefix_cache_evictions - seen);
+  const int64_t filled = fill_tokens_seen_.exchange(load.prefix_fill_tokens);
+  if (load.prefix_fill_tokens > filled) fill_tokens_.Increment(load.prefix_fill_tokens - filled);
 }
 
 }  // namespace pd::frontend

@@ -43,7 +43,8 @@ class ServingMetrics {
   // A scheduler step: prefill / decode step-time histograms (a mixed step counts in both).
   void Step(const StepStats& step);
   // Gauges: running / waiting sequences, KV blocks used / free, prefix-cached blocks; the
-  // eviction counter follows load.prefix_cache_evictions (one caller at a time: the engine).
+  // eviction and fill-token counters follow load.prefix_cache_evictions and
+  // load.prefix_fill_tokens (one caller at a time: the engine).
   void Load(const engine::EngineLoad& load);
   // A step's speculative decoding (docs/speculative.md): sequences that verified a draft, draft
   // tokens verified and accepted, and both by position in the draft (index 0: first token).
@@ -70,9 +71,11 @@ class ServingMetrics {
   Gauge& cached_blocks_;
   Gauge& compressed_blocks_;
   Counter& evictions_;
+  Counter& fill_tokens_;
   Counter& cache_queries_;
   Counter& cache_hits_;
   std::atomic<int64_t> evictions_seen_{0};
+  std::atomic<int64_t> fill_tokens_seen_{0};
   Counter& generation_tokens_;
   Counter& accepted_;
   Family<Counter>& requests_;  // {finish_reason}

@@ -275,6 +275,7 @@ absl::StatusOr<ServingEngine> BuildServingEngine(const ServeOptions& o,
   so.prefix_cache.min_free_blocks = o.prefix_cache.min_free_blocks;
   so.prefix_cache.summary_blocks = o.prefix_cache.summary_blocks;
   so.prefix_cache.compress_idle_ms = o.prefix_cache.compress_idle_ms;
+  so.prefix_cache.fill_generated = o.prefix_cache.fill_generated;
   so.max_running_seqs = o.scheduler.max_running_seqs;
   so.max_waiting = o.scheduler.max_waiting;
   so.max_total_tokens = o.scheduler.max_total_tokens;

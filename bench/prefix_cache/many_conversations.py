@@ -52,6 +52,8 @@ def cluster_config(a: argparse.Namespace, policy: str, path: Path) -> None:
         elif line.strip().startswith("memory_mib:"):
             line = f"  memory_mib: {a.kv_mib}"
         lines.append(line)
+    if a.fill_generated:
+        lines.append("prefix_cache: {fill_generated: true}")
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -63,9 +65,11 @@ def start(system: str, a: argparse.Namespace, logdir: Path) -> Server:
                 "--kv-mib", str(a.kv_mib), "--http-port", str(port), "--grpc-port", "0"]
         if system == "pd-serve-nocache":
             args.append("--no-prefix-cache")
-        if system == "pd-serve-compress":
-            config = logdir / "compress.yaml"
-            config.write_text(f"prefix_cache: {{compress_idle_ms: {a.compress_idle_ms}}}\n")
+        if system == "pd-serve-compress" or (a.fill_generated and system == "pd-serve"):
+            config = logdir / f"{system}.yaml"
+            keys = ([f"compress_idle_ms: {a.compress_idle_ms}"] if system == "pd-serve-compress"
+                    else []) + (["fill_generated: true"] if a.fill_generated else [])
+            config.write_text(f"prefix_cache: {{{', '.join(keys)}}}\n")
             args += ["--config", str(config)]
     elif system.startswith("cluster-"):
         config = logdir / f"{system}.yaml"
@@ -118,6 +122,9 @@ def main() -> int:
     ap.add_argument("--user-words", type=int, default=40)
     ap.add_argument("--output-tokens", type=int, default=24)
     ap.add_argument("--think-ms", type=int, default=300)
+    ap.add_argument("--fill-generated", action="store_true",
+                    help="prefix_cache.fill_generated on every engine: an idle engine files each "
+                         "finished answer's blocks (docs/kv_cache.md, \"Filing answers\")")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--compress-idle-ms", type=int, default=200,
                     help="pd-serve-compress: prefix_cache.compress_idle_ms")

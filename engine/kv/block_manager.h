@@ -48,6 +48,12 @@ struct PrefixCacheOptions {
   // prefixes in the same memory; a hit on one is no longer bit for bit the cache-off result).
   // Needs an f16 cache in host memory (KvCache::Create checks). 0: off.
   int compress_idle_ms = 0;
+  // The scheduler's, not the block manager's: when a request ends (stop or length), an idle
+  // engine prefills its prompt + generated tokens again as a prompt, so that its answer's full
+  // blocks are filed with prompt numerics and a chat's next turn, which sends the answer back,
+  // finds them (Scheduler, docs/kv_cache.md "Filing answers"). A fill yields to any request.
+  // Off by default: it spends idle compute on every answer, which pays only for chats.
+  bool fill_generated = false;
 };
 
 struct PrefixCacheStats {

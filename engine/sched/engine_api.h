@@ -98,6 +98,10 @@ struct EngineLoad {
   // and, of those, tokens whose K/V were found there.
   int64_t prefix_cache_query_tokens = 0;
   int64_t prefix_cache_hit_tokens = 0;
+  // prefix_cache.fill_generated: finished requests whose answers wait to be filed (idle work;
+  // not counted in running or waiting), and tokens prefilled for that since the engine started.
+  int prefix_fills_pending = 0;
+  int64_t prefix_fill_tokens = 0;
   // Chain hashes (engine/kv/block_hash.h) of cached blocks, most recently used first, bounded by
   // prefix_cache.summary_blocks; refreshed at most every 100 ms. Null when the cache is off.
   std::shared_ptr<const std::vector<uint64_t>> cached_block_hashes;

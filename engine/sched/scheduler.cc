@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <limits>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -73,6 +74,7 @@ struct Scheduler::Sequence {
   double catch_up_debt = 0;  // draft catch-up seconds the gate has not seen yet
   int draft_tokens = 0;
   int accepted_tokens = 0;
+  bool fill = false;  // an internal prefill that files a finished request's answer (QueueFill)
 
   int n_generated = 0;
   int n_computed = 0;      // tokens whose K/V are in the cache
@@ -503,6 +505,13 @@ void Scheduler::CloseImportFence(Sequence& seq) {
 void Scheduler::Finish(std::unique_ptr<Sequence> seq, FinishReason reason, absl::Status status) {
   CloseImportFence(*seq);
   if (options_.speculative.drafter != nullptr) options_.speculative.drafter->Release(seq->kv_id);
+  if (seq->fill) {  // no caller, no live_ entry: what it computed is filed already
+    kv_->Free(seq->kv_id);
+    return;
+  }
+  if ((reason == FinishReason::kStop || reason == FinishReason::kLength) && status.ok()) {
+    QueueFill(*seq);
+  }
   gate_debt_ += seq->catch_up_debt;  // the catch-up the gate has not seen yet
   if (seq->hold_kv && seq->exported) {
     held_.insert(seq->kv_id);  // a transport may still be reading them: ReleaseExportedKv
@@ -677,7 +686,74 @@ void Scheduler::MatchCachedPrefix(Sequence& seq) {
   NoteCacheLookup(seq, hit);
 }
 
+namespace {
+
+// The sink of fill sequences: they have no caller.
+class DiscardSink final : public GenerationSink {
+ public:
+  void OnTokens(const std::vector<int32_t>&) override {}
+  void OnFinish(const FinishInfo&) override {}
+};
+
+// Finished requests whose answers wait to be filed, at most: the newest are the likeliest to
+// be continued, and an engine idle long enough to fill more has nothing queued anyway.
+constexpr size_t kMaxQueuedFills = 16;
+
+}  // namespace
+
+void Scheduler::QueueFill(const Sequence& seq) {
+  const PrefixCacheOptions& pc = options_.prefix_cache;
+  if (!pc.enabled || !pc.fill_generated || seq.n_generated == 0 || seq.hold_kv ||
+      seq.export_layer) {
+    return;
+  }
+  const int n = static_cast<int>(seq.tokens.size());
+  // Worth a prefill only if it files a block the prompt did not (generated rows are never
+  // filed: their summation orders are a decode step's, docs/kv_cache.md), and it fits.
+  if (CacheablePrefix(n) / block_size_ <= CacheableTokens(seq) / block_size_) return;
+  if (n + 1 > max_context_ || int64_t{n} + 1 > int64_t{kv_blocks_total_} * block_size_) return;
+  fills_.push_back(seq.tokens);
+  if (fills_.size() > kMaxQueuedFills) fills_.pop_front();
+}
+
+void Scheduler::ManageFills() {
+  std::vector<Sequence*> live_fills;
+  bool requests = false;
+  for (const auto* list : {&running_, &waiting_, &importing_}) {
+    for (const auto& s : *list) {
+      if (s->fill) {
+        live_fills.push_back(s.get());
+      } else {
+        requests = true;
+      }
+    }
+  }
+  if (requests) {
+    // Requests first: a fill gives way at once (the blocks it completed are filed already).
+    for (Sequence* s : live_fills) Finish(Remove(s), FinishReason::kCancelled, absl::OkStatus());
+    return;
+  }
+  if (!live_fills.empty() || fills_.empty()) return;
+  static const std::shared_ptr<GenerationSink> discard = std::make_shared<DiscardSink>();
+  GenerationRequest r;
+  r.id = pd::StrCat("prefix-fill-", next_fill_++);
+  r.prompt = std::move(fills_.back());
+  fills_.pop_back();
+  r.max_tokens = 1;
+  r.sampling = SamplingParams::Greedy();
+  r.speculative = false;
+  r.priority = std::numeric_limits<int>::min();
+  auto seq = std::make_unique<Sequence>(
+      Incoming{std::move(r), discard, absl::Now(), std::numeric_limits<int64_t>::max(), {}, {},
+               false, false},
+      next_seq_id_++);
+  seq->fill = true;
+  fill_tokens_ += seq->n_prompt;
+  InsertWaiting(std::move(seq));
+}
+
 void Scheduler::NoteCacheLookup(Sequence& seq, int hit) {
+  if (seq.fill) return;  // internal work: neither a request's figure nor the node's counts
   if (seq.n_generated == 0) seq.cached_tokens = hit;  // what its first token was computed on
   if (seq.cache_counted) return;                     // a re-admission after preemption
   seq.cache_counted = true;
@@ -1162,6 +1238,7 @@ StepStats Scheduler::RunStep() {
   const absl::Time t0 = absl::Now();
   ++step_no_;
   Intake();  // cancellations and deadlines free their KV before anything is scheduled
+  ManageFills();
   if (!events_.empty()) {
     // Requests ended at the intake (cancelled, past their deadline): their callers and the load
     // hear it now, not after this step's forward pass.
@@ -1215,8 +1292,12 @@ StepStats Scheduler::RunStep() {
 
 void Scheduler::Publish(StepStats* stats) {
   EngineLoad load;
-  load.running = static_cast<int>(running_.size());
-  load.waiting = static_cast<int>(waiting_.size());
+  // Fill sequences (ManageFills) are idle work that yields to any request: not load.
+  int fills_running = 0, fills_waiting = 0;
+  for (const auto& s : running_) fills_running += s->fill ? 1 : 0;
+  for (const auto& s : waiting_) fills_waiting += s->fill ? 1 : 0;
+  load.running = static_cast<int>(running_.size()) - fills_running;
+  load.waiting = static_cast<int>(waiting_.size()) - fills_waiting;
   load.kv_blocks_total = kv_blocks_total_;
   load.kv_blocks_free = kv_->free_blocks();
   load.kv_block_size = block_size_;
@@ -1226,6 +1307,8 @@ void Scheduler::Publish(StepStats* stats) {
   load.prefix_cache_evictions = cache.evictions;
   load.prefix_cache_query_tokens = cache_query_tokens_;
   load.prefix_cache_hit_tokens = cache_hit_tokens_;
+  load.prefix_fills_pending = static_cast<int>(fills_.size()) + fills_running + fills_waiting;
+  load.prefix_fill_tokens = fill_tokens_;
   if (options_.prefix_cache.enabled) {
     const absl::Time now = absl::Now();
     // At most every 100 ms while busy, and always when going idle (no later step would refresh
@@ -1237,9 +1320,9 @@ void Scheduler::Publish(StepStats* stats) {
     }
     load.cached_block_hashes = summary_;
   }
-  for (const auto& s : waiting_) load.pending_prefill_tokens += s->remaining();
+  for (const auto& s : waiting_) load.pending_prefill_tokens += s->fill ? 0 : s->remaining();
   for (const auto& s : running_) {
-    if (!s->decoding()) load.pending_prefill_tokens += s->remaining();
+    if (!s->decoding() && !s->fill) load.pending_prefill_tokens += s->remaining();
   }
   absl::MutexLock l(&mu_);
   for (const std::string& id : finished_ids_) {
@@ -1252,7 +1335,7 @@ void Scheduler::Publish(StepStats* stats) {
   engine_load_ = load;
   held_published_ = static_cast<int>(held_.size());
   // Importing sequences keep the loop stepping (1 ms idle waits) so that their deadlines run.
-  engine_busy_ = !running_.empty() || !waiting_.empty() || !importing_.empty();
+  engine_busy_ = !running_.empty() || !waiting_.empty() || !importing_.empty() || !fills_.empty();
   if (stats != nullptr) {
     stats->load = load;
     stats->load.waiting += static_cast<int>(incoming_.size());

@@ -82,6 +82,7 @@ TEST(ConfigTest, ServeYamlShowsTheDefaults) {
   EXPECT_EQ(a.prefix_cache.min_free_blocks, b.prefix_cache.min_free_blocks);
   EXPECT_EQ(a.prefix_cache.summary_blocks, b.prefix_cache.summary_blocks);
   EXPECT_EQ(a.prefix_cache.compress_idle_ms, b.prefix_cache.compress_idle_ms);
+  EXPECT_EQ(a.prefix_cache.fill_generated, b.prefix_cache.fill_generated);
   EXPECT_EQ(a.limits.default_max_tokens, b.limits.default_max_tokens);
   EXPECT_EQ(a.limits.max_tokens, b.limits.max_tokens);
   EXPECT_EQ(a.limits.max_body_bytes, b.limits.max_body_bytes);
@@ -139,7 +140,7 @@ scheduler:
   prefill_pace_steps: 4
   priority: false
 kv: {dtype: int8, memory_mib: 64, block_size: 32}
-prefix_cache: {enabled: false, min_free_blocks: 5, summary_blocks: 10}
+prefix_cache: {enabled: false, min_free_blocks: 5, summary_blocks: 10, fill_generated: false}
 speculative: {drafter: self, max_k: 4, min_gain: 1.2, fixed_k: 2, ngram_min: 1, ngram_max: 3,
               draft_kv_mib: 32}
 limits: {default_max_tokens: 16, max_tokens: 128, max_body_bytes: 4096, max_stop: 2}
@@ -195,6 +196,7 @@ shutdown_grace_s: 0.5
   EXPECT_FALSE(o->prefix_cache.enabled);
   EXPECT_EQ(o->prefix_cache.min_free_blocks, 5);
   EXPECT_EQ(o->prefix_cache.summary_blocks, 10);
+  EXPECT_FALSE(o->prefix_cache.fill_generated);
   EXPECT_EQ(o->speculative.drafter, "self");
   EXPECT_EQ(o->speculative.max_k, 4);
   EXPECT_DOUBLE_EQ(o->speculative.min_gain, 1.2);
