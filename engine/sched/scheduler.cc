@@ -584,7 +584,7 @@ void Scheduler::Intake() {
     Sequence* found = nullptr;
     for (const auto* list : {&running_, &waiting_, &importing_}) {
       for (const auto& s : *list) {
-        if (s->id == id) found = s.get();
+        if (s->id == id && !s->fill) found = s.get();  // a client's id may look like a fill's
       }
     }
     // Absent: it finished in an earlier step after the Cancel was queued.
@@ -1446,6 +1446,7 @@ void Scheduler::FinishAllUnavailable() {
   ApplyReleases();
   for (int64_t id : held_) kv_->Free(id);
   held_.clear();
+  fills_.clear();
   Publish(nullptr);
   Deliver();
 }

@@ -297,6 +297,69 @@ TEST(PrefixCacheTest, AnIdleEngineThreadCompressesOnItsOwn) {
   EXPECT_EQ((*sched)->Load().kv_blocks_compressed, 8);  // 33 tokens: rows below 32
 }
 
+// prefix_cache.fill_generated: an idle engine files a finished answer's blocks with a fill
+// (an internal prefill of prompt + answer); a client's Cancel of a request whose id looks like a
+// fill's ends that request, never the fill; the next turn finds the answer; a fill in progress
+// gives way to the next request at once and leaves no block behind.
+TEST(PrefixCacheTest, FillsFileAnswersAndYieldToRequests) {
+  auto env = MakeEnv(DType::kF32);
+  SchedulerOptions o;
+  o.kv_blocks = 64;
+  o.block_size = 4;
+  o.max_running_seqs = 4;
+  o.token_budget = 8;  // a fill of 12 new tokens takes two steps
+  o.prefill_chunk = 8;
+  o.run_thread = false;
+  o.prefix_cache.fill_generated = true;
+  auto sched = Scheduler::Create(*env->model, o);
+  PD_ASSERT_OK(sched);
+  Scheduler& s = **sched;
+  const std::vector<int32_t> prompt = Random(40, 51);
+  auto a = std::make_shared<Sink>();
+  PD_ASSERT_OK(s.Submit(Req("a", prompt, 12), a));
+  for (int i = 0; i < 200 && !a->done(); ++i) s.Step();
+  ASSERT_TRUE(a->done());
+  EXPECT_EQ(s.Load().prefix_fills_pending, 1);  // 52 tokens would file 13 blocks, the prompt 10
+  s.Step();                                     // idle: the fill starts (40 cached, 8 of 12)
+  EngineLoad load = s.Load();
+  EXPECT_EQ(load.prefix_fills_pending, 1);
+  EXPECT_EQ(load.running + load.waiting, 0);  // a fill is not load
+  auto c = std::make_shared<Sink>();
+  PD_ASSERT_OK(s.Submit(Req("prefix-fill-0", Random(9, 52), 4), c));
+  s.Cancel("prefix-fill-0");
+  s.Step();  // the client's request ends; the fill (nothing live any more) completes
+  ASSERT_TRUE(c->done());
+  EXPECT_EQ(c->info().reason, FinishReason::kCancelled);
+  EXPECT_EQ(s.Load().prefix_fills_pending, 0);
+  EXPECT_EQ(s.Load().prefix_fill_tokens, 52);
+  auto b = std::make_shared<Sink>();
+  PD_ASSERT_OK(s.Submit(Req("b", Concat(Concat(prompt, a->tokens()), Random(3, 53)), 2), b));
+  RunToIdle(s);
+  ASSERT_TRUE(b->done());
+  EXPECT_EQ(b->info().cached_tokens, 52);  // the prompt's 10 blocks and the answer's 3
+  // b's own fill (57 tokens) is done; a fill in progress yields to the next request.
+  auto d = std::make_shared<Sink>();
+  PD_ASSERT_OK(s.Submit(Req("d", Random(30, 54), 9), d));
+  RunToIdle(s);
+  ASSERT_TRUE(d->done());
+  ASSERT_EQ(s.Load().prefix_fills_pending, 0);
+  auto e = std::make_shared<Sink>();
+  PD_ASSERT_OK(s.Submit(Req("e", Random(40, 55), 12), e));
+  for (int i = 0; i < 200 && !e->done(); ++i) s.Step();
+  s.Step();  // e's fill starts
+  EXPECT_EQ(s.Load().prefix_fills_pending, 1);
+  auto f = std::make_shared<Sink>();
+  PD_ASSERT_OK(s.Submit(Req("f", Random(20, 56), 2), f));
+  s.Step();
+  EXPECT_EQ(s.Load().prefix_fills_pending, 0);  // dropped at f's arrival
+  RunToIdle(s);
+  ASSERT_TRUE(f->done());
+  EXPECT_TRUE(f->info().status.ok());
+  load = s.Load();
+  EXPECT_EQ(load.kv_blocks_free, load.kv_blocks_total);
+  PD_EXPECT_OK(s.AuditKv());
+}
+
 // 10,000 random requests over a few shared prefixes, a KV budget small enough for preemption and
 // eviction, random cancellations (waiting, prefilling and decoding): after every step the audit
 // holds; at the end every block is free or cached and unused, and the published load agrees.
