@@ -98,8 +98,9 @@ struct EngineLoad {
   // and, of those, tokens whose K/V were found there.
   int64_t prefix_cache_query_tokens = 0;
   int64_t prefix_cache_hit_tokens = 0;
-  // prefix_cache.fill_generated: finished requests whose answers wait to be filed (idle work;
-  // not counted in running or waiting), and tokens prefilled for that since the engine started.
+  // prefix_cache.fill_generated: finished requests whose answers wait to be filed or are being
+  // filed (idle work; not counted in running or waiting), and the tokens those fills computed
+  // (not their cached prefixes) since the engine started.
   int prefix_fills_pending = 0;
   int64_t prefix_fill_tokens = 0;
   // Chain hashes (engine/kv/block_hash.h) of cached blocks, most recently used first, bounded by

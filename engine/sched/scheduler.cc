@@ -506,6 +506,7 @@ void Scheduler::Finish(std::unique_ptr<Sequence> seq, FinishReason reason, absl:
   CloseImportFence(*seq);
   if (options_.speculative.drafter != nullptr) options_.speculative.drafter->Release(seq->kv_id);
   if (seq->fill) {  // no caller, no live_ entry: what it computed is filed already
+    fill_tokens_ += std::max(0, seq->n_computed - seq->cached_tokens);
     kv_->Free(seq->kv_id);
     return;
   }
@@ -748,12 +749,14 @@ void Scheduler::ManageFills() {
                false, false},
       next_seq_id_++);
   seq->fill = true;
-  fill_tokens_ += seq->n_prompt;
   InsertWaiting(std::move(seq));
 }
 
 void Scheduler::NoteCacheLookup(Sequence& seq, int hit) {
-  if (seq.fill) return;  // internal work: neither a request's figure nor the node's counts
+  if (seq.fill) {  // internal work: neither a request's figure nor the node's counts
+    seq.cached_tokens = hit;  // what it does not compute (fill_tokens_)
+    return;
+  }
   if (seq.n_generated == 0) seq.cached_tokens = hit;  // what its first token was computed on
   if (seq.cache_counted) return;                     // a re-admission after preemption
   seq.cache_counted = true;

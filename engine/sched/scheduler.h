@@ -381,7 +381,7 @@ class Scheduler final : public GenerationEngine {
   int64_t cache_hit_tokens_ = 0;    // of those, tokens found
   std::deque<std::vector<int32_t>> fills_;  // finished requests' tokens to file (QueueFill)
   int64_t next_fill_ = 0;
-  int64_t fill_tokens_ = 0;  // tokens prefilled by fills
+  int64_t fill_tokens_ = 0;  // tokens fills computed (their cached prefixes not counted)
   std::shared_ptr<const std::vector<uint64_t>> summary_;  // EngineLoad::cached_block_hashes
   absl::Time summary_time_ = absl::InfinitePast();
   int64_t next_admission_ = 0;
