@@ -506,6 +506,7 @@ void Scheduler::Finish(std::unique_ptr<Sequence> seq, FinishReason reason, absl:
   CloseImportFence(*seq);
   if (options_.speculative.drafter != nullptr) options_.speculative.drafter->Release(seq->kv_id);
   if (seq->fill) {  // no caller, no live_ entry: what it computed is filed already
+    live_fill_ = nullptr;
     fill_tokens_ += std::max(0, seq->n_computed - seq->cached_tokens);
     kv_->Free(seq->kv_id);
     return;
@@ -585,7 +586,7 @@ void Scheduler::Intake() {
     Sequence* found = nullptr;
     for (const auto* list : {&running_, &waiting_, &importing_}) {
       for (const auto& s : *list) {
-        if (s->id == id && !s->fill) found = s.get();  // a client's id may look like a fill's
+        if (s->id == id) found = s.get();
       }
     }
     // Absent: it finished in an earlier step after the Cancel was queued.
@@ -718,26 +719,18 @@ void Scheduler::QueueFill(const Sequence& seq) {
 }
 
 void Scheduler::ManageFills() {
-  std::vector<Sequence*> live_fills;
-  bool requests = false;
-  for (const auto* list : {&running_, &waiting_, &importing_}) {
-    for (const auto& s : *list) {
-      if (s->fill) {
-        live_fills.push_back(s.get());
-      } else {
-        requests = true;
-      }
-    }
-  }
-  if (requests) {
+  if (live_fill_ == nullptr && fills_.empty()) return;
+  const size_t live = running_.size() + waiting_.size() + importing_.size();
+  if (live > (live_fill_ != nullptr ? 1u : 0u)) {
     // Requests first: a fill gives way at once (the blocks it completed are filed already).
-    for (Sequence* s : live_fills) Finish(Remove(s), FinishReason::kCancelled, absl::OkStatus());
+    if (live_fill_ != nullptr) {
+      Finish(Remove(live_fill_), FinishReason::kCancelled, absl::OkStatus());
+    }
     return;
   }
-  if (!live_fills.empty() || fills_.empty()) return;
+  if (live_fill_ != nullptr) return;
   static const std::shared_ptr<GenerationSink> discard = std::make_shared<DiscardSink>();
-  GenerationRequest r;
-  r.id = pd::StrCat("prefix-fill-", next_fill_++);
+  GenerationRequest r;  // no id: every request's is non-empty, so no Cancel can name a fill
   r.prompt = std::move(fills_.back());
   fills_.pop_back();
   r.max_tokens = 1;
@@ -749,6 +742,7 @@ void Scheduler::ManageFills() {
                false, false},
       next_seq_id_++);
   seq->fill = true;
+  live_fill_ = seq.get();
   InsertWaiting(std::move(seq));
 }
 
@@ -1295,12 +1289,11 @@ StepStats Scheduler::RunStep() {
 
 void Scheduler::Publish(StepStats* stats) {
   EngineLoad load;
-  // Fill sequences (ManageFills) are idle work that yields to any request: not load.
-  int fills_running = 0, fills_waiting = 0;
-  for (const auto& s : running_) fills_running += s->fill ? 1 : 0;
-  for (const auto& s : waiting_) fills_waiting += s->fill ? 1 : 0;
-  load.running = static_cast<int>(running_.size()) - fills_running;
-  load.waiting = static_cast<int>(waiting_.size()) - fills_waiting;
+  // The fill sequence (ManageFills) is idle work that yields to any request: not load.
+  const bool fill_running = live_fill_ != nullptr && live_fill_->running;
+  const bool fill_waiting = live_fill_ != nullptr && !live_fill_->running;
+  load.running = static_cast<int>(running_.size()) - (fill_running ? 1 : 0);
+  load.waiting = static_cast<int>(waiting_.size()) - (fill_waiting ? 1 : 0);
   load.kv_blocks_total = kv_blocks_total_;
   load.kv_blocks_free = kv_->free_blocks();
   load.kv_block_size = block_size_;
@@ -1310,7 +1303,7 @@ void Scheduler::Publish(StepStats* stats) {
   load.prefix_cache_evictions = cache.evictions;
   load.prefix_cache_query_tokens = cache_query_tokens_;
   load.prefix_cache_hit_tokens = cache_hit_tokens_;
-  load.prefix_fills_pending = static_cast<int>(fills_.size()) + fills_running + fills_waiting;
+  load.prefix_fills_pending = static_cast<int>(fills_.size()) + (live_fill_ != nullptr ? 1 : 0);
   load.prefix_fill_tokens = fill_tokens_;
   if (options_.prefix_cache.enabled) {
     const absl::Time now = absl::Now();

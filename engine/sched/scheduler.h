@@ -298,8 +298,8 @@ class Scheduler final : public GenerationEngine {
   void NoteCacheLookup(Sequence& seq, int hit);
   // prefix_cache.fill_generated: QueueFill remembers a finished request's tokens when a prefill
   // of them would file blocks its prompt did not; ManageFills (each step, after the intake)
-  // drops every fill sequence as soon as a request is live and otherwise starts the newest
-  // queued fill as an internal one-token request (no sink, no counts, lowest priority).
+  // drops the fill sequence as soon as a request is live and otherwise starts the newest
+  // queued fill as an internal one-token request (no id, no sink, no counts, lowest priority).
   void QueueFill(const Sequence& seq);
   void ManageFills();
   void RunImports();  // posted import tasks and completions (engine thread)
@@ -380,7 +380,7 @@ class Scheduler final : public GenerationEngine {
   int64_t cache_query_tokens_ = 0;  // prompt tokens looked up in the prefix cache
   int64_t cache_hit_tokens_ = 0;    // of those, tokens found
   std::deque<std::vector<int32_t>> fills_;  // finished requests' tokens to file (QueueFill)
-  int64_t next_fill_ = 0;
+  Sequence* live_fill_ = nullptr;  // the fill sequence in running_ or waiting_ (at most one)
   int64_t fill_tokens_ = 0;  // tokens fills computed (their cached prefixes not counted)
   std::shared_ptr<const std::vector<uint64_t>> summary_;  // EngineLoad::cached_block_hashes
   absl::Time summary_time_ = absl::InfinitePast();

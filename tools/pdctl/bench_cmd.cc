@@ -97,9 +97,9 @@ int RunBench(const BenchFlags& flags) {
   const int seq_blocks = (batch_pp + tg + kv.options().block_size - 1) / kv.options().block_size;
   if (batched && int64_t{batch_seqs} * seq_blocks > kv.total_blocks()) {
     return Fail(absl::InvalidArgumentError(pd::StrCat(
-        "--batch ", batch_seqs, " sequences of ", batch_pp + tg, " tokens (--batch-pp + --tg) need ",
-        batch_seqs * seq_blocks, " KV blocks, the cache has ", kv.total_blocks(),
-        " (raise --ctx or lower --tg)")));
+        "--batch ", batch_seqs, " sequences of ", batch_pp + tg,
+        " tokens (--batch-pp + --tg) need ", batch_seqs * seq_blocks, " KV blocks, the cache has ",
+        kv.total_blocks(), " (raise --ctx or lower --tg)")));
   }
   std::vector<float> logits;
   auto prompt = [&](int n) -> absl::Status {
@@ -228,15 +228,16 @@ int RunBench(const BenchFlags& flags) {
       "\"pp\": %d, \"tg\": %d, \"load_s\": %.4f, \"first_token_s\": %.4f, \"pp_tok_s\": %s, "
       "\"tg_tok_s\": %s, \"pp_tok_per_cpu_s\": %s, \"tg_tok_per_cpu_s\": %s, \"peak_rss_mib\": "
       "%.1f, \"rss_file_mib\": %.1f, \"rss_anon_mib\": %.1f, "
-      "\"weights_bytes\": %zu, \"batch\": %d, \"batch_pp\": %d, \"tg_batch_tok_s\": %s, \"tg_batch_tok_per_cpu_s\": "
+      "\"weights_bytes\": %zu, \"batch\": %d, \"batch_pp\": %d, \"tg_batch_tok_s\": %s, "
+      "\"tg_batch_tok_per_cpu_s\": "
       "%s, \"verify\": %d, \"tg_step_ms\": %s, \"tg_step_cpu_ms\": %s, \"tg_verify_step_ms\": %s, "
       "\"tg_verify_step_cpu_ms\": %s}\n",
-      e->model_path.c_str(), e->kernels.c_str(), threads, f.kv_type.c_str(), pp, tg, load_s, first_s,
-      list(pp_rates).c_str(), list(tg_rates).c_str(), list(pp_cpu).c_str(), list(tg_cpu).c_str(),
-      PeakRssMiB(), ProcStatusMiB("RssFile"), ProcStatusMiB("RssAnon"),
-      static_cast<size_t>(model.weights().total_bytes), batch_seqs, batch_pp, list(tgb_rates).c_str(),
-      list(tgb_cpu).c_str(), verify_rows, list(tg_ms).c_str(), list(tg_cpu_ms).c_str(),
-      list(tgv_ms).c_str(), list(tgv_cpu_ms).c_str());
+      e->model_path.c_str(), e->kernels.c_str(), threads, f.kv_type.c_str(), pp, tg, load_s,
+      first_s, list(pp_rates).c_str(), list(tg_rates).c_str(), list(pp_cpu).c_str(),
+      list(tg_cpu).c_str(), PeakRssMiB(), ProcStatusMiB("RssFile"), ProcStatusMiB("RssAnon"),
+      static_cast<size_t>(model.weights().total_bytes), batch_seqs, batch_pp,
+      list(tgb_rates).c_str(), list(tgb_cpu).c_str(), verify_rows, list(tg_ms).c_str(),
+      list(tg_cpu_ms).c_str(), list(tgv_ms).c_str(), list(tgv_cpu_ms).c_str());
   return 0;
 }
 
