@@ -338,6 +338,147 @@ void AttnVSumsAvx2(const float* p, int64_t p_stride, int n_q, const T* const* v,
   }
 }
 
+// ---- The GEMM order (AttnKernels::qk_gemm / pv_gemm) ----------------------------------------
+// Fully unrolled loops over a micro-tile's registers (GCC at -O2 would keep them in memory).
+#define PD_GEMM_UNROLL _Pragma("GCC unroll 16")
+
+// Scores of MQ queries against one block of 16 keys (two registers): one accumulator per
+// (query, half block), one FMA per head-dim element in order, as the scalar twin's chains.
+template <int MQ>
+inline void QkTileAvx2(const float* const* q, const float* kt, int64_t n, float* const* out,
+                       int64_t off, int lo, int hi) {
+  __m256 acc[MQ * 2];
+  PD_GEMM_UNROLL
+  for (int i = 0; i < MQ * 2; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < n; ++d) {
+    const __m256 k0 = _mm256_loadu_ps(kt + d * 16), k1 = _mm256_loadu_ps(kt + d * 16 + 8);
+    PD_GEMM_UNROLL
+    for (int m = 0; m < MQ; ++m) {
+      const __m256 qd = _mm256_broadcast_ss(q[m] + d);
+      acc[m * 2] = _mm256_fmadd_ps(qd, k0, acc[m * 2]);
+      acc[m * 2 + 1] = _mm256_fmadd_ps(qd, k1, acc[m * 2 + 1]);
+    }
+  }
+  PD_GEMM_UNROLL
+  for (int m = 0; m < MQ; ++m) {
+    if (lo == 0 && hi == 16) {
+      _mm256_storeu_ps(out[m] + off, acc[m * 2]);
+      _mm256_storeu_ps(out[m] + off + 8, acc[m * 2 + 1]);
+    } else {
+      alignas(32) float t[16];
+      _mm256_store_ps(t, acc[m * 2]);
+      _mm256_store_ps(t + 8, acc[m * 2 + 1]);
+      for (int l = lo; l < hi; ++l) out[m][off + l] = t[l];
+    }
+  }
+}
+
+void AttnQkGemmAvx2(const float* const* q, int n_q, const float* kt, int64_t n, int64_t first,
+                    int64_t n_k, float* const* out) {
+  if (n_k <= 0 || n_q <= 0) return;
+  const int64_t end = first + n_k;
+  for (int64_t b = first / 16; b * 16 < end; ++b) {
+    const int64_t j0 = b * 16;
+    const int lo = first > j0 ? static_cast<int>(first - j0) : 0;
+    const int hi = end - j0 < 16 ? static_cast<int>(end - j0) : 16;
+    const float* kb = kt + b * 16 * n;
+    int m = 0;
+    for (; m + 6 <= n_q; m += 6) QkTileAvx2<6>(q + m, kb, n, out + m, j0 - first, lo, hi);
+    switch (n_q - m) {
+      case 5:
+        QkTileAvx2<5>(q + m, kb, n, out + m, j0 - first, lo, hi);
+        break;
+      case 4:
+        QkTileAvx2<4>(q + m, kb, n, out + m, j0 - first, lo, hi);
+        break;
+      case 3:
+        QkTileAvx2<3>(q + m, kb, n, out + m, j0 - first, lo, hi);
+        break;
+      case 2:
+        QkTileAvx2<2>(q + m, kb, n, out + m, j0 - first, lo, hi);
+        break;
+      case 1:
+        QkTileAvx2<1>(q + m, kb, n, out + m, j0 - first, lo, hi);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+// Weighted sums of MQ queries over 16 columns from c0 (two registers), across positions [0, n_k).
+template <int MQ>
+inline void PvTileAvx2(const float* const* p, const float* v, int64_t v_stride, int64_t n_k,
+                       float* const* acc, int64_t c0) {
+  __m256 a[MQ * 2];
+  PD_GEMM_UNROLL
+  for (int m = 0; m < MQ; ++m) {
+    a[m * 2] = _mm256_loadu_ps(acc[m] + c0);
+    a[m * 2 + 1] = _mm256_loadu_ps(acc[m] + c0 + 8);
+  }
+  for (int64_t j = 0; j < n_k; ++j) {
+    const __m256 v0 = _mm256_loadu_ps(v + j * v_stride + c0);
+    const __m256 v1 = _mm256_loadu_ps(v + j * v_stride + c0 + 8);
+    PD_GEMM_UNROLL
+    for (int m = 0; m < MQ; ++m) {
+      const __m256 pj = _mm256_broadcast_ss(p[m] + j);
+      a[m * 2] = _mm256_fmadd_ps(pj, v0, a[m * 2]);
+      a[m * 2 + 1] = _mm256_fmadd_ps(pj, v1, a[m * 2 + 1]);
+    }
+  }
+  PD_GEMM_UNROLL
+  for (int m = 0; m < MQ; ++m) {
+    _mm256_storeu_ps(acc[m] + c0, a[m * 2]);
+    _mm256_storeu_ps(acc[m] + c0 + 8, a[m * 2 + 1]);
+  }
+}
+
+// Positions in runs of 64 (their V rows stay in L1/L2 across query groups and column chunks);
+// columns past the last multiple of 16 one FMA at a time, in the same order.
+void AttnPvGemmAvx2(const float* const* p, int n_q, const float* v, int64_t v_stride, int64_t n_k,
+                    int64_t cols, float* const* acc) {
+  const float* pr[6];
+  const int64_t cv = cols - cols % 16;
+  for (int64_t j0 = 0; j0 < n_k; j0 += 64) {
+    const int64_t nj = n_k - j0 < 64 ? n_k - j0 : 64;
+    const float* vj = v + j0 * v_stride;
+    for (int m0 = 0; m0 < n_q; m0 += 6) {
+      const int nq = n_q - m0 < 6 ? n_q - m0 : 6;
+      for (int m = 0; m < nq; ++m) pr[m] = p[m0 + m] + j0;
+      float* const* am = acc + m0;
+      for (int64_t c0 = 0; c0 < cv; c0 += 16) {
+        switch (nq) {
+          case 6:
+            PvTileAvx2<6>(pr, vj, v_stride, nj, am, c0);
+            break;
+          case 5:
+            PvTileAvx2<5>(pr, vj, v_stride, nj, am, c0);
+            break;
+          case 4:
+            PvTileAvx2<4>(pr, vj, v_stride, nj, am, c0);
+            break;
+          case 3:
+            PvTileAvx2<3>(pr, vj, v_stride, nj, am, c0);
+            break;
+          case 2:
+            PvTileAvx2<2>(pr, vj, v_stride, nj, am, c0);
+            break;
+          default:
+            PvTileAvx2<1>(pr, vj, v_stride, nj, am, c0);
+            break;
+        }
+      }
+      for (int m = 0; m < nq; ++m) {
+        for (int64_t c = cv; c < cols; ++c) {
+          float a = am[m][c];
+          for (int64_t j = 0; j < nj; ++j) a = __builtin_fmaf(pr[m][j], vj[j * v_stride + c], a);
+          am[m][c] = a;
+        }
+      }
+    }
+  }
+}
+
 constexpr AttnKernels kAvx2Attn = {8,
                                    &AttnDotAvx2,
                                    &AttnExpSumAvx2,
@@ -348,7 +489,9 @@ constexpr AttnKernels kAvx2Attn = {8,
                                    &AttnDotsAvx2<uint16_t>,
                                    &AttnVSumsAvx2<uint16_t>,
                                    &AttnVSumsRowByRow<float, &AttnVSumsAvx2<float>>,
-                                   &AttnVSumsRowByRow<uint16_t, &AttnVSumsAvx2<uint16_t>>};
+                                   &AttnVSumsRowByRow<uint16_t, &AttnVSumsAvx2<uint16_t>>,
+                                   &AttnQkGemmAvx2,
+                                   &AttnPvGemmAvx2};
 
 inline __m256 SwiGlu8(__m256 g, __m256 u) {
   const __m256 e = GgmlExpAvx2(_mm256_sub_ps(_mm256_setzero_ps(), g));

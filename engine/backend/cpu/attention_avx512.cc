@@ -504,6 +504,181 @@ void AttnVSumsRowsT512(const float* const* p, int64_t p_stride, int n_q, int n_r
   }
 }
 
+// ---- The GEMM order (AttnKernels::qk_gemm / pv_gemm) ----------------------------------------
+// Scores of MQ queries against NB blocks of 16 keys: one accumulator register per (query, block),
+// one FMA per head-dim element, in order (the scalar twin's chain per lane). `mask[b]` picks the
+// lanes of block b to store, at out[m] + off[b].
+template <int MQ, int NB>
+inline void QkTile512(const float* const* q, const float* kt, int64_t n, float* const* out,
+                      const int64_t* off, const __mmask16* mask) {
+  __m512 acc[MQ * NB];
+  PD_ATTN_UNROLL
+  for (int i = 0; i < MQ * NB; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < n; ++d) {
+    __m512 k[NB];
+    PD_ATTN_UNROLL
+    for (int b = 0; b < NB; ++b) k[b] = _mm512_loadu_ps(kt + b * kAttnKeyBlock * n + d * 16);
+    PD_ATTN_UNROLL
+    for (int m = 0; m < MQ; ++m) {
+      const __m512 qd = _mm512_set1_ps(q[m][d]);
+      PD_ATTN_UNROLL
+      for (int b = 0; b < NB; ++b) acc[m * NB + b] = _mm512_fmadd_ps(qd, k[b], acc[m * NB + b]);
+    }
+  }
+  PD_ATTN_UNROLL
+  for (int m = 0; m < MQ; ++m) {
+    PD_ATTN_UNROLL
+    for (int b = 0; b < NB; ++b) _mm512_mask_storeu_ps(out[m] + off[b], mask[b], acc[m * NB + b]);
+  }
+}
+
+template <int NB>
+void QkQueries512(const float* const* q, int n_q, const float* kt, int64_t n, float* const* out,
+                  const int64_t* off, const __mmask16* mask) {
+  int m = 0;
+  for (; m + 6 <= n_q; m += 6) QkTile512<6, NB>(q + m, kt, n, out + m, off, mask);
+  switch (n_q - m) {
+    case 5:
+      QkTile512<5, NB>(q + m, kt, n, out + m, off, mask);
+      break;
+    case 4:
+      QkTile512<4, NB>(q + m, kt, n, out + m, off, mask);
+      break;
+    case 3:
+      QkTile512<3, NB>(q + m, kt, n, out + m, off, mask);
+      break;
+    case 2:
+      QkTile512<2, NB>(q + m, kt, n, out + m, off, mask);
+      break;
+    case 1:
+      QkTile512<1, NB>(q + m, kt, n, out + m, off, mask);
+      break;
+    default:
+      break;
+  }
+}
+
+void AttnQkGemm512(const float* const* q, int n_q, const float* kt, int64_t n, int64_t first,
+                   int64_t n_k, float* const* out) {
+  if (n_k <= 0 || n_q <= 0) return;
+  const int64_t end = first + n_k;
+  // Block b's lanes that fall in [first, end), and where lane 0 would be stored.
+  auto block = [&](int64_t b, int64_t* off, __mmask16* mask) {
+    const int64_t j0 = b * kAttnKeyBlock;
+    const int64_t lo = first > j0 ? first - j0 : 0, hi = end - j0 < 16 ? end - j0 : 16;
+    *mask = static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
+    *off = j0 - first;
+  };
+  int64_t b = first / kAttnKeyBlock;
+  const int64_t b_end = (end + kAttnKeyBlock - 1) / kAttnKeyBlock;
+  for (; b + 2 <= b_end; b += 2) {
+    int64_t off[2];
+    __mmask16 mask[2];
+    block(b, &off[0], &mask[0]);
+    block(b + 1, &off[1], &mask[1]);
+    QkQueries512<2>(q, n_q, kt + b * kAttnKeyBlock * n, n, out, off, mask);
+  }
+  if (b < b_end) {
+    int64_t off[1];
+    __mmask16 mask[1];
+    block(b, &off[0], &mask[0]);
+    QkQueries512<1>(q, n_q, kt + b * kAttnKeyBlock * n, n, out, off, mask);
+  }
+}
+
+// Weighted sums of MQ queries over NC column vectors (16 columns each, the last one under
+// `last`): acc in registers across positions [0, n_k).
+template <int MQ, int NC>
+inline void PvTile512(const float* const* p, const float* v, int64_t v_stride, int64_t n_k,
+                      float* const* acc, int64_t c0, __mmask16 last) {
+  __m512 a[MQ * NC];
+  PD_ATTN_UNROLL
+  for (int m = 0; m < MQ; ++m) {
+    PD_ATTN_UNROLL
+    for (int c = 0; c < NC; ++c) {
+      a[m * NC + c] =
+          _mm512_maskz_loadu_ps(c + 1 == NC ? last : __mmask16{0xffff}, acc[m] + c0 + c * 16);
+    }
+  }
+  for (int64_t j = 0; j < n_k; ++j) {
+    const float* vj = v + j * v_stride + c0;
+    __m512 vv[NC];
+    PD_ATTN_UNROLL
+    for (int c = 0; c < NC; ++c) {
+      vv[c] = _mm512_maskz_loadu_ps(c + 1 == NC ? last : __mmask16{0xffff}, vj + c * 16);
+    }
+    PD_ATTN_UNROLL
+    for (int m = 0; m < MQ; ++m) {
+      const __m512 pj = _mm512_set1_ps(p[m][j]);
+      PD_ATTN_UNROLL
+      for (int c = 0; c < NC; ++c) a[m * NC + c] = _mm512_fmadd_ps(pj, vv[c], a[m * NC + c]);
+    }
+  }
+  PD_ATTN_UNROLL
+  for (int m = 0; m < MQ; ++m) {
+    PD_ATTN_UNROLL
+    for (int c = 0; c < NC; ++c) {
+      _mm512_mask_storeu_ps(acc[m] + c0 + c * 16, c + 1 == NC ? last : __mmask16{0xffff},
+                            a[m * NC + c]);
+    }
+  }
+}
+
+template <int NC>
+void PvQueries512(const float* const* p, int n_q, const float* v, int64_t v_stride, int64_t n_k,
+                  float* const* acc, int64_t c0, __mmask16 last) {
+  int m = 0;
+  for (; m + 4 <= n_q; m += 4) PvTile512<4, NC>(p + m, v, v_stride, n_k, acc + m, c0, last);
+  switch (n_q - m) {
+    case 3:
+      PvTile512<3, NC>(p + m, v, v_stride, n_k, acc + m, c0, last);
+      break;
+    case 2:
+      PvTile512<2, NC>(p + m, v, v_stride, n_k, acc + m, c0, last);
+      break;
+    case 1:
+      PvTile512<1, NC>(p + m, v, v_stride, n_k, acc + m, c0, last);
+      break;
+    default:
+      break;
+  }
+}
+
+// Positions go in runs of kPvRun, each run's V rows (kPvRun x cols floats) read from L1/L2 by
+// every (query group, column chunk); per output the FMAs stay in position order.
+void AttnPvGemm512(const float* const* p, int n_q, const float* v, int64_t v_stride, int64_t n_k,
+                   int64_t cols, float* const* acc) {
+  constexpr int64_t kPvRun = 64;
+  const float* pr[64];
+  for (int64_t j0 = 0; j0 < n_k; j0 += kPvRun) {
+    const int64_t nj = n_k - j0 < kPvRun ? n_k - j0 : kPvRun;
+    for (int m0 = 0; m0 < n_q; m0 += 64) {
+      const int nq = n_q - m0 < 64 ? n_q - m0 : 64;
+      for (int m = 0; m < nq; ++m) pr[m] = p[m0 + m] + j0;
+      const float* vj = v + j0 * v_stride;
+      float* const* am = acc + m0;
+      int64_t c0 = 0;
+      for (; c0 + 64 <= cols; c0 += 64) PvQueries512<4>(pr, nq, vj, v_stride, nj, am, c0, 0xffff);
+      const int64_t rest = cols - c0;
+      if (rest == 0) continue;
+      const int nc = static_cast<int>((rest + 15) / 16);
+      const int tail = static_cast<int>(rest - (nc - 1) * 16);
+      const __mmask16 last = static_cast<__mmask16>((1u << tail) - 1);
+      switch (nc) {
+        case 3:
+          PvQueries512<3>(pr, nq, vj, v_stride, nj, am, c0, last);
+          break;
+        case 2:
+          PvQueries512<2>(pr, nq, vj, v_stride, nj, am, c0, last);
+          break;
+        default:
+          PvQueries512<1>(pr, nq, vj, v_stride, nj, am, c0, last);
+          break;
+      }
+    }
+  }
+}
+
 constexpr AttnKernels kAvx512Attn = {16,
                                      &AttnDot512,
                                      &AttnExpSum512,
@@ -514,7 +689,9 @@ constexpr AttnKernels kAvx512Attn = {16,
                                      &AttnDotsT512<uint16_t>,
                                      &AttnVSumsT512<uint16_t>,
                                      &AttnVSumsRowsT512<float>,
-                                     &AttnVSumsRowsT512<uint16_t>};
+                                     &AttnVSumsRowsT512<uint16_t>,
+                                     &AttnQkGemm512,
+                                     &AttnPvGemm512};
 
 // AVX512F and AVX512DQ (CPUID leaf 7, EBX bits 16 and 17) with ZMM, YMM and XMM state enabled by
 // the OS (XCR0 bits 1, 2, 5, 6 and 7).

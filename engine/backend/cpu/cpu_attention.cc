@@ -99,18 +99,47 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
   // conversions with Gemma 3 270M's 4 heads per KV head.
   const bool widen_k = k_cache.type == KvDType::kF16 && group > 1;
   const bool widen_v = v_cache.type == KvDType::kF16 && group > 1;
+  std::vector<int32_t> seq_rows;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    if (kv.seq[t] >= static_cast<int32_t>(seq_rows.size())) seq_rows.resize(kv.seq[t] + 1, 0);
+    ++seq_rows[kv.seq[t]];
+  }
+  auto attn_wide = [&](int64_t t) {
+    return kv.row_orders.empty() ? seq_rows[kv.seq[t]] > 1
+                                 : (kv.row_orders[t] & kRowOrderAttnWide) != 0;
+  };
+  // Prompt rows (kRowOrderAttnWide) over an F16 cache take the GEMM order (AttnKernels::qk_gemm,
+  // pv_gemm; docs/numerics.md): llama.cpp's bits are not kept with F16 K/V anyway (it rounds the
+  // query and the probabilities to F16), and a GEMM's micro-tiles run attention over a long
+  // prompt at several times the speed of ggml's order. Each row's bits still depend on its own
+  // positions only, so chunking and batching change none. F32 caches keep ggml's order.
+  static const bool ggml_order_only = [] {
+    const char* e = std::getenv("PDSERVE_ATTN_ORDER");
+    return e != nullptr && std::strcmp(e, "ggml") == 0;
+  }();
+  const bool gemm_cache =
+      !ggml_order_only && k_cache.type == KvDType::kF16 && v_cache.type == KvDType::kF16;
+  auto gemm_row = [&](int64_t t) { return gemm_cache && attn_wide(t); };
   // A prompt's rows of one sequence read the same keys and values again and again (row t all
   // the positions before it): sequences with many rows in the batch get their visible K and V
   // widened to F32 once, [kv head][position][head_dim], and the rows read those (the same F32
   // kernels on the same values: bit-identical).
+  // A sequence with GEMM-order rows gets its K in the blocked transposed layout of qk_gemm
+  // (kAttnKeyBlock keys per block, position lo first) and its V as F32 rows, whatever its rows.
   struct WideSeq {
     int64_t lo = 0, hi = -1;  // positions widened (hi < lo: none)
     int64_t rows = 0;         // batch rows of the sequence
-    size_t offset = 0;        // into widened_kv_ (K; V follows after n_kv_heads * span * hd)
+    bool gemm = false;        // K transposed for qk_gemm (else K as F32 rows)
+    size_t offset = 0;        // into widened_kv_ (K; V follows after n_kv_heads * k_span())
     int64_t span() const { return hi - lo + 1; }
+    int64_t k_span() const {  // positions per kv head of the K part (whole key blocks)
+      return gemm ? (span() + kAttnKeyBlock - 1) / kAttnKeyBlock * kAttnKeyBlock : span();
+    }
   };
   std::vector<WideSeq> wide;
-  if (widen_k && widen_v && n_tokens >= 16) {
+  bool any_gemm = false;
+  for (int64_t t = 0; t < n_tokens && !any_gemm; ++t) any_gemm = gemm_row(t);
+  if ((widen_k && widen_v && n_tokens >= 16) || any_gemm) {
     int32_t n_seq = 0;
     for (int64_t t = 0; t < n_tokens; ++t) n_seq = std::max(n_seq, kv.seq[t] + 1);
     wide.resize(static_cast<size_t>(n_seq));
@@ -120,17 +149,18 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
       w.lo = w.rows == 0 ? lo : std::min(w.lo, lo);
       w.hi = w.rows == 0 ? kv.pos[t] : std::max<int64_t>(w.hi, kv.pos[t]);
       ++w.rows;
+      w.gemm = w.gemm || gemm_row(t);
     }
     size_t total = 0;
     std::vector<std::pair<int32_t, int64_t>> jobs;  // (sequence, kv head) to widen
     for (int32_t sq = 0; sq < n_seq; ++sq) {
       WideSeq& w = wide[sq];
-      if (w.rows < 8) {
+      if (!w.gemm && (w.rows < 8 || !(widen_k && widen_v && n_tokens >= 16))) {
         w.hi = w.lo - 1;  // few rows: widening per row costs no more
         continue;
       }
       w.offset = total;
-      total += 2 * static_cast<size_t>(p.n_kv_heads * w.span() * hd);
+      total += static_cast<size_t>(p.n_kv_heads * (w.k_span() + w.span()) * hd);
       for (int64_t h = 0; h < p.n_kv_heads; ++h) jobs.emplace_back(sq, h);
     }
     if (widened_kv_.size() < total) widened_kv_.resize(total);
@@ -138,14 +168,26 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
       for (int64_t j = j0; j < j1; ++j) {
         const auto [sq, h] = jobs[j];
         const WideSeq& w = wide[sq];
-        float* kd = widened_kv_.data() + w.offset + h * w.span() * hd;
-        float* vd = kd + p.n_kv_heads * w.span() * hd;
+        float* kd = widened_kv_.data() + w.offset + h * w.k_span() * hd;
+        float* vd = widened_kv_.data() + w.offset + (p.n_kv_heads * w.k_span() + h * w.span()) * hd;
+        thread_local std::vector<float> key;
+        key.resize(static_cast<size_t>(hd));
         for (int64_t pos = w.lo; pos <= w.hi; ++pos) {
           const int64_t slot = SlotOf(kv, sq, pos);
-          k_.f16_to_f32(reinterpret_cast<const uint16_t*>(k_cache.values(slot, static_cast<int>(h))),
-                        kd + (pos - w.lo) * hd, hd);
-          k_.f16_to_f32(reinterpret_cast<const uint16_t*>(v_cache.values(slot, static_cast<int>(h))),
-                        vd + (pos - w.lo) * hd, hd);
+          const auto* kr =
+              reinterpret_cast<const uint16_t*>(k_cache.values(slot, static_cast<int>(h)));
+          if (w.gemm) {
+            k_.f16_to_f32(kr, key.data(), hd);
+            for (int64_t d = 0; d < hd; ++d) kd[AttnKeyBlockIndex(pos - w.lo, d, hd)] = key[d];
+          } else {
+            k_.f16_to_f32(kr, kd + (pos - w.lo) * hd, hd);
+          }
+          k_.f16_to_f32(
+              reinterpret_cast<const uint16_t*>(v_cache.values(slot, static_cast<int>(h))),
+              vd + (pos - w.lo) * hd, hd);
+        }
+        for (int64_t j = w.span(); j < w.k_span(); ++j) {  // the last block's unused keys
+          for (int64_t d = 0; d < hd; ++d) kd[AttnKeyBlockIndex(j, d, hd)] = 0.f;
         }
       }
     });
@@ -156,22 +198,16 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
   // tinyBLAS (L accumulators), the others like ggml_vec_dot_f32 (4L).
   const cpu::AttnKernels& ak = k_.attn();
   const int64_t lanes = ak.lanes;
-  std::vector<int32_t> seq_rows;
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    if (kv.seq[t] >= static_cast<int32_t>(seq_rows.size())) seq_rows.resize(kv.seq[t] + 1, 0);
-    ++seq_rows[kv.seq[t]];
-  }
-  auto attn_wide = [&](int64_t t) {
-    return kv.row_orders.empty() ? seq_rows[kv.seq[t]] > 1
-                                 : (kv.row_orders[t] & kRowOrderAttnWide) != 0;
-  };
   // A prompt's rows of one sequence go in tiles of up to kTileRows rows close in position (sorted
   // by position, ranges within kTileSlack of the tile's first row): a tile's rows read each block
   // of keys while it is in L1 (ak.dots per row, kKeyBlock keys at a time) and each V segment once
   // for all of them (ak.vsums_rows), where a row alone streams the whole visible K and V from L2
   // or L3. Every (row, head, position) keeps its own range and order: the same bits as row by row.
   // INT8 caches and rows alone in their sequence (decode) go one row per tile.
-  constexpr int kTileRows = 8;
+  // GEMM-order tiles take rows until they hold about 32 query heads (the micro-tiles' reuse of
+  // each key and value read), between 8 and kMaxTileRows rows.
+  constexpr int kTileRows = 8, kMaxTileRows = 32;
+  const int gemm_tile_rows = std::clamp((32 + group - 1) / group, kTileRows, kMaxTileRows);
   constexpr int64_t kTileSlack = 64, kKeyBlock = 32;
   std::vector<int32_t> order(static_cast<size_t>(n_tokens));
   for (int64_t t = 0; t < n_tokens; ++t) order[t] = static_cast<int32_t>(t);
@@ -184,13 +220,15 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
   struct Tile {
     int32_t first = 0, n = 0;  // rows order[first .. first + n)
     int64_t span = 0;          // scores per (row, head): positions a0 .. a1 of the tile
+    bool gemm = false;         // rows in the GEMM order
   };
   std::vector<Tile> tiles;
   int64_t max_scratch = 0;
   for (int32_t i = 0; i < n_tokens;) {
     const int64_t t0 = order[i];
-    Tile tile{i, 1, 0};
-    while (tiled && tile.n < kTileRows && i + tile.n < n_tokens) {
+    Tile tile{i, 1, 0, gemm_row(t0)};
+    const int max_rows = tile.gemm ? gemm_tile_rows : kTileRows;
+    while (tiled && tile.n < max_rows && i + tile.n < n_tokens) {
       const int64_t t = order[i + tile.n];
       if (kv.seq[t] != kv.seq[t0] || attn_wide(t) != attn_wide(t0) ||
           std::abs(kv.pos[t] - kv.pos[t0]) > kTileSlack ||
@@ -242,7 +280,7 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
       const int32_t seq = kv.seq[trow[0]];
       // Row r of the tile: positions [lo[r], hi[r]], its scores at sc(r, g)[pos - a0], the
       // tile's union of positions [lo_min, hi_max].
-      int64_t lo[kTileRows], hi[kTileRows];
+      int64_t lo[kMaxTileRows], hi[kMaxTileRows];
       int64_t a0 = std::numeric_limits<int64_t>::max(), lo_min = a0, hi_max = 0;
       for (int r = 0; r < nr; ++r) {
         lo[r] = first_visible(trow[r]);
@@ -259,7 +297,7 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
       // This tile's sequence widened above: its K and V rows in F32, indexed by position - w.lo.
       const float* wk = nullptr;
       const float* wv = nullptr;
-      if (!wide.empty() && wide[seq].hi >= wide[seq].lo) {
+      if (!wide.empty() && wide[seq].hi >= wide[seq].lo && !wide[seq].gemm) {
         const WideSeq& w = wide[seq];
         wk = widened_kv_.data() + w.offset + (kvh * w.span() + (lo_min - w.lo)) * hd;
         wv = wk + p.n_kv_heads * w.span() * hd;
@@ -279,15 +317,43 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
         row_addresses(cache, seq, kvh, lo_min, hi_max, rows_f16);
         return true;
       };
-      // Pass 1: scores (ak.dots: bit for bit ak.dot per pair), -inf outside [lo, hi].
-      for (int r = 0; r < nr; ++r) {
-        for (int g = g0; g < g1; ++g) {
-          float* sg = sc(r, g);
-          std::fill(sg, sg + (lo[r] - a0), -std::numeric_limits<float>::infinity());
-          std::fill(sg + (hi[r] + 1 - a0), sg + span, -std::numeric_limits<float>::infinity());
+      // Pass 1: scores (ak.dots: bit for bit ak.dot per pair; a GEMM tile: ak.qk_gemm over the
+      // tile's union of positions), -inf outside [lo, hi].
+      auto mask_outside = [&] {
+        for (int r = 0; r < nr; ++r) {
+          for (int g = g0; g < g1; ++g) {
+            float* sg = sc(r, g);
+            std::fill(sg, sg + (lo[r] - a0), -std::numeric_limits<float>::infinity());
+            std::fill(sg + (hi[r] + 1 - a0), sg + span, -std::numeric_limits<float>::infinity());
+          }
         }
+      };
+      const WideSeq* gw = tile.gemm ? &wide[seq] : nullptr;
+      const float* qs[kMaxTileRows * 4];  // GEMM tiles: (row, head) query and output rows
+      float* os[kMaxTileRows * 4];
+      const int n_pairs = nr * (g1 - g0);
+      std::vector<const float*> qs_heap;
+      std::vector<float*> os_heap;
+      const float** qp = qs;
+      float** op = os;
+      if (tile.gemm && n_pairs > kMaxTileRows * 4) {
+        qs_heap.resize(static_cast<size_t>(n_pairs));
+        os_heap.resize(static_cast<size_t>(n_pairs));
+        qp = qs_heap.data();
+        op = os_heap.data();
       }
-      if (k_cache.type == KvDType::kI8) {
+      if (!tile.gemm) mask_outside();
+      if (tile.gemm) {
+        for (int r = 0; r < nr; ++r) {
+          for (int g = g0; g < g1; ++g) {
+            qp[r * (g1 - g0) + g - g0] = q_row(r) + g * hd;
+            op[r * (g1 - g0) + g - g0] = sc(r, g) + (lo_min - a0);
+          }
+        }
+        const float* kt = widened_kv_.data() + gw->offset + kvh * gw->k_span() * hd;
+        ak.qk_gemm(qp, n_pairs, kt, hd, lo_min - gw->lo, hi_max - lo_min + 1, op);
+        mask_outside();
+      } else if (k_cache.type == KvDType::kI8) {
         // INT8 keys are stored rotated: so is the query they are dotted with (tiles of one row).
         const float* qh = q_row(0);
         std::memcpy(rotated_q.data() + g0 * hd, qh + g0 * hd,
@@ -350,6 +416,40 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
       // slice's heads (and the tile's rows; F16 rows widened as they are loaded, or a prompt's
       // once per sequence above); INT8 rows, whose scale folds into the weight, through n_acc
       // rows.
+      if (tile.gemm) {
+        // Each row's sums run over its own positions only, in order: the tile's union of
+        // positions is cut where any row's range starts or ends, and each piece goes to the rows
+        // that cover it (qp: their probabilities, op: their output rows, zeroed first).
+        const float* vbase =
+            widened_kv_.data() + gw->offset + (p.n_kv_heads * gw->k_span() + kvh * gw->span()) * hd;
+        for (int r = 0; r < nr; ++r) {
+          float* o = RowF32(out, trow[r]) + kvh * group * hd + g0 * hd;
+          std::fill(o, o + (g1 - g0) * hd, 0.f);
+        }
+        int64_t cuts[2 * kMaxTileRows];
+        int n_cuts = 0;
+        for (int r = 0; r < nr; ++r) {
+          cuts[n_cuts++] = lo[r];
+          cuts[n_cuts++] = hi[r] + 1;
+        }
+        std::sort(cuts, cuts + n_cuts);
+        n_cuts = static_cast<int>(std::unique(cuts, cuts + n_cuts) - cuts);
+        for (int c = 0; c + 1 < n_cuts; ++c) {
+          const int64_t j0 = cuts[c], j1 = cuts[c + 1];  // positions [j0, j1)
+          int n_active = 0;
+          for (int r = 0; r < nr; ++r) {
+            if (lo[r] > j0 || hi[r] < j1 - 1) continue;
+            float* o = RowF32(out, trow[r]) + kvh * group * hd;
+            for (int g = g0; g < g1; ++g) {
+              qp[n_active] = sc(r, g) + (j0 - a0);
+              op[n_active++] = o + g * hd;
+            }
+          }
+          if (n_active == 0) continue;
+          ak.pv_gemm(qp, n_active, vbase + (j0 - gw->lo) * hd, hd, j1 - j0, hd, op);
+        }
+        continue;
+      }
       if (v_cache.type != KvDType::kI8) {
         const float* pr[kTileRows];
         float* orow[kTileRows];

@@ -194,7 +194,31 @@ struct AttnKernels {
                          const uint16_t* const* v, int64_t base, const int64_t* lo,
                          const int64_t* hi, int n_acc, int64_t cols, float* const* out,
                          int64_t out_stride);
+
+  // ---- The GEMM order: prompt rows over an F16 K/V cache (not ggml's; docs/numerics.md) ----
+  // Every (query, key) score and every (query, column) weighted sum is one chain of FMAs in a
+  // fixed order from +0, whatever the lanes, the tiling or the number of queries: the SIMD
+  // versions give the scalar twins' bits on every CPU, and a row's result depends on its own
+  // range of positions only. The queries share each key and value load (a GEMM micro-tile).
+  //
+  // Scores: out[m][j - first] = chain over d = 0 .. n-1 of fma(q[m][d], key_j[d], s), for
+  // m < n_q and j in [first, first + n_k). Keys are in the blocked transposed layout
+  // (AttnKeyBlockIndex): 16 keys per block, element d of the block's keys contiguous.
+  void (*qk_gemm)(const float* const* q, int n_q, const float* kt, int64_t n, int64_t first,
+                  int64_t n_k, float* const* out);
+  // Weighted sums, onto what acc holds: acc[m][c] = fma(p[m][j], v_j[c], acc[m][c]) for j = 0 ..
+  // n_k-1 in order, c < cols, m < n_q, where v_j = v + j * v_stride. Each position's weight
+  // multiplies its row (a weight of 0 still adds 0 * v: callers pass only positions in range).
+  void (*pv_gemm)(const float* const* p, int n_q, const float* v, int64_t v_stride, int64_t n_k,
+                  int64_t cols, float* const* acc);
 };
+
+// Keys per block of the transposed key layout of AttnKernels::qk_gemm.
+inline constexpr int64_t kAttnKeyBlock = 16;
+// Where element d of key j lives in that layout for head dim n: block j / 16, then d, then j % 16.
+inline int64_t AttnKeyBlockIndex(int64_t j, int64_t d, int64_t n) {
+  return (j / kAttnKeyBlock) * kAttnKeyBlock * n + d * kAttnKeyBlock + j % kAttnKeyBlock;
+}
 
 // AttnKernels::vsums_rows as a loop over the rows with a table's vsums (`VSums`): the scalar
 // twins, and the AVX2 table.

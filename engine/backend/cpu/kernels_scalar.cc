@@ -613,6 +613,29 @@ void AttnVSumsF16Ref(const float* p, int64_t p_stride, int n_q, const uint16_t* 
   AttnVSumsRef<L>(p, p_stride, n_q, vw.data(), lo, hi, n_acc, cols, out, out_stride);
 }
 
+// The GEMM order (AttnKernels::qk_gemm / pv_gemm): one fma chain per output, in order.
+void AttnQkGemmRef(const float* const* q, int n_q, const float* kt, int64_t n, int64_t first,
+                   int64_t n_k, float* const* out) {
+  for (int m = 0; m < n_q; ++m) {
+    for (int64_t j = first; j < first + n_k; ++j) {
+      float s = 0.f;
+      for (int64_t d = 0; d < n; ++d) s = std::fma(q[m][d], kt[AttnKeyBlockIndex(j, d, n)], s);
+      out[m][j - first] = s;
+    }
+  }
+}
+
+void AttnPvGemmRef(const float* const* p, int n_q, const float* v, int64_t v_stride, int64_t n_k,
+                   int64_t cols, float* const* acc) {
+  for (int m = 0; m < n_q; ++m) {
+    for (int64_t c = 0; c < cols; ++c) {
+      float a = acc[m][c];
+      for (int64_t j = 0; j < n_k; ++j) a = std::fma(p[m][j], v[j * v_stride + c], a);
+      acc[m][c] = a;
+    }
+  }
+}
+
 constexpr AttnKernels kScalarAttn8 = {8,
                                       &AttnDotRef<8>,
                                       &AttnExpSumRef<8>,
@@ -623,7 +646,9 @@ constexpr AttnKernels kScalarAttn8 = {8,
                                       &AttnDotsF16Ref<8>,
                                       &AttnVSumsF16Ref<8>,
                                       &AttnVSumsRowByRow<float, &AttnVSumsRef<8>>,
-                                      &AttnVSumsRowByRow<uint16_t, &AttnVSumsF16Ref<8>>};
+                                      &AttnVSumsRowByRow<uint16_t, &AttnVSumsF16Ref<8>>,
+                                      &AttnQkGemmRef,
+                                      &AttnPvGemmRef};
 constexpr AttnKernels kScalarAttn16 = {16,
                                        &AttnDotRef<16>,
                                        &AttnExpSumRef<16>,
@@ -634,7 +659,9 @@ constexpr AttnKernels kScalarAttn16 = {16,
                                        &AttnDotsF16Ref<16>,
                                        &AttnVSumsF16Ref<16>,
                                        &AttnVSumsRowByRow<float, &AttnVSumsRef<16>>,
-                                       &AttnVSumsRowByRow<uint16_t, &AttnVSumsF16Ref<16>>};
+                                       &AttnVSumsRowByRow<uint16_t, &AttnVSumsF16Ref<16>>,
+                                       &AttnQkGemmRef,
+                                       &AttnPvGemmRef};
 const AttnKernels& ScalarAttn() { return kScalarAttn8; }
 
 constexpr Kernels kScalar = {

@@ -925,48 +925,120 @@ TEST_P(CpuBackendTest, AttentionGqaTwoSequencesWindowSoftcap) {
   }
 }
 
-// Prompt batches (>= 16 rows, F16 K/V shared by several query heads) widen each sequence's
-// visible K/V to F32 once instead of per row: the outputs must be bit-identical to running every
-// row on its own (which widens per row), with and without a sliding window, for two sequences in
-// one batch (one with too few rows to be widened). A sequence's rows sum V in tinyBLAS's order
-// when the batch holds two or more of them (ggml_vec_dot_f32's for one), so each row runs
-// together with a copy of itself.
+// Prompt rows over an F16 cache take the GEMM order (every row one chain per score and per
+// output column, docs/numerics.md), in tiles of up to 32 rows that read each key and value once;
+// F32 caches widen F16 rows never, and sum in ggml's order. Either way a row's bits must not
+// depend on the rows it runs with: every row of a 70-row prompt, run in one batch with a second
+// sequence of 5 rows, equals the same row run on its own (with a copy of itself: a sequence's
+// rows sum V in tinyBLAS's order when the batch holds two or more of them), for GQA groups of
+// 4 and 1 and 3 (tiles of 8, 32 and 11 rows), head dims 32, 256 and 80 (SIMD column tails), with
+// and without sliding windows.
 TEST_P(CpuBackendTest, PromptAttentionEqualsRowByRowBitForBit) {
   std::mt19937 rng(21);
-  for (int window : {0, 7}) {
-    SCOPED_TRACE(::testing::Message() << "window " << window);
-    AttentionParams p{8, 2, 32, 1.f / std::sqrt(32.f), window, 0.f};
-    const int64_t kv_dim = int64_t{p.n_kv_heads} * p.head_dim;
-    const int bs = 4, n_blocks = 24;
-    HostKv kc(KvDType::kF16, n_blocks, bs, p.n_kv_heads, p.head_dim);
-    HostKv vc(KvDType::kF16, n_blocks, bs, p.n_kv_heads, p.head_dim);
-    // Sequence 0: a 40-token prompt (blocks 0..9); sequence 1: 5 rows (blocks 10..11).
-    std::vector<int32_t> t0, t1 = {10, 11};
-    for (int b = 0; b < 10; ++b) t0.push_back(b);
-    std::vector<int32_t> pos, seq;
-    for (int i = 0; i < 40; ++i) pos.push_back(i), seq.push_back(0);
-    for (int i = 0; i < 5; ++i) pos.push_back(i), seq.push_back(1);
-    const int64_t n = static_cast<int64_t>(pos.size());
-    KvBatch kv{pos, seq, {t0, t1}, bs};
-    HostTensor k = F32(n, kv_dim, RandomVec(rng, n * kv_dim, 2.f));
-    HostTensor v = F32(n, kv_dim, RandomVec(rng, n * kv_dim));
-    ASSERT_THAT(be_->StoreKv(k.t, v.t, kc.t, vc.t, kv), IsOk());
-    const std::vector<float> qv = RandomVec(rng, n * p.n_heads * p.head_dim, 2.f);
-    HostTensor q = F32(n, int64_t{p.n_heads} * p.head_dim, qv);
-    HostTensor all(DType::kF32, n, q.t.cols);
-    ASSERT_THAT(be_->Attention(q.t, kc.t, vc.t, kv, p, all.t), IsOk());
-    for (int64_t t = 0; t < n; ++t) {
-      std::vector<int32_t> p1 = {pos[t], pos[t]}, s1 = {0, 0};
-      KvBatch one{p1, s1, {seq[t] == 0 ? t0 : t1}, bs};
-      std::vector<float> row(qv.begin() + t * q.t.cols, qv.begin() + (t + 1) * q.t.cols);
-      row.insert(row.end(), row.begin(), row.end());
-      HostTensor q1 = F32(2, q.t.cols, row);
-      HostTensor o1(DType::kF32, 2, q.t.cols);
-      ASSERT_THAT(be_->Attention(q1.t, kc.t, vc.t, one, p, o1.t), IsOk());
-      ASSERT_EQ(std::memcmp(o1.f(), all.f() + t * q.t.cols, q.t.cols * sizeof(float)), 0)
-          << "row " << t;
+  const AttentionParams shapes[] = {{8, 2, 32, 1.f / std::sqrt(32.f), 0, 0.f},
+                                    {4, 1, 256, 1.f / 16.f, 0, 0.f},
+                                    {3, 3, 80, 1.f / std::sqrt(80.f), 0, 0.f}};
+  for (KvDType type : {KvDType::kF16, KvDType::kF32}) {
+    for (const AttentionParams& shape : shapes) {
+      for (int window : {0, 7, 40}) {
+        SCOPED_TRACE(::testing::Message() << KvDTypeName(type) << " hd " << shape.head_dim
+                                          << " heads " << shape.n_heads << "/" << shape.n_kv_heads
+                                          << " window " << window);
+        AttentionParams p = shape;
+        p.window = window;
+        const int64_t kv_dim = int64_t{p.n_kv_heads} * p.head_dim;
+        const int bs = 4, n_blocks = 24;
+        HostKv kc(type, n_blocks, bs, p.n_kv_heads, p.head_dim);
+        HostKv vc(type, n_blocks, bs, p.n_kv_heads, p.head_dim);
+        // Sequence 0: a 70-token prompt (blocks 0..17); sequence 1: 5 rows (blocks 18..19).
+        std::vector<int32_t> t0, t1 = {18, 19};
+        for (int b = 0; b < 18; ++b) t0.push_back(b);
+        std::vector<int32_t> pos, seq;
+        for (int i = 0; i < 70; ++i) pos.push_back(i), seq.push_back(0);
+        for (int i = 0; i < 5; ++i) pos.push_back(i), seq.push_back(1);
+        const int64_t n = static_cast<int64_t>(pos.size());
+        KvBatch kv{pos, seq, {t0, t1}, bs};
+        HostTensor k = F32(n, kv_dim, RandomVec(rng, n * kv_dim, 2.f));
+        HostTensor v = F32(n, kv_dim, RandomVec(rng, n * kv_dim));
+        ASSERT_THAT(be_->StoreKv(k.t, v.t, kc.t, vc.t, kv), IsOk());
+        const std::vector<float> qv = RandomVec(rng, n * p.n_heads * p.head_dim, 2.f);
+        HostTensor q = F32(n, int64_t{p.n_heads} * p.head_dim, qv);
+        HostTensor all(DType::kF32, n, q.t.cols);
+        ASSERT_THAT(be_->Attention(q.t, kc.t, vc.t, kv, p, all.t), IsOk());
+        for (int64_t t = 0; t < n; ++t) {
+          std::vector<int32_t> p1 = {pos[t], pos[t]}, s1 = {0, 0};
+          KvBatch one{p1, s1, {seq[t] == 0 ? t0 : t1}, bs};
+          std::vector<float> row(qv.begin() + t * q.t.cols, qv.begin() + (t + 1) * q.t.cols);
+          row.insert(row.end(), row.begin(), row.end());
+          HostTensor q1 = F32(2, q.t.cols, row);
+          HostTensor o1(DType::kF32, 2, q.t.cols);
+          ASSERT_THAT(be_->Attention(q1.t, kc.t, vc.t, one, p, o1.t), IsOk());
+          ASSERT_EQ(std::memcmp(o1.f(), all.f() + t * q.t.cols, q.t.cols * sizeof(float)), 0)
+              << "row " << t;
+        }
+      }
     }
   }
+}
+
+// The GEMM order changes the order of additions, not what is added: prompt attention over an F16
+// cache stays within a bound of the F32 cache's (ggml's order) on the same F16-representable
+// values. Each of the hd products of a score and the L weighted terms of an output is summed
+// once in F32 in either order, and each order is within (n - 1) * u * sum |terms| of the exact
+// sum (u = 2^-24), so the two differ by at most 2 n u sum |terms|. Weighted sums: the weights add
+// to 1, sum |terms| <= max |v|: 2 L u max |v|. Scores: sum |terms| <= hd max|q| max|k|, times
+// the scale: d = 2 hd^2 u max|q| max|k| scale; a score off by d moves every output by at most
+// (e^2d - 1) max |v| ~ 2 d max |v|. Checked: max |f16 - f32| <= 2 L u max|v| + 4 d max|v|, for
+// Gemma 3 270M's shape at 300 positions.
+TEST(CpuBackendGemmOrderTest, F16PromptAttentionWithinTheSummationBoundOfF32) {
+  std::mt19937 rng(13);
+  const AttentionParams p{4, 1, 256, 1.f / 16.f, 0, 0.f};
+  const int bs = 16, n_pos = 300, n_blocks = 19;
+  std::vector<int32_t> table;
+  for (int b = 0; b < n_blocks; ++b) table.push_back(n_blocks - 1 - b);
+  std::vector<int32_t> pos, seq;
+  for (int i = 0; i < n_pos; ++i) pos.push_back(i), seq.push_back(0);
+  KvBatch kv{pos, seq, {table}, bs};
+  auto f16_exact = [&](int64_t n, float scale) {
+    std::vector<float> v = RandomVec(rng, n, scale);
+    for (float& x : v) x = F16ToF32(F32ToF16(x));
+    return v;
+  };
+  const std::vector<float> kvals = f16_exact(int64_t{n_pos} * p.head_dim, 2.f);
+  const std::vector<float> vvals = f16_exact(int64_t{n_pos} * p.head_dim, 1.f);
+  HostTensor k = F32(n_pos, p.head_dim, kvals), v = F32(n_pos, p.head_dim, vvals);
+  const int64_t cols = int64_t{p.n_heads} * p.head_dim;
+  const std::vector<float> qv = RandomVec(rng, n_pos * cols, 2.f);
+  HostTensor q = F32(n_pos, cols, qv);
+  auto be = CreateCpuBackend({.threads = 2});
+  std::vector<std::vector<float>> outs;
+  for (KvDType dt : {KvDType::kF32, KvDType::kF16}) {
+    HostKv kc(dt, n_blocks, bs, p.n_kv_heads, p.head_dim);
+    HostKv vc(dt, n_blocks, bs, p.n_kv_heads, p.head_dim);
+    ASSERT_THAT(be->StoreKv(k.t, v.t, kc.t, vc.t, kv), IsOk());
+    HostTensor o(DType::kF32, n_pos, cols);
+    ASSERT_THAT(be->Attention(q.t, kc.t, vc.t, kv, p, o.t), IsOk());
+    outs.emplace_back(o.f(), o.f() + o.t.numel());
+  }
+  auto amax = [](const std::vector<float>& x) {
+    float m = 0.f;
+    for (float e : x) m = std::max(m, std::fabs(e));
+    return m;
+  };
+  const double u = std::ldexp(1.0, -24);
+  const double qk = double{amax(qv)} * amax(kvals), vmax = amax(vvals);
+  const double d = 2.0 * p.head_dim * p.head_dim * u * qk * p.scale;
+  const double bound = 2.0 * n_pos * u * vmax + 4.0 * d * vmax;
+  double worst = 0;
+  size_t differ = 0;
+  for (size_t i = 0; i < outs[0].size(); ++i) {
+    const double e = std::fabs(double{outs[0][i]} - outs[1][i]);
+    worst = std::max(worst, e);
+    differ += e != 0;
+  }
+  EXPECT_LE(worst, bound);
+  // The orders do differ (the test would not notice a silent fall back to ggml's order).
+  EXPECT_GT(differ, outs[0].size() / 10);
 }
 
 // Decode of one sequence has fewer (row, KV head) items than threads (one KV head, as in Gemma 3

@@ -1050,6 +1050,109 @@ TEST(AttnKernelsTest, Avx512BatchedEntriesMatchTheScalarOnes) {
   ExpectBatchedAttnKernelsEqual(ScalarAttnKernels(16), *k);
 }
 
+// qk_gemm and pv_gemm (the GEMM order of prompt attention over F16 caches) against the scalar
+// twins, bit for bit: head dims and column counts that leave every SIMD tail (1..300), 1..14
+// queries (whole micro-tiles and every remainder), key ranges that start and end inside a block,
+// position runs past the 64-position step. Key blocks' unused lanes hold NaN: they must not leak
+// into stored scores. pv_gemm over [0, n) must equal pv_gemm over [0, a) then [a, n): each
+// output is one chain in position order, however the positions are cut.
+void ExpectGemmOrderEqual(const AttnKernels& ref, const AttnKernels& simd) {
+  std::mt19937 rng(31);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  auto pick = [&](std::initializer_list<int64_t> xs) {
+    return *(xs.begin() + std::uniform_int_distribution<size_t>(0, xs.size() - 1)(rng));
+  };
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t n = pick({1, 3, 8, 15, 16, 17, 33, 64, 80, 100, 128, 256, 300});
+    const int n_q = std::uniform_int_distribution<int>(1, 14)(rng);
+    const int64_t first = std::uniform_int_distribution<int64_t>(0, 40)(rng);
+    const int64_t n_k = std::uniform_int_distribution<int64_t>(1, 90)(rng);
+    const int64_t blocks = (first + n_k + kAttnKeyBlock - 1) / kAttnKeyBlock;
+    std::vector<float> kt(static_cast<size_t>(blocks * kAttnKeyBlock * n),
+                          std::numeric_limits<float>::quiet_NaN());
+    for (int64_t j = first; j < first + n_k; ++j) {
+      for (int64_t d = 0; d < n; ++d) kt[AttnKeyBlockIndex(j, d, n)] = normal(rng);
+    }
+    std::vector<float> qv(static_cast<size_t>(n_q * n));
+    for (float& x : qv) x = normal(rng);
+    const int64_t out_stride = n_k + 3;
+    std::vector<float> out_r(static_cast<size_t>(n_q * out_stride), -7.f), out_s = out_r;
+    std::vector<const float*> q(n_q);
+    std::vector<float*> orr(n_q), os(n_q);
+    for (int m = 0; m < n_q; ++m) {
+      q[m] = qv.data() + m * n;
+      orr[m] = out_r.data() + m * out_stride;
+      os[m] = out_s.data() + m * out_stride;
+    }
+    ref.qk_gemm(q.data(), n_q, kt.data(), n, first, n_k, orr.data());
+    simd.qk_gemm(q.data(), n_q, kt.data(), n, first, n_k, os.data());
+    const std::string what = "trial " + std::to_string(trial) + " n " + std::to_string(n) +
+                             " n_q " + std::to_string(n_q) + " first " + std::to_string(first) +
+                             " n_k " + std::to_string(n_k);
+    for (int m = 0; m < n_q; ++m) {
+      for (int64_t j = 0; j < n_k; ++j) ASSERT_TRUE(std::isfinite(out_r[m * out_stride + j])) << what;
+      for (int64_t j = n_k; j < out_stride; ++j) ASSERT_EQ(out_s[m * out_stride + j], -7.f) << what;
+    }
+    ASSERT_EQ(std::memcmp(out_r.data(), out_s.data(), out_r.size() * sizeof(float)), 0) << what;
+
+    // pv_gemm: n_q queries' weights over n_k positions, `cols` columns, onto random sums.
+    const int64_t cols = n, v_stride = cols + 5, np = n_k + 70;
+    std::vector<float> pw(static_cast<size_t>(n_q * np)), vv(static_cast<size_t>(np * v_stride));
+    for (float& x : pw) x = std::fabs(normal(rng));
+    for (float& x : vv) x = normal(rng);
+    std::vector<float> acc_r(static_cast<size_t>(n_q * (cols + 2)));
+    for (float& x : acc_r) x = normal(rng);
+    std::vector<float> acc_s = acc_r, acc_split = acc_r;
+    std::vector<const float*> pp(n_q);
+    std::vector<float*> ar(n_q), as(n_q), asp(n_q);
+    for (int m = 0; m < n_q; ++m) {
+      pp[m] = pw.data() + m * np;
+      ar[m] = acc_r.data() + m * (cols + 2);
+      as[m] = acc_s.data() + m * (cols + 2);
+      asp[m] = acc_split.data() + m * (cols + 2);
+    }
+    ref.pv_gemm(pp.data(), n_q, vv.data(), v_stride, np, cols, ar.data());
+    simd.pv_gemm(pp.data(), n_q, vv.data(), v_stride, np, cols, as.data());
+    ASSERT_EQ(std::memcmp(acc_r.data(), acc_s.data(), acc_r.size() * sizeof(float)), 0) << what;
+    const int64_t cut = std::uniform_int_distribution<int64_t>(1, np - 1)(rng);
+    simd.pv_gemm(pp.data(), n_q, vv.data(), v_stride, cut, cols, asp.data());
+    for (int m = 0; m < n_q; ++m) pp[m] += cut;
+    simd.pv_gemm(pp.data(), n_q, vv.data() + cut * v_stride, v_stride, np - cut, cols, asp.data());
+    ASSERT_EQ(std::memcmp(acc_r.data(), acc_split.data(), acc_r.size() * sizeof(float)), 0)
+        << what << " cut " << cut;
+  }
+}
+
+TEST(AttnKernelsTest, ScalarGemmOrderIsOneChainPerOutput) {
+  // The twins against the definition written out: a score is the FMA chain over d from +0.
+  const AttnKernels& k = ScalarAttnKernels(16);
+  const int64_t n = 5;
+  std::vector<float> kt(static_cast<size_t>(kAttnKeyBlock * n), 0.f);
+  const float qv[n] = {1.f, 1e8f, 1.f, -1e8f, 0.5f};
+  const float key[n] = {1.f, 1.f, 3.f, 1.f, 2.f};
+  for (int64_t d = 0; d < n; ++d) kt[AttnKeyBlockIndex(2, d, n)] = key[d];
+  const float* q[1] = {qv};
+  float s = -1.f;
+  float* out[1] = {&s};
+  k.qk_gemm(q, 1, kt.data(), n, 2, 1, out);
+  // In order: 1, 1e8 + 1 -> 1e8, +3 -> 1e8 (lost), -1e8 -> 0, +1 -> 1.
+  EXPECT_EQ(s, 1.f);
+  ExpectGemmOrderEqual(ScalarAttnKernels(8), ScalarAttnKernels(16));
+}
+
+TEST(AttnKernelsTest, Avx2GemmOrderMatchesTheScalarOne) {
+  if (Avx2Kernels() == nullptr || &SelectKernels(false) != Avx2Kernels()) {
+    GTEST_SKIP() << "AVX2 kernels not available on this build/CPU";
+  }
+  ExpectGemmOrderEqual(ScalarAttnKernels(8), Avx2AttnKernels());
+}
+
+TEST(AttnKernelsTest, Avx512GemmOrderMatchesTheScalarOne) {
+  const AttnKernels* k = Avx512AttnKernels();
+  if (k == nullptr) GTEST_SKIP() << "no AVX512F + AVX512DQ on this CPU";
+  ExpectGemmOrderEqual(ScalarAttnKernels(16), *k);
+}
+
 TEST(AttnKernelsTest, Avx2MatchesTheScalarEightLaneOrder) {
   if (Avx2Kernels() == nullptr || &SelectKernels(false) != Avx2Kernels()) {
     GTEST_SKIP() << "AVX2 kernels not available on this build/CPU";
