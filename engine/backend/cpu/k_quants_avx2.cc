@@ -833,6 +833,8 @@ void GemmQ2KRepackDispatch(int64_t k, const void* w, size_t w_stride, int nr, co
 
 GemmTileFn Q3KTileAvx2Only() { return &TileTable<Q3KTile>::Gemm; }
 GemmTileFn Q4KRepackGemvTileAvx2Only() { return &TileTable<Q4KRepackGemvTile>::Gemm; }
+GemmTileFn Q4KRepackGemmTileAvx2Only() { return &TileTable<Q4KRepackGemmTile>::Gemm; }
+GemmTileFn Q6KWideTileAvx2Only() { return &TileTable<Q6KWideTile>::Gemm; }
 GemmTileFn Q6KTileAvx2Only() { return &TileTable<Q6KTile>::Gemm; }
 
 namespace avx2 {
@@ -878,11 +880,15 @@ void GemmQ5_KWide(int64_t k, const void* w, size_t w_stride, int nr, const void*
 
 void GemmQ6_KWide(int64_t k, const void* w, size_t w_stride, int nr, const void* x, size_t x_stride,
                   int nc, float* y, int64_t y_stride) {
+  static const GemmTileFn zmm = ZmmKQuantTilesIfSupported().q6_k_wide;
+  if (zmm != nullptr) return zmm(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
   TileTable<Q6KWideTile>::Gemm(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
 }
 
 void GemmQ4KRepackGemm(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                        size_t x_stride, int nc, float* y, int64_t y_stride) {
+  static const GemmTileFn zmm = ZmmKQuantTilesIfSupported().q4_k_repack_gemm;
+  if (zmm != nullptr) return zmm(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
   TileTable<Q4KRepackGemmTile>::Gemm(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
 }
 
@@ -910,6 +916,8 @@ void GemmQ2KRepackGemv(int64_t k, const void* w, size_t w_stride, int nr, const 
 namespace pd::engine::cpu {
 GemmTileFn Q3KTileAvx2Only() { return nullptr; }
 GemmTileFn Q4KRepackGemvTileAvx2Only() { return nullptr; }
+GemmTileFn Q4KRepackGemmTileAvx2Only() { return nullptr; }
+GemmTileFn Q6KWideTileAvx2Only() { return nullptr; }
 GemmTileFn Q6KTileAvx2Only() { return nullptr; }
 }  // namespace pd::engine::cpu
 

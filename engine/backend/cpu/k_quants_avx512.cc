@@ -341,6 +341,18 @@ PD_ZMM_INLINE void PrefetchNextTileZmm(const void* block, size_t ws) {
   }
 }
 
+// Q4_K scales and mins (k_quants_avx2.cc DecodeScalesK4): sc_0..7 and m_0..7 as 8 bytes each
+// (byte v = sub-block v).
+PD_ZMM_INLINE void DecodeScalesK4Zmm(const uint8_t* scales, uint64_t* sc8, uint64_t* m8) {
+  uint32_t a[3];
+  std::memcpy(a, scales, 12);
+  const uint32_t sc03 = a[0] & 0x3f3f3f3fu, m03 = a[1] & 0x3f3f3f3fu;
+  const uint32_t sc47 = (a[2] & 0x0f0f0f0fu) | ((a[0] >> 2) & 0x30303030u);
+  const uint32_t m47 = ((a[2] >> 4) & 0x0f0f0f0fu) | ((a[1] >> 2) & 0x30303030u);
+  *sc8 = sc03 | uint64_t{sc47} << 32;
+  *m8 = m03 | uint64_t{m47} << 32;
+}
+
 // Q4_K in llama.cpp's repacked GEMV order (TileQ4KRepackGemv: per super-block and pair one FMA
 // of the exact scaled dot with d_w * d_x and one of the mins with dmin_w * d_x, four weight rows
 // in the lanes of one 4-lane vector; y = acc - macc). ZMM p holds the low nibbles of qs[32p ..
@@ -372,13 +384,8 @@ void TileQ4KRepackGemvZmm(int64_t k, const char* w, size_t ws, const char* x, si
     PD_ZMM_UNROLL for (int r = 0; r < R; ++r) {
       const BlockQ4_K* wb = reinterpret_cast<const BlockQ4_K*>(w + r * ws) + b;
       PrefetchNextTileZmm<R, sizeof(BlockQ4_K)>(wb, ws);
-      // Scales and mins (k_quants_avx2.cc DecodeScalesK4): sc_0..7 and m_0..7 as 8 bytes each.
-      uint32_t a[3];
-      std::memcpy(a, wb->scales, 12);
-      const uint32_t sc03 = a[0] & 0x3f3f3f3fu, m03 = a[1] & 0x3f3f3f3fu;
-      const uint32_t sc47 = (a[2] & 0x0f0f0f0fu) | ((a[0] >> 2) & 0x30303030u);
-      const uint32_t m47 = ((a[2] >> 4) & 0x0f0f0f0fu) | ((a[1] >> 2) & 0x30303030u);
-      const uint64_t sc8 = sc03 | uint64_t{sc47} << 32, m8 = m03 | uint64_t{m47} << 32;
+      uint64_t sc8, m8;
+      DecodeScalesK4Zmm(wb->scales, &sc8, &m8);
       const __m512i scz = _mm512_set1_epi64(static_cast<int64_t>(sc8));
       const __m128i m8x = _mm_cvtsi64_si128(static_cast<int64_t>(m8));
       _mm256_store_si256(reinterpret_cast<__m256i*>(mdup[r]),
@@ -425,6 +432,145 @@ void TileQ4KRepackGemvZmm(int64_t k, const char* w, size_t ws, const char* x, si
   }
 }
 
+// ---- Q4_K in llama.cpp's repacked GEMM order: prompt rows ------------------------------------
+//
+// The order (TileQ4KRepackGemm, DotQ4_KRepack<1>): per super-block and pair p of sub-blocks the
+// exact integer sums isum_p = sc_2p (codes . x) + sc_2p+1 (codes . x) and imin_p = m_2p bb_2p +
+// m_2p+1 bb_2p+1 (bb_v = bsums 2v + 2v+1), then acc = fma(isum_p, d_w d_x, acc) and macc =
+// fma(imin_p, dmin_w d_x, macc) for p = 0..3; y = acc - macc. The AVX2 tile needs one integer
+// lane sum per (row, column, pair), which costs as much as its arithmetic. Here the four weight
+// rows of the tile sit in the four 128-bit lanes of a ZMM (16 codes of one row each) and one
+// column's 16 matching activations are broadcast to all four, so one VPDPBUSD does 16 weights x 4
+// rows, and the lane sums of the four rows are shared: per column and pair, two VPDPBUSD per
+// sub-block (int32 lanes of 8 products, |lane| <= 8 x 15 x 128 < 2^15), one VPDPWSSD per
+// sub-block with (sc, 0) as int16 pairs (the lane's low half is its value), and after four pairs
+// one in-lane transpose-add gives lane 4r + p = isum_p of row r. The mins come from one VPMADDWD
+// of (m_2p, m_2p+1) per row against (bb_2p, bb_2p+1). Integer sums are exact, and the F32 steps
+// are the tile's (d_w d_x as an F32 product, four FMAs per block in pair order), so the results
+// are its bits (tests/engine/backend/k_quant_kernels_test.cc). Rows past R repeat row R - 1.
+
+// pshufb indices (the same in every 128-bit lane) that put sub-block v's scale byte (byte v of
+// the lane's low 8 bytes) in the low byte of each int32 lane and zero the rest.
+struct Q4KGemmScaleIdx {
+  alignas(64) uint8_t idx[8][64];
+};
+constexpr Q4KGemmScaleIdx MakeQ4KGemmScaleIdx() {
+  Q4KGemmScaleIdx t{};
+  for (int v = 0; v < 8; ++v) {
+    for (int i = 0; i < 64; ++i) t.idx[v][i] = i % 4 == 0 ? static_cast<uint8_t>(v) : 0x80;
+  }
+  return t;
+}
+constexpr Q4KGemmScaleIdx kQ4KGemmScaleIdx = MakeQ4KGemmScaleIdx();
+
+template <int R, int C>
+void TileQ4KRepackGemmZmm(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y,
+                          int64_t ys) {
+  static_assert(R <= 4, "one 128-bit lane per weight row");
+  const int64_t nb = k / kQK;
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i d_idx = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
+  const __m512i dmin_idx = _mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7);
+  // Lane 4r of acc[c] / macc[c]: row r's accumulators for column c (the other lanes are unused).
+  __m512 acc[C], macc[C];
+  PD_ZMM_UNROLL for (int c = 0; c < C; ++c) acc[c] = macc[c] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ4_K* wb[4];
+    uint64_t sc8[4], m8[4];
+    __m128i ddm = _mm_setzero_si128();  // (d, dmin) f16 pairs of the four rows
+    PD_ZMM_UNROLL for (int r = 0; r < 4; ++r) {
+      wb[r] = reinterpret_cast<const BlockQ4_K*>(w + (r < R ? r : R - 1) * ws) + b;
+      if (r < R) PrefetchNextTileZmm<R, sizeof(BlockQ4_K)>(wb[r], ws);
+      DecodeScalesK4Zmm(wb[r]->scales, &sc8[r], &m8[r]);
+      uint32_t ddm_r;
+      std::memcpy(&ddm_r, &wb[r]->d, 4);  // d, then dmin
+      ddm = _mm_mask_set1_epi32(ddm, static_cast<__mmask8>(1u << r), static_cast<int>(ddm_r));
+    }
+    const __m512i scq =
+        _mm512_set_epi64(0, static_cast<int64_t>(sc8[3]), 0, static_cast<int64_t>(sc8[2]), 0,
+                         static_cast<int64_t>(sc8[1]), 0, static_cast<int64_t>(sc8[0]));
+    // Lane 4r + p: row r's (m_2p, m_2p+1) as int16.
+    const __m512i mq = _mm512_cvtepu8_epi16(
+        _mm256_set_epi64x(static_cast<int64_t>(m8[3]), static_cast<int64_t>(m8[2]),
+                          static_cast<int64_t>(m8[1]), static_cast<int64_t>(m8[0])));
+    const __m512 ddmf = _mm512_castps256_ps512(_mm256_cvtph_ps(ddm));
+    const __m512 dw = _mm512_permutexvar_ps(d_idx, ddmf);
+    const __m512 dminw = _mm512_permutexvar_ps(dmin_idx, ddmf);
+    // 16 code bytes at `off` of each row's qs, row r in lane r.
+    auto quad = [&](int off) __attribute__((always_inline)) {
+      __m512i v = _mm512_castsi128_si512(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[0]->qs + off)));
+      v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[1]->qs + off)),
+                             1);
+      v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[2]->qs + off)),
+                             2);
+      return _mm512_inserti32x4(
+          v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[3]->qs + off)), 3);
+    };
+    auto bcast = [](const int8_t* p) __attribute__((always_inline)) {
+      return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    };
+    const BlockQ8_K* xb[C];
+    PD_ZMM_UNROLL for (int c = 0; c < C; ++c) {
+      xb[c] = reinterpret_cast<const BlockQ8_K*>(x + c * xs) + b;
+    }
+    // half[c]: pair 2q's sums until pair 2q + 1 joins them; red[c]: the transpose-add so far.
+    __m512i half[C], red[C];
+    PD_ZMM_UNROLL for (int p = 0; p < 4; ++p) {
+      // qs[32p .. 32p + 31]: low nibbles are sub-block 2p, high nibbles sub-block 2p + 1.
+      const __m512i raw0 = quad(32 * p), raw1 = quad(32 * p + 16);
+      const __m512i lo0 = _mm512_and_si512(raw0, m4), lo1 = _mm512_and_si512(raw1, m4);
+      const __m512i hi0 = _mm512_and_si512(_mm512_srli_epi16(raw0, 4), m4);
+      const __m512i hi1 = _mm512_and_si512(_mm512_srli_epi16(raw1, 4), m4);
+      const __m512i sc_lo = _mm512_shuffle_epi8(
+          scq, _mm512_load_si512(reinterpret_cast<const void*>(kQ4KGemmScaleIdx.idx[2 * p])));
+      const __m512i sc_hi = _mm512_shuffle_epi8(
+          scq, _mm512_load_si512(reinterpret_cast<const void*>(kQ4KGemmScaleIdx.idx[2 * p + 1])));
+      PD_ZMM_UNROLL for (int c = 0; c < C; ++c) {
+        const int8_t* xp = xb[c]->qs + 64 * p;
+        __m512i t0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo0, bcast(xp));
+        t0 = _mm512_dpbusd_epi32(t0, lo1, bcast(xp + 16));
+        __m512i t1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi0, bcast(xp + 32));
+        t1 = _mm512_dpbusd_epi32(t1, hi1, bcast(xp + 48));
+        const __m512i s =
+            _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_setzero_si512(), t0, sc_lo), t1, sc_hi);
+        if (p % 2 == 0) {
+          half[c] = s;
+        } else {
+          // Per lane r: [a0 + a2, b0 + b2, a1 + a3, b1 + b3] of pairs a = p - 1, b = p.
+          const __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(half[c], s),
+                                              _mm512_unpackhi_epi32(half[c], s));
+          red[c] = p == 1 ? ab
+                          : _mm512_add_epi32(_mm512_unpacklo_epi64(red[c], ab),
+                                             _mm512_unpackhi_epi64(red[c], ab));
+        }
+      }
+    }
+    PD_ZMM_UNROLL for (int c = 0; c < C; ++c) {
+      const __m512 vf = _mm512_cvtepi32_ps(red[c]);  // lane 4r + p: isum_p of row r
+      const __m128i bb =
+          _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb[c]->bsums)),
+                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb[c]->bsums + 8)));
+      const __m512 mf = _mm512_cvtepi32_ps(_mm512_madd_epi16(mq, _mm512_broadcast_i32x4(bb)));
+      const __m512 dx = _mm512_set1_ps(xb[c]->d);
+      const __m512 d = _mm512_mul_ps(dw, dx), dmin = _mm512_mul_ps(dminw, dx);
+      acc[c] = _mm512_fmadd_ps(vf, d, acc[c]);
+      acc[c] = _mm512_fmadd_ps(_mm512_permute_ps(vf, 1), d, acc[c]);
+      acc[c] = _mm512_fmadd_ps(_mm512_permute_ps(vf, 2), d, acc[c]);
+      acc[c] = _mm512_fmadd_ps(_mm512_permute_ps(vf, 3), d, acc[c]);
+      macc[c] = _mm512_fmadd_ps(mf, dmin, macc[c]);
+      macc[c] = _mm512_fmadd_ps(_mm512_permute_ps(mf, 1), dmin, macc[c]);
+      macc[c] = _mm512_fmadd_ps(_mm512_permute_ps(mf, 2), dmin, macc[c]);
+      macc[c] = _mm512_fmadd_ps(_mm512_permute_ps(mf, 3), dmin, macc[c]);
+    }
+  }
+  PD_ZMM_UNROLL for (int c = 0; c < C; ++c) {
+    alignas(64) float out[16];
+    _mm512_store_ps(out, _mm512_sub_ps(acc[c], macc[c]));
+    for (int r = 0; r < R; ++r) y[c * ys + r] = out[4 * r];
+  }
+}
+
 // Q6_K in gemm[kQ6_K]'s order (TileQ6_K: codes u = low4 | high2 << 4, offsets 32 sc bsum, 8 int32
 // lanes per block, one 8-lane FMA per block with d_w * d_x, the HSum lane sum at the end). ZMM p
 // holds code vectors 2p and 2p + 1 (activations 64p .. 64p + 63): for half h = p / 2, the low
@@ -432,7 +578,10 @@ void TileQ4KRepackGemvZmm(int64_t k, const char* w, size_t ws, const char* x, si
 // shifted into bits 4-5 by per-256-bit amounts. Adding its two 256-bit halves gives the AVX2
 // tile's lane j (bytes 4j .. 4j + 3 of every code vector) exactly. Per weight row and block: 14
 // ops to unpack, 4 scale permutes; per pair 8, plus 7 for the offsets and the FMA.
-template <int R, int C>
+// kWide: llama.cpp's tiled order (TileQ6_K<.., true>, prompts of 8+ rows): the block's exact
+// total t (the eight lanes summed), then acc = fma(float(t) * d_w, d_x, acc); four columns' totals
+// share one lane-sum transpose and one 4-lane FMA (lane c = column c).
+template <int R, int C, bool kWide>
 void TileQ6KZmm(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y,
                 int64_t ys) {
   const int64_t nb = k / kQK;
@@ -440,13 +589,17 @@ void TileQ6KZmm(int64_t k, const char* w, size_t ws, const char* x, size_t xs, f
   const __m512i shl_even = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2);  // code vectors 4h, 4h + 1
   const __m512i shr_odd = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);   // 4h + 2, 4h + 3
   __m256 acc[R][C];
+  __m128 wacc[R];  // kWide: lane c = column c
   PD_ZMM_UNROLL for (int r = 0; r < R; ++r) {
+    wacc[r] = _mm_setzero_ps();
     PD_ZMM_UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   }
   for (int64_t b = 0; b < nb; ++b) {
     const BlockQ8_K* xb[C];
+    alignas(16) float dx[4] = {};
     PD_ZMM_UNROLL for (int c = 0; c < C; ++c) {
       xb[c] = reinterpret_cast<const BlockQ8_K*>(x + c * xs) + b;
+      dx[c] = xb[c]->d;
     }
     PD_ZMM_UNROLL for (int r = 0; r < R; ++r) {
       const BlockQ6_K* wb = reinterpret_cast<const BlockQ6_K*>(w + r * ws) + b;
@@ -473,21 +626,39 @@ void TileQ6KZmm(int64_t k, const char* w, size_t ws, const char* x, size_t xs, f
           }
         }
       }
+      __m256i totals[4] = {};
       PD_ZMM_UNROLL for (int c = 0; c < C; ++c) {
         const __m256i lanes = _mm256_add_epi32(_mm512_castsi512_si256(isum[c]),
                                                _mm512_extracti64x4_epi64(isum[c], 1));
         const __m256i offs = _mm256_madd_epi16(
             sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb[c]->bsums)));
         const __m256i total = _mm256_sub_epi32(lanes, _mm256_slli_epi32(offs, 5));
-        // TileQ6_K's BlockScale and AccumulateBlock: f32(d_w) * d_x, then one FMA per lane.
-        const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi16(static_cast<int16_t>(wb->d))),
-                                       _mm256_set1_ps(xb[c]->d));
-        acc[r][c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(total), acc[r][c]);
+        if constexpr (kWide) {
+          totals[c] = total;
+        } else {
+          // TileQ6_K's BlockScale and AccumulateBlock: f32(d_w) * d_x, then one FMA per lane.
+          const __m256 d =
+              _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi16(static_cast<int16_t>(wb->d))),
+                            _mm256_set1_ps(xb[c]->d));
+          acc[r][c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(total), acc[r][c]);
+        }
+      }
+      if constexpr (kWide) {
+        const __m128i t = HSum4Zmm(totals[0], totals[1], totals[2], totals[3]);
+        const __m128 res = _mm_mul_ps(_mm_cvtepi32_ps(t),
+                                      _mm_cvtph_ps(_mm_set1_epi16(static_cast<int16_t>(wb->d))));
+        wacc[r] = _mm_fmadd_ps(res, _mm_load_ps(dx), wacc[r]);
       }
     }
   }
   PD_ZMM_UNROLL for (int r = 0; r < R; ++r) {
-    PD_ZMM_UNROLL for (int c = 0; c < C; ++c) y[c * ys + r] = HSumF32Zmm(acc[r][c]);
+    if constexpr (kWide) {
+      alignas(16) float out[4];
+      _mm_store_ps(out, wacc[r]);
+      PD_ZMM_UNROLL for (int c = 0; c < C; ++c) y[c * ys + r] = out[c];
+    } else {
+      PD_ZMM_UNROLL for (int c = 0; c < C; ++c) y[c * ys + r] = HSumF32Zmm(acc[r][c]);
+    }
   }
 }
 
@@ -543,8 +714,16 @@ struct Q4KRepackGemvZmm {
   static constexpr TileImplZmm Fn = &TileQ4KRepackGemvZmm<R, C>;
 };
 template <int R, int C>
+struct Q4KRepackGemmZmm {
+  static constexpr TileImplZmm Fn = &TileQ4KRepackGemmZmm<R, C>;
+};
+template <int R, int C>
 struct Q6KZmm {
-  static constexpr TileImplZmm Fn = &TileQ6KZmm<R, C>;
+  static constexpr TileImplZmm Fn = &TileQ6KZmm<R, C, false>;
+};
+template <int R, int C>
+struct Q6KWideZmm {
+  static constexpr TileImplZmm Fn = &TileQ6KZmm<R, C, true>;
 };
 
 // The 256-bit VNNI tiles' conditions (AVX512F + VL + VNNI, ZMM state enabled by the OS,
@@ -556,8 +735,13 @@ bool CpuHasZmmKQuants() { return Q8_0TileVnni() != nullptr && __builtin_cpu_supp
 ZmmKQuantTiles ZmmKQuantTilesIfSupported() {
   static const bool ok = CpuHasZmmKQuants();
   if (!ok) return {};
-  return {&Q2KRepackTable<2>::Gemm, &Q2KRepackTable<1>::Gemm, &GemmQ3KZmm,
-          &ZmmTable<Q4KRepackGemvZmm>::Gemm, &ZmmTable<Q6KZmm>::Gemm};
+  return {&Q2KRepackTable<2>::Gemm,
+          &Q2KRepackTable<1>::Gemm,
+          &GemmQ3KZmm,
+          &ZmmTable<Q4KRepackGemvZmm>::Gemm,
+          &ZmmTable<Q6KZmm>::Gemm,
+          &ZmmTable<Q4KRepackGemmZmm>::Gemm,
+          &ZmmTable<Q6KWideZmm>::Gemm};
 }
 
 }  // namespace pd::engine::cpu

@@ -75,12 +75,18 @@ struct ZmmKQuantTiles {
   GemmTileFn q3_k = nullptr;  // gemm[kQ3_K]
   GemmTileFn q4_k_repack_gemv = nullptr;
   GemmTileFn q6_k = nullptr;  // gemm[kQ6_K]
+  // Prompt rows: the tile's four weight rows in the 128-bit lanes of one ZMM, each column's
+  // activations broadcast, so the integer lane sums of a pair of sub-blocks are shared by rows.
+  GemmTileFn q4_k_repack_gemm = nullptr;
+  GemmTileFn q6_k_wide = nullptr;  // gemm_wide[kQ6_K]
 };
 ZmmKQuantTiles ZmmKQuantTilesIfSupported();
 // The AVX2 tiles that ZmmKQuantTiles' q3_k, q4_k_repack_gemv and q6_k stand in for (without the
 // 512-bit dispatch), so that tests can compare them bit for bit. Only call where AVX2 runs.
 GemmTileFn Q3KTileAvx2Only();
 GemmTileFn Q4KRepackGemvTileAvx2Only();
+GemmTileFn Q4KRepackGemmTileAvx2Only();
+GemmTileFn Q6KWideTileAvx2Only();
 GemmTileFn Q6KTileAvx2Only();
 GemmTileFn Q8_0TileVnni();
 GemmTileFn Q5_0TileVnni();

@@ -304,14 +304,16 @@ TEST_F(KQuantKernelsTest, ZmmQ3KTilesGiveTheAvx2TilesBits) {
   }
 }
 
-// The 512-bit Q4_K repacked-GEMV and Q6_K tiles (several decode rows per weight unpacking) give
+// The 512-bit Q4_K repacked-GEMV and Q6_K tiles (several decode rows per weight unpacking) and
+// the Q4_K repacked-GEMM and Q6_K tiled-order tiles (prompt rows) give
 // the AVX2 tiles' bits on every tile shape: random blocks over the whole range of codes, scale
 // bytes and super-scales, and blocks filled with extreme codes and scale bytes against
 // activations at -128 / 127 (the int16 products and int32 sums at their limits). Through the AVX2
 // table, which dispatches to them, they are also held to the scalar references below.
-TEST_F(KQuantKernelsTest, ZmmQ4KGemvAndQ6KTilesGiveTheAvx2TilesBits) {
+TEST_F(KQuantKernelsTest, ZmmQ4KAndQ6KTilesGiveTheAvx2TilesBits) {
   const ZmmKQuantTiles zmm = ZmmKQuantTilesIfSupported();
-  if (zmm.q4_k_repack_gemv == nullptr || zmm.q6_k == nullptr) {
+  if (zmm.q4_k_repack_gemv == nullptr || zmm.q6_k == nullptr || zmm.q4_k_repack_gemm == nullptr ||
+      zmm.q6_k_wide == nullptr) {
     GTEST_SKIP() << "no AVX512F/BW/VL/VNNI (or PDSERVE_CPU_NO_VNNI set)";
   }
   struct Variant {
@@ -321,10 +323,30 @@ TEST_F(KQuantKernelsTest, ZmmQ4KGemvAndQ6KTilesGiveTheAvx2TilesBits) {
     int scale_lo, scale_hi;  // sub-block scale bytes of a block
   };
   const Variant variants[] = {
-      {"q4_K repacked gemv zmm vs avx2", {DType::kQ4_K, GemmType::kQ4_K, DType::kQ8_K},
-       Q4KRepackGemvTileAvx2Only(), zmm.q4_k_repack_gemv, 4, 16},
-      {"q6_K zmm vs avx2", {DType::kQ6_K, GemmType::kQ6_K, DType::kQ8_K}, Q6KTileAvx2Only(),
-       zmm.q6_k, 192, 208},
+      {"q4_K repacked gemv zmm vs avx2",
+       {DType::kQ4_K, GemmType::kQ4_K, DType::kQ8_K},
+       Q4KRepackGemvTileAvx2Only(),
+       zmm.q4_k_repack_gemv,
+       4,
+       16},
+      {"q4_K repacked gemm zmm vs avx2",
+       {DType::kQ4_K, GemmType::kQ4_K, DType::kQ8_K},
+       Q4KRepackGemmTileAvx2Only(),
+       zmm.q4_k_repack_gemm,
+       4,
+       16},
+      {"q6_K tiled zmm vs avx2",
+       {DType::kQ6_K, GemmType::kQ6_K, DType::kQ8_K},
+       Q6KWideTileAvx2Only(),
+       zmm.q6_k_wide,
+       192,
+       208},
+      {"q6_K zmm vs avx2",
+       {DType::kQ6_K, GemmType::kQ6_K, DType::kQ8_K},
+       Q6KTileAvx2Only(),
+       zmm.q6_k,
+       192,
+       208},
   };
   for (const Variant& v : variants) {
     ASSERT_NE(v.avx2, nullptr) << v.name;
