@@ -20,7 +20,10 @@ attention off and on for each row; pdserve runs as shipped. Medians over --reps 
 (llama-batched-bench measures once per call, so it is called --reps times).
 
 --isa avx2 caps pdserve's kernels (PDSERVE_CPU_ISA=avx2) to report the path a machine without
-AVX-512 takes; llama.cpp stays CPU-native (its best), so the ratio is then a lower bound.
+AVX-512 takes. llama.cpp then runs as on such a machine too: its tools built for AVX2 only
+(build_tools.sh with LLAMA_ISA=avx2, the flags pip's -march=native build gets on a CPU without
+AVX-512). --llama-isa native keeps llama.cpp CPU-native instead, which makes the ratio a lower
+bound (pdserve without AVX-512 against llama.cpp with it).
 
   .venv/bin/python bench/cpu_vs_llamacpp/vs_tools.py --build-dir build
   .venv/bin/python bench/cpu_vs_llamacpp/vs_tools.py --build-dir build --pp 512,4096,16384 \\
@@ -50,9 +53,9 @@ def run(cmd: list[str], env: dict | None = None, timeout: float = 3600) -> str:
     return p.stdout
 
 
-def tools_dir() -> Path:
+def tools_dir(isa: str) -> Path:
     out = run(["bash", str(ROOT / "bench" / "llamacpp" / "build_tools.sh"), "llama-bench",
-               "llama-batched-bench"])
+               "llama-batched-bench"], env={**os.environ, "LLAMA_ISA": isa})
     return Path(out.strip().splitlines()[-1])
 
 
@@ -99,6 +102,9 @@ def main() -> None:
     ap.add_argument("--npp", type=int, default=128, help="prompt tokens per decoding sequence")
     ap.add_argument("--ntg", type=int, default=128, help="decode steps")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--llama-isa", choices=["native", "avx2"], default=None,
+                    help="llama.cpp's build: CPU-native, or AVX2 only (default: avx2 with "
+                         "--isa avx2, else native)")
     ap.add_argument("--isa", choices=["avx512", "avx2"], default=None,
                     help="cap pdserve's kernels (PDSERVE_CPU_ISA); llama.cpp stays native")
     ap.add_argument("--skip", choices=["prefill", "decode"], action="append", default=[])
@@ -116,7 +122,8 @@ def main() -> None:
     env = dict(os.environ)
     if args.isa:
         env["PDSERVE_CPU_ISA"] = args.isa
-    tools = tools_dir()
+    llama_isa = args.llama_isa or ("avx2" if args.isa == "avx2" else "native")
+    tools = tools_dir(llama_isa)
     per_token, _ = weight_bytes_per_token(args.model)
 
     def idle() -> None:
@@ -124,7 +131,7 @@ def main() -> None:
             wait_for_idle(args.wait_idle)
 
     med = statistics.median
-    raw: dict = {"model": str(args.model), "isa": args.isa or "native",
+    raw: dict = {"model": str(args.model), "isa": args.isa or "native", "llama_isa": llama_isa,
                  "load_before": load_av(), "prefill": [], "decode": [], "bandwidth": {}}
     kernels = "?"
     for t in threads:
@@ -172,7 +179,8 @@ def main() -> None:
         cands = [(med(row[k]), k[-1]) for k in ("llama_fa0", "llama_fa1") if row[k]]
         return max(cands)
 
-    print(f"model {args.model.name}; pdserve kernels: {kernels}; llama.cpp: CPU-native build; "
+    print(f"model {args.model.name}; pdserve kernels: {kernels}; llama.cpp: "
+          f"{'CPU-native' if llama_isa == 'native' else 'AVX2-only'} build; "
           f"KV f16 for both; medians of {args.reps}")
     if raw["prefill"]:
         print("\n| prompt tokens | threads | llama-bench tok/s (best: fa) | pdserve tok/s | "

@@ -11,14 +11,28 @@
 # the build folder is kept beside it ($CACHE/build), so that a tool added later (to this list or
 # on the command line) compiles only itself, not llama.cpp again.
 #
-# Environment: PDSERVE_CACHE (default ~/.cache/pdserve), JOBS (default 2).
+# Environment: PDSERVE_CACHE (default ~/.cache/pdserve), JOBS (default 2), LLAMA_ISA (native or
+# avx2, default native).
 # The build is CPU-native (GGML_NATIVE, like the llama-cpp-python that pip builds here), without
 # CURL, OpenSSL or the web UI. It takes about 10 minutes on 2 cores; later calls return at once.
+# LLAMA_ISA=avx2 builds the same tools for AVX2 CPUs only (the flags of build_avx2_lib.sh: every
+# AVX-512 and AVX-VNNI extension off) into bin-avx2/: what llama.cpp runs on a machine without
+# AVX-512, the reference for pdserve's AVX2 kernels (PDSERVE_CPU_ISA=avx2) on an AVX-512 machine.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VERSION="$(sed -n 's/^llama_cpp_python==\([0-9.]*\).*/\1/p' "$ROOT/requirements-dev.txt")"
 [[ -n "$VERSION" ]] || { echo "build_tools: no llama_cpp_python==X in requirements-dev.txt" >&2; exit 2; }
 CACHE="${PDSERVE_CACHE:-$HOME/.cache/pdserve}/llamacpp-$VERSION"
+ISA="${LLAMA_ISA:-native}"
+case "$ISA" in
+  native) BIN="$CACHE/bin"; BUILD="$CACHE/build"
+          ISA_FLAGS=(-DGGML_NATIVE=ON) ;;
+  avx2) BIN="$CACHE/bin-avx2"; BUILD="$CACHE/build-avx2"
+        ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+                   -DGGML_BMI2=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF
+                   -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF) ;;
+  *) echo "build_tools: LLAMA_ISA must be native or avx2, not $ISA" >&2; exit 2 ;;
+esac
 ALL=(llama-server llama-bench llama-batched-bench llama-imatrix llama-quantize)
 if (($#)); then
   for t in "$@"; do
@@ -28,9 +42,9 @@ if (($#)); then
 else
   TOOLS=("${ALL[@]}")
 fi
-missing() { for t in "${TOOLS[@]}"; do [[ -x "$CACHE/bin/$t" ]] || echo "$t"; done; }
+missing() { for t in "${TOOLS[@]}"; do [[ -x "$BIN/$t" ]] || echo "$t"; done; }
 if [[ -z "$(missing)" ]]; then
-  echo "$CACHE/bin"
+  echo "$BIN"
   exit 0
 fi
 mkdir -p "$CACHE"
@@ -39,12 +53,11 @@ exec 9>"$CACHE/.build.lock"
 flock 9
 mapfile -t MISSING < <(missing)
 if ((${#MISSING[@]} == 0)); then
-  echo "$CACHE/bin"
+  echo "$BIN"
   exit 0
 fi
 SRC="$("$ROOT/scripts/llama_cpp_src.sh" | tail -1)"
-BUILD="$CACHE/build"
-echo "build_tools: ${MISSING[*]} of llama-cpp-python $VERSION's llama.cpp -> $CACHE/bin" \
+echo "build_tools: ${MISSING[*]} of llama-cpp-python $VERSION's llama.cpp ($ISA) -> $BIN" \
   "(about 10 min on 2 cores for the first tool, a minute or two for each later one)" >&2
 LAUNCHER=()
 if command -v ccache >/dev/null; then
@@ -52,15 +65,22 @@ if command -v ccache >/dev/null; then
 fi
 if [[ ! -f "$BUILD/build.ninja" ]]; then
   rm -rf "$BUILD"
-  cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+  cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release "${ISA_FLAGS[@]}" \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_APP=OFF \
-    -DBUILD_SHARED_LIBS=OFF "${LAUNCHER[@]}" >"$CACHE/configure.log" 2>&1 \
-    || { tail -30 "$CACHE/configure.log" >&2; rm -rf "$BUILD"; exit 1; }
+    -DBUILD_SHARED_LIBS=OFF "${LAUNCHER[@]}" >"$BUILD.configure.log" 2>&1 \
+    || { tail -30 "$BUILD.configure.log" >&2; rm -rf "$BUILD"; exit 1; }
 fi
-cmake --build "$BUILD" -j "${JOBS:-2}" --target "${MISSING[@]}" >"$CACHE/build.log" 2>&1 \
-  || { tail -30 "$CACHE/build.log" >&2; exit 1; }
-mkdir -p "$CACHE/bin"
-for t in "${MISSING[@]}"; do cp "$BUILD/bin/$t" "$CACHE/bin/$t.tmp" && mv "$CACHE/bin/$t.tmp" "$CACHE/bin/$t"; done
+cmake --build "$BUILD" -j "${JOBS:-2}" --target "${MISSING[@]}" >"$BUILD.log" 2>&1 \
+  || { tail -30 "$BUILD.log" >&2; exit 1; }
+if [[ "$ISA" == avx2 ]]; then
+  CPU_LIB="$BUILD/ggml/src/libggml-cpu.a"
+  [[ -f "$CPU_LIB" ]] || { echo "build_tools: $CPU_LIB missing, cannot check it" >&2; exit 1; }
+  if objdump -d "$CPU_LIB" | grep -q -m1 -E 'zmm|%k[1-7]'; then
+    echo "build_tools: AVX-512 instructions in the AVX2 build's libggml-cpu.a" >&2; exit 1
+  fi
+fi
+mkdir -p "$BIN"
+for t in "${MISSING[@]}"; do cp "$BUILD/bin/$t" "$BIN/$t.tmp" && mv "$BIN/$t.tmp" "$BIN/$t"; done
 echo "$VERSION" > "$CACHE/VERSION"
-echo "$CACHE/bin"
+echo "$BIN"
