@@ -81,8 +81,9 @@ struct ZmmKQuantTiles {
   GemmTileFn q6_k_wide = nullptr;  // gemm_wide[kQ6_K]
 };
 ZmmKQuantTiles ZmmKQuantTilesIfSupported();
-// The AVX2 tiles that ZmmKQuantTiles' q3_k, q4_k_repack_gemv and q6_k stand in for (without the
-// 512-bit dispatch), so that tests can compare them bit for bit. Only call where AVX2 runs.
+// The AVX2 tiles that ZmmKQuantTiles' q3_k, q4_k_repack_gemv / gemm, q6_k and q6_k_wide stand in
+// for (without the 512-bit dispatch), so that tests can compare them bit for bit. Only call where
+// AVX2 runs.
 GemmTileFn Q3KTileAvx2Only();
 GemmTileFn Q4KRepackGemvTileAvx2Only();
 GemmTileFn Q4KRepackGemmTileAvx2Only();
