@@ -599,7 +599,7 @@ void TileQ6KZmm(int64_t k, const char* w, size_t ws, const char* x, size_t xs, f
     alignas(16) float dx[4] = {};
     PD_ZMM_UNROLL for (int c = 0; c < C; ++c) {
       xb[c] = reinterpret_cast<const BlockQ8_K*>(x + c * xs) + b;
-      dx[c] = xb[c]->d;
+      if constexpr (kWide) dx[c] = xb[c]->d;
     }
     PD_ZMM_UNROLL for (int r = 0; r < R; ++r) {
       const BlockQ6_K* wb = reinterpret_cast<const BlockQ6_K*>(w + r * ws) + b;
@@ -735,13 +735,13 @@ bool CpuHasZmmKQuants() { return Q8_0TileVnni() != nullptr && __builtin_cpu_supp
 ZmmKQuantTiles ZmmKQuantTilesIfSupported() {
   static const bool ok = CpuHasZmmKQuants();
   if (!ok) return {};
-  return {&Q2KRepackTable<2>::Gemm,
-          &Q2KRepackTable<1>::Gemm,
-          &GemmQ3KZmm,
-          &ZmmTable<Q4KRepackGemvZmm>::Gemm,
-          &ZmmTable<Q6KZmm>::Gemm,
-          &ZmmTable<Q4KRepackGemmZmm>::Gemm,
-          &ZmmTable<Q6KWideZmm>::Gemm};
+  return {.q2_k_repack_gemm = &Q2KRepackTable<2>::Gemm,
+          .q2_k_repack_gemv = &Q2KRepackTable<1>::Gemm,
+          .q3_k = &GemmQ3KZmm,
+          .q4_k_repack_gemv = &ZmmTable<Q4KRepackGemvZmm>::Gemm,
+          .q6_k = &ZmmTable<Q6KZmm>::Gemm,
+          .q4_k_repack_gemm = &ZmmTable<Q4KRepackGemmZmm>::Gemm,
+          .q6_k_wide = &ZmmTable<Q6KWideZmm>::Gemm};
 }
 
 }  // namespace pd::engine::cpu
