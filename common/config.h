@@ -85,7 +85,7 @@ struct SchedulerConfigOptions {
   // While sequences decode, a step's prompt tokens keep its predicted time <= this x the median
   // step (0 = off: whole prefill_chunk chunks); at least min_prefill_chunk tokens per step.
   double step_time_stretch = 1.4;
-  int prefill_pace_steps = 8;  // pending prompt tokens spread over this many steps (0: no pacing)
+  int prefill_pace_steps = 32;  // prompt backlog drained over this many steps (0: no pacing)
   int min_prefill_chunk = 16;
   bool priority = true;          // honour GenerateRequest.priority (else FCFS)
 };

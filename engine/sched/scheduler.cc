@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <limits>
 #include <utility>
 
@@ -87,6 +88,7 @@ struct Scheduler::Sequence {
   int64_t preempted_step = -1;
   int planned = 0;  // tokens in the batch being built
   bool planned_prefill = false;
+  bool seen_pending = false;  // its prompt (or recompute) counted in the prompt arrival rate
 };
 
 struct Scheduler::Event {
@@ -564,6 +566,7 @@ void Scheduler::Preempt(Sequence* victim, StepPlan& plan) {
   victim->running = false;
   victim->admission = -1;
   victim->planned = 0;
+  victim->seen_pending = false;  // its recompute is new prompt work
   victim->preempted_step = step_no_;
   ++victim->timing.preemptions;
   ++plan.preemptions;
@@ -966,20 +969,33 @@ void Scheduler::PlanPrefill(StepPlan& plan) {
   bool admit_blocked = false;  // a waiting sequence did not fit: later ones may not overtake it
   const absl::Time now = absl::Now();
   // Step-time budget: only while tokens decode in this step (a prompt-only step stalls nobody).
-  // Such a step takes the pending prompt tokens spread over prefill_pace_steps steps (so that
-  // a steady flow of prompts gives steps of about equal length, not a few long ones among short
-  // ones), within the time budget once the fit is ready, and at least min_prefill_chunk.
+  // Such a step takes the recent arrival rate of prompt tokens (x 1.1) plus the pending ones
+  // spread over prefill_pace_steps steps, so that steps carry about equal prompt work instead of
+  // a few long ones among short ones; within the time budget once the fit is ready (stretch x
+  // the predicted time of this step without prompt tokens) unless that is below the arrival rate
+  // (a cap below it would let the backlog, and every waiting prompt's TTFT, grow without bound);
+  // and at least min_prefill_chunk.
   const bool timed = options_.chunked_prefill && options_.step_time_stretch > 0 &&
                      !plan.decode.empty();
   const double budget_s =
-      timed && step_time_.ready() ? options_.step_time_stretch * step_time_.TypicalDecodeStep()
-                                  : 0;
+      timed && step_time_.ready() ? options_.step_time_stretch * step_time_.Predict(plan.shape) : 0;
   int paced = INT_MAX;  // prompt tokens for this step by pacing
+  int keep_up = 0;      // ... of which the time budget may not cut below this many
   if (timed && options_.prefill_pace_steps > 0) {
-    int64_t pending = 0;
-    for (const Sequence* s : candidates) pending += s->remaining();
+    int64_t pending = 0, arrived = 0;
+    for (Sequence* s : candidates) {
+      pending += s->remaining();
+      if (!s->seen_pending) arrived += s->remaining();
+      s->seen_pending = true;
+    }
+    // Prompt tokens arriving per decoding step, over about the last 32 such steps.
+    prompt_arrival_rate_ = 0.97 * prompt_arrival_rate_ + 0.03 * static_cast<double>(arrived);
+    plan.prompt_arrival_rate = prompt_arrival_rate_;
+    keep_up =
+        static_cast<int>(std::min<double>(INT_MAX / 2, std::ceil(1.1 * prompt_arrival_rate_)));
     paced = static_cast<int>(std::min<int64_t>(
-        INT_MAX, (pending + options_.prefill_pace_steps - 1) / options_.prefill_pace_steps));
+        INT_MAX,
+        keep_up + (pending + options_.prefill_pace_steps - 1) / options_.prefill_pace_steps));
   }
   int timed_tokens = 0;  // prompt tokens the time budget allowed so far
   for (Sequence* s : candidates) {
@@ -999,7 +1015,8 @@ void Scheduler::PlanPrefill(StepPlan& plan) {
     if (timed && want > 0) {
       int allowed = std::min(want, std::max(0, paced - timed_tokens));
       if (step_time_.ready()) {
-        allowed = step_time_.MaxPrefill(plan.shape, s->n_computed, allowed, budget_s);
+        allowed = std::max(step_time_.MaxPrefill(plan.shape, s->n_computed, allowed, budget_s),
+                           std::min(allowed, keep_up - timed_tokens));
       }
       allowed = std::max(allowed, std::min(want, options_.min_prefill_chunk - timed_tokens));
       out_of_time = allowed < want;
@@ -1254,10 +1271,24 @@ StepStats Scheduler::RunStep() {
   kv_->CompressIdle(absl::Now(), kCompressPerStep);
   stats.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
   stats.prefill_time_limited = plan.prefill_time_limited;
-  if (options_.speculative.drafter != nullptr && stats.prefill_tokens == 0 &&
+  stats.prompt_arrival_rate = plan.prompt_arrival_rate;
+  // The gate learns from the decode part of a step: a step with prompt rows too counts, less
+  // their predicted time, once the step-time fit is ready and they are under half the step
+  // (under sustained load nearly every step carries prompt rows: a gate that skipped those
+  // would stay unproven at most batch sizes, and steps would flip between drafting and not as
+  // the batch moves between sizes).
+  double decode_seconds = stats.prefill_tokens == 0 ? stats.seconds : 0;
+  if (stats.prefill_tokens > 0 && step_time_.ready()) {
+    StepShape decode_only = plan.shape;
+    decode_only.prefill_tokens = 0;
+    decode_only.prefill_context = 0;
+    const double prompt_s = step_time_.Predict(plan.shape) - step_time_.Predict(decode_only);
+    if (prompt_s >= 0 && prompt_s < 0.5 * stats.seconds) decode_seconds = stats.seconds - prompt_s;
+  }
+  if (options_.speculative.drafter != nullptr && decode_seconds > 0 &&
       stats.decode_tokens > stats.draft_tokens) {
     const int seqs = stats.decode_tokens - stats.draft_tokens;
-    const double seconds = std::max(stats.seconds - catch_up_deferred_, 0.1 * stats.seconds);
+    const double seconds = std::max(decode_seconds - catch_up_deferred_, 0.1 * decode_seconds);
     spec_gate_.Observe(seqs, stats.draft_tokens > 0, seqs + stats.accepted_tokens, seconds);
     spec_gate_.Charge(seqs, gate_debt_);
     PD_LOG(kDebug, "step ", step_no_, ": ", seqs, " sequences, ", stats.draft_tokens, " drafted, ",

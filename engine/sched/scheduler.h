@@ -63,6 +63,9 @@ struct StepStats {
   int preemptions = 0;     // sequences whose KV was dropped in this step
   // The step-time budget cut this step's prompt tokens (SchedulerOptions::step_time_stretch).
   bool prefill_time_limited = false;
+  // The prompt tokens arriving per decoding step (a moving average over about 32 of them) that
+  // this step's pacing used; 0 when the step had nothing decoding or pacing is off.
+  double prompt_arrival_rate = 0;
   std::vector<StepSequence> batch;  // batch composition: decode tokens first, then chunks
   EngineLoad load;                  // the load after the step
   // Speculative decoding in this step (docs/speculative.md). decode_tokens and the batch count
@@ -127,15 +130,16 @@ struct SchedulerOptions {
   // by decode tokens. Off: a prompt runs whole in one step (alone if it exceeds the budget).
   bool chunked_prefill = true;
   int prefill_chunk = 512;
-  // Step-time budget (docs/scheduler.md): while sequences decode, a step takes the pending prompt
-  // tokens spread over `prefill_pace_steps` steps (0: no pacing), capped so that the step's
-  // predicted time stays <= step_time_stretch x the median recent step (a fit of step times
-  // learned online), but at least `min_prefill_chunk` tokens so that prompts always progress.
+  // Step-time budget (docs/scheduler.md): while sequences decode, a step takes the recent
+  // arrival rate of prompt tokens plus the pending ones / `prefill_pace_steps` (0: no pacing),
+  // capped so that its predicted time stays <= step_time_stretch x the same step's without
+  // prompt tokens (a fit of step times learned online) unless that falls below the arrival rate,
+  // and at least `min_prefill_chunk` tokens so that prompts always progress.
   // step_time_stretch 0 = all of this off: chunks of `prefill_chunk` whatever they cost. Off
   // here, so that a Scheduler's steps depend on its inputs only (tests, tools); the daemons'
   // config turns it on (scheduler.step_time_stretch, default 1.4).
   double step_time_stretch = 0;
-  int prefill_pace_steps = 8;
+  int prefill_pace_steps = 32;
   int min_prefill_chunk = 16;
   // The seconds the step-time fit learns for a step of this shape; empty (the normal case): the
   // step's measured wall time. Tests set it to model a machine with known costs.
@@ -315,6 +319,7 @@ class Scheduler final : public GenerationEngine {
     int preemptions = 0;
     StepShape shape;  // what the step computes, for the step-time fit
     bool prefill_time_limited = false;
+    double prompt_arrival_rate = 0;  // the pacing rate this step used (StepStats)
   };
 
   void Loop();
@@ -387,6 +392,7 @@ class Scheduler final : public GenerationEngine {
   int64_t next_admission_ = 0;
   int64_t step_no_ = 0;
   StepTimeModel step_time_;                  // step cost fit for the step-time budget
+  double prompt_arrival_rate_ = 0;           // prompt tokens arriving per decoding step (EWMA)
   std::optional<spec::SpecCost> spec_cost_;  // target step seconds by rows (speculation on)
   TokenDist target_dist_;                    // scratch: p in verification
   // Seconds the verification of one draft token takes on the engine thread (its row's target

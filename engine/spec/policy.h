@@ -116,11 +116,11 @@ class SpecGate {
   // would first have to catch up on many tokens): the next step of that bucket probes instead.
   void ProbeUnused(int sequences);
   // Whether speculating steps have measured faster at that batch size (both sides warmed up).
-  // Steps that also carry prompt rows are not observed (their time is not the decode's), so they
-  // speculate only on this evidence.
+  // Steps that also carry prompt rows speculate only on this evidence (the scheduler observes
+  // them by their decode part: their time less the prompt rows' predicted share).
   bool Proven(int sequences) const;
-  // A step without prompt rows ran: `sequences` decoding sequences, `speculated` whether any
-  // draft was verified, `tokens` emitted, `seconds` of wall time (drafting included).
+  // A step ran: `sequences` decoding sequences, `speculated` whether any draft was verified,
+  // `tokens` emitted, `seconds` of wall time of its decode part (drafting included).
   void Observe(int sequences, bool speculated, double tokens, double seconds);
   // Seconds that speculating cost beyond the steps observed (a draft model's catch-up spread
   // over its sequence's life): added to the speculating side of the bucket of `sequences`.
