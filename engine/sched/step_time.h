@@ -1,5 +1,5 @@
 // Step-time budget for chunked prefill: how many prompt tokens a step may take next to decode
-// tokens so that it takes no longer than `stretch` times the typical step (docs/scheduler.md,
+// tokens so that it takes no longer than `stretch` times its time without them (docs/scheduler.md,
 // "Step-time budget").
 //
 // A prompt chunk added to a step delays every decoding stream by the chunk's compute time, so

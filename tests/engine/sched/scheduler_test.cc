@@ -450,18 +450,27 @@ struct TimedRun {
   std::vector<std::vector<int32_t>> outputs;
 };
 
-TimedRun RunTimed(Env& env, const std::vector<GenerationRequest>& reqs, double stretch,
-                  std::vector<double>* step_costs) {
-  auto cost = [](const StepShape& s) {
-    return 1e-3 + 1e-3 * s.decode_tokens + 0.5e-3 * s.prefill_tokens;
-  };
+// The modelled machine: 1 ms a step + 1 ms per decode token + 0.5 ms per prompt token.
+double ModelledStep(const StepShape& s) {
+  return 1e-3 + 1e-3 * s.decode_tokens + 0.5e-3 * s.prefill_tokens;
+}
+
+// Manual-mode options on the modelled machine, chunks of 64, the step-time budget at `stretch`.
+SchedulerOptions TimedOptions(double stretch, int min_prefill_chunk = 2) {
   SchedulerOptions o = Small(/*threaded=*/false);
   o.kv_blocks = 128;
   o.token_budget = 128;
   o.prefill_chunk = 64;
   o.step_time_stretch = stretch;
-  o.min_prefill_chunk = 2;
-  o.step_time_source = cost;
+  o.min_prefill_chunk = min_prefill_chunk;
+  o.step_time_source = ModelledStep;
+  return o;
+}
+
+TimedRun RunTimed(Env& env, const std::vector<GenerationRequest>& reqs, double stretch,
+                  std::vector<double>* step_costs) {
+  auto cost = ModelledStep;
+  const SchedulerOptions o = TimedOptions(stretch);
   auto sched = MakeScheduler(env, o);
   std::vector<std::shared_ptr<RecordingSink>> sinks;
   TimedRun run;
@@ -572,15 +581,9 @@ TEST(SchedulerTest, PromptWorkIsPacedOverSteps) {
 // arrivals go on), and the outputs stay those of each request alone.
 TEST(SchedulerTest, PacingKeepsUpWithPromptArrivals) {
   auto env = MakeEnv();
-  SchedulerOptions o = Small(/*threaded=*/false);
+  // 4 decoding streams: 5 ms steps, cap 5.5 ms: 1 prompt token a step.
+  SchedulerOptions o = TimedOptions(/*stretch=*/1.1, /*min_prefill_chunk=*/1);
   o.kv_blocks = 256;
-  o.token_budget = 128;
-  o.prefill_chunk = 64;
-  o.step_time_stretch = 1.1;  // 4 decoding streams: 5 ms steps, cap 5.5 ms: 1 prompt token
-  o.min_prefill_chunk = 1;
-  o.step_time_source = [](const StepShape& s) {
-    return 1e-3 + 1e-3 * s.decode_tokens + 0.5e-3 * s.prefill_tokens;
-  };
   auto sched = MakeScheduler(*env, o);
   std::vector<std::shared_ptr<RecordingSink>> sinks;
   std::vector<GenerationRequest> reqs;
@@ -619,15 +622,7 @@ TEST(SchedulerTest, StepTimeBudgetLeavesPromptOnlyStepsWhole) {
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 5; ++i) reqs.push_back(Req("d" + std::to_string(i), Prompt(6, 20 + i), 20));
   reqs.push_back(Req("late", Prompt(100, 7), 2));
-  SchedulerOptions o = Small(/*threaded=*/false);
-  o.kv_blocks = 128;
-  o.token_budget = 128;
-  o.prefill_chunk = 64;
-  o.step_time_stretch = 1.5;
-  o.min_prefill_chunk = 2;
-  o.step_time_source = [](const StepShape& s) {
-    return 1e-3 + 1e-3 * s.decode_tokens + 0.5e-3 * s.prefill_tokens;
-  };
+  const SchedulerOptions o = TimedOptions(/*stretch=*/1.5);
   auto sched = MakeScheduler(*env, o);
   std::vector<std::shared_ptr<RecordingSink>> sinks;
   for (size_t i = 0; i + 1 < reqs.size(); ++i) {
