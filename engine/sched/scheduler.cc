@@ -1300,12 +1300,12 @@ StepStats Scheduler::RunStep() {
   }
   catch_up_deferred_ = 0;
   if (stats.prefill_tokens > 0 && stats.decode_tokens > 0) {
-    PD_LOG(kDebug, "step ", step_no_, ": ", stats.decode_tokens, " decode + ",
-           stats.prefill_tokens, " prompt tokens in ", stats.seconds * 1e3, " ms (fit ",
+    PD_LOG(kDebug, "step ", step_no_, ": ", stats.decode_tokens, " decode + ", stats.prefill_tokens,
+           " prompt tokens in ", stats.seconds * 1e3, " ms (fit ",
            step_time_.ready() ? "ready" : "not ready", ", predicted ",
            step_time_.Predict(plan.shape) * 1e3, " ms, median step ",
-           step_time_.TypicalDecodeStep() * 1e3, " ms", plan.prefill_time_limited ? ", cut" : "",
-           ")");
+           step_time_.TypicalDecodeStep() * 1e3, " ms, prompt arrival rate ",
+           plan.prompt_arrival_rate, " tokens/step", plan.prefill_time_limited ? ", cut" : "", ")");
   }
   if (!stats.batch.empty()) {
     step_time_.Observe(plan.shape, options_.step_time_source
