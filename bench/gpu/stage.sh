@@ -4,12 +4,13 @@
 # but none of our build dependencies (no Abseil, no GoogleTest, no internet):
 #
 #   bench/gpu/stage.sh [STAGE_DIR]          # default: <repo>/.gpu-stage
+#   PD_GPU_STAGE_BUILD=build bench/gpu/stage.sh   # reuse a build dir configured with CUDA arch 90
 #
 # The stage holds cuda_backend_test (op parity and timings), cuda_model_test (whole models, CPU
 # offload splits, the decode/prefill bench), the shared libraries they link (Debian's Abseil),
 # and run_staged.sh. cuBLAS and the CUDA runtime are NOT copied (hundreds of MiB): run_staged.sh
 # finds the GPU machine's own copies of the same major version (libcublas.so.13). The stage is
-# about 5 MiB; add it to .git/info/exclude so it never lands in a commit.
+# about 12 MiB; add it to .git/info/exclude so it never lands in a commit.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 STAGE="${1:-$ROOT/.gpu-stage}"
@@ -21,7 +22,8 @@ fi
 cmake --build "$BUILD" --target cuda_backend_test cuda_model_test -j "${PD_JOBS:-2}"
 rm -rf "$STAGE" && mkdir -p "$STAGE/lib"
 for bin in cuda_backend_test cuda_model_test; do
-  cp "$BUILD/tests/$bin" "$STAGE/"
+  # Debug info is most of a RelWithDebInfo binary (~30 MiB each); the device tool carries 64 MiB.
+  objcopy --strip-debug "$BUILD/tests/$bin" "$STAGE/$bin"
   # Every shared library outside the CUDA toolkit and glibc/libstdc++ goes along.
   ldd "$STAGE/$bin" | awk '$3 ~ /^\// {print $3}' \
     | grep -v -E '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+)\.so|/cuda' \
