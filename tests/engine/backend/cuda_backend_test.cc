@@ -698,6 +698,29 @@ TEST_F(CudaBackendTest, MatMulGroupMatchesMatMul) {
   EXPECT_EQ(Get(*cuda_, gk.t), Get(*cuda_, yk.t));
 }
 
+// The GEMV loads activations 16 bytes at a time when x is 16-byte aligned and one float at a time
+// otherwise (a view that starts mid-vector); both add the same products in the same order.
+TEST_F(CudaBackendTest, GemvGivesTheSameBitsForUnalignedActivations) {
+  const int64_t k = 2048, n = 3, m = 96;
+  const std::vector<float> x = RandomFloats(static_cast<size_t>(n * k), 44);
+  std::vector<float> shifted(x.size() + 1);
+  std::copy(x.begin(), x.end(), shifted.begin() + 1);
+  Owned xt = Put(*cuda_, DType::kF32, n, k, x.data());
+  Owned xs = Put(*cuda_, DType::kF32, 1, n * k + 1, shifted.data());
+  Tensor unaligned = xt.t;
+  unaligned.data = static_cast<float*>(xs.t.data) + 1;
+  for (DType type : {DType::kQ8_0, DType::kQ4_0, DType::kQ5_0, DType::kQ2_K, DType::kQ3_K,
+                     DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    const std::vector<uint8_t> w = RandomWeights(type, m, k, 45);
+    Owned wt = MapW(*cuda_, type, m, k, w.data());
+    Owned ya = Put(*cuda_, DType::kF32, n, m, nullptr),
+          yu = Put(*cuda_, DType::kF32, n, m, nullptr);
+    PD_ASSERT_OK(cuda_->MatMul(wt.t, xt.t, ya.t));
+    PD_ASSERT_OK(cuda_->MatMul(wt.t, unaligned, yu.t));
+    EXPECT_EQ(Get(*cuda_, yu.t), Get(*cuda_, ya.t)) << Traits(type).name;
+  }
+}
+
 TEST_F(CudaBackendTest, MatMulNamesWeightTypesItLacks) {
   Owned x = Put(*cuda_, DType::kF32, 2, 256, nullptr);
   Owned out = Put(*cuda_, DType::kF32, 2, 4, nullptr);
