@@ -955,10 +955,14 @@ class CudaBackend final : public Backend {
     if (x.rows == 0) return absl::OkStatus();
     if (ids == nullptr) return absl::InvalidArgumentError("CUDA backend: TopK: null ids");
     PD_RETURN_IF_ERROR(Activate());
+    const int rows = static_cast<int>(x.rows), cols = static_cast<int>(x.cols);
+    void* scratch = nullptr;
+    if (const size_t bytes = cuda::TopKScratchBytes(rows, cols, k); bytes > 0) {
+      PD_ASSIGN_OR_RETURN(scratch, Scratch(topk_scratch_, bytes));
+    }
     PD_CUDA_RETURN_IF_ERROR(
-        cuda::LaunchTopK(static_cast<const float*>(x.data), static_cast<int>(x.rows),
-                         static_cast<int>(x.cols), k, static_cast<float*>(values.data), ids,
-                         stream_.get()),
+        cuda::LaunchTopK(static_cast<const float*>(x.data), rows, cols, k,
+                         static_cast<float*>(values.data), ids, scratch, stream_.get()),
         "CUDA backend: TopK kernel launch");
     return absl::OkStatus();
   }
@@ -1073,6 +1077,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<DeviceBuffer> scratch_;            // MatMul: activations in F16 / BF16
   std::unique_ptr<DeviceBuffer> weight_scratch_;     // MatMul: a slab of weights expanded to F16
   std::unique_ptr<DeviceBuffer> attention_scratch_;  // Attention: the splits' partial results
+  std::unique_ptr<DeviceBuffer> topk_scratch_;       // TopK: the slices' candidates
   // Attention's row plan, kept across calls so that a step allocates nothing: the tiled
   // kernel's tiles, the per-row kernel's rows, and both as the ints staged after the batch.
   std::vector<std::array<int32_t, 2>> tiles_;

@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <climits>
+#include <cstddef>
 #include <cstdint>
 
 #include "engine/backend/cuda/device_util.cuh"
@@ -73,14 +75,23 @@ __global__ void ArgMaxKernel(const float* x, int cols, float* values, int32_t* i
 // lowest columns (a block-wide prefix count over contiguous column ranges keeps column order),
 // and a bitonic sort in shared memory puts the k in rank order. Per-warp histograms keep the
 // shared-memory atomics of a row whose logits share their top bits from piling on one address.
-// Reads the row five times (four from L2 after the first); a 262k row takes tens of us.
-__global__ void TopKKernel(const float* x, int cols, int k, float* values, int32_t* ids) {
+// Reads the row five times (four from L2 after the first).
+//
+// One block takes one slice of a row: block b is slice b % slices of row b / slices, the row's
+// columns cut into `slices` runs of cols / slices (the last takes the remainder; every run holds
+// at least k columns). Its best k go to values/ids row b, as columns of the whole row, or, with
+// id_map, as id_map[row * cols + column] (the second pass below).
+__global__ void TopKKernel(const float* x, int cols, int slices, int k, float* values, int32_t* ids,
+                           const int32_t* id_map) {
   __shared__ uint32_t hist[kWarps][256];
   __shared__ uint32_t sel_key[kTopKMax];
   __shared__ int32_t sel_id[kTopKMax];
   __shared__ uint32_t warp_total[kWarps];
   __shared__ uint32_t s_prefix, s_remaining, s_greater;
-  const float* row = x + static_cast<int64_t>(blockIdx.x) * cols;
+  const int r = static_cast<int>(blockIdx.x) / slices, s = static_cast<int>(blockIdx.x) % slices;
+  const int row_cols = cols, run = cols / slices, first = s * run;
+  const float* row = x + static_cast<int64_t>(r) * row_cols + first;
+  cols = s + 1 == slices ? row_cols - first : run;  // from here on, the slice's columns
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   uint32_t prefix = 0, mask = 0, remaining = static_cast<uint32_t>(k);
@@ -192,21 +203,50 @@ __global__ void TopKKernel(const float* x, int cols, int k, float* values, int32
   }
   for (int j = threadIdx.x; j < k; j += kBlock) {
     const int32_t c = sel_id[j];
-    ids[static_cast<int64_t>(blockIdx.x) * k + j] = c;
-    values[static_cast<int64_t>(blockIdx.x) * k + j] = row[c];
+    const int64_t out = static_cast<int64_t>(blockIdx.x) * k + j;
+    ids[out] =
+        id_map != nullptr ? id_map[static_cast<int64_t>(r) * row_cols + first + c] : first + c;
+    values[out] = row[c];
   }
 }
 
 }  // namespace
 
+int TopKSlices(int rows, int cols, int k) {
+  if (k <= 1 || rows > (1 << 20)) return 1;  // k = 1 takes ArgMaxKernel; the grid stays an int
+  return std::max(1, std::min({kTopKMaxSlices, cols / kTopKSliceColumns, cols / k}));
+}
+
+size_t TopKScratchBytes(int rows, int cols, int k) {
+  const int slices = TopKSlices(rows, cols, k);
+  if (slices == 1) return 0;
+  return static_cast<size_t>(rows) * slices * k * (sizeof(float) + sizeof(int32_t));
+}
+
 cudaError_t LaunchTopK(const float* x, int rows, int cols, int k, float* values, int32_t* ids,
-                       cudaStream_t stream) {
+                       void* scratch, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0 || k < 1 || k > kTopKMax || k > cols) return cudaErrorInvalidValue;
   if (k == 1) {
     ArgMaxKernel<<<rows, kBlock, 0, stream>>>(x, cols, values, ids);
-  } else {
-    TopKKernel<<<rows, kBlock, 0, stream>>>(x, cols, k, values, ids);
+    return cudaGetLastError();
   }
+  const int slices = TopKSlices(rows, cols, k);
+  if (slices == 1) {
+    TopKKernel<<<rows, kBlock, 0, stream>>>(x, cols, 1, k, values, ids, nullptr);
+    return cudaGetLastError();
+  }
+  if (scratch == nullptr) return cudaErrorInvalidValue;
+  // Two passes: each slice's best k (slices x k candidates a row, in slice order and, within a
+  // slice, in rank order), then the best k of the candidates. The k best of a row are among its
+  // slices' k best, and candidates of equal value stand in column order (slices in order, equal
+  // values within a slice by column), so ranking them by (value, candidate index) is ranking
+  // them by (value, column): the one-pass result, bit for bit.
+  const int n = slices * k;
+  float* cand_values = static_cast<float*>(scratch);
+  int32_t* cand_ids = reinterpret_cast<int32_t*>(cand_values + static_cast<size_t>(rows) * n);
+  TopKKernel<<<rows * slices, kBlock, 0, stream>>>(x, cols, slices, k, cand_values, cand_ids,
+                                                   nullptr);
+  TopKKernel<<<rows, kBlock, 0, stream>>>(cand_values, n, 1, k, values, ids, cand_ids);
   return cudaGetLastError();
 }
 
