@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the staged CUDA backend test on a GPU machine (see stage.sh), then the same MatMul f16 and
 # RmsNorm shapes through PyTorch on the same GPU as the reference, then the whole-model test
-# (cuda_model_test: parity, offload splits, decode/prefill bench), and prints the tables:
+# (cuda_model_test: parity, offload splits, decode/prefill bench), an Nsight Compute profile of
+# two 7B decode steps when ncu is there, and prints the tables:
 # ours, PyTorch, the ratio, and the physical limit (HBM bytes / bandwidth for the memory-bound
 # shapes, FLOPs / dense F16 tensor peak for the large one).
 #
@@ -36,6 +37,19 @@ echo "==== cuda_model_test (models, placement, bench)"
 export PD_GPU_MODEL_DIR="${PD_GPU_MODEL_DIR:-/tmp/pd-gpu-models}" PD_GPU_BENCH=1
 timeout 300 "$STAGE/cuda_model_test" --gtest_color=no 2>&1 | tee "$STAGE/model_test.log"
 RC2=${PIPESTATUS[0]}
+# Where a decode step's time goes: Nsight Compute (ncu, when the machine has it) times each kernel
+# of two batch-1 steps of llama-7b q4_K (the model is already written by the bench above).
+NCU="$(command -v ncu || echo /usr/local/cuda/bin/ncu)"
+if [[ -x "$NCU" ]]; then
+  echo "==== ncu: kernels of two llama-7b q4_K decode steps"
+  PD_GPU_PROFILE=1 timeout 150 "$NCU" --profile-from-start off --metrics gpu__time_duration.sum \
+    --csv --log-file "$STAGE/ncu.csv" "$STAGE/cuda_model_test" --gtest_color=no \
+    --gtest_filter='*ProfileDecodeStep*' 2>&1 | grep -E '^\[profile\]|FAILED|PASSED'
+  python3 "$STAGE/ncu_summary.py" "$STAGE/ncu.csv" 2 || echo "(no ncu table: see above)"
+  [[ -n "${OUT:-}" ]] && cp "$STAGE/ncu.csv" "$OUT/" 2>/dev/null
+else
+  echo "==== ncu not found: no per-kernel profile"
+fi
 ((RC == 0)) || { echo "cuda_backend_test FAILED (exit $RC)"; exit 1; }
 ((RC2 == 0)) || { echo "cuda_model_test FAILED (exit $RC2; 124 = over its 300 s)"; exit 1; }
 echo "GPU CHECKS PASSED"

@@ -29,5 +29,6 @@ for bin in cuda_backend_test cuda_model_test; do
     | grep -v -E '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+)\.so|/cuda' \
     | while read -r lib; do cp -L "$lib" "$STAGE/lib/"; done
 done
-cp "$ROOT/bench/gpu/run_staged.sh" "$ROOT/bench/gpu/torch_reference.py" "$STAGE/"
+cp "$ROOT/bench/gpu/run_staged.sh" "$ROOT/bench/gpu/torch_reference.py" \
+  "$ROOT/bench/gpu/ncu_summary.py" "$STAGE/"
 echo "staged in $STAGE: $(du -sh "$STAGE" | cut -f1), $(ls "$STAGE/lib" | wc -l) libraries"

@@ -17,6 +17,12 @@
 //             HBM roofline (measured copy bandwidth / bytes per token), decode at 16 and 64
 //             sequences, prefill of 2,048 tokens in f16 as a fraction of the f16 GEMM rate.
 //             Speed is printed, never asserted.
+//   Profile   (PD_GPU_PROFILE=1, under `ncu --profile-from-start off`) two batch-1 decode steps of
+//             llama-7b q4_K between cudaProfilerStart/Stop, so that Nsight Compute times exactly
+//             their kernels (bench/gpu/ncu_summary.py turns its CSV into a table per step).
+#include <cuda_profiler_api.h>
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -27,8 +33,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "common/status_matchers.h"
 #include "common/strings.h"
@@ -336,6 +340,41 @@ TEST(CudaModelTest, PlacementSplitsMatchAndTheirSpeedIsPredicted) {
 double StepBytes(const GgufFile& file, const ModelConfig& c) {
   const ModelFootprint f = FootprintOf(file, c);
   return static_cast<double>(f.total() - (f.tied ? 0 : f.embd_bytes));
+}
+
+TEST(CudaModelTest, ProfileDecodeStep) {
+  const char* on = std::getenv("PD_GPU_PROFILE");
+  if (on == nullptr || std::string(on) != "1") GTEST_SKIP() << "set PD_GPU_PROFILE=1 (under ncu)";
+  Gpu g = MakeBackends();
+  if (g.cuda == nullptr) GTEST_SKIP() << "no CUDA device";
+  const std::string path = SynthModel("llama-7b", DType::kQ4_K);
+  if (path.empty()) return;
+  std::shared_ptr<const GgufFile> file = Open(path);
+  ASSERT_NE(file, nullptr);
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromGguf(*file);
+  PD_ASSERT_OK(c);
+  Loaded l = Load(file, {g.cuda.get()}, LayerPlacement::Single(c->n_layer), 64);
+  ASSERT_NE(l.kv, nullptr);
+  const int ctx = 128, warm = 8, profiled = 2, V = c->n_vocab;
+  std::mt19937 rng(3);
+  const std::vector<int32_t> prompt = RandomPrompt(rng, ctx, V);
+  PD_ASSERT_OK(l.kv->Reserve(1, ctx + warm + profiled + 1));
+  Batch b;
+  for (int i = 0; i < ctx; ++i) b.Add(prompt[i], i, 1, i + 1 == ctx);
+  std::vector<float> logits;
+  PD_ASSERT_OK(l.model->Forward(b, *l.kv, &logits));
+  for (int s = 0; s < warm + profiled; ++s) {
+    if (s == warm) ASSERT_EQ(cudaProfilerStart(), cudaSuccess);
+    Batch one;
+    one.Add(Argmax(logits.data(), V), ctx + s, 1, true);
+    const auto t0 = Clock::now();
+    PD_ASSERT_OK(l.model->Forward(one, *l.kv, &logits));
+    if (s >= warm)
+      std::printf("[profile] step %d: %.3f ms (wall, under ncu)\n", s, Seconds(t0) * 1e3);
+  }
+  ASSERT_EQ(cudaProfilerStop(), cudaSuccess);
+  std::printf("[profile] llama-7b q4_K, batch 1, ctx %d: %d steps profiled\n", ctx, profiled);
+  l.kv->Free(1);
 }
 
 TEST(CudaModelTest, Bench) {
