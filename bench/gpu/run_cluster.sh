@@ -31,12 +31,7 @@ find "$ROOT" -maxdepth 2 -path "$ROOT/.gpu-model-*/part.*" -printf '%f %p\n' | s
   | awk '{print $2}' | xargs cat > "$W/$model_name"
 (cd "$W" && sha256sum -c "$HERE/model.sha256") || { echo "model checksum mismatch"; exit 5; }
 
-CUDA_LIBS=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
-         $(python3 -c 'import nvidia,os;print(" ".join(os.path.join(p,"cu13","lib") for p in nvidia.__path__))' 2>/dev/null); do
-  [[ -e "$d/libcublas.so.13" ]] && CUDA_LIBS="$CUDA_LIBS:$d"
-done
-[[ -n "$CUDA_LIBS" ]] || { echo "no libcublas.so.13 on this machine"; exit 2; }
+source "$HERE/cuda_libs.sh"
 export LD_LIBRARY_PATH="$W/pd/lib$CUDA_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export UCX_MODULE_DIR="$W/pd/ucx"
 PROMPT="${PROMPT:-Once upon a time, in a small village by the sea, there lived}"

@@ -15,14 +15,8 @@ if [[ -n "${OUT:-}" ]]; then mkdir -p "$OUT"; exec > >(tee -a "$OUT/gpu_checks.l
 echo "==== machine ($(date -u +%FT%TZ))"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv || true
 nproc; uname -r
-# cuBLAS/cudart of the GPU machine: the toolkit's, else the pip wheels PyTorch ships.
-CUDA_LIBS=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
-         $(python3 -c 'import nvidia,os;print(" ".join(os.path.join(p,"cu13","lib") for p in nvidia.__path__))' 2>/dev/null); do
-  [[ -e "$d/libcublas.so.13" ]] && CUDA_LIBS="$CUDA_LIBS:$d"
-done
-[[ -n "$CUDA_LIBS" ]] || { echo "no libcublas.so.13 on this machine"; exit 2; }
-echo "CUDA libraries from:${CUDA_LIBS//:/ }"
+# cuBLAS/cudart of the GPU machine.
+source "$STAGE/cuda_libs.sh"
 export LD_LIBRARY_PATH="$STAGE/lib$CUDA_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 echo "==== cuda_backend_test"
 "$STAGE/cuda_backend_test" --gtest_color=no 2>&1 | tee "$STAGE/test.log"

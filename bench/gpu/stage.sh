@@ -30,5 +30,5 @@ for bin in cuda_backend_test cuda_model_test; do
     | while read -r lib; do cp -L "$lib" "$STAGE/lib/"; done
 done
 cp "$ROOT/bench/gpu/run_staged.sh" "$ROOT/bench/gpu/torch_reference.py" \
-  "$ROOT/bench/gpu/ncu_summary.py" "$STAGE/"
+  "$ROOT/bench/gpu/ncu_summary.py" "$ROOT/bench/gpu/cuda_libs.sh" "$STAGE/"
 echo "staged in $STAGE: $(du -sh "$STAGE" | cut -f1), $(ls "$STAGE/lib" | wc -l) libraries"

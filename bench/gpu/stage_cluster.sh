@@ -57,7 +57,7 @@ ln -s libuct_cma.so.0 "$TMP/pd/ucx/libuct_cma.so"
 rm -rf "$STAGE" "$ROOT"/.gpu-model-*
 mkdir -p "$STAGE"
 tar -C "$TMP" -cJf "$STAGE/stage.tar.xz" pd
-cp "$ROOT/bench/gpu/run_cluster.sh" "$STAGE/"
+cp "$ROOT/bench/gpu/run_cluster.sh" "$ROOT/bench/gpu/cuda_libs.sh" "$STAGE/"
 (cd "$(dirname "$MODEL")" && sha256sum "$(basename "$MODEL")") > "$STAGE/model.sha256"
 split -b "${PART_MIB}M" -d -a 2 "$MODEL" "$TMP/part."
 n=0
