@@ -21,13 +21,9 @@ if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
 fi
 cmake --build "$BUILD" --target cuda_backend_test cuda_model_test -j "${PD_JOBS:-2}"
 rm -rf "$STAGE" && mkdir -p "$STAGE/lib"
+source "$ROOT/bench/gpu/stage_lib.sh"
 for bin in cuda_backend_test cuda_model_test; do
-  # Debug info is most of a RelWithDebInfo binary (~30 MiB each); the device tool carries 64 MiB.
-  objcopy --strip-debug "$BUILD/tests/$bin" "$STAGE/$bin"
-  # Every shared library outside the CUDA toolkit and glibc/libstdc++ goes along.
-  ldd "$STAGE/$bin" | awk '$3 ~ /^\// {print $3}' \
-    | grep -v -E '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+)\.so|/cuda' \
-    | while read -r lib; do cp -L "$lib" "$STAGE/lib/"; done
+  stage_binary "$BUILD/tests/$bin" "$STAGE" "$STAGE/lib"
 done
 cp "$ROOT/bench/gpu/run_staged.sh" "$ROOT/bench/gpu/torch_reference.py" \
   "$ROOT/bench/gpu/ncu_summary.py" "$ROOT/bench/gpu/cuda_libs.sh" "$STAGE/"

@@ -41,11 +41,9 @@ done
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 mkdir -p "$TMP/pd/bin" "$TMP/pd/lib" "$TMP/pd/ucx"
+source "$ROOT/bench/gpu/stage_lib.sh"
 for bin in pdctl pd-router pd-prefill pd-decode; do
-  objcopy --strip-debug "$BUILD/bin/$bin" "$TMP/pd/bin/$bin"
-  ldd "$BUILD/bin/$bin" | awk '$3 ~ /^\// {print $3}' \
-    | grep -v -E '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+)\.so|/cuda' \
-    | while read -r lib; do cp -L "$lib" "$TMP/pd/lib/"; done
+  stage_binary "$BUILD/bin/$bin" "$TMP/pd/bin" "$TMP/pd/lib"
 done
 # UCX loads its transports as modules from a compiled-in directory; run_cluster.sh points
 # UCX_MODULE_DIR here. cma is the one the loopback cluster uses besides the built-in posix,

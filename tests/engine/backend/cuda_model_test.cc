@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -259,8 +260,10 @@ TEST(CudaModelTest, ForwardMatchesTheCpuOnWholeModels) {
   }
 }
 
-// Median seconds of one decode step of one sequence after a `ctx`-token prompt.
-double DecodeStepSeconds(Loaded& l, int ctx, int steps, int64_t seq) {
+// Median seconds of one decode step of one sequence after a `ctx`-token prompt. `before_step`,
+// when given, runs before each step with its index (the profile brackets steps with it).
+double DecodeStepSeconds(Loaded& l, int ctx, int steps, int64_t seq,
+                         const std::function<void(int)>& before_step = nullptr) {
   const int V = l.model->config().n_vocab;
   std::mt19937 rng(3);
   const std::vector<int32_t> prompt = RandomPrompt(rng, ctx, V);
@@ -271,6 +274,7 @@ double DecodeStepSeconds(Loaded& l, int ctx, int steps, int64_t seq) {
   PD_EXPECT_OK(l.model->Forward(b, *l.kv, &logits));
   std::vector<double> t;
   for (int s = 0; s < steps && !logits.empty(); ++s) {
+    if (before_step) before_step(s);
     Batch one;
     one.Add(Argmax(logits.data(), V), ctx + s, seq, true);
     const auto t0 = Clock::now();
@@ -355,26 +359,15 @@ TEST(CudaModelTest, ProfileDecodeStep) {
   PD_ASSERT_OK(c);
   Loaded l = Load(file, {g.cuda.get()}, LayerPlacement::Single(c->n_layer), 64);
   ASSERT_NE(l.kv, nullptr);
-  const int ctx = 128, warm = 8, profiled = 2, V = c->n_vocab;
-  std::mt19937 rng(3);
-  const std::vector<int32_t> prompt = RandomPrompt(rng, ctx, V);
-  PD_ASSERT_OK(l.kv->Reserve(1, ctx + warm + profiled + 1));
-  Batch b;
-  for (int i = 0; i < ctx; ++i) b.Add(prompt[i], i, 1, i + 1 == ctx);
-  std::vector<float> logits;
-  PD_ASSERT_OK(l.model->Forward(b, *l.kv, &logits));
-  for (int s = 0; s < warm + profiled; ++s) {
-    if (s == warm) ASSERT_EQ(cudaProfilerStart(), cudaSuccess);
-    Batch one;
-    one.Add(Argmax(logits.data(), V), ctx + s, 1, true);
-    const auto t0 = Clock::now();
-    PD_ASSERT_OK(l.model->Forward(one, *l.kv, &logits));
-    if (s >= warm)
-      std::printf("[profile] step %d: %.3f ms (wall, under ncu)\n", s, Seconds(t0) * 1e3);
-  }
+  const int ctx = 128, warm = 8, profiled = 2;
+  const double median = DecodeStepSeconds(l, ctx, warm + profiled, 1, [&](int s) {
+    if (s == warm) EXPECT_EQ(cudaProfilerStart(), cudaSuccess);
+  });
   ASSERT_EQ(cudaProfilerStop(), cudaSuccess);
-  std::printf("[profile] llama-7b q4_K, batch 1, ctx %d: %d steps profiled\n", ctx, profiled);
-  l.kv->Free(1);
+  std::printf(
+      "[profile] llama-7b q4_K, batch 1, ctx %d: steps %d-%d profiled; median step %.3f ms "
+      "(wall, under ncu)\n",
+      ctx, warm, warm + profiled - 1, median * 1e3);
 }
 
 TEST(CudaModelTest, Bench) {
