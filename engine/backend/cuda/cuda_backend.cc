@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -39,7 +40,6 @@
 #include "common/status.h"
 #include "common/strings.h"
 #include "engine/backend/backend.h"
-#include "engine/backend/kv_batch_check.h"
 #include "engine/backend/cuda/attention.cuh"
 #include "engine/backend/cuda/convert.cuh"
 #include "engine/backend/cuda/cuda_ops.h"
@@ -50,12 +50,14 @@
 #include "engine/backend/cuda/host_staging.h"
 #include "engine/backend/cuda/kv_store.cuh"
 #include "engine/backend/cuda/kv_views.cuh"
+#include "engine/backend/cuda/matmul_q8act.cuh"
 #include "engine/backend/cuda/matmul_quant.cuh"
 #include "engine/backend/cuda/quant_blocks.cuh"
 #include "engine/backend/cuda/rmsnorm.cuh"
 #include "engine/backend/cuda/rope.cuh"
 #include "engine/backend/cuda/softmax.cuh"
 #include "engine/backend/cuda/topk.cuh"
+#include "engine/backend/kv_batch_check.h"
 #include "engine/backend/kv_layout.h"
 #include "engine/quant/dtype.h"
 #include "engine/quant/k_quants.h"
@@ -301,14 +303,15 @@ int64_t FirstVisible(const KvBatch& kv, int64_t t, int window) {
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, std::string name, int sm_count, int cc_major, CudaStream stream,
-              CublasHandle cublas, std::unique_ptr<HostStaging> staging)
+              CublasHandle cublas, std::unique_ptr<HostStaging> staging, bool gemv_int8)
       : device_(device),
         name_(std::move(name)),
         sm_count_(sm_count),
         cc_major_(cc_major),
         stream_(std::move(stream)),
         cublas_(std::move(cublas)),
-        staging_(std::move(staging)) {}
+        staging_(std::move(staging)),
+        gemv_int8_(gemv_int8) {}
 
   std::string_view name() const override { return name_; }
 
@@ -458,6 +461,21 @@ class CudaBackend final : public Backend {
 
     const cuda::WeightFormat format = *FormatOf(w.type);
     const size_t row_bytes = w.row_bytes();
+    cuda::ActQuant act;
+    if (gemv_int8_ && n <= cuda::kMaxGemvRows && cuda::Q8ActGemvFormat(format, &act) &&
+        cuda::Q8ActGemvAligned(format, w.data, row_bytes)) {
+      PD_ASSIGN_OR_RETURN(void* xq, Scratch(scratch_, cuda::Q8ActLayoutFor(act, in, ik).bytes));
+      PD_CUDA_RETURN_IF_ERROR(cuda::LaunchQuantizeAct(act, static_cast<const float*>(x.data), in,
+                                                      ik, xq, stream_.get()),
+                              pd::StrCat("CUDA backend: MatMul ", TypeName(w.type),
+                                         " (quantize activations, k=", k, " n=", n, ")"));
+      PD_CUDA_RETURN_IF_ERROR(
+          cuda::LaunchQuantGemvQ8Act(format, w.data, row_bytes, im, ik, xq, in,
+                                     static_cast<float*>(y.data), stream_.get()),
+          pd::StrCat("CUDA backend: MatMul ", TypeName(w.type), " int8 GEMV (m=", m, " k=", k,
+                     " n=", n, ")"));
+      return absl::OkStatus();
+    }
     if (IsQuantized(w.type) && n <= cuda::kMaxGemvRows && GemvAligned(w)) {
       PD_CUDA_RETURN_IF_ERROR(cuda::LaunchQuantGemv(format, w.data, row_bytes, im, ik,
                                                     static_cast<const float*>(x.data), in,
@@ -1074,6 +1092,9 @@ class CudaBackend final : public Backend {
   CudaStream stream_;
   CublasHandle cublas_;
   std::unique_ptr<HostStaging> staging_;
+  // PDSERVE_CUDA_GEMV=int8 at Create: Q4_K, Q6_K and Q8_0 GEMVs quantize the activations and dot
+  // int8 codes (matmul_q8act.cu) instead of dotting F32 activations (matmul_quant.cu).
+  const bool gemv_int8_;
   std::unique_ptr<DeviceBuffer> scratch_;            // MatMul: activations in F16 / BF16
   std::unique_ptr<DeviceBuffer> weight_scratch_;     // MatMul: a slab of weights expanded to F16
   std::unique_ptr<DeviceBuffer> attention_scratch_;  // Attention: the splits' partial results
@@ -1084,6 +1105,23 @@ class CudaBackend final : public Backend {
   std::vector<int32_t> rows_;
   std::vector<int32_t> staged_ints_;
 };
+
+}  // namespace
+
+namespace {
+
+// PDSERVE_CUDA_GEMV: which GEMV decode-sized quantized MatMuls run. Unset, empty or "f32": F32
+// activations (matmul_quant.cu); "int8": activations quantized as the CPU backend quantizes them
+// and dotted in int8 for Q4_K, Q6_K and Q8_0 weights (matmul_q8act.cu). Anything else is an error
+// at start rather than a silent default.
+absl::StatusOr<bool> GemvInt8FromEnv() {
+  const char* v = std::getenv("PDSERVE_CUDA_GEMV");
+  const std::string_view mode = v == nullptr ? "" : v;
+  if (mode.empty() || mode == "f32") return false;
+  if (mode == "int8") return true;
+  return absl::InvalidArgumentError(
+      pd::StrCat("PDSERVE_CUDA_GEMV=", mode, " is not a GEMV mode (use f32 or int8)"));
+}
 
 }  // namespace
 
@@ -1110,11 +1148,12 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
   PD_ASSIGN_OR_RETURN(CublasHandle cublas, CublasHandle::Create(stream.get()));
   PD_ASSIGN_OR_RETURN(std::unique_ptr<HostStaging> staging,
                       HostStaging::Create(device, stream.get()));
-  std::string name =
-      pd::StrCat("cuda:", device, " (", prop.name, ", sm_", prop.major, prop.minor, ")");
+  PD_ASSIGN_OR_RETURN(const bool gemv_int8, GemvInt8FromEnv());
+  std::string name = pd::StrCat("cuda:", device, " (", prop.name, ", sm_", prop.major, prop.minor,
+                                gemv_int8 ? ", int8 GEMV" : "", ")");
   return std::unique_ptr<Backend>(new CudaBackend(device, std::move(name), prop.multiProcessorCount,
                                                   prop.major, std::move(stream), std::move(cublas),
-                                                  std::move(staging)));
+                                                  std::move(staging), gemv_int8));
 }
 
 }  // namespace pd::engine

@@ -543,8 +543,13 @@ TEST_F(CudaBackendTest, GetRowsRejectsBadIdsAndTypes) {
 //     2^-25 absolutely), and 5e-4 S covers the tensor cores' F32 accumulation as for MatMul f16.
 //   BF16 weights (exact in the reference) with activations rounded to BF16 (2^-9):
 //     |gpu - y_ref| <= (2^-9 + 5e-4) S + 1e-5.
-// And against the CPU backend itself, which quantizes x to Q8_K (k-quants) or Q8_0 blocks first:
-// |gpu - cpu| <= tol_ref + sum_j |W[i,j]| e_j + 1e-5 S, with e_j = amax(x's block at j) *
+// With PDSERVE_CUDA_GEMV=int8 the Q4_K, Q6_K and Q8_0 GEMVs quantize x as the CPU backend does
+// (matmul_q8act.cu) and dot the codes exactly in int32: the reference then takes x as those
+// quantized values (the CPU's own quantizer, dequantized in F64), the same GEMV bound applies
+// with x replaced by them, and the CPU, which dots the same codes, must agree within that bound
+// plus 1e-5 S: no activation-rounding term.
+// Otherwise, against the CPU backend itself, which quantizes x to Q8_K (k-quants) or Q8_0 blocks
+// first: |gpu - cpu| <= tol_ref + sum_j |W[i,j]| e_j + 1e-5 S, with e_j = amax(x's block at j) *
 // (1/254 + 2^-11) the activation rounding (half a step of d = amax / 127, plus Q8_0's f16 d) and
 // e_j = 2^-9 |x_j| for BF16. That bound is loose (the errors are random, not aligned); the tight
 // check is the one against y_ref.
@@ -588,6 +593,26 @@ TEST_P(CudaQuantMatMulTest, MatchesReferenceAndCpu) {
 
   const bool bf16 = c.type == DType::kBF16;
   const bool gemv = !bf16 && c.n <= 8;
+  const char* gemv_mode = std::getenv("PDSERVE_CUDA_GEMV");
+  const bool int8 = gemv && gemv_mode != nullptr && std::string(gemv_mode) == "int8" &&
+                    (c.type == DType::kQ4_K || c.type == DType::kQ6_K || c.type == DType::kQ8_0);
+  // The activations the reference multiplies: x, or (int8) the CPU quantizer's values of x.
+  std::vector<float> xref = x;
+  if (int8) {
+    for (int64_t r = 0; r < c.n; ++r) {
+      const float* xr = x.data() + r * c.k;
+      float* out = xref.data() + r * c.k;
+      if (c.type == DType::kQ8_0) {
+        std::vector<BlockQ8_0> q(static_cast<size_t>(c.k / 32));
+        QuantizeRowQ8_0Act(xr, q.data(), c.k);
+        DequantizeRowQ8_0(q.data(), out, c.k);
+      } else {
+        std::vector<BlockQ8_K> q(static_cast<size_t>(c.k / 256));
+        QuantizeRow(xr, q.data(), c.k);
+        DequantizeRow(q.data(), out, c.k);
+      }
+    }
+  }
   // The CPU's activation blocks: 32 (Q8_0) or 256 (Q8_K) values; BF16 rounds each value alone.
   const int64_t act_block =
       bf16 ? 1
@@ -596,14 +621,16 @@ TEST_P(CudaQuantMatMulTest, MatchesReferenceAndCpu) {
   constexpr double u = 1.0 / (1 << 24);
   int failures = 0;
   for (int64_t r = 0; r < c.n; ++r) {
-    const float* xr = x.data() + r * c.k;
+    const float* xr = xref.data() + r * c.k;
     double sum_abs_x = 0;
     std::vector<double> err_x(static_cast<size_t>(c.k));  // e_j: the CPU's activation rounding
     for (int64_t j0 = 0; j0 < c.k; j0 += act_block) {
       double amax = 0;
       for (int64_t j = j0; j < j0 + act_block; ++j) amax = std::max(amax, std::fabs(double{xr[j]}));
       for (int64_t j = j0; j < j0 + act_block; ++j) {
-        err_x[j] = bf16 ? std::fabs(double{xr[j]}) / 512 : amax * (1.0 / 254 + 1.0 / 2048);
+        err_x[j] = int8   ? 0
+                   : bf16 ? std::fabs(double{xr[j]}) / 512
+                          : amax * (1.0 / 254 + 1.0 / 2048);
       }
     }
     for (int64_t j = 0; j < c.k; ++j) sum_abs_x += std::fabs(double{xr[j]});
@@ -1518,7 +1545,7 @@ TEST_F(CudaBackendTest, Timing) {
   }
   // Quantized GEMV (decode, n = 1): Llama 7B's 4096 x 4096 projections and 11008 x 4096 gate/up.
   // Bound by the weight bytes, which is what GB/s counts (activations and outputs are < 0.1%).
-  for (DType type : {DType::kQ4_K, DType::kQ8_0}) {
+  for (DType type : {DType::kQ4_K, DType::kQ6_K, DType::kQ8_0}) {
     for (int64_t rows : {4096, 11008}) {
       const int64_t cols = 4096;
       const std::vector<uint8_t> wq = RandomWeights(type, rows, cols, 15);
