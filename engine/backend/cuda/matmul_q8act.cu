@@ -91,13 +91,14 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (lane == 0) d[blk] = __half2float(__float2half_rn(__fdiv_rn(amax, 127.f)));
 }
 
-// ---- GEMV kernels
-// --------------------------------------------------------------------------------
+// ---- GEMV kernels --------------------------------------------------------------------------------
 //
-// A warp per output row (as matmul_quant.cu), its lanes in groups that each take one weight block
-// per step. Each lane dots its codes with the activation codes in int32 (exact), applies the
-// block's integer sub-block scales in int32, and adds (weight scale x activation scale) x that
-// integer to its F32 accumulator; the warp sums its lanes at the end.
+// A warp per output row (as matmul_quant.cu), its lanes in groups of U::kLanes that each take one
+// weight block per step. Each lane dots its codes with the activation codes in int32 (exact),
+// applies the block's integer sub-block scales in int32, and adds (weight scale x activation
+// scale) x that integer to its F32 accumulator; the warp sums its lanes at the end. A unit U is
+// one format's share of a block for one lane: U::Dot<N>(block, part, b, k, x, acc) for lane part
+// `part` (0 .. kLanes - 1) of block b.
 
 struct ActView {
   const int8_t* q;
@@ -112,27 +113,18 @@ __device__ __forceinline__ int Dot16(const uint32_t (&w)[4], const int4 x) {
   return __dp4a(static_cast<int>(w[3]), x.w, s);
 }
 
-// Q4_K x Q8_K: 8 lanes per 144-byte super-block, a warp step covers 4 super-blocks. Lane chunk c
-// (0..7) reads the 16 code bytes qs[16c ..] (one 16-byte load): their low nibbles are weights
+// Q4_K x Q8_K: 8 lanes per 144-byte super-block, a warp step covers 4 super-blocks. Part c (0..7)
+// reads the 16 code bytes qs[16c ..] (one 16-byte load): their low nibbles are weights
 // 64p + 16h + i of sub-block 2p and their high nibbles weights 64p + 32 + 16h + i of sub-block
 // 2p + 1 (p = c / 2, h = c % 2). The min term dmin * m_j * sum(q over sub-block j) needs the
-// whole sub-block's code sum, so the h = 0 lane adds it for both of its sub-blocks.
-template <int N>
-__global__ void __launch_bounds__(kWarps * 32)
-    Q4KGemvKernel(const uint8_t* __restrict__ w, size_t row_bytes, int m, int k, ActView x,
-                  float* __restrict__ y) {
-  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
-  if (row >= m) return;
-  const int lane = threadIdx.x % 32;
-  const int c = lane % 8, p = c / 2, h = c % 2;
-  const int nb = k / 256;
-  const uint8_t* wr = w + static_cast<size_t>(row) * row_bytes;
-  float acc[N];
-#pragma unroll
-  for (int r = 0; r < N; ++r) acc[r] = 0.f;
-#pragma unroll 2
-  for (int b = lane / 8; b < nb; b += 4) {
-    const BlockQ4_K& blk = *reinterpret_cast<const BlockQ4_K*>(wr + static_cast<size_t>(b) * 144);
+// whole sub-block's code sum, so the h = 0 part adds it for both of its sub-blocks.
+struct Q4KUnit {
+  static constexpr int kLanes = 8, kBlockWeights = 256, kBlockBytes = 144;
+  template <int N>
+  __device__ static void Dot(const uint8_t* block, int c, int b, int k, const ActView& x,
+                             float (&acc)[N]) {
+    const BlockQ4_K& blk = *reinterpret_cast<const BlockQ4_K*>(block);
+    const int p = c / 2, h = c % 2, nb = k / 256;
     const uint4 qv = __ldg(reinterpret_cast<const uint4*>(blk.qs + 16 * c));
     int sc0, m0, sc1, m1;
     ScaleMinK4(2 * p, blk.scales, &sc0, &m0);
@@ -147,48 +139,32 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
 #pragma unroll
     for (int r = 0; r < N; ++r) {
-      const int8_t* xr =
-          x.q + static_cast<int64_t>(r) * k + static_cast<int64_t>(b) * 256 + 64 * p + 16 * h;
+      const int8_t* xr = x.q + static_cast<int64_t>(r) * k + static_cast<int64_t>(b) * 256 +
+                         64 * p + 16 * h;
       const int s0 = Dot16(lo, *reinterpret_cast<const int4*>(xr));
       const int s1 = Dot16(hi, *reinterpret_cast<const int4*>(xr + 32));
-      const float dx = x.d[static_cast<int64_t>(r) * nb + b];
       float t = dw * static_cast<float>(sc0 * s0 + sc1 * s1);
       if (h == 0) {
         const int* sums = x.s + static_cast<int64_t>(r) * (k / 32) + b * 8 + 2 * p;
         t -= dmin * static_cast<float>(m0 * sums[0] + m1 * sums[1]);
       }
-      acc[r] += dx * t;
+      acc[r] += x.d[static_cast<int64_t>(r) * nb + b] * t;
     }
   }
-#pragma unroll
-  for (int r = 0; r < N; ++r) acc[r] = WarpSum(acc[r]);
-  if (lane == 0) {
-#pragma unroll
-    for (int r = 0; r < N; ++r) y[static_cast<int64_t>(r) * m + row] = acc[r];
-  }
-}
+};
 
-// Q6_K x Q8_K: 8 lanes per 210-byte super-block. Lane chunk c takes half t = c / 4 (weights
-// 128t ..) and l0 = 8 (c % 4): weights 128t + 32j + l0 + i for j = 0..3, i = 0..7, whose low
-// nibbles are in ql[64t + l0 ..] (j = 0 low, j = 2 high) and ql[64t + 32 + l0 ..] (j = 1 low,
-// j = 3 high) and top bits at 2j in qh[32t + l0 ..]. The 8 weights of each j share the scale of
-// sub-block 8t + 2j + l0 / 16. Codes are rebuilt four per word and shifted to q - 32 (signed).
-template <int N>
-__global__ void __launch_bounds__(kWarps * 32)
-    Q6KGemvKernel(const uint8_t* __restrict__ w, size_t row_bytes, int m, int k, ActView x,
-                  float* __restrict__ y) {
-  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
-  if (row >= m) return;
-  const int lane = threadIdx.x % 32;
-  const int c = lane % 8, t = c / 4, l0 = 8 * (c % 4);
-  const int nb = k / 256;
-  const uint8_t* wr = w + static_cast<size_t>(row) * row_bytes;
-  float acc[N];
-#pragma unroll
-  for (int r = 0; r < N; ++r) acc[r] = 0.f;
-#pragma unroll 2
-  for (int b = lane / 8; b < nb; b += 4) {
-    const BlockQ6_K& blk = *reinterpret_cast<const BlockQ6_K*>(wr + static_cast<size_t>(b) * 210);
+// Q6_K x Q8_K: 8 lanes per 210-byte super-block. Part c takes half t = c / 4 (weights 128t ..)
+// and l0 = 8 (c % 4): weights 128t + 32j + l0 + i for j = 0..3, i = 0..7, whose low nibbles are
+// in ql[64t + l0 ..] (j = 0 low, j = 2 high) and ql[64t + 32 + l0 ..] (j = 1 low, j = 3 high) and
+// top bits at 2j in qh[32t + l0 ..]. The 8 weights of each j share the scale of sub-block
+// 8t + 2j + l0 / 16. Codes are rebuilt four per word and shifted to q - 32 (signed).
+struct Q6KUnit {
+  static constexpr int kLanes = 8, kBlockWeights = 256, kBlockBytes = 210;
+  template <int N>
+  __device__ static void Dot(const uint8_t* block, int c, int b, int k, const ActView& x,
+                             float (&acc)[N]) {
+    const BlockQ6_K& blk = *reinterpret_cast<const BlockQ6_K*>(block);
+    const int t = c / 4, l0 = 8 * (c % 4), nb = k / 256;
     uint32_t v[4][2];  // [j][word]: the q - 32 of weights 128t + 32j + l0 + 4 word + 0..3
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
@@ -211,42 +187,26 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int2 xv = *reinterpret_cast<const int2*>(xr + 32 * j);
-        dots[j] =
-            __dp4a(static_cast<int>(v[j][1]), xv.y, __dp4a(static_cast<int>(v[j][0]), xv.x, 0));
+        dots[j] = __dp4a(static_cast<int>(v[j][1]), xv.y,
+                         __dp4a(static_cast<int>(v[j][0]), xv.x, 0));
       }
       const int isum = sc0 * dots[0] + sc1 * dots[1] + sc2 * dots[2] + sc3 * dots[3];
       acc[r] += (dw * x.d[static_cast<int64_t>(r) * nb + b]) * static_cast<float>(isum);
     }
   }
-#pragma unroll
-  for (int r = 0; r < N; ++r) acc[r] = WarpSum(acc[r]);
-  if (lane == 0) {
-#pragma unroll
-    for (int r = 0; r < N; ++r) y[static_cast<int64_t>(r) * m + row] = acc[r];
-  }
-}
+};
 
 // Q8_0 x Q8_0: 4 lanes per 34-byte block (8 codes each, read as 2-byte halves: blocks are only
 // 2-byte aligned), a warp step covers 8 blocks.
-template <int N>
-__global__ void __launch_bounds__(kWarps * 32)
-    Q8_0GemvKernel(const uint8_t* __restrict__ w, size_t row_bytes, int m, int k, ActView x,
-                   float* __restrict__ y) {
-  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
-  if (row >= m) return;
-  const int lane = threadIdx.x % 32;
-  const int u = lane % 4;
-  const int nb = k / 32;
-  const uint8_t* wr = w + static_cast<size_t>(row) * row_bytes;
-  float acc[N];
-#pragma unroll
-  for (int r = 0; r < N; ++r) acc[r] = 0.f;
-#pragma unroll 4
-  for (int b = lane / 4; b < nb; b += 8) {
-    const uint8_t* blk = wr + static_cast<size_t>(b) * 34;
-    const float dw = F16BitsToFloat(*reinterpret_cast<const uint16_t*>(blk));
-    const int w0 = static_cast<int>(LoadU32Align2(blk + 2 + 8 * u));
-    const int w1 = static_cast<int>(LoadU32Align2(blk + 6 + 8 * u));
+struct Q8_0Unit {
+  static constexpr int kLanes = 4, kBlockWeights = 32, kBlockBytes = 34;
+  template <int N>
+  __device__ static void Dot(const uint8_t* block, int u, int b, int k, const ActView& x,
+                             float (&acc)[N]) {
+    const int nb = k / 32;
+    const float dw = F16BitsToFloat(*reinterpret_cast<const uint16_t*>(block));
+    const int w0 = static_cast<int>(LoadU32Align2(block + 2 + 8 * u));
+    const int w1 = static_cast<int>(LoadU32Align2(block + 6 + 8 * u));
 #pragma unroll
     for (int r = 0; r < N; ++r) {
       const int2 xv = *reinterpret_cast<const int2*>(x.q + static_cast<int64_t>(r) * k +
@@ -254,6 +214,26 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int dot = __dp4a(w1, xv.y, __dp4a(w0, xv.x, 0));
       acc[r] += (dw * x.d[static_cast<int64_t>(r) * nb + b]) * static_cast<float>(dot);
     }
+  }
+};
+
+template <class U, int N>
+__global__ void __launch_bounds__(kWarps * 32)
+    Q8ActGemvKernel(const uint8_t* __restrict__ w, size_t row_bytes, int m, int k, ActView x,
+                    float* __restrict__ y) {
+  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (row >= m) return;  // the whole warp leaves together: no shuffle is left short
+  const int lane = threadIdx.x % 32;
+  const int nb = k / U::kBlockWeights;
+  const uint8_t* wr = w + static_cast<size_t>(row) * row_bytes;
+  float acc[N];
+#pragma unroll
+  for (int r = 0; r < N; ++r) acc[r] = 0.f;
+  // Unrolled so that the next step's weight loads are in flight while this one is summed.
+#pragma unroll 2
+  for (int b = lane / U::kLanes; b < nb; b += 32 / U::kLanes) {
+    U::template Dot<N>(wr + static_cast<size_t>(b) * U::kBlockBytes, lane % U::kLanes, b, k, x,
+                       acc);
   }
 #pragma unroll
   for (int r = 0; r < N; ++r) acc[r] = WarpSum(acc[r]);
@@ -269,13 +249,13 @@ void LaunchRows(WeightFormat format, const uint8_t* w, size_t row_bytes, int m, 
   const unsigned blocks = static_cast<unsigned>((m + kWarps - 1) / kWarps);
   switch (format) {
     case WeightFormat::kQ4_K:
-      Q4KGemvKernel<N><<<blocks, kWarps * 32, 0, stream>>>(w, row_bytes, m, k, x, y);
+      Q8ActGemvKernel<Q4KUnit, N><<<blocks, kWarps * 32, 0, stream>>>(w, row_bytes, m, k, x, y);
       break;
     case WeightFormat::kQ6_K:
-      Q6KGemvKernel<N><<<blocks, kWarps * 32, 0, stream>>>(w, row_bytes, m, k, x, y);
+      Q8ActGemvKernel<Q6KUnit, N><<<blocks, kWarps * 32, 0, stream>>>(w, row_bytes, m, k, x, y);
       break;
     default:
-      Q8_0GemvKernel<N><<<blocks, kWarps * 32, 0, stream>>>(w, row_bytes, m, k, x, y);
+      Q8ActGemvKernel<Q8_0Unit, N><<<blocks, kWarps * 32, 0, stream>>>(w, row_bytes, m, k, x, y);
       break;
   }
 }
