@@ -462,7 +462,8 @@ class CudaBackend final : public Backend {
     const cuda::WeightFormat format = *FormatOf(w.type);
     const size_t row_bytes = w.row_bytes();
     cuda::ActQuant act;
-    if (gemv_int8_ && n <= cuda::kMaxGemvRows && cuda::Q8ActGemvFormat(format, &act) &&
+    const bool gemv = IsQuantized(w.type) && n <= cuda::kMaxGemvRows;
+    if (gemv && gemv_int8_ && cuda::Q8ActGemvFormat(format, &act) &&
         cuda::Q8ActGemvAligned(format, w.data, row_bytes)) {
       PD_ASSIGN_OR_RETURN(void* xq, Scratch(scratch_, cuda::Q8ActLayoutFor(act, in, ik).bytes));
       PD_CUDA_RETURN_IF_ERROR(cuda::LaunchQuantizeAct(act, static_cast<const float*>(x.data), in,
@@ -476,7 +477,7 @@ class CudaBackend final : public Backend {
                      " n=", n, ")"));
       return absl::OkStatus();
     }
-    if (IsQuantized(w.type) && n <= cuda::kMaxGemvRows && GemvAligned(w)) {
+    if (gemv && GemvAligned(w)) {
       PD_CUDA_RETURN_IF_ERROR(cuda::LaunchQuantGemv(format, w.data, row_bytes, im, ik,
                                                     static_cast<const float*>(x.data), in,
                                                     static_cast<float*>(y.data), stream_.get()),
@@ -1105,10 +1106,6 @@ class CudaBackend final : public Backend {
   std::vector<int32_t> rows_;
   std::vector<int32_t> staged_ints_;
 };
-
-}  // namespace
-
-namespace {
 
 // PDSERVE_CUDA_GEMV: which GEMV decode-sized quantized MatMuls run. Unset, empty or "f32": F32
 // activations (matmul_quant.cu); "int8": activations quantized as the CPU backend quantizes them

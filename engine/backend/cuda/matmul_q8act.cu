@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (lane == 0) d[blk] = __half2float(__float2half_rn(__fdiv_rn(amax, 127.f)));
 }
 
-// ---- GEMV kernels --------------------------------------------------------------------------------
+// ---- GEMV kernels -------------------------------------------------------------------------------
 //
 // A warp per output row (as matmul_quant.cu), its lanes in groups of U::kLanes that each take one
 // weight block per step. Each lane dots its codes with the activation codes in int32 (exact),

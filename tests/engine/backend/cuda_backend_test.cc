@@ -46,6 +46,7 @@
 #include <ostream>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -543,11 +544,11 @@ TEST_F(CudaBackendTest, GetRowsRejectsBadIdsAndTypes) {
 //     2^-25 absolutely), and 5e-4 S covers the tensor cores' F32 accumulation as for MatMul f16.
 //   BF16 weights (exact in the reference) with activations rounded to BF16 (2^-9):
 //     |gpu - y_ref| <= (2^-9 + 5e-4) S + 1e-5.
-// With PDSERVE_CUDA_GEMV=int8 the Q4_K, Q6_K and Q8_0 GEMVs quantize x as the CPU backend does
-// (matmul_q8act.cu) and dot the codes exactly in int32: the reference then takes x as those
-// quantized values (the CPU's own quantizer, dequantized in F64), the same GEMV bound applies
-// with x replaced by them, and the CPU, which dots the same codes, must agree within that bound
-// plus 1e-5 S: no activation-rounding term.
+// With PDSERVE_CUDA_GEMV=int8 (the backend's name then says "int8 GEMV") the Q4_K, Q6_K and
+// Q8_0 GEMVs quantize x as the CPU backend does (matmul_q8act.cu) and dot the codes exactly in
+// int32: the reference then takes x as those quantized values (the CPU's own quantizer,
+// dequantized in F64), the same GEMV bound applies with x replaced by them, and the CPU, which
+// dots the same codes, must agree within that bound plus 1e-5 S: no activation-rounding term.
 // Otherwise, against the CPU backend itself, which quantizes x to Q8_K (k-quants) or Q8_0 blocks
 // first: |gpu - cpu| <= tol_ref + sum_j |W[i,j]| e_j + 1e-5 S, with e_j = amax(x's block at j) *
 // (1/254 + 2^-11) the activation rounding (half a step of d = amax / 127, plus Q8_0's f16 d) and
@@ -593,8 +594,9 @@ TEST_P(CudaQuantMatMulTest, MatchesReferenceAndCpu) {
 
   const bool bf16 = c.type == DType::kBF16;
   const bool gemv = !bf16 && c.n <= 8;
-  const char* gemv_mode = std::getenv("PDSERVE_CUDA_GEMV");
-  const bool int8 = gemv && gemv_mode != nullptr && std::string(gemv_mode) == "int8" &&
+  // The backend names its GEMV mode (PDSERVE_CUDA_GEMV, read once at Create); the int8 GEMV
+  // covers Q4_K, Q6_K and Q8_0 (cuda::Q8ActGemvFormat).
+  const bool int8 = gemv && cuda_->name().find("int8 GEMV") != std::string_view::npos &&
                     (c.type == DType::kQ4_K || c.type == DType::kQ6_K || c.type == DType::kQ8_0);
   // The activations the reference multiplies: x, or (int8) the CPU quantizer's values of x.
   std::vector<float> xref = x;
