@@ -2,7 +2,7 @@
 # Runs the staged CUDA backend test on a GPU machine (see stage.sh), then the same MatMul f16 and
 # RmsNorm shapes through PyTorch on the same GPU as the reference, then the whole-model test
 # (cuda_model_test: parity, offload splits, decode/prefill bench), an Nsight Compute profile of
-# two 7B decode steps when ncu is there, the int8 GEMV's parity and bench (PDSERVE_CUDA_GEMV=int8),
+# two 7B decode steps when ncu is there, the F32 GEMV's parity and bench (PDSERVE_CUDA_GEMV=f32),
 # and prints the tables:
 # ours, PyTorch, the ratio, and the physical limit (HBM bytes / bandwidth for the memory-bound
 # shapes, FLOPs / dense F16 tensor peak for the large one).
@@ -45,19 +45,20 @@ if [[ -x "$NCU" ]]; then
 else
   echo "==== ncu not found: no per-kernel profile"
 fi
-# The int8 GEMV (PDSERVE_CUDA_GEMV=int8, matmul_q8act.cu; not yet the default): the quantized
-# MatMul parity and timings, then whole-model parity and the decode bench with it.
-echo "==== int8 GEMV: cuda_backend_test (MatMul parity, timings)"
-PDSERVE_CUDA_GEMV=int8 "$STAGE/cuda_backend_test" --gtest_color=no \
+# The F32 GEMV (PDSERVE_CUDA_GEMV=f32, matmul_quant.cu; the default is the int8 GEMV since
+# 2026-12-04): its quantized MatMul parity and timings, then whole-model parity and the decode
+# bench with it, so the log holds both GEMVs' tables side by side.
+echo "==== f32 GEMV: cuda_backend_test (MatMul parity, timings)"
+PDSERVE_CUDA_GEMV=f32 "$STAGE/cuda_backend_test" --gtest_color=no \
   --gtest_filter='*QuantMatMul*:*MatMulGroup*:*Gemv*:CudaBackendTest.Timing' 2>&1 |
   grep -E '^\[timing\] (backend|MatMul)|FAILED|PASSED|Failure|vs (reference|cpu)'
 RC3=${PIPESTATUS[0]}
-echo "==== int8 GEMV: cuda_model_test (parity, bench)"
-PDSERVE_CUDA_GEMV=int8 timeout 200 "$STAGE/cuda_model_test" --gtest_color=no \
-  --gtest_filter='*ForwardMatches*:*Bench*' 2>&1 | tee "$STAGE/model_test_int8.log"
+echo "==== f32 GEMV: cuda_model_test (parity, bench)"
+PDSERVE_CUDA_GEMV=f32 timeout 200 "$STAGE/cuda_model_test" --gtest_color=no \
+  --gtest_filter='*ForwardMatches*:*Bench*' 2>&1 | tee "$STAGE/model_test_f32.log"
 RC4=${PIPESTATUS[0]}
 ((RC == 0)) || { echo "cuda_backend_test FAILED (exit $RC)"; exit 1; }
 ((RC2 == 0)) || { echo "cuda_model_test FAILED (exit $RC2; 124 = over its 300 s)"; exit 1; }
-((RC3 == 0)) || { echo "int8 GEMV: cuda_backend_test FAILED (exit $RC3)"; exit 1; }
-((RC4 == 0)) || { echo "int8 GEMV: cuda_model_test FAILED (exit $RC4; 124 = over its 200 s)"; exit 1; }
+((RC3 == 0)) || { echo "f32 GEMV: cuda_backend_test FAILED (exit $RC3)"; exit 1; }
+((RC4 == 0)) || { echo "f32 GEMV: cuda_model_test FAILED (exit $RC4; 124 = over its 200 s)"; exit 1; }
 echo "GPU CHECKS PASSED"

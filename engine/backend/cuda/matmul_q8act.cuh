@@ -7,8 +7,9 @@
 // and since the CPU backend dots the same quantized activations, the two backends then differ
 // only by the order of float additions.
 //
-// Selected per backend at start-up: PDSERVE_CUDA_GEMV=int8 (see cuda_backend.cc); the F32 GEMV
-// stays the default until this one has passed and been timed on a GPU.
+// The default since it passed and was timed on an H200 (2026-12-04,
+// bench/results/gpu_2026-12-04.md); PDSERVE_CUDA_GEMV=f32 selects the F32 GEMV instead, per backend
+// at start-up (cuda_backend.cc).
 //
 // Host-callable declarations only; safe to include from .cc files compiled by the host compiler.
 #pragma once

@@ -43,6 +43,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <random>
 #include <string>
@@ -79,6 +80,37 @@ TEST(CudaBackendNoDeviceTest, OutOfRangeDeviceIsUnavailable) {
   // With or without GPUs: no machine has a million of them.
   EXPECT_THAT(CreateCudaBackend(1 << 20), StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_THAT(CreateCudaBackend(-1), StatusIs(absl::StatusCode::kUnavailable));
+}
+
+// PDSERVE_CUDA_GEMV picks the quantized GEMV at Create: int8 by default, f32 on request, and a
+// value it does not know is an error rather than a silent default. Needs a device (without one
+// Create answers UNAVAILABLE before it reads the variable).
+TEST(CudaBackendGemvModeTest, ComesFromTheEnvironment) {
+  const char* before = std::getenv("PDSERVE_CUDA_GEMV");
+  const std::optional<std::string> saved =
+      before == nullptr ? std::nullopt : std::optional<std::string>(before);
+  struct Restore {
+    const std::optional<std::string>& saved;
+    ~Restore() {
+      if (saved) {
+        setenv("PDSERVE_CUDA_GEMV", saved->c_str(), 1);
+      } else {
+        unsetenv("PDSERVE_CUDA_GEMV");
+      }
+    }
+  } restore{saved};
+  unsetenv("PDSERVE_CUDA_GEMV");
+  absl::StatusOr<std::unique_ptr<Backend>> dflt = CreateCudaBackend(0);
+  if (!dflt.ok()) GTEST_SKIP() << "needs a CUDA GPU: " << dflt.status();
+  EXPECT_THAT((*dflt)->name(), ::testing::HasSubstr("int8 GEMV"));
+  setenv("PDSERVE_CUDA_GEMV", "f32", 1);
+  absl::StatusOr<std::unique_ptr<Backend>> f32 = CreateCudaBackend(0);
+  PD_ASSERT_OK(f32.status());
+  EXPECT_THAT((*f32)->name(), ::testing::HasSubstr("f32 GEMV"));
+  setenv("PDSERVE_CUDA_GEMV", "int4", 1);
+  absl::StatusOr<std::unique_ptr<Backend>> bad = CreateCudaBackend(0);
+  EXPECT_THAT(bad, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(bad.status().message(), ::testing::HasSubstr("PDSERVE_CUDA_GEMV=int4"));
 }
 
 // ---- helpers -----------------------------------------------------------------------------------
@@ -544,7 +576,8 @@ TEST_F(CudaBackendTest, GetRowsRejectsBadIdsAndTypes) {
 //     2^-25 absolutely), and 5e-4 S covers the tensor cores' F32 accumulation as for MatMul f16.
 //   BF16 weights (exact in the reference) with activations rounded to BF16 (2^-9):
 //     |gpu - y_ref| <= (2^-9 + 5e-4) S + 1e-5.
-// With PDSERVE_CUDA_GEMV=int8 (the backend's name then says "int8 GEMV") the Q4_K, Q6_K and
+// With the int8 GEMV (the default; PDSERVE_CUDA_GEMV=f32 turns it off, and the backend's name says
+// which: "int8 GEMV" or "f32 GEMV") the Q4_K, Q6_K and
 // Q8_0 GEMVs quantize x as the CPU backend does (matmul_q8act.cu) and dot the codes exactly in
 // int32: the reference then takes x as those quantized values (the CPU's own quantizer,
 // dequantized in F64), the same GEMV bound applies with x replaced by them, and the CPU, which
