@@ -175,7 +175,10 @@ struct RouterOptions {
   // Off (or no healthy prefill node): decode nodes prefill themselves (colocated fallback).
   bool disaggregate = true;
   std::string kv_wire = "f16";         // f16 | int8: what KV travels as (int8: half the bytes)
-  int kv_transfer_timeout_ms = 30000;  // reserve -> every layer landed; then local prefill
+  // Reserve -> every layer landed, beyond the prefill node's expected queue (the prompt tokens
+  // ahead there at the rate the router measured: router/prefill_rate.h); past it the transfer is
+  // aborted and the decode node prefills.
+  int kv_transfer_timeout_ms = 30000;
   // Prompts shorter than this run on the decode node itself: their prefill is short enough to
   // share the decode node's steps, and sending them to a prefill node makes them queue there
   // behind long prompts (bench/results/pd_vs_colocated_2026-11-29*.md). 0: every prompt goes to

@@ -23,6 +23,7 @@ struct NodeRegistry::Entry {
   uint64_t generation = 0;
   std::thread health;  // moved out and joined by RemoveNode or the destructor
   std::string refused_why;  // health thread only: the last refusal logged
+  PrefillRate rate;         // prefill nodes: fed by AddActive and ObservePrefill
 };
 
 NodeRegistry::NodeRegistry(const RouterOptions& options, MetricsRegistry* metrics,
@@ -39,7 +40,9 @@ NodeRegistry::NodeRegistry(const RouterOptions& options, MetricsRegistry* metric
     load_gauge_ = &metrics->AddGauge(
         "pdserve_router_node_load",
         "The node's load from its last health poll (field: running, waiting, kv_blocks_total, "
-        "kv_blocks_free, pending_prefill_tokens) and the router's streams on it (active).",
+        "kv_blocks_free, pending_prefill_tokens, kv_blocks_cached), the router's streams on it "
+        "(active) and, for prefill nodes, the prompt tokens per second of busy time the router "
+        "measured there (prefill_tokens_per_s; 0 until measured).",
         {"node", "role", "field"});
     evictions_ = &metrics->AddCounter("pdserve_router_node_evictions_total",
                                       "Times a node stopped receiving work (failed health checks "
@@ -179,6 +182,7 @@ void NodeRegistry::Publish(const Entry& e) {
     set("pending_prefill_tokens", static_cast<double>(s.load.pending_prefill_tokens));
     set("kv_blocks_cached", s.load.kv_blocks_cached);
     set("active", s.active);
+    if (s.role == "prefill") set("prefill_tokens_per_s", s.prefill_tokens_per_s);
   }
 }
 
@@ -291,9 +295,28 @@ void NodeRegistry::AddActive(const Node* node, int delta, int64_t tokens) {
   absl::MutexLock lock(&mu_);
   Entry* e = FindLocked(node);
   if (e == nullptr) return;
+  const int before = e->status.active;
   e->status.active += delta;
   e->status.active_tokens += delta * tokens;
+  if (e->status.role == "prefill") e->rate.Active(before, e->status.active, absl::Now());
   Publish(*e);
+}
+
+void NodeRegistry::ObservePrefill(const Node* node, int64_t tokens) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = FindLocked(node);
+  if (e == nullptr) return;
+  e->rate.Finished(tokens, absl::Now());
+  e->status.prefill_tokens_per_s = e->rate.TokensPerSecond().value_or(0);
+  Publish(*e);
+}
+
+std::optional<absl::Duration> NodeRegistry::PrefillWait(const Node* node, int64_t tokens) {
+  absl::MutexLock lock(&mu_);
+  const Entry* e = FindLocked(node);
+  if (e == nullptr) return std::nullopt;
+  const int64_t backlog = std::max(e->status.load.pending_prefill_tokens, e->status.active_tokens);
+  return e->rate.Wait(backlog, tokens);
 }
 
 void NodeRegistry::OnUnhealthy(std::function<void(const Node*)> listener) {

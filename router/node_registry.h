@@ -44,6 +44,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,6 +60,7 @@
 #include "common/metrics.h"
 #include "engine/sched/engine_api.h"
 #include "pdserve/node/v1/node.grpc.pb.h"
+#include "router/prefill_rate.h"
 
 namespace pd::router {
 
@@ -73,6 +75,9 @@ struct NodeStatus {
   std::shared_ptr<const absl::flat_hash_set<uint64_t>> cached_blocks;
   int active = 0;             // the router's requests on the node now
   int64_t active_tokens = 0;  // their prompt tokens (prefill) or KV tokens (decode)
+  // Prefill nodes: prompt tokens per second of busy time as the router measured them
+  // (router/prefill_rate.h); 0 until measured.
+  double prefill_tokens_per_s = 0;
 };
 
 class NodeRegistry {
@@ -128,6 +133,14 @@ class NodeRegistry {
   void ReportFailure(const Node* node, const std::string& why);
   // The router's own in-flight requests on a node (placement counts them).
   void AddActive(const Node* node, int delta, int64_t tokens);
+  // A prefill on `node` finished, having computed `tokens` prompt tokens: its rate
+  // (router/prefill_rate.h). Call after the AddActive(node, -1, ...) of that prefill.
+  void ObservePrefill(const Node* node, int64_t tokens);
+  // How long a prompt of `tokens` placed on prefill node `node` now waits for its last layer:
+  // the prompt tokens queued or running there (the node's last report, or the router's own
+  // count, whichever is more) and its own, at the node's measured rate. nullopt before the rate
+  // is known (or for a node not in the registry).
+  std::optional<absl::Duration> PrefillWait(const Node* node, int64_t tokens);
 
   // Called (on a health thread, or the ReportFailure caller) when a node turns unhealthy.
   void OnUnhealthy(std::function<void(const Node*)> listener);

@@ -195,6 +195,19 @@ FinishReason ReasonFromName(const std::string& name) {
 
 }  // namespace
 
+double RemoteEngine::TransferBudgetSeconds(const NodeRegistry::Node* prefill, int64_t n_prompt) {
+  // The prompts queued or running on the prefill node come before this one's last layer; at the
+  // node's measured rate (with half again for a rate that drifts, and prompts arriving later that
+  // share its steps) that wait is added to router.kv_transfer_timeout_ms, which then covers the
+  // transfer and the unforeseen. Without it a busy prefill node's queue alone ran transfers past
+  // a deadline counted from placement, and their decode nodes prefilled long prompts themselves
+  // (bench/results/pd_vs_colocated_2026-12-04.md, 0.3 req/s). At most an hour (Decode.Reserve's
+  // limit); the request's own deadline still bounds the prefill call.
+  const std::optional<absl::Duration> wait = registry_.PrefillWait(prefill, n_prompt);
+  const double wait_s = wait ? absl::ToDoubleSeconds(*wait) : 0.0;
+  return std::min(3600.0, options_.kv_transfer_timeout_s + 1.5 * wait_s);
+}
+
 bool RemoteEngine::Disaggregate(Call& call, const NodeRegistry::Node* decode,
                                 nv1::GenerateRequest& nreq, std::vector<int32_t>& sent,
                                 engine::FinishInfo& info, bool* cancelled, int decode_cached) {
@@ -210,10 +223,11 @@ bool RemoteEngine::Disaggregate(Call& call, const NodeRegistry::Node* decode,
       break;
     }
     tried.push_back(pnode);
+    const double budget_s = TransferBudgetSeconds(pnode, n_prompt);
     // 1. Reserve on the decode node.
     nv1::ReserveRequest rreq;
     *rreq.mutable_request() = nreq;
-    rreq.set_deadline_s(options_.kv_transfer_timeout_s);
+    rreq.set_deadline_s(budget_s);
     rreq.set_int8_wire(options_.int8_wire);
     nv1::ReserveResponse rresp;
     grpc::Status rst;
@@ -276,7 +290,7 @@ bool RemoteEngine::Disaggregate(Call& call, const NodeRegistry::Node* decode,
     preq.mutable_kv_source()->set_reservation(rresp.reservation());
     nv1::PrefillResponse presp;
     grpc::ClientContext pctx;
-    absl::Time pdeadline = absl::Now() + absl::Seconds(options_.kv_transfer_timeout_s);
+    absl::Time pdeadline = absl::Now() + absl::Seconds(budget_s);
     if (req.deadline < pdeadline) pdeadline = req.deadline;
     pctx.set_deadline(absl::ToChronoTime(pdeadline));
     {
@@ -295,6 +309,7 @@ bool RemoteEngine::Disaggregate(Call& call, const NodeRegistry::Node* decode,
     const absl::Time t0 = absl::Now();
     const grpc::Status pst = pnode->prefill->Prefill(&pctx, preq, &presp);
     registry_.AddActive(pnode, -1, n_prompt);
+    if (pst.ok()) registry_.ObservePrefill(pnode, n_prompt - presp.cached_tokens());
     {
       absl::MutexLock lock(&call.mu);
       call.context = nullptr;

@@ -49,6 +49,7 @@ struct RemoteEngineOptions {
   bool disaggregate = true;        // router.disaggregate
   int disaggregate_min_prompt = 0;  // router.disaggregate_min_prompt
   bool int8_wire = false;          // router.kv_wire == "int8"
+  // The transfer's allowance beyond the prefill node's expected queue (TransferBudgetSeconds).
   double kv_transfer_timeout_s = 30;
   // Context when no decode node has reported one yet (the nodes' own limit is used once known).
   int default_context = 4096;
@@ -80,6 +81,10 @@ class RemoteEngine final : public engine::GenerationEngine {
  private:
   struct Call;
   void Run(std::shared_ptr<Call> call);
+  // Decode.Reserve's deadline and the prefill call's, in seconds from now, for a prompt of
+  // `n_prompt` tokens placed on `prefill` now: router.kv_transfer_timeout_ms plus the node's
+  // expected queue (NodeRegistry::PrefillWait).
+  double TransferBudgetSeconds(const NodeRegistry::Node* prefill, int64_t n_prompt);
   // The disaggregated prefill for the first attempt on decode node `decode`: on return `nreq`
   // carries the reservation (and the first token when a prefill node computed it); the first
   // token, unless a stop token, was given to the sink and appended to `sent`. Returns false when

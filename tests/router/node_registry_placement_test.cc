@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -193,6 +194,48 @@ TEST(NodeRegistryPlacementTest, KvAwarePrefillWeighsItsCacheAndTheDecodeNodes) {
     ASSERT_NE(n, nullptr);
     EXPECT_EQ(n->options.name, "a");
   }
+}
+
+// PrefillWait: unknown until the node has finished enough work; then the node's reported queue
+// (or the router's own count there, whichever is more) and the prompt, at the measured rate.
+TEST(NodeRegistryPlacementTest, PrefillWaitIsTheQueueAtTheMeasuredRate) {
+  FakeDecode p("prefill");
+  p.Set({}, 3000);  // the node reports 3,000 prompt tokens pending
+  RouterOptions o;
+  o.health_interval_ms = 10;
+  o.health_timeout_ms = 500;
+  auto reg = NodeRegistry::Create(o, nullptr);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  ASSERT_TRUE((*reg)->AddNode({"p", "prefill", p.address()}).ok());
+  for (int i = 0; i < 500 && ((*reg)->HealthyCount("prefill") < 1 || p.polls() < 2); ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const NodeRegistry::Node* n = (*reg)->PickPrefill(1000, {});
+  ASSERT_NE(n, nullptr);
+  EXPECT_FALSE((*reg)->PrefillWait(n, 1000));
+  // One prefill of 2,000 tokens that takes ~0.6 s of the router's time on the node.
+  const absl::Time start = absl::Now();
+  (*reg)->AddActive(n, 1, 2000);
+  absl::SleepFor(absl::Milliseconds(600));
+  (*reg)->AddActive(n, -1, 2000);
+  const double busy = absl::ToDoubleSeconds(absl::Now() - start);
+  (*reg)->ObservePrefill(n, 2000);
+  // (3,000 pending + 1,000) at 2,000 tokens per `busy` seconds: 2 x busy.
+  std::optional<absl::Duration> wait = (*reg)->PrefillWait(n, 1000);
+  ASSERT_TRUE(wait);
+  EXPECT_GE(absl::ToDoubleSeconds(*wait), 2 * 0.6);
+  EXPECT_LE(absl::ToDoubleSeconds(*wait), 2 * busy);
+  const std::vector<NodeStatus> snap = (*reg)->Snapshot();
+  ASSERT_EQ(snap.size(), 1u);
+  EXPECT_GE(snap[0].prefill_tokens_per_s, 2000 / busy);
+  EXPECT_LE(snap[0].prefill_tokens_per_s, 2000 / 0.6);
+  // The router's own requests there count when they are more than the node reports.
+  (*reg)->AddActive(n, 1, 9000);
+  wait = (*reg)->PrefillWait(n, 1000);
+  ASSERT_TRUE(wait);
+  EXPECT_GE(absl::ToDoubleSeconds(*wait), 5 * 0.6);
+  EXPECT_LE(absl::ToDoubleSeconds(*wait), 5 * busy);
+  (*reg)->AddActive(n, -1, 9000);
 }
 
 }  // namespace
