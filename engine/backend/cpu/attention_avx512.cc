@@ -715,12 +715,12 @@ void SwiGlu512(const float* g, const float* u, float* y, int64_t n) {
 
 }  // namespace
 
-SwiGluFn Avx512SwiGlu() {
+PD_NO_AVX512 SwiGluFn Avx512SwiGlu() {
   static const bool ok = CpuHasAvx512(bit_AVX512F | bit_AVX512DQ);
   return ok ? &SwiGlu512 : nullptr;
 }
 
-const AttnKernels* Avx512AttnKernels() {
+PD_NO_AVX512 const AttnKernels* Avx512AttnKernels() {
   static const bool ok = CpuHasAvx512(bit_AVX512F | bit_AVX512DQ);
   return ok ? &kAvx512Attn : nullptr;
 }

@@ -589,40 +589,42 @@ void GemmQuad(int64_t k, const void* w, size_t w_stride, int64_t rows, const voi
   }
 }
 
-bool UseVnni() {
-  static const bool use = [] {
-    const char* off = std::getenv("PDSERVE_CPU_NO_VNNI");
-    if (off != nullptr && off[0] != '\0' && off[0] != '0') return false;
-    return CpuHasAvx512(bit_AVX512F | bit_AVX512BW | bit_AVX512VL, bit_AVX512VNNI);  // + OS state
-  }();
+PD_NO_AVX512 bool ReadUseVnni() {
+  const char* off = std::getenv("PDSERVE_CPU_NO_VNNI");
+  if (off != nullptr && off[0] != '\0' && off[0] != '0') return false;
+  return CpuHasAvx512(bit_AVX512F | bit_AVX512BW | bit_AVX512VL, bit_AVX512VNNI);  // + OS state
+}
+
+PD_NO_AVX512 bool UseVnni() {
+  static const bool use = ReadUseVnni();
   return use;
 }
 
 }  // namespace
 
-const GroupedKernels* Q8_0QuadVnni() {
+PD_NO_AVX512 const GroupedKernels* Q8_0QuadVnni() {
   static constexpr GroupedKernels kKernels = {&QuadXBytes, &PackQuadX, nullptr, nullptr,
                                               &GemmQuad<true>};
   return UseVnni() ? &kKernels : nullptr;
 }
 
-const GroupedKernels* Q5_0QuadVnni() {
+PD_NO_AVX512 const GroupedKernels* Q5_0QuadVnni() {
   static constexpr GroupedKernels kKernels = {&QuadXBytes, &PackQuadX, nullptr, nullptr,
                                               &GemmQuad<false>};
   return UseVnni() ? &kKernels : nullptr;
 }
 
-GemmTileFn Q8_0TileVnni() { return UseVnni() ? &VnniTable<Q8Vnni>::Gemm : nullptr; }
-GemmTileFn Q5_0TileVnni() { return UseVnni() ? &VnniTable<Q5_0Vnni>::Gemm : nullptr; }
-GemmTileFn Q4_0TileVnni() { return UseVnni() ? &VnniTable<Q4_0Vnni>::Gemm : nullptr; }
+PD_NO_AVX512 GemmTileFn Q8_0TileVnni() { return UseVnni() ? &VnniTable<Q8Vnni>::Gemm : nullptr; }
+PD_NO_AVX512 GemmTileFn Q5_0TileVnni() { return UseVnni() ? &VnniTable<Q5_0Vnni>::Gemm : nullptr; }
+PD_NO_AVX512 GemmTileFn Q4_0TileVnni() { return UseVnni() ? &VnniTable<Q4_0Vnni>::Gemm : nullptr; }
 
-const GroupedKernels* Q8_0GroupedVnni() {
+PD_NO_AVX512 const GroupedKernels* Q8_0GroupedVnni() {
   static constexpr GroupedKernels kKernels = {&GroupedXBytes, &PackGroupedX<7>,
                                                   nullptr, nullptr, &GemmGrouped<true>};
   return UseVnni() ? &kKernels : nullptr;
 }
 
-const GroupedKernels* Q5_0GroupedVnni() {
+PD_NO_AVX512 const GroupedKernels* Q5_0GroupedVnni() {
   static constexpr GroupedKernels kKernels = {&GroupedXBytes, &PackGroupedX<4>,
                                                   &Q5_0PackedBytes, &PackQ5_0GroupedW,
                                                   &GemmGrouped<false>};

@@ -728,11 +728,13 @@ struct Q6KWideZmm {
 
 // The 256-bit VNNI tiles' conditions (AVX512F + VL + VNNI, ZMM state enabled by the OS,
 // PDSERVE_CPU_NO_VNNI unset; avx512_vnni.cc), plus AVX512BW for the 512-bit byte and word ops.
-bool CpuHasZmmKQuants() { return Q8_0TileVnni() != nullptr && __builtin_cpu_supports("avx512bw"); }
+PD_NO_AVX512 bool CpuHasZmmKQuants() {
+  return Q8_0TileVnni() != nullptr && __builtin_cpu_supports("avx512bw");
+}
 
 }  // namespace
 
-ZmmKQuantTiles ZmmKQuantTilesIfSupported() {
+PD_NO_AVX512 ZmmKQuantTiles ZmmKQuantTilesIfSupported() {
   static const bool ok = CpuHasZmmKQuants();
   if (!ok) return {};
   return {.q2_k_repack_gemm = &Q2KRepackTable<2>::Gemm,

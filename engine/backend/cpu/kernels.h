@@ -281,6 +281,17 @@ CpuIsa CpuIsaCap();
 // and CpuIsaCap() allows AVX-512: the check every AVX-512 file makes before handing out its
 // kernels. False off x86.
 bool CpuHasAvx512(uint32_t leaf7_ebx, uint32_t leaf7_ecx = 0);
+// On every function of an AVX-512 file that runs before, or to make, that check (the exported
+// entry points and their checks): those files are compiled with -mavx512*, so without it the
+// compiler may use AVX-512 anywhere in them, and did: a struct returned by value was zeroed with
+// an EVEX store, and every process died with SIGILL on a CPU without AVX-512 (AMD EPYC, AVX2
+// only). Under this attribute AVX-512 code cannot be generated or inlined there. Lambdas do not
+// inherit it: write such code as named functions.
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define PD_NO_AVX512 __attribute__((target("no-avx512f")))
+#else
+#define PD_NO_AVX512
+#endif
 
 // The AVX-512 versions (attention_avx512.cc): nullptr unless the CPU has AVX512F and AVX512DQ.
 const AttnKernels* Avx512AttnKernels();

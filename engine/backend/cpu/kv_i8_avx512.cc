@@ -125,7 +125,7 @@ void RowI8ToF16(const int8_t* q, float scale, uint16_t* y) {
 // Of the three instantiations, the one for head_dim (64, 128 or 256); nullptr for other head
 // dims, or on a CPU without AVX512F + BW and the OS's ZMM state.
 template <typename Fn>
-Fn ForHeadDim(int head_dim, Fn for64, Fn for128, Fn for256) {
+PD_NO_AVX512 Fn ForHeadDim(int head_dim, Fn for64, Fn for128, Fn for256) {
   static const bool ok = CpuHasAvx512(bit_AVX512F | bit_AVX512BW);
   if (!ok) return nullptr;
   return head_dim == 64 ? for64 : head_dim == 128 ? for128 : head_dim == 256 ? for256 : nullptr;
@@ -133,11 +133,11 @@ Fn ForHeadDim(int head_dim, Fn for64, Fn for128, Fn for256) {
 
 }  // namespace
 
-KvRowF16ToI8Fn Avx512KvRowF16ToI8(int head_dim) {
+PD_NO_AVX512 KvRowF16ToI8Fn Avx512KvRowF16ToI8(int head_dim) {
   return ForHeadDim<KvRowF16ToI8Fn>(head_dim, &RowF16ToI8<4>, &RowF16ToI8<8>, &RowF16ToI8<16>);
 }
 
-KvRowI8ToF16Fn Avx512KvRowI8ToF16(int head_dim) {
+PD_NO_AVX512 KvRowI8ToF16Fn Avx512KvRowI8ToF16(int head_dim) {
   return ForHeadDim<KvRowI8ToF16Fn>(head_dim, &RowI8ToF16<4>, &RowI8ToF16<8>, &RowI8ToF16<16>);
 }
 
