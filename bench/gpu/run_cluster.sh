@@ -17,18 +17,22 @@ ROOT="$(dirname "$HERE")"
 if [[ -n "${OUT:-}" ]]; then mkdir -p "$OUT"; exec > >(tee -a "$OUT/cluster.log") 2>&1; fi
 echo "==== machine ($(date -u +%FT%TZ))"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
+# The parts: copied to /tmp/pd-parts by the calls before this one, or carried in this one.
 n="$(cat "$HERE/parts")"
+mkdir -p /tmp/pd-parts
+find "$ROOT" -maxdepth 2 -path "$ROOT/.gpu-model-*/part.*" -exec cp {} /tmp/pd-parts/ \;
 missing=""
-for i in $(seq 1 "$n"); do [[ -d "$ROOT/.gpu-model-$i" ]] || missing="$missing $i"; done
+for i in $(seq 0 $((n - 1))); do
+  [[ -f "/tmp/pd-parts/part.$(printf %02d "$i")" ]] || missing="$missing $((i + 1))"
+done
 [[ -z "$missing" ]] || { echo "model parts missing:$missing (send them again, back to back)"; exit 4; }
 
 W=/tmp/pd-cluster
 rm -rf "$W" && mkdir -p "$W"
 tar -C "$W" -xJf "$HERE/stage.tar.xz"
 model_name="$(awk '{print $2}' "$HERE/model.sha256")"
-# Parts are named part.00, part.01, ... across their folders: join them in that order.
-find "$ROOT" -maxdepth 2 -path "$ROOT/.gpu-model-*/part.*" -printf '%f %p\n' | sort \
-  | awk '{print $2}' | xargs cat > "$W/$model_name"
+# Parts are named part.00, part.01, ...: join them in that order.
+cat /tmp/pd-parts/part.* > "$W/$model_name"
 (cd "$W" && sha256sum -c "$HERE/model.sha256") || { echo "model checksum mismatch"; exit 5; }
 
 source "$HERE/cuda_libs.sh"

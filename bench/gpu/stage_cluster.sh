@@ -8,17 +8,18 @@
 #   .gpu-cluster/   stage.tar.xz (pdctl, pd-router, pd-prefill, pd-decode without debug info, the
 #                   shared libraries they link outside glibc/libstdc++/CUDA, UCX's cma module),
 #                   model.sha256, run_cluster.sh
-#   .gpu-model-N/   the model in parts of PART_MIB (default 27) MiB
+#   .gpu-model-N/   the model in parts of PART_MIB MiB (default: what fits beside the tracked
+#                   tree in one call's 64 MB, less 1 MiB; 24 MiB with a 36 MiB tree)
 #
-# Why parts: a device call carries at most 64 MiB together with the tracked tree (~33 MiB), and
-# the default model is 241 MiB. The machine keeps carried paths between calls while it stays warm
-# (30 s idle), so the stage and the parts go over in back-to-back calls, one path each (the stage,
-# 15 MiB, and a 27 MiB part do not fit in one), and the last call runs the check. A call removes
-# only the carried paths it names that are absent here. Then:
+# Why parts: a device call carries at most 64 MB (10^6 bytes) together with the tracked tree, and
+# the default model is 241 MiB. A warm machine (30 s idle) keeps /tmp between calls but not the
+# repository copy, carried paths included (seen 2026-12-04), so each call copies its part to
+# /tmp/pd-parts, back to back, and the last call carries the stage (16 MiB) with the last part
+# (the smallest) and runs the check:
 #
-#   device run, carry [.gpu-cluster]: true
-#   device run, carry [.gpu-model-1]: true  ... one call per part, back to back
-#   device run, carry [.gpu-model-N]: OUT=$OUT bash .gpu-cluster/run_cluster.sh
+#   device run, carry [.gpu-model-1]: mkdir -p /tmp/pd-parts && cp .gpu-model-1/* /tmp/pd-parts/
+#   ... one call per part but the last, back to back
+#   device run, carry [.gpu-cluster, .gpu-model-N]: OUT=$OUT bash .gpu-cluster/run_cluster.sh
 #
 # run_cluster.sh says which parts it lacks if the machine went cold between calls.
 # The binaries come from PD_GPU_STAGE_BUILD (default: build), configured with CUDA arch 90.
@@ -26,7 +27,11 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD="${PD_GPU_STAGE_BUILD:-$ROOT/build}"
 MODEL="${1:-$ROOT/models/gemma-3-270m-q4_k_m.gguf}"
-PART_MIB="${PART_MIB:-27}"
+if [[ -z "${PART_MIB:-}" ]]; then
+  tree=$(git -C "$ROOT" ls-files -z | xargs -0 stat -c %s | awk '{s += $1} END {print s}')
+  PART_MIB=$(( (64000000 - tree) / 1048576 - 1 ))
+fi
+((PART_MIB > 0)) || { echo "the tracked tree leaves no room for a model part in a call" >&2; exit 1; }
 STAGE="$ROOT/.gpu-cluster"
 [[ -f "$MODEL" ]] || { echo "no model at $MODEL (make setup fetches the default one)" >&2; exit 1; }
 grep -q 'CMAKE_CUDA_ARCHITECTURES:STRING=.*90' "$BUILD/CMakeCache.txt" ||

@@ -163,6 +163,10 @@ std::vector<int32_t> RandomPrompt(std::mt19937& rng, int n, int vocab) {
 
 struct ParityReport {
   double mean_kl = 0, max_kl = 0;
+  // When mean_kl is over 1e-3: the same mean KL between the CPU backend and the CPU backend on its
+  // portable (scalar) kernels, an arithmetic as valid as either: how far this model's logits move
+  // under rounding alone. -1 when not measured.
+  double cpu_floor_kl = -1;
   int positions = 0, greedy_same = 0, greedy_total = 0, divergences = 0, non_ties = 0;
 };
 
@@ -178,8 +182,10 @@ ParityReport Parity(const std::string& name, const std::shared_ptr<const GgufFil
   const int V = cpu.model->config().n_vocab;
   std::mt19937 rng(11);
   double kl_sum = 0;
+  std::vector<std::vector<int32_t>> prompts;
   for (int p = 0; p < 20; ++p) {
     const std::vector<int32_t> prompt = RandomPrompt(rng, 103, V);
+    prompts.push_back(prompt);
     const std::vector<float> a = AllLogits(cpu, prompt, p);
     const std::vector<float> b = AllLogits(gpu, prompt, p);
     EXPECT_EQ(a.size(), b.size());
@@ -228,10 +234,36 @@ ParityReport Parity(const std::string& name, const std::shared_ptr<const GgufFil
     gpu.kv->Free(100 + p);
   }
   r.mean_kl = kl_sum / std::max(r.positions, 1);
+  if (r.mean_kl > 1e-3) {
+    // Some models amplify rounding far more than others (Gemma 3 270M: its CPU kernel sets, or
+    // f16 against f32 KV, differ by KL ~4e-3 to 1.4e-2 at a position; bench/results/
+    // gpu_2026-12-04.md, run 8): measure that floor on the same prompts.
+    std::unique_ptr<Backend> scalar = CreateCpuBackend({.force_scalar = true});
+    Loaded ref = Load(file, {scalar.get()}, LayerPlacement::Single(n_layer), 64);
+    if (ref.kv != nullptr) {
+      double floor_sum = 0;
+      int n = 0;
+      for (size_t p = 0; p < prompts.size(); ++p) {
+        const std::vector<float> a = AllLogits(cpu, prompts[p], 200 + p);
+        const std::vector<float> b = AllLogits(ref, prompts[p], 200 + p);
+        if (a.size() != b.size()) break;
+        for (size_t i = 0; i < prompts[p].size(); ++i, ++n) {
+          floor_sum += Kl(a.data() + i * V, b.data() + i * V, V);
+        }
+      }
+      r.cpu_floor_kl = floor_sum / std::max(n, 1);
+    }
+  }
   std::printf("[parity] %s: KL mean %.3g max %.3g over %d positions; greedy %d/%d steps equal, "
               "%d divergences (%d not near ties)\n",
               name.c_str(), r.mean_kl, r.max_kl, r.positions, r.greedy_same, r.greedy_total,
               r.divergences, r.non_ties);
+  if (r.cpu_floor_kl >= 0) {
+    std::printf(
+        "[parity] %s: KL mean between the CPU's SIMD and scalar kernels %.3g (the bound is "
+        "max(1e-3, 2 x that) = %.3g)\n",
+        name.c_str(), r.cpu_floor_kl, std::max(1e-3, 2 * r.cpu_floor_kl));
+  }
   return r;
 }
 
@@ -255,7 +287,9 @@ TEST(CudaModelTest, ForwardMatchesTheCpuOnWholeModels) {
     if (file == nullptr) continue;
     const ParityReport r = Parity(name, file, g);
     EXPECT_GE(r.positions, 2048);
-    EXPECT_LE(r.mean_kl, 1e-3);
+    // 1e-3, or (for a model whose logits move more under rounding alone) twice the KL between
+    // the CPU's own two kernel sets: the GPU no further from the CPU than the CPU is from itself.
+    EXPECT_LE(r.mean_kl, std::max(1e-3, 2 * r.cpu_floor_kl));
     EXPECT_EQ(r.non_ties, 0);
   }
 }
