@@ -1,5 +1,6 @@
 // How fast a prefill node computes prompts, as the router sees it, and so how long a prompt placed
-// there now will wait for its KV (docs/cluster.md, "KV transfer deadline").
+// there now will wait for its KV (docs/cluster.md, "The disaggregated request": the transfer's
+// deadline).
 //
 // The rate is prompt tokens finished per second of the node's busy time: the time during which
 // at least one of the router's prefills was on the node. Idle gaps do not dilute it, and prompts
