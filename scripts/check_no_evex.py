@@ -79,10 +79,10 @@ def main(objs):
             continue
         funcs = functions(obj)
         names = demangle(list(funcs))
-        todo = [f for f, (g, _, _) in funcs.items() if g]
+        pending = [f for f, (g, _, _) in funcs.items() if g]
         seen = set()
-        while todo:
-            f = todo.pop()
+        while pending:
+            f = pending.pop()
             if f in seen or f not in funcs:
                 continue
             seen.add(f)
@@ -91,7 +91,7 @@ def main(objs):
                     problems.append(f"{obj}: {names.get(f, f)}: EVEX instruction '{text}'")
                     break
             for callee in funcs[f][2]:
-                todo.append(callee)
+                pending.append(callee)
         checked += 1
         print(f"{obj}: {len(seen)} entry-point functions checked")
     if checked == 0:
