@@ -322,7 +322,7 @@ void RegisterAll() {
     }
   }
   for (DType t : {DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {
-    for (int n : {1, 2, 3, 4, 5, 8}) {
+    for (int n : {1, 2, 3, 4, 5, 8, 16}) {
       for (int threads : {1, 2}) {
         const std::string name = pd::StrCat("rows/", Traits(t).name, "/", n, "/", threads);
         benchmark::RegisterBenchmark(name.c_str(), BM_Rows, t, n, threads)

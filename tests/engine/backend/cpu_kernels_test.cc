@@ -371,6 +371,56 @@ TEST(Q4_0VnniTest, BitIdenticalToTheAvx2Tile) {
   ExpectTileBitsEqual<BlockQ4_0>(vnni, &GemmQ4_0Avx2, 10, {32, 160, 640, 4128});
 }
 
+// Weight i (0..31) of a 32-block as a signed integer: Q8_0's byte, Q5_0's and Q4_0's codes (low
+// nibbles are weights 0..15, high nibbles 16..31; Q5_0's fifth bit is bit i of qh) less their
+// offset.
+int WeightCode(const BlockQ8_0& b, int i) { return b.qs[i]; }
+int WeightCode(const BlockQ5_0& b, int i) {
+  const int nibble = i < 16 ? b.qs[i] & 0x0F : b.qs[i - 16] >> 4;
+  return (nibble | ((b.qh[i / 8] >> (i % 8)) & 1) << 4) - 16;
+}
+int WeightCode(const BlockQ4_0& b, int i) {
+  return (i < 16 ? b.qs[i] & 0x0F : b.qs[i - 16] >> 4) - 8;
+}
+
+// ggml's x86 (AVX2) order for a 32-block format x Q8_0, written out in scalar code: per block,
+// eight int32 lanes (lane j: weights 4j..4j+3, exact), each converted to F32 and added into its
+// own F32 lane as fma(d_w * d_x, lane, acc); at the end the lanes are summed as
+// ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)). A GemmTileFn, so that tiles compare to it.
+template <typename W>
+void GgmlX86Tile(int64_t k, const void* w, size_t ws, int nr, const void* x, size_t xs, int nc,
+                 float* y, int64_t ys) {
+  const int64_t nb = k / 32;
+  for (int r = 0; r < nr; ++r) {
+    const W* wr = reinterpret_cast<const W*>(static_cast<const char*>(w) + r * ws);
+    for (int c = 0; c < nc; ++c) {
+      const BlockQ8_0* xc =
+          reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(x) + c * xs);
+      float acc[8] = {};
+      for (int64_t b = 0; b < nb; ++b) {
+        const float d = F16ToF32(wr[b].d) * F16ToF32(xc[b].d);
+        for (int j = 0; j < 8; ++j) {
+          int32_t lane = 0;
+          for (int i = 4 * j; i < 4 * j + 4; ++i) lane += WeightCode(wr[b], i) * xc[b].qs[i];
+          acc[j] = std::fma(d, static_cast<float>(lane), acc[j]);
+        }
+      }
+      y[c * ys + r] =
+          ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+    }
+  }
+}
+
+// The AVX2 Q8_0, Q5_0 and Q4_0 tiles give ggml's x86 order bit for bit on every tile shape, on
+// any x86 CPU (the VNNI tests above need AVX512-VNNI; this one holds the AVX2 tiles alone to
+// llama.cpp's bits): one block, leftover blocks after four-block steps, the default model's rows.
+TEST(Avx2Q0TilesTest, GiveGgmlsX86OrderBitForBit) {
+  if (Avx2Kernels() == nullptr) GTEST_SKIP() << "AVX2 kernels not available on this build/CPU";
+  ExpectTileBitsEqual<BlockQ8_0>(&GgmlX86Tile<BlockQ8_0>, &GemmQ8_0Avx2, 31, {32, 96, 640, 4096});
+  ExpectTileBitsEqual<BlockQ5_0>(&GgmlX86Tile<BlockQ5_0>, &GemmQ5_0Avx2, 32, {32, 160, 640, 4128});
+  ExpectTileBitsEqual<BlockQ4_0>(&GgmlX86Tile<BlockQ4_0>, &GemmQ4_0Avx2, 33, {32, 160, 640, 4128});
+}
+
 // The grouped 512-bit kernels (16 activation rows per register) give the AVX2 tiles' bits for
 // Q8_0 and Q5_0 weights (and so the decode path's: a sequence's logits do not depend on its
 // batch): odd and even row counts (the 2-row steps and the tail), activation counts that fill one
