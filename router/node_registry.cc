@@ -295,10 +295,9 @@ void NodeRegistry::AddActive(const Node* node, int delta, int64_t tokens) {
   absl::MutexLock lock(&mu_);
   Entry* e = FindLocked(node);
   if (e == nullptr) return;
-  const int before = e->status.active;
   e->status.active += delta;
   e->status.active_tokens += delta * tokens;
-  if (e->status.role == "prefill") e->rate.Active(before, e->status.active, absl::Now());
+  if (e->status.role == "prefill") e->rate.Active(e->status.active, absl::Now());
   Publish(*e);
 }
 

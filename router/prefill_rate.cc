@@ -4,13 +4,14 @@
 
 namespace pd::router {
 
-void PrefillRate::Active(int before, int after, absl::Time now) {
-  if (before <= 0 && after > 0) {
+void PrefillRate::Active(int active, absl::Time now) {
+  const int before = active_;
+  active_ = std::max(0, active);
+  if (before == 0 && active_ > 0) {
     busy_since_ = now;
-  } else if (before > 0 && after <= 0) {
+  } else if (before > 0 && active_ == 0) {
     busy_ += std::max(absl::ZeroDuration(), now - busy_since_);
   }
-  active_ = std::max(0, after);
 }
 
 void PrefillRate::Finished(int64_t tokens, absl::Time now) {

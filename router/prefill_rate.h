@@ -28,9 +28,9 @@ class PrefillRate {
   static constexpr absl::Duration kMinBusy = absl::Milliseconds(500);
   static constexpr int64_t kMinTokens = 256;
 
-  // The router's prefills on the node went from `before` to `after` (AddActive): a busy period
-  // starts at 0 -> more and ends at more -> 0.
-  void Active(int before, int after, absl::Time now);
+  // The router's prefills on the node are now `active` (AddActive): a busy period starts when
+  // they go from 0 to more and ends when they go back to 0.
+  void Active(int active, absl::Time now);
   // A prefill finished on the node, having computed `tokens` prompt tokens (those its prefix
   // cache or a pull supplied are not counted).
   void Finished(int64_t tokens, absl::Time now);

@@ -12,8 +12,8 @@ absl::Time At(double s) { return t0 + absl::Seconds(s); }
 
 // One prefill of `tokens` from `start` to `end`, alone on the node.
 void Alone(PrefillRate& r, int64_t tokens, double start, double end) {
-  r.Active(0, 1, At(start));
-  r.Active(1, 0, At(end));
+  r.Active(1, At(start));
+  r.Active(0, At(end));
   r.Finished(tokens, At(end));
 }
 
@@ -43,11 +43,11 @@ TEST(PrefillRateTest, OverlappingPrefillsShareTheBusyTime) {
   // Two prompts of 1,000 tokens on the node at once for 2 s: the node computes 1,000 tokens/s,
   // though each prompt took 2 s (a per-request rate would say 500).
   PrefillRate r;
-  r.Active(0, 1, At(0));
-  r.Active(1, 2, At(0.1));
-  r.Active(2, 1, At(1.9));
+  r.Active(1, At(0));
+  r.Active(2, At(0.1));
+  r.Active(1, At(1.9));
   r.Finished(1000, At(1.9));
-  r.Active(1, 0, At(2));
+  r.Active(0, At(2));
   r.Finished(1000, At(2));
   ASSERT_TRUE(r.TokensPerSecond());
   EXPECT_NEAR(*r.TokensPerSecond(), 1000.0, 1e-9);
