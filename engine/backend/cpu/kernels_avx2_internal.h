@@ -175,8 +175,9 @@ PD_ALWAYS_INLINE inline void PrefetchNextTile(const void* block, size_t ws) {
 
 template <int R, int C>
 inline void StoreTile(__m256 (&acc)[R][C], float* y, int64_t ys) {
-  PD_UNROLL for (int r = 0; r < R; ++r) PD_UNROLL for (int c = 0; c < C; ++c) y[c * ys + r] =
-      HSum(acc[r][c]);
+  PD_UNROLL for (int r = 0; r < R; ++r) {
+    PD_UNROLL for (int c = 0; c < C; ++c) y[c * ys + r] = HSum(acc[r][c]);
+  }
 }
 
 using TileImpl = void (*)(int64_t, const char*, size_t, const char*, size_t, float*, int64_t);

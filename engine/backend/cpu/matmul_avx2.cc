@@ -124,8 +124,9 @@ PD_ALWAYS_INLINE inline void Q8Pass(const char* w, size_t ws, const Q8Stage<C>& 
                                     int n, __m256 (*acc_mem)[C]) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R][C];
-  PD_UNROLL for (int r = 0; r < R; ++r) PD_UNROLL for (int c = 0; c < C; ++c) acc[r][c] =
-      acc_mem[r][c];
+  PD_UNROLL for (int r = 0; r < R; ++r) {
+    PD_UNROLL for (int c = 0; c < C; ++c) acc[r][c] = acc_mem[r][c];
+  }
   for (int j = 0; j < n; ++j) {
     PD_UNROLL for (int r = 0; r < R; ++r) {
       const BlockQ8_0* wb = reinterpret_cast<const BlockQ8_0*>(w + r * ws) + b0 + j;
@@ -144,8 +145,9 @@ PD_ALWAYS_INLINE inline void Q8Pass(const char* w, size_t ws, const Q8Stage<C>& 
       }
     }
   }
-  PD_UNROLL for (int r = 0; r < R; ++r) PD_UNROLL for (int c = 0; c < C; ++c) acc_mem[r][c] =
-      acc[r][c];
+  PD_UNROLL for (int r = 0; r < R; ++r) {
+    PD_UNROLL for (int c = 0; c < C; ++c) acc_mem[r][c] = acc[r][c];
+  }
 }
 
 // Passes of PassRows(R, C) rows each over the same staged blocks; acc holds R rows.
@@ -198,19 +200,20 @@ template <int R, int C>
 void TileQ8(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y, int64_t ys) {
   if constexpr (C == 1) {
     TileQ8Direct<R, C>(k, w, ws, x, xs, y, ys);
-    return;
+  } else {
+    const int64_t nb = k / kQ8_0BlockSize;
+    Q8Stage<C> st;
+    __m256 acc[R][C];
+    PD_UNROLL for (int r = 0; r < R; ++r) {
+      PD_UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+    }
+    for (int64_t b0 = 0; b0 < nb; b0 += Q8Stage<C>::kBlocks) {
+      const int n = static_cast<int>(std::min<int64_t>(Q8Stage<C>::kBlocks, nb - b0));
+      st.Fill(x, xs, b0, n);
+      Q8Passes<R, C, R>(w, ws, st, b0, n, acc);
+    }
+    StoreTile<R, C>(acc, y, ys);
   }
-  const int64_t nb = k / kQ8_0BlockSize;
-  Q8Stage<C> st;
-  __m256 acc[R][C];
-  PD_UNROLL for (int r = 0; r < R; ++r) PD_UNROLL for (int c = 0; c < C; ++c) acc[r][c] =
-      _mm256_setzero_ps();
-  for (int64_t b0 = 0; b0 < nb; b0 += Q8Stage<C>::kBlocks) {
-    const int n = static_cast<int>(std::min<int64_t>(Q8Stage<C>::kBlocks, nb - b0));
-    st.Fill(x, xs, b0, n);
-    Q8Passes<R, C, R>(w, ws, st, b0, n, acc);
-  }
-  StoreTile<R, C>(acc, y, ys);
 }
 
 // Q4_0 and Q5_0 unpack and dot their codes as the k-quant tiles do (the scheme is described
