@@ -92,11 +92,10 @@ void TileHalf(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
 // operations (d_w * d_x is the product of the two broadcast scales, ggml's scalar product in
 // every lane), so neither passes nor staging change a bit. Measured with gemv_bench
 // rows/q8_0/N/1 (best of 5, Zen 3, one thread): 4 rows 30.6 -> 26.9 ms, 8 rows 66.0 -> 56.3, 16
-// rows 133.6 -> 105.4. One activation row keeps the in-place tile (TileQ8Direct), as fast there.
+// rows 133.6 -> 105.4. One activation row keeps an in-place tile (TileQ8Row), faster there.
 constexpr int kPassAcc = 8;
-constexpr int PassRows(int r, int c) {
-  return r < kPassAcc / c ? r : (kPassAcc / c > 0 ? kPassAcc / c : 1);
-}
+static_assert(kPassAcc / kGemmTileX >= 1, "a pass holds at least one row of a tile");
+constexpr int PassRows(int r, int c) { return std::min(r, kPassAcc / c); }
 
 template <int C>
 struct Q8Stage {
@@ -160,46 +159,35 @@ PD_ALWAYS_INLINE inline void Q8Passes(const char* w, size_t ws, const Q8Stage<C>
 }
 
 // One activation row (decode): the blocks read in place (staged, the Gemma 3 head from DRAM was
-// 5-20% slower in the same runs).
-template <int R, int C>
-void TileQ8Direct(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y,
-                  int64_t ys) {
+// 5-20% slower in the same runs; so was this row through Q8Pass, 13-25%).
+template <int R>
+void TileQ8Row(int64_t k, const char* w, size_t ws, const char* x, float* y) {
   const int64_t nb = k / kQ8_0BlockSize;
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    __m256i xq[C];
-    float dx[C];
-    for (int c = 0; c < C; ++c) {
-      const BlockQ8_0* xb = reinterpret_cast<const BlockQ8_0*>(x + c * xs) + b;
-      xq[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb->qs));
-      dx[c] = HalfToFloat(xb->d);
-    }
+    const BlockQ8_0* xb = reinterpret_cast<const BlockQ8_0*>(x) + b;
+    const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb->qs));
+    const float dx = HalfToFloat(xb->d);
     for (int r = 0; r < R; ++r) {
       const BlockQ8_0* wb = reinterpret_cast<const BlockQ8_0*>(w + r * ws) + b;
-      // The same block of the next tile's rows (see PrefetchNextTile below): blocks are 34
-      // bytes, so one prefetch per block touches every 64-byte line.
+      // The same block of the next tile's rows: blocks are 34 bytes, so one prefetch per block
+      // touches every 64-byte line.
       _mm_prefetch(reinterpret_cast<const char*>(wb) + R * ws, _MM_HINT_T1);
       const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb->qs));
-      const __m256i wabs = _mm256_sign_epi8(wq, wq);
-      const float dw = HalfToFloat(wb->d);
-      for (int c = 0; c < C; ++c) {
-        const __m256i p16 = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xq[c], wq));
-        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx[c]), p, acc[r][c]);
-      }
+      const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
+      const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(wb->d) * dx), p, acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[c * ys + r] = HSum(acc[r][c]);
+  for (int r = 0; r < R; ++r) y[r] = HSum(acc[r]);
 }
 
 template <int R, int C>
 void TileQ8(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y, int64_t ys) {
   if constexpr (C == 1) {
-    TileQ8Direct<R, C>(k, w, ws, x, xs, y, ys);
+    TileQ8Row<R>(k, w, ws, x, y);
   } else {
     const int64_t nb = k / kQ8_0BlockSize;
     Q8Stage<C> st;
