@@ -20,6 +20,10 @@
 //   tiles (1-2 rows), the quad kernels (3-4 to 11 rows), the grouped ones (12+); Q4_K (repacked
 //   GEMV order) and Q6_K the ZMM tiles, four rows per weight unpacking (n = 5: a second pass
 //   over the chunk for the fifth row). With PDSERVE_CPU_NO_VNNI=1, the AVX2 4x4 tiles.
+// prompt/<format>/<t>: one prompt's MatMul, 512 F32 activation rows in the default (prompt) order
+//   against the default model's shapes, 2048 x 640 for the 32-block formats (Q5_0 and Q8_0 are
+//   its FFN gate / up shape) and 640 x 2048 for the k-quants (FFN down), from cache: the compute
+//   bound of prefill. Counter GMACps = multiply-adds (512 * rows * cols) / s.
 // Weights hold random codes with finite, normal super-scales (every bit pattern of a code or a
 // sub-block scale is valid; W8A8 codes avoid -128): kernel speed does not depend on the values.
 // W8A8 (pdserve's INT8 weights x per-token INT8 activations) and W4A16 (INT4 groups of 128 x F32
@@ -300,6 +304,29 @@ void BM_Rows(benchmark::State& state, DType t, int n, int threads) {
       static_cast<double>(n) * state.iterations(), benchmark::Counter::kIsRate);
 }
 
+void BM_Prompt(benchmark::State& state, DType t, int threads) {
+  constexpr int64_t n = 512;
+  const bool kquant = Traits(t).block_size == 256;
+  const int64_t rows = kquant ? 640 : 2048, cols = kquant ? 2048 : 640;
+  const size_t matrix_bytes = RowBytes(t, cols) * rows;
+  HostBytes w = AllocBytes(matrix_bytes);
+  FillWeights(t, w.get(), matrix_bytes, 1);
+  std::unique_ptr<Backend> be = CreateCpuBackend({.threads = threads});
+  std::vector<float> xv(cols * n), yv(rows * n);
+  Rng rng{7};
+  for (float& f : xv) f = static_cast<float>(static_cast<int32_t>(rng.Next() >> 32)) * 0x1p-31f;
+  Tensor x{DType::kF32, cols, n, xv.data()};
+  Tensor y{DType::kF32, rows, n, yv.data()};
+  Tensor wt{t, cols, rows, w.get()};
+  PD_CHECK_OK(be->MatMul(wt, x, y));
+  for (auto _ : state) {
+    PD_CHECK_OK(be->MatMul(wt, x, y));
+    benchmark::DoNotOptimize(yv.data());
+  }
+  state.counters["GMACps"] = benchmark::Counter(
+      static_cast<double>(n * rows * cols) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+
 void RegisterAll() {
   for (int threads : {1, 2}) {
     benchmark::RegisterBenchmark("dram_read", BM_DramRead)  // named dram_read/<threads>
@@ -319,6 +346,14 @@ void RegisterAll() {
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond);
       }
+    }
+  }
+  for (DType t : {DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {
+    for (int threads : {1, 2}) {
+      const std::string name = pd::StrCat("prompt/", Traits(t).name, "/", threads);
+      benchmark::RegisterBenchmark(name.c_str(), BM_Prompt, t, threads)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
     }
   }
   for (DType t : {DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {

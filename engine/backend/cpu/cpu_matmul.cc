@@ -23,7 +23,9 @@ constexpr size_t kMatMulChunkBytes = 256 << 10;
 // From this many activation rows on, Q8_0 and Q5_0 weights take the grouped 512-bit kernels (16
 // rows per register). Their cost per weight block does not depend on how many of the 16 lanes
 // are filled, so fewer rows leave most of the work wasted: with 4 rows the grouped Q8_0 head took
-// 3.0x the time of the 4x4 tiles (gemv_bench rows/q8_0/4/1: 34 ms against 11 ms of CPU).
+// 3.0x the time of the 4x4 tiles (gemv_bench rows/q8_0/4/1: 34 ms against 11 ms of CPU). The
+// AVX2 Q5_0 grouped kernel (8 rows per register) takes the same bound: at 16 rows it levels with
+// the tiles (rows/q5_0/16/1, Zen 3: 1.90 against 1.85 ms), at 512 it is 1.6x faster.
 constexpr int64_t kGroupedMinRows = 12;
 // From this many rows up to kGroupedMinRows, Q8_0 and Q5_0 weights take the quad kernels (four
 // activation rows per 512-bit register, a group of four costing the same however many are
@@ -212,12 +214,17 @@ absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
   const size_t ws = w.row_bytes();
   float* ya = static_cast<float*>(y.data);
   // Q8_0 and Q5_0 for a batch: activations laid out 16 rows per register once; Q8_0 weights read
-  // in place, Q5_0 chunks unpacked once per call (AVX512-VNNI only; bit-identical to the tiles
-  // below, so results do not depend on the batch size).
+  // in place, Q5_0 chunks unpacked once per call (AVX512-VNNI). Without VNNI, Q5_0 takes the AVX2
+  // grouped kernel (8 rows per register; prompt GEMM 1.6x the 4x4 tiles, gemv_bench
+  // prompt/q5_0/1 on Zen 3). Both are bit-identical to the tiles below, so results do not depend
+  // on the batch size.
   const cpu::GroupedKernels* grouped = nullptr;
   if (n >= kGroupedMinRows && &k_ == cpu::Avx2Kernels()) {
     if (w.type == DType::kQ8_0) grouped = cpu::Q8_0GroupedVnni();
-    if (w.type == DType::kQ5_0) grouped = cpu::Q5_0GroupedVnni();
+    if (w.type == DType::kQ5_0) {
+      grouped = cpu::Q5_0GroupedVnni();
+      if (grouped == nullptr) grouped = cpu::Q5_0GroupedAvx2();
+    }
   }
   if (grouped != nullptr) {
     thread_local std::vector<char> xg_storage;

@@ -110,6 +110,10 @@ struct GroupedKernels {
 };
 const GroupedKernels* Q8_0GroupedVnni();
 const GroupedKernels* Q5_0GroupedVnni();
+// Q5_0 on AVX2 alone (grouped_avx2.cc): eight activation rows per 256-bit register, a chunk's rows
+// unpacked once per MatMul. Bit-identical to the AVX2 tile. nullptr when the build has no AVX2
+// code; only call where AVX2 runs (Avx2Kernels() selected).
+const GroupedKernels* Q5_0GroupedAvx2();
 // The same contract for small batches (2 to ~11 activation rows: a few decode sequences, or the
 // K+1 rows of one sequence that a speculative step verifies): four activation rows per 512-bit
 // register (one 128-bit lane each, avx512_vnni.cc), weight blocks read in place and broadcast; a

@@ -427,11 +427,12 @@ TEST(Avx2Q0TilesTest, GiveGgmlsX86OrderBitForBit) {
 // group, part of one, and several, and k with one or many blocks.
 template <typename W>
 void ExpectGroupedEqualsTiles(const GroupedKernels* g, GemmTileFn tiles, uint32_t seed,
-                              std::initializer_list<int64_t> ns = {4, 7, 16, 17, 40}) {
+                              std::initializer_list<int64_t> ns = {4, 7, 16, 17, 40},
+                              std::initializer_list<int64_t> row_counts = {1, 3, 4, 9}) {
   std::mt19937 rng(seed);
   for (int64_t k : {32, 640, 2048}) {
     const int64_t nb = k / 32;
-    for (int64_t rows : {1, 3, 4, 9}) {
+    for (int64_t rows : row_counts) {
       for (int64_t n : ns) {
         const std::vector<W> w = RandomWeightBlocks<W>(rng, rows * nb);
         const std::vector<BlockQ8_0> x = RandomActivationBlocks(rng, n * nb);
@@ -479,6 +480,17 @@ TEST(GroupedVnniTest, Q5_0BitIdenticalToTheAvx2Tiles) {
   const GroupedKernels* g = Q5_0GroupedVnni();
   if (g == nullptr) GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_ISA / PDSERVE_CPU_NO_VNNI turn it off)";
   ExpectGroupedEqualsTiles<BlockQ5_0>(g, &GemmQ5_0Avx2, 22);
+}
+
+// The AVX2 grouped Q5_0 kernel (eight activation rows per 256-bit register, prompts on CPUs
+// without AVX512-VNNI) gives the tiles' bits: one group, part of one, several and a tail, and
+// weight chunks of one row, a few, and more than one 64-row panel (70: a short last panel).
+TEST(GroupedAvx2Test, Q5_0BitIdenticalToTheAvx2Tiles) {
+  if (Avx2Kernels() == nullptr) GTEST_SKIP() << "AVX2 kernels not available on this build/CPU";
+  const GroupedKernels* g = Q5_0GroupedAvx2();
+  ASSERT_NE(g, nullptr);
+  ExpectGroupedEqualsTiles<BlockQ5_0>(g, &GemmQ5_0Avx2, 25, {1, 7, 8, 12, 17, 40},
+                                      {1, 3, 4, 9, 70});
 }
 
 // The small-batch quad kernels (four activation rows per 512-bit register) give the AVX2 tiles'

@@ -1,0 +1,181 @@
+// AVX2 grouped GEMM of Q5_0 weights x many Q8_0 activation rows (prompts, large batches): the
+// GroupedKernels contract of kernels.h, eight activation rows per 256-bit register.
+//
+// The AVX2 tile (TileQ5_0, matmul_avx2.cc) keeps, per (weight row, activation row) pair and
+// block, ggml's 8 int32 lanes (lane p: the products of weights 4p..4p+3) and one FMA per block
+// into an 8-lane F32 accumulator, summed in HSum's order at the end. Here the pair's lane p sits
+// in lane c of accumulator p: for one weight row, a group of 8 activation rows, block b and
+// group p, the row's four codes (0..31) are broadcast, maddubs multiplies them (unsigned) with
+// the 8 activation rows' four bytes (signed; pairs at most 2 * 31 * 128 in magnitude, so int16
+// never saturates), madd with ones adds the pairs, and the -16 offset enters as the lane's start
+// value (-16 times the sum of those four activation bytes, packed once per MatMul). So every int32
+// is the tile's, and so is every F32 step (d_w * d_x, one FMA per block in block order, the lane
+// sum ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))): the results are bit-identical, for
+// every row count (tests/engine/backend/cpu_kernels_test.cc compares them).
+//
+// Why: the 4 x 4 tile unpacks each weight block once per 4 activation rows and needs more than
+// the 16 registers (its 16 accumulators, 16 activation vectors and their offsets spill). Here a
+// chunk's rows are unpacked once per MatMul (pack_w), the loop holds 8 accumulators, and per 32
+// products it issues 5 vector ops (maddubs, madd, add, cvt, fma) and no shuffle.
+//
+// Compiled with -mavx2 -mfma -mf16c and run only after SelectKernels() has checked the CPU.
+#include "engine/backend/cpu/kernels.h"
+
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine/backend/cpu/kernels_avx2_internal.h"
+
+namespace pd::engine::cpu {
+namespace {
+
+constexpr int kLanes = 8;
+
+// One block of a group of 8 activation rows: q[p][c] = bytes 4p..4p+3 of row c's block,
+// start[p][c] = -16 * their sum, d[c] = row c's scale. Rows past n are zero (their lanes are
+// computed and dropped).
+struct XGroupBlock {
+  int32_t q[8][kLanes];
+  int32_t start[8][kLanes];
+  float d[kLanes];
+};
+static_assert(sizeof(XGroupBlock) % 32 == 0, "blocks stay 32-byte aligned");
+
+size_t XBytes(int64_t n, int64_t k) {
+  return static_cast<size_t>((n + kLanes - 1) / kLanes) * static_cast<size_t>(k / kQ8_0BlockSize) *
+         sizeof(XGroupBlock);
+}
+
+void PackX(const void* x, size_t xs, int64_t n, int64_t k, void* out) {
+  const int64_t nb = k / kQ8_0BlockSize;
+  auto* g = static_cast<XGroupBlock*>(out);
+  std::memset(out, 0, XBytes(n, k));
+  const __m256i ones8 = _mm256_set1_epi8(1);
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  for (int64_t c = 0; c < n; ++c) {
+    const auto* xb = reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(x) + c * xs);
+    const int64_t grp = c / kLanes;
+    const int lane = static_cast<int>(c % kLanes);
+    for (int64_t b = 0; b < nb; ++b) {
+      XGroupBlock& o = g[grp * nb + b];
+      const __m256i q = Load32(xb[b].qs);
+      // The four-byte sums (|sum| <= 512), times -16.
+      const __m256i start = _mm256_slli_epi32(
+          _mm256_sub_epi32(_mm256_setzero_si256(),
+                           _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q), ones16)),
+          4);
+      alignas(32) int32_t qv[8], sv[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(qv), q);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(sv), start);
+      for (int p = 0; p < 8; ++p) {
+        o.q[p][lane] = qv[p];
+        o.start[p][lane] = sv[p];
+      }
+      o.d[lane] = HalfToFloat(xb[b].d);
+    }
+  }
+}
+
+// The packed chunk: rows of codes (0..31, k bytes each), then the rows' block scales as F32.
+size_t WBytes(int64_t rows, int64_t k) {
+  const int64_t nb = k / kQ8_0BlockSize;
+  return static_cast<size_t>(rows * nb) * (kQ8_0BlockSize + sizeof(float));
+}
+
+void PackW(const void* w, size_t ws, int64_t rows, int64_t k, void* out) {
+  const int64_t nb = k / kQ8_0BlockSize;
+  uint8_t* codes = static_cast<uint8_t*>(out);
+  float* scales = reinterpret_cast<float*>(codes + rows * k);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(16);
+  const __m256i spread =
+      _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
+  const __m256i bits = _mm256_set1_epi64x(0x8040201008040201);
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto* wb = reinterpret_cast<const BlockQ5_0*>(static_cast<const char*>(w) + r * ws);
+    for (int64_t b = 0; b < nb; ++b) {
+      // Weight order: bytes 0-15 the low nibbles (weights 0-15), 16-31 the high ones; byte i
+      // takes bit i of qh as its fifth bit.
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[b].qs));
+      uint32_t h;
+      std::memcpy(&h, wb[b].qh, 4);
+      const __m256i hb = _mm256_and_si256(
+          _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(h)), spread), bits);
+      const __m256i lo = _mm256_and_si256(
+          _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1), m4);
+      _mm256_storeu_si256(
+          reinterpret_cast<__m256i*>(codes + r * k + b * kQ8_0BlockSize),
+          _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(hb, bits), sixteen)));
+      scales[r * nb + b] = HalfToFloat(wb[b].d);
+    }
+  }
+}
+
+// One weight row (nb blocks of codes and F32 scales) x one group of 8 activation rows; writes
+// the group's first nc lanes to y[c * ys].
+void RowGroup(int64_t nb, const uint8_t* codes, const float* scales, const XGroupBlock* xg, int nc,
+              float* y, int64_t ys) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[8];
+  PD_UNROLL for (int p = 0; p < 8; ++p) acc[p] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const XGroupBlock& xb = xg[b];
+    const __m256 s = _mm256_mul_ps(_mm256_set1_ps(scales[b]), _mm256_load_ps(xb.d));
+    const uint8_t* wr = codes + b * kQ8_0BlockSize;
+    PD_UNROLL for (int p = 0; p < 8; ++p) {
+      int32_t w4;
+      std::memcpy(&w4, wr + 4 * p, 4);
+      const __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(xb.q[p]));
+      const __m256i dot =
+          _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(w4), xq), ones),
+                           _mm256_load_si256(reinterpret_cast<const __m256i*>(xb.start[p])));
+      acc[p] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(dot), acc[p]);
+    }
+  }
+  const __m256 sum =
+      _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
+                    _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
+  alignas(32) float lanes[kLanes];
+  _mm256_store_ps(lanes, sum);
+  for (int c = 0; c < nc; ++c) y[c * ys] = lanes[c];
+}
+
+// Rows of the packed chunk in panels of kPanelRows, each panel against every activation group:
+// a group's blocks (k = 640: 20 x 544 bytes) stay in L1 while the panel's rows pass, and the
+// panel (k = 640: 64 x 720 bytes) in L2 while the groups pass.
+constexpr int64_t kPanelRows = 64;
+
+void Gemm(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, const void* packed_x,
+          int64_t n, float* y, int64_t ys) {
+  const int64_t nb = k / kQ8_0BlockSize;
+  const uint8_t* codes = static_cast<const uint8_t*>(w);
+  const float* scales = reinterpret_cast<const float*>(codes + rows * k);
+  const auto* xg = static_cast<const XGroupBlock*>(packed_x);
+  for (int64_t r0 = 0; r0 < rows; r0 += kPanelRows) {
+    const int64_t r1 = std::min(rows, r0 + kPanelRows);
+    for (int64_t g = 0; g * kLanes < n; ++g) {
+      const int nc = static_cast<int>(std::min<int64_t>(kLanes, n - g * kLanes));
+      for (int64_t r = r0; r < r1; ++r) {
+        RowGroup(nb, codes + r * k, scales + r * nb, xg + g * nb, nc, y + g * kLanes * ys + r, ys);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+const GroupedKernels* Q5_0GroupedAvx2() {
+  static constexpr GroupedKernels kKernels = {&XBytes, &PackX, &WBytes, &PackW, &Gemm};
+  return &kKernels;
+}
+
+}  // namespace pd::engine::cpu
+
+#else
+
+namespace pd::engine::cpu {
+const GroupedKernels* Q5_0GroupedAvx2() { return nullptr; }
+}  // namespace pd::engine::cpu
+
+#endif
