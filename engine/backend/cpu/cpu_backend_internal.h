@@ -183,6 +183,8 @@ class CpuBackend final : public Backend {
     // packed; nullptr: the tiles.
     const GroupedKernels* quad = nullptr;
     const char* quad_x = nullptr;
+    // RunMatMulChunks computes activation rows [x_begin, n) (a grouped kernel took the others).
+    int64_t x_begin = 0;
   };
   // Validates y = x w^T, converts x to the companion type (into scratch slot `slot`, unless
   // `converted` already holds that conversion: {type, data, stride}) and plans the chunks.

@@ -218,31 +218,47 @@ absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
   // grouped kernel (8 rows per register; prompt GEMM 1.6x the 4x4 tiles, gemv_bench
   // prompt/q5_0/1 on Zen 3). Both are bit-identical to the tiles below, so results do not depend
   // on the batch size.
+  // Q4_K matrices llama.cpp repacks, without the 512-bit tiles: the rows in the repacked GEMM
+  // order (a prompt's, all but its last n % 4) take the AVX2 grouped kernel (bit-identical to the
+  // q4_k_repack_gemm tile), the rest (GEMV order) the tiles, in the same chunks.
   const cpu::GroupedKernels* grouped = nullptr;
+  int64_t n_grouped = n;
   if (n >= kGroupedMinRows && &k_ == cpu::Avx2Kernels()) {
     if (w.type == DType::kQ8_0) grouped = cpu::Q8_0GroupedVnni();
     if (w.type == DType::kQ5_0) {
       grouped = cpu::Q5_0GroupedVnni();
       if (grouped == nullptr) grouped = cpu::Q5_0GroupedAvx2();
     }
+    if (w.type == DType::kQ4_K && m % 8 == 0 &&
+        cpu::ZmmKQuantTilesIfSupported().q4_k_repack_gemm == nullptr) {
+      n_grouped = 0;
+      if (row_orders.empty()) {
+        n_grouped = n - n % 4;
+      } else {
+        while (n_grouped < n && !(row_orders[n_grouped] & kRowOrderGemv)) ++n_grouped;
+      }
+      if (n_grouped >= kGroupedMinRows) grouped = cpu::Q4KRepackGroupedAvx2();
+    }
   }
   if (grouped != nullptr) {
     thread_local std::vector<char> xg_storage;
-    xg_storage.resize(grouped->x_bytes(n, k) + 64);
+    xg_storage.resize(grouped->x_bytes(n_grouped, k) + 64);
     char* xg = xg_storage.data() + (64 - reinterpret_cast<uintptr_t>(xg_storage.data()) % 64) % 64;
-    grouped->pack_x(p.xa, p.xs, n, k, xg);
+    grouped->pack_x(p.xa, p.xs, n_grouped, k, xg);
+    p.x_begin = n_grouped;  // the tiles take the rows after
     pool_.ParallelFor(n_chunks, [&](int64_t c0, int64_t c1) {
       thread_local std::vector<char> wp;
       for (int64_t c = c0; c < c1; ++c) {
         const int64_t r_begin = c * chunk_rows, rows = std::min(m, (c + 1) * chunk_rows) - r_begin;
         const char* wc = wa + r_begin * ws;
         if (grouped->pack_w == nullptr) {
-          grouped->gemm(k, wc, ws, rows, xg, n, ya + r_begin, m);
+          grouped->gemm(k, wc, ws, rows, xg, n_grouped, ya + r_begin, m);
         } else {
           wp.resize(grouped->w_bytes(rows, k));
           grouped->pack_w(wc, ws, rows, k, wp.data());
-          grouped->gemm(k, wp.data(), 0, rows, xg, n, ya + r_begin, m);
+          grouped->gemm(k, wp.data(), 0, rows, xg, n_grouped, ya + r_begin, m);
         }
+        if (n_grouped < n) RunMatMulChunks(p, c, c + 1);
       }
     });
     return absl::OkStatus();
@@ -287,7 +303,7 @@ void CpuBackend::RunMatMulChunks(const MatMulPlan& p, int64_t c0, int64_t c1) co
   };
   const bool per_row = repacked || wide_tile != nullptr;
   // Activation tiles outer, weight tiles inner: this chunk of weights stays in cache.
-  for (int64_t i = 0; i < n;) {
+  for (int64_t i = p.x_begin; i < n;) {
     int nc = static_cast<int>(std::min<int64_t>(cpu::kGemmTileX, n - i));
     cpu::GemmTileFn fn = tile;
     if (per_row) {

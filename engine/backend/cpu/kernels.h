@@ -114,6 +114,11 @@ const GroupedKernels* Q5_0GroupedVnni();
 // unpacked once per MatMul. Bit-identical to the AVX2 tile. nullptr when the build has no AVX2
 // code; only call where AVX2 runs (Avx2Kernels() selected).
 const GroupedKernels* Q5_0GroupedAvx2();
+// Q4_K weights x Q8_K prompt rows in llama.cpp's repacked GEMM order (the order of
+// Kernels::q4_k_repack_gemm, for rows not in the GEMV order) on AVX2 (grouped_avx2.cc): a chunk's
+// rows unpacked once per MatMul, eight prompt rows per register. Bit-identical to the AVX2
+// q4_k_repack_gemm tile. nullptr when the build has no AVX2 code; only call where AVX2 runs.
+const GroupedKernels* Q4KRepackGroupedAvx2();
 // The same contract for small batches (2 to ~11 activation rows: a few decode sequences, or the
 // K+1 rows of one sequence that a speculative step verifies): four activation rows per 512-bit
 // register (one 128-bit lane each, avx512_vnni.cc), weight blocks read in place and broadcast; a

@@ -22,6 +22,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -392,6 +393,61 @@ TEST_F(KQuantKernelsTest, ZmmQ4KAndQ6KTilesGiveTheAvx2TilesBits) {
   }
 }
 
+// The AVX2 grouped Q4_K kernel (prompt rows eight per register, llama.cpp's repacked GEMM order)
+// gives the AVX2 q4_k_repack_gemm tile's bits: random blocks over every code, scale and min, and
+// extreme ones (all codes 15 and all 6-bit scales 63 against activations all -128 or all 127: the
+// int16 sums of a sub-block at their bound), one super-block and several, weight chunks of one
+// row to more than one 64-row panel, prompt rows filling one group of 8, two, and tails.
+TEST_F(KQuantKernelsTest, GroupedAvx2Q4KGivesTheRepackedGemmTileBits) {
+  const GroupedKernels* g = Q4KRepackGroupedAvx2();
+  ASSERT_NE(g, nullptr);
+  const GemmTileFn tile = Q4KRepackGemmTileAvx2Only();
+  for (int64_t k : {kQK, 2 * kQK, 8 * kQK}) {
+    for (int rows : {1, 3, 8, 70}) {
+      for (int n : {1, 7, 8, 12, 16, 17, 24, 40}) {
+        for (bool extreme : {false, true}) {
+          Rows w = RandomWeights(DType::kQ4_K, rows, k, Scales::kRandom, rng_);
+          Rows a = RandomActivations(DType::kQ8_K, n, k, -128, 127, Scales::kRandom, rng_);
+          if (extreme) {
+            for (int r = 0; r < rows; ++r) {
+              auto* b = reinterpret_cast<BlockQ4_K*>(w.row(r));
+              for (int64_t j = 0; j < k / kQK; ++j) {
+                std::memset(b[j].scales, 0xff, sizeof(b[j].scales));
+                std::memset(b[j].qs, 0xff, sizeof(b[j].qs));
+              }
+            }
+            for (int c = 0; c < n; ++c) {
+              auto* b = reinterpret_cast<BlockQ8_K*>(a.row(c));
+              for (int64_t j = 0; j < k / kQK; ++j) {
+                std::memset(b[j].qs, c % 2 ? 0x7f : 0x80, sizeof(b[j].qs));
+                FixBsums(b[j]);
+              }
+            }
+          }
+          std::vector<float> want(static_cast<size_t>(n) * rows), got(want.size(), -1.f);
+          for (int c = 0; c < n; c += kGemmTileX) {
+            for (int r = 0; r < rows; r += kGemmTileW) {
+              tile(k, w.row(r), w.stride, std::min(kGemmTileW, rows - r), a.row(c), a.stride,
+                   std::min(kGemmTileX, n - c), want.data() + c * rows + r, rows);
+            }
+          }
+          std::vector<char> xp(g->x_bytes(n, k) + 64), wp(g->w_bytes(rows, k));
+          char* xa = xp.data() + (64 - reinterpret_cast<uintptr_t>(xp.data()) % 64) % 64;
+          g->pack_x(a.row(0), a.stride, n, k, xa);
+          g->pack_w(w.row(0), w.stride, rows, k, wp.data());
+          g->gemm(k, wp.data(), 0, rows, xa, n, got.data(), rows);
+          for (size_t i = 0; i < want.size(); ++i) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(want[i]), std::bit_cast<uint32_t>(got[i]))
+                << "k " << k << " rows " << rows << " n " << n << (extreme ? " extreme" : "")
+                << " at row " << i % rows << ", prompt row " << i / rows << ": " << want[i]
+                << " vs " << got[i];
+          }
+        }
+      }
+    }
+  }
+}
+
 // llama.cpp's other x86 orders (kernels.h: q4_k_repack_*, q2_k_repack_*, gemm_wide): the
 // AVX2 tiles must give the scalar reference's bits, on every tile shape and on random blocks
 // (codes, sub-block scales and super-scales over their whole ranges), and stay within the
@@ -733,6 +789,47 @@ TEST(KQuantMatMulThreadsTest, BitIdenticalAcrossThreadCounts) {
     ASSERT_THAT(CreateCpuBackend({.threads = 1})->MatMul(wt, xt, t1), IsOk());
     ASSERT_THAT(CreateCpuBackend({.threads = 4})->MatMul(wt, xt, t4), IsOk());
     EXPECT_EQ(std::memcmp(y1.data(), y4.data(), y1.size() * sizeof(float)), 0) << Name(f.type);
+  }
+}
+
+// Q4_K prompts through the backend: on CPUs without the 512-bit tiles the rows in the repacked
+// GEMM order take the grouped AVX2 kernel and the GEMV-order rows the tiles, in the same chunks.
+// Every row must come out as the scalar table computes it (its twin of each order): prompt
+// lengths that leave 1-3 GEMV rows, explicit orders with a GEMV row inside the prompt (the rows
+// after it go to the tiles), and a chunk split over two threads.
+TEST(KQuantMatMulOrdersTest, Q4KPromptRowsMatchTheScalarTable) {
+  if (Avx2Kernels() == nullptr || &SelectKernels(false) != Avx2Kernels()) {
+    GTEST_SKIP() << "AVX2 kernels not available on this build/CPU";
+  }
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal;
+  const int64_t m = 136, k = 512;
+  Rows w = RandomWeights(DType::kQ4_K, static_cast<int>(m), k, Scales::kRandom, rng);
+  Tensor wt{DType::kQ4_K, k, m, w.bytes.data()};
+  std::unique_ptr<Backend> best = CreateCpuBackend({.threads = 2});
+  std::unique_ptr<Backend> scalar = CreateCpuBackend({.threads = 1, .force_scalar = true});
+  for (int64_t n : {12, 13, 15, 16, 19, 40}) {
+    for (bool explicit_orders : {false, true}) {
+      std::vector<float> xf(n * k);
+      for (float& v : xf) v = normal(rng);
+      std::vector<uint8_t> orders(n, 0);
+      if (explicit_orders) orders[n / 2] = kRowOrderGemv;
+      Tensor xt{DType::kF32, k, n, xf.data()};
+      std::vector<float> want(n * m), got(n * m);
+      Tensor tw{DType::kF32, m, n, want.data()}, tg{DType::kF32, m, n, got.data()};
+      if (explicit_orders) {
+        ASSERT_THAT(scalar->MatMulRowOrder(wt, xt, tw, orders), IsOk());
+        ASSERT_THAT(best->MatMulRowOrder(wt, xt, tg, orders), IsOk());
+      } else {
+        ASSERT_THAT(scalar->MatMul(wt, xt, tw), IsOk());
+        ASSERT_THAT(best->MatMul(wt, xt, tg), IsOk());
+      }
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(want[i]), std::bit_cast<uint32_t>(got[i]))
+            << "n " << n << (explicit_orders ? " (explicit orders)" : "") << " at prompt row "
+            << i / m << ", weight row " << i % m << ": " << want[i] << " vs " << got[i];
+      }
+    }
   }
 }
 
