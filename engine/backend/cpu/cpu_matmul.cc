@@ -218,26 +218,34 @@ absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
   // grouped kernel (8 rows per register; prompt GEMM 1.6x the 4x4 tiles, gemv_bench
   // prompt/q5_0/1 on Zen 3). Both are bit-identical to the tiles below, so results do not depend
   // on the batch size.
-  // Q4_K matrices llama.cpp repacks, without the 512-bit tiles: the rows in the repacked GEMM
-  // order (a prompt's, all but its last n % 4) take the AVX2 grouped kernel (bit-identical to the
-  // q4_k_repack_gemm tile), the rest (GEMV order) the tiles, in the same chunks.
+  // Without the 512-bit k-quant tiles, Q4_K matrices llama.cpp repacks and Q6_K ones take AVX2
+  // grouped kernels for the leading rows in the order each reproduces (a prompt's rows: Q4_K's
+  // repacked GEMM order, all but the last n % 4; Q6_K's tiled order, all of them from 8 rows),
+  // bit-identical to the tiles of that order; the rows after (GEMV or vec_dot order) take the
+  // tiles, in the same chunks.
   const cpu::GroupedKernels* grouped = nullptr;
   int64_t n_grouped = n;
+  // The leading rows whose order has (kWant) or lacks (!kWant) `flag`.
+  auto leading = [&](uint8_t flag, bool want, int64_t by_default) {
+    if (row_orders.empty()) return by_default;
+    int64_t i = 0;
+    while (i < n && ((row_orders[i] & flag) != 0) == want) ++i;
+    return i;
+  };
   if (n >= kGroupedMinRows && &k_ == cpu::Avx2Kernels()) {
     if (w.type == DType::kQ8_0) grouped = cpu::Q8_0GroupedVnni();
     if (w.type == DType::kQ5_0) {
       grouped = cpu::Q5_0GroupedVnni();
       if (grouped == nullptr) grouped = cpu::Q5_0GroupedAvx2();
     }
-    if (w.type == DType::kQ4_K && m % 8 == 0 &&
-        cpu::ZmmKQuantTilesIfSupported().q4_k_repack_gemm == nullptr) {
-      n_grouped = 0;
-      if (row_orders.empty()) {
-        n_grouped = n - n % 4;
-      } else {
-        while (n_grouped < n && !(row_orders[n_grouped] & kRowOrderGemv)) ++n_grouped;
-      }
+    const cpu::ZmmKQuantTiles zmm = cpu::ZmmKQuantTilesIfSupported();
+    if (w.type == DType::kQ4_K && m % 8 == 0 && zmm.q4_k_repack_gemm == nullptr) {
+      n_grouped = leading(kRowOrderGemv, false, n - n % 4);
       if (n_grouped >= kGroupedMinRows) grouped = cpu::Q4KRepackGroupedAvx2();
+    }
+    if (w.type == DType::kQ6_K && zmm.q6_k_wide == nullptr) {
+      n_grouped = leading(kRowOrderWide, true, n);
+      if (n_grouped >= kGroupedMinRows) grouped = cpu::Q6KWideGroupedAvx2();
     }
   }
   if (grouped != nullptr) {

@@ -42,6 +42,10 @@ namespace {
 
 constexpr int kLanes = 8;
 
+inline __m256i LoadA(const int32_t* p) {
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
+}
+
 // One block of a group of 8 activation rows: q[p][c] = bytes 4p..4p+3 of row c's block,
 // start[p][c] = -16 * their sum, d[c] = row c's scale. Rows past n are zero (their lanes are
 // computed and dropped).
@@ -252,82 +256,220 @@ void PackWK(const void* w, size_t ws, int64_t rows, int64_t k, void* out) {
   }
 }
 
-// Accumulators of one weight row against G groups of prompt rows, kept in memory between
-// super-blocks (the super-block loop is outside the row loop, so a super-block's prompt data
-// stays in L1 while a panel of rows passes).
-template <int G>
-struct AccK {
-  __m256 acc[G], macc[G];
-};
+// The Q4_K kernel for the panel loop below: per weight row and group of prompt rows, the pair
+// sums' accumulator and the mins'.
+struct Q4K {
+  using WBlock = WBlockK;
+  using XBlock = XGroupBlockK;
+  struct Acc {
+    __m256 acc, macc;
+  };
+  static void Zero(Acc& a) { a.acc = a.macc = _mm256_setzero_ps(); }
+  static __m256 Result(const Acc& a) { return _mm256_sub_ps(a.acc, a.macc); }
 
-// Super-block wb of one weight row into its accumulators, against G groups of prompt rows.
-template <int G>
-PD_ALWAYS_INLINE inline void RowBlockK(const WBlockK& wb, const XGroupBlockK* const* xb,
-                                       AccK<G>& a) {
-  __m256 acc[G], macc[G], d[G], dmin[G];
-  PD_UNROLL for (int g = 0; g < G; ++g) {
-    acc[g] = a.acc[g];
-    macc[g] = a.macc[g];
-    const __m256 dx = _mm256_load_ps(xb[g]->d);
-    d[g] = _mm256_mul_ps(_mm256_set1_ps(wb.d), dx);  // d_w * d_x, as the tile's
-    dmin[g] = _mm256_mul_ps(_mm256_set1_ps(wb.dmin), dx);
-  }
-  PD_UNROLL for (int p = 0; p < 4; ++p) {
-    __m256i sum[G];
-    PD_UNROLL for (int g = 0; g < G; ++g) sum[g] = _mm256_setzero_si256();
-    PD_UNROLL for (int h = 0; h < 2; ++h) {
-      const int v = 2 * p + h;
-      __m256i t16[G];
-      PD_UNROLL for (int g = 0; g < G; ++g) t16[g] = _mm256_setzero_si256();
-      PD_UNROLL for (int t = 0; t < 8; ++t) {
-        int32_t w4;
-        std::memcpy(&w4, wb.q + 32 * v + 4 * t, 4);
-        const __m256i wq = _mm256_set1_epi32(w4);
+  // Super-block wb of one weight row into its accumulators, against G groups of prompt rows.
+  template <int G>
+  PD_ALWAYS_INLINE static void Block(const WBlockK& wb, const XGroupBlockK* const* xb, Acc* a) {
+    __m256 acc[G], macc[G], d[G], dmin[G];
+    PD_UNROLL for (int g = 0; g < G; ++g) {
+      acc[g] = a[g].acc;
+      macc[g] = a[g].macc;
+      const __m256 dx = _mm256_load_ps(xb[g]->d);
+      d[g] = _mm256_mul_ps(_mm256_set1_ps(wb.d), dx);  // d_w * d_x, as the tile's
+      dmin[g] = _mm256_mul_ps(_mm256_set1_ps(wb.dmin), dx);
+    }
+    PD_UNROLL for (int p = 0; p < 4; ++p) {
+      __m256i sum[G];
+      PD_UNROLL for (int g = 0; g < G; ++g) sum[g] = _mm256_setzero_si256();
+      PD_UNROLL for (int h = 0; h < 2; ++h) {
+        const int v = 2 * p + h;
+        __m256i t16[G];
+        PD_UNROLL for (int g = 0; g < G; ++g) t16[g] = _mm256_setzero_si256();
+        PD_UNROLL for (int t = 0; t < 8; ++t) {
+          int32_t w4;
+          std::memcpy(&w4, wb.q + 32 * v + 4 * t, 4);
+          const __m256i wq = _mm256_set1_epi32(w4);
+          PD_UNROLL for (int g = 0; g < G; ++g) {
+            t16[g] = _mm256_add_epi16(t16[g], _mm256_maddubs_epi16(wq, LoadA(xb[g]->q[v][t])));
+          }
+        }
+        const __m256i sc = _mm256_set1_epi16(wb.sc[v]);
         PD_UNROLL for (int g = 0; g < G; ++g) {
-          t16[g] = _mm256_add_epi16(
-              t16[g], _mm256_maddubs_epi16(
-                          wq, _mm256_load_si256(reinterpret_cast<const __m256i*>(xb[g]->q[v][t]))));
+          sum[g] = _mm256_add_epi32(sum[g], _mm256_madd_epi16(t16[g], sc));
         }
       }
-      const __m256i sc = _mm256_set1_epi16(wb.sc[v]);
+      int32_t m2;
+      std::memcpy(&m2, wb.mn + 2 * p, 4);
+      const __m256i mins = _mm256_set1_epi32(m2);
       PD_UNROLL for (int g = 0; g < G; ++g) {
-        sum[g] = _mm256_add_epi32(sum[g], _mm256_madd_epi16(t16[g], sc));
+        acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[g]), d[g], acc[g]);
+        const __m256i ms = _mm256_madd_epi16(mins, LoadA(xb[g]->bs[p]));
+        macc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ms), dmin[g], macc[g]);
       }
     }
-    int32_t m2;
-    std::memcpy(&m2, wb.mn + 2 * p, 4);
-    const __m256i mins = _mm256_set1_epi32(m2);
     PD_UNROLL for (int g = 0; g < G; ++g) {
-      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[g]), d[g], acc[g]);
-      const __m256i ms = _mm256_madd_epi16(
-          mins, _mm256_load_si256(reinterpret_cast<const __m256i*>(xb[g]->bs[p])));
-      macc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ms), dmin[g], macc[g]);
+      a[g].acc = acc[g];
+      a[g].macc = macc[g];
     }
   }
-  PD_UNROLL for (int g = 0; g < G; ++g) {
-    a.acc[g] = acc[g];
-    a.macc[g] = macc[g];
+};
+
+// ---- Q6_K x Q8_K, llama.cpp's tiled order (8+ prompt rows)
+// ---------------------------------------
+//
+// The tile (TileQ6_K<R, C, true>, k_quants_avx2.cc) sums each super-block exactly in int32,
+// sum_i sc_i (P_i - 32 bsum_i) over its 16 sub-blocks (P_i: codes 0..63 dotted with the
+// activations), then res = float(total) * d_w and acc = fma(res, d_x, acc). Here the total
+// builds up in the prompt row's lane: per sub-block, four broadcasts of four codes, maddubs into
+// int16 two groups at a time (at most 2 * 2 * 63 * 128 = 32256), madd by the sub-block scale.
+
+// One super-block of a group of 8 prompt rows: q as XGroupBlockK's; bsp[i][c] = (bsum 2i, bsum
+// 2i + 1) of row c as two int16; d[c] = row c's scale.
+struct XGroupBlock6 {
+  int32_t q[8][8][kLanes];
+  int32_t bsp[8][kLanes];
+  float d[kLanes];
+};
+static_assert(sizeof(XGroupBlock6) % 32 == 0, "blocks stay 32-byte aligned");
+
+size_t XBytes6(int64_t n, int64_t k) {
+  return static_cast<size_t>((n + kLanes - 1) / kLanes) * static_cast<size_t>(k / kQK) *
+         sizeof(XGroupBlock6);
+}
+
+void PackX6(const void* x, size_t xs, int64_t n, int64_t k, void* out) {
+  const int64_t nb = k / kQK;
+  auto* g = static_cast<XGroupBlock6*>(out);
+  std::memset(out, 0, XBytes6(n, k));
+  for (int64_t c = 0; c < n; ++c) {
+    const auto* xb = reinterpret_cast<const BlockQ8_K*>(static_cast<const char*>(x) + c * xs);
+    const int64_t grp = c / kLanes;
+    const int lane = static_cast<int>(c % kLanes);
+    for (int64_t b = 0; b < nb; ++b) {
+      XGroupBlock6& o = g[grp * nb + b];
+      for (int v = 0; v < 8; ++v) {
+        alignas(32) int32_t qv[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(qv), Load32(xb[b].qs + 32 * v));
+        for (int t = 0; t < 8; ++t) o.q[v][t][lane] = qv[t];
+      }
+      for (int i = 0; i < 8; ++i) {
+        uint32_t pair;
+        std::memcpy(&pair, xb[b].bsums + 2 * i, 4);  // little-endian: bsum 2i low, 2i + 1 high
+        o.bsp[i][lane] = static_cast<int32_t>(pair);
+      }
+      o.d[lane] = xb[b].d;
+    }
   }
 }
 
+// One unpacked super-block of a Q6_K row: codes 0..63 in weight order, the 16 int8 scales as
+// int16 (pairs 2i, 2i + 1 adjacent), d.
+struct WBlock6 {
+  uint8_t q[kQK];
+  int16_t sc[16];
+  float d;
+};
+
+size_t WBytes6(int64_t rows, int64_t k) {
+  return static_cast<size_t>(rows * (k / kQK)) * sizeof(WBlock6);
+}
+
+void PackW6(const void* w, size_t ws, int64_t rows, int64_t k, void* out) {
+  const int64_t nb = k / kQK;
+  auto* o = static_cast<WBlock6*>(out);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto* wb = reinterpret_cast<const BlockQ6_K*>(static_cast<const char*>(w) + r * ws);
+    for (int64_t b = 0; b < nb; ++b, ++o) {
+      for (int h = 0; h < 2; ++h) {  // weights 128h + 32kk + l (layout: k_quants.h, BlockQ6_K)
+        const __m256i la = Load32(wb[b].ql + 64 * h), lb = Load32(wb[b].ql + 64 * h + 32);
+        const __m256i hq = Load32(wb[b].qh + 32 * h);
+        for (int kk = 0; kk < 4; ++kk) {
+          const __m256i l = (kk & 1) ? lb : la;
+          const __m256i lo4 = _mm256_and_si256(kk < 2 ? l : _mm256_srli_epi16(l, 4), m4);
+          // Bits 2kk .. 2kk + 1 of qh to bits 4..5.
+          const __m256i hb =
+              _mm256_and_si256(kk < 2 ? _mm256_sll_epi16(hq, _mm_cvtsi32_si128(4 - 2 * kk))
+                                      : _mm256_srl_epi16(hq, _mm_cvtsi32_si128(2 * kk - 4)),
+                               m30);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(o->q + 128 * h + 32 * kk),
+                              _mm256_or_si256(lo4, hb));
+        }
+      }
+      for (int i = 0; i < 16; ++i) o->sc[i] = wb[b].scales[i];
+      o->d = HalfToFloat(wb[b].d);
+    }
+  }
+}
+
+struct Q6K {
+  using WBlock = WBlock6;
+  using XBlock = XGroupBlock6;
+  struct Acc {
+    __m256 acc;
+  };
+  static void Zero(Acc& a) { a.acc = _mm256_setzero_ps(); }
+  static __m256 Result(const Acc& a) { return a.acc; }
+
+  template <int G>
+  PD_ALWAYS_INLINE static void Block(const WBlock6& wb, const XGroupBlock6* const* xb, Acc* a) {
+    __m256i total[G];
+    PD_UNROLL for (int g = 0; g < G; ++g) total[g] = _mm256_setzero_si256();
+    PD_UNROLL for (int i = 0; i < 16; ++i) {  // sub-block i: weights 16i .. 16i + 15
+      const __m256i sc = _mm256_set1_epi16(wb.sc[i]);
+      PD_UNROLL for (int half = 0; half < 2; ++half) {
+        __m256i t16[G];
+        PD_UNROLL for (int j = 0; j < 2; ++j) {
+          const int grp = 4 * i + 2 * half + j;  // weights 4 grp .. 4 grp + 3
+          int32_t w4;
+          std::memcpy(&w4, wb.q + 4 * grp, 4);
+          const __m256i wq = _mm256_set1_epi32(w4);
+          PD_UNROLL for (int g = 0; g < G; ++g) {
+            const __m256i p = _mm256_maddubs_epi16(wq, LoadA(xb[g]->q[grp / 8][grp % 8]));
+            t16[g] = j == 0 ? p : _mm256_add_epi16(t16[g], p);
+          }
+        }
+        PD_UNROLL for (int g = 0; g < G; ++g) {
+          total[g] = _mm256_add_epi32(total[g], _mm256_madd_epi16(t16[g], sc));
+        }
+      }
+    }
+    // The codes' offset: 32 sum_i sc_i bsum_i.
+    PD_UNROLL for (int g = 0; g < G; ++g) {
+      __m256i offs = _mm256_setzero_si256();
+      PD_UNROLL for (int i = 0; i < 8; ++i) {
+        int32_t s2;
+        std::memcpy(&s2, wb.sc + 2 * i, 4);
+        offs =
+            _mm256_add_epi32(offs, _mm256_madd_epi16(_mm256_set1_epi32(s2), LoadA(xb[g]->bsp[i])));
+      }
+      const __m256 res =
+          _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(total[g], _mm256_slli_epi32(offs, 5))),
+                        _mm256_set1_ps(wb.d));
+      a[g].acc = _mm256_fmadd_ps(res, _mm256_load_ps(xb[g]->d), a[g].acc);
+    }
+  }
+};
+
 // A panel of weight rows [r0, r1) against groups g0 .. g0 + G - 1 (the last one nc_last rows).
-template <int G>
-void PanelK(int64_t nb, const WBlockK* wk, int64_t r0, int64_t r1, const XGroupBlockK* xg,
-            int64_t g0, int nc_last, float* y, int64_t ys) {
-  AccK<G> a[kPanelRows];
+// The super-block loop is outside the row loop: a super-block's prompt data stays in L1 while the
+// panel's rows pass, and the rows' accumulators wait in memory between super-blocks.
+template <typename K, int G>
+void Panel(int64_t nb, const typename K::WBlock* wk, int64_t r0, int64_t r1,
+           const typename K::XBlock* xg, int64_t g0, int nc_last, float* y, int64_t ys) {
+  typename K::Acc a[kPanelRows][G];
   for (int64_t r = r0; r < r1; ++r) {
-    PD_UNROLL for (int g = 0; g < G; ++g) a[r - r0].acc[g] = a[r - r0].macc[g] =
-        _mm256_setzero_ps();
+    for (int g = 0; g < G; ++g) K::Zero(a[r - r0][g]);
   }
   for (int64_t b = 0; b < nb; ++b) {
-    const XGroupBlockK* xb[G];
+    const typename K::XBlock* xb[G];
     PD_UNROLL for (int g = 0; g < G; ++g) xb[g] = xg + (g0 + g) * nb + b;
-    for (int64_t r = r0; r < r1; ++r) RowBlockK<G>(wk[r * nb + b], xb, a[r - r0]);
+    for (int64_t r = r0; r < r1; ++r) K::template Block<G>(wk[r * nb + b], xb, a[r - r0]);
   }
   for (int64_t r = r0; r < r1; ++r) {
     for (int g = 0; g < G; ++g) {
       alignas(32) float lanes[kLanes];
-      _mm256_store_ps(lanes, _mm256_sub_ps(a[r - r0].acc[g], a[r - r0].macc[g]));
+      _mm256_store_ps(lanes, K::Result(a[r - r0][g]));
       const int nc = g == G - 1 ? nc_last : kLanes;
       float* yg = y + (g0 + g) * kLanes * ys + r;
       for (int c = 0; c < nc; ++c) yg[c * ys] = lanes[c];
@@ -335,20 +477,22 @@ void PanelK(int64_t nb, const WBlockK* wk, int64_t r0, int64_t r1, const XGroupB
   }
 }
 
-void GemmK(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, const void* packed_x,
-           int64_t n, float* y, int64_t ys) {
+// The GroupedKernels gemm of a k-quant: panels of rows, two groups of prompt rows at a time.
+template <typename K>
+void GemmOf(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, const void* packed_x,
+            int64_t n, float* y, int64_t ys) {
   const int64_t nb = k / kQK;
-  const auto* wk = static_cast<const WBlockK*>(w);
-  const auto* xg = static_cast<const XGroupBlockK*>(packed_x);
+  const auto* wk = static_cast<const typename K::WBlock*>(w);
+  const auto* xg = static_cast<const typename K::XBlock*>(packed_x);
   const int64_t groups = (n + kLanes - 1) / kLanes;
   const int nc_tail = static_cast<int>(n - (groups - 1) * kLanes);
   for (int64_t r0 = 0; r0 < rows; r0 += kPanelRows) {
     const int64_t r1 = std::min(rows, r0 + kPanelRows);
     int64_t g = 0;
     for (; g + 2 <= groups; g += 2) {
-      PanelK<2>(nb, wk, r0, r1, xg, g, g + 2 == groups ? nc_tail : kLanes, y, ys);
+      Panel<K, 2>(nb, wk, r0, r1, xg, g, g + 2 == groups ? nc_tail : kLanes, y, ys);
     }
-    if (g < groups) PanelK<1>(nb, wk, r0, r1, xg, g, nc_tail, y, ys);
+    if (g < groups) Panel<K, 1>(nb, wk, r0, r1, xg, g, nc_tail, y, ys);
   }
 }
 
@@ -360,7 +504,12 @@ const GroupedKernels* Q5_0GroupedAvx2() {
 }
 
 const GroupedKernels* Q4KRepackGroupedAvx2() {
-  static constexpr GroupedKernels kKernels = {&XBytesK, &PackXK, &WBytesK, &PackWK, &GemmK};
+  static constexpr GroupedKernels kKernels = {&XBytesK, &PackXK, &WBytesK, &PackWK, &GemmOf<Q4K>};
+  return &kKernels;
+}
+
+const GroupedKernels* Q6KWideGroupedAvx2() {
+  static constexpr GroupedKernels kKernels = {&XBytes6, &PackX6, &WBytes6, &PackW6, &GemmOf<Q6K>};
   return &kKernels;
 }
 
@@ -371,6 +520,7 @@ const GroupedKernels* Q4KRepackGroupedAvx2() {
 namespace pd::engine::cpu {
 const GroupedKernels* Q5_0GroupedAvx2() { return nullptr; }
 const GroupedKernels* Q4KRepackGroupedAvx2() { return nullptr; }
+const GroupedKernels* Q6KWideGroupedAvx2() { return nullptr; }
 }  // namespace pd::engine::cpu
 
 #endif

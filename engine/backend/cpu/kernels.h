@@ -119,6 +119,9 @@ const GroupedKernels* Q5_0GroupedAvx2();
 // rows unpacked once per MatMul, eight prompt rows per register. Bit-identical to the AVX2
 // q4_k_repack_gemm tile. nullptr when the build has no AVX2 code; only call where AVX2 runs.
 const GroupedKernels* Q4KRepackGroupedAvx2();
+// Q6_K weights x Q8_K rows in llama.cpp's tiled order (gemm_wide, rows with kRowOrderWide) on
+// AVX2, the same way; bit-identical to the AVX2 gemm_wide Q6_K tile.
+const GroupedKernels* Q6KWideGroupedAvx2();
 // The same contract for small batches (2 to ~11 activation rows: a few decode sequences, or the
 // K+1 rows of one sequence that a speculative step verifies): four activation rows per 512-bit
 // register (one 128-bit lane each, avx512_vnni.cc), weight blocks read in place and broadcast; a

@@ -393,27 +393,34 @@ TEST_F(KQuantKernelsTest, ZmmQ4KAndQ6KTilesGiveTheAvx2TilesBits) {
   }
 }
 
-// The AVX2 grouped Q4_K kernel (prompt rows eight per register, llama.cpp's repacked GEMM order)
-// gives the AVX2 q4_k_repack_gemm tile's bits: random blocks over every code, scale and min, and
-// extreme ones (all codes 15 and all 6-bit scales 63 against activations all -128 or all 127: the
-// int16 sums of a sub-block at their bound), one super-block and several, weight chunks of one
-// row to more than one 64-row panel, prompt rows filling one group of 8, two, and tails.
-TEST_F(KQuantKernelsTest, GroupedAvx2Q4KGivesTheRepackedGemmTileBits) {
-  const GroupedKernels* g = Q4KRepackGroupedAvx2();
+// An AVX2 grouped k-quant kernel (prompt rows eight per register) against the AVX2 tile of the
+// order it reproduces, bit for bit: random blocks over every code and scale, and extreme ones
+// (every code at its maximum and the sub-block scales at their extremes, against activations all
+// -128 or all 127: the int16 sums at their bound), one super-block and several, weight chunks of
+// one row to more than one 64-row panel, prompt rows filling one group of 8, two, and tails.
+void ExpectGroupedKQuantGivesTileBits(DType type, const GroupedKernels* g, GemmTileFn tile,
+                                      std::mt19937& rng) {
   ASSERT_NE(g, nullptr);
-  const GemmTileFn tile = Q4KRepackGemmTileAvx2Only();
+  ASSERT_NE(tile, nullptr);
   for (int64_t k : {kQK, 2 * kQK, 8 * kQK}) {
     for (int rows : {1, 3, 8, 70}) {
       for (int n : {1, 7, 8, 12, 16, 17, 24, 40}) {
         for (bool extreme : {false, true}) {
-          Rows w = RandomWeights(DType::kQ4_K, rows, k, Scales::kRandom, rng_);
-          Rows a = RandomActivations(DType::kQ8_K, n, k, -128, 127, Scales::kRandom, rng_);
+          Rows w = RandomWeights(type, rows, k, Scales::kRandom, rng);
+          Rows a = RandomActivations(DType::kQ8_K, n, k, -128, 127, Scales::kRandom, rng);
           if (extreme) {
             for (int r = 0; r < rows; ++r) {
-              auto* b = reinterpret_cast<BlockQ4_K*>(w.row(r));
               for (int64_t j = 0; j < k / kQK; ++j) {
-                std::memset(b[j].scales, 0xff, sizeof(b[j].scales));
-                std::memset(b[j].qs, 0xff, sizeof(b[j].qs));
+                if (type == DType::kQ4_K) {
+                  BlockQ4_K& b = reinterpret_cast<BlockQ4_K*>(w.row(r))[j];
+                  std::memset(b.scales, 0xff, sizeof(b.scales));  // scales and mins 63
+                  std::memset(b.qs, 0xff, sizeof(b.qs));
+                } else {
+                  BlockQ6_K& b = reinterpret_cast<BlockQ6_K*>(w.row(r))[j];
+                  std::memset(b.ql, 0xff, sizeof(b.ql));
+                  std::memset(b.qh, 0xff, sizeof(b.qh));
+                  std::memset(b.scales, r % 2 ? 0x80 : 0x7f, sizeof(b.scales));
+                }
               }
             }
             for (int c = 0; c < n; ++c) {
@@ -438,14 +445,23 @@ TEST_F(KQuantKernelsTest, GroupedAvx2Q4KGivesTheRepackedGemmTileBits) {
           g->gemm(k, wp.data(), 0, rows, xa, n, got.data(), rows);
           for (size_t i = 0; i < want.size(); ++i) {
             ASSERT_EQ(std::bit_cast<uint32_t>(want[i]), std::bit_cast<uint32_t>(got[i]))
-                << "k " << k << " rows " << rows << " n " << n << (extreme ? " extreme" : "")
-                << " at row " << i % rows << ", prompt row " << i / rows << ": " << want[i]
-                << " vs " << got[i];
+                << Name(type) << " k " << k << " rows " << rows << " n " << n
+                << (extreme ? " extreme" : "") << " at row " << i % rows << ", prompt row "
+                << i / rows << ": " << want[i] << " vs " << got[i];
           }
         }
       }
     }
   }
+}
+
+TEST_F(KQuantKernelsTest, GroupedAvx2Q4KGivesTheRepackedGemmTileBits) {
+  ExpectGroupedKQuantGivesTileBits(DType::kQ4_K, Q4KRepackGroupedAvx2(),
+                                   Q4KRepackGemmTileAvx2Only(), rng_);
+}
+
+TEST_F(KQuantKernelsTest, GroupedAvx2Q6KGivesTheTiledOrderTileBits) {
+  ExpectGroupedKQuantGivesTileBits(DType::kQ6_K, Q6KWideGroupedAvx2(), Q6KWideTileAvx2Only(), rng_);
 }
 
 // llama.cpp's other x86 orders (kernels.h: q4_k_repack_*, q2_k_repack_*, gemm_wide): the
@@ -792,42 +808,64 @@ TEST(KQuantMatMulThreadsTest, BitIdenticalAcrossThreadCounts) {
   }
 }
 
-// Q4_K prompts through the backend: on CPUs without the 512-bit tiles the rows in the repacked
-// GEMM order take the grouped AVX2 kernel and the GEMV-order rows the tiles, in the same chunks.
-// Every row must come out as the scalar table computes it (its twin of each order): prompt
-// lengths that leave 1-3 GEMV rows, explicit orders with a GEMV row inside the prompt (the rows
-// after it go to the tiles), and a chunk split over two threads.
-TEST(KQuantMatMulOrdersTest, Q4KPromptRowsMatchTheScalarTable) {
+// Q4_K and Q6_K prompts through the backend: on CPUs without the 512-bit tiles the leading rows
+// in the order a grouped AVX2 kernel reproduces (Q4_K: the repacked GEMM order; Q6_K: the tiled
+// order) take it and the others the tiles, in the same chunks. Every row must come out as the
+// AVX2 tile of its order computes it: prompt lengths that leave 1-3 GEMV rows of Q4_K, explicit
+// orders with one row of the other order inside the prompt (the rows after it go to the tiles),
+// and chunks split over two threads.
+TEST(KQuantMatMulOrdersTest, PromptRowsGiveTheirOrdersTileBits) {
   if (Avx2Kernels() == nullptr || &SelectKernels(false) != Avx2Kernels()) {
     GTEST_SKIP() << "AVX2 kernels not available on this build/CPU";
   }
   std::mt19937 rng(9);
   std::normal_distribution<float> normal;
   const int64_t m = 136, k = 512;
-  Rows w = RandomWeights(DType::kQ4_K, static_cast<int>(m), k, Scales::kRandom, rng);
-  Tensor wt{DType::kQ4_K, k, m, w.bytes.data()};
-  std::unique_ptr<Backend> best = CreateCpuBackend({.threads = 2});
-  std::unique_ptr<Backend> scalar = CreateCpuBackend({.threads = 1, .force_scalar = true});
-  for (int64_t n : {12, 13, 15, 16, 19, 40}) {
-    for (bool explicit_orders : {false, true}) {
-      std::vector<float> xf(n * k);
-      for (float& v : xf) v = normal(rng);
-      std::vector<uint8_t> orders(n, 0);
-      if (explicit_orders) orders[n / 2] = kRowOrderGemv;
-      Tensor xt{DType::kF32, k, n, xf.data()};
-      std::vector<float> want(n * m), got(n * m);
-      Tensor tw{DType::kF32, m, n, want.data()}, tg{DType::kF32, m, n, got.data()};
-      if (explicit_orders) {
-        ASSERT_THAT(scalar->MatMulRowOrder(wt, xt, tw, orders), IsOk());
-        ASSERT_THAT(best->MatMulRowOrder(wt, xt, tg, orders), IsOk());
-      } else {
-        ASSERT_THAT(scalar->MatMul(wt, xt, tw), IsOk());
-        ASSERT_THAT(best->MatMul(wt, xt, tg), IsOk());
-      }
-      for (size_t i = 0; i < want.size(); ++i) {
-        ASSERT_EQ(std::bit_cast<uint32_t>(want[i]), std::bit_cast<uint32_t>(got[i]))
-            << "n " << n << (explicit_orders ? " (explicit orders)" : "") << " at prompt row "
-            << i / m << ", weight row " << i % m << ": " << want[i] << " vs " << got[i];
+  std::unique_ptr<Backend> be = CreateCpuBackend({.threads = 2});
+  for (DType type : {DType::kQ4_K, DType::kQ6_K}) {
+    const bool q4 = type == DType::kQ4_K;
+    Rows w = RandomWeights(type, static_cast<int>(m), k, Scales::kRandom, rng);
+    Tensor wt{type, k, m, w.bytes.data()};
+    for (int64_t n : {12, 13, 15, 16, 19, 40}) {
+      for (bool explicit_orders : {false, true}) {
+        std::vector<float> xf(n * k);
+        for (float& v : xf) v = normal(rng);
+        // The orders MatMul picks by itself (Q4_K: GEMV for the last n % 4 rows; Q6_K: tiled
+        // from 8 rows), or the usual order with one row of the other inside.
+        std::vector<uint8_t> orders(n, q4 ? 0 : kRowOrderWide);
+        if (explicit_orders) {
+          orders[n / 2] = q4 ? kRowOrderGemv : 0;
+        } else if (q4) {
+          for (int64_t c = n - n % 4; c < n; ++c) orders[c] = kRowOrderGemv;
+        }
+        Tensor xt{DType::kF32, k, n, xf.data()};
+        std::vector<float> got(n * m);
+        Tensor tg{DType::kF32, m, n, got.data()};
+        if (explicit_orders) {
+          ASSERT_THAT(be->MatMulRowOrder(wt, xt, tg, orders), IsOk());
+        } else {
+          ASSERT_THAT(be->MatMul(wt, xt, tg), IsOk());
+        }
+        for (int64_t c = 0; c < n; ++c) {
+          std::vector<BlockQ8_K> xq(k / kQK);
+          QuantizeRow(DType::kQ8_K, xf.data() + c * k, xq.data(), k);
+          const bool other = q4 ? (orders[c] & kRowOrderGemv) : !(orders[c] & kRowOrderWide);
+          const GemmTileFn tile =
+              q4 ? (other ? Q4KRepackGemvTileAvx2Only() : Q4KRepackGemmTileAvx2Only())
+                 : (other ? Q6KTileAvx2Only() : Q6KWideTileAvx2Only());
+          std::vector<float> want(m);
+          for (int64_t r = 0; r < m; r += kGemmTileW) {
+            tile(k, w.row(static_cast<int>(r)), w.stride,
+                 static_cast<int>(std::min<int64_t>(kGemmTileW, m - r)), xq.data(),
+                 xq.size() * sizeof(BlockQ8_K), 1, want.data() + r, m);
+          }
+          for (int64_t r = 0; r < m; ++r) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(want[r]), std::bit_cast<uint32_t>(got[c * m + r]))
+                << Name(type) << " n " << n << (explicit_orders ? " (explicit orders)" : "")
+                << " at prompt row " << c << ", weight row " << r << ": " << want[r] << " vs "
+                << got[c * m + r];
+          }
+        }
       }
     }
   }
