@@ -178,11 +178,13 @@ void Gemm(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, const voi
 
 // ---- Q4_K x Q8_K, llama.cpp's repacked GEMM order --------------------------------------------
 
-// One super-block of a group of 8 prompt rows: q[v][t][c] = bytes 32v + 4t .. + 3 of row c;
-// bs[p][c] = (bsum of sub-block 2p, of 2p + 1) as two int16 (each the sum of its 32 bytes,
-// |.| <= 4096); d[c] = row c's scale.
+// One super-block of a group of 8 prompt rows (Q8_K), for the Q4_K and Q6_K kernels:
+// q[v][t][c] = bytes 32v + 4t .. + 3 of row c; bsp[i][c] = (bsum 2i, bsum 2i + 1) of row c as two
+// int16 (Q6_K's offsets); bs[p][c] = (the sums of sub-blocks 2p and 2p + 1, 32 bytes each,
+// |.| <= 4096) as two int16 (Q4_K's mins); d[c] = row c's scale.
 struct XGroupBlockK {
   int32_t q[8][8][kLanes];
+  int32_t bsp[8][kLanes];
   int32_t bs[4][kLanes];
   float d[kLanes];
 };
@@ -191,6 +193,12 @@ static_assert(sizeof(XGroupBlockK) % 32 == 0, "blocks stay 32-byte aligned");
 size_t XBytesK(int64_t n, int64_t k) {
   return static_cast<size_t>((n + kLanes - 1) / kLanes) * static_cast<size_t>(k / kQK) *
          sizeof(XGroupBlockK);
+}
+
+// Two int16 as one int32 lane, `lo` in the low half (madd's first of the pair).
+inline int32_t Int16Pair(int lo, int hi) {
+  return static_cast<int32_t>((static_cast<uint32_t>(hi) << 16) |
+                              (static_cast<uint32_t>(lo) & 0xFFFF));
 }
 
 void PackXK(const void* x, size_t xs, int64_t n, int64_t k, void* out) {
@@ -208,11 +216,11 @@ void PackXK(const void* x, size_t xs, int64_t n, int64_t k, void* out) {
         _mm256_store_si256(reinterpret_cast<__m256i*>(qv), Load32(xb[b].qs + 32 * v));
         for (int t = 0; t < 8; ++t) o.q[v][t][lane] = qv[t];
       }
+      const int16_t* bsums = xb[b].bsums;
+      for (int i = 0; i < 8; ++i) o.bsp[i][lane] = Int16Pair(bsums[2 * i], bsums[2 * i + 1]);
       for (int p = 0; p < 4; ++p) {
-        const int lo = xb[b].bsums[4 * p] + xb[b].bsums[4 * p + 1];
-        const int hi = xb[b].bsums[4 * p + 2] + xb[b].bsums[4 * p + 3];
-        o.bs[p][lane] = static_cast<int32_t>((static_cast<uint32_t>(hi) << 16) |
-                                             (static_cast<uint32_t>(lo) & 0xFFFF));
+        o.bs[p][lane] =
+            Int16Pair(bsums[4 * p] + bsums[4 * p + 1], bsums[4 * p + 2] + bsums[4 * p + 3]);
       }
       o.d[lane] = xb[b].d;
     }
@@ -323,45 +331,6 @@ struct Q4K {
 // builds up in the prompt row's lane: per sub-block, four broadcasts of four codes, maddubs into
 // int16 two groups at a time (at most 2 * 2 * 63 * 128 = 32256), madd by the sub-block scale.
 
-// One super-block of a group of 8 prompt rows: q as XGroupBlockK's; bsp[i][c] = (bsum 2i, bsum
-// 2i + 1) of row c as two int16; d[c] = row c's scale.
-struct XGroupBlock6 {
-  int32_t q[8][8][kLanes];
-  int32_t bsp[8][kLanes];
-  float d[kLanes];
-};
-static_assert(sizeof(XGroupBlock6) % 32 == 0, "blocks stay 32-byte aligned");
-
-size_t XBytes6(int64_t n, int64_t k) {
-  return static_cast<size_t>((n + kLanes - 1) / kLanes) * static_cast<size_t>(k / kQK) *
-         sizeof(XGroupBlock6);
-}
-
-void PackX6(const void* x, size_t xs, int64_t n, int64_t k, void* out) {
-  const int64_t nb = k / kQK;
-  auto* g = static_cast<XGroupBlock6*>(out);
-  std::memset(out, 0, XBytes6(n, k));
-  for (int64_t c = 0; c < n; ++c) {
-    const auto* xb = reinterpret_cast<const BlockQ8_K*>(static_cast<const char*>(x) + c * xs);
-    const int64_t grp = c / kLanes;
-    const int lane = static_cast<int>(c % kLanes);
-    for (int64_t b = 0; b < nb; ++b) {
-      XGroupBlock6& o = g[grp * nb + b];
-      for (int v = 0; v < 8; ++v) {
-        alignas(32) int32_t qv[8];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(qv), Load32(xb[b].qs + 32 * v));
-        for (int t = 0; t < 8; ++t) o.q[v][t][lane] = qv[t];
-      }
-      for (int i = 0; i < 8; ++i) {
-        uint32_t pair;
-        std::memcpy(&pair, xb[b].bsums + 2 * i, 4);  // little-endian: bsum 2i low, 2i + 1 high
-        o.bsp[i][lane] = static_cast<int32_t>(pair);
-      }
-      o.d[lane] = xb[b].d;
-    }
-  }
-}
-
 // One unpacked super-block of a Q6_K row: codes 0..63 in weight order, the 16 int8 scales as
 // int16 (pairs 2i, 2i + 1 adjacent), d.
 struct WBlock6 {
@@ -404,7 +373,7 @@ void PackW6(const void* w, size_t ws, int64_t rows, int64_t k, void* out) {
 
 struct Q6K {
   using WBlock = WBlock6;
-  using XBlock = XGroupBlock6;
+  using XBlock = XGroupBlockK;
   struct Acc {
     __m256 acc;
   };
@@ -412,7 +381,7 @@ struct Q6K {
   static __m256 Result(const Acc& a) { return a.acc; }
 
   template <int G>
-  PD_ALWAYS_INLINE static void Block(const WBlock6& wb, const XGroupBlock6* const* xb, Acc* a) {
+  PD_ALWAYS_INLINE static void Block(const WBlock6& wb, const XGroupBlockK* const* xb, Acc* a) {
     __m256i total[G];
     PD_UNROLL for (int g = 0; g < G; ++g) total[g] = _mm256_setzero_si256();
     PD_UNROLL for (int i = 0; i < 16; ++i) {  // sub-block i: weights 16i .. 16i + 15
@@ -509,7 +478,7 @@ const GroupedKernels* Q4KRepackGroupedAvx2() {
 }
 
 const GroupedKernels* Q6KWideGroupedAvx2() {
-  static constexpr GroupedKernels kKernels = {&XBytes6, &PackX6, &WBytes6, &PackW6, &GemmOf<Q6K>};
+  static constexpr GroupedKernels kKernels = {&XBytesK, &PackXK, &WBytes6, &PackW6, &GemmOf<Q6K>};
   return &kKernels;
 }
 
