@@ -16,7 +16,8 @@
 // Why: the 4 x 4 tile unpacks each weight block once per 4 activation rows and needs more than
 // the 16 registers (its 16 accumulators, 16 activation vectors and their offsets spill). Here a
 // chunk's rows are unpacked once per MatMul (pack_w), the loop holds 8 accumulators, and per 32
-// products it issues 5 vector ops (maddubs, madd, add, cvt, fma) and no shuffle.
+// products it issues a broadcast and 5 vector ops (maddubs, madd, add, cvt, fma), no shuffle
+// (gemv_bench prompt/q5_0/1 on Zen 3: 27.8-30.0 -> 15.3 ms).
 //
 // Q4_K in llama.cpp's repacked GEMM order (the AVX2 TileQ4KRepackGemm, k_quants_avx2.cc) takes
 // the same form: per (weight row, prompt row) pair and super-block, four exact pair sums
@@ -25,7 +26,9 @@
 // lanes directly, with no lane reduction: per sub-block and group of four weights, one broadcast
 // of the row's codes (0..15) serves two groups of 8 prompt rows (maddubs into int16, at most
 // 8 * 2 * 15 * 128 = 30720 after the sub-block's 8 groups, so no saturation), then one madd by the
-// sub-block scale per group. Per 32 products about 3 vector ops, against about 5.4 in the tile.
+// sub-block scale per group. Per 32 products about 3 vector ops, against about 5.4 in the tile
+// (prompt/q4_K/1: 20.0 -> 8.7 ms). Q6_K in llama.cpp's tiled order sums a whole super-block in
+// int32 before its F32 steps and takes the same loop (prompt/q6_K/1: 14.9 -> 10.2 ms).
 //
 // Compiled with -mavx2 -mfma -mf16c and run only after SelectKernels() has checked the CPU.
 #include "engine/backend/cpu/kernels.h"
@@ -42,6 +45,7 @@ namespace {
 
 constexpr int kLanes = 8;
 
+// An aligned vector of the packed prompt rows.
 inline __m256i LoadA(const int32_t* p) {
   return _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
 }
@@ -139,10 +143,10 @@ void RowGroup(int64_t nb, const uint8_t* codes, const float* scales, const XGrou
     PD_UNROLL for (int p = 0; p < 8; ++p) {
       int32_t w4;
       std::memcpy(&w4, wr + 4 * p, 4);
-      const __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(xb.q[p]));
+      const __m256i xq = LoadA(xb.q[p]);
       const __m256i dot =
           _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(w4), xq), ones),
-                           _mm256_load_si256(reinterpret_cast<const __m256i*>(xb.start[p])));
+                           LoadA(xb.start[p]));
       acc[p] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(dot), acc[p]);
     }
   }
