@@ -25,7 +25,7 @@ constexpr size_t kMatMulChunkBytes = 256 << 10;
 // are filled, so fewer rows leave most of the work wasted: with 4 rows the grouped Q8_0 head took
 // 3.0x the time of the 4x4 tiles (gemv_bench rows/q8_0/4/1: 34 ms against 11 ms of CPU). The
 // AVX2 Q5_0 grouped kernel (8 rows per register) takes the same bound: at 16 rows it levels with
-// the tiles (rows/q5_0/16/1, Zen 3: 1.90 against 1.85 ms), at 512 it is 1.6x faster.
+// the tiles (rows/q5_0/16/1, Zen 3: 1.90 against 1.85 ms), at 512 it is 1.8-2.0x faster.
 constexpr int64_t kGroupedMinRows = 12;
 // From this many rows up to kGroupedMinRows, Q8_0 and Q5_0 weights take the quad kernels (four
 // activation rows per 512-bit register, a group of four costing the same however many are
@@ -215,7 +215,7 @@ absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
   float* ya = static_cast<float*>(y.data);
   // Q8_0 and Q5_0 for a batch: activations laid out 16 rows per register once; Q8_0 weights read
   // in place, Q5_0 chunks unpacked once per call (AVX512-VNNI). Without VNNI, Q5_0 takes the AVX2
-  // grouped kernel (8 rows per register; prompt GEMM 1.6x the 4x4 tiles, gemv_bench
+  // grouped kernel (8 rows per register; prompt GEMM 1.8-2.0x the 4x4 tiles, gemv_bench
   // prompt/q5_0/1 on Zen 3). Both are bit-identical to the tiles below, so results do not depend
   // on the batch size.
   // Without the 512-bit k-quant tiles, Q4_K matrices llama.cpp repacks and Q6_K ones take AVX2
@@ -225,7 +225,7 @@ absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
   // tiles, in the same chunks.
   const cpu::GroupedKernels* grouped = nullptr;
   int64_t n_grouped = n;
-  // The leading rows whose order has (kWant) or lacks (!kWant) `flag`.
+  // The leading rows whose order has (want) or lacks (!want) `flag`; by_default without orders.
   auto leading = [&](uint8_t flag, bool want, int64_t by_default) {
     if (row_orders.empty()) return by_default;
     int64_t i = 0;
