@@ -106,25 +106,11 @@ void PackW(const void* w, size_t ws, int64_t rows, int64_t k, void* out) {
   const int64_t nb = k / kQ8_0BlockSize;
   uint8_t* codes = static_cast<uint8_t*>(out);
   float* scales = reinterpret_cast<float*>(codes + rows * k);
-  const __m256i m4 = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(16);
-  const __m256i spread =
-      _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
-  const __m256i bits = _mm256_set1_epi64x(0x8040201008040201);
   for (int64_t r = 0; r < rows; ++r) {
     const auto* wb = reinterpret_cast<const BlockQ5_0*>(static_cast<const char*>(w) + r * ws);
     for (int64_t b = 0; b < nb; ++b) {
-      // Weight order: bytes 0-15 the low nibbles (weights 0-15), 16-31 the high ones; byte i
-      // takes bit i of qh as its fifth bit.
-      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[b].qs));
-      uint32_t h;
-      std::memcpy(&h, wb[b].qh, 4);
-      const __m256i hb = _mm256_and_si256(
-          _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(h)), spread), bits);
-      const __m256i lo = _mm256_and_si256(
-          _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1), m4);
-      _mm256_storeu_si256(
-          reinterpret_cast<__m256i*>(codes + r * k + b * kQ8_0BlockSize),
-          _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(hb, bits), sixteen)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + r * k + b * kQ8_0BlockSize),
+                          UnpackQ5_0(wb + b));
       scales[r * nb + b] = HalfToFloat(wb[b].d);
     }
   }

@@ -138,10 +138,6 @@ void GemmQ5_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void*
 void GemmQ4_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                   size_t x_stride, int nc, float* y, int64_t y_stride);
 
-// AVX2 dot of Q5_0 weight blocks with Q8_0 activation blocks (q5_0_avx2.cc); only called when the
-// CPU has AVX2 + FMA + F16C.
-float DotQ5_0Q8_0Avx2(const BlockQ5_0* w, const BlockQ8_0* x, int64_t n);
-
 // AVX2 kernels of pdserve's own formats (w8a8_w4a16_avx2.cc); only called when the CPU has
 // AVX2 + FMA + F16C. GemmTileFn contracts; see the table entries below for their numerics.
 void GemmW8A8Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,

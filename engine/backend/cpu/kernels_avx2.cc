@@ -1,12 +1,12 @@
 // The AVX2 + FMA + F16C kernel table (kernels.h). Its kernels live in one file per op family:
 // matmul_avx2.cc (F32, F16, BF16, Q8_0, Q4_0 and Q5_0 tiles), k_quants_avx2.cc (Q2_K .. Q6_K
 // tiles), convert_avx2.cc (row conversions), kv_i8_avx2.cc (INT8 KV rows), row_ops_avx2.cc
-// (elementwise row ops), attention_avx2.cc (attention in ggml's order), and q5_0_avx2.cc and
-// w8a8_w4a16_avx2.cc. Those files alone are compiled with -mavx2 -mfma -mf16c; their functions
-// run only after SelectKernels() has checked the CPU. Their helpers are in anonymous namespaces
-// and they call no inline function from shared headers: an inline function instantiated in one of
-// them would be compiled with AVX2 and the linker could pick that copy for the whole program,
-// which would then crash on a CPU without AVX2 (kernels_avx2_internal.h, which only they
+// (elementwise row ops), attention_avx2.cc (attention in ggml's order), w8a8_w4a16_avx2.cc, and
+// grouped_avx2.cc (prompt GEMMs). Those files alone are compiled with -mavx2 -mfma -mf16c; their
+// functions run only after SelectKernels() has checked the CPU. Their helpers are in anonymous
+// namespaces and they call no inline function from shared headers: an inline function instantiated
+// in one of them would be compiled with AVX2 and the linker could pick that copy for the whole
+// program, which would then crash on a CPU without AVX2 (kernels_avx2_internal.h, which only they
 // include, says how its helpers avoid this).
 //
 // Each kernel has a scalar twin in kernels_scalar.cc with the same contract; see kernels.h.

@@ -173,6 +173,24 @@ PD_ALWAYS_INLINE inline void PrefetchNextTile(const void* block, size_t ws) {
   });
 }
 
+// The 32 codes (0..31) of a Q5_0 block in weight order: bytes 0-15 the low nibbles (weights
+// 0-15), bytes 16-31 the high nibbles (weights 16-31), byte i with bit i of qh as its 0x10 (pshufb
+// spreads qh byte i / 8 over 8 bytes; and, cmpeq against the bit pattern, and 0x10).
+PD_ALWAYS_INLINE inline __m256i UnpackQ5_0(const BlockQ5_0* wb) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(16);
+  const __m256i spread =
+      _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
+  const __m256i bits = _mm256_set1_epi64x(0x8040201008040201);
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb->qs));
+  uint32_t h;
+  std::memcpy(&h, wb->qh, 4);
+  const __m256i hb =
+      _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(h)), spread), bits);
+  const __m256i lo = _mm256_and_si256(
+      _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1), m4);
+  return _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(hb, bits), sixteen));
+}
+
 template <int R, int C>
 inline void StoreTile(__m256 (&acc)[R][C], float* y, int64_t ys) {
   PD_UNROLL for (int r = 0; r < R; ++r) {

@@ -299,9 +299,8 @@ void TileQ4_0(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
   StoreTile<R, C>(acc, y, ys);
 }
 
-// Q5_0 x Q8_0. Each block is unpacked in weight order (bytes 0-15: low nibbles = weights 0-15,
-// bytes 16-31: high nibbles = weights 16-31) and its fifth bits ORed in: byte i takes bit i of qh
-// (pshufb spreads qh byte i / 8 over 8 bytes, and + cmpeq against the bit pattern, and 0x10).
+// Q5_0 x Q8_0. Each block is unpacked in weight order with its fifth bits ORed in (UnpackQ5_0,
+// kernels_avx2_internal.h; grouped_avx2.cc's prompt kernel unpacks the same way).
 // Codes are unsigned (0..31); the -16 offset is subtracted as maddubs(16, y), once per column
 // and block for all R rows (int16 never saturates: at most 7936 + 4096 in magnitude; a -128
 // activation is exact). So every int32 lane holds exactly the integer ggml's
@@ -316,22 +315,8 @@ void TileQ4_0(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
 template <int R, int C>
 void TileQ5_0(int64_t k, const char* w, size_t ws, const char* x, size_t xs, float* y, int64_t ys) {
   const int64_t nb = k / kQ8_0BlockSize;
-  const __m256i m4 = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(16);
+  const __m256i sixteen = _mm256_set1_epi8(16);
   const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i spread = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202,
-                                            0x0303030303030303);
-  const __m256i bits = _mm256_set1_epi64x(0x8040201008040201);
-  // The 32 codes of a block in weight order.
-  auto unpack = [&](const BlockQ5_0* wb) PD_ALWAYS_INLINE {
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb->qs));
-    uint32_t h;
-    std::memcpy(&h, wb->qh, 4);
-    const __m256i hb = _mm256_and_si256(
-        _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(h)), spread), bits);
-    const __m256i lo = _mm256_and_si256(
-        _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1), m4);
-    return _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(hb, bits), sixteen));
-  };
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
     PD_UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
@@ -354,7 +339,7 @@ void TileQ5_0(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
       PrefetchNextTile<R, 4 * sizeof(BlockQ5_0)>(reinterpret_cast<const char*>(wb) + R * ws, ws);
       const __m128 dw = QuadScale(reinterpret_cast<const char*>(&wb->d), sizeof(BlockQ5_0));
       __m256i u[4];
-      PD_UNROLL for (int j = 0; j < 4; ++j) u[j] = unpack(wb + j);
+      PD_UNROLL for (int j = 0; j < 4; ++j) u[j] = UnpackQ5_0(wb + j);
       PD_UNROLL for (int c = 0; c < C; ++c) {
         const __m256 d4 = _mm256_castps128_ps256(_mm_mul_ps(dw, dx[c]));
         PD_UNROLL for (int j = 0; j < 4; ++j) {
@@ -369,7 +354,7 @@ void TileQ5_0(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
   for (; b < nb; ++b) {  // leftover blocks
     for (int r = 0; r < R; ++r) {
       const BlockQ5_0* wb = reinterpret_cast<const BlockQ5_0*>(w + r * ws) + b;
-      const __m256i u = unpack(wb);
+      const __m256i u = UnpackQ5_0(wb);
       const float dw = HalfToFloat(wb->d);
       PD_UNROLL for (int c = 0; c < C; ++c) {
         const BlockQ8_0* xb = reinterpret_cast<const BlockQ8_0*>(x + c * xs) + b;
