@@ -265,15 +265,18 @@ void NodeRegistry::HealthLoop(Entry* e, uint64_t generation) {
 
 // Called without the lock once a node turned unhealthy: logs, counts, tells the listeners.
 void NodeRegistry::MarkUnhealthy(Entry* e, const std::string& why) {
-  std::vector<std::function<void(const Node*)>> listeners;
+  std::vector<std::pair<int, std::function<void(const Node*)>>> listeners;
   {
     absl::MutexLock lock(&mu_);
     listeners = listeners_;
+    ++notifying_;
   }
   PD_LOG(kWarning, "node ", e->node.options.name, " (", e->node.options.address,
          ") stops receiving work: ", why);
   if (evictions_ != nullptr) evictions_->WithLabels({e->node.options.name}).Increment();
-  for (auto& l : listeners) l(&e->node);
+  for (auto& [id, l] : listeners) l(&e->node);
+  absl::MutexLock lock(&mu_);
+  --notifying_;
 }
 
 void NodeRegistry::ReportFailure(const Node* node, const std::string& why) {
@@ -318,9 +321,20 @@ std::optional<absl::Duration> NodeRegistry::PrefillWait(const Node* node, int64_
   return e->rate.Wait(backlog, tokens);
 }
 
-void NodeRegistry::OnUnhealthy(std::function<void(const Node*)> listener) {
+int NodeRegistry::OnUnhealthy(std::function<void(const Node*)> listener) {
   absl::MutexLock lock(&mu_);
-  listeners_.push_back(std::move(listener));
+  const int id = next_listener_++;
+  listeners_.emplace_back(id, std::move(listener));
+  return id;
+}
+
+void NodeRegistry::RemoveListener(int id) {
+  absl::MutexLock lock(&mu_);
+  std::erase_if(listeners_, [id](const auto& l) { return l.first == id; });
+  // A notification that copied the list before the erase may still call it: wait it out. (Any
+  // notification, to keep this simple: they are rare and short.)
+  auto quiet = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return notifying_ == 0; };
+  mu_.Await(absl::Condition(&quiet));
 }
 
 const NodeRegistry::Node* NodeRegistry::PickDecode(int64_t tokens,

@@ -143,7 +143,12 @@ class NodeRegistry {
   std::optional<absl::Duration> PrefillWait(const Node* node, int64_t tokens);
 
   // Called (on a health thread, or the ReportFailure caller) when a node turns unhealthy.
-  void OnUnhealthy(std::function<void(const Node*)> listener);
+  // Returns the listener's id for RemoveListener. A listener whose captures may die before the
+  // registry must be removed first (RemoteEngine does in its destructor).
+  int OnUnhealthy(std::function<void(const Node*)> listener) ABSL_LOCKS_EXCLUDED(mu_);
+  // On return the listener `id` is not running on any thread and is never called again (a
+  // notification under way when it is called is waited for). Not to be called from a listener.
+  void RemoveListener(int id) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The nodes in the registry (removed ones left out), in the order they were added.
   std::vector<NodeStatus> Snapshot() const;
@@ -179,7 +184,10 @@ class NodeRegistry {
   // Only grows: removed entries stay (marked) so that Node pointers stay valid.
   std::vector<std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::function<void(const Node*)>> listeners_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<int, std::function<void(const Node*)>>> listeners_ ABSL_GUARDED_BY(mu_);
+  int next_listener_ ABSL_GUARDED_BY(mu_) = 0;
+  // MarkUnhealthy calls running with a copy of listeners_ (RemoveListener waits for zero).
+  int notifying_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t round_robin_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t random_state_ ABSL_GUARDED_BY(mu_) = 0x9e3779b97f4a7c15ULL;  // decode_policy random
 

@@ -59,7 +59,7 @@ RemoteEngine::RemoteEngine(NodeRegistry& registry, const RemoteEngineOptions& op
         {"phase"},
         {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30});
   }
-  registry_.OnUnhealthy([this](const NodeRegistry::Node* node) { NodeFailed(node); });
+  listener_ = registry_.OnUnhealthy([this](const NodeRegistry::Node* node) { NodeFailed(node); });
 }
 
 void RemoteEngine::Path(const char* path) {
@@ -70,7 +70,12 @@ void RemoteEngine::Phase(const char* phase, double seconds) {
   if (phases_ != nullptr && seconds >= 0) phases_->WithLabels({phase}).Observe(seconds);
 }
 
-RemoteEngine::~RemoteEngine() { Shutdown(); }
+RemoteEngine::~RemoteEngine() {
+  Shutdown();
+  // A health thread may be telling this engine about an eviction right now: wait for it, and
+  // stop it from calling again, before the engine goes.
+  registry_.RemoveListener(listener_);
+}
 
 int RemoteEngine::max_context() const {
   const int ctx = registry_.DecodeContext();

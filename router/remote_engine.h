@@ -62,7 +62,7 @@ class RemoteEngine final : public engine::GenerationEngine {
   // pdserve_router_ttft_phase_seconds{phase} (docs/metrics.md).
   RemoteEngine(NodeRegistry& registry, const RemoteEngineOptions& options,
                MetricsRegistry* metrics);
-  ~RemoteEngine() override;  // Shutdown()
+  ~RemoteEngine() override;  // Shutdown(), then leaves the registry's listeners
 
   // INVALID_ARGUMENT (empty id or prompt, max_tokens < 1, duplicate id), UNAVAILABLE when no
   // healthy decode node can hold prompt + max_tokens or when shutting down. Errors a node gives
@@ -100,6 +100,7 @@ class RemoteEngine final : public engine::GenerationEngine {
 
   NodeRegistry& registry_;
   const RemoteEngineOptions options_;
+  int listener_ = -1;  // registry_.OnUnhealthy's id, removed by the destructor
   Family<Counter>* placements_ = nullptr;
   Family<Counter>* retries_ = nullptr;
   Family<Counter>* paths_ = nullptr;     // {path}

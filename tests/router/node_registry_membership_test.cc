@@ -7,6 +7,7 @@
 #include <atomic>
 #include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "common/status_matchers.h"
 #include "pdserve/node/v1/node.grpc.pb.h"
 #include "router/node_registry.h"
@@ -125,6 +126,52 @@ TEST(NodeRegistryMembershipTest, AddedNodeServesRemovedNodeIsNotPickedAndNotPoll
   const int polls = node.polls();
   absl::SleepFor(absl::Milliseconds(100));
   EXPECT_EQ(node.polls(), polls);
+}
+
+// The race CI once hit as a segfault: a health thread was still telling a RemoteEngine about an
+// eviction while the engine was being destroyed. RemoveListener must wait for a notification
+// already under way, and the removed listener must never run again.
+TEST(NodeRegistryMembershipTest, RemoveListenerWaitsForANotificationUnderWay) {
+  FakeNode node("decode");
+  absl::StatusOr<std::unique_ptr<NodeRegistry>> r = NodeRegistry::Create(FastHealth(), nullptr);
+  ASSERT_TRUE(r.ok()) << r.status();
+  NodeRegistry& reg = **r;
+  ASSERT_TRUE(reg.AddNode({"d1", "decode", node.address()}).ok());
+  ASSERT_TRUE(reg.WaitForDecodeNodes(1, absl::Seconds(5)));
+  const NodeRegistry::Node* d1 = reg.PickDecode(1, {});
+  ASSERT_NE(d1, nullptr);
+
+  absl::Notification entered, release;
+  std::atomic<int> second_calls{0};
+  // The first listener holds the notification open; the second stands for the dying engine.
+  const int first = reg.OnUnhealthy([&](const NodeRegistry::Node*) {
+    entered.Notify();
+    release.WaitForNotification();
+  });
+  const int second = reg.OnUnhealthy([&](const NodeRegistry::Node*) { second_calls.fetch_add(1); });
+  std::thread failing([&] { reg.ReportFailure(d1, "test"); });
+  entered.WaitForNotification();
+
+  std::atomic<bool> removed{false};
+  std::thread remover([&] {
+    reg.RemoveListener(second);
+    removed.store(true);
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(removed.load());  // the notification is still running
+  release.Notify();
+  remover.join();
+  failing.join();
+  EXPECT_TRUE(removed.load());
+  // The notification had copied the list before the removal, so it may have called the second
+  // listener once; once RemoveListener returned it never runs again.
+  const int calls = second_calls.load();
+  EXPECT_LE(calls, 1);
+  ASSERT_TRUE(WaitFor([&] { return reg.HealthyCount("decode") == 1; }));  // polled back
+  reg.RemoveListener(first);
+  reg.ReportFailure(d1, "again");
+  EXPECT_EQ(second_calls.load(), calls);
+  reg.RemoveListener(12345);  // unknown ids are ignored
 }
 
 TEST(NodeRegistryMembershipTest, NodeBackAtTheSameAddressReusesItsEntry) {
