@@ -179,8 +179,9 @@ class CpuBackend final : public Backend {
     size_t xs = 0;             // their row stride
     absl::Span<const uint8_t> row_orders;
     int64_t chunk_rows = 0, n_chunks = 0;  // n_chunks 0: nothing to compute
-    // Small batches of Q8_0 / Q5_0 (kernels.h Q8_0QuadVnni): the kernel and the activations it
-    // packed; nullptr: the tiles.
+    // A kernel that reads the weight rows in place over activations packed once (kernels.h
+    // GroupedKernels without pack_w): small batches of Q8_0 / Q5_0 on VNNI (Q8_0QuadVnni,
+    // Q5_0QuadVnni), and Q8_0 from 5 rows without VNNI (Q8_0GroupedAvx2); nullptr: the tiles.
     const GroupedKernels* quad = nullptr;
     const char* quad_x = nullptr;
     // RunMatMulChunks computes activation rows [x_begin, n) (a grouped kernel took the others).
@@ -193,6 +194,7 @@ class CpuBackend final : public Backend {
     const char* data = nullptr;
     size_t stride = 0;
     const char* quad_x = nullptr;  // Q8_0 rows packed for the quad kernels, once per group
+    const GroupedKernels* quad = nullptr;  // whose pack_x wrote quad_x
   };
   absl::Status PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
                           absl::Span<const uint8_t> row_orders, int slot, Converted* converted,

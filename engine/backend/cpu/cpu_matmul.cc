@@ -33,6 +33,12 @@ constexpr int64_t kGroupedMinRows = 12;
 // Q8_0 head 10.8 against 11.7 ms, Q5_0 255 against 350 us) and, for Q5_0, level at 3.
 constexpr int64_t kQuadMinRowsQ8_0 = 3;
 constexpr int64_t kQuadMinRowsQ5_0 = 4;
+// Without VNNI, Q8_0 weights take the AVX2 grouped kernel (8 rows per register, a group of eight
+// costing the same however many are filled) from this many activation rows on: gemv_bench
+// rows/q8_0/N/1, the Gemma 3 head, Zen 3, best of 5 alternating runs against the tiles: 4 rows
+// 37.2 against 25.9 ms, 5 rows 36.6 against 38.0, 8 rows 38.2 against 50.3, 16 rows 70.4 against
+// 103.2 (prompt/q8_0/1: 24.0 -> 17.2 ms).
+constexpr int64_t kGroupedAvx2MinRowsQ8_0 = 5;
 
 // The type MatMul converts activations to for weights of type `w` (ggml's vec_dot_type). Only for
 // HasMatMul types.
@@ -177,8 +183,15 @@ absl::Status CpuBackend::PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
     if (w.type == DType::kQ8_0 && n >= kQuadMinRowsQ8_0) plan->quad = cpu::Q8_0QuadVnni();
     if (w.type == DType::kQ5_0 && n >= kQuadMinRowsQ5_0) plan->quad = cpu::Q5_0QuadVnni();
   }
+  // Without VNNI, Q8_0 weights take the AVX2 grouped kernel (weights in place, 8 rows per
+  // register) from kGroupedAvx2MinRowsQ8_0 rows on, in this slot too: the same contract.
+  if (w.type == DType::kQ8_0 && n >= kGroupedAvx2MinRowsQ8_0 && plan->quad == nullptr &&
+      &k_ == cpu::Avx2Kernels() && cpu::Q8_0GroupedVnni() == nullptr) {
+    plan->quad = cpu::Q8_0GroupedAvx2();
+  }
   if (plan->quad != nullptr) {
-    if (converted != nullptr && converted->quad_x != nullptr && converted->data == xa) {
+    if (converted != nullptr && converted->quad_x != nullptr && converted->data == xa &&
+        converted->quad->pack_x == plan->quad->pack_x) {
       plan->quad_x = converted->quad_x;
     } else {
       std::vector<char>& buf = quad_x_[slot];
@@ -186,7 +199,10 @@ absl::Status CpuBackend::PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
       char* aligned = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
       plan->quad->pack_x(xa, xs, n, k, aligned);
       plan->quad_x = aligned;
-      if (converted != nullptr && converted->data == xa) converted->quad_x = aligned;
+      if (converted != nullptr && converted->data == xa) {
+        converted->quad_x = aligned;
+        converted->quad = plan->quad;
+      }
     }
   }
   int64_t chunk_rows =
@@ -216,8 +232,9 @@ absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
   // Q8_0 and Q5_0 for a batch: activations laid out 16 rows per register once; Q8_0 weights read
   // in place, Q5_0 chunks unpacked once per call (AVX512-VNNI). Without VNNI, Q5_0 takes the AVX2
   // grouped kernel (8 rows per register; prompt GEMM 1.8-2.0x the 4x4 tiles, gemv_bench
-  // prompt/q5_0/1 on Zen 3). Both are bit-identical to the tiles below, so results do not depend
-  // on the batch size.
+  // prompt/q5_0/1 on Zen 3), and Q8_0 its AVX2 grouped kernel through the plan's in-place slot
+  // (PlanMatMul). All are bit-identical to the tiles below, so results do not depend on the
+  // batch size.
   // Without the 512-bit k-quant tiles, Q4_K matrices llama.cpp repacks and Q6_K ones take AVX2
   // grouped kernels for the leading rows in the order each reproduces (a prompt's rows: Q4_K's
   // repacked GEMM order, all but the last n % 4; Q6_K's tiled order, all of them from 8 rows),

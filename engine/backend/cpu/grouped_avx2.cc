@@ -1,5 +1,5 @@
-// AVX2 grouped GEMM of Q5_0 weights x many Q8_0 activation rows (prompts, large batches): the
-// GroupedKernels contract of kernels.h, eight activation rows per 256-bit register.
+// AVX2 grouped GEMMs of Q5_0, Q8_0, Q4_K and Q6_K weights x many activation rows (prompts, batched
+// decode): the GroupedKernels contract of kernels.h, eight activation rows per 256-bit register.
 //
 // The AVX2 tile (TileQ5_0, matmul_avx2.cc) keeps, per (weight row, activation row) pair and
 // block, ggml's 8 int32 lanes (lane p: the products of weights 4p..4p+3) and one FMA per block
@@ -195,6 +195,126 @@ void Gemm(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, const voi
       for (int64_t r = r0; r < r1; ++r) {
         RowGroups<1>(nb, codes + r * k, scales + r * nb, xg + g * nb, nc, y + g * kLanes * ys + r,
                      ys);
+      }
+    }
+  }
+}
+
+// ---- Q8_0 x Q8_0, weights read in place ------------------------------------------------------
+//
+// The AVX2 Q8_0 tile (TileQ8 / Q8Pass, matmul_avx2.cc) computes, per (weight row, activation row)
+// pair and block, maddubs(|w|, sign(x, w)) (|w| and the signs by _mm256_sign_epi8, as ggml's
+// vec_dot_q8_0_q8_0), madd with ones into 8 int32 lanes (lane p: products 4p..4p+3), cvt, and
+// one FMA by d_w * d_x into lane p of the pair's F32 accumulator; HSum at the end. Here lane p of
+// the pair sits in lane c of accumulator p, as for Q5_0: the weight row's four bytes at 4p are
+// broadcast (their |w| shared by two groups of activation rows), sign() takes the eight rows'
+// four bytes each, and the same maddubs / madd / cvt / FMA follow, so every int16, int32 and F32
+// step is the tile's and the results are bit-identical. Per 32 products 5 vector ops (sign,
+// maddubs, madd, cvt, fmadd) and about half an op of broadcast and |w|, against 7 in the tile
+// (which also multiplies d_w by d_x and broadcasts it per pair and block).
+
+// One block of a group of 8 activation rows: q[p][c] = bytes 4p..4p+3 of row c's block, d[c] =
+// row c's scale; rows past n are zero.
+struct XGroupBlock8 {
+  int32_t q[8][kLanes];
+  float d[kLanes];
+};
+static_assert(sizeof(XGroupBlock8) % 32 == 0, "blocks stay 32-byte aligned");
+
+size_t XBytes8(int64_t n, int64_t k) {
+  return static_cast<size_t>((n + kLanes - 1) / kLanes) * static_cast<size_t>(k / kQ8_0BlockSize) *
+         sizeof(XGroupBlock8);
+}
+
+void PackX8(const void* x, size_t xs, int64_t n, int64_t k, void* out) {
+  const int64_t nb = k / kQ8_0BlockSize;
+  auto* g = static_cast<XGroupBlock8*>(out);
+  std::memset(out, 0, XBytes8(n, k));
+  for (int64_t c = 0; c < n; ++c) {
+    const auto* xb = reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(x) + c * xs);
+    const int lane = static_cast<int>(c % kLanes);
+    XGroupBlock8* o = g + (c / kLanes) * nb;
+    for (int64_t b = 0; b < nb; ++b) {
+      for (int p = 0; p < 8; ++p) std::memcpy(&o[b].q[p][lane], xb[b].qs + 4 * p, 4);
+      o[b].d[lane] = HalfToFloat(xb[b].d);
+    }
+  }
+}
+
+// The final lane sum of the tile (HSum's order) for the 8 accumulators of a group.
+inline void StoreGroup(const __m256 (&a)[8], int nc, float* y, int64_t ys) {
+  const __m256 sum =
+      _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
+                    _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
+  alignas(32) float lanes[kLanes];
+  _mm256_store_ps(lanes, sum);
+  for (int c = 0; c < nc; ++c) y[c * ys] = lanes[c];
+}
+
+// One weight row (nb blocks in place) x G groups of 8 activation rows (group g's blocks at
+// xg + g * nb); writes group g's first nc[g] lanes to y[(8g + c) * ys]. With G = 2 the lanes p
+// run as two passes of four, as in RowGroups.
+template <int G>
+void RowGroups8(int64_t nb, const BlockQ8_0* wr, const XGroupBlock8* xg, const int* nc, float* y,
+                int64_t ys) {
+  constexpr int P = 8 / G;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 part[G][8];
+  PD_UNROLL for (int pass = 0; pass < G; ++pass) {
+    __m256 acc[G][P];
+    PD_UNROLL for (int g = 0; g < G; ++g) {
+      PD_UNROLL for (int j = 0; j < P; ++j) acc[g][j] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+      const XGroupBlock8* xb[G];
+      __m256 s[G];
+      const __m256 dw = _mm256_set1_ps(HalfToFloat(wr[b].d));
+      PD_UNROLL for (int g = 0; g < G; ++g) {
+        xb[g] = xg + g * nb + b;
+        s[g] = _mm256_mul_ps(dw, _mm256_load_ps(xb[g]->d));
+      }
+      PD_UNROLL for (int j = 0; j < P; ++j) {
+        const int p = pass * P + j;
+        int32_t w4;
+        std::memcpy(&w4, wr[b].qs + 4 * p, 4);
+        const __m256i wq = _mm256_set1_epi32(w4);
+        const __m256i wabs = _mm256_sign_epi8(wq, wq);
+        PD_UNROLL for (int g = 0; g < G; ++g) {
+          const __m256i p16 = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(LoadA(xb[g]->q[p]), wq));
+          acc[g][j] =
+              _mm256_fmadd_ps(s[g], _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones)), acc[g][j]);
+        }
+      }
+    }
+    PD_UNROLL for (int g = 0; g < G; ++g) {
+      PD_UNROLL for (int j = 0; j < P; ++j) part[g][pass * P + j] = acc[g][j];
+    }
+  }
+  PD_UNROLL for (int g = 0; g < G; ++g) StoreGroup(part[g], nc[g], y + g * kLanes * ys, ys);
+}
+
+void Gemm8(int64_t k, const void* w, size_t ws, int64_t rows, const void* packed_x, int64_t n,
+           float* y, int64_t ys) {
+  const int64_t nb = k / kQ8_0BlockSize;
+  const char* wa = static_cast<const char*>(w);
+  const auto* xg = static_cast<const XGroupBlock8*>(packed_x);
+  const int64_t groups = (n + kLanes - 1) / kLanes;
+  const int nc_tail = static_cast<int>(n - (groups - 1) * kLanes);
+  for (int64_t r0 = 0; r0 < rows; r0 += kPanelRows) {
+    const int64_t r1 = std::min(rows, r0 + kPanelRows);
+    int64_t g = 0;
+    for (; g + 2 <= groups; g += 2) {
+      const int nc[2] = {kLanes, g + 2 == groups ? nc_tail : kLanes};
+      for (int64_t r = r0; r < r1; ++r) {
+        RowGroups8<2>(nb, reinterpret_cast<const BlockQ8_0*>(wa + r * ws), xg + g * nb, nc,
+                      y + g * kLanes * ys + r, ys);
+      }
+    }
+    if (g < groups) {
+      const int nc[1] = {nc_tail};
+      for (int64_t r = r0; r < r1; ++r) {
+        RowGroups8<1>(nb, reinterpret_cast<const BlockQ8_0*>(wa + r * ws), xg + g * nb, nc,
+                      y + g * kLanes * ys + r, ys);
       }
     }
   }
@@ -496,6 +616,11 @@ const GroupedKernels* Q5_0GroupedAvx2() {
   return &kKernels;
 }
 
+const GroupedKernels* Q8_0GroupedAvx2() {
+  static constexpr GroupedKernels kKernels = {&XBytes8, &PackX8, nullptr, nullptr, &Gemm8};
+  return &kKernels;
+}
+
 const GroupedKernels* Q4KRepackGroupedAvx2() {
   static constexpr GroupedKernels kKernels = {&XBytesK, &PackXK, &WBytesK, &PackWK, &GemmOf<Q4K>};
   return &kKernels;
@@ -512,6 +637,7 @@ const GroupedKernels* Q6KWideGroupedAvx2() {
 
 namespace pd::engine::cpu {
 const GroupedKernels* Q5_0GroupedAvx2() { return nullptr; }
+const GroupedKernels* Q8_0GroupedAvx2() { return nullptr; }
 const GroupedKernels* Q4KRepackGroupedAvx2() { return nullptr; }
 const GroupedKernels* Q6KWideGroupedAvx2() { return nullptr; }
 }  // namespace pd::engine::cpu

@@ -114,6 +114,9 @@ const GroupedKernels* Q5_0GroupedVnni();
 // unpacked once per MatMul. Bit-identical to the AVX2 tile. nullptr when the build has no AVX2
 // code; only call where AVX2 runs (Avx2Kernels() selected).
 const GroupedKernels* Q5_0GroupedAvx2();
+// Q8_0 weights (read in place, no pack_w) the same way: the tile's |w| and sign() per 4-byte
+// group, eight activation rows per register; bit-identical to the AVX2 tile.
+const GroupedKernels* Q8_0GroupedAvx2();
 // Q4_K weights x Q8_K prompt rows in llama.cpp's repacked GEMM order (the order of
 // Kernels::q4_k_repack_gemm, for rows not in the GEMV order) on AVX2 (grouped_avx2.cc): a chunk's
 // rows unpacked once per MatMul, eight prompt rows per register. Bit-identical to the AVX2

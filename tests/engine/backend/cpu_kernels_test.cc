@@ -493,6 +493,17 @@ TEST(GroupedAvx2Test, Q5_0BitIdenticalToTheAvx2Tiles) {
                                       {1, 3, 4, 9, 70});
 }
 
+// The AVX2 grouped Q8_0 kernel (eight activation rows per register, weights in place) against
+// the AVX2 tiles, which it replaces from a few rows on without VNNI: partial and full groups, one
+// and two groups per pass, a group left over, and row counts that end panels.
+TEST(GroupedAvx2Test, Q8_0BitIdenticalToTheAvx2Tiles) {
+  if (Avx2Kernels() == nullptr) GTEST_SKIP() << "AVX2 kernels not available on this build/CPU";
+  const GroupedKernels* g = Q8_0GroupedAvx2();
+  ASSERT_NE(g, nullptr);
+  ExpectGroupedEqualsTiles<BlockQ8_0>(g, &GemmQ8_0Avx2, 26, {1, 3, 5, 8, 12, 16, 17, 24, 33},
+                                      {1, 3, 4, 9, 70});
+}
+
 // The small-batch quad kernels (four activation rows per 512-bit register) give the AVX2 tiles'
 // bits for Q8_0 and Q5_0 weights, so a decode sequence's logits do not depend on how many other
 // sequences (or speculative rows) share its step: every row count from 1 to 11 (one or two groups
