@@ -38,6 +38,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "engine/backend/cpu/kernels_avx2_internal.h"
 
@@ -51,6 +52,49 @@ inline __m256i LoadA(const int32_t* p) {
   return _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
 }
 
+// The final lane sum of the tiles (HSum's order) for the 8 accumulators of a group of activation
+// rows (accumulator p: lane p of each pair); writes the first nc lanes to y[c * ys].
+inline void StoreGroup(const __m256 (&a)[8], int nc, float* y, int64_t ys) {
+  const __m256 sum =
+      _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
+                    _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
+  alignas(32) float lanes[kLanes];
+  _mm256_store_ps(lanes, sum);
+  for (int c = 0; c < nc; ++c) y[c * ys] = lanes[c];
+}
+
+// Bytes of n activation rows packed in groups of 8, one Block per group and block of kWeights.
+template <typename Block, int64_t kWeights = kQ8_0BlockSize>
+size_t GroupBytes(int64_t n, int64_t k) {
+  return static_cast<size_t>((n + kLanes - 1) / kLanes) * static_cast<size_t>(k / kWeights) *
+         sizeof(Block);
+}
+
+// Weight rows in panels of kPanelRows, each panel against every pair of activation groups (and a
+// last group alone): row_groups(G, r, g, nc) computes weight row r against groups g .. g + G - 1
+// (G an std::integral_constant), nc[i] the rows of group g + i. A group's blocks (k = 640: 20 x
+// 544 bytes for Q5_0) stay in L1 while a panel's rows pass, and the panel (64 rows) in L2 while
+// the groups pass.
+constexpr int64_t kPanelRows = 64;
+
+template <typename F>
+void PanelLoop(int64_t rows, int64_t n, F&& row_groups) {
+  const int64_t groups = (n + kLanes - 1) / kLanes;
+  const int nc_tail = static_cast<int>(n - (groups - 1) * kLanes);
+  for (int64_t r0 = 0; r0 < rows; r0 += kPanelRows) {
+    const int64_t r1 = std::min(rows, r0 + kPanelRows);
+    int64_t g = 0;
+    for (; g + 2 <= groups; g += 2) {
+      const int nc[2] = {kLanes, g + 2 == groups ? nc_tail : kLanes};
+      for (int64_t r = r0; r < r1; ++r) row_groups(std::integral_constant<int, 2>(), r, g, nc);
+    }
+    if (g < groups) {
+      const int nc[1] = {nc_tail};
+      for (int64_t r = r0; r < r1; ++r) row_groups(std::integral_constant<int, 1>(), r, g, nc);
+    }
+  }
+}
+
 // One block of a group of 8 activation rows: q[p][c] = bytes 4p..4p+3 of row c's block,
 // start[p][c] = -16 * their sum, d[c] = row c's scale. Rows past n are zero (their lanes are
 // computed and dropped).
@@ -61,10 +105,7 @@ struct XGroupBlock {
 };
 static_assert(sizeof(XGroupBlock) % 32 == 0, "blocks stay 32-byte aligned");
 
-size_t XBytes(int64_t n, int64_t k) {
-  return static_cast<size_t>((n + kLanes - 1) / kLanes) * static_cast<size_t>(k / kQ8_0BlockSize) *
-         sizeof(XGroupBlock);
-}
+size_t XBytes(int64_t n, int64_t k) { return GroupBytes<XGroupBlock>(n, k); }
 
 void PackX(const void* x, size_t xs, int64_t n, int64_t k, void* out) {
   const int64_t nb = k / kQ8_0BlockSize;
@@ -156,21 +197,8 @@ void RowGroups(int64_t nb, const uint8_t* codes, const float* scales, const XGro
       PD_UNROLL for (int j = 0; j < P; ++j) part[g][pass * P + j] = acc[g][j];
     }
   }
-  PD_UNROLL for (int g = 0; g < G; ++g) {
-    const __m256(&a)[8] = part[g];
-    const __m256 sum =
-        _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
-                      _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
-    alignas(32) float lanes[kLanes];
-    _mm256_store_ps(lanes, sum);
-    for (int c = 0; c < nc[g]; ++c) y[(g * kLanes + c) * ys] = lanes[c];
-  }
+  PD_UNROLL for (int g = 0; g < G; ++g) StoreGroup(part[g], nc[g], y + g * kLanes * ys, ys);
 }
-
-// Rows of the packed chunk in panels of kPanelRows, each panel against every activation group:
-// a group's blocks (k = 640: 20 x 544 bytes) stay in L1 while the panel's rows pass, and the
-// panel (k = 640: 64 x 720 bytes) in L2 while the groups pass.
-constexpr int64_t kPanelRows = 64;
 
 void Gemm(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, const void* packed_x,
           int64_t n, float* y, int64_t ys) {
@@ -178,26 +206,10 @@ void Gemm(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, const voi
   const uint8_t* codes = static_cast<const uint8_t*>(w);
   const float* scales = reinterpret_cast<const float*>(codes + rows * k);
   const auto* xg = static_cast<const XGroupBlock*>(packed_x);
-  for (int64_t r0 = 0; r0 < rows; r0 += kPanelRows) {
-    const int64_t r1 = std::min(rows, r0 + kPanelRows);
-    const int64_t groups = (n + kLanes - 1) / kLanes;
-    const int nc_tail = static_cast<int>(n - (groups - 1) * kLanes);
-    int64_t g = 0;
-    for (; g + 2 <= groups; g += 2) {
-      const int nc[2] = {kLanes, g + 2 == groups ? nc_tail : kLanes};
-      for (int64_t r = r0; r < r1; ++r) {
-        RowGroups<2>(nb, codes + r * k, scales + r * nb, xg + g * nb, nc, y + g * kLanes * ys + r,
-                     ys);
-      }
-    }
-    if (g < groups) {
-      const int nc[1] = {nc_tail};
-      for (int64_t r = r0; r < r1; ++r) {
-        RowGroups<1>(nb, codes + r * k, scales + r * nb, xg + g * nb, nc, y + g * kLanes * ys + r,
-                     ys);
-      }
-    }
-  }
+  PanelLoop(rows, n, [&](auto G, int64_t r, int64_t g, const int* nc) {
+    RowGroups<decltype(G)::value>(nb, codes + r * k, scales + r * nb, xg + g * nb, nc,
+                                  y + g * kLanes * ys + r, ys);
+  });
 }
 
 // ---- Q8_0 x Q8_0, weights read in place ------------------------------------------------------
@@ -221,10 +233,7 @@ struct XGroupBlock8 {
 };
 static_assert(sizeof(XGroupBlock8) % 32 == 0, "blocks stay 32-byte aligned");
 
-size_t XBytes8(int64_t n, int64_t k) {
-  return static_cast<size_t>((n + kLanes - 1) / kLanes) * static_cast<size_t>(k / kQ8_0BlockSize) *
-         sizeof(XGroupBlock8);
-}
+size_t XBytes8(int64_t n, int64_t k) { return GroupBytes<XGroupBlock8>(n, k); }
 
 void PackX8(const void* x, size_t xs, int64_t n, int64_t k, void* out) {
   const int64_t nb = k / kQ8_0BlockSize;
@@ -239,16 +248,6 @@ void PackX8(const void* x, size_t xs, int64_t n, int64_t k, void* out) {
       o[b].d[lane] = HalfToFloat(xb[b].d);
     }
   }
-}
-
-// The final lane sum of the tile (HSum's order) for the 8 accumulators of a group.
-inline void StoreGroup(const __m256 (&a)[8], int nc, float* y, int64_t ys) {
-  const __m256 sum =
-      _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
-                    _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
-  alignas(32) float lanes[kLanes];
-  _mm256_store_ps(lanes, sum);
-  for (int c = 0; c < nc; ++c) y[c * ys] = lanes[c];
 }
 
 // One weight row (nb blocks in place) x G groups of 8 activation rows (group g's blocks at
@@ -298,26 +297,10 @@ void Gemm8(int64_t k, const void* w, size_t ws, int64_t rows, const void* packed
   const int64_t nb = k / kQ8_0BlockSize;
   const char* wa = static_cast<const char*>(w);
   const auto* xg = static_cast<const XGroupBlock8*>(packed_x);
-  const int64_t groups = (n + kLanes - 1) / kLanes;
-  const int nc_tail = static_cast<int>(n - (groups - 1) * kLanes);
-  for (int64_t r0 = 0; r0 < rows; r0 += kPanelRows) {
-    const int64_t r1 = std::min(rows, r0 + kPanelRows);
-    int64_t g = 0;
-    for (; g + 2 <= groups; g += 2) {
-      const int nc[2] = {kLanes, g + 2 == groups ? nc_tail : kLanes};
-      for (int64_t r = r0; r < r1; ++r) {
-        RowGroups8<2>(nb, reinterpret_cast<const BlockQ8_0*>(wa + r * ws), xg + g * nb, nc,
-                      y + g * kLanes * ys + r, ys);
-      }
-    }
-    if (g < groups) {
-      const int nc[1] = {nc_tail};
-      for (int64_t r = r0; r < r1; ++r) {
-        RowGroups8<1>(nb, reinterpret_cast<const BlockQ8_0*>(wa + r * ws), xg + g * nb, nc,
-                      y + g * kLanes * ys + r, ys);
-      }
-    }
-  }
+  PanelLoop(rows, n, [&](auto G, int64_t r, int64_t g, const int* nc) {
+    RowGroups8<decltype(G)::value>(nb, reinterpret_cast<const BlockQ8_0*>(wa + r * ws), xg + g * nb,
+                                   nc, y + g * kLanes * ys + r, ys);
+  });
 }
 
 // ---- Q4_K x Q8_K, llama.cpp's repacked GEMM order --------------------------------------------
@@ -334,10 +317,7 @@ struct XGroupBlockK {
 };
 static_assert(sizeof(XGroupBlockK) % 32 == 0, "blocks stay 32-byte aligned");
 
-size_t XBytesK(int64_t n, int64_t k) {
-  return static_cast<size_t>((n + kLanes - 1) / kLanes) * static_cast<size_t>(k / kQK) *
-         sizeof(XGroupBlockK);
-}
+size_t XBytesK(int64_t n, int64_t k) { return GroupBytes<XGroupBlockK, kQK>(n, k); }
 
 // Two int16 as one int32 lane, `lo` in the low half (madd's first of the pair).
 inline int32_t Int16Pair(int lo, int hi) {
