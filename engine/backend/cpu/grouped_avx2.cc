@@ -157,60 +157,32 @@ void PackW(const void* w, size_t ws, int64_t rows, int64_t k, void* out) {
   }
 }
 
-// One weight row (nb blocks of codes and F32 scales) x G groups of 8 activation rows (group g's
-// blocks at xg + g * nb); writes group g's first nc[g] lanes to y[(8g + c) * ys]. With G = 2
-// each broadcast of four codes serves both groups, and the eight lanes p run as two passes of
-// four (8 accumulators either way): per 32 products 5.5 ops instead of 6.
-template <int G>
-void RowGroups(int64_t nb, const uint8_t* codes, const float* scales, const XGroupBlock* xg,
-               const int* nc, float* y, int64_t ys) {
-  constexpr int P = 8 / G;  // lanes p per pass
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 part[G][8];
-  PD_UNROLL for (int pass = 0; pass < G; ++pass) {
-    __m256 acc[G][P];
-    PD_UNROLL for (int g = 0; g < G; ++g) {
-      PD_UNROLL for (int j = 0; j < P; ++j) acc[g][j] = _mm256_setzero_ps();
-    }
-    for (int64_t b = 0; b < nb; ++b) {
-      const XGroupBlock* xb[G];
-      __m256 s[G];
-      PD_UNROLL for (int g = 0; g < G; ++g) {
-        xb[g] = xg + g * nb + b;
-        s[g] = _mm256_mul_ps(_mm256_set1_ps(scales[b]), _mm256_load_ps(xb[g]->d));
-      }
-      const uint8_t* wr = codes + b * kQ8_0BlockSize;
-      PD_UNROLL for (int j = 0; j < P; ++j) {
-        const int p = pass * P + j;
-        int32_t w4;
-        std::memcpy(&w4, wr + 4 * p, 4);
-        const __m256i wq = _mm256_set1_epi32(w4);
-        PD_UNROLL for (int g = 0; g < G; ++g) {
-          const __m256i dot = _mm256_add_epi32(
-              _mm256_madd_epi16(_mm256_maddubs_epi16(wq, LoadA(xb[g]->q[p])), ones),
-              LoadA(xb[g]->start[p]));
-          acc[g][j] = _mm256_fmadd_ps(s[g], _mm256_cvtepi32_ps(dot), acc[g][j]);
-        }
-      }
-    }
-    PD_UNROLL for (int g = 0; g < G; ++g) {
-      PD_UNROLL for (int j = 0; j < P; ++j) part[g][pass * P + j] = acc[g][j];
-    }
+// The Q5_0 rows of a packed chunk for RowGroups: a row's codes (0..31) and F32 scales; the -16
+// offset enters as the lanes' start values.
+struct Q5_0Fmt {
+  using XBlock = XGroupBlock;
+  struct Row {
+    const uint8_t* codes;
+    const float* scales;
+  };
+  struct Weights {
+    __m256i q;  // four codes, broadcast
+  };
+  // Row r of the chunk at w (PackW's layout: rows * k codes, then rows * nb scales).
+  static Row RowOf(const void* w, size_t /*ws*/, int64_t rows, int64_t k, int64_t r) {
+    const uint8_t* codes = static_cast<const uint8_t*>(w);
+    const int64_t nb = k / kQ8_0BlockSize;
+    return {codes + r * k, reinterpret_cast<const float*>(codes + rows * k) + r * nb};
   }
-  PD_UNROLL for (int g = 0; g < G; ++g) StoreGroup(part[g], nc[g], y + g * kLanes * ys, ys);
-}
-
-void Gemm(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, const void* packed_x,
-          int64_t n, float* y, int64_t ys) {
-  const int64_t nb = k / kQ8_0BlockSize;
-  const uint8_t* codes = static_cast<const uint8_t*>(w);
-  const float* scales = reinterpret_cast<const float*>(codes + rows * k);
-  const auto* xg = static_cast<const XGroupBlock*>(packed_x);
-  PanelLoop(rows, n, [&](auto G, int64_t r, int64_t g, const int* nc) {
-    RowGroups<decltype(G)::value>(nb, codes + r * k, scales + r * nb, xg + g * nb, nc,
-                                  y + g * kLanes * ys + r, ys);
-  });
-}
+  static float Scale(const Row& w, int64_t b) { return w.scales[b]; }
+  static const void* Codes(const Row& w, int64_t b) { return w.codes + b * kQ8_0BlockSize; }
+  static Weights Broadcast(int32_t w4) { return {_mm256_set1_epi32(w4)}; }
+  // The eight rows' lane sums of products 4p..4p+3, as the tile has them.
+  static __m256i Dot(const Weights& w, const XBlock* x, int p, __m256i ones) {
+    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w.q, LoadA(x->q[p])), ones),
+                            LoadA(x->start[p]));
+  }
+};
 
 // ---- Q8_0 x Q8_0, weights read in place ------------------------------------------------------
 //
@@ -250,13 +222,41 @@ void PackX8(const void* x, size_t xs, int64_t n, int64_t k, void* out) {
   }
 }
 
-// One weight row (nb blocks in place) x G groups of 8 activation rows (group g's blocks at
-// xg + g * nb); writes group g's first nc[g] lanes to y[(8g + c) * ys]. With G = 2 the lanes p
-// run as two passes of four, as in RowGroups.
-template <int G>
-void RowGroups8(int64_t nb, const BlockQ8_0* wr, const XGroupBlock8* xg, const int* nc, float* y,
-                int64_t ys) {
-  constexpr int P = 8 / G;
+// The Q8_0 rows for RowGroups, read in place.
+struct Q8_0Fmt {
+  using XBlock = XGroupBlock8;
+  using Row = const BlockQ8_0*;
+  struct Weights {
+    __m256i q;    // four weights, broadcast
+    __m256i abs;  // their |w| (the tile's sign(w, w))
+  };
+  static Row RowOf(const void* w, size_t ws, int64_t /*rows*/, int64_t /*k*/, int64_t r) {
+    return reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(w) + r * ws);
+  }
+  static float Scale(Row w, int64_t b) { return HalfToFloat(w[b].d); }
+  static const void* Codes(Row w, int64_t b) { return w[b].qs; }
+  static Weights Broadcast(int32_t w4) {
+    const __m256i q = _mm256_set1_epi32(w4);
+    return {q, _mm256_sign_epi8(q, q)};
+  }
+  static __m256i Dot(const Weights& w, const XBlock* x, int p, __m256i ones) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w.abs, _mm256_sign_epi8(LoadA(x->q[p]), w.q)),
+                             ones);
+  }
+};
+
+// ---- Q5_0 and Q8_0: one weight row against groups of activation rows --------------------------
+
+// One weight row of format F (nb blocks) x G groups of 8 activation rows (group g's blocks at
+// xg + g * nb); writes group g's first nc[g] lanes to y[(8g + c) * ys]. Per block, the row's
+// scale times each group's activation scales, then per four weights one broadcast (shared by the
+// G groups) and per group F::Dot, cvt and one FMA into accumulator p. With G = 2 the eight lanes
+// p run as two passes of four (8 accumulators either way), so each broadcast serves both groups:
+// for Q5_0, per 32 products 5.5 ops instead of 6.
+template <typename F, int G>
+void RowGroups(int64_t nb, const typename F::Row& w, const typename F::XBlock* xg, const int* nc,
+               float* y, int64_t ys) {
+  constexpr int P = 8 / G;  // lanes p per pass
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 part[G][8];
   PD_UNROLL for (int pass = 0; pass < G; ++pass) {
@@ -265,23 +265,22 @@ void RowGroups8(int64_t nb, const BlockQ8_0* wr, const XGroupBlock8* xg, const i
       PD_UNROLL for (int j = 0; j < P; ++j) acc[g][j] = _mm256_setzero_ps();
     }
     for (int64_t b = 0; b < nb; ++b) {
-      const XGroupBlock8* xb[G];
+      const typename F::XBlock* xb[G];
       __m256 s[G];
-      const __m256 dw = _mm256_set1_ps(HalfToFloat(wr[b].d));
+      const __m256 dw = _mm256_set1_ps(F::Scale(w, b));
       PD_UNROLL for (int g = 0; g < G; ++g) {
         xb[g] = xg + g * nb + b;
         s[g] = _mm256_mul_ps(dw, _mm256_load_ps(xb[g]->d));
       }
+      const char* codes = static_cast<const char*>(F::Codes(w, b));
       PD_UNROLL for (int j = 0; j < P; ++j) {
         const int p = pass * P + j;
         int32_t w4;
-        std::memcpy(&w4, wr[b].qs + 4 * p, 4);
-        const __m256i wq = _mm256_set1_epi32(w4);
-        const __m256i wabs = _mm256_sign_epi8(wq, wq);
+        std::memcpy(&w4, codes + 4 * p, 4);
+        const typename F::Weights wq = F::Broadcast(w4);
         PD_UNROLL for (int g = 0; g < G; ++g) {
-          const __m256i p16 = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(LoadA(xb[g]->q[p]), wq));
           acc[g][j] =
-              _mm256_fmadd_ps(s[g], _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones)), acc[g][j]);
+              _mm256_fmadd_ps(s[g], _mm256_cvtepi32_ps(F::Dot(wq, xb[g], p, ones)), acc[g][j]);
         }
       }
     }
@@ -292,14 +291,15 @@ void RowGroups8(int64_t nb, const BlockQ8_0* wr, const XGroupBlock8* xg, const i
   PD_UNROLL for (int g = 0; g < G; ++g) StoreGroup(part[g], nc[g], y + g * kLanes * ys, ys);
 }
 
-void Gemm8(int64_t k, const void* w, size_t ws, int64_t rows, const void* packed_x, int64_t n,
-           float* y, int64_t ys) {
+// The GroupedKernels gemm of Q5_0 (w: the packed chunk) and Q8_0 (w: the rows in place).
+template <typename F>
+void GemmGrouped(int64_t k, const void* w, size_t ws, int64_t rows, const void* packed_x, int64_t n,
+                 float* y, int64_t ys) {
   const int64_t nb = k / kQ8_0BlockSize;
-  const char* wa = static_cast<const char*>(w);
-  const auto* xg = static_cast<const XGroupBlock8*>(packed_x);
+  const auto* xg = static_cast<const typename F::XBlock*>(packed_x);
   PanelLoop(rows, n, [&](auto G, int64_t r, int64_t g, const int* nc) {
-    RowGroups8<decltype(G)::value>(nb, reinterpret_cast<const BlockQ8_0*>(wa + r * ws), xg + g * nb,
-                                   nc, y + g * kLanes * ys + r, ys);
+    RowGroups<F, decltype(G)::value>(nb, F::RowOf(w, ws, rows, k, r), xg + g * nb, nc,
+                                     y + g * kLanes * ys + r, ys);
   });
 }
 
@@ -592,12 +592,14 @@ void GemmOf(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, const v
 }  // namespace
 
 const GroupedKernels* Q5_0GroupedAvx2() {
-  static constexpr GroupedKernels kKernels = {&XBytes, &PackX, &WBytes, &PackW, &Gemm};
+  static constexpr GroupedKernels kKernels = {&XBytes, &PackX, &WBytes, &PackW,
+                                              &GemmGrouped<Q5_0Fmt>};
   return &kKernels;
 }
 
 const GroupedKernels* Q8_0GroupedAvx2() {
-  static constexpr GroupedKernels kKernels = {&XBytes8, &PackX8, nullptr, nullptr, &Gemm8};
+  static constexpr GroupedKernels kKernels = {&XBytes8, &PackX8, nullptr, nullptr,
+                                              &GemmGrouped<Q8_0Fmt>};
   return &kKernels;
 }
 
