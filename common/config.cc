@@ -309,7 +309,7 @@ absl::Status ServeOptions::Validate() const {
   const SpeculativeConfigOptions& sp = speculative;
   if (sp.drafter.empty()) {
     return absl::InvalidArgumentError(
-        "speculative.drafter: must be off, ngram, self or a draft GGUF path (got '')");
+        "speculative.drafter: must be off, ngram, self, self-head or a draft GGUF path (got '')");
   }
   PD_RETURN_IF_ERROR(
       Check(sp.max_k >= 1 && sp.max_k <= 16, "speculative.max_k", "must be in [1, 16]", sp.max_k));
@@ -325,6 +325,8 @@ absl::Status ServeOptions::Validate() const {
                            sp.ngram_max));
   PD_RETURN_IF_ERROR(Check(sp.draft_kv_mib >= 1, "speculative.draft_kv_mib", "must be >= 1",
                            sp.draft_kv_mib));
+  PD_RETURN_IF_ERROR(
+      Check(sp.head_rows >= 1, "speculative.head_rows", "must be >= 1", sp.head_rows));
   PD_RETURN_IF_ERROR(Check(limits.default_max_tokens >= 1, "limits.default_max_tokens",
                            "must be >= 1", limits.default_max_tokens));
   PD_RETURN_IF_ERROR(
@@ -500,6 +502,7 @@ absl::StatusOr<ServeOptions> ParseServeOptions(std::string_view yaml, std::strin
       sp.Get("ngram_min", &o.speculative.ngram_min);
       sp.Get("ngram_max", &o.speculative.ngram_max);
       sp.Get("draft_kv_mib", &o.speculative.draft_kv_mib);
+      sp.Get("head_rows", &o.speculative.head_rows);
       top.Merge(sp);
     }
     {

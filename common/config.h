@@ -114,7 +114,8 @@ struct PrefixCacheConfigOptions {
 // in the same step; lossless. pd-serve and pd-decode (the node that decodes) use it.
 struct SpeculativeConfigOptions {
   // off | ngram (prompt lookup, no model) | self (the model's own low-bit draft, found next to
-  // the model or in ~/.cache/pdserve/drafts, built there on first use) | a draft GGUF's path.
+  // the model or in ~/.cache/pdserve/drafts, built there on first use) | self-head (the model's
+  // own layers with its head restricted to head_rows tokens; no file) | a draft GGUF's path.
   std::string drafter = "ngram";
   int max_k = 8;            // draft tokens per sequence and step, 1..16; K adapts below it
   // A draft qualifies only when its own return (extra tokens per extra second) beats the step's
@@ -124,6 +125,7 @@ struct SpeculativeConfigOptions {
   int ngram_min = 2;        // ngram: shortest suffix matched
   int ngram_max = 4;        // ngram: longest
   int64_t draft_kv_mib = 128;  // draft model: its own KV cache
+  int head_rows = 32768;       // self-head: rows of the model's head the draft scores
 };
 
 struct LimitsOptions {

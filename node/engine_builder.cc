@@ -236,6 +236,23 @@ absl::StatusOr<std::shared_ptr<engine::spec::Drafter>> BuildDrafter(
     PD_RETURN_IF_ERROR(n.Validate());
     return std::shared_ptr<engine::spec::Drafter>(std::make_shared<engine::spec::NgramDrafter>(n));
   }
+  if (o.drafter == "self-head") {
+    // The target as its own draft: its layers, and its head restricted to the draft head's
+    // tokens (the ranking `pdctl quantize --draft` uses), over the drafter's own KV cache.
+    PD_ASSIGN_OR_RETURN(const engine::quantize::HeadSelection head,
+                        engine::quantize::DraftHeadTokens(target.file(), o.head_rows));
+    PD_ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> draft,
+                        engine::Model::WithHead(target, head.ids));
+    engine::spec::DraftModelOptions dm;
+    dm.kv_bytes = o.draft_kv_mib << 20;
+    PD_ASSIGN_OR_RETURN(
+        std::unique_ptr<engine::spec::DraftModelDrafter> drafter,
+        engine::spec::DraftModelDrafter::Create(std::move(draft), target.config().n_vocab, dm));
+    PD_LOG(kInfo, "speculative decoding: self-head draft (the model's layers, ", head.ids.size(),
+           " of ", target.config().n_vocab, " head rows), draft step ",
+           drafter->StepSeconds(1) * 1e3, " ms (1 row)");
+    return std::shared_ptr<engine::spec::Drafter>(std::move(drafter));
+  }
   std::string path = o.drafter;
   if (o.drafter == "self") {
     PD_ASSIGN_OR_RETURN(path, FindOrBuildSelfDraft(target_path, threads));

@@ -164,7 +164,8 @@ int NodeMain(const std::string& name, std::unique_ptr<NodeRole> role, int argc, 
   std::string spec;
   int spec_k = 0;
   auto* o_spec = app.add_option("--spec", spec,
-                                "speculative decoding: off, ngram, self or a draft GGUF path "
+                                "speculative decoding: off, ngram, self, self-head or a draft "
+                                "GGUF path "
                                 "(speculative.drafter; pd-prefill ignores it)");
   auto* o_spec_k = app.add_option("--spec-k", spec_k, "the most draft tokens per step (1..16)");
   TlsFlags tls_flags;

@@ -3,7 +3,8 @@
 verifying step against (1 - a^(K+1)) / (1 - a), where the time goes, and the draft's size and
 cost per token against the target's (docs/speculative.md, "Measured").
 
-For each thread count, workload and drafter (`ngram`, `self` or a draft path), one pd-serve runs
+For each thread count, workload and drafter (`ngram`, `self`, `self-head` or a draft path), one
+pd-serve runs
 and serves 1, 4 and 16 concurrent streams, alternating rounds without speculation (the requests
 send `speculative: false`: the reference, on the same process) and with it; each stream sends its
 requests back to back (/v1/completions or
@@ -325,7 +326,8 @@ def main() -> int:
     p.add_argument("--threads", default="1,2")
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--workloads", default="repeat:ngram,free:ngram+self,chat:ngram+self",
-                   help="WORKLOAD:DRAFTER+DRAFTER,... ; a drafter is ngram, self or a path, "
+                   help="WORKLOAD:DRAFTER+DRAFTER,... ; a drafter is ngram, self, self-head or a "
+                        "path, "
                         "with @K for a fixed draft length (self@2)")
     p.add_argument("--rounds", type=int, default=2,
                    help="alternations of without / with speculation per measurement")
@@ -364,7 +366,7 @@ def main() -> int:
                 rows += measure(s, w, threads, a, workdir)
     uses_self = any(s.split("@")[0] == "self" for _, systems in plan for s in systems)
     paths = [s.split("@")[0] for _, systems in plan for s in systems
-             if s.split("@")[0] not in ("ngram", "self")]
+             if s.split("@")[0] not in ("ngram", "self", "self-head")]
     draft = find_self_draft(a) if uses_self else (paths[0] if paths else None)
     argv = "python " + " ".join(sys.argv)
     if a.json:

@@ -1,6 +1,7 @@
 #include "engine/model/weights.h"
 
 #include <algorithm>
+#include <cstring>
 #include <initializer_list>
 #include <string>
 #include <string_view>
@@ -246,6 +247,56 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(const GgufFile& f, const 
     }
     PD_ASSIGN_OR_RETURN(l.w_down, L.Get(p + "ffn_down.weight", c.n_ff, c.n_embd));
   }
+  return w;
+}
+
+absl::StatusOr<std::unique_ptr<Weights>> Weights::WithHead(std::shared_ptr<const Weights> base,
+                                                           const GgufFile& f, const ModelConfig& c,
+                                                           absl::Span<const int32_t> head_tokens,
+                                                           Backend& head_backend) {
+  if (base == nullptr) return absl::InvalidArgumentError("restricted head: no base weights");
+  if (!c.head_tokens.empty()) {
+    return absl::InvalidArgumentError(
+        "restricted head: the model's head is already restricted (a draft model)");
+  }
+  if (head_tokens.empty()) return absl::InvalidArgumentError("restricted head: no tokens");
+  for (size_t i = 0; i < head_tokens.size(); ++i) {
+    const int32_t id = head_tokens[i];
+    if (id < 0 || id >= c.n_vocab) {
+      return absl::InvalidArgumentError(
+          pd::StrCat("restricted head: token ", id, " is outside the vocabulary of ", c.n_vocab));
+    }
+    if (i > 0 && id <= head_tokens[i - 1]) {
+      return absl::InvalidArgumentError(
+          pd::StrCat("restricted head: token ids must be ascending without repeats (",
+                     head_tokens[i - 1], " then ", id, ")"));
+    }
+  }
+  const char* name = c.tied_output ? "token_embd.weight" : "output.weight";
+  const GgufTensorInfo* t = f.FindTensor(name);
+  if (t == nullptr || t->shape != std::vector<int64_t>{c.n_embd, c.n_vocab}) {
+    return absl::InvalidArgumentError(
+        pd::StrCat("restricted head: the file's '", name, "' is not the model's full head"));
+  }
+  const Tensor full{t->type, c.n_embd, c.n_vocab, const_cast<uint8_t*>(t->data)};
+  const size_t row = full.row_bytes();
+  std::vector<uint8_t> rows(row * head_tokens.size());
+  for (size_t i = 0; i < head_tokens.size(); ++i) {
+    std::memcpy(rows.data() + i * row, full.Rows(head_tokens[i], 1).data, row);
+  }
+  std::unique_ptr<Weights> w(new Weights());
+  w->token_embd = base->token_embd;
+  w->output_norm = base->output_norm;
+  w->rope_freq_factors = base->rope_freq_factors;
+  w->layers = base->layers;
+  w->total_bytes = base->total_bytes;
+  w->base_ = std::move(base);  // its buffers (a device's copies) outlive the views
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buf, head_backend.Allocate(rows.size()));
+  PD_RETURN_IF_ERROR(head_backend.Upload(buf->data(), rows.data(), rows.size()));
+  PD_RETURN_IF_ERROR(head_backend.Synchronize());
+  w->output = Tensor{full.type, c.n_embd, static_cast<int64_t>(head_tokens.size()), buf->data()};
+  w->storage_.push_back(std::move(buf));
+  w->total_bytes += rows.size();
   return w;
 }
 

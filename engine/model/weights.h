@@ -2,6 +2,7 @@
 // (no copy); on a device backend it owns the device copies. Immutable after Load().
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -57,6 +58,20 @@ class Weights {
                                                        const ModelConfig& config,
                                                        absl::Span<Backend* const> layer_backends);
 
+  // A view of `base` (a model's full weights, `config` its config, head_tokens empty) whose output
+  // head holds only the rows of `head_tokens` (ascending token ids < n_vocab, no repeats), copied
+  // from the file's head (output.weight, or token_embd.weight when tied) into a new buffer on
+  // `head_backend`, in the file's type: row i scores token head_tokens[i] with exactly the bits
+  // of the full head's row. Every other tensor is base's (views, no copy); the view keeps base
+  // alive. What the target as its own draft runs (Model::WithHead).
+  // INVALID_ARGUMENT for a bad id list or a base that already has a restricted head;
+  // RESOURCE_EXHAUSTED when the backend cannot hold the rows.
+  static absl::StatusOr<std::unique_ptr<Weights>> WithHead(std::shared_ptr<const Weights> base,
+                                                           const GgufFile& file,
+                                                           const ModelConfig& config,
+                                                           absl::Span<const int32_t> head_tokens,
+                                                           Backend& head_backend);
+
   Tensor token_embd;   // [n_vocab, n_embd]
   Tensor output_norm;  // F32 [1, n_embd]
   Tensor output;       // [n_vocab, n_embd] (a draft's: [head_tokens, n_embd]); token_embd if tied
@@ -68,6 +83,7 @@ class Weights {
  private:
   Weights() = default;
   std::vector<std::unique_ptr<Buffer>> storage_;  // device copies (empty on the CPU backend)
+  std::shared_ptr<const Weights> base_;           // WithHead: the weights it shares
 };
 
 }  // namespace pd::engine

@@ -88,6 +88,23 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(std::shared_ptr<const GgufFil
   return m;
 }
 
+absl::StatusOr<std::unique_ptr<Model>> Model::WithHead(const Model& target,
+                                                       std::vector<int32_t> head_tokens) {
+  std::unique_ptr<Model> m(new Model(target.file_));
+  m->backends_ = target.backends_;
+  m->layer_backends_ = target.layer_backends_;
+  m->layer_backend_index_ = target.layer_backend_index_;
+  m->placement_ = target.placement_;
+  PD_ASSIGN_OR_RETURN(m->weights_, Weights::WithHead(target.weights_, *target.file_, target.config_,
+                                                     absl::MakeConstSpan(head_tokens),
+                                                     *target.layer_backends_.back()));
+  m->config_ = target.config_;
+  m->config_.tied_output = false;  // its head is its own rows
+  m->config_.head_tokens = std::move(head_tokens);
+  m->scratch_.resize(m->backends_.size());
+  return m;
+}
+
 std::vector<std::string_view> Model::OpsUsed(const ModelConfig& c) {
   std::vector<std::string_view> ops = {"GetRows", "MatMul",    "RmsNorm", "Rope",
                                        "StoreKv", "Attention", "Add"};

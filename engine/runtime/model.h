@@ -94,6 +94,15 @@ class Model {
                                                      absl::Span<Backend* const> backends,
                                                      const LayerPlacement& placement);
 
+  // `target` with its output head restricted to `head_tokens` (ascending token ids < n_vocab, no
+  // repeats): the same layers, placement and backends (shared, not copied), and a copy of those
+  // rows of the target's head (Weights::WithHead). Its logits at those ids are the target's bit
+  // for bit, -infinity elsewhere, at a fraction of the head's cost: the target as its own draft
+  // (spec::self-head, docs/speculative.md). It has its own scratch, so it may run between the
+  // target's forwards (one thread at a time); the backends must outlive it. Errors as WithHead's.
+  static absl::StatusOr<std::unique_ptr<Model>> WithHead(const Model& target,
+                                                         std::vector<int32_t> head_tokens);
+
   // The Backend ops a forward pass of a model with config `c` calls ("MatMul", "Rope", ...).
   static std::vector<std::string_view> OpsUsed(const ModelConfig& c);
   // OK when a backend of kind `backend_kind` ("cpu", "cuda"; op_support.h) runs every op the
@@ -187,7 +196,7 @@ class Model {
   std::vector<int> layer_backend_index_;  // per layer: index into backends_
   LayerPlacement placement_;
   ModelConfig config_;
-  std::unique_ptr<Weights> weights_;
+  std::shared_ptr<const Weights> weights_;  // shared with the models WithHead makes of this one
   // Per backend index: its scratch slots (empty for a backend no layer uses). The output slots
   // are allocated on the head's backend only.
   std::vector<std::vector<std::unique_ptr<Buffer>>> scratch_;

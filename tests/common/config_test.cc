@@ -142,7 +142,7 @@ scheduler:
 kv: {dtype: int8, memory_mib: 64, block_size: 32}
 prefix_cache: {enabled: false, min_free_blocks: 5, summary_blocks: 10, fill_generated: false}
 speculative: {drafter: self, max_k: 4, min_gain: 1.2, fixed_k: 2, ngram_min: 1, ngram_max: 3,
-              draft_kv_mib: 32}
+              draft_kv_mib: 32, head_rows: 16384}
 limits: {default_max_tokens: 16, max_tokens: 128, max_body_bytes: 4096, max_stop: 2}
 shutdown_grace_s: 0.5
 )",
@@ -204,6 +204,7 @@ shutdown_grace_s: 0.5
   EXPECT_EQ(o->speculative.ngram_min, 1);
   EXPECT_EQ(o->speculative.ngram_max, 3);
   EXPECT_EQ(o->speculative.draft_kv_mib, 32);
+  EXPECT_EQ(o->speculative.head_rows, 16384);
   EXPECT_EQ(o->limits.default_max_tokens, 16);
   EXPECT_EQ(o->limits.max_tokens, 128);
   EXPECT_EQ(o->limits.max_body_bytes, 4096);
@@ -259,6 +260,7 @@ TEST(ConfigTest, ValidateNamesTheField) {
   bad("speculative: {fixed_k: 9}", "speculative.fixed_k");
   bad("speculative: {ngram_min: 3, ngram_max: 2}", "speculative.ngram_max");
   bad("speculative: {draft_kv_mib: 0}", "speculative.draft_kv_mib");
+  bad("speculative: {head_rows: 0}", "speculative.head_rows");
   bad("speculative: {k: 3}", "speculative.k");
   bad("prefix_cache: {enable: true}", "prefix_cache.enable");
   bad("prefix_cache: {compress_idle_ms: -1}", "prefix_cache.compress_idle_ms");

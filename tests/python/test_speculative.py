@@ -145,7 +145,8 @@ def test_sampled_requests_run_and_report_drafts(client, server):
     assert d.accepted_prediction_tokens >= 0 and d.rejected_prediction_tokens >= 0
 
 
-def test_pdctl_spec_matches_pdctl(pdctl: Path, repo_root: Path):
+@pytest.mark.parametrize("drafter", ["ngram", "self-head"])
+def test_pdctl_spec_matches_pdctl(pdctl: Path, repo_root: Path, drafter: str):
     def run(*extra):
         out = subprocess.run([str(pdctl), "generate", "-m", str(repo_root / MODEL), "-p",
                               PROMPTS[2], "-n", "40", "--temp", "0", "--ignore-eos", "-t", "2",
@@ -154,9 +155,10 @@ def test_pdctl_spec_matches_pdctl(pdctl: Path, repo_root: Path):
         assert out.returncode == 0, out.stderr
         return out
     plain = run()
-    spec = run("--spec", "ngram", "--spec-k", "6")
+    spec = run("--spec", drafter, "--spec-k", "6")
     assert spec.stdout == plain.stdout
-    m = re.search(r"speculation: ngram, K <= 6 \| (\d+) target steps for (\d+) tokens .*"
+    kind = "ngram" if drafter == "ngram" else "model"
+    m = re.search(kind + r", K <= 6 \| (\d+) target steps for (\d+) tokens .*"
                   r"drafted (\d+), accepted (\d+)", spec.stderr)
     assert m, spec.stderr
     # Whether the adaptive K drafts here depends on the machine's timing: only the counts' sense.

@@ -11,8 +11,9 @@ namespace pd::tools {
 void SpecFlags::Add(CLI::App* app) {
   app->add_option("--spec", spec,
                   "speculative decoding (lossless): off, ngram (prompt lookup), self (the "
-                  "model's own draft: pdctl quantize --draft, found or built on first use) or "
-                  "the path of a draft GGUF with the model's vocabulary");
+                  "model's own draft: pdctl quantize --draft, found or built on first use), "
+                  "self-head (the model's own layers with its head cut to 32768 frequent "
+                  "tokens; no file) or the path of a draft GGUF with the model's vocabulary");
   app->add_option("--spec-k", spec_k, "the most draft tokens per step (1..16; K adapts below it)")
       ->check(CLI::Range(1, 16));
 }

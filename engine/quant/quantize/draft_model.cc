@@ -135,6 +135,32 @@ absl::Status MeasureAgreement(Model& target, Model& draft,
   return absl::OkStatus();
 }
 
+// The calibration text (the file, or the built-in text when `file` is empty) and where it came
+// from.
+absl::StatusOr<std::pair<std::string, std::string>> CalibrationText(const std::string& file) {
+  std::pair<std::string, std::string> out;
+  if (file.empty()) {
+    PD_ASSIGN_OR_RETURN(out.first, BuiltinText(TextKind::kCalibration));
+    out.second = "built-in calibration text (Debian fortunes, testdata/texts)";
+  } else {
+    PD_ASSIGN_OR_RETURN(out.first, ReadText(file));
+    out.second = file;
+  }
+  if (out.first.empty()) return absl::InvalidArgumentError("calibration text is empty");
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> HeadTokenizer(const GgufFile& target) {
+  auto tokenizer = Tokenizer::FromGguf(target);
+  if (!tokenizer.ok()) {
+    return absl::FailedPreconditionError(
+        pd::StrCat("a draft's head is ranked on the target's tokens, but its tokenizer cannot be "
+                   "loaded: ",
+                   tokenizer.status().message()));
+  }
+  return std::move(*tokenizer);
+}
+
 }  // namespace
 
 HeadSelection SelectHeadTokens(const Tokenizer& tok, absl::Span<const int32_t> text_ids, int n) {
@@ -205,6 +231,16 @@ HeadSelection SelectHeadTokens(const Tokenizer& tok, absl::Span<const int32_t> t
   return s;
 }
 
+absl::StatusOr<HeadSelection> DraftHeadTokens(const GgufFile& target, int n,
+                                              const std::string& calib_file,
+                                              double heldout_fraction) {
+  if (n < 1) return absl::InvalidArgumentError(pd::StrCat("head rows ", n, " must be >= 1"));
+  PD_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tok, HeadTokenizer(target));
+  PD_ASSIGN_OR_RETURN(const auto text_source, CalibrationText(calib_file));
+  const std::string_view calib = SplitHeldOut(text_source.first, heldout_fraction).first;
+  return SelectHeadTokens(*tok, tok->Encode(calib, false, false), n);
+}
+
 absl::StatusOr<DraftReport> QuantizeDraft(const DraftOptions& o, Progress& progress) {
   const auto t0 = Clock::now();
   if (o.head_rows < 1) {
@@ -223,26 +259,13 @@ absl::StatusOr<DraftReport> QuantizeDraft(const DraftOptions& o, Progress& progr
   }
   std::shared_ptr<const GgufFile> target_file(std::move(*opened));
   r.target_bytes = target_file->file_size();
-  auto tokenizer = Tokenizer::FromGguf(*target_file);
-  if (!tokenizer.ok()) {
-    return absl::FailedPreconditionError(
-        pd::StrCat("a draft's head is ranked on the target's tokens, but its tokenizer cannot be "
-                   "loaded: ",
-                   tokenizer.status().message()));
-  }
-  const Tokenizer& tok = **tokenizer;
+  PD_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tokenizer, HeadTokenizer(*target_file));
+  const Tokenizer& tok = *tokenizer;
   r.n_vocab = tok.n_vocab();
 
   // The text: its head part ranks the head tokens and calibrates; its tail measures agreement.
-  std::string text, source;
-  if (o.quant.calib_file.empty()) {
-    PD_ASSIGN_OR_RETURN(text, BuiltinText(TextKind::kCalibration));
-    source = "built-in calibration text (Debian fortunes, testdata/texts)";
-  } else {
-    PD_ASSIGN_OR_RETURN(text, ReadText(o.quant.calib_file));
-    source = o.quant.calib_file;
-  }
-  if (text.empty()) return absl::InvalidArgumentError(pd::StrCat("calibration text is empty"));
+  PD_ASSIGN_OR_RETURN(const auto text_source, CalibrationText(o.quant.calib_file));
+  const auto& [text, source] = text_source;
   const auto [calib, heldout] = SplitHeldOut(text, o.heldout_fraction);
   const std::vector<int32_t> ids = tok.Encode(calib, false, false);
   r.text_tokens = static_cast<int64_t>(ids.size());

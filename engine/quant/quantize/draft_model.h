@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "engine/model/gguf.h"
 #include "engine/quant/quantize/progress.h"
 #include "engine/quant/quantize/quantize_model.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -41,6 +42,15 @@ struct HeadSelection {
 // (the special ones always), ranked as the header says. `text_ids`: the calibration text's ids.
 HeadSelection SelectHeadTokens(const Tokenizer& tokenizer, absl::Span<const int32_t> text_ids,
                                int n);
+
+// QuantizeDraft's head for a draft of the model in `target`, at most max(n, special count) ids:
+// the calibration text (`calib_file`, or the built-in text when empty) less its held-out tail of
+// `heldout_fraction`, tokenized and ranked by SelectHeadTokens. The self-head drafter restricts
+// the target's own head to these (docs/speculative.md). INVALID_ARGUMENT for n < 1 or an empty
+// text; NOT_FOUND for an unreadable file; FAILED_PRECONDITION when the tokenizer cannot be loaded.
+absl::StatusOr<HeadSelection> DraftHeadTokens(const GgufFile& target, int n,
+                                              const std::string& calib_file = "",
+                                              double heldout_fraction = 0.1);
 
 struct DraftOptions {
   // input, output, type, method, policy, overrides, calib_file, calib_tokens, chunk_tokens,

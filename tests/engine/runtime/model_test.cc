@@ -309,6 +309,80 @@ TEST(ModelWindowTest, WindowLimitsEveryLayer) {
   }
 }
 
+// The target as its own draft: a view with the head cut to some tokens scores them with the
+// target's bits, gives -infinity elsewhere, and shares the layers (the same K/V written), for a
+// tied and an untied head, F32 and Q8_0 weights, one row and several.
+TEST(ModelWithHeadTest, ScoresItsTokensWithTheTargetsBits) {
+  for (const bool tied : {false, true}) {
+    for (const DType type : {DType::kF32, DType::kQ8_0}) {
+      SCOPED_TRACE(std::string(tied ? "tied " : "untied ") + std::string(Traits(type).name));
+      TinyModelSpec spec;
+      spec.tied = tied;
+      spec.type = type;
+      spec.n_embd = 64;
+      auto f = Make(spec);
+      const int V = f->model->config().n_vocab;
+      std::vector<int32_t> ids;
+      for (int t = 0; t < V; t += 3) ids.push_back(t);
+      ids.push_back(V - 1);
+      auto view = Model::WithHead(*f->model, ids);
+      ASSERT_TRUE(view.ok()) << view.status();
+      EXPECT_EQ((*view)->config().head_tokens, ids);
+      // Each model over its own cache: a 4-row prefill, then one row per forward.
+      const std::vector<int32_t> prompt = {1, 5, 9, 33, 2, 70, 11};
+      auto run = [&](Model& m, std::vector<float>* out) {
+        auto kv = KvCache::Create(m.KvOptions(64, KvDType::kF32, 4), *f->backend);
+        ASSERT_TRUE(kv.ok());
+        PD_ASSERT_OK((*kv)->Reserve(0, static_cast<int>(prompt.size())));
+        Batch b;
+        for (int i = 0; i < 4; ++i) b.Add(prompt[i], i, 0, true);
+        PD_ASSERT_OK(m.Forward(b, **kv, out));
+        for (size_t i = 4; i < prompt.size(); ++i) {
+          Batch one;
+          one.Add(prompt[i], static_cast<int32_t>(i), 0, true);
+          std::vector<float> row;
+          PD_ASSERT_OK(m.Forward(one, **kv, &row));
+          out->insert(out->end(), row.begin(), row.end());
+        }
+      };
+      std::vector<float> want, got;
+      run(*f->model, &want);
+      run(**view, &got);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t r = 0; r < prompt.size(); ++r) {
+        size_t k = 0;
+        for (int t = 0; t < V; ++t) {
+          const float g = got[r * V + t];
+          if (k < ids.size() && ids[k] == t) {
+            ++k;
+            EXPECT_EQ(g, want[r * V + t]) << "row " << r << " token " << t;
+          } else {
+            EXPECT_TRUE(std::isinf(g) && g < 0) << "row " << r << " token " << t << ": " << g;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(ModelWithHeadTest, RefusesBadTokenLists) {
+  auto f = Make(TinyModelSpec{});
+  EXPECT_THAT(Model::WithHead(*f->model, {}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "no tokens"));
+  EXPECT_THAT(Model::WithHead(*f->model, {3, 2}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "ascending"));
+  EXPECT_THAT(Model::WithHead(*f->model, {4, 4}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "ascending"));
+  EXPECT_THAT(Model::WithHead(*f->model, {1, 96}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "outside the vocabulary"));
+  EXPECT_THAT(Model::WithHead(*f->model, {-1}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "outside the vocabulary"));
+  auto view = Model::WithHead(*f->model, {1, 2, 3});
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_THAT(Model::WithHead(**view, {1}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "already restricted"));
+}
+
 TEST(ModelErrorsTest, BadBatchesAreRefused) {
   auto f = Make(TinyModelSpec{});
   std::vector<float> logits;

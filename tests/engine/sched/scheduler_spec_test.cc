@@ -2,14 +2,15 @@
 // (the same tokens as without it, for each drafter and KV type) and for sampling (the emitted
 // tokens' joint distribution is the target's, by a chi-square test that a wrong acceptance rule
 // fails), no KV leaked, stop tokens and max_tokens cut exactly, adaptive K.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <map>
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -211,6 +212,24 @@ TEST_P(GreedyLossless, FarDraftModelGivesTheSameTokens) {
                                                  {.kv_bytes = int64_t{8} << 20, .cost = DraftCost()});
   ASSERT_TRUE(drafter.ok()) << drafter.status();
   ExpectSameAsPlain(*env->model, std::move(*drafter), GetParam(), Near::kFar);
+}
+
+// The target as its own draft: its layers, its head cut to every `step`-th token (the draft's
+// argmax is the target's whenever that is among them).
+std::unique_ptr<Model> SelfHeadDraft(const Model& target, int step = 3) {
+  std::vector<int32_t> ids;
+  for (int t = 0; t < kVocab; t += step) ids.push_back(t);
+  auto m = Model::WithHead(target, ids);
+  PD_CHECK_OK(m.status());
+  return std::move(*m);
+}
+
+TEST_P(GreedyLossless, SelfHeadDraftGivesTheSameTokens) {
+  auto env = Target();
+  auto drafter = spec::DraftModelDrafter::Create(
+      SelfHeadDraft(*env->model), kVocab, {.kv_bytes = int64_t{8} << 20, .cost = DraftCost()});
+  ASSERT_TRUE(drafter.ok()) << drafter.status();
+  ExpectSameAsPlain(*env->model, std::move(*drafter), GetParam(), Near::kMedium);
 }
 
 INSTANTIATE_TEST_SUITE_P(KvTypes, GreedyLossless, ::testing::Values(KvDType::kF16, KvDType::kI8),
@@ -451,16 +470,17 @@ TEST_P(SamplingLossless, JointDistributionOfThreeTokensIsTheTargets) {
   const SamplingCase c = SamplingCases()[GetParam()];
   auto env = Target();
   constexpr int kSamples = 20000;
-  for (const bool model_drafter : {false, true}) {
-    SCOPED_TRACE(std::string(c.name) + (model_drafter ? " draft model" : " n-gram"));
+  for (const char* kind : {"n-gram", "draft model", "self-head"}) {
+    SCOPED_TRACE(std::string(c.name) + " " + kind);
     testing::TinyEngine keep;
     auto make = [&]() -> std::shared_ptr<spec::Drafter> {
-      if (!model_drafter) {
+      if (kind == std::string_view("n-gram")) {
         return std::make_shared<spec::NgramDrafter>(spec::NgramOptions{.min_n = 1, .max_n = 3});
       }
-      auto d = spec::DraftModelDrafter::Create(DraftModel(keep, Near::kMedium), kVocab,
-                                               {.kv_bytes = int64_t{8} << 20,
-                                                .cost = DraftCost()});
+      auto d = spec::DraftModelDrafter::Create(
+          kind == std::string_view("self-head") ? SelfHeadDraft(*env->model, 2)
+                                                : DraftModel(keep, Near::kMedium),
+          kVocab, {.kv_bytes = int64_t{8} << 20, .cost = DraftCost()});
       PD_CHECK_OK(d.status());
       return std::move(*d);
     };
@@ -475,8 +495,7 @@ TEST_P(SamplingLossless, JointDistributionOfThreeTokensIsTheTargets) {
     const double p_wrong =
         SampledJointPValue(*env->model, make(), c.params, true, kSamples, &drafted, &accepted);
     std::fprintf(stderr, "%s %s: p %.4f, wrong rule p %.3g, drafted %lld accepted %lld\n", c.name,
-                 model_drafter ? "draft model" : "n-gram", p_ok, p_wrong, (long long)drafted,
-                 (long long)accepted);
+                 kind, p_ok, p_wrong, (long long)drafted, (long long)accepted);
     EXPECT_LT(p_wrong, 0.01) << "the test cannot tell a wrong acceptance rule";
   }
 }
