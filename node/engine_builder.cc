@@ -11,20 +11,21 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/strings.h"
-#include "engine/convert/hf_convert.h"
 #include "engine/backend/cpu/kernels.h"
 #include "engine/backend/device_info.h"
 #include "engine/backend/kv_layout.h"
+#include "engine/convert/hf_convert.h"
 #include "engine/model/model_finder.h"
 #include "engine/model/vocab_match.h"
-#include "engine/runtime/placement.h"
-#include "engine/runtime/planner.h"
 #include "engine/quant/quantize/draft_model.h"
 #include "engine/quant/quantize/policy.h"
 #include "engine/quant/quantize/progress.h"
 #include "engine/quant/quantize/quantize_model.h"
+#include "engine/runtime/placement.h"
+#include "engine/runtime/planner.h"
 #include "engine/spec/draft_model.h"
 #include "engine/spec/ngram.h"
+#include "engine/spec/self_head.h"
 
 namespace pd::node {
 namespace {
@@ -237,17 +238,14 @@ absl::StatusOr<std::shared_ptr<engine::spec::Drafter>> BuildDrafter(
     return std::shared_ptr<engine::spec::Drafter>(std::make_shared<engine::spec::NgramDrafter>(n));
   }
   if (o.drafter == "self-head") {
-    // The target as its own draft: its layers, and its head restricted to the draft head's
-    // tokens (the ranking `pdctl quantize --draft` uses), over the drafter's own KV cache.
+    // The target as its own draft: its layers on its own cache, its head restricted to the draft
+    // head's tokens (the ranking `pdctl quantize --draft` uses).
     PD_ASSIGN_OR_RETURN(const engine::quantize::HeadSelection head,
                         engine::quantize::DraftHeadTokens(target.file(), o.head_rows));
-    PD_ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> draft,
+    PD_ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> view,
                         engine::Model::WithHead(target, head.ids));
-    engine::spec::DraftModelOptions dm;
-    dm.kv_bytes = o.draft_kv_mib << 20;
-    PD_ASSIGN_OR_RETURN(
-        std::unique_ptr<engine::spec::DraftModelDrafter> drafter,
-        engine::spec::DraftModelDrafter::Create(std::move(draft), target.config().n_vocab, dm));
+    PD_ASSIGN_OR_RETURN(std::unique_ptr<engine::spec::SelfHeadDrafter> drafter,
+                        engine::spec::SelfHeadDrafter::Create(std::move(view)));
     PD_LOG(kInfo, "speculative decoding: self-head draft (the model's layers, ", head.ids.size(),
            " of ", target.config().n_vocab, " head rows), draft step ",
            drafter->StepSeconds(1) * 1e3, " ms (1 row)");

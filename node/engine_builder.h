@@ -85,7 +85,8 @@ absl::StatusOr<ServingEngine> BuildServingEngine(const ServeOptions& o,
                                                  bool speculate = true);
 
 // The drafter `o.drafter` names for `target` (loaded from `target_path` on `backend`, which
-// must outlive the drafter): nullptr for "off"; an NgramDrafter for "ngram"; for "self" or a
+// must outlive the drafter): nullptr for "off"; an NgramDrafter for "ngram"; a SelfHeadDrafter
+// over Model::WithHead(target) for "self-head" (it shares the target's weights); for "self" or a
 // path, a DraftModelDrafter over that model on the same backend, after checking its vocabulary
 // is the target's token by token. Errors: INVALID_ARGUMENT for bad values, NOT_FOUND for a
 // missing draft file, FAILED_PRECONDITION naming the first differing token, the model's.

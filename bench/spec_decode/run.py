@@ -174,6 +174,7 @@ def measure(system: str, workload: str, threads: int, a, workdir: Path) -> list[
     rows = []
     try:
         server.ready(900)  # a self-draft may be built on first use
+        startup = startup_costs(logfile)
         reqs = workload_requests(workload)
         run_streams(server.url, reqs, 1, 1, a)  # warm-up (page cache, the draft's first prompt)
         run_streams(server.url, reqs, 1, 1, a, speculative=False)
@@ -207,13 +208,36 @@ def measure(system: str, workload: str, threads: int, a, workdir: Path) -> list[
                          "concurrency": conc, "tok_s": on["tokens"] / on["seconds"],
                          "tok_s_off": off["tokens"] / off["seconds"], "seconds": on["seconds"],
                          "requests": on["requests"], "metrics": delta,
-                         "round_ratios": round_ratios})
+                         "round_ratios": round_ratios, "startup": startup})
             log(f"  {workload:6} {system:10} t={threads} conc={conc:2}: "
                 f"{off['tokens'] / off['seconds']:7.1f} -> {on['tokens'] / on['seconds']:7.1f} "
                 f"tok/s ({on['requests']} requests each way)")
     finally:
         server.stop()
     return rows
+
+
+def startup_costs(logfile: Path) -> dict:
+    """The server's start-up timings from its log: the draft's step and the target's 1-row step
+    (ms), and the verifying step of a self-head draft (one row plus head-only rows)."""
+    text = logfile.read_text(errors="replace")
+    out: dict = {}
+    m = re.search(r"draft step ([0-9.]+) ms \(1 row\)", text)
+    if m:
+        out["draft_ms"] = float(m.group(1))
+    m = re.search(r"target step cost by rows \{([^}]*)\}", text)
+    if m:
+        out["target_rows_ms"] = {int(k): float(v) for k, v in
+                                 re.findall(r"(\d+): ([0-9.]+) ms", m.group(1))}
+    m = re.search(r"one row and the output head over more \{([^}]*)\}", text)
+    if m:
+        out["head_rows_ms"] = {int(k): float(v) for k, v in
+                               re.findall(r"(\d+): ([0-9.]+) ms", m.group(1))}
+    return out
+
+
+def ms_table(d: dict | None) -> str:
+    return ", ".join(f"{k}: {v:.1f}" for k, v in sorted(d.items())) if d else "-"
 
 
 def spec_figures(m: dict) -> dict:
@@ -298,6 +322,22 @@ def report(rows: list[dict], costs: list[dict], a, argv: str) -> str:
             lines.append(f"| {c['model']} ({Path(c['path']).name}) | {c['threads']} | "
                          f"{c['file_mib']:.1f} | {c['weights_mib']:.1f} | {c['tg_tok_s']:.1f} | "
                          f"{ms:.2f} | {rel:.2f} | {c['kernels']} |")
+        lines.append("")
+    timed = [r for r in rows if r.get("startup", {}).get("draft_ms")]
+    if timed:
+        lines += ["## Start-up timings (each server's log)", "",
+                  "| drafter | threads | draft step, 1 row (ms) | target step by rows (ms) | "
+                  "verifying step, 1 row + head-only rows (ms) |", "| --- | --- | --- | --- | --- |"]
+        seen = set()
+        for r in timed:
+            key = (r["system"], r["threads"])
+            if key in seen:
+                continue
+            seen.add(key)
+            st = r["startup"]
+            lines.append(f"| {r['system']} | {r['threads']} | {st['draft_ms']:.2f} | "
+                         f"{ms_table(st.get('target_rows_ms'))} | "
+                         f"{ms_table(st.get('head_rows_ms'))} |")
         lines.append("")
     lines += ["## Throughput", "",
               "| workload | drafter | threads | streams | tok/s off | tok/s with | ratio | "

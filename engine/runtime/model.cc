@@ -368,6 +368,18 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
   return DownloadLogits(out_logits, logits);
 }
 
+absl::Status Model::ForwardHidden(const Batch& batch, KvCache& kv, std::vector<float>* logits,
+                                  std::vector<float>* hidden) {
+  if (logits == nullptr || hidden == nullptr) {
+    return absl::InvalidArgumentError("ForwardHidden: null output");
+  }
+  Tensor out_logits;
+  PD_RETURN_IF_ERROR(Run(batch, kv, nullptr, true, &out_logits, hidden));
+  logits->clear();
+  if (out_logits.rows == 0) return absl::OkStatus();
+  return DownloadLogits(out_logits, logits);
+}
+
 absl::Status Model::DownloadLogits(const Tensor& out_logits, std::vector<float>* logits) {
   const ModelConfig& c = config_;
   Backend& b = backend();
@@ -428,8 +440,8 @@ absl::Status Model::ForwardTop(const Batch& batch, KvCache& kv, int k, TopLogits
   return b.Synchronize();
 }
 
-absl::Status Model::Run(const Batch& batch, KvCache& kv, const LayerHook& after_kv_store,
-                        bool head, Tensor* out) {
+absl::Status Model::Run(const Batch& batch, KvCache& kv, const LayerHook& after_kv_store, bool head,
+                        Tensor* out, std::vector<float>* hidden) {
   *out = Tensor{DType::kF32, HeadRows(), 0, nullptr};
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(batch.size());
@@ -465,9 +477,18 @@ absl::Status Model::Run(const Batch& batch, KvCache& kv, const LayerHook& after_
   for (int32_t r : batch.logits_rows) {
     if (r < 0 || r >= n) return absl::InvalidArgumentError("logits row out of range");
   }
+  if (batch.head_x.size() % static_cast<size_t>(c.n_embd) != 0) {
+    return absl::InvalidArgumentError(
+        pd::StrCat("head_x holds ", batch.head_x.size(), " floats, not rows of ", c.n_embd));
+  }
+  if (!batch.head_x.empty() && !head) {
+    return absl::InvalidArgumentError("head_x rows in a forward without logits");
+  }
   kvb.pos = absl::MakeConstSpan(batch.pos);
   kvb.seq = absl::MakeConstSpan(seq_of_token);
-  const int64_t n_out = static_cast<int64_t>(batch.logits_rows.size());
+  const int64_t n_logits = static_cast<int64_t>(batch.logits_rows.size());
+  const int64_t n_head_x = static_cast<int64_t>(batch.head_x.size()) / c.n_embd;
+  const int64_t n_out = n_logits + n_head_x;  // rows through the output head
   PD_RETURN_IF_ERROR(EnsureScratch(n, n_out));
 
   // Row orders (MarkRowOrders): every layer's matmuls over the whole batch; llama.cpp runs the
@@ -481,12 +502,12 @@ absl::Status Model::Run(const Batch& batch, KvCache& kv, const LayerHook& after_
     own.resize(n);
     MarkRowOrders(seq_of_token, all_rows, own);
     own_last = own;
-    if (n_out > 0) MarkRowOrders(seq_of_token, batch.logits_rows, own_last);
+    if (n_logits > 0) MarkRowOrders(seq_of_token, batch.logits_rows, own_last);
     orders = own;
     orders_last = own_last;
   }
-  std::vector<uint8_t> orders_out(n_out);
-  for (int64_t j = 0; j < n_out; ++j) orders_out[j] = orders_last[batch.logits_rows[j]];
+  std::vector<uint8_t> orders_out(n_out, kRowOrderGemv);  // head_x rows: the one-row order
+  for (int64_t j = 0; j < n_logits; ++j) orders_out[j] = orders_last[batch.logits_rows[j]];
   kvb.row_orders = orders;
 
   const int64_t q_dim = int64_t{c.n_head} * c.head_dim;
@@ -608,7 +629,20 @@ absl::Status Model::Run(const Batch& batch, KvCache& kv, const LayerHook& after_
   Tensor out_x = Scratch(cur, kOutX, c.n_embd, n_out);
   Tensor out_h = Scratch(cur, kOutH, c.n_embd, n_out);
   Tensor out_logits = Scratch(cur, kLogits, HeadRows(), n_out);
-  PD_RETURN_IF_ERROR(b.GetRows(x, absl::MakeConstSpan(batch.logits_rows), out_x));
+  if (n_logits > 0) {
+    Tensor rows = out_x.Rows(0, n_logits);
+    PD_RETURN_IF_ERROR(b.GetRows(x, absl::MakeConstSpan(batch.logits_rows), rows));
+    if (hidden != nullptr) {
+      hidden->resize(static_cast<size_t>(rows.numel()));
+      PD_RETURN_IF_ERROR(b.Download(hidden->data(), rows.data, rows.bytes()));
+    }
+  } else if (hidden != nullptr) {
+    hidden->clear();
+  }
+  if (n_head_x > 0) {
+    Tensor rows = out_x.Rows(n_logits, n_head_x);
+    PD_RETURN_IF_ERROR(b.Upload(rows.data, batch.head_x.data(), rows.bytes()));
+  }
   PD_RETURN_IF_ERROR(b.RmsNorm(out_x, weights_->output_norm, c.rms_eps, out_h));
   PD_RETURN_IF_ERROR(Linear(b, weights_->output, c.tied_output ? "token_embd" : "output", -1,
                             out_h, out_logits, orders_out));

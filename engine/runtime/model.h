@@ -37,6 +37,12 @@ struct Batch {
   // Empty (rows added with Add): the orders follow this batch's rows of each sequence.
   std::vector<uint8_t> orders, orders_last;
 
+  // Rows for the output head only, n_embd floats each: final hidden states (before the output
+  // norm) that an earlier forward computed and returned (Model::ForwardHidden), so that their
+  // layers are not run again: the verifying step of the self-head drafter. Their logits follow
+  // the logits_rows' in the output, in this order, with the one-row summation order.
+  std::vector<float> head_x;
+
   void Add(int32_t token, int32_t position, int64_t seq_id, bool want_logits) {
     if (want_logits) logits_rows.push_back(static_cast<int32_t>(tokens.size()));
     tokens.push_back(token);
@@ -140,6 +146,11 @@ class Model {
   using LayerHook = std::function<void(int layer)>;
   absl::Status Forward(const Batch& batch, KvCache& kv, std::vector<float>* logits,
                        const LayerHook& after_kv_store = nullptr);
+  // Forward that also returns, in *hidden, the final hidden state (the last layer's output,
+  // before the output norm) of each logits row: logits_rows.size() rows of n_embd floats, what a
+  // later batch's head_x takes. (Not of head_x rows.)
+  absl::Status ForwardHidden(const Batch& batch, KvCache& kv, std::vector<float>* logits,
+                             std::vector<float>* hidden);
   // Forward that keeps the logits on the head's backend and copies back only each logits row's k
   // best entries (Backend::TopK; 1 <= k <= min(n_vocab, kMaxTopK), else INVALID_ARGUMENT): what
   // a sampler needs when its result depends on those alone (Sampler::TopNeeded). The entries are
@@ -157,7 +168,7 @@ class Model {
   // head's backend, [logits_rows.size(), HeadRows()]); otherwise, and for a batch without logits
   // rows, *out has no rows and the backends are synchronized.
   absl::Status Run(const Batch& batch, KvCache& kv, const LayerHook& after_kv_store, bool head,
-                   Tensor* out);
+                   Tensor* out, std::vector<float>* hidden = nullptr);
   // Copies Run's logits to the host as n_vocab floats per row (a restricted head scattered).
   absl::Status DownloadLogits(const Tensor& out_logits, std::vector<float>* logits);
   // Rows of the output head: n_vocab, or a draft's head_tokens.

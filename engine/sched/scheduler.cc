@@ -70,7 +70,10 @@ struct Scheduler::Sequence {
   // Speculative decoding: this step's draft (its rows follow the fed token in the batch), the
   // sequence's acceptance estimate, and its totals for FinishInfo.
   spec::DraftRequest draft;
-  int spec_rows = 0;  // draft tokens in the batch being built (part of `planned`)
+  int spec_rows = 0;  // draft tokens in the batch being built (part of `planned`, unless shared)
+  // This step verifies a draft made on the target's own cache (SharesTargetKv): its drafted
+  // rows are head-only rows, their hidden states in draft.hidden.
+  bool shared_draft() const { return spec_rows > 0 && !draft.hidden.empty(); }
   spec::AcceptanceEstimate acceptance;
   double catch_up_debt = 0;  // draft catch-up seconds the gate has not seen yet
   int draft_tokens = 0;
@@ -188,6 +191,23 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::CreateImpl(Model& model,
       s->spec_cost_ = options.speculative.cost;
     } else {
       PD_ASSIGN_OR_RETURN(s->spec_cost_, s->MeasureStepCost());
+    }
+    if (options.speculative.drafter->SharesTargetKv()) {
+      if (options.speculative.head_cost.has_value()) {
+        s->spec_head_cost_ = options.speculative.head_cost;
+      } else if (options.speculative.cost.has_value()) {
+        s->spec_head_cost_ = options.speculative.cost;
+      } else {
+        const int cap = std::min(64, options.speculative.max_k + 1);
+        PD_ASSIGN_OR_RETURN(s->spec_head_cost_,
+                            spec::SpecCost::MeasureHead(s->model_, *s->kv_, cap, &s->logits_));
+        std::string table;
+        for (size_t i = 0; i < s->spec_head_cost_->rows().size(); ++i) {
+          table += pd::StrCat(i ? ", " : "", s->spec_head_cost_->rows()[i], ": ",
+                              s->spec_head_cost_->seconds()[i] * 1e3, " ms");
+        }
+        PD_LOG(kInfo, "speculative decoding: one row and the output head over more {", table, "}");
+      }
     }
   }
   if (options.run_thread) s->thread_ = std::thread([p = s.get()] { p->Loop(); });
@@ -562,6 +582,7 @@ void Scheduler::Preempt(Sequence* victim, StepPlan& plan) {
   plan.budget += victim->planned;  // it leaves the batch being built, if it was in it
   victim->spec_rows = 0;
   victim->draft.draft.clear();
+  victim->draft.hidden.clear();
   victim->n_computed = 0;
   victim->running = false;
   victim->admission = -1;
@@ -795,6 +816,7 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
   }
   for (const auto& s : waiting_) pending += s->remaining();
   const int n_decode = static_cast<int>(plan.decode.size());
+  const bool shared = so.drafter->SharesTargetKv();
   // Where speculating steps have measured slower than plain ones at this batch size, the step
   // stays plain, and a probe drafts to measure; a step that will likely carry prompt rows (not
   // measured) speculates only where speculation has measured faster. A fixed K is an order, not
@@ -848,7 +870,8 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
       const int ahead = std::clamp(s->max_tokens - s->n_generated, 1, 32);
       const double catch_up = so.drafter->CatchUpSeconds(s->kv_id, s->tokens);
       k = spec::ChooseK(step, *spec_cost_, s->acceptance.rate(prior), limit, draft_row_s,
-                        so.min_gain, catch_up / ahead);
+                        so.min_gain, catch_up / ahead,
+                        spec_head_cost_.has_value() ? &*spec_head_cost_ : nullptr);
       // A probe drafts a little where ChooseK would not, unless the draft must first catch up
       // on more than that little on tokens it sat out (a draft model): that would cost more
       // than the probe learns, again at every probe. Its prompt, at the first decode step, any
@@ -870,6 +893,9 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
         s->catch_up_debt += later;
       }
     }
+    // A drafter on the target's own cache writes positions n_computed .. n_computed + k - 1
+    // while it drafts, and the step feeds position n_computed + k: room for all of them first.
+    if (k > 0 && shared && !kv_->Reserve(s->kv_id, s->n_computed + 1 + k).ok()) k = 0;
     if (k <= 0) {
       s->acceptance.Idle();
       continue;
@@ -881,6 +907,9 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
     s->draft.sampling = &s->sampling;
     s->draft.draft.clear();
     s->draft.q.clear();
+    s->draft.hidden.clear();
+    s->draft.target_kv = shared ? kv_.get() : nullptr;
+    s->draft.prompt_len = s->order_prompt_len;
     drafting.push_back(s);
     requests.push_back(&s->draft);
   }
@@ -910,10 +939,12 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
     PD_LOG(kWarning, "drafter ", so.drafter->name(), " failed, this step runs without drafts: ",
            st.ToString());
   }
+  const size_t n_embd = static_cast<size_t>(model_.config().n_embd);
   for (Sequence* s : drafting) {
     std::vector<int32_t>& d = s->draft.draft;
     const bool q_ok = s->draft.q.empty() || s->draft.q.size() >= d.size();
-    if (!st.ok() || !q_ok) d.clear();
+    const bool hidden_ok = !shared || s->draft.hidden.size() >= d.size() * n_embd;
+    if (!st.ok() || !q_ok || !hidden_ok) d.clear();
     if (static_cast<int>(d.size()) > s->draft.max_draft) d.resize(s->draft.max_draft);
     for (size_t i = 0; i < d.size(); ++i) {
       if (d[i] < 0 || d[i] >= n_vocab_) {  // a drafter's bug must not reach the model
@@ -923,14 +954,26 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
     }
     int k = std::min(static_cast<int>(d.size()), plan.budget);
     // Speculation never preempts anybody: no room, no draft.
-    if (k > 0 && !kv_->Reserve(s->kv_id, s->n_computed + 1 + k).ok()) k = 0;
+    if (k > 0 && !shared && !kv_->Reserve(s->kv_id, s->n_computed + 1 + k).ok()) k = 0;
     d.resize(k);
     s->draft.tokens = {};
+    s->draft.target_kv = nullptr;
     if (k == 0) {
       s->draft.q.clear();
+      s->draft.hidden.clear();
+      // Blocks reserved for a draft that did not come go back (what the drafter wrote there
+      // lies past the computed tokens; the step rewrites position n_computed).
+      if (shared) kv_->Truncate(s->kv_id, s->n_computed + 1);
       continue;
     }
     s->spec_rows = k;
+    if (shared) {
+      // Its K draft positions are computed; the step feeds the last proposal at n_computed + k
+      // and runs the output head over the K hidden states.
+      s->draft.hidden.resize(static_cast<size_t>(k) * n_embd);
+      plan.shape.decode_context += k;
+      continue;
+    }
     s->planned += k;
     plan.budget -= k;
     plan.shape.decode_tokens += k;
@@ -1075,20 +1118,39 @@ void Scheduler::Execute(const StepPlan& plan, StepStats& stats) {
   Batch batch;
   std::vector<Sequence*> in_batch;
   // Sequences with logits in this batch, and the index of their first logits row: one row for a
-  // plain sequence, 1 + drafted rows for one verifying a draft.
-  std::vector<std::pair<Sequence*, size_t>> outputs;
+  // plain sequence, 1 + drafted rows for one verifying a draft. A draft of a drafter on the
+  // target's own cache has its drafted rows as head-only rows (Batch::head_x, from head_first;
+  // their logits follow every logits row's) and one ordinary row, its last proposal's.
+  struct Output {
+    Sequence* s;
+    size_t row;
+    int64_t head_first = -1;
+  };
+  std::vector<Output> outputs;
+  const size_t n_embd = static_cast<size_t>(model_.config().n_embd);
   for (const std::vector<Sequence*>* list : {&plan.decode, &plan.prefill}) {
     for (Sequence* s : *list) {
       if (!s->running || s->planned == 0) continue;  // preempted after it was planned
       in_batch.push_back(s);
       const int n_tokens = static_cast<int>(s->tokens.size());
+      if (s->shared_draft()) {
+        const int k = s->spec_rows;
+        outputs.push_back(Output{s, batch.logits_rows.size(),
+                                 static_cast<int64_t>(batch.head_x.size() / n_embd)});
+        batch.head_x.insert(batch.head_x.end(), s->draft.hidden.begin(), s->draft.hidden.end());
+        batch.AddOrdered(s->draft.draft[k - 1], s->n_computed + k, s->kv_id, true,
+                         s->order_prompt_len);
+        stats.batch.push_back(StepSequence{s->id, s->planned, s->planned_prefill});
+        stats.decode_tokens += s->planned;
+        continue;
+      }
       for (int i = 0; i < s->planned; ++i) {
         const int pos = s->n_computed + i;
         // Positions past the sequence's tokens are its draft's (verified rows all want logits).
         const int32_t token = pos < n_tokens ? s->tokens[pos] : s->draft.draft[pos - n_tokens];
         const bool want_logits = pos + 1 >= n_tokens;
         if (want_logits && pos + 1 == n_tokens) {
-          outputs.emplace_back(s, batch.logits_rows.size());
+          outputs.push_back(Output{s, batch.logits_rows.size()});
         }
         batch.AddOrdered(token, pos, s->kv_id, want_logits, s->order_prompt_len);
       }
@@ -1121,7 +1183,8 @@ void Scheduler::Execute(const StepPlan& plan, StepStats& stats) {
   // the host. The tokens are the same either way (Sampler::SampleTop).
   int top_k = options_.top_logits ? 0 : -1;
   const int max_top = static_cast<int>(std::min<int64_t>(n_vocab_, kMaxTopK));
-  for (const auto& [s, row] : outputs) {
+  for (const Output& out : outputs) {
+    const Sequence* s = out.s;
     if (top_k < 0) break;
     const int need = s->sampler.TopNeeded();
     if (need <= 0 || need > max_top) {
@@ -1142,16 +1205,26 @@ void Scheduler::Execute(const StepPlan& plan, StepStats& stats) {
     return;
   }
   for (Sequence* s : in_batch) {
-    // Draft rows count as computed only once accepted (Verify).
-    s->n_computed += s->planned - s->spec_rows;
+    // Draft rows count as computed only once accepted (Verify). A shared draft's first position
+    // (the fed token's) was computed by the drafter, and its step row is its last proposal's.
+    s->n_computed += s->shared_draft() ? 1 : s->planned - s->spec_rows;
     s->planned = 0;
     if (options_.prefix_cache.enabled) {
       kv_->Publish(s->kv_id, s->tokens, std::min(s->n_computed, CacheableTokens(*s)));
     }
   }
-  for (const auto& [s, row] : outputs) {
+  const size_t n_logits = batch.logits_rows.size();
+  std::vector<size_t> rows;
+  for (const Output& out : outputs) {
+    Sequence* s = out.s;
+    const size_t row = out.row;
     if (s->spec_rows > 0) {
-      Verify(s, row, stats);
+      rows.clear();
+      for (int j = 0; j < s->spec_rows; ++j) {
+        rows.push_back(out.head_first >= 0 ? n_logits + out.head_first + j : row + j);
+      }
+      rows.push_back(out.head_first >= 0 ? row : row + s->spec_rows);
+      Verify(s, rows, stats);
       continue;
     }
     const int32_t token =
@@ -1189,13 +1262,15 @@ void Scheduler::FlushTokens(Sequence* s, std::vector<int32_t>* emitted) {
   emitted->clear();
 }
 
-void Scheduler::Verify(Sequence* s, size_t first_row, StepStats& stats) {
+void Scheduler::Verify(Sequence* s, absl::Span<const size_t> rows, StepStats& stats) {
   const absl::Time t0 = absl::Now();
   const int drafted = s->spec_rows;
+  PD_CHECK(rows.size() == static_cast<size_t>(drafted) + 1);
   const std::vector<int32_t> draft = std::move(s->draft.draft);
   const std::vector<TokenDist> q = std::move(s->draft.q);
   s->draft.draft.clear();
   s->draft.q.clear();
+  s->draft.hidden.clear();
   s->spec_rows = 0;
   ++stats.spec_sequences;
   if (static_cast<int>(stats.drafted_at.size()) < drafted) {
@@ -1209,7 +1284,7 @@ void Scheduler::Verify(Sequence* s, size_t first_row, StepStats& stats) {
   bool live = true;  // still running (Emit did not finish it)
   bool go_on = true;
   for (int j = 0; j <= drafted && go_on; ++j) {
-    const size_t r = first_row + j;
+    const size_t r = rows[j];
     if (use_top_) {
       s->sampler.DistributionTop(top_.Ids(r), top_.Values(r), &target_dist_);
     } else {

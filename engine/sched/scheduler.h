@@ -101,6 +101,10 @@ struct SpeculativeOptions {
   // Target step seconds by row count. Empty (the normal case): measured by Scheduler::Create
   // with a few forwards of up to 64 rows.
   std::optional<spec::SpecCost> cost;
+  // For a drafter whose drafted rows go through the output head only (SharesTargetKv): seconds
+  // of one ordinary row plus `rows - 1` head-only rows. Empty: measured by Create for such a
+  // drafter (`cost` when that is given: tests).
+  std::optional<spec::SpecCost> head_cost;
   // The acceptance rule; empty: spec::AcceptOrResample. Tests put a wrong rule here to show that
   // the distribution test detects one.
   std::function<spec::Verdict(const TokenDist& p, int32_t x, const TokenDist* q, Sampler& rng)>
@@ -337,9 +341,9 @@ class Scheduler final : public GenerationEngine {
   // Draft tokens for the decoding sequences that speculate (after PlanDecode, before
   // PlanPrefill): chooses each one's K, runs the drafter, reserves the rows' KV.
   void PlanDrafts(StepPlan& plan, StepStats& stats);
-  // Verifies the draft of `s` against its logits rows [first_row, first_row + 1 + drafted) and
-  // emits the accepted tokens and the correction (or bonus) token.
-  void Verify(Sequence* s, size_t first_row, StepStats& stats);
+  // Verifies the draft of `s` against its logits rows (1 + drafted of them, in position order)
+  // and emits the accepted tokens and the correction (or bonus) token.
+  void Verify(Sequence* s, absl::Span<const size_t> rows, StepStats& stats);
   // Emits tokens generated for `s` this step and ends it on a stop token or max_tokens. Returns
   // false when the sequence finished.
   bool Emit(Sequence* s, int32_t token, std::vector<int32_t>* emitted);
@@ -394,6 +398,7 @@ class Scheduler final : public GenerationEngine {
   StepTimeModel step_time_;                  // step cost fit for the step-time budget
   double prompt_arrival_rate_ = 0;           // prompt tokens arriving per decoding step (EWMA)
   std::optional<spec::SpecCost> spec_cost_;  // target step seconds by rows (speculation on)
+  std::optional<spec::SpecCost> spec_head_cost_;  // SpeculativeOptions::head_cost, when it applies
   TokenDist target_dist_;                    // scratch: p in verification
   // Seconds the verification of one draft token takes on the engine thread (its row's target
   // distribution, the rule), a running average: part of a draft token's cost in ChooseK.

@@ -15,6 +15,10 @@
 #include "absl/types/span.h"
 #include "engine/sched/sampler.h"
 
+namespace pd::engine {
+class KvCache;
+}
+
 namespace pd::engine::spec {
 
 // One sequence's request for a draft.
@@ -29,6 +33,16 @@ struct DraftRequest {
   // The draft's distribution at each proposed position (q in the acceptance rule), after the
   // request's own sampling chain. Empty: the proposals are deterministic (q(draft[i]) = 1).
   std::vector<TokenDist> q;
+
+  // For a drafter that runs the target's own layers (SharesTargetKv): the target's cache, in
+  // which the caller has reserved positions up to tokens.size() - 2 + max_draft, and the
+  // sequence's prompt length (its rows' summation orders, Batch::AddOrdered).
+  KvCache* target_kv = nullptr;
+  int32_t prompt_len = 0;
+  // Filled by such a drafter: draft.size() rows of n_embd floats, row i the target's final hidden
+  // state at position tokens.size() - 1 + i (the one whose logits verify draft[i]); the K/V of
+  // those positions are in target_kv.
+  std::vector<float> hidden;
 };
 
 class Drafter {
@@ -41,6 +55,10 @@ class Drafter {
   virtual absl::Status Propose(absl::Span<DraftRequest* const> requests) = 0;
   // Sequence `seq` ended: drop whatever the drafter keeps for it.
   virtual void Release(int64_t seq) {}
+  // Runs the target's own layers on the target's cache and returns hidden states
+  // (DraftRequest::target_kv, hidden): the verifying step then runs only the output head for
+  // the drafted positions.
+  virtual bool SharesTargetKv() const { return false; }
   // Seconds of one draft step proposing one token for each of `rows` sequences; 0 for a drafter
   // that costs nothing next to a target step (n-gram lookup). Measured by the drafter.
   virtual double StepSeconds(int rows) const { return 0; }

@@ -29,34 +29,69 @@ absl::StatusOr<SpecCost> SpecCost::Measure(
   return FromPoints(std::move(rows), std::move(secs));
 }
 
-absl::StatusOr<SpecCost> SpecCost::MeasureForward(Model& model, KvCache& kv, int max_rows,
-                                                  std::vector<float>* logits) {
-  constexpr int64_t kScratchSeq = -2;
+namespace {
+
+// Step seconds by rows over `model`'s forward of the batch make_batch(rows) builds for a scratch
+// sequence: a warm-up, then the median of kTimed (one timing is at the mercy of a busy host: a
+// lone 2-row step once timed 1.7x a 1-row one, which kept a good draft from ever drafting).
+absl::StatusOr<SpecCost> MeasureBatches(Model& model, KvCache& kv, int max_rows,
+                                        std::vector<float>* logits, int64_t seq,
+                                        const std::function<int(int)>& kv_rows,
+                                        const std::function<Batch(int)>& make_batch) {
   const int cap = std::min(max_rows, kv.free_blocks() * kv.options().block_size);
   if (cap < 1) return absl::ResourceExhaustedError("no KV room to measure the step cost");
-  const int n_vocab = model.config().n_vocab;
   auto time_rows = [&](int rows) -> absl::StatusOr<double> {
-    PD_RETURN_IF_ERROR(kv.Reserve(kScratchSeq, rows));
-    Batch batch;
-    for (int i = 0; i < rows; ++i) batch.AddOrdered(i % n_vocab, i, kScratchSeq, true, 0);
-    // A warm-up, then the median of kTimed: one timing is at the mercy of a busy host (a lone
-    // 2-row step once timed 1.7x a 1-row one, which kept a good draft from ever drafting).
+    PD_RETURN_IF_ERROR(kv.Reserve(seq, kv_rows(rows)));
+    const Batch batch = make_batch(rows);
     constexpr int kTimed = 5;
     std::vector<double> times;
     for (int rep = 0; rep <= kTimed; ++rep) {
       const absl::Time start = absl::Now();
       const absl::Status st = model.Forward(batch, kv, logits);
       if (!st.ok()) {
-        kv.Free(kScratchSeq);
+        kv.Free(seq);
         return st;
       }
       if (rep > 0) times.push_back(absl::ToDoubleSeconds(absl::Now() - start));
     }
-    kv.Free(kScratchSeq);
+    kv.Free(seq);
     std::nth_element(times.begin(), times.begin() + kTimed / 2, times.end());
     return times[kTimed / 2];
   };
-  return Measure(cap, time_rows);
+  return SpecCost::Measure(cap, time_rows);
+}
+
+constexpr int64_t kScratchSeq = -2;
+
+}  // namespace
+
+absl::StatusOr<SpecCost> SpecCost::MeasureForward(Model& model, KvCache& kv, int max_rows,
+                                                  std::vector<float>* logits) {
+  const int n_vocab = model.config().n_vocab;
+  return MeasureBatches(
+      model, kv, max_rows, logits, kScratchSeq, [](int rows) { return rows; },
+      [n_vocab](int rows) {
+        Batch batch;
+        for (int i = 0; i < rows; ++i) batch.AddOrdered(i % n_vocab, i, kScratchSeq, true, 0);
+        return batch;
+      });
+}
+
+absl::StatusOr<SpecCost> SpecCost::MeasureHead(Model& model, KvCache& kv, int max_rows,
+                                               std::vector<float>* logits) {
+  const int64_t n_embd = model.config().n_embd;
+  return MeasureBatches(
+      model, kv, max_rows, logits, kScratchSeq, [](int) { return 1; },
+      [n_embd](int rows) {
+        Batch batch;
+        batch.AddOrdered(0, 0, kScratchSeq, true, 0);
+        // Hidden states of a plausible size (the output norm rescales them anyway).
+        batch.head_x.resize(static_cast<size_t>(rows - 1) * n_embd);
+        for (size_t i = 0; i < batch.head_x.size(); ++i) {
+          batch.head_x[i] = static_cast<float>(static_cast<int64_t>(i % 17) - 8) * 0.125f;
+        }
+        return batch;
+      });
 }
 
 SpecCost SpecCost::FromPoints(std::vector<int> rows, std::vector<double> seconds) {
@@ -98,16 +133,18 @@ double ExpectedTokens(double a, int k) {
   return (1 - std::pow(a, k + 1)) / (1 - a);
 }
 
-int ChooseK(StepEstimate& step, const SpecCost& cost, double a, int limit,
-            double draft_row_seconds, double min_gain, double fixed_seconds) {
+int ChooseK(StepEstimate& step, const SpecCost& cost, double a, int limit, double draft_row_seconds,
+            double min_gain, double fixed_seconds, const SpecCost* head_only) {
   if (limit <= 0 || step.seconds <= 0) return 0;
   const double base = step.tokens / step.seconds;  // tokens per second without this draft
   double best = base;
   int k = 0;
   double best_extra = 0;
   for (int kk = 1; kk <= limit; ++kk) {
-    const double extra_s = cost.Seconds(step.rows + kk) - step.seconds +
-                           kk * std::max(0.0, draft_row_seconds) + std::max(0.0, fixed_seconds);
+    const double rows_s = head_only != nullptr ? head_only->Seconds(1 + kk) - head_only->Seconds(1)
+                                               : cost.Seconds(step.rows + kk) - step.seconds;
+    const double extra_s =
+        rows_s + kk * std::max(0.0, draft_row_seconds) + std::max(0.0, fixed_seconds);
     const double gained = ExpectedTokens(a, kk) - 1;  // tokens beyond the plain step's one
     // The draft's own return (its extra tokens per extra second) must beat the step's rate by
     // min_gain; among those, the k that makes the step's rate highest.
@@ -122,7 +159,7 @@ int ChooseK(StepEstimate& step, const SpecCost& cost, double a, int limit,
   if (k > 0) {
     step.tokens += ExpectedTokens(a, k) - 1;
     step.seconds += best_extra;
-    step.rows += k;
+    if (head_only == nullptr) step.rows += k;
   }
   return k;
 }

@@ -29,6 +29,10 @@ class SpecCost {
   // has no free block; the forward's errors.
   static absl::StatusOr<SpecCost> MeasureForward(Model& model, KvCache& kv, int max_rows,
                                                  std::vector<float>* logits);
+  // The same for a verifying step of a drafter on the target's own cache: one ordinary row and
+  // `rows - 1` head-only rows (Batch::head_x).
+  static absl::StatusOr<SpecCost> MeasureHead(Model& model, KvCache& kv, int max_rows,
+                                              std::vector<float>* logits);
   // From known points (rows ascending, >= 1; seconds > 0): tests, and costs given by the caller.
   static SpecCost FromPoints(std::vector<int> rows, std::vector<double> seconds);
 
@@ -80,8 +84,11 @@ struct StepEstimate {
 // yield ExpectedTokens(a, k) - 1 extra tokens. Only a k whose own return (extra tokens per extra
 // second) beats the step's tokens per second by min_gain qualifies; of those, the one that makes
 // the step's expected tokens per second highest. 0 when none. A chosen k is added to `step`.
-int ChooseK(StepEstimate& step, const SpecCost& cost, double a, int limit,
-            double draft_row_seconds, double min_gain, double fixed_seconds = 0);
+// With `head_only` (a drafter on the target's own cache, whose drafted rows go through the output
+// head only), k draft rows cost head_only->Seconds(1 + k) - head_only->Seconds(1) instead, and
+// do not add to the step's rows.
+int ChooseK(StepEstimate& step, const SpecCost& cost, double a, int limit, double draft_row_seconds,
+            double min_gain, double fixed_seconds = 0, const SpecCost* head_only = nullptr);
 
 // Speculation's measured worth, by batch size (docs/speculative.md, "Never slower"). ChooseK
 // predicts from start-up timings; the gate checks the prediction against the steps that actually

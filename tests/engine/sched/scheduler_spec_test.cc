@@ -20,6 +20,7 @@
 #include "engine/sched/scheduler.h"
 #include "engine/spec/draft_model.h"
 #include "engine/spec/ngram.h"
+#include "engine/spec/self_head.h"
 #include "tests/testing/chi_square.h"
 #include "tests/testing/tiny_engine.h"
 
@@ -224,7 +225,15 @@ std::unique_ptr<Model> SelfHeadDraft(const Model& target, int step = 3) {
   return std::move(*m);
 }
 
-TEST_P(GreedyLossless, SelfHeadDraftGivesTheSameTokens) {
+TEST_P(GreedyLossless, SelfHeadDrafterGivesTheSameTokens) {
+  auto env = Target();
+  auto drafter = spec::SelfHeadDrafter::Create(SelfHeadDraft(*env->model), DraftCost());
+  ASSERT_TRUE(drafter.ok()) << drafter.status();
+  ExpectSameAsPlain(*env->model, std::move(*drafter), GetParam(), Near::kMedium);
+}
+
+// The cut head as an ordinary draft model over a cache of its own (what a draft GGUF gets).
+TEST_P(GreedyLossless, SelfHeadViewAsADraftModelGivesTheSameTokens) {
   auto env = Target();
   auto drafter = spec::DraftModelDrafter::Create(
       SelfHeadDraft(*env->model), kVocab, {.kv_bytes = int64_t{8} << 20, .cost = DraftCost()});
@@ -477,10 +486,13 @@ TEST_P(SamplingLossless, JointDistributionOfThreeTokensIsTheTargets) {
       if (kind == std::string_view("n-gram")) {
         return std::make_shared<spec::NgramDrafter>(spec::NgramOptions{.min_n = 1, .max_n = 3});
       }
-      auto d = spec::DraftModelDrafter::Create(
-          kind == std::string_view("self-head") ? SelfHeadDraft(*env->model, 2)
-                                                : DraftModel(keep, Near::kMedium),
-          kVocab, {.kv_bytes = int64_t{8} << 20, .cost = DraftCost()});
+      if (kind == std::string_view("self-head")) {
+        auto d = spec::SelfHeadDrafter::Create(SelfHeadDraft(*env->model, 2), DraftCost());
+        PD_CHECK_OK(d.status());
+        return std::move(*d);
+      }
+      auto d = spec::DraftModelDrafter::Create(DraftModel(keep, Near::kMedium), kVocab,
+                                               {.kv_bytes = int64_t{8} << 20, .cost = DraftCost()});
       PD_CHECK_OK(d.status());
       return std::move(*d);
     };
