@@ -1140,8 +1140,10 @@ void Scheduler::Execute(const StepPlan& plan, StepStats& stats) {
         batch.head_x.insert(batch.head_x.end(), s->draft.hidden.begin(), s->draft.hidden.end());
         batch.AddOrdered(s->draft.draft[k - 1], s->n_computed + k, s->kv_id, true,
                          s->order_prompt_len);
-        stats.batch.push_back(StepSequence{s->id, s->planned, s->planned_prefill});
-        stats.decode_tokens += s->planned;
+        // Its drafted rows count as decode rows, as a draft verified through the layers does
+        // (the gate reads the step's sequences as decode rows less drafted ones).
+        stats.batch.push_back(StepSequence{s->id, s->planned + k, s->planned_prefill});
+        stats.decode_tokens += s->planned + k;
         continue;
       }
       for (int i = 0; i < s->planned; ++i) {

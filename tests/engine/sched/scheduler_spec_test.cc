@@ -307,18 +307,31 @@ class SlowDrafter : public spec::Drafter {
     return inner_->Propose(requests);
   }
   void Release(int64_t seq) override { inner_->Release(seq); }
+  bool SharesTargetKv() const override { return inner_->SharesTargetKv(); }
 
  private:
   std::shared_ptr<spec::Drafter> inner_;
 };
 
-TEST(SpeculativeScheduler, MeasuredSlowDraftsTurnThemselvesOff) {
+// For a draft model, and for the self-head drafter, whose drafted rows are not rows of the
+// step's batch (the gate must still see its steps as speculating ones).
+class SlowDrafts : public ::testing::TestWithParam<bool> {};
+
+TEST_P(SlowDrafts, MeasuredSlowDraftsTurnThemselvesOff) {
   auto env = Target();
   testing::TinyEngine keep;
-  auto inner = spec::DraftModelDrafter::Create(DraftModel(keep, Near::kClose), kVocab,
-                                               {.cost = DraftCost()});
-  ASSERT_TRUE(inner.ok()) << inner.status();
-  SchedulerOptions o = Options(std::make_shared<SlowDrafter>(std::move(*inner)));
+  std::shared_ptr<spec::Drafter> inner;
+  if (GetParam()) {
+    auto d = spec::SelfHeadDrafter::Create(SelfHeadDraft(*env->model), DraftCost());
+    ASSERT_TRUE(d.ok()) << d.status();
+    inner = std::move(*d);
+  } else {
+    auto d = spec::DraftModelDrafter::Create(DraftModel(keep, Near::kClose), kVocab,
+                                             {.cost = DraftCost()});
+    ASSERT_TRUE(d.ok()) << d.status();
+    inner = std::move(*d);
+  }
+  SchedulerOptions o = Options(std::make_shared<SlowDrafter>(std::move(inner)));
   auto s = Scheduler::Create(*env->model, o);
   ASSERT_TRUE(s.ok()) << s.status();
   auto reqs = GreedyRequests(1, 240);  // the tiny model holds 256 tokens
@@ -339,6 +352,10 @@ TEST(SpeculativeScheduler, MeasuredSlowDraftsTurnThemselvesOff) {
   EXPECT_LE(drafting_steps, spec::SpecGate::kWarmup + 5 + 3) << steps << " steps";
   EXPECT_TRUE((*s)->AuditKv().ok());
 }
+
+INSTANTIATE_TEST_SUITE_P(Drafters, SlowDrafts, ::testing::Bool(), [](const auto& info) {
+  return std::string(info.param ? "SelfHead" : "DraftModel");
+});
 
 TEST(SpeculativeScheduler, ValidatesItsOptions) {
   SchedulerOptions o;
