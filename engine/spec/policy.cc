@@ -31,13 +31,17 @@ absl::StatusOr<SpecCost> SpecCost::Measure(
 
 namespace {
 
-// Step seconds by rows over `model`'s forward of the batch make_batch(rows) builds for a scratch
-// sequence: a warm-up, then the median of kTimed (one timing is at the mercy of a busy host: a
-// lone 2-row step once timed 1.7x a 1-row one, which kept a good draft from ever drafting).
+constexpr int64_t kScratchSeq = -2;
+
+// Step seconds by rows over `model`'s forward of the batch make_batch(rows) builds for sequence
+// kScratchSeq (kv_rows(rows) positions reserved, freed after): a warm-up, then the median of
+// kTimed (one timing is at the mercy of a busy host: a lone 2-row step once timed 1.7x a 1-row
+// one, which kept a good draft from ever drafting).
 absl::StatusOr<SpecCost> MeasureBatches(Model& model, KvCache& kv, int max_rows,
-                                        std::vector<float>* logits, int64_t seq,
+                                        std::vector<float>* logits,
                                         const std::function<int(int)>& kv_rows,
                                         const std::function<Batch(int)>& make_batch) {
+  const int64_t seq = kScratchSeq;
   const int cap = std::min(max_rows, kv.free_blocks() * kv.options().block_size);
   if (cap < 1) return absl::ResourceExhaustedError("no KV room to measure the step cost");
   auto time_rows = [&](int rows) -> absl::StatusOr<double> {
@@ -61,15 +65,13 @@ absl::StatusOr<SpecCost> MeasureBatches(Model& model, KvCache& kv, int max_rows,
   return SpecCost::Measure(cap, time_rows);
 }
 
-constexpr int64_t kScratchSeq = -2;
-
 }  // namespace
 
 absl::StatusOr<SpecCost> SpecCost::MeasureForward(Model& model, KvCache& kv, int max_rows,
                                                   std::vector<float>* logits) {
   const int n_vocab = model.config().n_vocab;
   return MeasureBatches(
-      model, kv, max_rows, logits, kScratchSeq, [](int rows) { return rows; },
+      model, kv, max_rows, logits, [](int rows) { return rows; },
       [n_vocab](int rows) {
         Batch batch;
         for (int i = 0; i < rows; ++i) batch.AddOrdered(i % n_vocab, i, kScratchSeq, true, 0);
@@ -81,7 +83,7 @@ absl::StatusOr<SpecCost> SpecCost::MeasureHead(Model& model, KvCache& kv, int ma
                                                std::vector<float>* logits) {
   const int64_t n_embd = model.config().n_embd;
   return MeasureBatches(
-      model, kv, max_rows, logits, kScratchSeq, [](int) { return 1; },
+      model, kv, max_rows, logits, [](int) { return 1; },
       [n_embd](int rows) {
         Batch batch;
         batch.AddOrdered(0, 0, kScratchSeq, true, 0);

@@ -93,6 +93,21 @@ TEST(ChooseK, TurnsOffWhenTheStepIsComputeBound) {
   EXPECT_EQ(ChooseK(batch, knee, 0.7, 8, 0, 1.05), 0);
 }
 
+TEST(ChooseK, HeadOnlyRowsArePricedByTheirOwnTable) {
+  // A batch of 32 on a compute-bound table: layer rows cost their full share, so no draft; the
+  // same draft as head-only rows (a self-head drafter) costs what the head table says, whatever
+  // the step's other rows, and adds no layer rows to the step.
+  const SpecCost linear = SpecCost::FromPoints({1, 64}, {1e-2, 64e-2});
+  const SpecCost head = SpecCost::FromPoints({1, 9}, {1e-2, 1.4e-2});
+  StepEstimate layers{32, linear.Seconds(32), 32};
+  EXPECT_EQ(ChooseK(layers, linear, 0.9, 8, 0, 1.05), 0);
+  StepEstimate heads{32, linear.Seconds(32), 32};
+  const int k = ChooseK(heads, linear, 0.9, 8, 0, 1.05, 0, &head);
+  EXPECT_GT(k, 0);
+  EXPECT_DOUBLE_EQ(heads.rows, 32);
+  EXPECT_NEAR(heads.seconds, linear.Seconds(32) + head.Seconds(1 + k) - head.Seconds(1), 1e-12);
+}
+
 TEST(ChooseK, DraftWorkCountsAgainstTheGain) {
   const SpecCost flat = SpecCost::FromPoints({1, 64}, {1e-2, 1.1e-2});
   StepEstimate free_draft{1, flat.Seconds(1), 1};
