@@ -1140,8 +1140,7 @@ void Scheduler::Execute(const StepPlan& plan, StepStats& stats) {
         batch.head_x.insert(batch.head_x.end(), s->draft.hidden.begin(), s->draft.hidden.end());
         batch.AddOrdered(s->draft.draft[k - 1], s->n_computed + k, s->kv_id, true,
                          s->order_prompt_len);
-        // Its drafted rows count as decode rows, as a draft verified through the layers does
-        // (the gate reads the step's sequences as decode rows less drafted ones).
+        // Its drafted rows count as decode rows, as a draft verified through the layers does.
         stats.batch.push_back(StepSequence{s->id, s->planned + k, s->planned_prefill});
         stats.decode_tokens += s->planned + k;
         continue;
@@ -1362,9 +1361,11 @@ StepStats Scheduler::RunStep() {
     const double prompt_s = step_time_.Predict(plan.shape) - step_time_.Predict(decode_only);
     if (prompt_s >= 0 && prompt_s < 0.5 * stats.seconds) decode_seconds = stats.seconds - prompt_s;
   }
-  if (options_.speculative.drafter != nullptr && decode_seconds > 0 &&
-      stats.decode_tokens > stats.draft_tokens) {
-    const int seqs = stats.decode_tokens - stats.draft_tokens;
+  // The step's decoding sequences (however their drafts were verified: through the layers, or
+  // as head-only rows).
+  int seqs = 0;
+  for (const StepSequence& b : stats.batch) seqs += b.prefill ? 0 : 1;
+  if (options_.speculative.drafter != nullptr && decode_seconds > 0 && seqs > 0) {
     const double seconds = std::max(decode_seconds - catch_up_deferred_, 0.1 * decode_seconds);
     spec_gate_.Observe(seqs, stats.draft_tokens > 0, seqs + stats.accepted_tokens, seconds);
     spec_gate_.Charge(seqs, gate_debt_);

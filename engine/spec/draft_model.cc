@@ -102,9 +102,7 @@ absl::Status DraftModelDrafter::Propose(absl::Span<DraftRequest* const> requests
     auto& slot = states_[r->seq];
     const int n = static_cast<int>(r->tokens.size());
     if (slot == nullptr) {
-      SamplingParams p = *r->sampling;
-      p.seed = p.seed * 0x9E3779B97F4A7C15ull + 0x5DEECE66Dull;  // not the target's stream
-      slot = std::make_unique<State>(p);
+      slot = std::make_unique<State>(DraftSampling(*r->sampling));
       // A new sequence starts from the longest prefix the draft cache holds.
       const int hit = kv_->MatchPrefix(r->seq, r->tokens, n - 1);
       slot->computed.assign(r->tokens.begin(), r->tokens.begin() + hit);

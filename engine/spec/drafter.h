@@ -45,6 +45,14 @@ struct DraftRequest {
   std::vector<float> hidden;
 };
 
+// The sampling chain a drafter draws its proposals with: the request's, from an RNG stream of its
+// own (not the target's, whose draws the acceptance rule makes).
+inline SamplingParams DraftSampling(const SamplingParams& request) {
+  SamplingParams p = request;
+  p.seed = p.seed * 0x9E3779B97F4A7C15ull + 0x5DEECE66Dull;
+  return p;
+}
+
 class Drafter {
  public:
   virtual ~Drafter() = default;

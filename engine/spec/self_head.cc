@@ -51,11 +51,7 @@ absl::Status SelfHeadDrafter::Propose(absl::Span<DraftRequest* const> requests) 
     }
     kv = r->target_kv;
     auto& slot = samplers_[r->seq];
-    if (slot == nullptr) {
-      SamplingParams p = *r->sampling;
-      p.seed = p.seed * 0x9E3779B97F4A7C15ull + 0x5DEECE66Dull;  // not the target's stream
-      slot = std::make_unique<Sampler>(p);
-    }
+    if (slot == nullptr) slot = std::make_unique<Sampler>(DraftSampling(*r->sampling));
     live.push_back(Live{r, slot.get(), std::vector<int32_t>(r->tokens.begin(), r->tokens.end())});
   }
   // Round i feeds every sequence that still wants a proposal its token at position n - 1 + i:

@@ -71,27 +71,23 @@ size_t GroupBytes(int64_t n, int64_t k) {
 }
 
 // Weight rows in panels of kPanelRows, each panel against every pair of activation groups (and a
-// last group alone): row_groups(G, r, g, nc) computes weight row r against groups g .. g + G - 1
-// (G an std::integral_constant), nc[i] the rows of group g + i. A group's blocks (k = 640: 20 x
-// 544 bytes for Q5_0) stay in L1 while a panel's rows pass, and the panel (64 rows) in L2 while
-// the groups pass.
+// last group alone): panel(G, r0, r1, g, nc_last) computes weight rows [r0, r1) against groups
+// g .. g + G - 1 (G an std::integral_constant), the last of them nc_last rows, the others full. A
+// group's blocks (k = 640: 20 x 544 bytes for Q5_0) stay in L1 while a panel's rows pass, and the
+// panel (64 rows) in L2 while the groups pass.
 constexpr int64_t kPanelRows = 64;
 
 template <typename F>
-void PanelLoop(int64_t rows, int64_t n, F&& row_groups) {
+void PanelLoop(int64_t rows, int64_t n, F&& panel) {
   const int64_t groups = (n + kLanes - 1) / kLanes;
   const int nc_tail = static_cast<int>(n - (groups - 1) * kLanes);
   for (int64_t r0 = 0; r0 < rows; r0 += kPanelRows) {
     const int64_t r1 = std::min(rows, r0 + kPanelRows);
     int64_t g = 0;
     for (; g + 2 <= groups; g += 2) {
-      const int nc[2] = {kLanes, g + 2 == groups ? nc_tail : kLanes};
-      for (int64_t r = r0; r < r1; ++r) row_groups(std::integral_constant<int, 2>(), r, g, nc);
+      panel(std::integral_constant<int, 2>(), r0, r1, g, g + 2 == groups ? nc_tail : kLanes);
     }
-    if (g < groups) {
-      const int nc[1] = {nc_tail};
-      for (int64_t r = r0; r < r1; ++r) row_groups(std::integral_constant<int, 1>(), r, g, nc);
-    }
+    if (g < groups) panel(std::integral_constant<int, 1>(), r0, r1, g, nc_tail);
   }
 }
 
@@ -297,9 +293,12 @@ void GemmGrouped(int64_t k, const void* w, size_t ws, int64_t rows, const void* 
                  float* y, int64_t ys) {
   const int64_t nb = k / kQ8_0BlockSize;
   const auto* xg = static_cast<const typename F::XBlock*>(packed_x);
-  PanelLoop(rows, n, [&](auto G, int64_t r, int64_t g, const int* nc) {
-    RowGroups<F, decltype(G)::value>(nb, F::RowOf(w, ws, rows, k, r), xg + g * nb, nc,
-                                     y + g * kLanes * ys + r, ys);
+  PanelLoop(rows, n, [&](auto G, int64_t r0, int64_t r1, int64_t g, int nc_last) {
+    const int nc[2] = {G == 1 ? nc_last : kLanes, nc_last};  // rows of groups g, g + 1
+    for (int64_t r = r0; r < r1; ++r) {
+      RowGroups<F, decltype(G)::value>(nb, F::RowOf(w, ws, rows, k, r), xg + g * nb, nc,
+                                       y + g * kLanes * ys + r, ys);
+    }
   });
 }
 
@@ -577,16 +576,9 @@ void GemmOf(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, const v
   const int64_t nb = k / kQK;
   const auto* wk = static_cast<const typename K::WBlock*>(w);
   const auto* xg = static_cast<const typename K::XBlock*>(packed_x);
-  const int64_t groups = (n + kLanes - 1) / kLanes;
-  const int nc_tail = static_cast<int>(n - (groups - 1) * kLanes);
-  for (int64_t r0 = 0; r0 < rows; r0 += kPanelRows) {
-    const int64_t r1 = std::min(rows, r0 + kPanelRows);
-    int64_t g = 0;
-    for (; g + 2 <= groups; g += 2) {
-      Panel<K, 2>(nb, wk, r0, r1, xg, g, g + 2 == groups ? nc_tail : kLanes, y, ys);
-    }
-    if (g < groups) Panel<K, 1>(nb, wk, r0, r1, xg, g, nc_tail, y, ys);
-  }
+  PanelLoop(rows, n, [&](auto G, int64_t r0, int64_t r1, int64_t g, int nc_last) {
+    Panel<K, decltype(G)::value>(nb, wk, r0, r1, xg, g, nc_last, y, ys);
+  });
 }
 
 }  // namespace
