@@ -181,7 +181,8 @@ class CpuBackend final : public Backend {
     int64_t chunk_rows = 0, n_chunks = 0;  // n_chunks 0: nothing to compute
     // A kernel that reads the weight rows in place over activations packed once (kernels.h
     // GroupedKernels without pack_w): small batches of Q8_0 / Q5_0 on VNNI (Q8_0QuadVnni,
-    // Q5_0QuadVnni), and Q8_0 from 5 rows without VNNI (Q8_0GroupedAvx2); nullptr: the tiles.
+    // Q5_0QuadVnni), and every Q8_0 MatMul without VNNI (Q8_0RowsAvx2 up to 8 rows,
+    // Q8_0GroupedAvx2 above); nullptr: the tiles.
     const GroupedKernels* quad = nullptr;
     const char* quad_x = nullptr;
     // RunMatMulChunks computes activation rows [x_begin, n) (a grouped kernel took the others).

@@ -33,12 +33,22 @@ constexpr int64_t kGroupedMinRows = 12;
 // Q8_0 head 10.8 against 11.7 ms, Q5_0 255 against 350 us) and, for Q5_0, level at 3.
 constexpr int64_t kQuadMinRowsQ8_0 = 3;
 constexpr int64_t kQuadMinRowsQ5_0 = 4;
-// Without VNNI, Q8_0 weights take the AVX2 grouped kernel (8 rows per register, a group of eight
-// costing the same however many are filled) from this many activation rows on: gemv_bench
-// rows/q8_0/N/1, the Gemma 3 head, Zen 3, best of 5 alternating runs against the tiles: 4 rows
-// 37.2 against 25.9 ms, 5 rows 36.6 against 38.0, 8 rows 38.2 against 50.3, 16 rows 70.4 against
-// 103.2 (prompt/q8_0/1: 24.0 -> 17.2 ms).
-constexpr int64_t kGroupedAvx2MinRowsQ8_0 = 5;
+// Without VNNI, Q8_0 weights take the AVX2 row kernel (one weight row at a time against every
+// activation row) up to this many activation rows, and the AVX2 grouped kernel (8 rows per
+// register) above. gemv_bench rows/q8_0/N/1, the Gemma 3 head, Zen 3, one thread, against what
+// ran before (the tiles up to 4 rows, the grouped kernel from 5): 1 row 14.8 -> 12.0 ms, 2 rows
+// 18.3 -> 14.5, 3 rows 20.4 -> 17.6, 4 rows 25.5 -> 19.9, 5 rows 36.8 -> 23.7, 8 rows 37.6 ->
+// 33.9; at 16 rows (two passes over the weights) it levels with the grouped kernel (68 against
+// 72 ms), which reads them once. The grouped kernel against the tiles: 16 rows 70.4 against
+// 103.2 ms (prompt/q8_0/1: 24.0 -> 17.2 ms).
+constexpr int64_t kRowsMaxQ8_0 = 8;
+// Without VNNI, Q5_0 weights take the AVX2 row kernel for this many activation rows (the tiles
+// below, the grouped kernel from kGroupedMinRows): gemv_bench rows/q5_0/N/1 (2048 x 2048, Zen 3,
+// one thread, two alternating runs each) against the tiles: 3 rows 558-571 -> 488-510 us, 4 rows
+// 663-667 -> 611, 5 rows 951-970 -> 649-662, 8 rows 1308-1313 -> 963-1028; 1 and 2 rows level
+// (296-312, 396-407 us), so they keep the tiles.
+constexpr int64_t kRowsMinQ5_0 = 3;
+constexpr int64_t kRowsMaxQ5_0 = 8;
 
 // The type MatMul converts activations to for weights of type `w` (ggml's vec_dot_type). Only for
 // HasMatMul types.
@@ -183,11 +193,17 @@ absl::Status CpuBackend::PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
     if (w.type == DType::kQ8_0 && n >= kQuadMinRowsQ8_0) plan->quad = cpu::Q8_0QuadVnni();
     if (w.type == DType::kQ5_0 && n >= kQuadMinRowsQ5_0) plan->quad = cpu::Q5_0QuadVnni();
   }
-  // Without VNNI, Q8_0 weights take the AVX2 grouped kernel (weights in place, 8 rows per
-  // register) from kGroupedAvx2MinRowsQ8_0 rows on, in this slot too: the same contract.
-  if (w.type == DType::kQ8_0 && n >= kGroupedAvx2MinRowsQ8_0 && plan->quad == nullptr &&
-      &k_ == cpu::Avx2Kernels() && cpu::Q8_0GroupedVnni() == nullptr) {
-    plan->quad = cpu::Q8_0GroupedAvx2();
+  // Without VNNI, Q8_0 weights take the AVX2 row kernel up to kRowsMaxQ8_0 rows and the AVX2
+  // grouped kernel above, Q5_0 the row kernel from kRowsMinQ5_0 to kRowsMaxQ5_0 rows (all read
+  // the weights in place), in this slot too: the same contract. The two row kernels share one
+  // pack_x, so a MatMulGroup of both types (Gemma 3's Q5_0 q / k and Q8_0 v) packs once.
+  if (w.type == DType::kQ8_0 && plan->quad == nullptr && &k_ == cpu::Avx2Kernels() &&
+      cpu::Q8_0GroupedVnni() == nullptr) {
+    plan->quad = n <= kRowsMaxQ8_0 ? cpu::Q8_0RowsAvx2() : cpu::Q8_0GroupedAvx2();
+  }
+  if (w.type == DType::kQ5_0 && plan->quad == nullptr && &k_ == cpu::Avx2Kernels() &&
+      cpu::Q5_0GroupedVnni() == nullptr && n >= kRowsMinQ5_0 && n <= kRowsMaxQ5_0) {
+    plan->quad = cpu::Q5_0RowsAvx2();
   }
   if (plan->quad != nullptr) {
     if (converted != nullptr && converted->quad_x != nullptr && converted->data == xa &&

@@ -117,6 +117,13 @@ const GroupedKernels* Q5_0GroupedAvx2();
 // Q8_0 weights (read in place, no pack_w) the same way: the tile's |w| and sign() per 4-byte
 // group, eight activation rows per register; bit-identical to the AVX2 tile.
 const GroupedKernels* Q8_0GroupedAvx2();
+// Q8_0 and Q5_0 weights (in place) x a few activation rows on AVX2 alone (rows_avx2.cc): one
+// weight row at a time against every activation row, the scale products formed eight at a time;
+// more than 8 rows run in passes of 8, each reading the weights again. pack_x's layout serves
+// both types. Bit-identical to the AVX2 tiles. nullptr when the build has no AVX2 code; only call
+// where AVX2 runs.
+const GroupedKernels* Q8_0RowsAvx2();
+const GroupedKernels* Q5_0RowsAvx2();
 // Q4_K weights x Q8_K prompt rows in llama.cpp's repacked GEMM order (the order of
 // Kernels::q4_k_repack_gemm, for rows not in the GEMV order) on AVX2 (grouped_avx2.cc): a chunk's
 // rows unpacked once per MatMul, eight prompt rows per register. Bit-identical to the AVX2

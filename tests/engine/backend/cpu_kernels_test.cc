@@ -428,9 +428,10 @@ TEST(Avx2Q0TilesTest, GiveGgmlsX86OrderBitForBit) {
 template <typename W>
 void ExpectGroupedEqualsTiles(const GroupedKernels* g, GemmTileFn tiles, uint32_t seed,
                               std::initializer_list<int64_t> ns = {4, 7, 16, 17, 40},
-                              std::initializer_list<int64_t> row_counts = {1, 3, 4, 9}) {
+                              std::initializer_list<int64_t> row_counts = {1, 3, 4, 9},
+                              std::initializer_list<int64_t> ks = {32, 640, 2048}) {
   std::mt19937 rng(seed);
-  for (int64_t k : {32, 640, 2048}) {
+  for (int64_t k : ks) {
     const int64_t nb = k / 32;
     for (int64_t rows : row_counts) {
       for (int64_t n : ns) {
@@ -502,6 +503,27 @@ TEST(GroupedAvx2Test, Q8_0BitIdenticalToTheAvx2Tiles) {
   ASSERT_NE(g, nullptr);
   ExpectGroupedEqualsTiles<BlockQ8_0>(g, &GemmQ8_0Avx2, 26, {1, 3, 5, 8, 12, 16, 17, 24, 33},
                                       {1, 3, 4, 9, 70});
+}
+
+// The AVX2 Q8_0 row kernel (one weight row at a time against up to 8 activation rows, CPUs
+// without AVX512-VNNI, 1 to 8 rows: decode, a speculative step's K + 1 rows, the output head)
+// gives the tiles' bits: every row count from 1 to 8, more than 8 (a second pass of columns),
+// and rows long enough (4160 and 8192 weights: 130 and 256 blocks) to cross the 128-block table
+// of scale products.
+TEST(RowsAvx2Test, Q8_0BitIdenticalToTheAvx2Tiles) {
+  if (Avx2Kernels() == nullptr) GTEST_SKIP() << "AVX2 kernels not available on this build/CPU";
+  const GroupedKernels* g = Q8_0RowsAvx2();
+  ASSERT_NE(g, nullptr);
+  ExpectGroupedEqualsTiles<BlockQ8_0>(g, &GemmQ8_0Avx2, 27, {1, 2, 3, 4, 5, 6, 7, 8, 9, 17},
+                                      {1, 3, 4, 9}, {32, 640, 4160, 8192});
+}
+
+TEST(RowsAvx2Test, Q5_0BitIdenticalToTheAvx2Tiles) {
+  if (Avx2Kernels() == nullptr) GTEST_SKIP() << "AVX2 kernels not available on this build/CPU";
+  const GroupedKernels* g = Q5_0RowsAvx2();
+  ASSERT_NE(g, nullptr);
+  ExpectGroupedEqualsTiles<BlockQ5_0>(g, &GemmQ5_0Avx2, 28, {1, 2, 3, 4, 5, 6, 7, 8, 9, 17},
+                                      {1, 3, 4, 9}, {32, 640, 4160, 8192});
 }
 
 // The small-batch quad kernels (four activation rows per 512-bit register) give the AVX2 tiles'
