@@ -19,7 +19,10 @@
 //   per call barely grows with n. Kernels on AVX-512 VNNI CPUs: Q8_0 / Q5_0 the 256-bit VNNI
 //   tiles (1-2 rows), the quad kernels (3-4 to 11 rows), the grouped ones (12+); Q4_K (repacked
 //   GEMV order) and Q6_K the ZMM tiles, four rows per weight unpacking (n = 5: a second pass
-//   over the chunk for the fifth row). With PDSERVE_CPU_NO_VNNI=1, the AVX2 4x4 tiles.
+//   over the chunk for the fifth row). With PDSERVE_CPU_NO_VNNI=1 (or without VNNI): Q8_0 the
+//   AVX2 row kernel up to 8 rows (rows_avx2.cc), the grouped one above; Q5_0 the 4x4 tiles for
+//   1-2 and 9-11 rows, the row kernel for 3-8, the grouped one from 12; the k-quants the AVX2
+//   tiles.
 // prompt/<format>/<t>: one prompt's MatMul, 512 F32 activation rows in the default (prompt) order
 //   against the default model's shapes, 2048 x 640 for the 32-block formats (Q5_0 and Q8_0 are
 //   its FFN gate / up shape) and 640 x 2048 for the k-quants (FFN down), from cache: the compute

@@ -190,11 +190,15 @@ def measure(system: str, workload: str, threads: int, a, workdir: Path) -> list[
                     True: {"tokens": 0, "seconds": 0.0, "requests": 0}}
             delta: dict[str, float] = {}
             round_ratios = []
-            for _ in range(a.rounds):
+            for rnd in range(a.rounds):
                 rate = {}
-                for spec in (False, True):
+                # Without first in even rounds, with first in odd ones: a drift of the host
+                # (or a favoured slot) cancels over pairs of rounds.
+                for spec in ((False, True) if rnd % 2 == 0 else (True, False)):
                     before = scrape(server.url)
-                    t = run_streams(server.url, reqs, conc, per_stream, a, speculative=spec)
+                    # --null: the "with" side does not speculate either (an A/A run).
+                    t = run_streams(server.url, reqs, conc, per_stream, a,
+                                    speculative=spec and not a.null)
                     after = scrape(server.url)
                     rate[spec] = t["tokens"] / t["seconds"]
                     for k in ("tokens", "seconds", "requests"):
@@ -301,7 +305,8 @@ def report(rows: list[dict], costs: list[dict], a, argv: str) -> str:
              f"--spec-k {a.spec_k}; each stream sends its requests back to back "
              f"(at least {a.min_requests} requests per measurement).",
              "- The reference (tok/s off) is measured on the same server, alternating with the "
-             f"speculative runs ({a.rounds} rounds of each; requests send `speculative: false`); "
+             f"speculative runs ({a.rounds} rounds of each, the reference first in even rounds "
+             "and second in odd ones; requests send `speculative: false`); "
              "ratio = tokens/s with the drafter / without over all rounds; rounds = the lowest "
              "and highest ratio of single rounds (the host's noise shows there). Before each "
              f"concurrency's rounds, {a.warmup_rounds} unmeasured round(s) with speculation let the "
@@ -310,6 +315,9 @@ def report(rows: list[dict], costs: list[dict], a, argv: str) -> str:
              "tokens emitted per verifying step, (accepted + drafts) / drafts; formula = "
              "(1 - a^(K+1)) / (1 - a); draft time = share of the wall time spent in the drafter.",
              ""]
+    if getattr(a, "null", False):
+        lines[-1:-1] = ["- **A/A run (--null)**: the \"with\" side sends `speculative: false` too, so "
+                        "every ratio is the alternation's own bias and noise (ideally 1.00x)."]
     if costs:
         lines += ["## Draft and target", "",
                   "| model | threads | file MiB | weights MiB | decode tok/s (1 sequence) | "
@@ -374,6 +382,9 @@ def main() -> int:
     p.add_argument("--warmup-rounds", type=int, default=1,
                    help="unmeasured rounds (one request per stream, speculating) before each "
                         "concurrency's measurement: the scheduler's gate warms up per batch size")
+    p.add_argument("--null", action="store_true",
+                   help="A/A check: the speculative side sends speculative: false too, so the "
+                        "ratio measures the alternation's own bias and noise (ideally 1.00x)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--spec-k", type=int, default=8)
