@@ -99,10 +99,11 @@ int ChooseK(StepEstimate& step, const SpecCost& cost, double a, int limit, doubl
 // first kExploreMin steps after a verdict, the interval doubling while the verdict holds up to
 // kExploreMax (kExploreClose while the two are within 10%), back to kExploreMin when the verdict
 // flips. (A try is not free: a draft model that has sat out must first catch up on the tokens it
-// missed.) The first kWarmup observations of each side come before any verdict. A step that tries speculation to
-// learn (warm-up, exploration) is a probe: it drafts even where ChooseK, still at its prior
-// acceptance, would not, so that acceptance and speed get measured at all. Not thread-safe: the
-// engine thread owns it.
+// missed.) The first kWarmup observations of each side come before any verdict. A step that tries
+// speculation to learn (warm-up, exploration) is a probe: one of its sequences drafts even where
+// ChooseK, still at its prior acceptance, would not, so that acceptance and speed get measured at
+// all (the scheduler picks the sequence, docs/speculative.md). Not thread-safe: the engine thread
+// owns it.
 class SpecGate {
  public:
   static constexpr int kWarmup = 6, kExploreMin = 16, kExploreClose = 32, kExploreMax = 256;

@@ -39,8 +39,9 @@ constexpr int64_t kQuadMinRowsQ5_0 = 4;
 // ran before (the tiles up to 4 rows, the grouped kernel from 5): 1 row 14.8 -> 12.0 ms, 2 rows
 // 18.3 -> 14.5, 3 rows 20.4 -> 17.6, 4 rows 25.5 -> 19.9, 5 rows 36.8 -> 23.7, 8 rows 37.6 ->
 // 33.9; at 16 rows (two passes over the weights) it levels with the grouped kernel (68 against
-// 72 ms), which reads them once. The grouped kernel against the tiles: 16 rows 70.4 against
-// 103.2 ms (prompt/q8_0/1: 24.0 -> 17.2 ms).
+// 72 ms), which reads them once (alternating runs of both builds, best of two, at 1 and 2
+// threads: bench/results/decode_rows_avx2_epyc_2026-12-05.md). The grouped kernel against the
+// tiles: 16 rows 70.4 against 103.2 ms (prompt/q8_0/1: 24.0 -> 17.2 ms).
 constexpr int64_t kRowsMaxQ8_0 = 8;
 // Without VNNI, Q5_0 weights take the AVX2 row kernel for this many activation rows (the tiles
 // below, the grouped kernel from kGroupedMinRows): gemv_bench rows/q5_0/N/1 (2048 x 2048, Zen 3,
