@@ -315,7 +315,7 @@ def report(rows: list[dict], costs: list[dict], a, argv: str) -> str:
              "tokens emitted per verifying step, (accepted + drafts) / drafts; formula = "
              "(1 - a^(K+1)) / (1 - a); draft time = share of the wall time spent in the drafter.",
              ""]
-    if getattr(a, "null", False):
+    if a.null:
         lines[-1:-1] = ["- **A/A run (--null)**: the \"with\" side sends `speculative: false` too, so "
                         "every ratio is the alternation's own bias and noise (ideally 1.00x)."]
     if costs:

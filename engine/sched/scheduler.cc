@@ -846,7 +846,6 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
   });
   int budget = plan.budget;
   double catch_up_total = 0;  // predicted catch-up work of the drafting sequences
-  bool probed = false;        // this step's probe has its sequence
   std::vector<Sequence*> drafting;
   std::vector<spec::DraftRequest*> requests;
   for (Sequence* s : order) {
@@ -881,7 +880,9 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
       // the probe learns, again at every probe; its prompt, at the first decode step, any draft
       // must read.
       const bool cheap = catch_up <= spec::SpecGate::kProbeDraft * so.drafter->StepSeconds(1);
-      if (decision == Decision::kProbe && k == 0 && !probed && (cheap || s->n_generated <= 1)) {
+      // (A sequence already drafting in this step serves the probe.)
+      if (decision == Decision::kProbe && k == 0 && drafting.empty() &&
+          (cheap || s->n_generated <= 1)) {
         k = std::min(spec::SpecGate::kProbeDraft, limit);
       }
       // A draft model's catch-up serves this sequence's later drafts too: the gate sees this
@@ -902,7 +903,6 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
       continue;
     }
     budget -= k;
-    probed = true;  // a drafting sequence serves this step's probe
     s->draft.seq = s->kv_id;
     s->draft.tokens = s->tokens;
     s->draft.max_draft = k;

@@ -93,6 +93,9 @@ void TileHalf(int64_t k, const char* w, size_t ws, const char* x, size_t xs, flo
 // every lane), so neither passes nor staging change a bit. Measured with gemv_bench
 // rows/q8_0/N/1 (best of 5, Zen 3, one thread): 4 rows 30.6 -> 26.9 ms, 8 rows 66.0 -> 56.3, 16
 // rows 133.6 -> 105.4. One activation row keeps an in-place tile (TileQ8Row), faster there.
+// Since the row kernels (rows_avx2.cc), CpuBackend's MatMul no longer runs this tile on CPUs
+// without VNNI (PlanMatMul sends every Q8_0 MatMul to the row or grouped kernel): it stays the
+// table's Q8_0 entry and the reference those kernels' bits are tested against.
 constexpr int kPassAcc = 8;
 static_assert(kPassAcc / kGemmTileX >= 1, "a pass holds at least one row of a tile");
 constexpr int PassRows(int r, int c) { return std::min(r, kPassAcc / c); }
