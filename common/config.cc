@@ -289,6 +289,8 @@ absl::Status ServeOptions::Validate() const {
                            "must be >= 1", s.min_prefill_chunk));
   PD_RETURN_IF_ERROR(Check(s.prefill_pace_steps >= 0, "scheduler.prefill_pace_steps",
                            "must be >= 0", s.prefill_pace_steps));
+  PD_RETURN_IF_ERROR(Check(s.prompt_rate_steps >= 1, "scheduler.prompt_rate_steps", "must be >= 1",
+                           s.prompt_rate_steps));
   if (kv.dtype != "f16" && kv.dtype != "int8" && kv.dtype != "f32") {
     return absl::InvalidArgumentError(
         StrCat("kv.dtype: must be f16, int8 or f32 (got '", kv.dtype, "')"));
@@ -473,6 +475,7 @@ absl::StatusOr<ServeOptions> ParseServeOptions(std::string_view yaml, std::strin
       s.Get("prefill_chunk", &o.scheduler.prefill_chunk);
       s.Get("step_time_stretch", &o.scheduler.step_time_stretch);
       s.Get("prefill_pace_steps", &o.scheduler.prefill_pace_steps);
+      s.Get("prompt_rate_steps", &o.scheduler.prompt_rate_steps);
       s.Get("min_prefill_chunk", &o.scheduler.min_prefill_chunk);
       s.Get("priority", &o.scheduler.priority);
       top.Merge(s);

@@ -299,6 +299,7 @@ absl::StatusOr<ServingEngine> BuildServingEngine(const ServeOptions& o,
   so.prefill_chunk = o.scheduler.prefill_chunk;
   so.step_time_stretch = o.scheduler.step_time_stretch;
   so.prefill_pace_steps = o.scheduler.prefill_pace_steps;
+  so.prompt_rate_steps = o.scheduler.prompt_rate_steps;
   so.min_prefill_chunk = o.scheduler.min_prefill_chunk;
   so.enable_priority = o.scheduler.priority;
   so.max_context = built.context;

@@ -121,6 +121,7 @@ absl::Status SchedulerOptions::Validate() const {
   }
   if (min_prefill_chunk < 1) return bad("min_prefill_chunk", min_prefill_chunk, ">= 1");
   if (prefill_pace_steps < 0) return bad("prefill_pace_steps", prefill_pace_steps, ">= 0");
+  if (prompt_rate_steps < 1) return bad("prompt_rate_steps", prompt_rate_steps, ">= 1");
   if (prefix_cache.min_free_blocks < 0) {
     return bad("prefix_cache.min_free_blocks", prefix_cache.min_free_blocks, ">= 0");
   }
@@ -803,13 +804,14 @@ void Scheduler::PlanDecode(StepPlan& plan) {
     plan.shape.decode_context += s->n_computed + 1;
     plan.decode.push_back(s);
   }
+  plan.plain = plan.shape;
 }
 
 void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
   const SpeculativeOptions& so = options_.speculative;
   if (so.drafter == nullptr || !spec_cost_.has_value() || plan.decode.empty()) return;
   // The step as planned so far: its decode rows, and the prompt tokens PlanPrefill will likely
-  // add (they make the step costlier, hence an extra row relatively cheaper).
+  // add.
   int64_t pending = 0;
   for (const auto& s : running_) {
     if (!s->decoding()) pending += s->remaining();
@@ -828,11 +830,14 @@ void Scheduler::PlanDrafts(StepPlan& plan, StepStats& stats) {
     if (pending > 0 && !spec_gate_.Proven(n_decode)) decision = Decision::kPlain;
     if (decision == Decision::kPlain) return;
   }
+  // The prompt rows make the step costlier and an extra row relatively cheaper, but emit no
+  // token: a draft's return is weighed against the decode rows' own rate.
+  const int prompt = ExpectedPromptTokens(plan, pending);
   spec::StepEstimate step;
-  step.rows = n_decode + static_cast<double>(std::min<int64_t>(
-                             {pending, plan.budget, int64_t{options_.prefill_chunk}}));
+  step.rows = n_decode + prompt;
   step.seconds = spec_cost_->Seconds(step.rows);
   step.tokens = n_decode;
+  if (prompt > 0) step.base_rate = n_decode / spec_cost_->Seconds(n_decode);
   // Most promising sequences first: they get the cheap rows.
   std::vector<Sequence*> order;
   for (Sequence* s : plan.decode) {
@@ -1000,6 +1005,57 @@ absl::StatusOr<spec::SpecCost> Scheduler::MeasureStepCost() {
   return cost;
 }
 
+Scheduler::PromptPace Scheduler::Pace(const StepPlan& plan, int64_t pending) const {
+  // Step-time budget: only while tokens decode in this step (a prompt-only step stalls nobody).
+  // Such a step takes the recent arrival rate of prompt tokens (x 1.1) plus the pending ones
+  // spread over prefill_pace_steps steps, so that steps carry about equal prompt work instead of
+  // a few long ones among short ones; within the time budget once the fit is ready (stretch x
+  // the predicted time of this step without prompt tokens, or of the full batch: below) unless
+  // that is below the arrival rate
+  // (a cap below it would let the backlog, and every waiting prompt's TTFT, grow without bound);
+  // and at least min_prefill_chunk.
+  PromptPace pace;
+  pace.timed = options_.chunked_prefill && options_.step_time_stretch > 0 && !plan.decode.empty();
+  if (!pace.timed) return pace;
+  if (step_time_.ready()) {
+    // The step's own time without prompt tokens, or, when more sequences are live than decode
+    // now (a burst of prompts being prefilled), the plain step of all of them (up to
+    // max_running_seqs): the time every stream's steps take once they decode. A step of a few
+    // streams may fill up to that with prompt work, which shortens the burst's TTFT without a
+    // step longer than the full batch's.
+    StepShape full = plan.plain;
+    const int live = static_cast<int>(
+        std::min<size_t>(running_.size() + waiting_.size(), options_.max_running_seqs));
+    if (full.decode_tokens > 0 && live > full.decode_tokens) {
+      full.decode_context *= static_cast<double>(live) / full.decode_tokens;
+      full.decode_tokens = live;
+    }
+    pace.budget_s = options_.step_time_stretch *
+                    std::max(step_time_.Predict(plan.shape), step_time_.Predict(full));
+  }
+  if (options_.prefill_pace_steps > 0) {
+    pace.keep_up =
+        static_cast<int>(std::min<double>(INT_MAX / 2, std::ceil(1.1 * prompt_arrival_rate_)));
+    pace.paced = static_cast<int>(std::min<int64_t>(
+        INT_MAX,
+        pace.keep_up + (pending + options_.prefill_pace_steps - 1) / options_.prefill_pace_steps));
+  }
+  return pace;
+}
+
+int Scheduler::ExpectedPromptTokens(const StepPlan& plan, int64_t pending) const {
+  int n = static_cast<int>(
+      std::min<int64_t>({pending, std::max(0, plan.budget), int64_t{options_.prefill_chunk}}));
+  const PromptPace pace = Pace(plan, pending);
+  if (!pace.timed || n <= 0) return n;
+  const int want = n;
+  n = std::min(n, pace.paced);
+  if (step_time_.ready()) {
+    n = std::max(step_time_.MaxPrefill(plan.shape, 0, n, pace.budget_s), std::min(n, pace.keep_up));
+  }
+  return std::max(n, std::min(want, options_.min_prefill_chunk));
+}
+
 void Scheduler::PlanPrefill(StepPlan& plan) {
   std::vector<Sequence*> candidates;
   for (const auto& s : running_) {
@@ -1013,35 +1069,25 @@ void Scheduler::PlanPrefill(StepPlan& plan) {
   bool any_prefill = false;
   bool admit_blocked = false;  // a waiting sequence did not fit: later ones may not overtake it
   const absl::Time now = absl::Now();
-  // Step-time budget: only while tokens decode in this step (a prompt-only step stalls nobody).
-  // Such a step takes the recent arrival rate of prompt tokens (x 1.1) plus the pending ones
-  // spread over prefill_pace_steps steps, so that steps carry about equal prompt work instead of
-  // a few long ones among short ones; within the time budget once the fit is ready (stretch x
-  // the predicted time of this step without prompt tokens) unless that is below the arrival rate
-  // (a cap below it would let the backlog, and every waiting prompt's TTFT, grow without bound);
-  // and at least min_prefill_chunk.
-  const bool timed = options_.chunked_prefill && options_.step_time_stretch > 0 &&
-                     !plan.decode.empty();
-  const double budget_s =
-      timed && step_time_.ready() ? options_.step_time_stretch * step_time_.Predict(plan.shape) : 0;
-  int paced = INT_MAX;  // prompt tokens for this step by pacing
-  int keep_up = 0;      // ... of which the time budget may not cut below this many
-  if (timed && options_.prefill_pace_steps > 0) {
-    int64_t pending = 0, arrived = 0;
+  int64_t pending = 0;
+  for (const Sequence* s : candidates) pending += s->remaining();
+  if (options_.chunked_prefill && options_.step_time_stretch > 0 && !plan.decode.empty() &&
+      options_.prefill_pace_steps > 0) {
+    int64_t arrived = 0;
     for (Sequence* s : candidates) {
-      pending += s->remaining();
       if (!s->seen_pending) arrived += s->remaining();
       s->seen_pending = true;
     }
-    // Prompt tokens arriving per decoding step, over about the last 32 such steps.
-    prompt_arrival_rate_ = 0.97 * prompt_arrival_rate_ + 0.03 * static_cast<double>(arrived);
+    // Prompt tokens arriving per decoding step, over about the last prompt_rate_steps such steps.
+    const double w = 1.0 / options_.prompt_rate_steps;
+    prompt_arrival_rate_ = (1 - w) * prompt_arrival_rate_ + w * static_cast<double>(arrived);
     plan.prompt_arrival_rate = prompt_arrival_rate_;
-    keep_up =
-        static_cast<int>(std::min<double>(INT_MAX / 2, std::ceil(1.1 * prompt_arrival_rate_)));
-    paced = static_cast<int>(std::min<int64_t>(
-        INT_MAX,
-        keep_up + (pending + options_.prefill_pace_steps - 1) / options_.prefill_pace_steps));
   }
+  const PromptPace pace = Pace(plan, pending);
+  const bool timed = pace.timed;
+  const double budget_s = pace.budget_s;
+  const int paced = pace.paced;
+  const int keep_up = pace.keep_up;
   int timed_tokens = 0;  // prompt tokens the time budget allowed so far
   for (Sequence* s : candidates) {
     const bool admitted = s->running;

@@ -137,13 +137,19 @@ struct SchedulerOptions {
   // Step-time budget (docs/scheduler.md): while sequences decode, a step takes the recent
   // arrival rate of prompt tokens plus the pending ones / `prefill_pace_steps` (0: no pacing),
   // capped so that its predicted time stays <= step_time_stretch x the same step's without
-  // prompt tokens (a fit of step times learned online) unless that falls below the arrival rate,
+  // prompt tokens, or x the plain step of every live sequence when more are live than decode (a
+  // fit of step times learned online), unless that falls below the arrival rate,
   // and at least `min_prefill_chunk` tokens so that prompts always progress.
   // step_time_stretch 0 = all of this off: chunks of `prefill_chunk` whatever they cost. Off
   // here, so that a Scheduler's steps depend on its inputs only (tests, tools); the daemons'
   // config turns it on (scheduler.step_time_stretch, default 1.4).
   double step_time_stretch = 0;
   int prefill_pace_steps = 32;
+  // The arrival rate is a moving average over about this many decoding steps (the weight of a
+  // step's arrivals is 1 / this). Long enough that a burst of prompts (16 streams' prompts
+  // arriving together) raises it by a fraction, and the burst drains through the time budget
+  // instead of a run of long steps; the rate still follows a steady load.
+  int prompt_rate_steps = 128;
   int min_prefill_chunk = 16;
   // The seconds the step-time fit learns for a step of this shape; empty (the normal case): the
   // step's measured wall time. Tests set it to model a machine with known costs.
@@ -322,6 +328,7 @@ class Scheduler final : public GenerationEngine {
     int budget = 0;                  // tokens left
     int preemptions = 0;
     StepShape shape;  // what the step computes, for the step-time fit
+    StepShape plain;  // its decode rows alone (PlanDecode's shape: no drafts, no prompt)
     bool prefill_time_limited = false;
     double prompt_arrival_rate = 0;  // the pacing rate this step used (StepStats)
   };
@@ -341,6 +348,19 @@ class Scheduler final : public GenerationEngine {
   // Draft tokens for the decoding sequences that speculate (after PlanDecode, before
   // PlanPrefill): chooses each one's K, runs the drafter, reserves the rows' KV.
   void PlanDrafts(StepPlan& plan, StepStats& stats);
+  // PlanPrefill's limits for a step planned so far as `plan`, with `pending` prompt (or
+  // recompute) tokens waiting (docs/scheduler.md, "Step-time budget"). Without `timed` (no
+  // decode rows, or the budget off) none apply.
+  struct PromptPace {
+    bool timed = false;
+    double budget_s = 0;  // the step's time budget; 0 until the step-time fit is ready
+    int paced = INT_MAX;  // prompt tokens by pacing (the arrival rate and the backlog)
+    int keep_up = 0;      // ... of which the time budget may not cut below this many
+  };
+  PromptPace Pace(const StepPlan& plan, int64_t pending) const;
+  // The prompt tokens PlanPrefill will likely add to `plan`, for PlanDrafts' cost of a step:
+  // Pace's limits with the chunks' start positions unknown (taken as 0).
+  int ExpectedPromptTokens(const StepPlan& plan, int64_t pending) const;
   // Verifies the draft of `s` against its logits rows (1 + drafted of them, in position order)
   // and emits the accepted tokens and the correction (or bonus) token.
   void Verify(Sequence* s, absl::Span<const size_t> rows, StepStats& stats);

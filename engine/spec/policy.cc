@@ -138,8 +138,9 @@ double ExpectedTokens(double a, int k) {
 int ChooseK(StepEstimate& step, const SpecCost& cost, double a, int limit, double draft_row_seconds,
             double min_gain, double fixed_seconds, const SpecCost* head_only) {
   if (limit <= 0 || step.seconds <= 0) return 0;
-  const double base = step.tokens / step.seconds;  // tokens per second without this draft
-  double best = base;
+  double best = step.tokens / step.seconds;  // the step's tokens per second without this draft
+  // What a draft's own return must beat (by min_gain).
+  const double base = step.base_rate > 0 ? step.base_rate : best;
   int k = 0;
   double best_extra = 0;
   for (int kk = 1; kk <= limit; ++kk) {

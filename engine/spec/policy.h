@@ -76,17 +76,21 @@ struct StepEstimate {
   double rows = 0;
   double seconds = 0;
   double tokens = 0;
+  // The tokens per second a draft's own return must beat (by min_gain); 0: tokens / seconds.
+  // A step that carries prompt rows sets its decode rows' rate alone: the prompt's time emits
+  // no token, and counted in the step's rate it would make every draft row look worth it.
+  double base_rate = 0;
 };
 
 // The draft length in [0, limit] for one more sequence of the step `step`, with acceptance rate
 // a: k draft rows cost cost.Seconds(rows + k) - cost.Seconds(rows), plus k * draft_row_seconds
 // of draft work, plus `fixed_seconds` once (a draft model catching up on the sequence), and
 // yield ExpectedTokens(a, k) - 1 extra tokens. Only a k whose own return (extra tokens per extra
-// second) beats the step's tokens per second by min_gain qualifies; of those, the one that makes
-// the step's expected tokens per second highest. 0 when none. A chosen k is added to `step`.
-// With `head_only` (a drafter on the target's own cache, whose drafted rows go through the output
-// head only), k draft rows cost head_only->Seconds(1 + k) - head_only->Seconds(1) instead, and
-// do not add to the step's rows.
+// second) beats the step's tokens per second (or its base_rate) by min_gain qualifies; of those,
+// the one that makes the step's expected tokens per second highest. 0 when none. A chosen k is
+// added to `step`. With `head_only` (a drafter on the target's own cache, whose drafted rows go
+// through the output head only), k draft rows cost head_only->Seconds(1 + k) -
+// head_only->Seconds(1) instead, and do not add to the step's rows.
 int ChooseK(StepEstimate& step, const SpecCost& cost, double a, int limit, double draft_row_seconds,
             double min_gain, double fixed_seconds = 0, const SpecCost* head_only = nullptr);
 

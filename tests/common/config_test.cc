@@ -74,6 +74,7 @@ TEST(ConfigTest, ServeYamlShowsTheDefaults) {
   EXPECT_EQ(a.scheduler.step_time_stretch, b.scheduler.step_time_stretch);
   EXPECT_EQ(a.scheduler.min_prefill_chunk, b.scheduler.min_prefill_chunk);
   EXPECT_EQ(a.scheduler.prefill_pace_steps, b.scheduler.prefill_pace_steps);
+  EXPECT_EQ(a.scheduler.prompt_rate_steps, b.scheduler.prompt_rate_steps);
   EXPECT_EQ(a.scheduler.priority, b.scheduler.priority);
   EXPECT_EQ(a.kv.dtype, b.kv.dtype);
   EXPECT_EQ(a.kv.memory_mib, b.kv.memory_mib);
@@ -138,6 +139,7 @@ scheduler:
   step_time_stretch: 1.25
   min_prefill_chunk: 8
   prefill_pace_steps: 4
+  prompt_rate_steps: 16
   priority: false
 kv: {dtype: int8, memory_mib: 64, block_size: 32}
 prefix_cache: {enabled: false, min_free_blocks: 5, summary_blocks: 10, fill_generated: false}
@@ -189,6 +191,7 @@ shutdown_grace_s: 0.5
   EXPECT_EQ(o->scheduler.step_time_stretch, 1.25);
   EXPECT_EQ(o->scheduler.min_prefill_chunk, 8);
   EXPECT_EQ(o->scheduler.prefill_pace_steps, 4);
+  EXPECT_EQ(o->scheduler.prompt_rate_steps, 16);
   EXPECT_FALSE(o->scheduler.priority);
   EXPECT_EQ(o->kv.dtype, "int8");
   EXPECT_EQ(o->kv.memory_mib, 64);
@@ -274,6 +277,7 @@ TEST(ConfigTest, ValidateNamesTheField) {
   bad("scheduler: {step_time_stretch: fast}", "scheduler.step_time_stretch");
   bad("scheduler: {min_prefill_chunk: 0}", "scheduler.min_prefill_chunk");
   bad("scheduler: {prefill_pace_steps: -1}", "scheduler.prefill_pace_steps");
+  bad("scheduler: {prompt_rate_steps: 0}", "scheduler.prompt_rate_steps");
   bad("scheduler: {max_waiting: -1}", "scheduler.max_waiting");
   bad("limits: {default_max_tokens: 0}", "limits.default_max_tokens");
   bad("limits: {default_max_tokens: 100, max_tokens: 10}", "limits.max_tokens");

@@ -568,12 +568,64 @@ TEST(SchedulerTest, PromptWorkIsPacedOverSteps) {
   }
   EXPECT_EQ(long_chunks, want);
   EXPECT_EQ(left, 0);
-  // The long prompt arrived at once: the arrival rate the steps used jumped by 0.03 x 120 and
-  // decays by 3 % a step.
+  // The long prompt arrived at once: the arrival rate the steps used jumped by 120 / 128
+  // (prompt_rate_steps) and decays by 1/128 a step.
   EXPECT_GT(long_chunks.size(), 8u);
   for (size_t i = 0; i < reqs.size(); ++i) {
     EXPECT_EQ(run.outputs[i], Reference(*env, reqs[i])) << reqs[i].id;
   }
+}
+
+// A burst: eight prompts arrive at once. While only a few of them decode, a step may take prompt
+// work up to what the plain step of all eight costs (x the stretch): the streams that decode
+// first see steps no longer than they will once all eight decode, and the burst's last prompts
+// wait less than under a budget of their few decoding peers' step. Outputs are each request's
+// alone.
+TEST(SchedulerTest, BurstFillsStepsUpToTheFullBatch) {
+  auto env = MakeEnv();
+  SchedulerOptions o = TimedOptions(/*stretch=*/1.5);
+  auto sched = MakeScheduler(*env, o);
+  std::vector<GenerationRequest> reqs;
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  // Fit training: two short requests, one a step, then idle.
+  for (int i = 0; i < 3; ++i) {
+    reqs.push_back(Req("w" + std::to_string(i), Prompt(6 + 3 * i, 70 + i), 12));
+    sinks.push_back(std::make_shared<RecordingSink>());
+    PD_ASSERT_OK(sched->Submit(reqs.back(), sinks.back()));
+    sched->Step();
+  }
+  RunToIdle(*sched);
+  for (int i = 0; i < 8; ++i) {
+    reqs.push_back(Req("b" + std::to_string(i), Prompt(40, 80 + i), 24));
+    sinks.push_back(std::make_shared<RecordingSink>());
+    PD_ASSERT_OK(sched->Submit(reqs.back(), sinks.back()));
+  }
+  const double full = 1.5 * ModelledStep(StepShape{8, 0, 0, 0});  // 13.5 ms
+  int filled = 0;  // mixed steps longer than their own decode rows' budget
+  for (int step = 0; step < 400; ++step) {
+    const EngineLoad load = sched->Load();
+    if (load.running == 0 && load.waiting == 0) break;
+    const StepStats st = sched->Step();
+    if (st.decode_tokens == 0 || st.prefill_tokens == 0) continue;
+    StepShape shape;
+    shape.decode_tokens = st.decode_tokens;
+    shape.prefill_tokens = st.prefill_tokens;
+    const double cost = ModelledStep(shape);
+    const int floor = std::max(2, static_cast<int>(std::ceil(1.1 * st.prompt_arrival_rate)));
+    EXPECT_TRUE(cost <= full * (1 + 1e-9) || st.prefill_tokens <= floor)
+        << "step " << step << ": " << st.decode_tokens << " decode + " << st.prefill_tokens
+        << " prompt tokens cost " << cost << " s, over " << full;
+    if (cost > 1.5 * ModelledStep(StepShape{st.decode_tokens, 0, 0, 0}) * (1 + 1e-9) &&
+        st.prefill_tokens > floor) {
+      ++filled;
+    }
+  }
+  EXPECT_GE(filled, 3) << "few decoding streams did not take the full batch's budget";
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE(sinks[i]->finished()) << reqs[i].id;
+    EXPECT_EQ(sinks[i]->tokens(), Reference(*env, reqs[i])) << reqs[i].id;
+  }
+  ExpectAllBlocksFree(*sched);
 }
 
 // Prompts that arrive faster than the time cap lets steps take them: the arrival-rate floor

@@ -93,6 +93,23 @@ TEST(ChooseK, TurnsOffWhenTheStepIsComputeBound) {
   EXPECT_EQ(ChooseK(batch, knee, 0.7, 8, 0, 1.05), 0);
 }
 
+TEST(ChooseK, PromptRowsDoNotMakeDraftsLookCheap) {
+  // Compute-bound after 8 rows. 9 decoding sequences at a = 1 and 40 prompt rows in the step:
+  // the step's rate counts 9 tokens over 49 rows' time, which any draft row (one token per row)
+  // beats; the decode rows' own rate, 9 tokens over 9 rows' time, it does not beat by min_gain.
+  const SpecCost knee = SpecCost::FromPoints({1, 8, 64}, {1e-2, 1.1e-2, 8.8e-2});
+  StepEstimate step_rate{49, knee.Seconds(49), 9};
+  EXPECT_GT(ChooseK(step_rate, knee, 0.99, 8, 0, 1.25), 0);
+  StepEstimate decode_rate{49, knee.Seconds(49), 9};
+  decode_rate.base_rate = 9 / knee.Seconds(9);
+  EXPECT_EQ(ChooseK(decode_rate, knee, 0.99, 8, 0, 1.25), 0);
+  // One decoding sequence beside the same prompt rows: a draft row costs a fraction of the lone
+  // sequence's plain step and still drafts.
+  StepEstimate alone{41, knee.Seconds(41), 1};
+  alone.base_rate = 1 / knee.Seconds(1);
+  EXPECT_GT(ChooseK(alone, knee, 0.9, 8, 0, 1.25), 0);
+}
+
 TEST(ChooseK, HeadOnlyRowsArePricedByTheirOwnTable) {
   // A batch of 32 on a compute-bound table: layer rows cost their full share, so no draft; the
   // same draft as head-only rows (a self-head drafter) costs what the head table says, whatever
