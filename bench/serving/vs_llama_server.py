@@ -12,6 +12,10 @@ llama-server measured in the same run, and the issue's targets:
   .venv/bin/python bench/serving/vs_llama_server.py                      # 16 and 64 streams
   .venv/bin/python bench/serving/vs_llama_server.py --concurrency 16 \\
       --systems pd-serve,pd-serve-nobudget,llama-server                   # A/B the step budget
+  .venv/bin/python bench/serving/vs_llama_server.py --systems pd-serve \
+      --speculative drafter=off                                           # without speculation
+  .venv/bin/python bench/serving/vs_llama_server.py --systems pd-serve \
+      --bin-dir /tmp/oldbin                       # another build's pd-serve and pd-bench
 
 Systems: `pd-serve` (configs/serve.yaml defaults, slots and KV sized for the run),
 `pd-serve-nobudget` (the same with scheduler.step_time_stretch 0: whole 512-token prompt chunks
@@ -60,6 +64,10 @@ def start(system: str, a: argparse.Namespace, conc: int, workdir: Path) -> bench
             lines.append("  step_time_stretch: 0")
         else:
             lines += [f"  {kv.split('=', 1)[0]}: {kv.split('=', 1)[1]}" for kv in a.scheduler]
+            if a.speculative:
+                lines.append("speculative:")
+                lines += [f"  {kv.split('=', 1)[0]}: {kv.split('=', 1)[1]}"
+                          for kv in a.speculative]
         lines.append(f"kv: {{memory_mib: {kv_mib}}}")
         cfg.write_text("\n".join(lines) + "\n")
         args = [str(a.bin_dir / "pd-serve"), "--config", str(cfg), "-m", str(a.model),
@@ -114,6 +122,7 @@ def report(results: dict, a: argparse.Namespace, systems: list[str], argv: str) 
         f"{a.output_tokens} output tokens (ignore_eos), closed loop, OpenAI HTTP streaming",
         f"- llama-server: {a.llama_bin}, -np = streams, -fa {a.llama_fa}",
         f"- pd-serve scheduler options: {', '.join(a.scheduler) or 'the defaults'}",
+        f"- pd-serve speculative options: {', '.join(a.speculative) or 'the defaults'}",
         f"- command: `{argv}`",
         "",
         "| streams | system | requests | failed | output tok/s | x llama-server | TTFT p50 ms "
@@ -174,6 +183,9 @@ def main() -> int:
     ap.add_argument("--scheduler", action="append", default=[], metavar="KEY=VALUE",
                     help="a scheduler option for pd-serve (not -nobudget), e.g. "
                     "step_time_stretch=1.2; repeatable")
+    ap.add_argument("--speculative", action="append", default=[], metavar="KEY=VALUE",
+                    help="a speculative option for pd-serve (not -nobudget), e.g. drafter=off; "
+                    "repeatable")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--start-timeout", type=float, default=180)
     ap.add_argument("--out-dir", type=Path, help="raw pd-bench JSON (default: a temp folder)")
