@@ -71,6 +71,8 @@ std::string_view Opening(ChatTemplateKind kind) {
       return "<|start_header_id|>assistant<|end_header_id|>\n\n";
     case ChatTemplateKind::kLlama2:
       return " [/INST]";
+    case ChatTemplateKind::kPhi3:
+      return "<|assistant|>\n";
   }
   return "";
 }
@@ -150,7 +152,8 @@ void FuzzMetadata(FuzzInput& in) {
   }
   const std::string_view name = in.Rest();
   absl::StatusOr<ChatTemplateKind> parsed = engine::ParseChatTemplateName(name);
-  const bool known = name == "gemma" || name == "chatml" || name == "llama3" || name == "llama2";
+  const bool known =
+      name == "gemma" || name == "chatml" || name == "llama3" || name == "llama2" || name == "phi3";
   PD_CHECK(parsed.ok() == known);
   if (parsed.ok()) PD_CHECK(engine::ChatTemplateName(*parsed) == name);
 }
@@ -160,7 +163,8 @@ void FuzzMetadata(FuzzInput& in) {
 int FuzzChatTemplate(const uint8_t* data, size_t size) {
   FuzzInput in(data, size);
   const uint8_t head = in.Byte();
-  const auto kind = static_cast<ChatTemplateKind>(head & 3);
+  // Bits 0-1: Gemma, ChatML, Llama 3, Llama 2; bit 4 set: Phi-3.
+  const auto kind = static_cast<ChatTemplateKind>((head & 16) != 0 ? 4 : head & 3);
   if (head & 8) {
     FuzzMetadata(in);
   } else {
