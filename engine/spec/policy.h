@@ -19,14 +19,19 @@ namespace pd::engine::spec {
 // Target step seconds by the number of rows in the step, measured at start-up.
 class SpecCost {
  public:
-  // `seconds(rows)` times one step of that many decode rows; called for rows = 1, 2, 4, ...,
-  // max_rows (and max_rows itself). Non-positive or failed times are errors.
+  // `seconds(rows)` times one step of that many decode rows, for rows = 1, 2, 4, ..., max_rows
+  // (and max_rows itself): `rounds` rounds over all of them in that order, each row count's
+  // fastest time kept. Round-robin, so that a stretch of a busy host slows every row count alike
+  // instead of bending the table's shape (which sets K); the fastest, because other load only
+  // adds time. Non-positive or failed times are errors.
   static absl::StatusOr<SpecCost> Measure(int max_rows,
-                                          const std::function<absl::StatusOr<double>(int)>& seconds);
-  // Measure() over `model`'s forward: a scratch sequence (id -2) of `rows` rows in the one-row
-  // order, each wanting logits (as a step's verified rows do), timed once after a warm-up, its
-  // blocks in `kv` freed after. `logits` is the caller's scratch. RESOURCE_EXHAUSTED when `kv`
-  // has no free block; the forward's errors.
+                                          const std::function<absl::StatusOr<double>(int)>& seconds,
+                                          int rounds = 1);
+  static constexpr int kMeasureRounds = 5;  // MeasureForward / MeasureHead
+  // Measure() over `model`'s forward (kMeasureRounds rounds after one warm-up round): a scratch
+  // sequence (id -2) of `rows` rows in the one-row order, each wanting logits (as a step's
+  // verified rows do), its blocks in `kv` freed after. `logits` is the caller's scratch.
+  // RESOURCE_EXHAUSTED when `kv` has no free block; the forward's errors.
   static absl::StatusOr<SpecCost> MeasureForward(Model& model, KvCache& kv, int max_rows,
                                                  std::vector<float>* logits);
   // The same for a verifying step of a drafter on the target's own cache: one ordinary row and

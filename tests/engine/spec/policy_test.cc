@@ -41,6 +41,26 @@ TEST(SpecCost, MeasureTimesPowersOfTwoAndKeepsTheTableMonotone) {
   auto bad = [](int) -> absl::StatusOr<double> { return 0.0; };
   EXPECT_FALSE(SpecCost::Measure(4, bad).ok());
   EXPECT_FALSE(SpecCost::Measure(0, seconds).ok());
+  EXPECT_FALSE(SpecCost::Measure(4, seconds, 0).ok());
+}
+
+TEST(SpecCost, MeasureGoesRoundRobinAndKeepsTheFastest) {
+  // A busy stretch of the host (every timing 3x) over the first five calls: timed one row count
+  // at a time, it would fall on the small steps only and flatten the table; round-robin, each
+  // row count's other rounds are quiet, and the fastest timing is its own cost.
+  std::vector<int> asked;
+  auto seconds = [&](int rows) -> absl::StatusOr<double> {
+    asked.push_back(rows);
+    const double busy = asked.size() <= 5 ? 3.0 : 1.0;
+    return busy * (1e-3 + 1e-4 * rows);
+  };
+  absl::StatusOr<SpecCost> c = SpecCost::Measure(8, seconds, 3);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(asked, (std::vector<int>{1, 2, 4, 8, 1, 2, 4, 8, 1, 2, 4, 8}));
+  const std::vector<int> rows = {1, 2, 4, 8};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_DOUBLE_EQ(c->seconds()[i], 1e-3 + 1e-4 * rows[i]) << rows[i] << " rows";
+  }
 }
 
 TEST(AcceptanceEstimate, MovesTowardTheObservedRateAndFadesWhenIdle) {
