@@ -1048,12 +1048,17 @@ int Scheduler::ExpectedPromptTokens(const StepPlan& plan, int64_t pending) const
       std::min<int64_t>({pending, std::max(0, plan.budget), int64_t{options_.prefill_chunk}}));
   const PromptPace pace = Pace(plan, pending);
   if (!pace.timed || n <= 0) return n;
-  const int want = n;
-  n = std::min(n, pace.paced);
+  return PromptAllowance(pace, plan.shape, /*start=*/0, n, /*taken=*/0);
+}
+
+int Scheduler::PromptAllowance(const PromptPace& pace, const StepShape& shape, int start, int want,
+                               int taken) const {
+  int allowed = std::min(want, std::max(0, pace.paced - taken));
   if (step_time_.ready()) {
-    n = std::max(step_time_.MaxPrefill(plan.shape, 0, n, pace.budget_s), std::min(n, pace.keep_up));
+    allowed = std::max(step_time_.MaxPrefill(shape, start, allowed, pace.budget_s),
+                       std::min(allowed, pace.keep_up - taken));
   }
-  return std::max(n, std::min(want, options_.min_prefill_chunk));
+  return std::max(allowed, std::min(want, options_.min_prefill_chunk - taken));
 }
 
 void Scheduler::PlanPrefill(StepPlan& plan) {
@@ -1084,10 +1089,6 @@ void Scheduler::PlanPrefill(StepPlan& plan) {
     plan.prompt_arrival_rate = prompt_arrival_rate_;
   }
   const PromptPace pace = Pace(plan, pending);
-  const bool timed = pace.timed;
-  const double budget_s = pace.budget_s;
-  const int paced = pace.paced;
-  const int keep_up = pace.keep_up;
   int timed_tokens = 0;  // prompt tokens the time budget allowed so far
   for (Sequence* s : candidates) {
     const bool admitted = s->running;
@@ -1103,13 +1104,8 @@ void Scheduler::PlanPrefill(StepPlan& plan) {
     }
     // Before any preemption for room: a chunk the time budget drops needs no blocks.
     bool out_of_time = false;
-    if (timed && want > 0) {
-      int allowed = std::min(want, std::max(0, paced - timed_tokens));
-      if (step_time_.ready()) {
-        allowed = std::max(step_time_.MaxPrefill(plan.shape, s->n_computed, allowed, budget_s),
-                           std::min(allowed, keep_up - timed_tokens));
-      }
-      allowed = std::max(allowed, std::min(want, options_.min_prefill_chunk - timed_tokens));
+    if (pace.timed && want > 0) {
+      const int allowed = PromptAllowance(pace, plan.shape, s->n_computed, want, timed_tokens);
       out_of_time = allowed < want;
       want = allowed;
       timed_tokens += want;

@@ -358,8 +358,12 @@ class Scheduler final : public GenerationEngine {
     int keep_up = 0;      // ... of which the time budget may not cut below this many
   };
   PromptPace Pace(const StepPlan& plan, int64_t pending) const;
-  // The prompt tokens PlanPrefill will likely add to `plan`, for PlanDrafts' cost of a step:
-  // Pace's limits with the chunks' start positions unknown (taken as 0).
+  // The prompt tokens in [0, want] a chunk starting at position `start` may take under `pace`
+  // in a step of `shape`, when the step's earlier chunks took `taken` (a timed pace only).
+  int PromptAllowance(const PromptPace& pace, const StepShape& shape, int start, int want,
+                      int taken) const;
+  // The prompt tokens PlanPrefill will likely add to `plan`, for PlanDrafts' cost of a step: the
+  // allowance of one chunk starting at position 0 (the chunks' positions are not known yet).
   int ExpectedPromptTokens(const StepPlan& plan, int64_t pending) const;
   // Verifies the draft of `s` against its logits rows (1 + drafted of them, in position order)
   // and emits the accepted tokens and the correction (or bonus) token.
