@@ -27,6 +27,13 @@ constexpr size_t kMatMulChunkBytes = 256 << 10;
 // AVX2 Q5_0 grouped kernel (8 rows per register) takes the same bound: at 16 rows it levels with
 // the tiles (rows/q5_0/16/1, Zen 3: 1.90 against 1.85 ms), at 512 it is 1.8-2.0x faster.
 constexpr int64_t kGroupedMinRows = 12;
+// The 16-row VNNI grouped kernels leave at most this many rows past the last full group of 16 to
+// the tiles (in the same chunks, the weights still in L2) instead of a group of their own, which
+// costs as much as a full one. Gemma 3 270M (its Q8_0 head), one thread, AVX-512 Xeon, step ms of
+// `pdctl bench --verify V`, a group per 16 rows begun -> the tail in tiles: V = 17 133 -> 95, 18
+// 135 -> 101, 20 138 -> 115, 22 -> 133; 24 143 -> 149. A tail row costs about 6.5 ms in tiles, a
+// group some 50 ms: from 7 rows on, a group of its own is as cheap (V = 23: 141 ms).
+constexpr int64_t kGroupedTailToTiles = 6;
 // From this many rows up to kGroupedMinRows, Q8_0 and Q5_0 weights take the quad kernels (four
 // activation rows per 512-bit register, a group of four costing the same however many are
 // filled); fewer rows keep the 256-bit tiles, which were faster at 2 rows (gemv_bench rows/*/2/1:
@@ -42,7 +49,11 @@ constexpr int64_t kQuadMinRowsQ5_0 = 4;
 // 72 ms), which reads them once (alternating runs of both builds, best of two, at 1 and 2
 // threads: bench/results/decode_rows_avx2_epyc_2026-12-05.md). The grouped kernel against the
 // tiles: 16 rows 70.4 against 103.2 ms (prompt/q8_0/1: 24.0 -> 17.2 ms).
-constexpr int64_t kRowsMaxQ8_0 = 8;
+// Up to 16 rows: the grouped kernel's cost goes by groups of 8 begun (9 rows cost what 16 do), and
+// the row kernel's second pass costs what its rows do. `pdctl bench --verify V`, step ms, Gemma 3
+// 270M, one thread, PDSERVE_CPU_ISA=avx2 on an AVX-512 Xeon, grouped -> row kernel: V = 9 132 ->
+// 92, 12 (as 16 before) -> 107, 16 134 -> 127.
+constexpr int64_t kRowsMaxQ8_0 = 16;
 // Without VNNI, Q5_0 weights take the AVX2 row kernel for this many activation rows (the tiles
 // below, the grouped kernel from kGroupedMinRows): gemv_bench rows/q5_0/N/1 (2048 x 2048, Zen 3,
 // one thread, two alternating runs each) against the tiles: 3 rows 558-571 -> 488-510 us, 4 rows
@@ -268,10 +279,9 @@ absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
   };
   if (n >= kGroupedMinRows && &k_ == cpu::Avx2Kernels()) {
     if (w.type == DType::kQ8_0) grouped = cpu::Q8_0GroupedVnni();
-    if (w.type == DType::kQ5_0) {
-      grouped = cpu::Q5_0GroupedVnni();
-      if (grouped == nullptr) grouped = cpu::Q5_0GroupedAvx2();
-    }
+    if (w.type == DType::kQ5_0) grouped = cpu::Q5_0GroupedVnni();
+    if (grouped != nullptr && n > 16 && n % 16 <= kGroupedTailToTiles) n_grouped = n - n % 16;
+    if (w.type == DType::kQ5_0 && grouped == nullptr) grouped = cpu::Q5_0GroupedAvx2();
     const cpu::ZmmKQuantTiles zmm = cpu::ZmmKQuantTilesIfSupported();
     if (w.type == DType::kQ4_K && m % 8 == 0 && zmm.q4_k_repack_gemm == nullptr) {
       n_grouped = leading(kRowOrderGemv, false, n - n % 4);

@@ -289,15 +289,16 @@ TEST_P(CpuBackendTest, MatMulGroupEqualsOneMatMulEach) {
 // A generated token's logits must not depend on how many other rows share its step (decode
 // sequences, or the K+1 rows a speculative step verifies): every row of an n-row MatMulRowOrder
 // in the one-token order equals a one-row MatMul of that row bit for bit, for row counts that take
-// the tiles (1-2), the quad kernels (3-11) and the grouped ones (12+) on AVX512-VNNI CPUs, and
-// on AVX2 alone the tiles (1-4) and the grouped Q8_0 kernel (5+).
+// the tiles (1-2), the quad kernels (3-11) and the grouped ones (12+; past 16 rows with a tail of
+// up to 6 in tiles: 17, 22, not 23) on AVX512-VNNI CPUs, and on AVX2 alone the tiles (1-4) and
+// for Q8_0 the row kernel (to 16 rows, in passes of 8: 9, 13, 16) and the grouped kernel (17+).
 TEST_P(CpuBackendTest, DecodeRowsEqualOneRowEach) {
   const int64_t k = 640, m = 72;
   for (DType type : {DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {
     const int64_t kk = (type == DType::kQ4_K || type == DType::kQ6_K) ? 512 : k;
     std::vector<double> unused;
     HostTensor w = MakeWeights(type, m, kk, RandomVec(rng_, m * kk), &unused);
-    for (int64_t n : {2, 3, 4, 5, 6, 8, 9, 11, 12, 17}) {
+    for (int64_t n : {2, 3, 4, 5, 6, 8, 9, 11, 12, 13, 16, 17, 22, 23}) {
       SCOPED_TRACE(::testing::Message() << Traits(type).name << " n " << n);
       HostTensor x = F32(n, kk, RandomVec(rng_, n * kk, 2.f));
       HostTensor y(DType::kF32, n, m);
