@@ -55,10 +55,12 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
   echo "setup: building .venv from requirements-dev.txt (llama-cpp-python compiles llama.cpp: a few minutes)"
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
+  # Without pip's cache: a llama-cpp-python wheel built earlier with other options would be taken
+  # as it is (the cache knows the sdist, not CMAKE_ARGS).
   CMAKE_ARGS="$ggml_flags" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
-    .venv/bin/python -m pip install -q -r requirements-dev.txt
+    .venv/bin/python -m pip install -q --no-cache-dir -r requirements-dev.txt
   echo "$want" > "$stamp"
-  [ -f "$ggml_stamp" ] || echo "$ggml_flags" > "$ggml_stamp"
+  echo "$ggml_flags" > "$ggml_stamp"
 else
   echo "setup: .venv up to date"
 fi
