@@ -15,7 +15,9 @@
 # avx2, default native).
 # The build is CPU-native (the options of scripts/ggml_cpu_flags.sh, as for the llama-cpp-python
 # that scripts/setup.sh builds: GGML_NATIVE, or on an AMX CPU the same sets without AMX, whose
-# matmul crashes in this llama.cpp), without CURL, OpenSSL or the web UI. It takes about 10 minutes on 2 cores; later calls return at once.
+# matmul crashes in this llama.cpp), without CURL, OpenSSL or the web UI. It takes about 10
+# minutes on 2 cores; later calls return at once. Tools built with other options than today's
+# (bin/.cmake_args records them) are built again.
 # LLAMA_ISA=avx2 builds the same tools for AVX2 CPUs only (the flags of build_avx2_lib.sh: every
 # AVX-512 and AVX-VNNI extension off) into bin-avx2/: what llama.cpp runs on a machine without
 # AVX-512, the reference for pdserve's AVX2 kernels (PDSERVE_CPU_ISA=avx2) on an AVX-512 machine.
@@ -43,13 +45,9 @@ if (($#)); then
 else
   TOOLS=("${ALL[@]}")
 fi
-# Tools built with other options (say before scripts/ggml_cpu_flags.sh left AMX out) are rebuilt.
-if [[ -d "$BIN" && "$(cat "$BIN/.cmake_args" 2>/dev/null)" != "${ISA_FLAGS[*]}" ]]; then
-  echo "build_tools: $BIN was built with other options, rebuilding with ${ISA_FLAGS[*]}" >&2
-  rm -rf "$BIN" "$BUILD"
-fi
 missing() { for t in "${TOOLS[@]}"; do [[ -x "$BIN/$t" ]] || echo "$t"; done; }
-if [[ -z "$(missing)" ]]; then
+same_options() { [[ "$(cat "$BIN/.cmake_args" 2>/dev/null)" == "${ISA_FLAGS[*]}" ]]; }
+if same_options && [[ -z "$(missing)" ]]; then
   echo "$BIN"
   exit 0
 fi
@@ -57,6 +55,11 @@ mkdir -p "$CACHE"
 # One build at a time per version: a second caller waits, then finds its tools built.
 exec 9>"$CACHE/.build.lock"
 flock 9
+# Tools built with other options (say before scripts/ggml_cpu_flags.sh left AMX out) go.
+if [[ -d "$BIN" ]] && ! same_options; then
+  echo "build_tools: $BIN was built with other options, rebuilding with ${ISA_FLAGS[*]}" >&2
+  rm -rf "$BIN" "$BUILD"
+fi
 mapfile -t MISSING < <(missing)
 if ((${#MISSING[@]} == 0)); then
   echo "$BIN"
