@@ -34,6 +34,7 @@ constexpr int64_t kGroupedMinRows = 12;
 // 135 -> 101, 20 138 -> 115, 22 -> 133; 24 143 -> 149. A tail row costs about 6.5 ms in tiles, a
 // group some 50 ms: from 7 rows on, a group of its own is as cheap (V = 23: 141 ms).
 constexpr int64_t kGroupedTailToTiles = 6;
+constexpr int64_t kVnniGroupRows = 16;  // activation rows per group of those kernels
 // From this many rows up to kGroupedMinRows, Q8_0 and Q5_0 weights take the quad kernels (four
 // activation rows per 512-bit register, a group of four costing the same however many are
 // filled); fewer rows keep the 256-bit tiles, which were faster at 2 rows (gemv_bench rows/*/2/1:
@@ -280,7 +281,9 @@ absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
   if (n >= kGroupedMinRows && &k_ == cpu::Avx2Kernels()) {
     if (w.type == DType::kQ8_0) grouped = cpu::Q8_0GroupedVnni();
     if (w.type == DType::kQ5_0) grouped = cpu::Q5_0GroupedVnni();
-    if (grouped != nullptr && n > 16 && n % 16 <= kGroupedTailToTiles) n_grouped = n - n % 16;
+    if (grouped != nullptr && n > kVnniGroupRows && n % kVnniGroupRows <= kGroupedTailToTiles) {
+      n_grouped = n - n % kVnniGroupRows;
+    }
     if (w.type == DType::kQ5_0 && grouped == nullptr) grouped = cpu::Q5_0GroupedAvx2();
     const cpu::ZmmKQuantTiles zmm = cpu::ZmmKQuantTilesIfSupported();
     if (w.type == DType::kQ4_K && m % 8 == 0 && zmm.q4_k_repack_gemm == nullptr) {
