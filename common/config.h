@@ -83,8 +83,9 @@ struct SchedulerConfigOptions {
   bool chunked_prefill = true;   // cut prompts into chunks mixed with decode steps
   int prefill_chunk = 512;       // tokens per prefill chunk
   // While sequences decode, a step's prompt tokens keep its predicted time <= this x its time
-  // without them, or x the plain step of all live sequences (0 = off: whole prefill_chunk
-  // chunks); at least min_prefill_chunk tokens per step.
+  // without them, or x the loaded step of all live sequences capped at the median recent step
+  // (docs/scheduler.md; 0 = off: whole prefill_chunk chunks); at least min_prefill_chunk
+  // tokens per step.
   double step_time_stretch = 1.4;
   int prefill_pace_steps = 32;  // prompt backlog drained over this many steps (0: no pacing)
   int prompt_rate_steps = 128;  // prompt arrival rate: a moving average over this many steps

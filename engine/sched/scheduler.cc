@@ -1010,19 +1010,25 @@ Scheduler::PromptPace Scheduler::Pace(const StepPlan& plan, int64_t pending) con
   // Such a step takes the recent arrival rate of prompt tokens (x 1.1) plus the pending ones
   // spread over prefill_pace_steps steps, so that steps carry about equal prompt work instead of
   // a few long ones among short ones; within the time budget once the fit is ready (stretch x
-  // the predicted time of this step without prompt tokens, or of the full batch: below) unless
-  // that is below the arrival rate
+  // the predicted time of this step or of the full batch, each with the arrival rate's prompt
+  // tokens, capped at the median recent step: below) unless that is below the arrival rate
   // (a cap below it would let the backlog, and every waiting prompt's TTFT, grow without bound);
   // and at least min_prefill_chunk.
   PromptPace pace;
   pace.timed = options_.chunked_prefill && options_.step_time_stretch > 0 && !plan.decode.empty();
   if (!pace.timed) return pace;
+  if (options_.prefill_pace_steps > 0) {
+    pace.keep_up =
+        static_cast<int>(std::min<double>(INT_MAX / 2, std::ceil(1.1 * prompt_arrival_rate_)));
+    pace.paced = static_cast<int>(std::min<int64_t>(
+        INT_MAX,
+        pace.keep_up + (pending + options_.prefill_pace_steps - 1) / options_.prefill_pace_steps));
+  }
   if (step_time_.ready()) {
-    // The step's own time without prompt tokens, or, when more sequences are live than decode
-    // now (a burst of prompts being prefilled), the plain step of all of them (up to
-    // max_running_seqs): the time every stream's steps take once they decode. A step of a few
-    // streams may fill up to that with prompt work, which shortens the burst's TTFT without a
-    // step longer than the full batch's.
+    // The step's own time, or, when more sequences are live than decode now (a burst of prompts
+    // being prefilled), the step of all of them (up to max_running_seqs): the time every
+    // stream's steps take once they decode. A step of a few streams may fill up to that with
+    // prompt work, which shortens the burst's TTFT without a step longer than the full batch's.
     StepShape full = plan.plain;
     const int live = static_cast<int>(
         std::min<size_t>(running_.size() + waiting_.size(), options_.max_running_seqs));
@@ -1030,15 +1036,21 @@ Scheduler::PromptPace Scheduler::Pace(const StepPlan& plan, int64_t pending) con
       full.decode_context *= static_cast<double>(live) / full.decode_tokens;
       full.decode_tokens = live;
     }
-    pace.budget_s = options_.step_time_stretch *
-                    std::max(step_time_.Predict(plan.shape), step_time_.Predict(full));
-  }
-  if (options_.prefill_pace_steps > 0) {
-    pace.keep_up =
-        static_cast<int>(std::min<double>(INT_MAX / 2, std::ceil(1.1 * prompt_arrival_rate_)));
-    pace.paced = static_cast<int>(std::min<int64_t>(
-        INT_MAX,
-        pace.keep_up + (pending + options_.prefill_pace_steps - 1) / options_.prefill_pace_steps));
+    // Beyond that, the same steps with the prompt tokens that keep up with the arrivals (a
+    // loaded server's typical step carries them, and the streams see that step most, not a
+    // decode-only one; chunks placed at position 0, the least attention they cost), but never
+    // past the median of the recent steps: when prompts come in waves (a closed loop of equal
+    // requests), a wave's prefill steps are the ITL tail, and this keeps them within stretch x
+    // the typical ITL. A step's own decode rows always get stretch x their time.
+    StepShape own = plan.shape;
+    if (pace.keep_up > 0) {
+      own.AddChunk(0, pace.keep_up);
+      full.AddChunk(0, pace.keep_up);
+    }
+    double loaded_s = std::max(step_time_.Predict(own), step_time_.Predict(full));
+    const double typical = step_time_.TypicalDecodeStep();
+    if (typical > 0) loaded_s = std::min(loaded_s, typical);
+    pace.budget_s = options_.step_time_stretch * std::max(step_time_.Predict(plan.shape), loaded_s);
   }
   return pace;
 }

@@ -137,8 +137,9 @@ struct SchedulerOptions {
   // Step-time budget (docs/scheduler.md): while sequences decode, a step takes the recent
   // arrival rate of prompt tokens plus the pending ones / `prefill_pace_steps` (0: no pacing),
   // capped so that its predicted time stays <= step_time_stretch x the same step's without
-  // prompt tokens, or x the plain step of every live sequence when more are live than decode (a
-  // fit of step times learned online), unless that falls below the arrival rate,
+  // prompt tokens, or x the loaded step (this one, or every live sequence's when more are live
+  // than decode, with the arrival rate's prompt tokens) capped at the median recent step (a fit
+  // of step times learned online), unless that falls below the arrival rate,
   // and at least `min_prefill_chunk` tokens so that prompts always progress.
   // step_time_stretch 0 = all of this off: chunks of `prefill_chunk` whatever they cost. Off
   // here, so that a Scheduler's steps depend on its inputs only (tests, tools); the daemons'

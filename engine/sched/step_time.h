@@ -48,8 +48,8 @@ class StepTimeModel {
   // Predicted seconds of a step of `shape` (the fit; meaningful when ready()).
   double Predict(const StepShape& shape) const;
 
-  // Median wall time of the recent steps that carried decode tokens; 0 before any. (A
-  // diagnostic: the scheduler's debug log prints it; the cap itself uses Predict.)
+  // Median wall time of the recent steps that carried decode tokens; 0 before any. (The
+  // scheduler's step-time budget is at most stretch x this: the typical ITL.)
   double TypicalDecodeStep() const;
 
   // The most prompt tokens in [0, want] for a chunk starting at `start` that keep the predicted

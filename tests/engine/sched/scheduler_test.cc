@@ -657,8 +657,74 @@ TEST(SchedulerTest, PacingKeepsUpWithPromptArrivals) {
       max_waiting_tokens = std::max<int>(max_waiting_tokens, sched->Load().pending_prefill_tokens);
     }
   }
-  // Without the floor the backlog grows by ~5 tokens a step (over 400 after 80 steps).
-  EXPECT_LT(max_waiting_tokens, 150);
+  // Without the floor the backlog grows by ~5 tokens a step (over 400 after 80 steps). With it,
+  // 190 at the peak: the budget past the steps' own decode rows is held to stretch x the median
+  // step, so the full batch's allowance (4 streams + the waiting prompts) no longer drains it to
+  // ~90 as it did before that cap.
+  EXPECT_LT(max_waiting_tokens, 250);
+  RunToIdle(*sched);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE(sinks[i]->finished()) << reqs[i].id;
+    EXPECT_EQ(sinks[i]->tokens(), Reference(*env, reqs[i])) << reqs[i].id;
+  }
+  ExpectAllBlocksFree(*sched);
+}
+
+// A wave of prompts beside a steady load (whose typical step carries prompt tokens) fills steps
+// up to stretch x the median recent step and no further: the full batch's allowance alone (all
+// the live sequences' decode step, x stretch) let such steps reach 1.53 x the median, the ITL
+// tail of a closed loop's waves. The wave still starts within 30 steps (23 here).
+TEST(SchedulerTest, WaveStepsStayWithinStretchOfTheMedianStep) {
+  auto env = MakeEnv();
+  SchedulerOptions o = TimedOptions(/*stretch=*/1.5, /*min_prefill_chunk=*/1);
+  o.kv_blocks = 256;
+  auto sched = MakeScheduler(*env, o);
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  std::vector<GenerationRequest> reqs;
+  std::vector<size_t> wave;  // the wave's requests
+  auto submit = [&](GenerationRequest r) {
+    reqs.push_back(std::move(r));
+    sinks.push_back(std::make_shared<RecordingSink>());
+    PD_ASSERT_OK(sched->Submit(reqs.back(), sinks.back()));
+  };
+  // 4 streams that decode throughout; a 24-token prompt every 4 steps (6 tokens a step); at
+  // step 160 a wave of 6 prompts of 48 tokens.
+  for (int i = 0; i < 4; ++i) submit(Req("s" + std::to_string(i), Prompt(4, 40 + i), 248));
+  std::vector<double> costs;  // modelled seconds of every step that decoded
+  int wave_steps = -1;        // steps until every prompt of the wave had its first token
+  for (int step = 0; step < 240 && wave_steps < 0; ++step) {
+    if (step >= 8 && step % 4 == 0) submit(Req("p" + std::to_string(step), Prompt(24, step), 2));
+    if (step == 160) {
+      for (int i = 0; i < 6; ++i) {
+        wave.push_back(reqs.size());
+        submit(Req("w" + std::to_string(i), Prompt(48, 90 + i), 2));
+      }
+    }
+    const StepStats st = sched->Step();
+    if (st.decode_tokens == 0) continue;
+    StepShape shape;
+    shape.decode_tokens = st.decode_tokens;
+    shape.prefill_tokens = st.prefill_tokens;
+    const double cost = ModelledStep(shape);
+    if (step >= 160) {
+      // Within stretch x the median of the 64 steps before it, unless the arrival-rate floor
+      // set its prompt tokens.
+      std::vector<double> recent(costs.end() - 64, costs.end());
+      std::nth_element(recent.begin(), recent.begin() + 32, recent.end());
+      const int floor = std::max(1, static_cast<int>(std::ceil(1.1 * st.prompt_arrival_rate)));
+      EXPECT_TRUE(cost <= 1.5 * recent[32] * (1 + 1e-9) || st.prefill_tokens <= floor)
+          << "step " << step << ": " << st.decode_tokens << " decode + " << st.prefill_tokens
+          << " prompt tokens cost " << cost << " s, median " << recent[32];
+      bool started = true;
+      for (size_t i : wave) started &= !sinks[i]->tokens().empty();
+      if (started) wave_steps = step - 160 + 1;
+    }
+    costs.push_back(cost);
+  }
+  // The wave is 288 tokens beside 4-6 decode rows (5-7 ms a step); the typical step carries the
+  // steady load's ~7 prompt tokens (8.5 ms), and 1.5 x that leaves ~15 a step.
+  EXPECT_GE(wave_steps, 1) << "the wave's prompts did not all start within 80 steps";
+  EXPECT_LE(wave_steps, 30);
   RunToIdle(*sched);
   for (size_t i = 0; i < reqs.size(); ++i) {
     ASSERT_TRUE(sinks[i]->finished()) << reqs[i].id;
