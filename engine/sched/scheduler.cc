@@ -1025,10 +1025,11 @@ Scheduler::PromptPace Scheduler::Pace(const StepPlan& plan, int64_t pending) con
         pace.keep_up + (pending + options_.prefill_pace_steps - 1) / options_.prefill_pace_steps));
   }
   if (step_time_.ready()) {
-    // The step's own time, or, when more sequences are live than decode now (a burst of prompts
-    // being prefilled), the step of all of them (up to max_running_seqs): the time every
-    // stream's steps take once they decode. A step of a few streams may fill up to that with
-    // prompt work, which shortens the burst's TTFT without a step longer than the full batch's.
+    // Stretch x this step's own decode rows (and drafts) always. Past that, the loaded step:
+    // this step, or, when more sequences are live than decode now (a burst of prompts being
+    // prefilled), the step of all of them (up to max_running_seqs), the time every stream's
+    // steps take once they decode; a step of a few streams may fill up to that with prompt
+    // work, which shortens the burst's TTFT.
     StepShape full = plan.plain;
     const int live = static_cast<int>(
         std::min<size_t>(running_.size() + waiting_.size(), options_.max_running_seqs));
@@ -1036,12 +1037,11 @@ Scheduler::PromptPace Scheduler::Pace(const StepPlan& plan, int64_t pending) con
       full.decode_context *= static_cast<double>(live) / full.decode_tokens;
       full.decode_tokens = live;
     }
-    // Beyond that, the same steps with the prompt tokens that keep up with the arrivals (a
-    // loaded server's typical step carries them, and the streams see that step most, not a
-    // decode-only one; chunks placed at position 0, the least attention they cost), but never
-    // past the median of the recent steps: when prompts come in waves (a closed loop of equal
-    // requests), a wave's prefill steps are the ITL tail, and this keeps them within stretch x
-    // the typical ITL. A step's own decode rows always get stretch x their time.
+    // Both with the prompt tokens that keep up with the arrivals (a loaded server's typical step
+    // carries them, and the streams see that step most, not a decode-only one; chunks placed at
+    // position 0, the least attention they cost), and never past the median of the recent
+    // steps: when prompts come in waves (a closed loop of equal requests), a wave's prefill
+    // steps are the ITL tail, and this keeps them within stretch x the typical ITL.
     StepShape own = plan.shape;
     if (pace.keep_up > 0) {
       own.AddChunk(0, pace.keep_up);

@@ -49,7 +49,8 @@ class StepTimeModel {
   double Predict(const StepShape& shape) const;
 
   // Median wall time of the recent steps that carried decode tokens; 0 before any. (The
-  // scheduler's step-time budget is at most stretch x this: the typical ITL.)
+  // scheduler caps the loaded-step part of its step-time budget at stretch x this, the typical
+  // ITL; docs/scheduler.md.)
   double TypicalDecodeStep() const;
 
   // The most prompt tokens in [0, want] for a chunk starting at `start` that keep the predicted
