@@ -2,7 +2,9 @@
 // bandwidth measured in the same run (bench/run_gemv_bench.sh turns the output into a table).
 //
 // dram_read/<t>: t threads sum a 2 GiB buffer (far beyond any last-level cache) with 256-bit loads:
-//   the read bandwidth a memory-bound kernel can hope for. Counter GBps = bytes read / s.
+//   the read bandwidth a memory-bound kernel can hope for. Counter GBps = bytes read / s. Every
+//   buffer here (this one and the weights) asks for 2 MiB pages, as the CPU backend holds a
+//   model's weights (docs/config.md, PDSERVE_CPU_WEIGHTS); with 4 KiB pages both read slower.
 // gemv/<format>/<case>/<t>: Backend::MatMul (CreateCpuBackend with t threads) of one F32
 //   activation row against 8192 x 8192 weights, the real decode path (activation conversion,
 //   tiling, thread pool). Counter GBps = weight bytes read / s; the activation's bytes are
@@ -46,6 +48,7 @@
 #include <immintrin.h>
 #endif
 
+#include "common/host_alloc.h"
 #include "common/status.h"
 #include "common/strings.h"
 #include "engine/backend/backend.h"
@@ -65,8 +68,9 @@ struct Free {
 };
 using HostBytes = std::unique_ptr<char, Free>;
 
+// 2 MiB pages where the kernel gives them (pd::AllocHost), as the model loader holds weights.
 HostBytes AllocBytes(size_t bytes) {
-  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  void* p = pd::AllocHost(bytes, 64);
   PD_CHECK_MSG(p != nullptr, "out of memory");
   return HostBytes(static_cast<char*>(p));
 }

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -44,6 +45,16 @@ absl::StatusOr<MappedFile> MappedFile::MapFd(int fd, const std::string& what) {
     f.owned_ = true;
   }
   return f;
+}
+
+void MappedFile::DropPages(const void* p, size_t n) const {
+  const auto begin = reinterpret_cast<uintptr_t>(p);
+  const auto base = reinterpret_cast<uintptr_t>(data_);
+  if (!owned_ || data_ == nullptr || begin < base || n > size_ || begin - base > size_ - n) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (begin + page - 1) / page * page;
+  const uintptr_t last = (begin + n) / page * page;
+  if (last > first) (void)::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 MappedFile MappedFile::Borrow(const void* data, size_t size) {

@@ -27,6 +27,12 @@ class MappedFile {
   MappedFile& operator=(const MappedFile&) = delete;
   ~MappedFile();
 
+  // Drops this process's pages of the whole 4 KiB pages inside [p, p + n) (MADV_DONTNEED): the
+  // file's bytes stay in the page cache and a later read faults them in again, so the contents
+  // never change. For bytes copied elsewhere (weights a backend holds in its own memory), so that
+  // they do not count twice in the resident set. No-op for borrowed memory or a range outside.
+  void DropPages(const void* p, size_t n) const;
+
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
 

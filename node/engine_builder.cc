@@ -137,6 +137,7 @@ absl::StatusOr<Engine> BuildEngine(const EngineOptions& options) {
     engine::CpuBackendOptions cpu;
     cpu.threads = options.threads;
     cpu.force_scalar = options.force_scalar;
+    PD_ASSIGN_OR_RETURN(cpu.copy_weights, engine::CpuCopyWeightsFromEnv());
     return engine::CreateCpuBackend(cpu);
   };
   if (options.backend == "cuda") {

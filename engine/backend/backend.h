@@ -226,7 +226,16 @@ inline constexpr int kMaxTopK = 256;
 struct CpuBackendOptions {
   int threads = 0;             // 0 = all online cores
   bool force_scalar = false;   // use the portable kernels even when AVX2+FMA are present
+  // MapWeights copies each weight tensor of at least 2 MiB into memory of 2 MiB pages (where the
+  // kernel grants them) instead of using the host bytes in place: an mmapped file's 4 KiB pages
+  // cost a TLB miss per 4 KiB of a matmul's weight stream. false: views of the host bytes
+  // (PDSERVE_CPU_WEIGHTS=mmap; docs/config.md).
+  bool copy_weights = true;
 };
+
+// PDSERVE_CPU_WEIGHTS: unset or "copy" -> true, "mmap" -> false (CpuBackendOptions::copy_weights);
+// INVALID_ARGUMENT naming the variable for anything else.
+absl::StatusOr<bool> CpuCopyWeightsFromEnv();
 
 // The CPU backend (AVX2+FMA when the CPU has it, else scalar). Never fails.
 std::unique_ptr<Backend> CreateCpuBackend(const CpuBackendOptions& options = {});

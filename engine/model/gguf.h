@@ -70,6 +70,10 @@ class GgufFile {
     return {reinterpret_cast<const char*>(map_.data()), map_.size()};
   }
 
+  // Drops this process's pages of [p, p + n) of the mapping (MappedFile::DropPages): for tensor
+  // bytes a backend has copied into its own memory. Reads still see the same bytes.
+  void DropPages(const void* p, size_t n) const { map_.DropPages(p, n); }
+
   // ---- metadata ----
   const std::map<std::string, GgufValue, std::less<>>& metadata() const { return kv_; }
   const GgufValue* Find(std::string_view key) const;

@@ -108,7 +108,12 @@ class Loader {
   absl::StatusOr<Tensor> Map(const Tensor& host) {
     std::unique_ptr<Buffer> buf;
     PD_ASSIGN_OR_RETURN(Tensor mapped, b_->MapWeights(host, &buf));
-    if (buf) storage_.push_back(std::move(buf));
+    if (buf) {
+      // The backend holds its own copy (a device, or the CPU's 2 MiB pages): the file's pages
+      // need not stay in this process's resident set.
+      storage_.push_back(std::move(buf));
+      f_.DropPages(host.data, host.bytes());
+    }
     return mapped;
   }
 

@@ -114,6 +114,41 @@ bool Overlap(const Tensor& a, const Tensor& b) {
 }
 
 // ---- GetRows -------------------------------------------------------------------------------
+absl::StatusOr<Tensor> CpuBackend::CopyWeights(const Tensor& host,
+                                               std::unique_ptr<Buffer>* storage) {
+  const size_t bytes = host.bytes();
+  const size_t padded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  if (weight_chunk_ == nullptr || weight_chunk_size_ - weight_chunk_used_ < padded) {
+    const size_t size = std::max(kWeightChunk, padded);
+    char* p = static_cast<char*>(AllocHost(size, kAlignment));
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cpu: cannot allocate ", size,
+                       " bytes of host memory for weights (PDSERVE_CPU_WEIGHTS="
+                       "mmap uses the model file's pages in place)"));
+    }
+    weight_chunk_.reset(p, [](char* q) { std::free(q); });
+    weight_chunk_size_ = size;
+    weight_chunk_used_ = 0;
+  }
+  auto buf =
+      std::make_unique<WeightSlice>(weight_chunk_, weight_chunk_.get() + weight_chunk_used_, bytes);
+  weight_chunk_used_ += padded;
+  constexpr int64_t kPiece = int64_t{4} << 20;
+  const int64_t pieces = static_cast<int64_t>((bytes + kPiece - 1) / kPiece);
+  char* dst = static_cast<char*>(buf->data());
+  const char* src = static_cast<const char*>(host.data);
+  pool_.ParallelFor(pieces, [&](int64_t p0, int64_t p1) {
+    const size_t begin = static_cast<size_t>(p0 * kPiece);
+    const size_t end = std::min(bytes, static_cast<size_t>(p1 * kPiece));
+    std::memcpy(dst + begin, src + begin, end - begin);
+  });
+  Tensor copy = host;
+  copy.data = dst;
+  *storage = std::move(buf);
+  return copy;
+}
+
 absl::Status CpuBackend::GetRows(const Tensor& table, absl::Span<const int32_t> ids, Tensor& out) {
   PD_RETURN_IF_ERROR(CheckTensor(table, "GetRows table"));
   PD_RETURN_IF_ERROR(CheckF32(out, "GetRows out"));
@@ -590,7 +625,17 @@ absl::Status CpuBackend::StoreKv(const Tensor& k, const Tensor& v, KvTensor& k_c
 std::unique_ptr<Backend> CreateCpuBackend(const CpuBackendOptions& options) {
   int threads = options.threads;
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::make_unique<cpu::CpuBackend>(cpu::SelectKernels(options.force_scalar), threads);
+  return std::make_unique<cpu::CpuBackend>(cpu::SelectKernels(options.force_scalar), threads,
+                                           options.copy_weights);
+}
+
+absl::StatusOr<bool> CpuCopyWeightsFromEnv() {
+  const char* v = std::getenv("PDSERVE_CPU_WEIGHTS");
+  const std::string_view s = v == nullptr ? "" : v;
+  if (s.empty() || s == "copy") return true;
+  if (s == "mmap") return false;
+  return absl::InvalidArgumentError(
+      absl::StrCat("PDSERVE_CPU_WEIGHTS='", std::string(s), "': expected copy or mmap (or unset)"));
 }
 
 }  // namespace pd::engine

@@ -41,6 +41,21 @@ class HostBuffer final : public Buffer {
   size_t size_;
 };
 
+// A weight tensor's copy inside a shared chunk of 2 MiB-page memory (CpuBackend::CopyWeights):
+// the chunk is freed with the last slice that points into it.
+class WeightSlice final : public Buffer {
+ public:
+  WeightSlice(std::shared_ptr<char> chunk, char* data, size_t size)
+      : chunk_(std::move(chunk)), data_(data), size_(size) {}
+  void* data() override { return data_; }
+  size_t size() const override { return size_; }
+
+ private:
+  std::shared_ptr<char> chunk_;
+  char* data_;
+  size_t size_;
+};
+
 // Argument checks shared by the ops (defined in cpu_backend.cc).
 bool IsSupported(DType t);
 // Weight types MatMul has kernels for: all but Q8_K, which is an activation format only (never in
@@ -73,7 +88,8 @@ inline float* RowF32(const Tensor& t, int64_t r) {
 // cpu_attention.cc. Thread safety: as backend.h says, one engine thread at a time.
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(const Kernels& kernels, int threads) : k_(kernels), pool_(threads) {}
+  CpuBackend(const Kernels& kernels, int threads, bool copy_weights = true)
+      : k_(kernels), copy_weights_(copy_weights), pool_(threads) {}
 
   std::string_view name() const override { return "cpu"; }
   bool host_memory() const override { return true; }
@@ -104,7 +120,8 @@ class CpuBackend final : public Backend {
     if (IsSupported(host.type) && !HasMatMul(host.type)) return NoMatMul(host, "MapWeights");
     PD_RETURN_IF_ERROR(CheckTensor(host, "MapWeights"));
     if (storage != nullptr) storage->reset();
-    return host;
+    if (!copy_weights_ || storage == nullptr || host.bytes() == 0) return host;
+    return CopyWeights(host, storage);
   }
 
   absl::Status Synchronize() override { return absl::OkStatus(); }
@@ -200,6 +217,12 @@ class CpuBackend final : public Backend {
   absl::Status PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
                           absl::Span<const uint8_t> row_orders, int slot, Converted* converted,
                           MatMulPlan* plan);
+  // MapWeights' copy (CpuBackendOptions::copy_weights), in parallel: tensors are laid end to end
+  // (64-byte aligned) in chunks of at least kWeightChunk bytes of 2 MiB pages, so that a layer's
+  // small matrices share huge pages too.
+  absl::StatusOr<Tensor> CopyWeights(const Tensor& host, std::unique_ptr<Buffer>* storage);
+  static constexpr size_t kWeightChunk = size_t{64} << 20;
+
   // Weight chunks [c0, c1) of a plan (tiles in llama.cpp's per-row orders).
   void RunMatMulChunks(const MatMulPlan& p, int64_t c0, int64_t c1) const;
 
@@ -208,6 +231,9 @@ class CpuBackend final : public Backend {
   };
 
   const Kernels& k_;
+  const bool copy_weights_;
+  std::shared_ptr<char> weight_chunk_;  // CopyWeights' current chunk
+  size_t weight_chunk_size_ = 0, weight_chunk_used_ = 0;
   // llama.cpp repacks Q2_K only where it is built with AVX-512 (ggml_cpu_has_avx512; with
   // -march=native, as llama-cpp-python builds it, a CPU with AVX512F; CPUID leaf 7 EBX bit 16).
   // Under PDSERVE_CPU_ISA=avx2 or scalar, the order of llama.cpp's AVX2 build.

@@ -1430,19 +1430,50 @@ TEST_P(CpuBackendTest, MemoryOps) {
   EXPECT_THAT(be_->Synchronize(), IsOk());
 }
 
-TEST_P(CpuBackendTest, MapWeightsIsAView) {
+// By default MapWeights copies each tensor into the backend's own (2 MiB-page) memory, laid end
+// to end and 64-byte aligned, and hands the copy's ownership to *storage; the copies stay valid
+// while any of them lives.
+TEST_P(CpuBackendTest, MapWeightsCopiesIntoItsOwnMemory) {
   HostTensor w(DType::kQ8_0, 3, 64);
-  std::unique_ptr<Buffer> buf = *be_->Allocate(16);  // MapWeights must leave it empty
+  std::memset(w.t.data, 0x5A, w.t.bytes());
+  std::unique_ptr<Buffer> buf;
   auto mapped = be_->MapWeights(w.t, &buf);
   ASSERT_THAT(mapped, IsOk());
-  EXPECT_EQ(mapped->data, w.t.data);
+  ASSERT_NE(buf, nullptr);
+  EXPECT_NE(mapped->data, w.t.data);
+  EXPECT_EQ(mapped->data, buf->data());
+  EXPECT_EQ(buf->size(), w.t.bytes());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(mapped->data) % 64, 0u);
+  EXPECT_EQ(std::memcmp(mapped->data, w.t.data, w.t.bytes()), 0);
   EXPECT_EQ(mapped->type, DType::kQ8_0);
   EXPECT_EQ(mapped->rows, 3);
   EXPECT_EQ(mapped->cols, 64);
-  EXPECT_EQ(buf, nullptr);
+  // A second tensor lands after the first; dropping the first leaves it intact.
+  HostTensor w2(DType::kQ8_0, 5, 96);
+  std::memset(w2.t.data, 0x33, w2.t.bytes());
+  std::unique_ptr<Buffer> buf2;
+  auto mapped2 = be_->MapWeights(w2.t, &buf2);
+  ASSERT_THAT(mapped2, IsOk());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(mapped2->data) % 64, 0u);
+  EXPECT_GE(static_cast<const char*>(mapped2->data),
+            static_cast<const char*>(mapped->data) + w.t.bytes());
+  buf.reset();
+  EXPECT_EQ(std::memcmp(mapped2->data, w2.t.data, w2.t.bytes()), 0);
+  // A copy computes what the original does.
+  HostTensor x(DType::kF32, 2, 96), y1(DType::kF32, 2, 5), y2(DType::kF32, 2, 5);
+  for (int64_t i = 0; i < 2 * 96; ++i) static_cast<float*>(x.t.data)[i] = 0.01f * (i % 17);
+  ASSERT_THAT(be_->MatMul(w2.t, x.t, y1.t), IsOk());
+  ASSERT_THAT(be_->MatMul(*mapped2, x.t, y2.t), IsOk());
+  EXPECT_EQ(std::memcmp(y1.t.data, y2.t.data, y1.t.bytes()), 0);
+}
+
+TEST_P(CpuBackendTest, MapWeightsChecksTheTensor) {
+  HostTensor w(DType::kQ8_0, 3, 64);
+  std::unique_ptr<Buffer> buf;
   Tensor q4k = w.t;
   q4k.type = DType::kQ4_K;  // every matmul weight type maps
   q4k.cols = 256;
+  q4k.rows = 1;
   EXPECT_THAT(be_->MapWeights(q4k, &buf), IsOk());
   Tensor bad = w.t;
   bad.type = DType::kQ8_K;  // activations only
@@ -1451,6 +1482,39 @@ TEST_P(CpuBackendTest, MapWeightsIsAView) {
   bad = w.t;
   bad.cols = 40;
   EXPECT_THAT(be_->MapWeights(bad, &buf), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// With copy_weights off (PDSERVE_CPU_WEIGHTS=mmap) the tensor is a view of the host bytes and
+// *storage is left empty.
+TEST(CpuBackendWeightsTest, MapWeightsIsAViewWithoutCopies) {
+  auto be = CreateCpuBackend({.threads = 1, .copy_weights = false});
+  HostTensor w(DType::kQ8_0, 3, 64);
+  std::unique_ptr<Buffer> buf = *be->Allocate(16);  // MapWeights must leave it empty
+  auto mapped = be->MapWeights(w.t, &buf);
+  ASSERT_THAT(mapped, IsOk());
+  EXPECT_EQ(mapped->data, w.t.data);
+  EXPECT_EQ(buf, nullptr);
+}
+
+TEST(CpuBackendWeightsTest, EnvironmentPicksCopyOrMmap) {
+  const char* old = std::getenv("PDSERVE_CPU_WEIGHTS");
+  const std::string saved = old == nullptr ? "" : old;
+  ::unsetenv("PDSERVE_CPU_WEIGHTS");
+  EXPECT_EQ(CpuCopyWeightsFromEnv().value_or(false), true);
+  ::setenv("PDSERVE_CPU_WEIGHTS", "copy", 1);
+  EXPECT_EQ(CpuCopyWeightsFromEnv().value_or(false), true);
+  ::setenv("PDSERVE_CPU_WEIGHTS", "mmap", 1);
+  absl::StatusOr<bool> mmap = CpuCopyWeightsFromEnv();
+  ASSERT_THAT(mmap, IsOk());
+  EXPECT_FALSE(*mmap);
+  ::setenv("PDSERVE_CPU_WEIGHTS", "huge", 1);
+  EXPECT_THAT(CpuCopyWeightsFromEnv(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "PDSERVE_CPU_WEIGHTS='huge'"));
+  if (old == nullptr) {
+    ::unsetenv("PDSERVE_CPU_WEIGHTS");
+  } else {
+    ::setenv("PDSERVE_CPU_WEIGHTS", saved.c_str(), 1);
+  }
 }
 
 TEST(CpuBackendNameTest, Name) { EXPECT_EQ(CreateCpuBackend()->name(), "cpu"); }

@@ -924,6 +924,39 @@ TEST_F(GgufOpenTest, OpensAValidFile) {
   EXPECT_EQ(static_cast<char>(t->data[63]), GgufBuilder::PatternByte(0, 63));
 }
 
+// DropPages (for tensor bytes a backend copied) leaves the file's bytes readable and unchanged:
+// whole pages inside the range are dropped and fault in again from the file; ranges outside the
+// map, empty ranges and borrowed (unmapped) bytes are no-ops.
+TEST_F(GgufOpenTest, DroppedPagesReadBackUnchanged) {
+  GgufBuilder b;
+  b.Tensor("big", {4096, 8}).Tensor("small", {8, 2});  // 128 KiB of F32: many whole pages
+  const std::string bytes = b.Build();
+  const std::string path = Write("drop.gguf", bytes);
+  auto f = GgufFile::Open(path);
+  PD_ASSERT_OK(f);
+  const GgufTensorInfo* big = (*f)->FindTensor("big");
+  const GgufTensorInfo* small = (*f)->FindTensor("small");
+  ASSERT_NE(big, nullptr);
+  ASSERT_NE(small, nullptr);
+  const std::vector<uint8_t> before(big->data, big->data + big->nbytes);
+  (*f)->DropPages(big->data, big->nbytes);
+  EXPECT_EQ(std::vector<uint8_t>(big->data, big->data + big->nbytes), before);
+  EXPECT_EQ(static_cast<char>(small->data[63]), GgufBuilder::PatternByte(1, 63));
+  int outside = 0;
+  (*f)->DropPages(&outside, sizeof(outside));  // not in the map
+  (*f)->DropPages(big->data, 0);
+  (*f)->DropPages(big->data, (*f)->file_size() * 2);  // runs past the end: ignored
+  EXPECT_EQ(outside, 0);
+  EXPECT_EQ(std::vector<uint8_t>(big->data, big->data + big->nbytes), before);
+  // Borrowed bytes are never dropped: a heap copy keeps its contents.
+  std::vector<char> heap(bytes.begin(), bytes.end());
+  auto borrowed = GgufFile::Parse(MappedFile::Borrow(heap.data(), heap.size()));
+  PD_ASSERT_OK(borrowed);
+  const GgufTensorInfo* hb = (*borrowed)->FindTensor("big");
+  (*borrowed)->DropPages(hb->data, hb->nbytes);
+  EXPECT_EQ(std::vector<uint8_t>(hb->data, hb->data + hb->nbytes), before);
+}
+
 TEST_F(GgufOpenTest, MissingFileIsNotFound) {
   EXPECT_THAT(GgufFile::Open(dir_ + "/missing.gguf"),
               StatusIs(absl::StatusCode::kNotFound, "missing.gguf"));
