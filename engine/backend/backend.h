@@ -231,6 +231,10 @@ struct CpuBackendOptions {
   // cost a TLB miss per 4 KiB of a matmul's weight stream. false: views of the host bytes
   // (PDSERVE_CPU_WEIGHTS=mmap; docs/config.md).
   bool copy_weights = true;
+  // The most bytes those copies may take; the tensors after stay views of the host bytes (logged
+  // once). 0: half of the memory the kernel reports available (MemAvailable) at the first copy,
+  // so that a model near the machine's size is paged from its file rather than OOM-killed.
+  size_t copy_weights_max_bytes = 0;
 };
 
 // PDSERVE_CPU_WEIGHTS: unset or "copy" -> true, "mmap" -> false (CpuBackendOptions::copy_weights);

@@ -12,6 +12,8 @@
 // Thread safety: as backend.h says, one engine thread at a time; ops parallelize internally.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "common/strings.h"
 #include "engine/backend/backend.h"
@@ -114,10 +117,47 @@ bool Overlap(const Tensor& a, const Tensor& b) {
 }
 
 // ---- GetRows -------------------------------------------------------------------------------
+namespace {
+
+// /proc/meminfo's MemAvailable in bytes; SIZE_MAX when it cannot be read (no limit known).
+size_t MemAvailableBytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return SIZE_MAX;
+  char line[256];
+  size_t bytes = SIZE_MAX;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    unsigned long long kib = 0;
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) {
+      bytes = static_cast<size_t>(kib) * 1024;
+      break;
+    }
+  }
+  std::fclose(f);
+  return bytes;
+}
+
+}  // namespace
+
 absl::StatusOr<Tensor> CpuBackend::CopyWeights(const Tensor& host,
                                                std::unique_ptr<Buffer>* storage) {
   const size_t bytes = host.bytes();
   const size_t padded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  if (!copy_budget_set_) {
+    copy_budget_set_ = true;
+    if (copy_budget_ == 0) copy_budget_ = MemAvailableBytes() / 2;
+  }
+  // Only the bytes copied count: a chunk's untouched pages are never made resident.
+  if (padded > copy_budget_) {
+    if (!copy_budget_hit_) {
+      copy_budget_hit_ = true;
+      PD_LOG(kWarning,
+             "cpu: weights past this point stay in the model file's pages (4 KiB, "
+             "slower matmuls): copying them would take more than the ",
+             copy_budget_ >> 20, " MiB left for copies (half of MemAvailable at load)");
+    }
+    return host;
+  }
+  copy_budget_ -= padded;
   if (weight_chunk_ == nullptr || weight_chunk_size_ - weight_chunk_used_ < padded) {
     const size_t size = std::max(kWeightChunk, padded);
     char* p = static_cast<char*>(AllocHost(size, kAlignment));
@@ -626,7 +666,7 @@ std::unique_ptr<Backend> CreateCpuBackend(const CpuBackendOptions& options) {
   int threads = options.threads;
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return std::make_unique<cpu::CpuBackend>(cpu::SelectKernels(options.force_scalar), threads,
-                                           options.copy_weights);
+                                           options.copy_weights, options.copy_weights_max_bytes);
 }
 
 absl::StatusOr<bool> CpuCopyWeightsFromEnv() {

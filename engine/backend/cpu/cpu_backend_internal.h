@@ -88,8 +88,12 @@ inline float* RowF32(const Tensor& t, int64_t r) {
 // cpu_attention.cc. Thread safety: as backend.h says, one engine thread at a time.
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(const Kernels& kernels, int threads, bool copy_weights = true)
-      : k_(kernels), copy_weights_(copy_weights), pool_(threads) {}
+  CpuBackend(const Kernels& kernels, int threads, bool copy_weights = true,
+             size_t copy_weights_max_bytes = 0)
+      : k_(kernels),
+        copy_weights_(copy_weights),
+        copy_budget_(copy_weights_max_bytes),
+        pool_(threads) {}
 
   std::string_view name() const override { return "cpu"; }
   bool host_memory() const override { return true; }
@@ -234,6 +238,9 @@ class CpuBackend final : public Backend {
   const bool copy_weights_;
   std::shared_ptr<char> weight_chunk_;  // CopyWeights' current chunk
   size_t weight_chunk_size_ = 0, weight_chunk_used_ = 0;
+  size_t copy_budget_;  // bytes copies may still take (0 before the first: automatic)
+  bool copy_budget_set_ = false;
+  bool copy_budget_hit_ = false;  // a tensor stayed a view: logged once
   // llama.cpp repacks Q2_K only where it is built with AVX-512 (ggml_cpu_has_avx512; with
   // -march=native, as llama-cpp-python builds it, a CPU with AVX512F; CPUID leaf 7 EBX bit 16).
   // Under PDSERVE_CPU_ISA=avx2 or scalar, the order of llama.cpp's AVX2 build.

@@ -1496,6 +1496,26 @@ TEST(CpuBackendWeightsTest, MapWeightsIsAViewWithoutCopies) {
   EXPECT_EQ(buf, nullptr);
 }
 
+// Copies stop at copy_weights_max_bytes (by default half of MemAvailable): the tensors after stay
+// views of the host bytes, so a model near the machine's memory is paged from its file instead
+// of exhausting memory. Each copy counts its 64-byte-aligned size.
+TEST(CpuBackendWeightsTest, CopiesStopAtTheirBudget) {
+  auto be = CreateCpuBackend({.threads = 1, .copy_weights_max_bytes = 2 * 3 * 34 + 100});
+  HostTensor a(DType::kQ8_0, 3, 64), b(DType::kQ8_0, 3, 64), c(DType::kQ8_0, 3, 64);
+  std::unique_ptr<Buffer> ba, bb, bc;
+  auto ma = be->MapWeights(a.t, &ba);  // 204 bytes -> 256 of 304
+  auto mb = be->MapWeights(b.t, &bb);  // 256 more would pass the budget: a view
+  ASSERT_THAT(ma, IsOk());
+  ASSERT_THAT(mb, IsOk());
+  EXPECT_NE(ba, nullptr);
+  EXPECT_NE(ma->data, a.t.data);
+  EXPECT_EQ(bb, nullptr);
+  EXPECT_EQ(mb->data, b.t.data);
+  auto mc = be->MapWeights(c.t, &bc);  // and so on
+  ASSERT_THAT(mc, IsOk());
+  EXPECT_EQ(mc->data, c.t.data);
+}
+
 TEST(CpuBackendWeightsTest, EnvironmentPicksCopyOrMmap) {
   const char* old = std::getenv("PDSERVE_CPU_WEIGHTS");
   const std::string saved = old == nullptr ? "" : old;
