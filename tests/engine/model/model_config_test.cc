@@ -697,7 +697,10 @@ class WeightsTest : public ::testing::Test {
     return Weights::Load(*file_, config_, *backend_);
   }
 
-  std::unique_ptr<Backend> backend_ = CreateCpuBackend(CpuBackendOptions{.threads = 1});
+  // Views of the file's bytes (PDSERVE_CPU_WEIGHTS=mmap), so that the tests can say which bytes
+  // each tensor is; CopiesHoldTheFileBytes loads with the default copies.
+  std::unique_ptr<Backend> backend_ =
+      CreateCpuBackend(CpuBackendOptions{.threads = 1, .copy_weights = false});
   std::string bytes_;
   std::unique_ptr<GgufFile> file_;
   ModelConfig config_;
@@ -736,6 +739,33 @@ TEST_F(WeightsTest, LoadsEveryTensorWithoutCopying) {
     if (t.name != "rope_freqs.weight") sum += t.nbytes;
   }
   EXPECT_EQ(ws.total_bytes, sum);
+}
+
+// With the CPU backend's default copies every tensor holds the file's bytes at its own address
+// (64-byte aligned), a tied output shares the embedding's copy, and fused matrices split into
+// copies of their row blocks.
+TEST_F(WeightsTest, CopiesHoldTheFileBytes) {
+  backend_ = CreateCpuBackend(CpuBackendOptions{.threads = 1});
+  TinyModel m;
+  m.arch = "qwen2";
+  m.tied = true;
+  m.qkv_bias = true;
+  auto w = Load(m);
+  PD_ASSERT_OK(w);
+  const Weights& ws = **w;
+  auto same_bytes = [&](const Tensor& t, const std::string& name) {
+    const GgufTensorInfo* info = file_->FindTensor(name);
+    ASSERT_NE(info, nullptr) << name;
+    EXPECT_NE(static_cast<const void*>(t.data), static_cast<const void*>(info->data)) << name;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data) % 64, 0u) << name;
+    ASSERT_EQ(t.bytes(), info->nbytes) << name;
+    EXPECT_EQ(std::memcmp(t.data, info->data, info->nbytes), 0) << name;
+  };
+  same_bytes(ws.token_embd, "token_embd.weight");
+  EXPECT_EQ(ws.output.data, ws.token_embd.data);
+  same_bytes(ws.layers[1].wq, "blk.1.attn_q.weight");
+  same_bytes(ws.layers[0].bk, "blk.0.attn_k.bias");
+  same_bytes(ws.layers[1].w_down, "blk.1.ffn_down.weight");
 }
 
 TEST_F(WeightsTest, TiedOutputAndBiases) {
