@@ -121,9 +121,11 @@ class Backend {
   virtual absl::Status Download(void* host_dst, const void* src, size_t bytes) = 0;
   // Fills `bytes` at `dst` with zeros.
   virtual absl::Status Zero(void* dst, size_t bytes) = 0;
-  // Makes host-resident weights (e.g. an mmapped GGUF tensor) usable by ops. The CPU backend
-  // returns a view of the host bytes without copying and leaves *storage empty; a device backend
-  // copies into a new Buffer it returns in *storage, which must outlive the Tensor.
+  // Makes host-resident weights (e.g. an mmapped GGUF tensor) usable by ops. A backend that
+  // copies them (a device; the CPU backend into its 2 MiB pages, CpuBackendOptions::copy_weights)
+  // returns the copy's Buffer in *storage, which must outlive the Tensor; one that uses the host
+  // bytes in place (the CPU backend with copies off or past their budget, or with a null
+  // `storage`) returns a view and leaves *storage empty.
   virtual absl::StatusOr<Tensor> MapWeights(const Tensor& host, std::unique_ptr<Buffer>* storage) = 0;
   // Waits for all enqueued work. Errors from asynchronous ops surface here.
   virtual absl::Status Synchronize() = 0;
@@ -226,9 +228,9 @@ inline constexpr int kMaxTopK = 256;
 struct CpuBackendOptions {
   int threads = 0;             // 0 = all online cores
   bool force_scalar = false;   // use the portable kernels even when AVX2+FMA are present
-  // MapWeights copies each weight tensor of at least 2 MiB into memory of 2 MiB pages (where the
-  // kernel grants them) instead of using the host bytes in place: an mmapped file's 4 KiB pages
-  // cost a TLB miss per 4 KiB of a matmul's weight stream. false: views of the host bytes
+  // MapWeights copies each weight tensor into memory of 2 MiB pages (where the kernel grants
+  // them) instead of using the host bytes in place: an mmapped file's 4 KiB pages cost a TLB miss
+  // per 4 KiB of a matmul's weight stream. false: views of the host bytes
   // (PDSERVE_CPU_WEIGHTS=mmap; docs/config.md).
   bool copy_weights = true;
   // The most bytes those copies may take; the tensors after stay views of the host bytes (logged

@@ -116,7 +116,7 @@ bool Overlap(const Tensor& a, const Tensor& b) {
   return a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
 }
 
-// ---- GetRows -------------------------------------------------------------------------------
+// ---- MapWeights' copies --------------------------------------------------------------------
 namespace {
 
 // /proc/meminfo's MemAvailable in bytes; SIZE_MAX when it cannot be read (no limit known).
@@ -189,6 +189,7 @@ absl::StatusOr<Tensor> CpuBackend::CopyWeights(const Tensor& host,
   return copy;
 }
 
+// ---- GetRows -------------------------------------------------------------------------------
 absl::Status CpuBackend::GetRows(const Tensor& table, absl::Span<const int32_t> ids, Tensor& out) {
   PD_RETURN_IF_ERROR(CheckTensor(table, "GetRows table"));
   PD_RETURN_IF_ERROR(CheckF32(out, "GetRows out"));

@@ -238,7 +238,7 @@ class CpuBackend final : public Backend {
   const bool copy_weights_;
   std::shared_ptr<char> weight_chunk_;  // CopyWeights' current chunk
   size_t weight_chunk_size_ = 0, weight_chunk_used_ = 0;
-  size_t copy_budget_;  // bytes copies may still take (0 before the first: automatic)
+  size_t copy_budget_;  // bytes copies may still take (before the first: 0 = automatic)
   bool copy_budget_set_ = false;
   bool copy_budget_hit_ = false;  // a tensor stayed a view: logged once
   // llama.cpp repacks Q2_K only where it is built with AVX-512 (ggml_cpu_has_avx512; with
