@@ -3,10 +3,12 @@
 // an empty cache, full logits each step, greedy argmax over them). Token ids are synthetic (BOS,
 // then BenchToken(i)); bench/cpu_vs_llamacpp/run.py feeds llama.cpp the same ids. Also times the
 // model load and the first forward after it (cold or warm page cache: the caller decides), and
-// reports peak RSS split into file-backed (the mmapped weights) and anonymous memory. With
-// --batch B > 1, also B sequences decoding one token per step together (each first holding a
-// --batch-pp-token prompt, prefilled untimed, as llama-batched-bench's -npp does). Prints one JSON object on
-// stdout. Exit codes: 0 success; 2 bad input (pp/tg larger than the context); 1 any other failure.
+// reports peak RSS split into file-backed (the binary, and the weights under
+// PDSERVE_CPU_WEIGHTS=mmap) and anonymous memory (the CPU backend's weight copies, KV,
+// scratch). With --batch B > 1, also B sequences decoding one token per step together (each
+// first holding a --batch-pp-token prompt, prefilled untimed, as llama-batched-bench's -npp
+// does). Prints one JSON object on stdout. Exit codes: 0 success; 2 bad input (pp/tg larger
+// than the context); 1 any other failure.
 #pragma once
 
 #include "CLI/CLI.hpp"
