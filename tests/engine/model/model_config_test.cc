@@ -742,8 +742,7 @@ TEST_F(WeightsTest, LoadsEveryTensorWithoutCopying) {
 }
 
 // With the CPU backend's default copies every tensor holds the file's bytes at its own address
-// (64-byte aligned), a tied output shares the embedding's copy, and fused matrices split into
-// copies of their row blocks.
+// (64-byte aligned), and a tied output shares the embedding's copy.
 TEST_F(WeightsTest, CopiesHoldTheFileBytes) {
   backend_ = CreateCpuBackend(CpuBackendOptions{.threads = 1});
   TinyModel m;
