@@ -363,8 +363,10 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
   Tensor out_logits;
   PD_RETURN_IF_ERROR(Run(batch, kv, after_kv_store, logits != nullptr, &out_logits));
   if (logits == nullptr) return absl::OkStatus();
-  logits->clear();
-  if (out_logits.rows == 0) return absl::OkStatus();
+  if (out_logits.rows == 0) {
+    logits->clear();
+    return absl::OkStatus();
+  }
   return DownloadLogits(out_logits, logits);
 }
 
@@ -375,8 +377,10 @@ absl::Status Model::ForwardHidden(const Batch& batch, KvCache& kv, std::vector<f
   }
   Tensor out_logits;
   PD_RETURN_IF_ERROR(Run(batch, kv, nullptr, true, &out_logits, hidden));
-  logits->clear();
-  if (out_logits.rows == 0) return absl::OkStatus();
+  if (out_logits.rows == 0) {
+    logits->clear();
+    return absl::OkStatus();
+  }
   return DownloadLogits(out_logits, logits);
 }
 
@@ -384,6 +388,9 @@ absl::Status Model::DownloadLogits(const Tensor& out_logits, std::vector<float>*
   const ModelConfig& c = config_;
   Backend& b = backend();
   const int64_t n_out = out_logits.rows;
+  // Every element is written below, so a vector reused at the same size (a decode loop's) is
+  // neither cleared nor zero-filled again: that fill cost 1.4 % of a 4-row step of a 262k-vocab
+  // model (4 MiB of memset per step).
   logits->resize(static_cast<size_t>(n_out) * c.n_vocab);
   if (c.head_tokens.empty()) {
     PD_RETURN_IF_ERROR(b.Download(logits->data(), out_logits.data, out_logits.bytes()));
