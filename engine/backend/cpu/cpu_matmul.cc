@@ -367,6 +367,18 @@ void CpuBackend::RunMatMulChunks(const MatMulPlan& p, int64_t c0, int64_t c1) co
       while (same < nc && tile_of(i + same) == fn) ++same;
       nc = same;
     }
+    // Five rows of one tile (a K = 4 speculative step, five sequences) in one pass where the
+    // table has such a tile: 4 + 1 columns unpack every weight block twice.
+    if (nc == cpu::kGemmTileX && n - i == cpu::kGemmTileX + 1 &&
+        (!per_row || tile_of(i + cpu::kGemmTileX) == fn)) {
+      cpu::GemmTileFn five = nullptr;
+      if (fn == k_.q4_k_repack_gemv) five = k_.q4_k_repack_gemv5;
+      if (fn == k_.gemm[static_cast<int>(cpu::GemmType::kQ6_K)]) five = k_.q6_k5;
+      if (five != nullptr) {
+        fn = five;
+        nc = cpu::kGemmTileX + 1;
+      }
+    }
     for (int64_t r = r_begin; r < r_end; r += cpu::kGemmTileW) {
       const int nr = static_cast<int>(std::min<int64_t>(cpu::kGemmTileW, r_end - r));
       fn(k, wa + r * ws, ws, nr, xa + i * xs, xs, nc, ya + i * m + r, m);

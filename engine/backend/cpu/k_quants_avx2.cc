@@ -899,6 +899,25 @@ void GemmQ4KRepackGemv(int64_t k, const void* w, size_t w_stride, int nr, const 
   TileTable<Q4KRepackGemvTile>::Gemm(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
 }
 
+// Five columns: the 512-bit tile, or columns 0-3 and then 4 through the tables above.
+void GemmQ4KRepackGemv5(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
+                        size_t x_stride, int nc, float* y, int64_t y_stride) {
+  static const GemmTileFn zmm = ZmmKQuantTilesIfSupported().q4_k_repack_gemv5;
+  if (zmm != nullptr) return zmm(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
+  GemmQ4KRepackGemv(k, w, w_stride, nr, x, x_stride, kGemmTileX, y, y_stride);
+  GemmQ4KRepackGemv(k, w, w_stride, nr, static_cast<const char*>(x) + kGemmTileX * x_stride,
+                    x_stride, nc - kGemmTileX, y + kGemmTileX * y_stride, y_stride);
+}
+
+void GemmQ6_K5(int64_t k, const void* w, size_t w_stride, int nr, const void* x, size_t x_stride,
+               int nc, float* y, int64_t y_stride) {
+  static const GemmTileFn zmm = ZmmKQuantTilesIfSupported().q6_k5;
+  if (zmm != nullptr) return zmm(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);
+  GemmQ6_K(k, w, w_stride, nr, x, x_stride, kGemmTileX, y, y_stride);
+  GemmQ6_K(k, w, w_stride, nr, static_cast<const char*>(x) + kGemmTileX * x_stride, x_stride,
+           nc - kGemmTileX, y + kGemmTileX * y_stride, y_stride);
+}
+
 void GemmQ2KRepackGemm(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                        size_t x_stride, int nc, float* y, int64_t y_stride) {
   GemmQ2KRepackDispatch<2>(k, w, w_stride, nr, x, x_stride, nc, y, y_stride);

@@ -709,6 +709,20 @@ struct ZmmTable {
                          x_stride, y, y_stride);
   }
 };
+// The same tiles for exactly kGemmTileX + 1 columns (Kernels::q4_k_repack_gemv5, q6_k5): their
+// accumulators (20 + 5 ZMM for Q4_K, 20 YMM + 5 ZMM for Q6_K) still fit the register file.
+template <template <int, int> class T>
+struct ZmmTable5 {
+  static constexpr int kCols = kGemmTileX + 1;
+  static constexpr TileImplZmm kFns[4] = {T<1, kCols>::Fn, T<2, kCols>::Fn, T<3, kCols>::Fn,
+                                          T<4, kCols>::Fn};
+  static void Gemm(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
+                   size_t x_stride, int nc, float* y, int64_t y_stride) {
+    (void)nc;  // kCols by contract
+    kFns[nr - 1](k, static_cast<const char*>(w), w_stride, static_cast<const char*>(x), x_stride, y,
+                 y_stride);
+  }
+};
 template <int R, int C>
 struct Q4KRepackGemvZmm {
   static constexpr TileImplZmm Fn = &TileQ4KRepackGemvZmm<R, C>;
@@ -743,7 +757,9 @@ PD_NO_AVX512 ZmmKQuantTiles ZmmKQuantTilesIfSupported() {
           .q4_k_repack_gemv = &ZmmTable<Q4KRepackGemvZmm>::Gemm,
           .q6_k = &ZmmTable<Q6KZmm>::Gemm,
           .q4_k_repack_gemm = &ZmmTable<Q4KRepackGemmZmm>::Gemm,
-          .q6_k_wide = &ZmmTable<Q6KWideZmm>::Gemm};
+          .q6_k_wide = &ZmmTable<Q6KWideZmm>::Gemm,
+          .q4_k_repack_gemv5 = &ZmmTable5<Q4KRepackGemvZmm>::Gemm,
+          .q6_k5 = &ZmmTable5<Q6KZmm>::Gemm};
 }
 
 }  // namespace pd::engine::cpu

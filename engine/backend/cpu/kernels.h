@@ -79,6 +79,10 @@ struct ZmmKQuantTiles {
   // activations broadcast, so the integer lane sums of a pair of sub-blocks are shared by rows.
   GemmTileFn q4_k_repack_gemm = nullptr;
   GemmTileFn q6_k_wide = nullptr;  // gemm_wide[kQ6_K]
+  // q4_k_repack_gemv and q6_k for exactly kGemmTileX + 1 activation rows (Kernels::
+  // q4_k_repack_gemv5 and q6_k5).
+  GemmTileFn q4_k_repack_gemv5 = nullptr;
+  GemmTileFn q6_k5 = nullptr;
 };
 ZmmKQuantTiles ZmmKQuantTilesIfSupported();
 // The AVX2 tiles that ZmmKQuantTiles' q3_k, q4_k_repack_gemv / gemm, q6_k and q6_k_wide stand in
@@ -358,6 +362,13 @@ struct Kernels {
   // groups of four, GEMV for the rest; DotQ2_KRepack in kernels_scalar.cc spells out the order).
   GemmTileFn q2_k_repack_gemm;
   GemmTileFn q2_k_repack_gemv;
+  // q4_k_repack_gemv and gemm[kQ6_K] for nc = kGemmTileX + 1 exactly (1 <= nr <= kGemmTileW): a
+  // step of five rows (a speculative step with K = 4, five decode sequences) in one pass where
+  // tiles of 4 and 1 columns unpack every weight block twice, and the fifth row's pass cost 60 %
+  // of a whole one-row pass. The bits of the 4 + 1 tiles (each column's sums are its own).
+  // nullptr: none in this table (the caller splits 4 + 1).
+  GemmTileFn q4_k_repack_gemv5;
+  GemmTileFn q6_k5;
 
   // Row conversions (used to convert activations once per MatMul, for GetRows and the KV cache).
   // Narrowing conversions round to nearest even; Q8_0 quantization is QuantizeRowQ8_0Act's

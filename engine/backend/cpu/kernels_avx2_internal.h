@@ -66,6 +66,12 @@ void GemmQ4KRepackGemm(int64_t k, const void* w, size_t w_stride, int nr, const 
                        size_t x_stride, int nc, float* y, int64_t y_stride);
 void GemmQ4KRepackGemv(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                        size_t x_stride, int nc, float* y, int64_t y_stride);
+// Five columns (Kernels::q4_k_repack_gemv5, q6_k5): the 512-bit five-column tile where it runs,
+// else the 4- and 1-column tiles.
+void GemmQ4KRepackGemv5(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
+                        size_t x_stride, int nc, float* y, int64_t y_stride);
+void GemmQ6_K5(int64_t k, const void* w, size_t w_stride, int nr, const void* x, size_t x_stride,
+               int nc, float* y, int64_t y_stride);
 void GemmQ2KRepackGemm(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                        size_t x_stride, int nc, float* y, int64_t y_stride);
 void GemmQ2KRepackGemv(int64_t k, const void* w, size_t w_stride, int nr, const void* x,

@@ -292,6 +292,7 @@ TEST_P(CpuBackendTest, MatMulGroupEqualsOneMatMulEach) {
 // the tiles (1-2), the quad kernels (3-11) and the grouped ones (12+; past 16 rows with a tail of
 // up to 6 in tiles: 17, 22, not 23) on AVX512-VNNI CPUs, and on AVX2 alone the tiles (1-4) and
 // for Q8_0 the row kernel (to 16 rows, in passes of 8: 9, 13, 16) and the grouped kernel (17+).
+// Q4_K and Q6_K take their five-column tiles for the last five rows (5, 9, 13, 17).
 TEST_P(CpuBackendTest, DecodeRowsEqualOneRowEach) {
   const int64_t k = 640, m = 72;
   for (DType type : {DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {

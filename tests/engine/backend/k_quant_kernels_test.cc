@@ -393,6 +393,76 @@ TEST_F(KQuantKernelsTest, ZmmQ4KAndQ6KTilesGiveTheAvx2TilesBits) {
   }
 }
 
+// The five-column tiles (Kernels::q4_k_repack_gemv5, q6_k5: a K = 4 speculative step's rows in
+// one pass) give, for every weight-row count, what the table's 4-column tile gives for columns
+// 0-3 and its 1-column tile for column 4, bit for bit, and touch no y outside the tile: random
+// blocks, blocks of extreme codes against activations at -128 / 127. Through the AVX2 table they
+// are the 512-bit tiles where the CPU runs them and the 4 + 1 split elsewhere; the scalar table
+// has none (the driver splits).
+TEST_F(KQuantKernelsTest, FiveColumnTilesGiveTheFourAndOneColumnBits) {
+  EXPECT_EQ(s_.q4_k_repack_gemv5, nullptr);
+  EXPECT_EQ(s_.q6_k5, nullptr);
+  struct Variant {
+    const char* name;
+    DType type;
+    GemmTileFn five, one_to_four;
+  };
+  const Variant variants[] = {
+      {"q4_K repacked gemv", DType::kQ4_K, avx2_->q4_k_repack_gemv5, avx2_->q4_k_repack_gemv},
+      {"q6_K", DType::kQ6_K, avx2_->q6_k5, avx2_->gemm[static_cast<int>(GemmType::kQ6_K)]},
+  };
+  constexpr int kCols = kGemmTileX + 1;
+  for (const Variant& v : variants) {
+    ASSERT_NE(v.five, nullptr) << v.name;
+    for (int64_t k : {kQK, 3 * kQK, 10 * kQK}) {
+      for (int extreme = 0; extreme < 2; ++extreme) {
+        Rows w = RandomWeights(v.type, kGemmTileW, k, Scales::kRandom, rng_);
+        Rows a = RandomActivations(DType::kQ8_K, kCols, k, -128, 127, Scales::kRandom, rng_);
+        if (extreme) {
+          const size_t bb = Traits(v.type).block_bytes;
+          const ScaleFields fl = FieldsOf(v.type);
+          for (int row = 0; row < kGemmTileW; ++row) {
+            for (size_t b = 0; b < w.stride; b += bb) {
+              char* blk = w.row(row) + b;
+              const uint16_t d = GetF16(blk + fl.d);
+              const uint16_t dmin = fl.dmin >= 0 ? GetF16(blk + fl.dmin) : 0;
+              std::memset(blk, row % 2 ? 0xff : 0xaa, bb);
+              PutF16(blk + fl.d, d);
+              if (fl.dmin >= 0) PutF16(blk + fl.dmin, dmin);
+            }
+          }
+          for (int row = 0; row < kCols; ++row) {
+            for (int64_t j = 0; j < k / kQK; ++j) {
+              BlockQ8_K& blk = reinterpret_cast<BlockQ8_K*>(a.row(row))[j];
+              for (int l = 0; l < kQK; ++l) {
+                blk.qs[l] = static_cast<int8_t>(row % 2 ? 127 : (l % 3 ? -128 : 127));
+              }
+              FixBsums(blk);
+            }
+          }
+        }
+        for (int nr = 1; nr <= kGemmTileW; ++nr) {
+          const int64_t ys = 6;  // y stride larger than the tile
+          std::vector<float> y5(kCols * ys, -999.f), y41(kCols * ys, -999.f);
+          v.five(k, w.bytes.data(), w.stride, nr, a.bytes.data(), a.stride, kCols, y5.data(), ys);
+          v.one_to_four(k, w.bytes.data(), w.stride, nr, a.bytes.data(), a.stride, kGemmTileX,
+                        y41.data(), ys);
+          v.one_to_four(k, w.bytes.data(), w.stride, nr, a.row(kGemmTileX), a.stride, 1,
+                        y41.data() + kGemmTileX * ys, ys);
+          for (size_t i = 0; i < y5.size(); ++i) {
+            ASSERT_EQ(BitsFromFp32(y5[i]), BitsFromFp32(y41[i]))
+                << v.name << " k " << k << " extreme " << extreme << " rows " << nr << " y["
+                << i / ys << "," << i % ys << "]";
+          }
+          for (int c = 0; c < kCols; ++c) {
+            for (int r = nr; r < ys; ++r) ASSERT_EQ(y5[c * ys + r], -999.f);
+          }
+        }
+      }
+    }
+  }
+}
+
 // An AVX2 grouped k-quant kernel (prompt rows eight per register) against the AVX2 tile of the
 // order it reproduces, bit for bit: random blocks over every code and scale, and extreme ones
 // (every code at its maximum and the sub-block scales at their extremes, against activations all
