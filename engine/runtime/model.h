@@ -166,11 +166,18 @@ class Model {
   absl::Status EnsureScratch(int64_t n_tokens, int64_t n_out);
   // The forward pass up to the output head. head: compute the logits rows into *out (on the
   // head's backend, [logits_rows.size(), HeadRows()]); otherwise, and for a batch without logits
-  // rows, *out has no rows and the backends are synchronized.
+  // rows, *out has no rows and the backends are synchronized. logits_dst (non-null only where the
+  // head's backend has host memory): the head writes its rows there instead of into scratch.
   absl::Status Run(const Batch& batch, KvCache& kv, const LayerHook& after_kv_store, bool head,
-                   Tensor* out, std::vector<float>* hidden = nullptr);
+                   Tensor* out, std::vector<float>* hidden = nullptr, float* logits_dst = nullptr);
   // Copies Run's logits to the host as n_vocab floats per row (a restricted head scattered).
   absl::Status DownloadLogits(const Tensor& out_logits, std::vector<float>* logits);
+  // Forward's and ForwardHidden's logits: the head writes straight into *logits where its
+  // backend's memory is the host's and every row is a whole vocabulary (no restricted head), so
+  // the rows are not copied again (16 MiB per 16-row step of a 262k-vocabulary model); else Run
+  // and DownloadLogits.
+  absl::Status RunToLogits(const Batch& batch, KvCache& kv, const LayerHook& after_kv_store,
+                           std::vector<float>* logits, std::vector<float>* hidden);
   // Rows of the output head: n_vocab, or a draft's head_tokens.
   int64_t HeadRows() const {
     return config_.head_tokens.empty() ? config_.n_vocab

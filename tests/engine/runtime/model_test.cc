@@ -3,14 +3,15 @@
 // bad batches are refused. (Agreement with llama.cpp is checked in tests/python.)
 #include "engine/runtime/model.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "common/status_matchers.h"
 #include "engine/backend/top_k.h"
@@ -106,6 +107,41 @@ TEST_P(ModelTest, BatchedSequencesMatchSeparateRuns) {
   // logits_rows order: c's last token comes first in the batch (index 5), a's last later.
   EXPECT_LT(RelL2(mixed.data(), lc.data() + 2 * V, V), 1e-5);
   EXPECT_LT(RelL2(mixed.data() + V, la.data() + 5 * V, V), 1e-5);
+}
+
+// On the CPU the head writes Forward's logits straight into the caller's vector: a vector reused
+// across steps of different row counts (shrinking, growing, as a decode loop and a verify step
+// alternate) holds exactly what a fresh vector gets, bit for bit, and an error leaves it empty
+// rather than holding the rows of an earlier step.
+TEST_P(ModelTest, ReusedLogitsVectorHoldsEachStepsRowsAndEmptiesOnError) {
+  auto f = Make(GetParam());
+  const int V = f->model->config().n_vocab;
+  const std::vector<int32_t> prompt = {7, 3, 19, 44, 2, 61};
+  PD_ASSERT_OK(f->kv->Reserve(0, int(prompt.size())));
+  PD_ASSERT_OK(f->kv->Reserve(1, int(prompt.size())));
+  std::vector<float> reused(7 * size_t(V), 123.f);  // larger than any step below
+  // Steps of 3, 1 and 2 logits rows over the prompt, on sequence 0 into `reused` and on sequence
+  // 1 into fresh vectors.
+  const std::vector<std::pair<int, int>> steps = {{0, 3}, {3, 4}, {4, 6}};
+  for (auto [begin, end] : steps) {
+    Batch b0, b1;
+    for (int i = begin; i < end; ++i) {
+      b0.Add(prompt[i], i, 0, true);
+      b1.Add(prompt[i], i, 1, true);
+    }
+    std::vector<float> fresh;
+    PD_ASSERT_OK(f->model->Forward(b0, *f->kv, &reused));
+    PD_ASSERT_OK(f->model->Forward(b1, *f->kv, &fresh));
+    ASSERT_EQ(reused.size(), size_t(end - begin) * V);
+    ASSERT_EQ(fresh.size(), reused.size());
+    EXPECT_EQ(std::memcmp(reused.data(), fresh.data(), fresh.size() * sizeof(float)), 0)
+        << "rows " << begin << ".." << end;
+  }
+  Batch bad;
+  bad.Add(V + 5, 0, 0, true);
+  EXPECT_THAT(f->model->Forward(bad, *f->kv, &reused),
+              StatusIs(absl::StatusCode::kInvalidArgument, "outside the vocabulary"));
+  EXPECT_TRUE(reused.empty());
 }
 
 // ForwardTop copies back each logits row's best k entries, which must be exactly those of
