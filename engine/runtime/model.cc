@@ -381,12 +381,10 @@ absl::Status Model::RunToLogits(const Batch& batch, KvCache& kv, const LayerHook
     if (!st.ok()) logits->clear();  // no stale rows behind an error
     return st;
   }
-  PD_RETURN_IF_ERROR(Run(batch, kv, after_kv_store, true, &out_logits, hidden));
-  if (out_logits.rows == 0) {
-    logits->clear();
-    return absl::OkStatus();
-  }
-  return DownloadLogits(out_logits, logits);
+  absl::Status st = Run(batch, kv, after_kv_store, true, &out_logits, hidden);
+  if (st.ok() && out_logits.rows > 0) st = DownloadLogits(out_logits, logits);
+  if (!st.ok() || out_logits.rows == 0) logits->clear();
+  return st;
 }
 
 absl::Status Model::ForwardHidden(const Batch& batch, KvCache& kv, std::vector<float>* logits,

@@ -134,9 +134,9 @@ class Model {
   // Runs `batch`. Preconditions (checked, INVALID_ARGUMENT): token ids < n_vocab, positions >= 0,
   // each sequence's KV capacity covers its positions (KvCache::Reserve first). `kv` holds each
   // layer's K/V on that layer's backend (KvCache::Create with LayerBackends()). On success
-  // `logits` holds logits_rows.size() rows of n_vocab floats, in logits_rows order. A draft
-  // model with a restricted head (ModelConfig::head_tokens) computes the head over its rows only
-  // and gives -infinity at every id outside them.
+  // `logits` holds logits_rows.size() rows of n_vocab floats, in logits_rows order; on an error
+  // it is empty. A draft model with a restricted head (ModelConfig::head_tokens) computes the
+  // head over its rows only and gives -infinity at every id outside them.
   //
   // `after_kv_store` (may be empty) runs once per layer, right after that layer's K/V of the
   // batch were written to `kv` and the backend synchronized, before its attention: the KV of
