@@ -709,8 +709,11 @@ struct ZmmTable {
                          x_stride, y, y_stride);
   }
 };
-// The same tiles for exactly kGemmTileX + 1 columns (Kernels::q4_k_repack_gemv5, q6_k5): their
-// accumulators (20 + 5 ZMM for Q4_K, 20 YMM + 5 ZMM for Q6_K) still fit the register file.
+// The same tiles for exactly kGemmTileX + 1 columns (Kernels::q4_k_repack_gemv5, q6_k5). Their
+// sums (Q4_K: 20 ZMM; Q6_K: 20 YMM accumulators and 5 ZMM) crowd the register file and the
+// compiler spills a few more values than at four columns (stack stores in the code: Q4_K 26
+// against 19, Q6_K 39 against 21), yet one pass beats 4 + 1 (gemv_bench rows/q4_K/5/1 439-461 ->
+// 345-350 us, rows/q6_K/5/1 589-594 -> 422-425 us).
 template <template <int, int> class T>
 struct ZmmTable5 {
   static constexpr int kCols = kGemmTileX + 1;
