@@ -369,21 +369,14 @@ absl::Status Model::Forward(const Batch& batch, KvCache& kv, std::vector<float>*
 
 absl::Status Model::RunToLogits(const Batch& batch, KvCache& kv, const LayerHook& after_kv_store,
                                 std::vector<float>* logits, std::vector<float>* hidden) {
+  const bool in_place = config_.head_tokens.empty() && backend().host_memory();
   Tensor out_logits;
-  const int64_t n_out = static_cast<int64_t>(batch.logits_rows.size()) +
-                        static_cast<int64_t>(batch.head_x.size()) / config_.n_embd;
-  if (config_.head_tokens.empty() && backend().host_memory() && n_out > 0) {
-    // Every element is written by the head, so a vector reused at the same size (a decode
-    // loop's) is not zero-filled again either.
-    logits->resize(static_cast<size_t>(n_out) * config_.n_vocab);
-    absl::Status st = Run(batch, kv, after_kv_store, true, &out_logits, hidden, logits->data());
-    if (st.ok()) st = backend().Synchronize();
-    if (!st.ok()) logits->clear();  // no stale rows behind an error
-    return st;
+  absl::Status st =
+      Run(batch, kv, after_kv_store, true, &out_logits, hidden, in_place ? logits : nullptr);
+  if (st.ok() && out_logits.rows > 0) {
+    st = in_place ? backend().Synchronize() : DownloadLogits(out_logits, logits);
   }
-  absl::Status st = Run(batch, kv, after_kv_store, true, &out_logits, hidden);
-  if (st.ok() && out_logits.rows > 0) st = DownloadLogits(out_logits, logits);
-  if (!st.ok() || out_logits.rows == 0) logits->clear();
+  if (!st.ok() || out_logits.rows == 0) logits->clear();  // no stale rows behind an error
   return st;
 }
 
@@ -458,7 +451,7 @@ absl::Status Model::ForwardTop(const Batch& batch, KvCache& kv, int k, TopLogits
 }
 
 absl::Status Model::Run(const Batch& batch, KvCache& kv, const LayerHook& after_kv_store, bool head,
-                        Tensor* out, std::vector<float>* hidden, float* logits_dst) {
+                        Tensor* out, std::vector<float>* hidden, std::vector<float>* host_logits) {
   *out = Tensor{DType::kF32, HeadRows(), 0, nullptr};
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(batch.size());
@@ -645,8 +638,13 @@ absl::Status Model::Run(const Batch& batch, KvCache& kv, const LayerHook& after_
   // Only the rows whose logits are wanted go through the output head.
   Tensor out_x = Scratch(cur, kOutX, c.n_embd, n_out);
   Tensor out_h = Scratch(cur, kOutH, c.n_embd, n_out);
-  Tensor out_logits = logits_dst != nullptr ? Tensor{DType::kF32, HeadRows(), n_out, logits_dst}
-                                            : Scratch(cur, kLogits, HeadRows(), n_out);
+  Tensor out_logits = Scratch(cur, kLogits, HeadRows(), n_out);
+  if (host_logits != nullptr) {
+    // Every element is written by the head, so a vector reused at the same size (a decode
+    // loop's) is not zero-filled again either.
+    host_logits->resize(static_cast<size_t>(out_logits.numel()));
+    out_logits.data = host_logits->data();
+  }
   if (n_logits > 0) {
     Tensor rows = out_x.Rows(0, n_logits);
     PD_RETURN_IF_ERROR(b.GetRows(x, absl::MakeConstSpan(batch.logits_rows), rows));

@@ -166,10 +166,12 @@ class Model {
   absl::Status EnsureScratch(int64_t n_tokens, int64_t n_out);
   // The forward pass up to the output head. head: compute the logits rows into *out (on the
   // head's backend, [logits_rows.size(), HeadRows()]); otherwise, and for a batch without logits
-  // rows, *out has no rows and the backends are synchronized. logits_dst (non-null only where the
-  // head's backend has host memory): the head writes its rows there instead of into scratch.
+  // rows, *out has no rows and the backends are synchronized. host_logits (only where the head's
+  // backend has host memory): sized to the head's rows, which the head writes into instead of
+  // scratch, *out pointing at them.
   absl::Status Run(const Batch& batch, KvCache& kv, const LayerHook& after_kv_store, bool head,
-                   Tensor* out, std::vector<float>* hidden = nullptr, float* logits_dst = nullptr);
+                   Tensor* out, std::vector<float>* hidden = nullptr,
+                   std::vector<float>* host_logits = nullptr);
   // Copies Run's logits to the host as n_vocab floats per row (a restricted head scattered).
   absl::Status DownloadLogits(const Tensor& out_logits, std::vector<float>* logits);
   // Forward's and ForwardHidden's logits: the head writes straight into *logits where its

@@ -3,8 +3,6 @@
 // bad batches are refused. (Agreement with llama.cpp is checked in tests/python.)
 #include "engine/runtime/model.h"
 
-#include <gtest/gtest.h>
-
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -12,6 +10,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "common/status_matchers.h"
 #include "engine/backend/top_k.h"
