@@ -66,7 +66,8 @@ inline float HSumVnni(__m256 v) {
 // (p0 + p2) + (p1 + p3): HSumVnni's additions for four rows at once, and one 16-byte store where
 // four reductions and four scalar stores were. The tiles end with it for four weight rows
 // (gemv_bench on the AVX-512 Xeon, medians of three alternating runs: the Q8_0 head at one row
-// 12.2 -> 11.7 ms, Q5_0 at one row 246 -> 232 us).
+// 12.2 -> 11.7 ms, Q5_0 at one row 246 -> 232 us). The twin of kernels_avx2_internal.h's
+// StoreHSum4, as HSumVnni is of HSum: this file calls no inline function from shared headers.
 inline void StoreHSum4Vnni(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float* y) {
   const __m128 s0 = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
   const __m128 s1 = _mm_add_ps(_mm256_castps256_ps128(a1), _mm256_extractf128_ps(a1, 1));
