@@ -54,21 +54,16 @@ const float* HalfTable() {
   return table;
 }
 
-inline float HSumVnni(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// HSumVnni of four vectors (weight rows r = 0..3) stored to y[0..3]: each s_r = lo + hi
-// (s_p = l_p + l_{p+4}), the four transposed so that lane r of p_j is s_r[j], then
-// (p0 + p2) + (p1 + p3): HSumVnni's additions for four rows at once, and one 16-byte store where
-// four reductions and four scalar stores were. The tiles end with it for four weight rows
-// (gemv_bench on the AVX-512 Xeon, medians of three alternating runs: the Q8_0 head at one row
-// 12.2 -> 11.7 ms, Q5_0 at one row 246 -> 232 us). The twin of kernels_avx2_internal.h's
-// StoreHSum4, as HSumVnni is of HSum: this file calls no inline function from shared headers.
-inline void StoreHSum4Vnni(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float* y) {
+// The lane sums of four vectors of eight lanes (weight rows r = 0..3) stored to y[0 .. rows), in
+// the AVX2 tiles' order (HSum: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))): each
+// s_r = lo + hi (s_p = l_p + l_{p+4}), the four transposed so that lane r of p_j is s_r[j], then
+// (p0 + p2) + (p1 + p3) for four rows at once, and one 16-byte store (masked to `rows`; the
+// vectors past them are the caller's zeros) where four reductions and four scalar stores were.
+// Every tile and the quad kernels end with it (gemv_bench on the AVX-512 Xeon, medians of three
+// alternating runs: the Q8_0 head at one row 12.2 -> 11.7 ms, Q5_0 at one row 246 -> 232 us). The
+// twin of kernels_avx2_internal.h's StoreHSum4: this file calls no inline function from shared
+// headers.
+inline void StoreHSum4Vnni(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float* y, int rows) {
   const __m128 s0 = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
   const __m128 s1 = _mm_add_ps(_mm256_castps256_ps128(a1), _mm256_extractf128_ps(a1, 1));
   const __m128 s2 = _mm_add_ps(_mm256_castps256_ps128(a2), _mm256_extractf128_ps(a2, 1));
@@ -77,10 +72,30 @@ inline void StoreHSum4Vnni(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float* y)
   const __m128 a23lo = _mm_unpacklo_ps(s2, s3), a23hi = _mm_unpackhi_ps(s2, s3);
   const __m128 p0 = _mm_movelh_ps(a01lo, a23lo), p1 = _mm_movehl_ps(a23lo, a01lo);
   const __m128 p2 = _mm_movelh_ps(a01hi, a23hi), p3 = _mm_movehl_ps(a23hi, a01hi);
-  _mm_storeu_ps(y, _mm_add_ps(_mm_add_ps(p0, p2), _mm_add_ps(p1, p3)));
+  const __m128 v = _mm_add_ps(_mm_add_ps(p0, p2), _mm_add_ps(p1, p3));
+  if (rows == 4) {
+    _mm_storeu_ps(y, v);
+  } else {
+    _mm_mask_storeu_ps(y, static_cast<__mmask8>((1u << rows) - 1), v);
+  }
 }
 
 #define PD_VNNI_UNROLL _Pragma("GCC unroll 4")
+
+// A tile's R x C results (R <= 4 weight rows) through StoreHSum4Vnni, rows past R as zeros.
+template <int R, int C>
+inline void StoreTileVnni(const __m256 (&acc)[R][C], float* y, int64_t ys) {
+  static_assert(R >= 1 && R <= 4);
+  PD_VNNI_UNROLL
+  for (int c = 0; c < C; ++c) {
+    __m256 a[4];
+    PD_VNNI_UNROLL
+    for (int r = 0; r < 4; ++r) a[r] = _mm256_setzero_ps();
+    PD_VNNI_UNROLL
+    for (int r = 0; r < R; ++r) a[r] = acc[r][c];
+    StoreHSum4Vnni(a[0], a[1], a[2], a[3], y + c * ys, R);
+  }
+}
 
 // The loops over R and C are fully unrolled so that the R x C accumulators (and the C activation
 // vectors) live in registers: 16 + 12 of AVX512VL's 32 ymm registers for a 4 x 4 tile.
@@ -122,14 +137,7 @@ void TileQ8Vnni(int64_t k, const char* w, size_t ws, const char* x, size_t xs, f
       }
     }
   }
-  if constexpr (R == 4) {
-    PD_VNNI_UNROLL
-    for (int c = 0; c < C; ++c)
-      StoreHSum4Vnni(acc[0][c], acc[1][c], acc[2][c], acc[3][c], y + c * ys);
-    return;
-  }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[c * ys + r] = HSumVnni(acc[r][c]);
+  StoreTileVnni<R, C>(acc, y, ys);
 }
 
 // Four f16 scales at a stride of `stride` bytes, as 4 floats.
@@ -244,14 +252,7 @@ void TileCodesVnni(int64_t k, const char* w, size_t ws, const char* x, size_t xs
       }
     }
   }
-  if constexpr (R == 4) {
-    PD_VNNI_UNROLL
-    for (int c = 0; c < C; ++c)
-      StoreHSum4Vnni(acc[0][c], acc[1][c], acc[2][c], acc[3][c], y + c * ys);
-    return;
-  }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[c * ys + r] = HSumVnni(acc[r][c]);
+  StoreTileVnni<R, C>(acc, y, ys);
 }
 
 using TileImplVnni = void (*)(int64_t, const char*, size_t, const char*, size_t, float*, int64_t);
@@ -408,7 +409,7 @@ void GroupedRows(int64_t nb, const uint8_t* codes, const float* scales, int64_t 
     }
   }
   for (int r = 0; r < R; ++r) {
-    // HSumVnni's order: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
+    // The tiles' lane-sum order: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
     const __m512 sum = _mm512_add_ps(
         _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][4]), _mm512_add_ps(acc[r][2], acc[r][6])),
         _mm512_add_ps(_mm512_add_ps(acc[r][1], acc[r][5]), _mm512_add_ps(acc[r][3], acc[r][7])));
@@ -504,23 +505,27 @@ void PackQuadX(const void* x, size_t xs, int64_t n, int64_t k, void* out) {
   }
 }
 
-// QuadRows' results for four weight rows, reduced and stored four weight rows at a time: per
-// group of activation rows, the four rows' sums t_r = lo + hi are transposed within each 128-bit
-// lane (lane c: the 4 x 4 block t_r[p] of activation row c), so that one addition tree gives
-// (t0 + t2) + (t1 + t3) for the four weight rows at once, the additions QuadRows' one-row
-// reduction makes, and one 16-byte store writes them to y[c * ys + r .. r + 3]; the tail's
-// 256-bit sums through StoreHSum4Vnni. A call covers one row's blocks (20 for the default
-// model's 640-wide rows), so the per-row reduction (a spill, four reloads and four scalar stores
-// per row and group) was a large share of it: gemv_bench rows/q8_0/5/1 on the AVX-512 Xeon 17.5
-// -> 16.1 ms, rows/q8_0/4/1 15.9 -> 15.1 (medians of three alternating runs).
-template <int G, bool kTail>
-inline void QuadStore4(const __m512 (&acc)[4][G][2], const __m256 (&tacc)[4], int n_valid, float* y,
-                       int64_t ys) {
+// QuadRows' results for its R <= 4 weight rows, reduced and stored four weight rows at a time:
+// per group of activation rows, the rows' sums t_r = lo + hi (zeros past R) are transposed within
+// each 128-bit lane (lane c: the 4 x 4 block t_r[p] of activation row c), so that one addition
+// tree gives (t0 + t2) + (t1 + t3) for the four weight rows at once, each lane's tiles' order,
+// and one 16-byte store (masked to R) writes them to y[c * ys + r .. r + R); the tail's 256-bit
+// sums through StoreHSum4Vnni. A call covers one row's blocks (20 for the default model's
+// 640-wide rows), so the per-row reduction this replaced (a spill, four reloads and four scalar
+// stores per row and group) was a large share of it: gemv_bench rows/q8_0/5/1 on the AVX-512
+// Xeon 17.5 -> 16.1 ms, rows/q8_0/4/1 15.9 -> 15.1 (medians of three alternating runs).
+template <int R, int G, bool kTail>
+inline void QuadStore(const __m512 (&acc)[R][G][2], const __m256 (&tacc)[R], int n_valid, float* y,
+                      int64_t ys) {
+  static_assert(R >= 1 && R <= 4);
+  const __mmask8 mask = static_cast<__mmask8>((1u << R) - 1);
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g) {
     __m512 t[4];
 #pragma GCC unroll 4
-    for (int r = 0; r < 4; ++r) t[r] = _mm512_add_ps(acc[r][g][0], acc[r][g][1]);
+    for (int r = 0; r < 4; ++r) t[r] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) t[r] = _mm512_add_ps(acc[r][g][0], acc[r][g][1]);
     // Per 128-bit lane: a01lo = (t0[0], t1[0], t0[1], t1[1]), a01hi = (t0[2], t1[2], t0[3], t1[3]).
     const __m512 a01lo = _mm512_unpacklo_ps(t[0], t[1]), a01hi = _mm512_unpackhi_ps(t[0], t[1]);
     const __m512 a23lo = _mm512_unpacklo_ps(t[2], t[3]), a23hi = _mm512_unpackhi_ps(t[2], t[3]);
@@ -531,12 +536,19 @@ inline void QuadStore4(const __m512 (&acc)[4][G][2], const __m256 (&tacc)[4], in
     const __m512 p3 = _mm512_shuffle_ps(a01hi, a23hi, 0xEE);
     const __m512 v = _mm512_add_ps(_mm512_add_ps(p0, p2), _mm512_add_ps(p1, p3));
     float* yg = y + g * 4 * ys;
-    if (g * 4 + 0 < n_valid) _mm_storeu_ps(yg, _mm512_castps512_ps128(v));
-    if (g * 4 + 1 < n_valid) _mm_storeu_ps(yg + ys, _mm512_extractf32x4_ps(v, 1));
-    if (g * 4 + 2 < n_valid) _mm_storeu_ps(yg + 2 * ys, _mm512_extractf32x4_ps(v, 2));
-    if (g * 4 + 3 < n_valid) _mm_storeu_ps(yg + 3 * ys, _mm512_extractf32x4_ps(v, 3));
+    if (g * 4 + 0 < n_valid) _mm_mask_storeu_ps(yg, mask, _mm512_castps512_ps128(v));
+    if (g * 4 + 1 < n_valid) _mm_mask_storeu_ps(yg + ys, mask, _mm512_extractf32x4_ps(v, 1));
+    if (g * 4 + 2 < n_valid) _mm_mask_storeu_ps(yg + 2 * ys, mask, _mm512_extractf32x4_ps(v, 2));
+    if (g * 4 + 3 < n_valid) _mm_mask_storeu_ps(yg + 3 * ys, mask, _mm512_extractf32x4_ps(v, 3));
   }
-  if constexpr (kTail) StoreHSum4Vnni(tacc[0], tacc[1], tacc[2], tacc[3], y + 4 * G * ys);
+  if constexpr (kTail) {
+    __m256 a[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) a[r] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) a[r] = tacc[r];
+    StoreHSum4Vnni(a[0], a[1], a[2], a[3], y + 4 * G * ys, R);
+  }
 }
 
 // R weight rows x G groups of four activation rows. kQ8: Q8_0 weight blocks (w XOR 0x80 against
@@ -644,22 +656,7 @@ void QuadRows(int64_t nb, const char* w, size_t ws, const XQuadBlock* xq, int64_
       }
     }
   }
-  if constexpr (R == 4) {
-    QuadStore4<G, kTail>(acc, tacc, n_valid, y, ys);
-    return;
-  }
-  for (int r = 0; r < R; ++r) {
-    for (int g = 0; g < G; ++g) {
-      // Lanes 4c + p: t_p = l_p + l_{p+4}; then (t0 + t2) + (t1 + t3) per row.
-      const __m512 t = _mm512_add_ps(acc[r][g][0], acc[r][g][1]);
-      const __m512 u = _mm512_add_ps(t, _mm512_permute_ps(t, 0x4E));  // t0+t2, t1+t3
-      const __m512 v = _mm512_add_ps(u, _mm512_permute_ps(u, 0xB1));  // (t0+t2)+(t1+t3)
-      alignas(64) float lanes[16];
-      _mm512_store_ps(lanes, v);
-      for (int c = 0; c < 4 && g * 4 + c < n_valid; ++c) y[(g * 4 + c) * ys + r] = lanes[4 * c];
-    }
-    if constexpr (kTail) y[4 * G * ys + r] = HSumVnni(tacc[r]);
-  }
+  QuadStore<R, G, kTail>(acc, tacc, n_valid, y, ys);
 }
 
 // y[c * ys + r] for `rows` weight rows (raw Q8_0 or Q5_0 blocks, `w_stride` bytes apart) and n

@@ -197,10 +197,12 @@ PD_ALWAYS_INLINE inline __m256i UnpackQ5_0(const BlockQ5_0* wb) {
   return _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(hb, bits), sixteen));
 }
 
-// HSum of four vectors (weight rows r = 0..3) stored to y[0..3]: each s_r = lo + hi, the four
-// transposed so that lane r of p_j is s_r[j], then (p0 + p2) + (p1 + p3): HSum's additions for
-// four rows at once and one 16-byte store, where four reductions and four scalar stores were.
-PD_ALWAYS_INLINE inline void StoreHSum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float* y) {
+// HSum of four vectors (weight rows r = 0..3) stored to y[0 .. rows): each s_r = lo + hi, the
+// four transposed so that lane r of p_j is s_r[j], then (p0 + p2) + (p1 + p3): HSum's additions
+// for four rows at once and one 16-byte store (masked to `rows`; the vectors past them are the
+// caller's zeros), where four reductions and four scalar stores were.
+PD_ALWAYS_INLINE inline void StoreHSum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float* y,
+                                        int rows) {
   const __m128 s0 = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
   const __m128 s1 = _mm_add_ps(_mm256_castps256_ps128(a1), _mm256_extractf128_ps(a1, 1));
   const __m128 s2 = _mm_add_ps(_mm256_castps256_ps128(a2), _mm256_extractf128_ps(a2, 1));
@@ -209,21 +211,25 @@ PD_ALWAYS_INLINE inline void StoreHSum4(__m256 a0, __m256 a1, __m256 a2, __m256 
   const __m128 a23lo = _mm_unpacklo_ps(s2, s3), a23hi = _mm_unpackhi_ps(s2, s3);
   const __m128 p0 = _mm_movelh_ps(a01lo, a23lo), p1 = _mm_movehl_ps(a23lo, a01lo);
   const __m128 p2 = _mm_movelh_ps(a01hi, a23hi), p3 = _mm_movehl_ps(a23hi, a01hi);
-  _mm_storeu_ps(y, _mm_add_ps(_mm_add_ps(p0, p2), _mm_add_ps(p1, p3)));
+  const __m128 v = _mm_add_ps(_mm_add_ps(p0, p2), _mm_add_ps(p1, p3));
+  if (rows == 4) {
+    _mm_storeu_ps(y, v);
+  } else {
+    _mm_maskstore_ps(y, _mm_cmpgt_epi32(_mm_set1_epi32(rows), _mm_setr_epi32(0, 1, 2, 3)), v);
+  }
 }
 
-// A tile's results: four weight rows at a time through StoreHSum4 (the default model's
-// 640-wide rows are 20 blocks, so a tile does little work per result and its reduction counts).
+// A tile's R x C results (R <= 4 weight rows) through StoreHSum4, rows past R as zeros (the
+// default model's 640-wide rows are 20 blocks, so a tile does little work per result and its
+// reduction counts).
 template <int R, int C>
 inline void StoreTile(__m256 (&acc)[R][C], float* y, int64_t ys) {
-  if constexpr (R == 4) {
-    PD_UNROLL for (int c = 0; c < C; ++c) {
-      StoreHSum4(acc[0][c], acc[1][c], acc[2][c], acc[3][c], y + c * ys);
-    }
-    return;
-  }
-  PD_UNROLL for (int r = 0; r < R; ++r) {
-    PD_UNROLL for (int c = 0; c < C; ++c) y[c * ys + r] = HSum(acc[r][c]);
+  static_assert(R >= 1 && R <= 4);
+  PD_UNROLL for (int c = 0; c < C; ++c) {
+    __m256 a[4];
+    PD_UNROLL for (int r = 0; r < 4; ++r) a[r] = _mm256_setzero_ps();
+    PD_UNROLL for (int r = 0; r < R; ++r) a[r] = acc[r][c];
+    StoreHSum4(a[0], a[1], a[2], a[3], y + c * ys, R);
   }
 }
 
