@@ -259,11 +259,11 @@ absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
   const size_t ws = w.row_bytes();
   float* ya = static_cast<float*>(y.data);
   // Q8_0 and Q5_0 for a batch: activations laid out 16 rows per register once; Q8_0 weights read
-  // in place, Q5_0 chunks unpacked once per call (AVX512-VNNI). Without VNNI, Q5_0 takes the AVX2
-  // grouped kernel (8 rows per register; prompt GEMM 1.8-2.0x the 4x4 tiles, gemv_bench
-  // prompt/q5_0/1 on Zen 3), and Q8_0 its AVX2 grouped kernel through the plan's in-place slot
-  // (PlanMatMul). All are bit-identical to the tiles below, so results do not depend on the
-  // batch size.
+  // in place, Q5_0 chunks unpacked once per call, or read in place for a single group of 16 rows
+  // (AVX512-VNNI). Without VNNI, Q5_0 takes the AVX2 grouped kernel (8 rows per register; prompt
+  // GEMM 1.8-2.0x the 4x4 tiles, gemv_bench prompt/q5_0/1 on Zen 3), and Q8_0 its AVX2 grouped
+  // kernel through the plan's in-place slot (PlanMatMul). All are bit-identical to the tiles
+  // below, so results do not depend on the batch size.
   // Without the 512-bit k-quant tiles, Q4_K matrices llama.cpp repacks and Q6_K ones take AVX2
   // grouped kernels for the leading rows in the order each reproduces (a prompt's rows: Q4_K's
   // repacked GEMM order, all but the last n % 4; Q6_K's tiled order, all of them from 8 rows),
@@ -283,6 +283,9 @@ absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
     if (w.type == DType::kQ5_0) grouped = cpu::Q5_0GroupedVnni();
     if (grouped != nullptr && n > kVnniGroupRows && n % kVnniGroupRows <= kGroupedTailToTiles) {
       n_grouped = n - n % kVnniGroupRows;
+    }
+    if (w.type == DType::kQ5_0 && grouped != nullptr && n_grouped <= kVnniGroupRows) {
+      grouped = cpu::Q5_0GroupedInPlaceVnni();
     }
     if (w.type == DType::kQ5_0 && grouped == nullptr) grouped = cpu::Q5_0GroupedAvx2();
     const cpu::ZmmKQuantTiles zmm = cpu::ZmmKQuantTilesIfSupported();

@@ -114,6 +114,11 @@ struct GroupedKernels {
 };
 const GroupedKernels* Q8_0GroupedVnni();
 const GroupedKernels* Q5_0GroupedVnni();
+// Q5_0 the same way with the blocks read in place (no pack_w), each unpacked as the kernel reaches
+// it: for one group of 16 activation rows (a batched decode step), where the packed chunk costs a
+// store and a load of every code and is read once (gemv_bench rows/q5_0/16/1 on the AVX-512
+// Xeon: 1.27 -> 1.01 ms). Several groups read each block several times: Q5_0GroupedVnni.
+const GroupedKernels* Q5_0GroupedInPlaceVnni();
 // Q5_0 on AVX2 alone (grouped_avx2.cc): eight activation rows per 256-bit register, a chunk's rows
 // unpacked once per MatMul. Bit-identical to the AVX2 tile. nullptr when the build has no AVX2
 // code; only call where AVX2 runs (Avx2Kernels() selected).

@@ -451,7 +451,7 @@ void ExpectGroupedEqualsTiles(const GroupedKernels* g, GemmTileFn tiles, uint32_
         std::vector<char> xp(g->x_bytes(n, k) + 64);
         char* xa = xp.data() + (64 - reinterpret_cast<uintptr_t>(xp.data()) % 64) % 64;
         g->pack_x(x.data(), xs, n, k, xa);
-        if (g->pack_w == nullptr) {  // Q8_0: the blocks in place
+        if (g->pack_w == nullptr) {  // the blocks in place
           g->gemm(k, w.data(), ws, rows, xa, n, got.data(), rows);
         } else {
           std::vector<char> wp(g->w_bytes(rows, k));
@@ -471,16 +471,33 @@ void ExpectGroupedEqualsTiles(const GroupedKernels* g, GemmTileFn tiles, uint32_
   }
 }
 
+// The VNNI grouped kernels run rows longer than 24 blocks in spans over tiles of 8 weight rows,
+// carrying the accumulators: k = 800 (a span of 24 blocks and one of 1) and 2,048 (24, 24, 16),
+// 9 rows (a tile and a one-row tile).
 TEST(GroupedVnniTest, Q8_0BitIdenticalToTheAvx2Tiles) {
   const GroupedKernels* g = Q8_0GroupedVnni();
   if (g == nullptr) GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_ISA / PDSERVE_CPU_NO_VNNI turn it off)";
-  ExpectGroupedEqualsTiles<BlockQ8_0>(g, &GemmQ8_0Avx2, 21);
+  ExpectGroupedEqualsTiles<BlockQ8_0>(g, &GemmQ8_0Avx2, 21, {4, 7, 16, 17, 40}, {1, 3, 4, 9},
+                                      {32, 640, 800, 2048});
 }
 
 TEST(GroupedVnniTest, Q5_0BitIdenticalToTheAvx2Tiles) {
   const GroupedKernels* g = Q5_0GroupedVnni();
   if (g == nullptr) GTEST_SKIP() << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_ISA / PDSERVE_CPU_NO_VNNI turn it off)";
-  ExpectGroupedEqualsTiles<BlockQ5_0>(g, &GemmQ5_0Avx2, 22);
+  ExpectGroupedEqualsTiles<BlockQ5_0>(g, &GemmQ5_0Avx2, 22, {4, 7, 16, 17, 40}, {1, 3, 4, 9},
+                                      {32, 640, 800, 2048});
+}
+
+// The same kernel reading Q5_0 blocks in place (a decode step's one group of 16 rows; more groups
+// work too, each unpacking the blocks again).
+TEST(GroupedVnniTest, Q5_0InPlaceBitIdenticalToTheAvx2Tiles) {
+  const GroupedKernels* g = Q5_0GroupedInPlaceVnni();
+  if (g == nullptr)
+    GTEST_SKIP()
+        << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_ISA / PDSERVE_CPU_NO_VNNI turn it off)";
+  ASSERT_EQ(g->pack_w, nullptr);
+  ExpectGroupedEqualsTiles<BlockQ5_0>(g, &GemmQ5_0Avx2, 29, {4, 12, 16, 17}, {1, 3, 4, 9},
+                                      {32, 640, 800, 2048});
 }
 
 // The AVX2 grouped Q5_0 kernel (eight activation rows per 256-bit register, prompts on CPUs
