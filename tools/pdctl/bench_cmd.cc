@@ -102,6 +102,10 @@ int RunBench(const BenchFlags& flags) {
         kv.total_blocks(), " (raise --ctx or lower --tg)")));
   }
   std::vector<float> logits;
+  // Decode steps take each row's best token as the daemons do for greedy sampling (the
+  // scheduler's top-logits path, Model::ForwardTop with k = 1: the backend reduces the rows, the
+  // host gets one id per row), not a host-side scan of every row's logits.
+  engine::TopLogits top;
   auto prompt = [&](int n) -> absl::Status {
     kv.Free(0);
     PD_RETURN_IF_ERROR(kv.Reserve(0, n));
@@ -116,13 +120,13 @@ int RunBench(const BenchFlags& flags) {
       PD_RETURN_IF_ERROR(kv.Reserve(0, i + 1));
       engine::Batch batch;
       batch.Add(token, i, 0, true);
-      PD_RETURN_IF_ERROR(model.Forward(batch, kv, &logits));
-      token = engine::ArgMax(absl::MakeConstSpan(logits.data(), n_vocab));
+      PD_RETURN_IF_ERROR(model.ForwardTop(batch, kv, 1, &top));
+      token = top.Ids(0)[0];
     }
     return absl::OkStatus();
   };
   // Batched decode: `batch_seqs` sequences (ids 1..B) each take one token per step, as a
-  // continuous-batching engine's decode steps do; full logits for every row. With batch_pp, each
+  // continuous-batching engine's decode steps do; logits for every row. With batch_pp, each
   // sequence first gets its own batch_pp-token prompt (prefill_batch, not timed by the caller).
   auto prefill_batch = [&]() -> absl::Status {
     kv.Free(0);  // the single-sequence runs are done with it
@@ -146,11 +150,8 @@ int RunBench(const BenchFlags& flags) {
         PD_RETURN_IF_ERROR(kv.Reserve(s + 1, batch_pp + i + 1));
         batch.Add(tokens[s] + (i == 0 ? s : 0), batch_pp + i, s + 1, true);
       }
-      PD_RETURN_IF_ERROR(model.Forward(batch, kv, &logits));
-      for (int s = 0; s < batch_seqs; ++s) {
-        tokens[s] = engine::ArgMax(
-            absl::MakeConstSpan(logits.data() + static_cast<size_t>(s) * n_vocab, n_vocab));
-      }
+      PD_RETURN_IF_ERROR(model.ForwardTop(batch, kv, 1, &top));
+      for (int s = 0; s < batch_seqs; ++s) tokens[s] = top.Ids(s)[0];
     }
     for (int s = 1; s <= batch_seqs; ++s) kv.Free(s);
     return absl::OkStatus();
@@ -166,8 +167,8 @@ int RunBench(const BenchFlags& flags) {
       for (int j = 0; j < verify_rows; ++j) {
         batch.AddOrdered(token + j, pos + j, 0, true, /*prompt_len=*/0);
       }
-      PD_RETURN_IF_ERROR(model.Forward(batch, kv, &logits));
-      token = engine::ArgMax(absl::MakeConstSpan(logits.data(), n_vocab));
+      PD_RETURN_IF_ERROR(model.ForwardTop(batch, kv, 1, &top));
+      token = top.Ids(verify_rows - 1)[0];
     }
     return absl::OkStatus();
   };
