@@ -9,7 +9,8 @@ llama-cpp-python) on the same GGUF file with the same synthetic token ids, the s
 
 pp512: one forward of a 512-token prompt from an empty cache (logits of the last position).
 tg128: 128 single-token forwards from an empty cache, full logits each step (pdserve also takes
-the greedy argmax of each step's 262k logits; llama.cpp's rate is its own t_eval counter).
+each step's best token from its 262k logits on the backend, as its scheduler does for greedy
+sampling; llama.cpp's rate is its own t_eval counter).
 Rates are medians over --reps repetitions after a warm-up, each system in its own process.
 Roofline: DRAM read bandwidth measured in the same run (gemv_bench dram_read, 2 GiB buffer, the
 same thread count) / bytes of weights read per decoded token (from the GGUF: every tensor once,

@@ -14,8 +14,8 @@ What is held equal: prefill is one prompt of N tokens from an empty cache (llama
 `pdctl bench --pp N`), ids differ (llama-bench draws random ids, pdctl a fixed spread; speed does
 not depend on them). Decode: each of B sequences first holds its own P-token prompt (untimed),
 then G steps of one token per sequence with logits for every row (llama-batched-bench -npp P
--ntg G -npl B, its S_TG; `pdctl bench --batch B --batch-pp P --tg G`, which also takes the argmax
-of each row's logits, a cost llama.cpp's figure leaves out). llama.cpp gets the better of flash
+-ntg G -npl B, its S_TG; `pdctl bench --batch B --batch-pp P --tg G`, which also takes each
+row's best token on the backend as the scheduler does, a cost llama.cpp's figure leaves out). llama.cpp gets the better of flash
 attention off and on for each row; pdserve runs as shipped. Medians over --reps runs
 (llama-batched-bench measures once per call, so it is called --reps times).
 
