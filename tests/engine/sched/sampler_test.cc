@@ -334,26 +334,56 @@ TEST(SamplerTopTest, RowTopKRanksLikeAFullSort) {
   // Against sorting every (value, id) pair by the documented order: NaN last, -0 == +0.
   std::mt19937 rng(3);
   std::uniform_int_distribution<int> pick(-8, 8);
-  for (const int cols : {1, 2, 17, 300, 4096}) {
+  // k = 1 takes 64-column blocks, then the columns after the last full one: widths around the
+  // block, and rows whose best sits in the tail, twice in different blocks, nowhere (all NaN, all
+  // -infinity, NaN and -infinity), or among zeros of both signs.
+  int special = 0;
+  for (const int cols : {1, 2, 17, 63, 64, 65, 129, 300, 4096, 4096, 4096, 4096, 4096, 4096}) {
     std::vector<float> row(cols);
     for (int i = 0; i < cols; ++i) {
       const int v = pick(rng);
       row[i] = v == 8 ? NAN : v == -8 ? -INFINITY : v == 0 ? (i % 2 ? -0.f : 0.f) : v * 0.5f;
     }
-    std::vector<int32_t> order(cols);
-    for (int i = 0; i < cols; ++i) order[i] = i;
+    if (cols == 4096) {
+      switch (special++) {
+        case 0:  // the best only in the tail (4096 = 64 blocks: make it 4096 - 3 in a 4093 row)
+          row.resize(4093);
+          row[4091] = 9.f;
+          break;
+        case 1:  // the best twice, in blocks 5 and 40
+          row[5 * 64 + 7] = 9.f;
+          row[40 * 64 + 1] = 9.f;
+          break;
+        case 2:
+          std::fill(row.begin(), row.end(), NAN);
+          break;
+        case 3:
+          std::fill(row.begin(), row.end(), -INFINITY);
+          break;
+        case 4:
+          for (int i = 0; i < cols; ++i) row[i] = i % 3 ? NAN : -INFINITY;
+          break;
+        default:
+          for (int i = 0; i < cols; ++i) row[i] = i % 5 == 4 ? -0.f : i % 5 == 2 ? 0.f : -1.f;
+          break;
+      }
+    }
+    const int n_cols = static_cast<int>(row.size());
+    std::vector<int32_t> order(n_cols);
+    for (int i = 0; i < n_cols; ++i) order[i] = i;
     std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
       const bool na = std::isnan(row[a]), nb = std::isnan(row[b]);
       if (na || nb) return !na && nb;
       return row[a] > row[b];
     });
     for (const int k : {1, 2, 5, 256}) {
-      if (k > cols) continue;
+      if (k > n_cols) continue;
       std::vector<int32_t> ids;
       std::vector<float> values;
       TopOf(row, k, &ids, &values);
       for (int j = 0; j < k; ++j) {
-        ASSERT_EQ(ids[j], order[j]) << "cols " << cols << " k " << k << " rank " << j;
+        ASSERT_EQ(ids[j], order[j])
+            << "cols " << n_cols << " k " << k << " rank " << j << " special " << special;
         ASSERT_EQ(std::memcmp(&values[j], &row[order[j]], sizeof(float)), 0);
       }
     }
