@@ -7,6 +7,7 @@
 
 #include "common/status.h"
 #include "common/strings.h"
+#include "engine/backend/top_k.h"
 
 namespace pd::engine {
 
@@ -41,22 +42,11 @@ SamplingParams SamplingParams::Greedy() {
 }
 
 int32_t ArgMax(absl::Span<const float> logits) {
-  constexpr int kLanes = 16;  // independent maxima: the compiler keeps them in vector registers
-  float m[kLanes];
-  for (float& v : m) v = -std::numeric_limits<float>::infinity();
-  const size_t n = logits.size();
-  const float* x = logits.data();
-  size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) m[j] = x[i + j] > m[j] ? x[i + j] : m[j];
-  }
-  float best = -std::numeric_limits<float>::infinity();
-  for (; i < n; ++i) best = x[i] > best ? x[i] : best;
-  for (float v : m) best = v > best ? v : best;
-  for (size_t j = 0; j < n; ++j) {
-    if (x[j] == best) return static_cast<int32_t>(j);
-  }
-  return 0;
+  if (logits.empty()) return 0;
+  int32_t id = 0;
+  float value;
+  RowTopK(logits.data(), static_cast<int64_t>(logits.size()), 1, &id, &value);
+  return id;
 }
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}

@@ -31,8 +31,9 @@ struct SamplingParams {
 };
 
 // Index of the largest value, the lowest index among equal ones (greedy decoding's choice); 0
-// when `logits` holds only NaNs. Two vectorizable passes (max, then first match): over Gemma's
-// 262k logits ~0.1 ms instead of ~0.8 ms for a comparison-sort style scan of (id, logit) pairs.
+// when `logits` holds only NaNs (or is empty). RowTopK with k = 1 (engine/backend/top_k.h), the
+// ranking Backend::TopK gives: one pass over 64-value blocks, 33 us over Gemma's 262k logits in
+// L2 on the AVX-512 Xeon.
 int32_t ArgMax(absl::Span<const float> logits);
 
 // A next-token distribution after the sampling chain: the ids it can draw, most probable first

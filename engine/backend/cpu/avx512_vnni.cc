@@ -40,11 +40,11 @@ inline float HalfToFloatVnni(uint16_t h) { return _cvtsh_ss(h); }
 // here is a scalar load and a broadcast load, no vector instruction (where the F16C conversion
 // and its broadcast take three). The conversion is exact either way, so the bits are the same.
 // QuadRows uses it (gemv_bench rows/q8_0/5/1 20.2 -> 18.3 ms, rows/q5_0/5/1 531 -> 465 us on
-// the AVX-512 Xeon); the one-row tile does not: its decode stream is bound by memory, and there
-// the table's cache lines cost more than they save (a decode step 3 % slower). Not the scalar
-// table's F16Table (kernels_scalar.cc): that one is built with F16ToF32, which keeps a signalling
-// NaN's bits where F16C quiets it (1,022 of the 65,536 values), and these kernels must give the
-// F16C kernels' bits for every scale.
+// the AVX-512 Xeon), and GroupedRow; the one-row tile does not: its decode stream is bound by
+// memory, and there the table's cache lines cost more than they save (a decode step 3 % slower).
+// Not the scalar table's F16Table (kernels_scalar.cc): that one is built with F16ToF32, which keeps
+// a signalling NaN's bits where F16C quiets it (1,022 of the 65,536 values), and these kernels must
+// give the F16C kernels' bits for every scale.
 const float* HalfTable() {
   static const float* const table = [] {
     auto* t = new float[65536];
