@@ -24,7 +24,8 @@ inline uint32_t TopKKey(float v) {
 }
 
 // The k best entries of row[0, cols) in rank order: ids[0, k) their columns, values[0, k) the
-// values. 1 <= k <= cols. One pass over the row with a heap of k entries.
+// values. 1 <= k <= cols. One pass over the row: for k = 1 in 64-value blocks (then a search of
+// the one block that holds the best), otherwise with a heap of k entries.
 void RowTopK(const float* row, int64_t cols, int k, int32_t* ids, float* values);
 
 // Merges candidate lists (each already in rank order, ids distinct across lists) into the best k
