@@ -446,7 +446,8 @@ void GroupedRow(int64_t b0, int64_t b1, int64_t nb, const uint8_t* codes, const 
 // A weight row reads all of its group's activation blocks (1,088 bytes each). Up to
 // kGroupedSpanBlocks of them (26 KiB) stay in L1 from one row to the next; longer rows run in
 // spans of that many blocks over kGroupedRowTile rows at a time, each row's accumulators carried
-// from span to span (the additions stay in block order: the same bits). Without the spans, a
+// from span to span (the additions stay in block order: the same bits; a row of one span is one
+// call, rows in order, as without tiles). Without the spans, a
 // 2,048-wide row read 70 KiB of activations from L2 per weight row (gemv_bench rows/q5_0/16/1
 // 1.27 -> 1.40 ms against two rows per call).
 constexpr int64_t kGroupedSpanBlocks = 24;
@@ -461,18 +462,17 @@ void GemmGrouped(int64_t k, const void* w, size_t w_stride, int64_t rows, const 
   const int64_t stride = packed ? k : static_cast<int64_t>(w_stride);
   const float* scales = packed ? reinterpret_cast<const float*>(codes + rows * k) : nullptr;
   const auto* xg = static_cast<const XGroupBlock*>(packed_x);
-  const int64_t row_tile = nb <= kGroupedSpanBlocks ? rows : kGroupedRowTile;
   __m512 carry[kGroupedRowTile][8];
   for (int64_t g = 0; g * kLanes < n; ++g) {
     const int nc = static_cast<int>(std::min<int64_t>(kLanes, n - g * kLanes));
     float* yg = y + g * kLanes * ys;
-    for (int64_t r0 = 0; r0 < rows; r0 += row_tile) {
-      const int64_t r1 = std::min(rows, r0 + row_tile);
+    for (int64_t r0 = 0; r0 < rows; r0 += kGroupedRowTile) {
+      const int64_t r1 = std::min(rows, r0 + kGroupedRowTile);
       for (int64_t b0 = 0; b0 < nb; b0 += kGroupedSpanBlocks) {
         const int64_t b1 = std::min(nb, b0 + kGroupedSpanBlocks);
         for (int64_t r = r0; r < r1; ++r) {
           GroupedRow<kW>(b0, b1, nb, codes + r * stride, packed ? scales + r * nb : nullptr, stride,
-                         xg + g * nb, carry[(r - r0) % kGroupedRowTile], nc, yg + r, ys);
+                         xg + g * nb, carry[r - r0], nc, yg + r, ys);
         }
       }
     }
