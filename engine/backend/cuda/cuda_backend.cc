@@ -399,39 +399,10 @@ class CudaBackend final : public Backend {
   // of rows at a time (dequantize.cu: row_bytes read and 2k bytes written per row) and multiplied
   // like F16 weights, so that tensor cores do the 2*m*n*k flops.
   absl::Status MatMul(const Tensor& w, const Tensor& x, Tensor& y) override {
-    if (std::find(cuda::kMatMulWeightTypes.begin(), cuda::kMatMulWeightTypes.end(), w.type) ==
-        cuda::kMatMulWeightTypes.end()) {
-      return Unimplemented(pd::StrCat("MatMul with ", TypeName(w.type), " weights"));
-    }
-    if (x.type != DType::kF32 || y.type != DType::kF32) {
-      return absl::InvalidArgumentError(
-          pd::StrCat("CUDA backend: MatMul needs F32 activations, got x ", ShapeString(x),
-                     " and y ", ShapeString(y)));
-    }
-    if (w.cols != x.cols || y.rows != x.rows || y.cols != w.rows) {
-      return absl::InvalidArgumentError(
-          pd::StrCat("CUDA backend: MatMul shape mismatch: w ", ShapeString(w), ", x ",
-                     ShapeString(x), ", y ", ShapeString(y), " (want w[m, k], x[n, k], y[n, m])"));
-    }
+    PD_RETURN_IF_ERROR(CheckMatMul(w, x, y));
     const int64_t m = w.rows, k = w.cols, n = x.rows;
-    if (!FitsInt(m) || !FitsInt(k) || !FitsInt(n)) {
-      return absl::InvalidArgumentError(
-          pd::StrCat("CUDA backend: MatMul dimensions must be in [0, INT_MAX], got m=", m, " k=", k,
-                     " n=", n));
-    }
-    if (k % Traits(w.type).block_size != 0) {
-      return absl::InvalidArgumentError(pd::StrCat("CUDA backend: MatMul: k of w ", ShapeString(w),
-                                                   " is not a multiple of the block size ",
-                                                   Traits(w.type).block_size));
-    }
     if (m == 0 || n == 0) return absl::OkStatus();
     if (k == 0) return Zero(y.data, y.bytes());  // an empty sum
-    if (w.data == nullptr || x.data == nullptr || y.data == nullptr) {
-      return absl::InvalidArgumentError("CUDA backend: MatMul on a tensor without data");
-    }
-    if (Overlap(y, x) || Overlap(y, w)) {
-      return absl::InvalidArgumentError("CUDA backend: MatMul output overlaps an input");
-    }
     PD_RETURN_IF_ERROR(Activate());
 
     const float alpha = 1.f, beta = 0.f;
@@ -517,6 +488,48 @@ class CudaBackend final : public Backend {
                        CUBLAS_GEMM_DEFAULT),
           pd::StrCat("CUDA backend: MatMul ", TypeName(w.type), " (cublasGemmEx m=", rows, " n=", n,
                      " k=", k, ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  // Q, K and V (or gate and up) of a decode step read the same activations. When every weight
+  // of the group takes the int8 GEMV with the same activation quantization (Q4_K and Q6_K share
+  // Q8_K), x is quantized once and each format's weights run in one launch
+  // (cuda::LaunchQuantGemvQ8ActGroup): 2 launches for Q, K and V instead of 6, and one grid over
+  // all their rows. Every output has the bits MatMul gives it. Other groups run MatMul per weight.
+  absl::Status MatMulGroup(absl::Span<const Tensor* const> ws, const Tensor& x,
+                           absl::Span<Tensor* const> ys,
+                           absl::Span<const uint8_t> row_orders) override {
+    const std::optional<cuda::ActQuant> act = GroupActivations(ws, x, ys);
+    if (!act.has_value()) return Backend::MatMulGroup(ws, x, ys, row_orders);
+    PD_RETURN_IF_ERROR(Activate());
+    const int k = static_cast<int>(x.cols), n = static_cast<int>(x.rows);
+    PD_ASSIGN_OR_RETURN(void* xq, Scratch(scratch_, cuda::Q8ActLayoutFor(*act, n, k).bytes));
+    PD_CUDA_RETURN_IF_ERROR(
+        cuda::LaunchQuantizeAct(*act, static_cast<const float*>(x.data), n, k, xq, stream_.get()),
+        pd::StrCat("CUDA backend: MatMulGroup (quantize activations, k=", k, " n=", n, ")"));
+    // The weights of each format in the order given, up to kMaxGemvParts per launch.
+    std::vector<bool> done(ws.size(), false);
+    for (size_t first = 0; first < ws.size(); ++first) {
+      if (done[first]) continue;
+      const DType type = ws[first]->type;
+      std::array<cuda::Q8ActGemvPart, cuda::kMaxGemvParts> parts;
+      int count = 0;
+      for (size_t i = first; i <= ws.size(); ++i) {
+        if (i < ws.size() && (done[i] || ws[i]->type != type)) continue;
+        if (i == ws.size() || count == cuda::kMaxGemvParts) {
+          PD_CUDA_RETURN_IF_ERROR(
+              cuda::LaunchQuantGemvQ8ActGroup(*FormatOf(type), parts.data(), count, k, xq, n,
+                                              stream_.get()),
+              pd::StrCat("CUDA backend: MatMulGroup ", TypeName(type), " int8 GEMV of ", count,
+                         " weights (k=", k, " n=", n, ")"));
+          count = 0;
+          if (i == ws.size()) break;
+        }
+        parts[count++] = {ws[i]->data, ws[i]->row_bytes(), static_cast<int>(ws[i]->rows),
+                          static_cast<float*>(ys[i]->data)};
+        done[i] = true;
+      }
     }
     return absl::OkStatus();
   }
@@ -1017,6 +1030,69 @@ class CudaBackend final : public Backend {
     PD_RETURN_IF_ERROR(CheckF32(y, op));
     PD_RETURN_IF_ERROR(CheckSameShape(a, b, op));
     return CheckSameShape(a, y, op);
+  }
+
+  // MatMul's checks of w [m, k], x [n, k] and y [n, m], and of their data when there is work.
+  static absl::Status CheckMatMul(const Tensor& w, const Tensor& x, const Tensor& y) {
+    if (std::find(cuda::kMatMulWeightTypes.begin(), cuda::kMatMulWeightTypes.end(), w.type) ==
+        cuda::kMatMulWeightTypes.end()) {
+      return Unimplemented(pd::StrCat("MatMul with ", TypeName(w.type), " weights"));
+    }
+    if (x.type != DType::kF32 || y.type != DType::kF32) {
+      return absl::InvalidArgumentError(
+          pd::StrCat("CUDA backend: MatMul needs F32 activations, got x ", ShapeString(x),
+                     " and y ", ShapeString(y)));
+    }
+    if (w.cols != x.cols || y.rows != x.rows || y.cols != w.rows) {
+      return absl::InvalidArgumentError(
+          pd::StrCat("CUDA backend: MatMul shape mismatch: w ", ShapeString(w), ", x ",
+                     ShapeString(x), ", y ", ShapeString(y), " (want w[m, k], x[n, k], y[n, m])"));
+    }
+    const int64_t m = w.rows, k = w.cols, n = x.rows;
+    if (!FitsInt(m) || !FitsInt(k) || !FitsInt(n)) {
+      return absl::InvalidArgumentError(
+          pd::StrCat("CUDA backend: MatMul dimensions must be in [0, INT_MAX], got m=", m, " k=", k,
+                     " n=", n));
+    }
+    if (k % Traits(w.type).block_size != 0) {
+      return absl::InvalidArgumentError(pd::StrCat("CUDA backend: MatMul: k of w ", ShapeString(w),
+                                                   " is not a multiple of the block size ",
+                                                   Traits(w.type).block_size));
+    }
+    if (m == 0 || n == 0 || k == 0) return absl::OkStatus();  // nothing is read
+    if (w.data == nullptr || x.data == nullptr || y.data == nullptr) {
+      return absl::InvalidArgumentError("CUDA backend: MatMul on a tensor without data");
+    }
+    if (Overlap(y, x) || Overlap(y, w)) {
+      return absl::InvalidArgumentError("CUDA backend: MatMul output overlaps an input");
+    }
+    return absl::OkStatus();
+  }
+
+  // The activation quantization that every weight of a MatMulGroup takes, when the group can run
+  // as one quantization and grouped int8 GEMVs: two or more weights, each one MatMul would send to
+  // the int8 GEMV (valid, non-empty, n <= kMaxGemvRows) with the same quantization. nullopt
+  // otherwise, and for every group MatMul would refuse, so that MatMul per weight gives the error.
+  std::optional<cuda::ActQuant> GroupActivations(absl::Span<const Tensor* const> ws,
+                                                 const Tensor& x,
+                                                 absl::Span<Tensor* const> ys) const {
+    if (!gemv_int8_ || ws.size() < 2 || ws.size() != ys.size() || x.rows < 1 ||
+        x.rows > cuda::kMaxGemvRows || x.cols < 1) {
+      return std::nullopt;
+    }
+    std::optional<cuda::ActQuant> act;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const Tensor& w = *ws[i];
+      cuda::ActQuant a;
+      const std::optional<cuda::WeightFormat> format = FormatOf(w.type);
+      if (!IsQuantized(w.type) || !format.has_value() || !cuda::Q8ActGemvFormat(*format, &a) ||
+          (act.has_value() && a != *act) || w.rows < 1 || !CheckMatMul(w, x, *ys[i]).ok() ||
+          !cuda::Q8ActGemvAligned(*format, w.data, w.row_bytes())) {
+        return std::nullopt;
+      }
+      act = a;
+    }
+    return act;
   }
 
   // The GEMV reads Q2_K, Q4_K and Q5_K codes as 4-byte words and the other formats' as 2-byte

@@ -15,8 +15,8 @@
 
 namespace pd::engine::cuda {
 
-// Ops of the Backend interface that the CUDA backend implements: all of them (MatMulRowOrder and
-// MatMulGroup are MatMul there).
+// Ops of the Backend interface that the CUDA backend implements: all of them (MatMulRowOrder is
+// MatMul there; MatMulGroup is MatMul per weight, or one quantization and grouped int8 GEMVs).
 inline constexpr std::array<std::string_view, 15> kImplementedOps = {
     "MatMul",  "GetRows", "RmsNorm", "Rope",      "Add",  "AddBias",   "SwiGlu", "GeGlu",
     "Scale",   "Softcap", "Softmax", "MoeCombine", "StoreKv", "Attention", "TopK"};

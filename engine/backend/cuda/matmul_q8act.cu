@@ -1,3 +1,4 @@
+#include <climits>
 #include <cstdint>
 #include <utility>
 
@@ -217,11 +218,39 @@ struct Q8_0Unit {
   }
 };
 
+// The weights of one launch (GroupParts below): part i's thread blocks are first_block[i] ..
+// first_block[i + 1] - 1, kWarps rows each.
+struct GemvParts {
+  const uint8_t* w[kMaxGemvParts];
+  size_t row_bytes[kMaxGemvParts];
+  int m[kMaxGemvParts];
+  float* y[kMaxGemvParts];
+  int first_block[kMaxGemvParts + 1];
+  int count;
+};
+
+// A warp per output row of one of the parts. Every part's row runs the same code as a launch of
+// that part alone would: the grouping changes which thread block computes a row, not how.
 template <class U, int N>
 __global__ void __launch_bounds__(kWarps * 32)
-    Q8ActGemvKernel(const uint8_t* __restrict__ w, size_t row_bytes, int m, int k, ActView x,
-                    float* __restrict__ y) {
-  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
+    Q8ActGemvKernel(const GemvParts p, int k, ActView x) {
+  // The part that owns this thread block, found with static indices only (a kernel parameter
+  // indexed by a run-time value would be copied to local memory).
+  const uint8_t* w = p.w[0];
+  size_t row_bytes = p.row_bytes[0];
+  int m = p.m[0], first = 0;
+  float* y = p.y[0];
+#pragma unroll
+  for (int i = 1; i < kMaxGemvParts; ++i) {
+    if (i < p.count && static_cast<int>(blockIdx.x) >= p.first_block[i]) {
+      w = p.w[i];
+      row_bytes = p.row_bytes[i];
+      m = p.m[i];
+      y = p.y[i];
+      first = p.first_block[i];
+    }
+  }
+  const int row = (static_cast<int>(blockIdx.x) - first) * kWarps + threadIdx.x / 32;
   if (row >= m) return;  // the whole warp leaves together: no shuffle is left short
   const int lane = threadIdx.x % 32;
   const int nb = k / U::kBlockWeights;
@@ -244,29 +273,26 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 template <int N>
-void LaunchRows(WeightFormat format, const uint8_t* w, size_t row_bytes, int m, int k, ActView x,
-                float* y, cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>((m + kWarps - 1) / kWarps);
+void LaunchRows(WeightFormat format, const GemvParts& p, int k, ActView x, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>(p.first_block[p.count]);
   switch (format) {
     case WeightFormat::kQ4_K:
-      Q8ActGemvKernel<Q4KUnit, N><<<blocks, kWarps * 32, 0, stream>>>(w, row_bytes, m, k, x, y);
+      Q8ActGemvKernel<Q4KUnit, N><<<blocks, kWarps * 32, 0, stream>>>(p, k, x);
       break;
     case WeightFormat::kQ6_K:
-      Q8ActGemvKernel<Q6KUnit, N><<<blocks, kWarps * 32, 0, stream>>>(w, row_bytes, m, k, x, y);
+      Q8ActGemvKernel<Q6KUnit, N><<<blocks, kWarps * 32, 0, stream>>>(p, k, x);
       break;
     default:
-      Q8ActGemvKernel<Q8_0Unit, N><<<blocks, kWarps * 32, 0, stream>>>(w, row_bytes, m, k, x, y);
+      Q8ActGemvKernel<Q8_0Unit, N><<<blocks, kWarps * 32, 0, stream>>>(p, k, x);
       break;
   }
 }
 
 // LaunchRows<n> for n in 1..kMaxGemvRows, picked at run time.
 template <int... I>
-bool LaunchN(std::integer_sequence<int, I...>, int n, WeightFormat format, const uint8_t* w,
-             size_t row_bytes, int m, int k, ActView x, float* y, cudaStream_t stream) {
-  return (
-      (n == I + 1 ? (LaunchRows<I + 1>(format, w, row_bytes, m, k, x, y, stream), true) : false) ||
-      ...);
+bool LaunchN(std::integer_sequence<int, I...>, int n, WeightFormat format, const GemvParts& p,
+             int k, ActView x, cudaStream_t stream) {
+  return ((n == I + 1 ? (LaunchRows<I + 1>(format, p, k, x, stream), true) : false) || ...);
 }
 
 }  // namespace
@@ -320,26 +346,49 @@ cudaError_t LaunchQuantizeAct(ActQuant act, const float* x, int n, int k, void* 
   return cudaGetLastError();
 }
 
-cudaError_t LaunchQuantGemvQ8Act(WeightFormat format, const void* w, size_t row_bytes, int m, int k,
-                                 const void* xq, int n, float* y, cudaStream_t stream) {
+cudaError_t LaunchQuantGemvQ8ActGroup(WeightFormat format, const Q8ActGemvPart* parts, int count,
+                                      int k, const void* xq, int n, cudaStream_t stream) {
   ActQuant act;
-  if (!Q8ActGemvFormat(format, &act) || !Q8ActGemvAligned(format, w, row_bytes)) {
+  if (!Q8ActGemvFormat(format, &act) || count < 1 || count > kMaxGemvParts) {
     return cudaErrorInvalidValue;
   }
-  if (m <= 0 || n <= 0) return cudaSuccess;
+  if (n <= 0) return cudaSuccess;
   if (n > kMaxGemvRows || k % (act == ActQuant::kQ8_K ? 256 : 32) != 0) {
     return cudaErrorInvalidValue;
   }
+  GemvParts p{};
+  int64_t blocks = 0;
+  for (int i = 0; i < count; ++i) {
+    const Q8ActGemvPart& part = parts[i];
+    if (part.m < 0 || (part.m > 0 && !Q8ActGemvAligned(format, part.w, part.row_bytes))) {
+      return cudaErrorInvalidValue;
+    }
+    p.w[i] = static_cast<const uint8_t*>(part.w);
+    p.row_bytes[i] = part.row_bytes;
+    p.m[i] = part.m;
+    p.y[i] = part.y;
+    p.first_block[i] = static_cast<int>(blocks);
+    blocks += (part.m + kWarps - 1) / kWarps;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+  }
+  p.first_block[count] = static_cast<int>(blocks);
+  p.count = count;
+  if (blocks == 0) return cudaSuccess;
   const Q8ActLayout l = Q8ActLayoutFor(act, n, k);
   const auto* base = static_cast<const uint8_t*>(xq);
   const ActView x{reinterpret_cast<const int8_t*>(base),
                   reinterpret_cast<const float*>(base + l.d_offset),
                   reinterpret_cast<const int*>(base + l.s_offset)};
-  if (!LaunchN(std::make_integer_sequence<int, kMaxGemvRows>(), n, format,
-               static_cast<const uint8_t*>(w), row_bytes, m, k, x, y, stream)) {
+  if (!LaunchN(std::make_integer_sequence<int, kMaxGemvRows>(), n, format, p, k, x, stream)) {
     return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
+}
+
+cudaError_t LaunchQuantGemvQ8Act(WeightFormat format, const void* w, size_t row_bytes, int m, int k,
+                                 const void* xq, int n, float* y, cudaStream_t stream) {
+  const Q8ActGemvPart part{w, row_bytes, m, y};
+  return LaunchQuantGemvQ8ActGroup(format, &part, 1, k, xq, n, stream);
 }
 
 }  // namespace pd::engine::cuda

@@ -60,4 +60,20 @@ cudaError_t LaunchQuantizeAct(ActQuant act, const float* x, int n, int k, void* 
 cudaError_t LaunchQuantGemvQ8Act(WeightFormat format, const void* w, size_t row_bytes, int m, int k,
                                  const void* xq, int n, float* y, cudaStream_t stream);
 
+// One weight of a grouped int8 GEMV: w [m, k] with rows of row_bytes, its outputs y [n, m].
+struct Q8ActGemvPart {
+  const void* w = nullptr;
+  size_t row_bytes = 0;
+  int m = 0;
+  float* y = nullptr;
+};
+inline constexpr int kMaxGemvParts = 4;
+
+// LaunchQuantGemvQ8Act for `count` (1 .. kMaxGemvParts) weights of one format over the same
+// quantized activations, in one launch: Q, K and V (or gate and up) of a decode step cost one
+// launch, and the grid of their rows together fills the GPU where one 4096-row weight leaves it
+// short. Each output has the bits LaunchQuantGemvQ8Act gives it alone (the same code per row).
+cudaError_t LaunchQuantGemvQ8ActGroup(WeightFormat format, const Q8ActGemvPart* parts, int count,
+                                      int k, const void* xq, int n, cudaStream_t stream);
+
 }  // namespace pd::engine::cuda

@@ -737,27 +737,103 @@ INSTANTIATE_TEST_SUITE_P(
         QuantMatMulCase{DType::kBF16, 300, 640, 17}),
     QuantCaseName);
 
-// MatMulGroup (and MatMulRowOrder, which it calls) give exactly what MatMul gives.
-TEST_F(CudaBackendTest, MatMulGroupMatchesMatMul) {
-  const int64_t k = 4096, n = 3;
-  const std::vector<uint8_t> wq = RandomWeights(DType::kQ4_K, 512, k, 41);
-  const std::vector<uint8_t> wk = RandomWeights(DType::kQ6_K, 128, k, 42);
-  const std::vector<float> x = RandomFloats(static_cast<size_t>(n * k), 43);
-  Owned q = MapW(*cuda_, DType::kQ4_K, 512, k, wq.data());
-  Owned kk = MapW(*cuda_, DType::kQ6_K, 128, k, wk.data());
-  Owned xt = Put(*cuda_, DType::kF32, n, k, x.data());
-  Owned yq = Put(*cuda_, DType::kF32, n, 512, nullptr),
-        yk = Put(*cuda_, DType::kF32, n, 128, nullptr);
-  Owned gq = Put(*cuda_, DType::kF32, n, 512, nullptr),
-        gk = Put(*cuda_, DType::kF32, n, 128, nullptr);
-  PD_ASSERT_OK(cuda_->MatMul(q.t, xt.t, yq.t));
-  PD_ASSERT_OK(cuda_->MatMul(kk.t, xt.t, yk.t));
-  const Tensor* ws[] = {&q.t, &kk.t};
-  Tensor* ys[] = {&gq.t, &gk.t};
-  const std::vector<uint8_t> orders(n, kRowOrderGemv);
+// MatMulGroup gives exactly what MatMul gives each weight, whichever way it runs the group: one
+// quantization and grouped int8 GEMVs (every weight an int8-GEMV format with the same activation
+// quantization, n <= kMaxGemvRows), or MatMul per weight (the rest).
+struct GroupCase {
+  std::string name;
+  std::vector<std::pair<DType, int64_t>> weights;  // type, rows
+  int64_t k, n;
+};
+
+class CudaMatMulGroupTest : public CudaBackendTest,
+                            public ::testing::WithParamInterface<GroupCase> {};
+
+TEST_P(CudaMatMulGroupTest, MatchesMatMulBitForBit) {
+  const GroupCase& c = GetParam();
+  const std::vector<float> x = RandomFloats(static_cast<size_t>(c.n * c.k), 43);
+  Owned xt = Put(*cuda_, DType::kF32, c.n, c.k, x.data());
+  std::vector<std::vector<uint8_t>> host;
+  std::vector<Owned> w, alone, grouped;
+  for (size_t i = 0; i < c.weights.size(); ++i) {
+    const auto [type, rows] = c.weights[i];
+    host.push_back(RandomWeights(type, rows, c.k, 41 + static_cast<uint32_t>(i)));
+  }
+  for (size_t i = 0; i < c.weights.size(); ++i) {
+    const auto [type, rows] = c.weights[i];
+    w.push_back(MapW(*cuda_, type, rows, c.k, host[i].data()));
+    alone.push_back(Put(*cuda_, DType::kF32, c.n, rows, nullptr));
+    grouped.push_back(Put(*cuda_, DType::kF32, c.n, rows, nullptr));
+    PD_ASSERT_OK(cuda_->MatMul(w[i].t, xt.t, alone[i].t));
+  }
+  std::vector<const Tensor*> ws;
+  std::vector<Tensor*> ys;
+  for (size_t i = 0; i < w.size(); ++i) {
+    ws.push_back(&w[i].t);
+    ys.push_back(&grouped[i].t);
+  }
+  const std::vector<uint8_t> orders(static_cast<size_t>(c.n), kRowOrderGemv);
   PD_ASSERT_OK(cuda_->MatMulGroup(ws, xt.t, ys, orders));
-  EXPECT_EQ(Get(*cuda_, gq.t), Get(*cuda_, yq.t));
-  EXPECT_EQ(Get(*cuda_, gk.t), Get(*cuda_, yk.t));
+  for (size_t i = 0; i < w.size(); ++i) {
+    EXPECT_EQ(Get(*cuda_, grouped[i].t), Get(*cuda_, alone[i].t))
+        << "weight " << i << " (" << Traits(c.weights[i].first).name << ", " << c.weights[i].second
+        << " rows)";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Groups, CudaMatMulGroupTest,
+    ::testing::Values(
+        // Q, K, V of a Q4_K_M layer: Q4_K and Q6_K share the Q8_K activations (one quantization,
+        // one launch per format); rows that are not a multiple of a thread block's 4.
+        GroupCase{"qkv_q4k_q6k_n1",
+                  {{DType::kQ4_K, 512}, {DType::kQ4_K, 130}, {DType::kQ6_K, 126}},
+                  4096,
+                  1},
+        GroupCase{"qkv_q4k_q6k_n3",
+                  {{DType::kQ4_K, 512}, {DType::kQ6_K, 128}, {DType::kQ4_K, 129}},
+                  4096,
+                  3},
+        GroupCase{"gate_up_q4k_n8", {{DType::kQ4_K, 1101}, {DType::kQ4_K, 1101}}, 2048, 8},
+        // More weights of one format than one launch takes (4): two launches.
+        GroupCase{"six_q4k_n2",
+                  {{DType::kQ4_K, 64},
+                   {DType::kQ4_K, 3},
+                   {DType::kQ4_K, 200},
+                   {DType::kQ4_K, 1},
+                   {DType::kQ4_K, 96},
+                   {DType::kQ4_K, 77}},
+                  1024,
+                  2},
+        GroupCase{
+            "q8_0_n5", {{DType::kQ8_0, 640}, {DType::kQ8_0, 160}, {DType::kQ8_0, 160}}, 640, 5},
+        // Q8_0 and Q4_K quantize the activations differently: MatMul per weight.
+        GroupCase{"q8_0_and_q4k", {{DType::kQ8_0, 256}, {DType::kQ4_K, 256}}, 1024, 2},
+        // A format without an int8 GEMV in the group, and a batch past the GEMV (the GEMM).
+        GroupCase{"q4k_and_q5_0", {{DType::kQ4_K, 256}, {DType::kQ5_0, 256}}, 1024, 1},
+        GroupCase{"q4k_n9_gemm", {{DType::kQ4_K, 256}, {DType::kQ6_K, 64}}, 1024, 9},
+        GroupCase{"f16_pair", {{DType::kF16, 300}, {DType::kF16, 100}}, 512, 4}),
+    [](const ::testing::TestParamInfo<GroupCase>& info) { return info.param.name; });
+
+// A group MatMul would refuse is refused with MatMul's error.
+TEST_F(CudaBackendTest, MatMulGroupRefusesWhatMatMulRefuses) {
+  const int64_t k = 1024, n = 2;
+  const std::vector<uint8_t> wa = RandomWeights(DType::kQ4_K, 64, k, 51);
+  Owned a = MapW(*cuda_, DType::kQ4_K, 64, k, wa.data());
+  Owned b = MapW(*cuda_, DType::kQ4_K, 64, k, wa.data());
+  const std::vector<float> x = RandomFloats(static_cast<size_t>(n * k), 52);
+  Owned xt = Put(*cuda_, DType::kF32, n, k, x.data());
+  Owned ya = Put(*cuda_, DType::kF32, n, 64, nullptr);
+  Owned wrong = Put(*cuda_, DType::kF32, n, 63, nullptr);  // one column short
+  const std::vector<uint8_t> orders(n, kRowOrderGemv);
+  const Tensor* ws[] = {&a.t, &b.t};
+  Tensor* ys[] = {&ya.t, &wrong.t};
+  absl::Status st = cuda_->MatMulGroup(ws, xt.t, ys, orders);
+  EXPECT_THAT(st, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(st.message(), ::testing::HasSubstr("shape mismatch"));
+  Tensor* one[] = {&ya.t};
+  EXPECT_THAT(cuda_->MatMulGroup(ws, xt.t, one, orders),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 // The GEMV loads activations 16 bytes at a time when x is 16-byte aligned and one float at a time
@@ -1597,6 +1673,41 @@ TEST_F(CudaBackendTest, Timing) {
                   std::string(Traits(type).name).c_str(), static_cast<long long>(rows),
                   static_cast<long long>(cols), us, bytes / us * 1e-3);
     }
+  }
+  // A decode step's Q, K, V (3 x 4096 rows) and gate, up (2 x 11008 rows) of Llama 7B Q4_K: one
+  // MatMul per weight against one MatMulGroup (one quantization, one launch).
+  for (int64_t rows : {4096, 11008}) {
+    const int parts = rows == 4096 ? 3 : 2;
+    const int64_t cols = 4096;
+    const std::vector<uint8_t> wq = RandomWeights(DType::kQ4_K, rows, cols, 17);
+    std::vector<Owned> wt, y;
+    std::vector<const Tensor*> ws;
+    std::vector<Tensor*> ys;
+    for (int i = 0; i < parts; ++i) {
+      wt.push_back(MapW(*cuda_, DType::kQ4_K, rows, cols, wq.data()));
+      y.push_back(Put(*cuda_, DType::kF32, 1, rows, nullptr));
+    }
+    for (int i = 0; i < parts; ++i) {
+      ws.push_back(&wt[i].t);
+      ys.push_back(&y[i].t);
+    }
+    const std::vector<float> x = RandomFloats(static_cast<size_t>(cols), 18);
+    Owned xt = Put(*cuda_, DType::kF32, 1, cols, x.data());
+    const std::vector<uint8_t> orders(1, kRowOrderGemv);
+    absl::StatusOr<double> each = MicrosPerOp(*cuda_, 300, [&]() -> absl::Status {
+      for (int i = 0; i < parts; ++i) PD_RETURN_IF_ERROR(cuda_->MatMul(*ws[i], xt.t, *ys[i]));
+      return absl::OkStatus();
+    });
+    absl::StatusOr<double> group =
+        MicrosPerOp(*cuda_, 300, [&] { return cuda_->MatMulGroup(ws, xt.t, ys, orders); });
+    PD_ASSERT_OK(each.status());
+    PD_ASSERT_OK(group.status());
+    const double bytes = static_cast<double>(parts) * static_cast<double>(wt[0].t.bytes());
+    std::printf(
+        "[timing] MatMulGroup q4_K %d x m=%lld k=%lld n=1: one MatMul each %9.2f us (%7.1f GB/s), "
+        "grouped %9.2f us (%7.1f GB/s)\n",
+        parts, static_cast<long long>(rows), static_cast<long long>(cols), *each,
+        bytes / *each * 1e-3, *group, bytes / *group * 1e-3);
   }
 
   // Attention decode over an F16 cache: one token per sequence, every sequence `ctx` positions
