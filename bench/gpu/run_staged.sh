@@ -3,7 +3,8 @@
 # RmsNorm shapes through PyTorch on the same GPU as the reference, then the whole-model test
 # (cuda_model_test: parity, offload splits, decode/prefill bench), an Nsight Compute profile of
 # two 7B decode steps when ncu is there, the F32 GEMV's parity and bench (PDSERVE_CUDA_GEMV=f32),
-# and prints the tables:
+# CUDA graphs' recorded-step test and the model checks with PDSERVE_CUDA_GRAPHS=1, and prints
+# the tables:
 # ours, PyTorch, the ratio, and the physical limit (HBM bytes / bandwidth for the memory-bound
 # shapes, FLOPs / dense F16 tensor peak for the large one).
 #
@@ -57,8 +58,21 @@ echo "==== f32 GEMV: cuda_model_test (parity, bench)"
 PDSERVE_CUDA_GEMV=f32 timeout 200 "$STAGE/cuda_model_test" --gtest_color=no \
   --gtest_filter='*ForwardMatches*:*Bench*' 2>&1 | tee "$STAGE/model_test_f32.log"
 RC4=${PIPESTATUS[0]}
+# CUDA graphs (PDSERVE_CUDA_GRAPHS=1, off by default until this passes): the recorded-step test
+# and its launch-cost timing, then whole-model parity and the decode bench with every decode step
+# of up to 8 rows recorded and launched as one graph.
+echo "==== graphs: cuda_backend_test (recorded steps, launch cost)"
+"$STAGE/cuda_backend_test" --gtest_color=no --gtest_filter='*Captured*:*MatMulGroup*' 2>&1 |
+  grep -E '^\[timing\]|FAILED|PASSED|Failure|Expected|Which is|actual'
+RC5=${PIPESTATUS[0]}
+echo "==== graphs: cuda_model_test (parity, bench)"
+PDSERVE_CUDA_GRAPHS=1 timeout 200 "$STAGE/cuda_model_test" --gtest_color=no \
+  --gtest_filter='*ForwardMatches*:*Bench*' 2>&1 | tee "$STAGE/model_test_graphs.log"
+RC6=${PIPESTATUS[0]}
 ((RC == 0)) || { echo "cuda_backend_test FAILED (exit $RC)"; exit 1; }
 ((RC2 == 0)) || { echo "cuda_model_test FAILED (exit $RC2; 124 = over its 300 s)"; exit 1; }
 ((RC3 == 0)) || { echo "f32 GEMV: cuda_backend_test FAILED (exit $RC3)"; exit 1; }
 ((RC4 == 0)) || { echo "f32 GEMV: cuda_model_test FAILED (exit $RC4; 124 = over its 200 s)"; exit 1; }
+((RC5 == 0)) || { echo "graphs: cuda_backend_test FAILED (exit $RC5)"; exit 1; }
+((RC6 == 0)) || { echo "graphs: cuda_model_test FAILED (exit $RC6; 124 = over its 200 s)"; exit 1; }
 echo "GPU CHECKS PASSED"

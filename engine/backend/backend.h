@@ -220,6 +220,39 @@ class Backend {
   // 1 <= k <= min(cols, kMaxTopK). A decode step that samples from a row's best k logits copies
   // back k pairs, not the vocabulary's logits.
   virtual absl::Status TopK(const Tensor& x, int k, Tensor& values, int32_t* ids) = 0;
+
+  // ---- captured steps (optional) ----------------------------------------------------------------
+  // A device backend may record the ops of a step instead of starting each one, and start them
+  // all at the end as one unit (CUDA: a graph), so that a decode step of a few hundred small ops
+  // pays one launch instead of a few hundred. The CPU backend does not capture.
+  //
+  // BeginCapture(rows) is true when the backend records from then on: rows is the batch's token
+  // count, and a backend may decline any batch (false, nothing changed). While recording:
+  //   - ops read their host spans (positions, block tables, ids) when called, as always, and
+  //     must not be given host memory that changes before EndCapture: nothing else is new;
+  //   - Upload, Download, Synchronize, Allocate and MapWeights return FAILED_PRECONDITION;
+  //   - an op the backend cannot record (say, a scratch buffer that has to grow first) returns
+  //     ABORTED and the recording is void.
+  // EndCapture(run) ends the recording. run true: the recorded ops start (asynchronously, like
+  // any op) and it returns true; or it returns false when nothing was started (an op was ABORTED,
+  // or recording failed), and the caller runs the same ops again without capture. run false:
+  // discards the recording (after an op's error) and returns false. A non-OK status: the device
+  // failed to start them; the backend's state is then as after a failed op.
+  virtual bool BeginCapture(int64_t rows) {
+    (void)rows;
+    return false;
+  }
+  virtual absl::StatusOr<bool> EndCapture(bool run) {
+    (void)run;
+    return absl::FailedPreconditionError("EndCapture without BeginCapture");
+  }
+  // What became of the recordings so far: steps started as one unit, and recordings abandoned
+  // (the step then ran uncaptured). Zeros for a backend that does not capture.
+  struct CaptureStats {
+    int64_t launched = 0;
+    int64_t abandoned = 0;
+  };
+  virtual CaptureStats capture_stats() const { return {}; }
 };
 
 // The largest k Backend::TopK takes.

@@ -452,6 +452,30 @@ absl::Status Model::ForwardTop(const Batch& batch, KvCache& kv, int k, TopLogits
 
 absl::Status Model::Run(const Batch& batch, KvCache& kv, const LayerHook& after_kv_store, bool head,
                         Tensor* out, std::vector<float>* hidden, std::vector<float>* host_logits) {
+  const bool one_backend = std::all_of(layer_backend_index_.begin(), layer_backend_index_.end(),
+                                       [&](int i) { return i == layer_backend_index_.front(); });
+  const bool capturable = one_backend && head && !after_kv_store && observer_ == nullptr &&
+                          hidden == nullptr && host_logits == nullptr && config_.n_expert == 0 &&
+                          batch.head_x.empty() && !batch.logits_rows.empty() && batch.size() > 0;
+  if (capturable) {
+    // What a recording may not do: grow the activation buffers (allocations wait for the device).
+    const int64_t n = static_cast<int64_t>(batch.size());
+    PD_RETURN_IF_ERROR(EnsureScratch(n, static_cast<int64_t>(batch.logits_rows.size())));
+    Backend& b = *backends_[layer_backend_index_.front()];
+    if (b.BeginCapture(n)) {
+      const absl::Status st = RunOps(batch, kv, after_kv_store, head, out, hidden, host_logits);
+      PD_ASSIGN_OR_RETURN(const bool ran, b.EndCapture(st.ok()));
+      if (ran) return absl::OkStatus();
+      if (st.code() != absl::StatusCode::kAborted) PD_RETURN_IF_ERROR(st);
+      // Recording abandoned (an op asked for it, or the backend could not record): run again.
+    }
+  }
+  return RunOps(batch, kv, after_kv_store, head, out, hidden, host_logits);
+}
+
+absl::Status Model::RunOps(const Batch& batch, KvCache& kv, const LayerHook& after_kv_store,
+                           bool head, Tensor* out, std::vector<float>* hidden,
+                           std::vector<float>* host_logits) {
   *out = Tensor{DType::kF32, HeadRows(), 0, nullptr};
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(batch.size());

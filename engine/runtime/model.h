@@ -169,9 +169,17 @@ class Model {
   // rows, *out has no rows and the backends are synchronized. host_logits (only where the head's
   // backend has host memory): sized to the head's rows, which the head writes into instead of
   // scratch, *out pointing at them.
+  //
+  // A step that its backend can capture (Backend::BeginCapture: one backend for every layer, no
+  // experts, no hook, observer, hidden rows or head_x rows, logits rows wanted) is recorded and
+  // started as one unit; where the backend declines or abandons the recording, the same ops run
+  // again without it.
   absl::Status Run(const Batch& batch, KvCache& kv, const LayerHook& after_kv_store, bool head,
                    Tensor* out, std::vector<float>* hidden = nullptr,
                    std::vector<float>* host_logits = nullptr);
+  // Run's ops, enqueued on the backends as they come.
+  absl::Status RunOps(const Batch& batch, KvCache& kv, const LayerHook& after_kv_store, bool head,
+                      Tensor* out, std::vector<float>* hidden, std::vector<float>* host_logits);
   // Copies Run's logits to the host as n_vocab floats per row (a restricted head scattered).
   absl::Status DownloadLogits(const Tensor& out_logits, std::vector<float>* logits);
   // Forward's and ForwardHidden's logits: the head writes straight into *logits where its

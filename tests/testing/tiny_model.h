@@ -39,7 +39,7 @@ struct TinyModelSpec {
   uint32_t perturb_seed = 2;
   uint32_t context_length = 256;  // the model's trained context (`<arch>.context_length`)
   // Extra metadata written after the model's own keys (e.g. a tokenizer.ggml.* vocabulary).
-  std::function<void(GgufBuilder&)> metadata;
+  std::function<void(GgufBuilder&)> metadata = nullptr;
 };
 
 // Encodes F32 values as `type` rows of `row` elements.

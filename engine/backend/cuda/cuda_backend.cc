@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <climits>
 #include <cmath>
 #include <cstddef>
@@ -303,7 +304,8 @@ int64_t FirstVisible(const KvBatch& kv, int64_t t, int window) {
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, std::string name, int sm_count, int cc_major, CudaStream stream,
-              CublasHandle cublas, std::unique_ptr<HostStaging> staging, bool gemv_int8)
+              CublasHandle cublas, std::unique_ptr<HostStaging> staging, bool gemv_int8,
+              bool graphs)
       : device_(device),
         name_(std::move(name)),
         sm_count_(sm_count),
@@ -311,11 +313,27 @@ class CudaBackend final : public Backend {
         stream_(std::move(stream)),
         cublas_(std::move(cublas)),
         staging_(std::move(staging)),
-        gemv_int8_(gemv_int8) {}
+        gemv_int8_(gemv_int8),
+        graphs_(graphs) {}
+
+  ~CudaBackend() override {
+    if (capturing_) {
+      cudaGraph_t graph = nullptr;
+      (void)cudaStreamEndCapture(stream_.get(), &graph);
+      if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    }
+    (void)cudaSetDevice(device_);
+    (void)cudaStreamSynchronize(stream_.get());  // a launched graph may still run
+    for (cudaGraphExec_t& exec : execs_) {
+      if (exec != nullptr) (void)cudaGraphExecDestroy(std::exchange(exec, nullptr));
+    }
+    (void)cudaGetLastError();
+  }
 
   std::string_view name() const override { return name_; }
 
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override {
+    PD_RETURN_IF_ERROR(NotRecording("Allocate"));
     PD_ASSIGN_OR_RETURN(std::unique_ptr<DeviceBuffer> buf, DeviceBuffer::Create(bytes, device_));
     return std::unique_ptr<Buffer>(std::move(buf));
   }
@@ -324,6 +342,7 @@ class CudaBackend final : public Backend {
   // CPU backend). From pageable memory the runtime stages the bytes before returning; from
   // page-locked memory the copy is truly asynchronous, so we wait for it.
   absl::Status Upload(void* dst, const void* host_src, size_t bytes) override {
+    PD_RETURN_IF_ERROR(NotRecording("Upload"));
     if (bytes == 0) return absl::OkStatus();
     if (dst == nullptr || host_src == nullptr) {
       return absl::InvalidArgumentError("CUDA backend: Upload with a null pointer");
@@ -342,6 +361,7 @@ class CudaBackend final : public Backend {
   // Enqueued after all earlier ops. Into pageable memory the runtime completes the copy before
   // returning; into page-locked memory the bytes are there after Synchronize().
   absl::Status Download(void* host_dst, const void* src, size_t bytes) override {
+    PD_RETURN_IF_ERROR(NotRecording("Download"));
     if (bytes == 0) return absl::OkStatus();
     if (host_dst == nullptr || src == nullptr) {
       return absl::InvalidArgumentError("CUDA backend: Download with a null pointer");
@@ -365,6 +385,7 @@ class CudaBackend final : public Backend {
   // Copies the host bytes of any supported type into a new device buffer; whether an op can
   // use the type is decided by the op.
   absl::StatusOr<Tensor> MapWeights(const Tensor& host, std::unique_ptr<Buffer>* storage) override {
+    PD_RETURN_IF_ERROR(NotRecording("MapWeights"));
     if (storage == nullptr) {
       return absl::InvalidArgumentError("CUDA backend: MapWeights needs a storage pointer");
     }
@@ -380,6 +401,7 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status Synchronize() override {
+    PD_RETURN_IF_ERROR(NotRecording("Synchronize"));
     PD_RETURN_IF_ERROR(Activate());
     PD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()),
                             "CUDA backend: Synchronize (an earlier asynchronous op failed)");
@@ -408,6 +430,7 @@ class CudaBackend final : public Backend {
     const float alpha = 1.f, beta = 0.f;
     const int im = static_cast<int>(m), ik = static_cast<int>(k), in = static_cast<int>(n);
     if (w.type == DType::kF32) {
+      PD_RETURN_IF_ERROR(Unrecorded("MatMul through cuBLAS"));
       PD_CUBLAS_RETURN_IF_ERROR(
           cublasSgemm(cublas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, im, in, ik, &alpha,
                       static_cast<const float*>(w.data), ik, static_cast<const float*>(x.data), ik,
@@ -417,6 +440,7 @@ class CudaBackend final : public Backend {
     }
 
     if (w.type == DType::kBF16) {
+      PD_RETURN_IF_ERROR(Unrecorded("MatMul through cuBLAS"));
       PD_ASSIGN_OR_RETURN(void* x16, Scratch(scratch_, static_cast<size_t>(n * k) * 2));
       PD_CUDA_RETURN_IF_ERROR(
           LaunchConvertF32ToBf16(static_cast<const float*>(x.data), n * k,
@@ -458,6 +482,7 @@ class CudaBackend final : public Backend {
     }
 
     // F16 weights, or quantized ones expanded to F16 a slab of rows at a time.
+    PD_RETURN_IF_ERROR(Unrecorded("MatMul through cuBLAS"));
     PD_ASSIGN_OR_RETURN(void* x16, Scratch(scratch_, static_cast<size_t>(n * k) * sizeof(__half)));
     PD_CUDA_RETURN_IF_ERROR(LaunchConvertF32ToF16(static_cast<const float*>(x.data), n * k,
                                                   static_cast<__half*>(x16), stream_.get()),
@@ -958,7 +983,10 @@ class CudaBackend final : public Backend {
     if (args.n_splits > 1) {
       PD_ASSIGN_OR_RETURN(
           void* partial,
-          Scratch(attention_scratch_, cuda::AttentionPartialFloats(args) * sizeof(float)));
+          // A power of two: the partials grow with the context, and each growth would abandon a
+          // captured step.
+          Scratch(attention_scratch_,
+                  std::bit_ceil(cuda::AttentionPartialFloats(args) * sizeof(float))));
       args.partial = static_cast<float*>(partial);
     }
     PD_CUDA_RETURN_IF_ERROR(cuda::LaunchAttention(args, stream_.get()),
@@ -999,13 +1027,107 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  // ---- captured steps ---------------------------------------------------------------------
+  // A decode step (rows <= kMaxGemvRows, so that every quantized MatMul is a GEMV of our own) is
+  // recorded by stream capture into a graph and launched as one: the step's few hundred kernels
+  // then start back to back on the GPU instead of each waiting for its launch from the host. Each
+  // step is recorded again (its positions, block tables and attention splits change), and the
+  // executable graph of its batch size is updated in place when the recording has the same
+  // shape, else instantiated anew. What cannot be recorded (cuBLAS, which may allocate; a scratch
+  // buffer or the staging arena that must grow) abandons the recording: the model runs the step
+  // again without it, and what had to grow grows outside any recording. After kMaxAbandoned
+  // abandoned recordings in a row this backend stops capturing (a model whose step always needs
+  // cuBLAS, say: F16 weights).
+  bool BeginCapture(int64_t rows) override {
+    if (!graphs_ || capturing_ || rows < 1 || rows > cuda::kMaxGemvRows ||
+        abandoned_in_a_row_ >= kMaxAbandoned) {
+      return false;
+    }
+    if (!Activate().ok() || !staging_->StartArena().ok()) return false;
+    if (cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+      (void)cudaGetLastError();
+      staging_->StopArena();
+      ++abandoned_in_a_row_;
+      ++stats_.abandoned;
+      return false;
+    }
+    capturing_ = true;
+    recording_void_ = false;
+    capture_rows_ = rows;
+    return true;
+  }
+
+  absl::StatusOr<bool> EndCapture(bool run) override {
+    if (!capturing_) {
+      return absl::FailedPreconditionError("CUDA backend: EndCapture without BeginCapture");
+    }
+    capturing_ = false;
+    staging_->StopArena();
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_.get(), &graph);
+    const bool abandoned = recording_void_ || staging_->ArenaOverflowed();
+    if (!run || abandoned || ended != cudaSuccess || graph == nullptr) {
+      if (graph != nullptr) (void)cudaGraphDestroy(graph);
+      (void)cudaGetLastError();  // an op's launch error invalidates the capture: not sticky
+      if (abandoned || run) {    // not for an op's own error
+        ++abandoned_in_a_row_;
+        ++stats_.abandoned;
+      }
+      return false;
+    }
+    cudaGraphExec_t& exec = execs_[static_cast<size_t>(capture_rows_)];
+    if (exec != nullptr) {
+      cudaGraphExecUpdateResultInfo info{};
+      if (cudaGraphExecUpdate(exec, graph, &info) != cudaSuccess) {
+        (void)cudaGetLastError();  // another shape: instantiate this recording instead
+        (void)cudaGraphExecDestroy(std::exchange(exec, nullptr));
+      }
+    }
+    if (exec == nullptr) {
+      const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+      if (made != cudaSuccess) {
+        (void)cudaGetLastError();
+        exec = nullptr;
+        (void)cudaGraphDestroy(graph);
+        ++abandoned_in_a_row_;
+        ++stats_.abandoned;
+        return false;
+      }
+    }
+    (void)cudaGraphDestroy(graph);  // the executable graph holds what it needs
+    PD_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream_.get()),
+                            "CUDA backend: launching a captured step (cudaGraphLaunch)");
+    PD_RETURN_IF_ERROR(staging_->ArenaLaunched());
+    abandoned_in_a_row_ = 0;
+    ++stats_.launched;
+    return true;
+  }
+
+  CaptureStats capture_stats() const override { return stats_; }
+
  private:
+  static constexpr int kMaxAbandoned = 8;
+
+  // FAILED_PRECONDITION while a step is recorded: `what` waits for the device or allocates.
+  absl::Status NotRecording(std::string_view what) const {
+    if (!capturing_) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        pd::StrCat("CUDA backend: ", what, " while a step is being captured"));
+  }
+  // ABORTED while a step is recorded, which is then abandoned: `what` cannot be recorded.
+  absl::Status Unrecorded(std::string_view what) {
+    if (!capturing_) return absl::OkStatus();
+    recording_void_ = true;
+    return absl::AbortedError(
+        pd::StrCat("CUDA backend: ", what, " cannot be captured; the step runs uncaptured"));
+  }
   // Weights expanded to F16 for a GEMM take at most this many elements of scratch at a time
   // (64 MiB): a 262144 x 640 output head goes in 4 slabs, a 4096 x 14336 projection in one.
   static constexpr int64_t kSlabElems = int64_t{32} << 20;
 
   // Makes this backend's device current on the calling thread (cheap when it already is).
   absl::Status Activate() {
+    if (capturing_) return absl::OkStatus();  // BeginCapture made the device current
     PD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_),
                             pd::StrCat("CUDA backend: cudaSetDevice(", device_, ")"));
     return absl::OkStatus();
@@ -1016,6 +1138,7 @@ class CudaBackend final : public Backend {
   // stream; growing frees the old buffer, and cudaFree waits for the work that may still read it.
   absl::StatusOr<void*> Scratch(std::unique_ptr<DeviceBuffer>& buf, size_t bytes) {
     if (buf == nullptr || buf->size() < bytes) {
+      PD_RETURN_IF_ERROR(Unrecorded(pd::StrCat("growing a scratch buffer to ", bytes, " bytes")));
       buf.reset();
       PD_ASSIGN_OR_RETURN(buf, DeviceBuffer::Create(bytes, device_));
     }
@@ -1172,6 +1295,15 @@ class CudaBackend final : public Backend {
   // PDSERVE_CUDA_GEMV at Create (default int8): Q4_K, Q6_K and Q8_0 GEMVs quantize the
   // activations and dot int8 codes (matmul_q8act.cu); f32 dots F32 activations (matmul_quant.cu).
   const bool gemv_int8_;
+  // Captured steps (PDSERVE_CUDA_GRAPHS, BeginCapture / EndCapture): one executable graph per
+  // batch size, updated in place from each step's recording when its shape allows.
+  const bool graphs_;
+  bool capturing_ = false;
+  bool recording_void_ = false;  // an op could not be recorded: the capture is abandoned
+  int64_t capture_rows_ = 0;
+  int abandoned_in_a_row_ = 0;
+  CaptureStats stats_;
+  std::array<cudaGraphExec_t, cuda::kMaxGemvRows + 1> execs_{};
   std::unique_ptr<DeviceBuffer> scratch_;            // MatMul: activations in F16 / BF16
   std::unique_ptr<DeviceBuffer> weight_scratch_;     // MatMul: a slab of weights expanded to F16
   std::unique_ptr<DeviceBuffer> attention_scratch_;  // Attention: the splits' partial results
@@ -1188,6 +1320,18 @@ class CudaBackend final : public Backend {
 // activations quantized as the CPU backend quantizes them and dotted in int8 for Q4_K, Q6_K and
 // Q8_0 weights (matmul_q8act.cu); "f32": F32 activations for every format (matmul_quant.cu).
 // Anything else is an error at start rather than a silent default.
+// PDSERVE_CUDA_GRAPHS: whether decode steps are captured as CUDA graphs (Backend::BeginCapture).
+// "1" or "on": captured; unset, empty, "0" or "off": each op launched (the default until the
+// staged GPU checks have passed with graphs on). Anything else is an error at start.
+absl::StatusOr<bool> GraphsFromEnv() {
+  const char* v = std::getenv("PDSERVE_CUDA_GRAPHS");
+  const std::string_view mode = v == nullptr ? "" : v;
+  if (mode.empty() || mode == "0" || mode == "off") return false;
+  if (mode == "1" || mode == "on") return true;
+  return absl::InvalidArgumentError(
+      pd::StrCat("PDSERVE_CUDA_GRAPHS=", mode, " is not a graph mode (use 1/on or 0/off)"));
+}
+
 absl::StatusOr<bool> GemvInt8FromEnv() {
   const char* v = std::getenv("PDSERVE_CUDA_GEMV");
   const std::string_view mode = v == nullptr ? "" : v;
@@ -1223,11 +1367,13 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
   PD_ASSIGN_OR_RETURN(std::unique_ptr<HostStaging> staging,
                       HostStaging::Create(device, stream.get()));
   PD_ASSIGN_OR_RETURN(const bool gemv_int8, GemvInt8FromEnv());
-  std::string name = pd::StrCat("cuda:", device, " (", prop.name, ", sm_", prop.major, prop.minor,
-                                gemv_int8 ? ", int8 GEMV" : ", f32 GEMV", ")");
+  PD_ASSIGN_OR_RETURN(const bool graphs, GraphsFromEnv());
+  std::string name =
+      pd::StrCat("cuda:", device, " (", prop.name, ", sm_", prop.major, prop.minor,
+                 gemv_int8 ? ", int8 GEMV" : ", f32 GEMV", graphs ? ", graphs" : "", ")");
   return std::unique_ptr<Backend>(new CudaBackend(device, std::move(name), prop.multiProcessorCount,
                                                   prop.major, std::move(stream), std::move(cublas),
-                                                  std::move(staging), gemv_int8));
+                                                  std::move(staging), gemv_int8, graphs));
 }
 
 }  // namespace pd::engine

@@ -42,6 +42,20 @@ class HostStaging {
   // device will find them: valid for the kernels enqueued before the next Commit.
   absl::StatusOr<const char*> Commit(size_t bytes);
 
+  // A captured step (a CUDA graph): a recorded copy reads its host bytes when the graph runs, not
+  // when it is recorded, so between StartArena and StopArena every Begin hands out bytes of its
+  // own, from one page-locked arena, instead of rotating through the slots. StartArena first
+  // waits for the copies of the last graph that read the arena (ArenaLaunched) and grows the
+  // arena and the device buffer to what the last abandoned recording asked for. While recording,
+  // nothing may be allocated: Begin past the arena's end, or Commit past the device buffer's,
+  // returns ABORTED (the recording is then abandoned, and the next StartArena grows them).
+  absl::Status StartArena();
+  void StopArena() { in_arena_ = false; }
+  // Whether a Begin or Commit since StartArena returned ABORTED.
+  bool ArenaOverflowed() const { return arena_overflowed_; }
+  // Records on the stream that the graph just launched is the arena's last reader.
+  absl::Status ArenaLaunched();
+
  private:
   struct Slot {
     void* host = nullptr;  // cudaHostAlloc'd
@@ -55,6 +69,15 @@ class HostStaging {
   std::array<Slot, kSlots> slots_;
   int current_ = 0;  // the slot Begin handed out last
   std::unique_ptr<DeviceBuffer> device_buffer_;
+  // The capture arena (StartArena .. StopArena).
+  bool in_arena_ = false;
+  bool arena_overflowed_ = false;
+  void* arena_ = nullptr;  // cudaHostAlloc'd
+  size_t arena_size_ = 0, arena_used_ = 0;
+  char* arena_current_ = nullptr;  // what Begin handed out last, and its size
+  size_t arena_current_size_ = 0;
+  size_t arena_want_ = 0, device_want_ = 0;  // sizes an abandoned recording asked for
+  cudaEvent_t arena_done_ = nullptr;         // recorded after the last graph that read the arena
 };
 
 }  // namespace pd::engine

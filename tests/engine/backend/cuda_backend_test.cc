@@ -1618,6 +1618,152 @@ absl::StatusOr<double> MicrosPerOp(Backend& be, int iters, F&& op) {
   return std::chrono::duration<double, std::micro>(t1 - t0).count() / iters;
 }
 
+// ---- captured steps (CUDA graphs) ---------------------------------------------------------------
+
+// A CUDA backend with PDSERVE_CUDA_GRAPHS=1, the environment restored after.
+absl::StatusOr<std::unique_ptr<Backend>> CreateGraphBackend() {
+  const char* v = std::getenv("PDSERVE_CUDA_GRAPHS");
+  const std::optional<std::string> saved = v ? std::optional<std::string>(v) : std::nullopt;
+  setenv("PDSERVE_CUDA_GRAPHS", "1", 1);
+  absl::StatusOr<std::unique_ptr<Backend>> b = CreateCudaBackend(0);
+  if (saved) {
+    setenv("PDSERVE_CUDA_GRAPHS", saved->c_str(), 1);
+  } else {
+    unsetenv("PDSERVE_CUDA_GRAPHS");
+  }
+  return b;
+}
+
+// The tensors of a small decode-like step on one backend: an embedding lookup, a norm, a grouped
+// int8 GEMV (Q4_K and Q6_K), RoPE and an add. Ids and positions reach the device through the
+// staging, which a recorded step takes from its arena.
+struct StepTensors {
+  static constexpr int64_t kVocab = 64, kEmbd = 256, kQ = 256, kK = 128, kRows = 2;
+  Owned table, norm, wq, wk, x, h, q, k, sum;
+  StepTensors(Backend& b, const std::vector<uint8_t>& table_bytes, const std::vector<float>& norm_w,
+              const std::vector<uint8_t>& q_bytes, const std::vector<uint8_t>& k_bytes)
+      : table(MapW(b, DType::kQ8_0, kVocab, kEmbd, table_bytes.data())),
+        norm(Put(b, DType::kF32, 1, kEmbd, norm_w.data())),
+        wq(MapW(b, DType::kQ4_K, kQ, kEmbd, q_bytes.data())),
+        wk(MapW(b, DType::kQ6_K, kK, kEmbd, k_bytes.data())),
+        x(Put(b, DType::kF32, kRows, kEmbd, nullptr)),
+        h(Put(b, DType::kF32, kRows, kEmbd, nullptr)),
+        q(Put(b, DType::kF32, kRows, kQ, nullptr)),
+        k(Put(b, DType::kF32, kRows, kK, nullptr)),
+        sum(Put(b, DType::kF32, kRows, kQ, nullptr)) {}
+
+  absl::Status Run(Backend& b, const std::vector<int32_t>& ids, const std::vector<int32_t>& pos) {
+    PD_RETURN_IF_ERROR(b.GetRows(table.t, ids, x.t));
+    PD_RETURN_IF_ERROR(b.RmsNorm(x.t, norm.t, 1e-6f, h.t));
+    const Tensor* ws[] = {&wq.t, &wk.t};
+    Tensor* ys[] = {&q.t, &k.t};
+    const std::vector<uint8_t> orders(kRows, kRowOrderGemv);
+    PD_RETURN_IF_ERROR(b.MatMulGroup(ws, h.t, ys, orders));
+    RopeParams rope;
+    rope.mode = RopeMode::kNeox;
+    rope.head_dim = 64;
+    rope.rot_dim = 64;
+    PD_RETURN_IF_ERROR(b.Rope(q.t, 4, pos, rope));
+    PD_RETURN_IF_ERROR(b.Rope(k.t, 2, pos, rope));
+    return b.Add(q.t, x.t, sum.t);
+  }
+  std::vector<std::vector<float>> Outputs(Backend& b) {
+    return {Get(b, x.t), Get(b, h.t), Get(b, q.t), Get(b, k.t), Get(b, sum.t)};
+  }
+};
+
+// A recorded step gives the bits of the same ops launched one by one, step after step (the
+// executable graph updated in place as ids and positions change); what may not run during a
+// recording is refused, and what cannot be recorded abandons it.
+TEST_F(CudaBackendTest, CapturedStepsGiveTheBitsOfLaunchedOps) {
+  absl::StatusOr<std::unique_ptr<Backend>> made = CreateGraphBackend();
+  PD_ASSERT_OK(made.status());
+  Backend& g = **made;
+  EXPECT_THAT(g.name(), ::testing::HasSubstr("graphs"));
+  EXPECT_FALSE(cuda_->BeginCapture(1)) << "graphs are off unless PDSERVE_CUDA_GRAPHS=1";
+  const std::vector<uint8_t> table = RandomWeights(DType::kQ8_0, 64, 256, 61);
+  const std::vector<float> norm_w = RandomFloats(256, 62, 0.5f, 1.5f);
+  const std::vector<uint8_t> wq = RandomWeights(DType::kQ4_K, 256, 256, 63);
+  const std::vector<uint8_t> wk = RandomWeights(DType::kQ6_K, 128, 256, 64);
+  StepTensors on_graph(g, table, norm_w, wq, wk), launched(*cuda_, table, norm_w, wq, wk);
+
+  EXPECT_FALSE(g.BeginCapture(0));
+  EXPECT_FALSE(g.BeginCapture(9)) << "more rows than the GEMV takes";
+  const std::vector<std::vector<int32_t>> ids = {{3, 17}, {40, 2}, {63, 0}, {5, 5}};
+  const std::vector<std::vector<int32_t>> pos = {{0, 1}, {7, 8}, {100, 3}, {2047, 4}};
+  int abandoned = 0;
+  for (size_t step = 0; step < ids.size(); ++step) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    bool ran = false;
+    // A first recording may be abandoned while the scratch buffers and the staging arena grow;
+    // the step then runs op by op, and the next recording has what it needs.
+    for (int attempt = 0; attempt < 2 && !ran; ++attempt) {
+      ASSERT_TRUE(g.BeginCapture(StepTensors::kRows));
+      const absl::Status st = on_graph.Run(g, ids[step], pos[step]);
+      ASSERT_TRUE(st.ok() || st.code() == absl::StatusCode::kAborted) << st;
+      absl::StatusOr<bool> ended = g.EndCapture(st.ok());
+      PD_ASSERT_OK(ended.status());
+      ran = *ended;
+      if (!ran) {
+        ++abandoned;
+        PD_ASSERT_OK(on_graph.Run(g, ids[step], pos[step]));
+      }
+    }
+    ASSERT_TRUE(ran || abandoned > 0);
+    PD_ASSERT_OK(launched.Run(*cuda_, ids[step], pos[step]));
+    const std::vector<std::vector<float>> got = on_graph.Outputs(g),
+                                          want = launched.Outputs(*cuda_);
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "output " << i;
+  }
+  EXPECT_LE(abandoned, 2);
+  EXPECT_EQ(g.capture_stats().abandoned, abandoned);
+  EXPECT_GE(g.capture_stats().launched, static_cast<int64_t>(ids.size()) - abandoned);
+
+  // While recording: no host waits or allocations; cuBLAS (F16 weights) abandons the recording.
+  const std::vector<uint16_t> w16 = ToF16(RandomFloats(32 * 256, 65));
+  Owned f16 = MapW(g, DType::kF16, 32, 256, w16.data());
+  Owned y16 = Put(g, DType::kF32, 1, 32, nullptr);
+  ASSERT_TRUE(g.BeginCapture(1));
+  std::vector<float> host(4);
+  EXPECT_THAT(g.Download(host.data(), on_graph.x.t.data, 16),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(g.Synchronize(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(g.Allocate(64).status(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(g.MatMul(f16.t, on_graph.h.t.Rows(0, 1), y16.t),
+              StatusIs(absl::StatusCode::kAborted));
+  absl::StatusOr<bool> ended = g.EndCapture(false);
+  PD_ASSERT_OK(ended.status());
+  EXPECT_FALSE(*ended);
+  EXPECT_EQ(g.capture_stats().abandoned, abandoned + 1);
+  PD_EXPECT_OK(g.Synchronize());
+  EXPECT_THAT(g.EndCapture(true), StatusIs(absl::StatusCode::kFailedPrecondition));
+
+  // What a recording saves: a step of 300 one-row RmsNorms (a decode step's small kernels),
+  // launched op by op, and recorded and launched as one graph (the recording counted in).
+  constexpr int kOps = 300;
+  const std::vector<float> row = RandomFloats(4096, 66);
+  Owned xr = Put(g, DType::kF32, 1, 4096, row.data()), yr = Put(g, DType::kF32, 1, 4096, nullptr);
+  Owned wr = Put(g, DType::kF32, 1, 4096, norm_w.data());
+  auto small_ops = [&]() -> absl::Status {
+    for (int i = 0; i < kOps; ++i) PD_RETURN_IF_ERROR(g.RmsNorm(xr.t, Tensor{}, 1e-6f, yr.t));
+    return absl::OkStatus();
+  };
+  absl::StatusOr<double> each = MicrosPerOp(g, 20, small_ops);
+  absl::StatusOr<double> graph = MicrosPerOp(g, 20, [&]() -> absl::Status {
+    if (!g.BeginCapture(1)) return absl::InternalError("BeginCapture declined");
+    const absl::Status st = small_ops();
+    PD_ASSIGN_OR_RETURN(const bool ran, g.EndCapture(st.ok()));
+    PD_RETURN_IF_ERROR(st);
+    return ran ? absl::OkStatus() : absl::InternalError("the recording was abandoned");
+  });
+  PD_ASSERT_OK(each.status());
+  PD_ASSERT_OK(graph.status());
+  std::printf(
+      "[timing] %d one-row RmsNorms a step: launched one by one %8.1f us (%.2f us/op), "
+      "recorded and launched as a graph %8.1f us (%.2f us/op)\n",
+      kOps, *each, *each / kOps, *graph, *graph / kOps);
+}
+
 // Runs whenever there is a GPU, so that every GPU test log has these numbers (bench/gpu/ reads
 // them).
 TEST_F(CudaBackendTest, Timing) {

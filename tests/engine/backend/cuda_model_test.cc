@@ -395,7 +395,9 @@ TEST(CudaModelTest, ProfileDecodeStep) {
   ASSERT_NE(l.kv, nullptr);
   const int ctx = 128, warm = 8, profiled = 2;
   const double median = DecodeStepSeconds(l, ctx, warm + profiled, 1, [&](int s) {
-    if (s == warm) EXPECT_EQ(cudaProfilerStart(), cudaSuccess);
+    if (s == warm) {
+      EXPECT_EQ(cudaProfilerStart(), cudaSuccess);
+    }
   });
   ASSERT_EQ(cudaProfilerStop(), cudaSuccess);
   std::printf(
@@ -457,6 +459,12 @@ TEST(CudaModelTest, Bench) {
                 std::string(Traits(t).name).c_str(), s1 * 1e3, gbs / 1e9,
                 100 * gbs / gbw->bytes_per_s, tps[0], tps[1]);
   }
+  // With PDSERVE_CUDA_GRAPHS=1, batch-1 steps are recorded as graphs (the 16- and 64-sequence
+  // steps are not: more rows than the GEMV takes); 0 / 0 means every step was launched op by op.
+  const Backend::CaptureStats cs = g.cuda->capture_stats();
+  std::printf("[bench] %s: captured steps launched %lld, abandoned %lld\n",
+              std::string(g.cuda->name()).c_str(), static_cast<long long>(cs.launched),
+              static_cast<long long>(cs.abandoned));
   // Prefill: 2,048 tokens of llama-1b in f16 against an f16 GEMM of the same order.
   const std::string path = SynthModel("llama-1b", DType::kF16);
   if (path.empty()) return;

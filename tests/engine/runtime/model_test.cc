@@ -231,8 +231,12 @@ TEST_P(ModelTest, ObserverSeesEveryMatMulInputWithoutChangingResults) {
     std::map<std::string, int64_t> rows;
     for (size_t i = 0; i < rec.names.size(); ++i) {
       rows[rec.names[i]] += rec.shapes[i].first;
-      if (rec.names[i] == "blk.0.ffn_down_exps.weight") EXPECT_EQ(rec.shapes[i].second, c.n_ff_exp);
-      if (rec.names[i] == "blk.0.ffn_gate_inp.weight") EXPECT_EQ(rec.shapes[i].second, c.n_embd);
+      if (rec.names[i] == "blk.0.ffn_down_exps.weight") {
+        EXPECT_EQ(rec.shapes[i].second, c.n_ff_exp);
+      }
+      if (rec.names[i] == "blk.0.ffn_gate_inp.weight") {
+        EXPECT_EQ(rec.shapes[i].second, c.n_embd);
+      }
     }
     const int64_t n = static_cast<int64_t>(prompt.size());
     for (int l = 0; l < c.n_layer; ++l) {
@@ -294,10 +298,13 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(ModelExpertsTest, ExpertsAreBatchInvariantBitForBit) {
   for (DType type : {DType::kF32, DType::kQ8_0}) {
     SCOPED_TRACE(Traits(type).name);
-    auto f = Make(TinyModelSpec{.arch = "qwen3moe", .head_dim = 32, .qk_norm = true,
-                                .n_expert = 4, .n_expert_used = 2, .expert_ff = 32,
+    auto f = Make(TinyModelSpec{.arch = "qwen3moe",
+                                .head_dim = 32,
+                                .qk_norm = true,
+                                .n_expert = 4,
+                                .n_expert_used = 2,
+                                .expert_ff = 32,
                                 .type = type});
-    const int V = f->model->config().n_vocab;
     const std::vector<int32_t> a = {3, 14, 15, 92, 65, 35, 89, 79};
     const std::vector<int32_t> c = {27, 18, 28, 18, 28, 45, 90, 45, 23};
     const std::vector<float> la = AllLogits(*f, a, 10);
