@@ -85,7 +85,7 @@ struct KvBatch {
   // Optional (empty, or one per token): kRowOrderAttnWide picks the order Attention sums V rows in
   // for that token (see Backend::Attention). Empty: a sequence with two or more tokens in the
   // batch takes it.
-  absl::Span<const uint8_t> row_orders;
+  absl::Span<const uint8_t> row_orders = {};
 };
 
 struct AttentionParams {

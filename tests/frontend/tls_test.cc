@@ -53,11 +53,6 @@ class TlsDir {
   std::string dir_;
 };
 
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 // OpenSSL's own chain verification of `cert_pem` against `ca_pem`.
 bool Verifies(const std::string& cert_pem, const std::string& ca_pem) {
   BIO* cb = BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size()));

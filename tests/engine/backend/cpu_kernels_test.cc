@@ -839,10 +839,14 @@ void ExpectAttnKernelsEqual(const AttnKernels& ref, const AttnKernels& simd) {
     EXPECT_EQ(std::bit_cast<uint64_t>(sr), std::bit_cast<uint64_t>(ss)) << "exp_sum n " << n;
     ASSERT_EQ(std::memcmp(yr.data(), ys.data(), n * sizeof(float)), 0) << "exp n " << n;
     for (int64_t i = 0; i < n; ++i) {
-      if (std::isinf(x[i])) ASSERT_EQ(yr[i], 0.f);
+      if (std::isinf(x[i])) {
+        ASSERT_EQ(yr[i], 0.f);
+      }
       // ggml's expf is within a few ulp of the true value in range.
       const double e = std::exp(static_cast<double>(x[i] - m));  // ggml's argument is F32 x - m
-      if (x[i] - m > -80.f) ASSERT_NEAR(yr[i], e, 4e-7 * e);
+      if (x[i] - m > -80.f) {
+        ASSERT_NEAR(yr[i], e, 4e-7 * e);
+      }
     }
   }
   for (int rows : {ref.lanes, 4 * ref.lanes}) {

@@ -184,7 +184,9 @@ void ExpectSameAsPlain(Model& target, std::shared_ptr<spec::Drafter> drafter, Kv
     EXPECT_GT(got.accepted, 0);
     EXPECT_GT(got.multi_token_calls, 0);  // accepted runs reach the sink as one call
   }
-  if (near == Near::kClose) EXPECT_GT(got.accepted * 2, got.drafted);
+  if (near == Near::kClose) {
+    EXPECT_GT(got.accepted * 2, got.drafted);
+  }
   int64_t per_request_drafted = 0;
   for (const FinishInfo& f : got.info) per_request_drafted += f.draft_tokens;
   EXPECT_EQ(per_request_drafted, got.drafted);

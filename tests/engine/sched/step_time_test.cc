@@ -185,7 +185,9 @@ TEST(StepTimeModelTest, MaxPrefillIsTheLargestChunkWithinTheBudget) {
       ASSERT_LE(p, 512);
       StepShape with = base;
       with.AddChunk(start, p);
-      if (p > 0) EXPECT_LE(m.Predict(with), budget);
+      if (p > 0) {
+        EXPECT_LE(m.Predict(with), budget);
+      }
       if (p < 512) {
         StepShape more = base;
         more.AddChunk(start, p + 1);
