@@ -117,10 +117,10 @@ ServingMetrics::ServingMetrics(MetricsRegistry& registry)
                                    "Drafts verified by speculative decoding (one per sequence "
                                    "and step that drafted).")
                        .Get()),
-      spec_draft_tokens_(registry
-                             .AddCounter("pdserve_spec_draft_tokens_total",
-                                         "Draft tokens the target verified.")
-                             .Get()),
+      spec_draft_tokens_(
+          registry
+              .AddCounter("pdserve_spec_draft_tokens_total", "Draft tokens the target verified.")
+              .Get()),
       spec_accepted_tokens_(registry
                                 .AddCounter("pdserve_spec_accepted_tokens_total",
                                             "Draft tokens the target accepted (each one a "
@@ -137,7 +137,12 @@ ServingMetrics::ServingMetrics(MetricsRegistry& registry)
                                            {"position"})),
       spec_accepted_at_(registry.AddCounter("pdserve_spec_position_accepted_total",
                                             "Draft tokens accepted, by position in the draft.",
-                                            {"position"})) {
+                                            {"position"})),
+      graph_steps_(registry.AddCounter(
+          "pdserve_cuda_graph_steps_total",
+          "Decode steps recorded as CUDA graphs (PDSERVE_CUDA_GRAPHS=1): launched as one unit, or "
+          "abandoned and run op by op.",
+          {"result"})) {
   // The common outcomes exist from the start at 0, so that rate() sees their first increment.
   for (const char* reason : {"stop", "length"}) requests_.WithLabels({reason});
 }
@@ -203,6 +208,14 @@ void ServingMetrics::Load(const engine::EngineLoad& load) {
   if (load.prefix_cache_evictions > seen) evictions_.Increment(load.prefix_cache_evictions - seen);
   const int64_t filled = fill_tokens_seen_.exchange(load.prefix_fill_tokens);
   if (load.prefix_fill_tokens > filled) fill_tokens_.Increment(load.prefix_fill_tokens - filled);
+  const int64_t launched = graph_launched_seen_.exchange(load.graph_steps);
+  if (load.graph_steps > launched) {
+    graph_steps_.WithLabels({"launched"}).Increment(load.graph_steps - launched);
+  }
+  const int64_t abandoned = graph_abandoned_seen_.exchange(load.graph_abandoned);
+  if (load.graph_abandoned > abandoned) {
+    graph_steps_.WithLabels({"abandoned"}).Increment(load.graph_abandoned - abandoned);
+  }
 }
 
 }  // namespace pd::frontend

@@ -86,6 +86,9 @@ class ServingMetrics {
   Counter& spec_draft_seconds_;
   Family<Counter>& spec_drafted_at_;   // {position}
   Family<Counter>& spec_accepted_at_;  // {position}
+  Family<Counter>& graph_steps_;       // {result}: launched, abandoned
+  std::atomic<int64_t> graph_launched_seen_{0};
+  std::atomic<int64_t> graph_abandoned_seen_{0};
 };
 
 }  // namespace pd::frontend

@@ -106,6 +106,11 @@ struct EngineLoad {
   // Chain hashes (engine/kv/block_hash.h) of cached blocks, most recently used first, bounded by
   // prefix_cache.summary_blocks; refreshed at most every 100 ms. Null when the cache is off.
   std::shared_ptr<const std::vector<uint64_t>> cached_block_hashes;
+  // Since the engine started: decode steps its backend launched as one captured unit (CUDA
+  // graphs, PDSERVE_CUDA_GRAPHS=1) and recordings it abandoned, the step then run op by op
+  // (Backend::capture_stats; zeros on the CPU).
+  int64_t graph_steps = 0;
+  int64_t graph_abandoned = 0;
 };
 
 class GenerationEngine {

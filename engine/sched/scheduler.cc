@@ -1470,6 +1470,9 @@ void Scheduler::Publish(StepStats* stats) {
   load.prefix_cache_hit_tokens = cache_hit_tokens_;
   load.prefix_fills_pending = static_cast<int>(fills_.size()) + (live_fill_ != nullptr ? 1 : 0);
   load.prefix_fill_tokens = fill_tokens_;
+  const Backend::CaptureStats graphs = model_.backend().capture_stats();
+  load.graph_steps = graphs.launched;
+  load.graph_abandoned = graphs.abandoned;
   if (options_.prefix_cache.enabled) {
     const absl::Time now = absl::Now();
     // At most every 100 ms while busy, and always when going idle (no later step would refresh

@@ -115,6 +115,26 @@ TEST(ServingMetricsTest, ErrorsStepsAndLoad) {
   EXPECT_THAT(text, HasSubstr("pdserve_kv_blocks_used 40\n"));
   EXPECT_THAT(text, HasSubstr("pdserve_kv_blocks_free 60\n"));
   EXPECT_THAT(text, Not(HasSubstr("NaN")));
+  // No captured steps (a CPU engine): the family, and no samples.
+  EXPECT_THAT(text, HasSubstr("# TYPE pdserve_cuda_graph_steps_total counter\n"));
+  EXPECT_THAT(text, Not(HasSubstr("pdserve_cuda_graph_steps_total{")));
+}
+
+// The engine reports its captured steps as totals since it started; the counter takes each
+// report's increase, and a report that repeats (or, after a restart, goes back) adds nothing.
+TEST(ServingMetricsTest, CapturedStepsCountTheIncreaseOfTheEnginesTotals) {
+  MetricsRegistry registry;
+  ServingMetrics metrics(registry);
+  engine::EngineLoad load;
+  load.graph_steps = 10;
+  load.graph_abandoned = 1;
+  metrics.Load(load);
+  metrics.Load(load);
+  load.graph_steps = 25;
+  metrics.Load(load);
+  const std::string text = registry.Render();
+  EXPECT_THAT(text, HasSubstr("pdserve_cuda_graph_steps_total{result=\"launched\"} 25\n"));
+  EXPECT_THAT(text, HasSubstr("pdserve_cuda_graph_steps_total{result=\"abandoned\"} 1\n"));
 }
 
 }  // namespace

@@ -223,6 +223,9 @@ int RunBench(const BenchFlags& flags) {
   };
   const int threads =
       f.threads > 0 ? f.threads : static_cast<int>(std::thread::hardware_concurrency());
+  // Steps the head's backend launched as CUDA graphs (PDSERVE_CUDA_GRAPHS=1), and recordings
+  // it abandoned; zeros on the CPU.
+  const engine::Backend::CaptureStats graphs = model.backend().capture_stats();
   std::printf(
       "{\"system\": \"pdserve\", \"model\": \"%s\", \"kernels\": \"%s\", \"threads\": %d, "
       "\"kv_type\": \"%s\", "
@@ -232,13 +235,14 @@ int RunBench(const BenchFlags& flags) {
       "\"weights_bytes\": %zu, \"batch\": %d, \"batch_pp\": %d, \"tg_batch_tok_s\": %s, "
       "\"tg_batch_tok_per_cpu_s\": "
       "%s, \"verify\": %d, \"tg_step_ms\": %s, \"tg_step_cpu_ms\": %s, \"tg_verify_step_ms\": %s, "
-      "\"tg_verify_step_cpu_ms\": %s}\n",
+      "\"tg_verify_step_cpu_ms\": %s, \"graph_steps\": %lld, \"graph_abandoned\": %lld}\n",
       e->model_path.c_str(), e->kernels.c_str(), threads, f.kv_type.c_str(), pp, tg, load_s,
       first_s, list(pp_rates).c_str(), list(tg_rates).c_str(), list(pp_cpu).c_str(),
       list(tg_cpu).c_str(), PeakRssMiB(), ProcStatusMiB("RssFile"), ProcStatusMiB("RssAnon"),
       static_cast<size_t>(model.weights().total_bytes), batch_seqs, batch_pp,
       list(tgb_rates).c_str(), list(tgb_cpu).c_str(), verify_rows, list(tg_ms).c_str(),
-      list(tg_cpu_ms).c_str(), list(tgv_ms).c_str(), list(tgv_cpu_ms).c_str());
+      list(tg_cpu_ms).c_str(), list(tgv_ms).c_str(), list(tgv_cpu_ms).c_str(),
+      static_cast<long long>(graphs.launched), static_cast<long long>(graphs.abandoned));
   return 0;
 }
 

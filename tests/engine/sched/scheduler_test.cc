@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "common/status_matchers.h"
 #include "engine/sched/generate.h"
+#include "tests/testing/recording_backend.h"
 #include "tests/testing/tiny_engine.h"
 
 namespace pd::engine {
@@ -259,6 +260,49 @@ TEST(SchedulerTest, Int8KvStreamsMatchGenerateOnInt8Cache) {
     EXPECT_EQ(sinks[i]->tokens(), expected[i]) << reqs[i].id;
   }
   ExpectAllBlocksFree(*sched);
+}
+
+// The scheduler on a backend that captures its steps (the CUDA backend's graphs, emulated on
+// the CPU by RecordingBackend: ops run only at the end of a step, host spans copied when called):
+// every request gets the tokens it gets alone on the CPU backend, through greedy, seeded and
+// penalized sampling (top logits on the device, and whole rows); the decode steps of up to 8 rows
+// are captured, and the engine load counts them.
+TEST(SchedulerTest, CapturedStepsGiveTheTokensOfPlainOnes) {
+  auto env = MakeEnv();
+  std::vector<GenerationRequest> reqs;
+  const int lens[] = {3, 40, 17, 1, 25};
+  const int max_tokens[] = {20, 12, 30, 8, 16};
+  for (int i = 0; i < 5; ++i) {
+    reqs.push_back(Req("c" + std::to_string(i), Prompt(lens[i], 300 + i), max_tokens[i]));
+  }
+  reqs[4].sampling = SamplingParams{};
+  reqs[4].sampling.seed = 99;
+  reqs[4].sampling.temperature = 1.0f;
+  reqs[2].sampling.repetition_penalty = 1.5f;
+  reqs[2].sampling.penalty_last_n = 16;
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& r : reqs) expected.push_back(Reference(*env, r));
+
+  testing::RecordingBackend rec("cpu:recording");
+  auto file = GgufFile::Parse(MappedFile::Borrow(env->bytes.data(), env->bytes.size()));
+  PD_ASSERT_OK(file.status());
+  auto model = Model::Load(std::shared_ptr<const GgufFile>(std::move(*file)), rec);
+  PD_ASSERT_OK(model.status());
+  auto sched = Scheduler::Create(**model, Small());
+  PD_ASSERT_OK(sched.status());
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (const auto& r : reqs) {
+    sinks.push_back(std::make_shared<RecordingSink>());
+    PD_ASSERT_OK((*sched)->Submit(r, sinks.back()));
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE(sinks[i]->WaitFinished());
+    EXPECT_EQ(sinks[i]->tokens(), expected[i]) << reqs[i].id;
+  }
+  const EngineLoad load = (*sched)->Load();
+  EXPECT_GT(load.graph_steps, 0);
+  EXPECT_EQ(load.graph_abandoned, 0);
+  ExpectAllBlocksFree(**sched);
 }
 
 TEST(SchedulerTest, ConcurrentSequencesMatchGenerateAlone) {
