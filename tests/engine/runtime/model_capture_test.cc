@@ -243,7 +243,7 @@ TEST(ModelCaptureTest, AnErrorWhileRecordingIsReturnedAndTheNextStepIsCaptured) 
 }
 
 // Steps whose ops wait for the host in the middle, or that span backends, are never offered for
-// capture; they run op by op and give the same bits.
+// capture: they run op by op, as before.
 TEST(ModelCaptureTest, StepsThatCannotBeCapturedAreNotOffered) {
   const std::string bytes = testing::TinyModel(TinyModelSpec{});
   RecordingBackend rec("cpu:recording");
