@@ -228,8 +228,9 @@ class Backend {
   //
   // BeginCapture(rows) is true when the backend records from then on: rows is the batch's token
   // count, and a backend may decline any batch (false, nothing changed). While recording:
-  //   - ops read their host spans (positions, block tables, ids) when called, as always, and
-  //     must not be given host memory that changes before EndCapture: nothing else is new;
+  //   - ops read their host spans (positions, block tables, ids) when called, as always, so the
+  //     caller may reuse them at once; the device memory they name must stay allocated until the
+  //     recorded ops have run;
   //   - Upload, Download, Synchronize, Allocate and MapWeights return FAILED_PRECONDITION;
   //   - an op the backend cannot record (say, a scratch buffer that has to grow first) returns
   //     ABORTED and the recording is void.
