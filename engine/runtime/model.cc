@@ -78,6 +78,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(std::shared_ptr<const GgufFil
   m->placement_ = placement;
   for (int l = 0; l < m->config_.n_layer; ++l) {
     m->layer_backend_index_.push_back(placement.BackendOf(l));
+    m->one_backend_ =
+        m->one_backend_ && m->layer_backend_index_.back() == m->layer_backend_index_[0];
   }
   for (const LayerPlacement::Range& r : placement.ranges) {
     PD_RETURN_IF_ERROR(
@@ -94,6 +96,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::WithHead(const Model& target,
   m->backends_ = target.backends_;
   m->layer_backends_ = target.layer_backends_;
   m->layer_backend_index_ = target.layer_backend_index_;
+  m->one_backend_ = target.one_backend_;
   m->placement_ = target.placement_;
   PD_ASSIGN_OR_RETURN(m->weights_, Weights::WithHead(target.weights_, *target.file_, target.config_,
                                                      absl::MakeConstSpan(head_tokens),
@@ -452,9 +455,7 @@ absl::Status Model::ForwardTop(const Batch& batch, KvCache& kv, int k, TopLogits
 
 absl::Status Model::Run(const Batch& batch, KvCache& kv, const LayerHook& after_kv_store, bool head,
                         Tensor* out, std::vector<float>* hidden, std::vector<float>* host_logits) {
-  const bool one_backend = std::all_of(layer_backend_index_.begin(), layer_backend_index_.end(),
-                                       [&](int i) { return i == layer_backend_index_.front(); });
-  const bool capturable = one_backend && head && !after_kv_store && observer_ == nullptr &&
+  const bool capturable = one_backend_ && head && !after_kv_store && observer_ == nullptr &&
                           hidden == nullptr && host_logits == nullptr && config_.n_expert == 0 &&
                           batch.head_x.empty() && !batch.logits_rows.empty() && batch.size() > 0;
   if (capturable) {

@@ -222,6 +222,7 @@ class Model {
   std::vector<Backend*> backends_;        // as given to Load, indexed by the placement
   std::vector<Backend*> layer_backends_;  // per layer
   std::vector<int> layer_backend_index_;  // per layer: index into backends_
+  bool one_backend_ = true;               // every layer on one backend (Run may capture)
   LayerPlacement placement_;
   ModelConfig config_;
   std::shared_ptr<const Weights> weights_;  // shared with the models WithHead makes of this one

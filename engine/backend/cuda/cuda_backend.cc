@@ -538,22 +538,21 @@ class CudaBackend final : public Backend {
     for (size_t first = 0; first < ws.size(); ++first) {
       if (done[first]) continue;
       const DType type = ws[first]->type;
-      std::array<cuda::Q8ActGemvPart, cuda::kMaxGemvParts> parts;
-      int count = 0;
-      for (size_t i = first; i <= ws.size(); ++i) {
-        if (i < ws.size() && (done[i] || ws[i]->type != type)) continue;
-        if (i == ws.size() || count == cuda::kMaxGemvParts) {
-          PD_CUDA_RETURN_IF_ERROR(
-              cuda::LaunchQuantGemvQ8ActGroup(*FormatOf(type), parts.data(), count, k, xq, n,
-                                              stream_.get()),
-              pd::StrCat("CUDA backend: MatMulGroup ", TypeName(type), " int8 GEMV of ", count,
-                         " weights (k=", k, " n=", n, ")"));
-          count = 0;
-          if (i == ws.size()) break;
-        }
-        parts[count++] = {ws[i]->data, ws[i]->row_bytes(), static_cast<int>(ws[i]->rows),
-                          static_cast<float*>(ys[i]->data)};
+      std::vector<cuda::Q8ActGemvPart> parts;
+      for (size_t i = first; i < ws.size(); ++i) {
+        if (done[i] || ws[i]->type != type) continue;
+        parts.push_back({ws[i]->data, ws[i]->row_bytes(), static_cast<int>(ws[i]->rows),
+                         static_cast<float*>(ys[i]->data)});
         done[i] = true;
+      }
+      for (size_t p = 0; p < parts.size(); p += cuda::kMaxGemvParts) {
+        const int count =
+            static_cast<int>(std::min(parts.size() - p, static_cast<size_t>(cuda::kMaxGemvParts)));
+        PD_CUDA_RETURN_IF_ERROR(
+            cuda::LaunchQuantGemvQ8ActGroup(*FormatOf(type), parts.data() + p, count, k, xq, n,
+                                            stream_.get()),
+            pd::StrCat("CUDA backend: MatMulGroup ", TypeName(type), " int8 GEMV of ", count,
+                       " weights (k=", k, " n=", n, ")"));
       }
     }
     return absl::OkStatus();

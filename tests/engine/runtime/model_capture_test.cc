@@ -50,6 +50,12 @@ Loaded Load(const std::string& bytes, absl::Span<Backend* const> backends,
   return l;
 }
 
+// The two-layer tiny model of `bytes` with every layer on `b`.
+Loaded LoadOn(const std::string& bytes, Backend& b, KvDType kv_type = KvDType::kF16) {
+  Backend* backends[] = {&b};
+  return Load(bytes, backends, LayerPlacement::Single(2), kv_type);
+}
+
 // Everything the steps below put out, in order.
 struct Outputs {
   std::vector<float> logits;
@@ -122,8 +128,7 @@ void ExpectSameBits(const Outputs& a, const Outputs& b) {
 // recording one does, so that both take the same paths apart from the capture.
 Outputs Reference(const std::string& bytes, KvDType kv_type) {
   CountingBackend ref("cpu:reference", /*host_memory=*/false);
-  Backend* backends[] = {&ref};
-  Loaded l = Load(bytes, backends, LayerPlacement::Single(2), kv_type);
+  Loaded l = LoadOn(bytes, ref, kv_type);
   if (l.kv == nullptr) return {};
   return RunSteps(*l.model, *l.kv);
 }
@@ -142,8 +147,7 @@ TEST_P(ModelCaptureTest, CapturedStepsGiveTheBitsOfStepsRunOpByOp) {
   const Outputs want = Reference(bytes, GetParam().kv);
   ASSERT_FALSE(want.logits.empty());
   RecordingBackend rec("cpu:recording");
-  Backend* backends[] = {&rec};
-  Loaded l = Load(bytes, backends, LayerPlacement::Single(2), GetParam().kv);
+  Loaded l = LoadOn(bytes, rec, GetParam().kv);
   ASSERT_NE(l.kv, nullptr);
   const Outputs got = RunSteps(*l.model, *l.kv);
   ExpectSameBits(got, want);
@@ -196,8 +200,7 @@ TEST(ModelCaptureTest, AbandonedRecordingsRunAgainWithTheSameBits) {
   {
     RecordingBackend rec("cpu:recording");
     rec.abort_at = 7;
-    Backend* backends[] = {&rec};
-    Loaded l = Load(bytes, backends, LayerPlacement::Single(2));
+    Loaded l = LoadOn(bytes, rec);
     ASSERT_NE(l.kv, nullptr);
     ExpectSameBits(RunSteps(*l.model, *l.kv), want);
     EXPECT_EQ(rec.capture_stats().launched, 0);
@@ -209,8 +212,7 @@ TEST(ModelCaptureTest, AbandonedRecordingsRunAgainWithTheSameBits) {
     RecordingBackend rec("cpu:recording");
     rec.abort_at = 1;
     rec.abort_steps = 2;
-    Backend* backends[] = {&rec};
-    Loaded l = Load(bytes, backends, LayerPlacement::Single(2));
+    Loaded l = LoadOn(bytes, rec);
     ASSERT_NE(l.kv, nullptr);
     ExpectSameBits(RunSteps(*l.model, *l.kv), want);
     EXPECT_EQ(rec.capture_stats().abandoned, 2);
@@ -221,8 +223,7 @@ TEST(ModelCaptureTest, AbandonedRecordingsRunAgainWithTheSameBits) {
 TEST(ModelCaptureTest, AnErrorWhileRecordingIsReturnedAndTheNextStepIsCaptured) {
   const std::string bytes = testing::TinyModel(TinyModelSpec{});
   RecordingBackend rec("cpu:recording");
-  Backend* backends[] = {&rec};
-  Loaded l = Load(bytes, backends, LayerPlacement::Single(2));
+  Loaded l = LoadOn(bytes, rec);
   ASSERT_NE(l.kv, nullptr);
   PD_ASSERT_OK(l.kv->Reserve(0, 8));
   Batch bad;
@@ -247,8 +248,7 @@ TEST(ModelCaptureTest, AnErrorWhileRecordingIsReturnedAndTheNextStepIsCaptured) 
 TEST(ModelCaptureTest, StepsThatCannotBeCapturedAreNotOffered) {
   const std::string bytes = testing::TinyModel(TinyModelSpec{});
   RecordingBackend rec("cpu:recording");
-  Backend* backends[] = {&rec};
-  Loaded l = Load(bytes, backends, LayerPlacement::Single(2));
+  Loaded l = LoadOn(bytes, rec);
   ASSERT_NE(l.kv, nullptr);
   PD_ASSERT_OK(l.kv->Reserve(0, 16));
   Batch b;
@@ -287,8 +287,7 @@ TEST(ModelCaptureTest, StepsThatCannotBeCapturedAreNotOffered) {
   moe_spec.n_expert_used = 2;
   const std::string moe = testing::TinyModel(moe_spec);
   RecordingBackend rec_moe("cpu:recording");
-  Backend* moe_backends[] = {&rec_moe};
-  Loaded m = Load(moe, moe_backends, LayerPlacement::Single(2));
+  Loaded m = LoadOn(moe, rec_moe);
   ASSERT_NE(m.kv, nullptr);
   PD_ASSERT_OK(m.kv->Reserve(0, 4));
   PD_ASSERT_OK(m.model->Forward(b, *m.kv, &logits));

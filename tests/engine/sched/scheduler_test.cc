@@ -125,6 +125,27 @@ class RecordingSink : public GenerationSink {
   FinishInfo info_ ABSL_GUARDED_BY(mu_);
 };
 
+// Six requests of different prompt and output lengths, ids prefix0..prefix5, prompts drawn from
+// prompt_seed + i: greedy, except one seeded sampling request (its own sampler must give what it
+// gives alone) and one with a repetition penalty (its history must be prompt + output, as in
+// Generate).
+std::vector<GenerationRequest> MixedRequests(const std::string& prefix, uint32_t prompt_seed,
+                                             uint64_t sampling_seed) {
+  std::vector<GenerationRequest> reqs;
+  const int lens[] = {3, 40, 17, 1, 25, 9};
+  const int max_tokens[] = {20, 12, 30, 8, 16, 24};
+  for (int i = 0; i < 6; ++i) {
+    reqs.push_back(
+        Req(prefix + std::to_string(i), Prompt(lens[i], prompt_seed + i), max_tokens[i]));
+  }
+  reqs[4].sampling = SamplingParams{};
+  reqs[4].sampling.seed = sampling_seed;
+  reqs[4].sampling.temperature = 1.0f;
+  reqs[2].sampling.repetition_penalty = 1.5f;
+  reqs[2].sampling.penalty_last_n = 16;
+  return reqs;
+}
+
 SchedulerOptions Small(bool threaded = true) {
   SchedulerOptions o;
   o.kv_blocks = 64;
@@ -264,22 +285,12 @@ TEST(SchedulerTest, Int8KvStreamsMatchGenerateOnInt8Cache) {
 
 // The scheduler on a backend that captures its steps (the CUDA backend's graphs, emulated on
 // the CPU by RecordingBackend: ops run only at the end of a step, host spans copied when called):
-// every request gets the tokens it gets alone on the CPU backend, through greedy, seeded and
-// penalized sampling (top logits on the device, and whole rows); the decode steps of up to 8 rows
-// are captured, and the engine load counts them.
+// six concurrent requests get the tokens each gets alone on the CPU backend, through greedy, seeded
+// and penalized sampling (top logits on the device, and whole rows); the decode steps of up to 8
+// rows are captured, and the engine load counts them.
 TEST(SchedulerTest, CapturedStepsGiveTheTokensOfPlainOnes) {
   auto env = MakeEnv();
-  std::vector<GenerationRequest> reqs;
-  const int lens[] = {3, 40, 17, 1, 25};
-  const int max_tokens[] = {20, 12, 30, 8, 16};
-  for (int i = 0; i < 5; ++i) {
-    reqs.push_back(Req("c" + std::to_string(i), Prompt(lens[i], 300 + i), max_tokens[i]));
-  }
-  reqs[4].sampling = SamplingParams{};
-  reqs[4].sampling.seed = 99;
-  reqs[4].sampling.temperature = 1.0f;
-  reqs[2].sampling.repetition_penalty = 1.5f;
-  reqs[2].sampling.penalty_last_n = 16;
+  std::vector<GenerationRequest> reqs = MixedRequests("c", 300, 99);
   std::vector<std::vector<int32_t>> expected;
   for (const auto& r : reqs) expected.push_back(Reference(*env, r));
 
@@ -307,19 +318,7 @@ TEST(SchedulerTest, CapturedStepsGiveTheTokensOfPlainOnes) {
 
 TEST(SchedulerTest, ConcurrentSequencesMatchGenerateAlone) {
   auto env = MakeEnv();
-  std::vector<GenerationRequest> reqs;
-  const int lens[] = {3, 40, 17, 1, 25, 9};
-  const int max_tokens[] = {20, 12, 30, 8, 16, 24};
-  for (int i = 0; i < 6; ++i) {
-    reqs.push_back(Req("r" + std::to_string(i), Prompt(lens[i], 100 + i), max_tokens[i]));
-  }
-  // One seeded sampling request: its own sampler must give what it gives alone.
-  reqs[4].sampling = SamplingParams{};
-  reqs[4].sampling.seed = 1234;
-  reqs[4].sampling.temperature = 1.0f;
-  // A repetition penalty: the history must be prompt + output, as in Generate.
-  reqs[2].sampling.repetition_penalty = 1.5f;
-  reqs[2].sampling.penalty_last_n = 16;
+  std::vector<GenerationRequest> reqs = MixedRequests("r", 100, 1234);
   std::vector<std::vector<int32_t>> expected;
   for (const auto& r : reqs) expected.push_back(Reference(*env, r));
 
@@ -342,8 +341,8 @@ TEST(SchedulerTest, ConcurrentSequencesMatchGenerateAlone) {
     const FinishInfo info = sinks[i]->info();
     EXPECT_EQ(info.reason, FinishReason::kLength);
     PD_EXPECT_OK(info.status);
-    EXPECT_EQ(info.prompt_tokens, lens[i]);
-    EXPECT_EQ(info.completion_tokens, max_tokens[i]);
+    EXPECT_EQ(info.prompt_tokens, static_cast<int>(reqs[i].prompt.size()));
+    EXPECT_EQ(info.completion_tokens, reqs[i].max_tokens);
     EXPECT_GE(info.timing.first_scheduled, info.timing.arrival);
     EXPECT_GE(info.timing.first_token, info.timing.first_scheduled);
     EXPECT_GE(info.timing.finished, info.timing.first_token);
@@ -360,7 +359,9 @@ TEST(SchedulerTest, ConcurrentSequencesMatchGenerateAlone) {
     EXPECT_LE(s.prefill_tokens + s.decode_tokens, o.token_budget);
     batched |= s.batch.size() > 1;
   }
-  for (int i = 0; i < 6; ++i) expected_computed += lens[i] + max_tokens[i] - 1;
+  for (const GenerationRequest& r : reqs) {
+    expected_computed += static_cast<int64_t>(r.prompt.size()) + r.max_tokens - 1;
+  }
   EXPECT_EQ(computed, expected_computed);
   EXPECT_TRUE(batched) << "no step held more than one sequence";
   ASSERT_FALSE(steps.empty());
