@@ -25,6 +25,9 @@
 //   AVX2 row kernel up to 8 rows (rows_avx2.cc), the grouped one above; Q5_0 the 4x4 tiles for
 //   1-2 and 9-11 rows, the row kernel for 3-8, the grouped one from 12; the k-quants the AVX2
 //   tiles.
+// head_own/q8_0/<n>/<t>: rows/q8_0/<n>/<t> with every row in pdserve's own order (kRowOrderOwn:
+//   the output head over an F16 or INT8 cache, docs/numerics.md): 16 weight rows per register
+//   on AVX-512 VNNI, 8 on AVX2 (PDSERVE_CPU_NO_VNNI=1 or without VNNI).
 // prompt/<format>/<t>: one prompt's MatMul, 512 F32 activation rows in the default (prompt) order
 //   against the default model's shapes, 2048 x 640 for the 32-block formats (Q5_0 and Q8_0 are
 //   its FFN gate / up shape) and 640 x 2048 for the k-quants (FFN down), from cache: the compute
@@ -275,7 +278,7 @@ void BM_Gemv(benchmark::State& state, DType t, bool dram, int threads) {
   state.counters["set_MiB"] = static_cast<double>(set.matrix_bytes * set.count) / (1 << 20);
 }
 
-void BM_Rows(benchmark::State& state, DType t, int n, int threads) {
+void BM_Rows(benchmark::State& state, DType t, int n, int threads, uint8_t order = kRowOrderGemv) {
   const int64_t rows = t == DType::kQ8_0 ? 262144 : 2048;
   const int64_t cols = t == DType::kQ8_0 ? 640 : 2048;
   const size_t matrix_bytes = RowBytes(t, cols) * rows;
@@ -295,7 +298,7 @@ void BM_Rows(benchmark::State& state, DType t, int n, int threads) {
   for (float& f : xv) f = static_cast<float>(static_cast<int32_t>(rng.Next() >> 32)) * 0x1p-31f;
   Tensor x{DType::kF32, cols, n, xv.data()};
   Tensor y{DType::kF32, rows, n, yv.data()};
-  const std::vector<uint8_t> orders(n, kRowOrderGemv);
+  const std::vector<uint8_t> orders(n, order);
   std::vector<Tensor> w(count);
   for (int i = 0; i < count; ++i) w[i] = Tensor{t, cols, rows, set.get() + i * matrix_bytes};
   for (int i = 0; i < count; ++i) PD_CHECK_OK(be->MatMulRowOrder(w[i], x, y, orders));
@@ -367,10 +370,19 @@ void RegisterAll() {
     for (int n : {1, 2, 3, 4, 5, 8, 16}) {
       for (int threads : {1, 2}) {
         const std::string name = pd::StrCat("rows/", Traits(t).name, "/", n, "/", threads);
-        benchmark::RegisterBenchmark(name.c_str(), BM_Rows, t, n, threads)
+        benchmark::RegisterBenchmark(name.c_str(), BM_Rows, t, n, threads, kRowOrderGemv)
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond);
       }
+    }
+  }
+  for (int n : {1, 2, 3, 4, 5, 8, 16}) {
+    for (int threads : {1, 2}) {
+      const std::string name = pd::StrCat("head_own/q8_0/", n, "/", threads);
+      benchmark::RegisterBenchmark(name.c_str(), BM_Rows, DType::kQ8_0, n, threads,
+                                   static_cast<uint8_t>(kRowOrderGemv | kRowOrderOwn))
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
     }
   }
 }

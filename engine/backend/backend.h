@@ -104,6 +104,12 @@ struct AttentionParams {
 inline constexpr uint8_t kRowOrderGemv = 1;
 inline constexpr uint8_t kRowOrderWide = 2;
 inline constexpr uint8_t kRowOrderAttnWide = 4;
+// Own: no llama.cpp order binds the row (MatMulRowOrder), so a backend may give it pdserve's own
+// batch-invariant order for the weight type: the CPU backend's Q8_0 kernels of that order
+// (cpu/kernels.h, Q8_0OwnOrder*) sum each block's integer products whole. The model sets it on the
+// output head's rows when the K/V cache is not F32 and it is told to (Model::set_head_order_own,
+// PDSERVE_HEAD_ORDER=own; docs/numerics.md); a MatMul takes it on all of its rows or on none.
+inline constexpr uint8_t kRowOrderOwn = 8;
 
 class Backend {
  public:
@@ -147,6 +153,8 @@ class Backend {
   //     rows in full groups of four with its GEMM and the rest with its GEMV. Set: the GEMV order.
   //   kRowOrderWide: k-quant matrices that are not repacked (Q6_K, Q5_K, other Q4_K) go through
   //     llama.cpp's tiled kernel for 8 or more rows, its vec_dot below. Set: the tiled order.
+  //   kRowOrderOwn: pdserve's own order where the backend has one (above); set on every row or
+  //     on none (INVALID_ARGUMENT otherwise).
   // Plain MatMul treats the whole batch as one sequence. Backends and weight types without such
   // orders ignore the flags.
   virtual absl::Status MatMulRowOrder(const Tensor& w, const Tensor& x, Tensor& y,

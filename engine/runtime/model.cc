@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
+#include <string_view>
 
 #include "common/status.h"
 #include "common/strings.h"
@@ -71,6 +73,14 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(std::shared_ptr<const GgufFil
                                                    absl::Span<Backend* const> backends,
                                                    const LayerPlacement& placement) {
   std::unique_ptr<Model> m(new Model(std::move(file)));
+  if (const char* order = std::getenv("PDSERVE_HEAD_ORDER"); order != nullptr && *order != '\0') {
+    const std::string_view v(order);
+    if (v != "own" && v != "llama") {
+      return absl::InvalidArgumentError(
+          pd::StrCat("PDSERVE_HEAD_ORDER=", v, ": want llama (the default) or own"));
+    }
+    m->head_order_own_ = v == "own";
+  }
   PD_ASSIGN_OR_RETURN(m->config_, ModelConfig::FromGguf(*m->file_));
   PD_ASSIGN_OR_RETURN(m->layer_backends_,
                       engine::LayerBackends(placement, m->config_.n_layer, backends));
@@ -97,6 +107,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::WithHead(const Model& target,
   m->layer_backends_ = target.layer_backends_;
   m->layer_backend_index_ = target.layer_backend_index_;
   m->one_backend_ = target.one_backend_;
+  m->head_order_own_ = target.head_order_own_;
   m->placement_ = target.placement_;
   PD_ASSIGN_OR_RETURN(m->weights_, Weights::WithHead(target.weights_, *target.file_, target.config_,
                                                      absl::MakeConstSpan(head_tokens),
@@ -543,6 +554,11 @@ absl::Status Model::RunOps(const Batch& batch, KvCache& kv, const LayerHook& aft
   }
   std::vector<uint8_t> orders_out(n_out, kRowOrderGemv);  // head_x rows: the one-row order
   for (int64_t j = 0; j < n_logits; ++j) orders_out[j] = orders_last[batch.logits_rows[j]];
+  // llama.cpp's bits hold with an F32 cache only (docs/numerics.md); with any other, the head
+  // may take the backend's own order (set_head_order_own), the same for a row in any batch.
+  if (head_order_own_ && kv.options().dtype != KvDType::kF32) {
+    for (uint8_t& o : orders_out) o |= kRowOrderOwn;
+  }
   kvb.row_orders = orders;
 
   const int64_t q_dim = int64_t{c.n_head} * c.head_dim;

@@ -134,6 +134,14 @@ absl::Status CpuBackend::PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
     return absl::InvalidArgumentError("MatMul: y must not overlap x or w");
   }
   const int64_t n = x.rows, m = w.rows, k = w.cols;
+  int64_t n_own = 0;
+  for (uint8_t o : row_orders) n_own += (o & kRowOrderOwn) != 0;
+  if (n_own != 0 && n_own != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MatMul: ", n_own, " of ", n, " rows ask for the own order; it is for all rows or none"));
+  }
+  // Only Q8_0 has an own order on this backend; other types keep llama.cpp's.
+  bool own = n_own != 0 && w.type == DType::kQ8_0;
   if (w.type == DType::kW8A8 && k > kW8A8MaxCols) {
     return absl::InvalidArgumentError(absl::StrCat("MatMul: w8a8 rows of ", k,
                                                    " exceed the kernels' limit of ", kW8A8MaxCols));
@@ -200,9 +208,14 @@ absl::Status CpuBackend::PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
   }
   plan->xa = xa;
   plan->xs = xs;
+  // Rows that no llama.cpp order binds take pdserve's own Q8_0 order (kRowOrderOwn, kernels.h)
+  // where it is the faster one: with AVX512-VNNI, and in the portable table.
+  if (own)
+    plan->quad = &k_ == cpu::Avx2Kernels() ? cpu::Q8_0OwnOrderVnni() : cpu::Q8_0OwnOrderScalar();
+  own = plan->quad != nullptr;
   // A few Q8_0 rows against Q8_0 / Q5_0 weights: packed once for the quad kernels (shared by a
   // MatMulGroup's matrices through `converted`).
-  if (n < kGroupedMinRows && &k_ == cpu::Avx2Kernels()) {
+  if (!own && n < kGroupedMinRows && &k_ == cpu::Avx2Kernels()) {
     if (w.type == DType::kQ8_0 && n >= kQuadMinRowsQ8_0) plan->quad = cpu::Q8_0QuadVnni();
     if (w.type == DType::kQ5_0 && n >= kQuadMinRowsQ5_0) plan->quad = cpu::Q5_0QuadVnni();
   }
@@ -244,6 +257,8 @@ absl::Status CpuBackend::PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
       ((m + min_chunks - 1) / min_chunks + cpu::kGemmTileW - 1) / cpu::kGemmTileW *
       cpu::kGemmTileW;
   chunk_rows = std::max<int64_t>(cpu::kGemmTileW, std::min(chunk_rows, balanced_rows));
+  // The own-order kernels take weight rows 16 at a time (a part group costs a whole one).
+  if (own) chunk_rows = (chunk_rows + 15) / 16 * 16;
   plan->chunk_rows = chunk_rows;
   plan->n_chunks = (m + chunk_rows - 1) / chunk_rows;
   return absl::OkStatus();
@@ -278,7 +293,7 @@ absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
     while (i < n && ((row_orders[i] & flag) != 0) == want) ++i;
     return i;
   };
-  if (n >= kGroupedMinRows && &k_ == cpu::Avx2Kernels()) {
+  if (p.quad == nullptr && n >= kGroupedMinRows && &k_ == cpu::Avx2Kernels()) {
     if (w.type == DType::kQ8_0) grouped = cpu::Q8_0GroupedVnni();
     if (w.type == DType::kQ5_0) grouped = cpu::Q5_0GroupedVnni();
     if (grouped != nullptr && n > kVnniGroupRows && n % kVnniGroupRows <= kGroupedTailToTiles) {

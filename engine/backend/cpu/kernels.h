@@ -149,6 +149,28 @@ const GroupedKernels* Q6KWideGroupedAvx2();
 // AVX512-VNNI (or with PDSERVE_CPU_NO_VNNI set).
 const GroupedKernels* Q8_0QuadVnni();
 const GroupedKernels* Q5_0QuadVnni();
+// pdserve's own order for Q8_0 weights x Q8_0 activations, for rows that no llama.cpp order binds
+// (kRowOrderOwn: the output head where the K/V cache is not F32, docs/numerics.md). Each output is
+// one F32 chain over its blocks in order from +0: y = fma(d_w * d_x, isum, y), isum the block's
+// exact integer dot product, d_w * d_x rounded to F32. An output depends on its own weight row and
+// activation row only, so an activation row gets the same bits in any batch, and the VNNI kernel
+// gives the portable one's bits (cpu_kernels_test.cc, OwnOrderTest). Where ggml's order spends ~9
+// vector operations per weight row, block and four activation rows on lanes it must keep apart,
+// here the integer sums come out whole: 16 weight rows sit in the lanes of a ZMM register,
+// transposed from their blocks in place once per block and batch, and each activation row costs
+// 8 VPDPBUSD and three F32 operations per block for all 16. On AVX2 alone the same order needs
+// sign, MADDUBS, MADD and ADD per code word and 8 rows (no unsigned offset fits MADDUBS' int16
+// pairs), no fewer operations than ggml's, and measured slower (4 rows: 31 against ~20 ms for the
+// Gemma 3 head), so the CPU backend keeps llama.cpp's order there (CpuBackend::PlanMatMul).
+// pack_x's layout (both): per activation row Q8_0OwnXRowBytes(k / 32) bytes: the codes of its
+// blocks (32 bytes each), then d_x per block (F32), then -128 * sum(codes) per block (int32:
+// VPDPBUSD's offset for the unsigned w + 128).
+size_t Q8_0OwnXRowBytes(int64_t nb);
+size_t Q8_0OwnXBytes(int64_t n, int64_t k);
+void PackQ8_0OwnX(const void* x, size_t x_stride, int64_t n, int64_t k, void* out);
+const GroupedKernels* Q8_0OwnOrderScalar();
+// nullptr without AVX512-VNNI (or with PDSERVE_CPU_NO_VNNI set).
+const GroupedKernels* Q8_0OwnOrderVnni();
 // The AVX2 table's Q8_0, Q5_0 and Q4_0 tiles without the VNNI dispatch (tests compare the two).
 void GemmQ8_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                   size_t x_stride, int nc, float* y, int64_t y_stride);

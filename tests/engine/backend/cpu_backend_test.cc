@@ -316,6 +316,58 @@ TEST_P(CpuBackendTest, DecodeRowsEqualOneRowEach) {
   }
 }
 
+// Rows marked kRowOrderOwn (the output head over an F16 or INT8 cache) take pdserve's own Q8_0
+// order where the backend runs it (AVX512-VNNI, the scalar table): a row gets the same bits alone
+// and in a batch (1 to 40 rows: one and several passes of 16 activation rows; 77 weight rows, off
+// the 16-row groups), and they are the portable kernel's bits (cpu::Q8_0OwnOrderScalar over the
+// activations the backend quantizes with QuantizeRowQ8_0Act). On AVX2 alone the flag changes no
+// bit. Weights without an own order ignore the flag; the flag on some rows only is refused.
+TEST_P(CpuBackendTest, OwnOrderRowsEqualOneRowEachAndThePortableKernel) {
+  const bool runs_own = GetParam().force_scalar || cpu::Q8_0OwnOrderVnni() != nullptr;
+  const int64_t k = 640, m = 77, nb = k / 32;
+  std::vector<double> unused;
+  HostTensor w = MakeWeights(DType::kQ8_0, m, k, RandomVec(rng_, m * k), &unused);
+  const uint8_t own = kRowOrderGemv | kRowOrderOwn;
+  const cpu::GroupedKernels* portable = cpu::Q8_0OwnOrderScalar();
+  for (int64_t n : {1, 3, 16, 17, 40}) {
+    SCOPED_TRACE(::testing::Message() << "n " << n);
+    HostTensor x = F32(n, k, RandomVec(rng_, n * k, 2.f));
+    HostTensor y(DType::kF32, n, m);
+    ASSERT_THAT(be_->MatMulRowOrder(w.t, x.t, y.t, std::vector<uint8_t>(n, own)), IsOk());
+    std::vector<BlockQ8_0> xq(n * nb);
+    for (int64_t r = 0; r < n; ++r) {
+      QuantizeRowQ8_0Act(static_cast<const float*>(x.t.data) + r * k, xq.data() + r * nb, k);
+    }
+    std::vector<char> packed(portable->x_bytes(n, k));
+    portable->pack_x(xq.data(), nb * sizeof(BlockQ8_0), n, k, packed.data());
+    std::vector<float> want(n * m);
+    if (runs_own) {
+      portable->gemm(k, w.t.data, w.t.row_bytes(), m, packed.data(), n, want.data(), m);
+    } else {
+      Tensor yw{DType::kF32, m, n, want.data()};
+      ASSERT_THAT(be_->MatMulRowOrder(w.t, x.t, yw, std::vector<uint8_t>(n, kRowOrderGemv)),
+                  IsOk());
+    }
+    ASSERT_EQ(std::memcmp(want.data(), y.t.data, want.size() * 4), 0);
+    for (int64_t r = 0; r < n; ++r) {
+      Tensor xr{DType::kF32, k, 1, static_cast<float*>(x.t.data) + r * k};
+      HostTensor yr(DType::kF32, 1, m);
+      ASSERT_THAT(be_->MatMulRowOrder(w.t, xr, yr.t, {own}), IsOk());
+      ASSERT_EQ(std::memcmp(yr.t.data, static_cast<float*>(y.t.data) + r * m, m * 4), 0)
+          << "row " << r;
+    }
+  }
+  HostTensor x = F32(4, k, RandomVec(rng_, 4 * k, 2.f));
+  HostTensor y(DType::kF32, 4, m), y_plain(DType::kF32, 4, m);
+  EXPECT_THAT(be_->MatMulRowOrder(w.t, x.t, y.t, {own, own, kRowOrderGemv, own}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "own order"));
+  HostTensor w5 = MakeWeights(DType::kQ5_0, m, k, RandomVec(rng_, m * k), &unused);
+  ASSERT_THAT(be_->MatMulRowOrder(w5.t, x.t, y.t, std::vector<uint8_t>(4, own)), IsOk());
+  ASSERT_THAT(be_->MatMulRowOrder(w5.t, x.t, y_plain.t, std::vector<uint8_t>(4, kRowOrderGemv)),
+              IsOk());
+  EXPECT_EQ(std::memcmp(y.t.data, y_plain.t.data, y.t.bytes()), 0);
+}
+
 TEST_P(CpuBackendTest, MatMulValidation) {
   HostTensor w(DType::kQ8_0, 4, 64), x(DType::kF32, 2, 64), y(DType::kF32, 2, 4);
   EXPECT_THAT(be_->MatMul(w.t, x.t, y.t), IsOk());

@@ -559,6 +559,93 @@ TEST(QuadVnniTest, Q5_0BitIdenticalToTheAvx2Tiles) {
   ExpectGroupedEqualsTiles<BlockQ5_0>(g, &GemmQ5_0Avx2, 24, {1, 2, 3, 4, 5, 6, 7, 8, 9, 11});
 }
 
+// pdserve's own Q8_0 order (kernels.h, Q8_0OwnOrder*), the output head's where the cache is not
+// F32. Runs `g` over weight rows [0, rows) and activation rows [0, n) of k values through pack_x.
+std::vector<float> RunOwn(const GroupedKernels* g, const std::vector<BlockQ8_0>& w, int64_t rows,
+                          const std::vector<BlockQ8_0>& x, int64_t n, int64_t k) {
+  const int64_t nb = k / 32;
+  std::vector<char> packed(g->x_bytes(n, k) + 64);
+  char* xp = packed.data() + (64 - reinterpret_cast<uintptr_t>(packed.data()) % 64) % 64;
+  g->pack_x(x.data(), nb * sizeof(BlockQ8_0), n, k, xp);
+  // A stride wider than the rows, so that a kernel writing past its rows shows.
+  const int64_t ys = rows + 3;
+  std::vector<float> y(n * ys, -7.f);
+  g->gemm(k, w.data(), nb * sizeof(BlockQ8_0), rows, xp, n, y.data(), ys);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t r = rows; r < ys; ++r) EXPECT_EQ(y[i * ys + r], -7.f) << "wrote past row " << r;
+  }
+  return y;
+}
+
+// The VNNI kernel of the own order gives the portable one's bits: weight rows off the register's
+// 16 lanes and past several groups (and past the software prefetch's reach), activation rows
+// from 1 past two passes of 16, rows of one block up to 4160 weights, codes over their whole
+// range (-128 included).
+void ExpectOwnOrderBits(const GroupedKernels* simd, uint32_t seed) {
+  const GroupedKernels* ref = Q8_0OwnOrderScalar();
+  std::mt19937 rng(seed);
+  for (int64_t k : {32, 96, 640, 4160}) {
+    const int64_t nb = k / 32;
+    for (int64_t rows : {1, 5, 8, 15, 16, 17, 40, 70}) {
+      const std::vector<BlockQ8_0> w = RandomWeightBlocks<BlockQ8_0>(rng, rows * nb);
+      for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 33}) {
+        const std::vector<BlockQ8_0> x = RandomActivationBlocks(rng, n * nb);
+        const std::vector<float> want = RunOwn(ref, w, rows, x, n, k);
+        const std::vector<float> got = RunOwn(simd, w, rows, x, n, k);
+        for (size_t i = 0; i < want.size(); ++i) {
+          ASSERT_EQ(std::bit_cast<uint32_t>(want[i]), std::bit_cast<uint32_t>(got[i]))
+              << "k " << k << " rows " << rows << " n " << n << " at " << i << ": " << want[i]
+              << " vs " << got[i];
+        }
+      }
+    }
+  }
+}
+
+TEST(OwnOrderTest, VnniGivesThePortableBits) {
+  const GroupedKernels* g = Q8_0OwnOrderVnni();
+  if (g == nullptr)
+    GTEST_SKIP()
+        << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_ISA / PDSERVE_CPU_NO_VNNI turn it off)";
+  ExpectOwnOrderBits(g, 42);
+}
+
+// The portable kernel is the order it states: each output one F32 chain over its blocks. Against
+// the exact sum of the same products (double, d_w * d_x unrounded): the product d_w * d_x rounds
+// once (relative u = 2^-24) and each of the nb additions once more, so the error is at most
+// (nb + 1) u sum |d_w d_x isum| to first order (1.001: the second-order terms). Each output is also
+// recomputed here as the chain itself, which must give its bits exactly.
+TEST(OwnOrderTest, PortableKernelIsOneChainPerOutput) {
+  const GroupedKernels* g = Q8_0OwnOrderScalar();
+  std::mt19937 rng(43);
+  for (int64_t k : {32, 640, 4160}) {
+    const int64_t nb = k / 32, rows = 9, n = 5;
+    const std::vector<BlockQ8_0> w = RandomWeightBlocks<BlockQ8_0>(rng, rows * nb);
+    const std::vector<BlockQ8_0> x = RandomActivationBlocks(rng, n * nb);
+    const std::vector<float> y = RunOwn(g, w, rows, x, n, k);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t r = 0; r < rows; ++r) {
+        double exact = 0, magnitude = 0;
+        float chain = 0.f;
+        for (int64_t b = 0; b < nb; ++b) {
+          const BlockQ8_0& wb = w[r * nb + b];
+          const BlockQ8_0& xb = x[i * nb + b];
+          int32_t isum = 0;
+          for (int j = 0; j < 32; ++j) isum += int32_t{wb.qs[j]} * xb.qs[j];
+          const double term = double{F16ToF32(wb.d)} * F16ToF32(xb.d) * isum;
+          exact += term;
+          magnitude += std::abs(term);
+          chain = std::fma(F16ToF32(wb.d) * F16ToF32(xb.d), static_cast<float>(isum), chain);
+        }
+        const float got = y[i * (rows + 3) + r];
+        EXPECT_EQ(std::bit_cast<uint32_t>(chain), std::bit_cast<uint32_t>(got)) << k << " " << r;
+        EXPECT_LE(std::abs(got - exact), 1.001 * (nb + 1) * std::ldexp(1.0, -24) * magnitude)
+            << "k " << k << " row " << r << " x " << i;
+      }
+    }
+  }
+}
+
 // INT8 KV quantization (kernels.h, engine/backend/kv_layout.h): bit-exact between the tables, and
 // a round trip within half a step: |x - scale * q| <= scale / 2 (ties go to even, so equality is
 // possible; the 1.0001 allows the rounding of x * (1 / scale)). A million values over lengths with

@@ -3,6 +3,8 @@
 // bad batches are refused. (Agreement with llama.cpp is checked in tests/python.)
 #include "engine/runtime/model.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -11,9 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "common/status_matchers.h"
+#include "engine/backend/cpu/kernels.h"
 #include "engine/backend/top_k.h"
 #include "engine/sched/generate.h"
 #include "tests/testing/tiny_model.h"
@@ -358,52 +359,103 @@ TEST(ModelWindowTest, WindowLimitsEveryLayer) {
 TEST(ModelWithHeadTest, ScoresItsTokensWithTheTargetsBits) {
   for (const bool tied : {false, true}) {
     for (const DType type : {DType::kF32, DType::kQ8_0}) {
-      SCOPED_TRACE(std::string(tied ? "tied " : "untied ") + std::string(Traits(type).name));
-      TinyModelSpec spec;
-      spec.tied = tied;
-      spec.type = type;
-      spec.n_embd = 64;
-      auto f = Make(spec);
-      const int V = f->model->config().n_vocab;
-      std::vector<int32_t> ids;
-      for (int t = 0; t < V; t += 3) ids.push_back(t);
-      ids.push_back(V - 1);
-      auto view = Model::WithHead(*f->model, ids);
-      ASSERT_TRUE(view.ok()) << view.status();
-      EXPECT_EQ((*view)->config().head_tokens, ids);
-      // Each model over its own cache: a 4-row prefill, then one row per forward.
-      const std::vector<int32_t> prompt = {1, 5, 9, 33, 2, 70, 11};
-      auto run = [&](Model& m, std::vector<float>* out) {
-        auto kv = KvCache::Create(m.KvOptions(64, KvDType::kF32, 4), *f->backend);
-        ASSERT_TRUE(kv.ok());
-        PD_ASSERT_OK((*kv)->Reserve(0, static_cast<int>(prompt.size())));
-        Batch b;
-        for (int i = 0; i < 4; ++i) b.Add(prompt[i], i, 0, true);
-        PD_ASSERT_OK(m.Forward(b, **kv, out));
-        for (size_t i = 4; i < prompt.size(); ++i) {
-          Batch one;
-          one.Add(prompt[i], static_cast<int32_t>(i), 0, true);
-          std::vector<float> row;
-          PD_ASSERT_OK(m.Forward(one, **kv, &row));
-          out->insert(out->end(), row.begin(), row.end());
-        }
-      };
-      std::vector<float> want, got;
-      run(*f->model, &want);
-      run(**view, &got);
-      ASSERT_EQ(got.size(), want.size());
-      for (size_t r = 0; r < prompt.size(); ++r) {
-        size_t k = 0;
-        for (int t = 0; t < V; ++t) {
-          const float g = got[r * V + t];
-          if (k < ids.size() && ids[k] == t) {
-            ++k;
-            EXPECT_EQ(g, want[r * V + t]) << "row " << r << " token " << t;
-          } else {
-            EXPECT_TRUE(std::isinf(g) && g < 0) << "row " << r << " token " << t << ": " << g;
+      for (const KvDType kv_type : {KvDType::kF32, KvDType::kF16}) {  // F16: the head's own order
+        SCOPED_TRACE(std::string(tied ? "tied " : "untied ") + std::string(Traits(type).name) +
+                     (kv_type == KvDType::kF16 ? " f16 cache" : " f32 cache"));
+        TinyModelSpec spec;
+        spec.tied = tied;
+        spec.type = type;
+        spec.n_embd = 64;
+        auto f = Make(spec);
+        f->model->set_head_order_own(kv_type == KvDType::kF16);  // the view must copy it
+        const int V = f->model->config().n_vocab;
+        std::vector<int32_t> ids;
+        for (int t = 0; t < V; t += 3) ids.push_back(t);
+        ids.push_back(V - 1);
+        auto view = Model::WithHead(*f->model, ids);
+        ASSERT_TRUE(view.ok()) << view.status();
+        EXPECT_EQ((*view)->config().head_tokens, ids);
+        // Each model over its own cache: a 4-row prefill, then one row per forward.
+        const std::vector<int32_t> prompt = {1, 5, 9, 33, 2, 70, 11};
+        auto run = [&](Model& m, std::vector<float>* out) {
+          auto kv = KvCache::Create(m.KvOptions(64, kv_type, 4), *f->backend);
+          ASSERT_TRUE(kv.ok());
+          PD_ASSERT_OK((*kv)->Reserve(0, static_cast<int>(prompt.size())));
+          Batch b;
+          for (int i = 0; i < 4; ++i) b.Add(prompt[i], i, 0, true);
+          PD_ASSERT_OK(m.Forward(b, **kv, out));
+          for (size_t i = 4; i < prompt.size(); ++i) {
+            Batch one;
+            one.Add(prompt[i], static_cast<int32_t>(i), 0, true);
+            std::vector<float> row;
+            PD_ASSERT_OK(m.Forward(one, **kv, &row));
+            out->insert(out->end(), row.begin(), row.end());
+          }
+        };
+        std::vector<float> want, got;
+        run(*f->model, &want);
+        run(**view, &got);
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t r = 0; r < prompt.size(); ++r) {
+          size_t k = 0;
+          for (int t = 0; t < V; ++t) {
+            const float g = got[r * V + t];
+            if (k < ids.size() && ids[k] == t) {
+              ++k;
+              EXPECT_EQ(g, want[r * V + t]) << "row " << r << " token " << t;
+            } else {
+              EXPECT_TRUE(std::isinf(g) && g < 0) << "row " << r << " token " << t << ": " << g;
+            }
           }
         }
       }
+    }
+  }
+}
+
+// The head's order follows the cache and the model's setting (docs/numerics.md): llama.cpp's
+// (the one-row order of a generated token) over an F32 cache and by default, the backend's own
+// (kRowOrderOwn, for Q8_0 the integer-first chain) over an F16 or INT8 one when the model is set
+// to it, for the same hidden rows. Where the CPU runs the own order (AVX512-VNNI) the two differ
+// for Q8_0 weights, so a head that ignored the cache or the setting fails; on AVX2 alone the flag
+// changes nothing and every case gives the plain order.
+TEST(ModelHeadOrderTest, FollowsTheCachesTypeAndTheSetting) {
+  const bool runs_own = cpu::Q8_0OwnOrderVnni() != nullptr;
+  for (const bool set_own : {false, true}) {
+    for (const KvDType kv_type : {KvDType::kF32, KvDType::kF16, KvDType::kI8}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "kv " << static_cast<int>(kv_type) << " own " << set_own);
+      TinyModelSpec spec;
+      spec.tied = true;
+      spec.type = DType::kQ8_0;
+      spec.n_embd = 64;
+      auto f = Make(spec, kv_type);
+      EXPECT_FALSE(f->model->head_order_own());  // the default (PDSERVE_HEAD_ORDER unset)
+      f->model->set_head_order_own(set_own);
+      const int V = f->model->config().n_vocab;
+      PD_ASSERT_OK(f->kv->Reserve(0, 3));
+      std::vector<float> logits, hidden;
+      for (int32_t pos = 0; pos < 3; ++pos) {
+        Batch b;
+        b.Add(7 + 5 * pos, pos, 0, true);
+        PD_ASSERT_OK(f->model->ForwardHidden(b, *f->kv, &logits, &hidden));
+      }
+      Backend& be = *f->backend;
+      const Weights& w = f->model->weights();
+      const int64_t d = f->model->config().n_embd;
+      std::vector<float> normed(d), own(V), plain(V);
+      Tensor h{DType::kF32, d, 1, hidden.data()}, hn{DType::kF32, d, 1, normed.data()};
+      PD_ASSERT_OK(be.RmsNorm(h, w.output_norm, f->model->config().rms_eps, hn));
+      Tensor y_own{DType::kF32, V, 1, own.data()}, y_plain{DType::kF32, V, 1, plain.data()};
+      PD_ASSERT_OK(be.MatMulRowOrder(w.output, hn, y_own, {kRowOrderGemv | kRowOrderOwn}));
+      PD_ASSERT_OK(be.MatMulRowOrder(w.output, hn, y_plain, {kRowOrderGemv}));
+      if (runs_own) {
+        ASSERT_NE(std::memcmp(own.data(), plain.data(), V * sizeof(float)), 0)
+            << "the orders agree on this model: the test shows nothing";
+      }
+      const std::vector<float>& want = set_own && kv_type != KvDType::kF32 ? own : plain;
+      ASSERT_EQ(logits.size(), want.size());
+      EXPECT_EQ(std::memcmp(logits.data(), want.data(), V * sizeof(float)), 0);
     }
   }
 }

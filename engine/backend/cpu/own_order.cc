@@ -1,0 +1,79 @@
+// pdserve's own order for Q8_0 weights x Q8_0 activations (kernels.h, Q8_0OwnOrder*): the packed
+// activation layout that every ISA's kernel reads, and the portable kernel, which is the
+// statement of the order the SIMD kernels (own_order_avx2.cc, own_order_vnni.cc) are tested
+// against bit for bit.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "engine/backend/cpu/kernels.h"
+#include "engine/quant/fp16.h"
+#include "engine/quant/q8_0.h"
+
+namespace pd::engine::cpu {
+
+size_t Q8_0OwnXRowBytes(int64_t nb) {
+  return (static_cast<size_t>(nb) * 40 + 63) / 64 * 64;  // 32 codes + d_x + offset per block
+}
+
+size_t Q8_0OwnXBytes(int64_t n, int64_t k) {
+  return static_cast<size_t>(n) * Q8_0OwnXRowBytes(k / kQ8_0BlockSize);
+}
+
+void PackQ8_0OwnX(const void* x, size_t x_stride, int64_t n, int64_t k, void* out) {
+  const int64_t nb = k / kQ8_0BlockSize;
+  const size_t row_bytes = Q8_0OwnXRowBytes(nb);
+  for (int64_t i = 0; i < n; ++i) {
+    const auto* src =
+        reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(x) + i * x_stride);
+    char* dst = static_cast<char*>(out) + i * row_bytes;
+    auto* d = reinterpret_cast<float*>(dst + nb * kQ8_0BlockSize);
+    auto* offset = reinterpret_cast<int32_t*>(d + nb);
+    for (int64_t b = 0; b < nb; ++b) {
+      std::memcpy(dst + b * kQ8_0BlockSize, src[b].qs, kQ8_0BlockSize);
+      d[b] = F16ToF32(src[b].d);
+      int32_t sum = 0;
+      for (int j = 0; j < kQ8_0BlockSize; ++j) sum += src[b].qs[j];
+      offset[b] = -128 * sum;
+    }
+  }
+}
+
+namespace {
+
+// The order itself: y = fma(d_w * d_x, isum, y) over the blocks in order from +0, isum the
+// block's exact integer dot product (|isum| <= 32 * 128 * 127 < 2^24, so its F32 is exact).
+void GemmQ8_0OwnScalar(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* xp,
+                       int64_t n, float* y, int64_t y_stride) {
+  const int64_t nb = k / kQ8_0BlockSize;
+  const size_t row_bytes = Q8_0OwnXRowBytes(nb);
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto* wr = reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(w) + r * w_stride);
+    for (int64_t i = 0; i < n; ++i) {
+      const char* xr = static_cast<const char*>(xp) + i * row_bytes;
+      const auto* xq = reinterpret_cast<const int8_t*>(xr);
+      const auto* xd = reinterpret_cast<const float*>(xr + nb * kQ8_0BlockSize);
+      float acc = 0.f;
+      for (int64_t b = 0; b < nb; ++b) {
+        int32_t isum = 0;
+        for (int j = 0; j < kQ8_0BlockSize; ++j) {
+          isum += int32_t{wr[b].qs[j]} * xq[b * kQ8_0BlockSize + j];
+        }
+        const float scale = F16ToF32(wr[b].d) * xd[b];
+        acc = std::fma(scale, static_cast<float>(isum), acc);
+      }
+      y[i * y_stride + r] = acc;
+    }
+  }
+}
+
+}  // namespace
+
+const GroupedKernels* Q8_0OwnOrderScalar() {
+  static constexpr GroupedKernels kKernels = {&Q8_0OwnXBytes, &PackQ8_0OwnX, nullptr, nullptr,
+                                              &GemmQ8_0OwnScalar};
+  return &kKernels;
+}
+
+}  // namespace pd::engine::cpu

@@ -1,0 +1,283 @@
+// pdserve's own Q8_0 order (kernels.h, Q8_0OwnOrderVnni) on AVX512-VNNI: 16 weight rows in the
+// lanes of a ZMM register, each activation row's block against all of them in 8 VPDPBUSD.
+//
+// Per group of 16 weight rows and block: the 16 rows' 32 codes are loaded in place (two rows per
+// ZMM), regrouped by 128-bit lane (4 VSHUFI32X4 x 2) and transposed four by four within the lanes
+// (16 VPUNPCK), which leaves W[j] holding code word j (codes 4j..4j+3) of all 16 rows: lane 4L + q
+// is row 4q + L. XOR 0x80 makes the codes unsigned (w + 128) for VPDPBUSD; the activation row's
+// packed offset, -128 * sum(x), starts the sums, so each lane ends at the block's exact integer
+// dot product. The 16 scales come in one gather (in the same lane order) and VCVTPH2PS. Then per
+// activation row and block: 8 VPDPBUSD with the row's code words broadcast from memory, CVT,
+// d_w * d_x, FMA: the portable kernel's operations on each lane (own_order.cc). The transposition
+// is paid once per block and batch of up to 16 activation rows; a permute per row and group puts
+// the lanes back in row order before the masked store. One or two activation rows cannot pay
+// for the transposition and take SmallTile instead (below), with the same bits.
+//
+// This file alone is compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni (plus
+// AVX2/FMA/F16C); its kernels run only when CPUID reports those instructions.
+#include "engine/backend/cpu/kernels.h"
+
+#if defined(__x86_64__) && defined(__AVX512VNNI__) && defined(__AVX512VL__) && \
+    defined(__AVX512BW__) && defined(__F16C__)
+
+#include <cpuid.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+namespace pd::engine::cpu {
+namespace {
+
+constexpr int kLanes = 16;       // weight rows per register
+constexpr int kMaxActRows = 16;  // activation rows per pass (accumulators in registers)
+constexpr int kBlock = 32;
+constexpr size_t kBlockBytes = 34;
+// How many groups ahead the software prefetch runs (gemv_bench head_own/q8_0/16/1 on Zen 4: 1, 2
+// and 4 groups within the noise; none: 2.2x slower).
+constexpr int64_t kPrefetchGroups = 2;
+// Up to this many activation rows take the small-batch kernel (SmallTile). Zen 4, one thread, ms
+// per Gemma 3 head from DRAM (4 KiB pages), small kernel against transposing: 1 row 12.6 against
+// 17.1, 2 rows 13.4 against 17.3, 4 rows 26.6 against 17.8.
+constexpr int64_t kSmallMaxRows = 2;
+constexpr int kSmallMaxActRows = 4;
+// How many weight rows ahead the small kernel's prefetch runs (gemv_bench head_own/q8_0/1/1 on
+// Zen 4: 8 rows 9.8 ms, 16 rows 11.6; at 4 KiB pages 32 rows 17.4).
+constexpr int64_t kSmallPrefetchRows = 8;
+
+// Row of lane e (lane 4L + q holds row 4q + L) and its inverse (the same map).
+inline int RowOfLane(int e) { return 4 * (e % 4) + e / 4; }
+
+struct Group {
+  const char* rows[kLanes];  // row pointers; rows past the matrix repeat the last one
+  __m512i scale_index;       // byte offsets of each lane's row from rows[0]
+};
+
+__attribute__((always_inline)) inline void LoadCodes(const Group& g, size_t off, __m512i (&w)[8]) {
+  __m512i z[8];
+  for (int p = 0; p < 8; ++p) {
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.rows[2 * p] + off));
+    const __m256i hi =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.rows[2 * p + 1] + off));
+    z[p] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+  }
+  // t[h][q]: 128-bit lane L holds words 4h..4h+3 of row 4q + L.
+  __m512i t[2][4];
+  for (int q = 0; q < 4; ++q) {
+    t[0][q] = _mm512_shuffle_i32x4(z[2 * q], z[2 * q + 1], _MM_SHUFFLE(2, 0, 2, 0));
+    t[1][q] = _mm512_shuffle_i32x4(z[2 * q], z[2 * q + 1], _MM_SHUFFLE(3, 1, 3, 1));
+  }
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int h = 0; h < 2; ++h) {
+    const __m512i a0 = _mm512_unpacklo_epi32(t[h][0], t[h][1]);
+    const __m512i a1 = _mm512_unpackhi_epi32(t[h][0], t[h][1]);
+    const __m512i a2 = _mm512_unpacklo_epi32(t[h][2], t[h][3]);
+    const __m512i a3 = _mm512_unpackhi_epi32(t[h][2], t[h][3]);
+    w[4 * h + 0] = _mm512_xor_si512(_mm512_unpacklo_epi64(a0, a2), flip);
+    w[4 * h + 1] = _mm512_xor_si512(_mm512_unpackhi_epi64(a0, a2), flip);
+    w[4 * h + 2] = _mm512_xor_si512(_mm512_unpacklo_epi64(a1, a3), flip);
+    w[4 * h + 3] = _mm512_xor_si512(_mm512_unpackhi_epi64(a1, a3), flip);
+  }
+}
+
+inline int32_t Word(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// One group of weight rows against activation rows [i0, i0 + NN): y[i * ys + lane row].
+template <int NN>
+void Tile(int64_t nb, const Group& g, const char* prefetch, size_t prefetch_step, const char* xp,
+          size_t x_row_bytes, int64_t i0, float* y, int64_t ys, int nr) {
+  __m512 acc[NN];
+  for (int i = 0; i < NN; ++i) acc[i] = _mm512_setzero_ps();
+  const char* xr[NN];
+  for (int i = 0; i < NN; ++i) xr[i] = xp + (i0 + i) * x_row_bytes;
+  const int64_t d_off = nb * kBlock;     // F32 d_x per block
+  const int64_t c_off = d_off + nb * 4;  // int32 offset per block
+  for (int64_t b = 0; b < nb; ++b) {
+    if (prefetch != nullptr) {
+      for (size_t o = 0; o < prefetch_step; o += 64) {
+        _mm_prefetch(prefetch + b * prefetch_step + o, _MM_HINT_T0);
+      }
+    }
+    const size_t off = static_cast<size_t>(b) * kBlockBytes;
+    __m512i w[8];
+    LoadCodes(g, off + 2, w);
+    const __m512i dw_bits = _mm512_i32gather_epi32(g.scale_index, g.rows[0] + off, 1);
+    const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dw_bits));
+#pragma GCC unroll 16
+    for (int i = 0; i < NN; ++i) {
+      const auto* xq = reinterpret_cast<const int8_t*>(xr[i] + b * kBlock);
+      int32_t c;
+      float d;
+      std::memcpy(&c, xr[i] + c_off + b * 4, 4);
+      std::memcpy(&d, xr[i] + d_off + b * 4, 4);
+      __m512i s = _mm512_set1_epi32(c);
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j)
+        s = _mm512_dpbusd_epi32(s, w[j], _mm512_set1_epi32(Word(xq + 4 * j)));
+      const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(d));
+      acc[i] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), acc[i]);
+    }
+  }
+  alignas(64) int32_t back[kLanes];
+  for (int r = 0; r < kLanes; ++r)
+    back[r] = RowOfLane(r);  // lane of row r (the map is its own inverse)
+  const __m512i to_rows = _mm512_load_si512(back);
+  const __mmask16 keep = static_cast<__mmask16>((1u << nr) - 1);
+  for (int i = 0; i < NN; ++i) {
+    _mm512_mask_storeu_ps(y + i * ys, keep, _mm512_permutexvar_ps(to_rows, acc[i]));
+  }
+}
+
+using TileFn = void (*)(int64_t, const Group&, const char*, size_t, const char*, size_t, int64_t,
+                        float*, int64_t, int);
+
+template <int... N>
+constexpr auto MakeTiles(std::integer_sequence<int, N...>) {
+  return std::array<TileFn, sizeof...(N)>{&Tile<N + 1>...};
+}
+
+// A few activation rows (a decode step of a few sequences, a short speculative step): the
+// transposition above costs more than the rows' products, so each weight row's block is dotted
+// with each activation row's in one 256-bit VPDPBUSD (eight int32 partial sums) and the partial
+// sums of 8 weight rows are added up by a HADD tree into one register, lane r = weight row r's
+// exact block sum. From there the same CVT, d_w * d_x and FMA per lane: the same bits.
+template <int NN>
+void SmallTile(int64_t nb, const char* const* rows, const char* prefetch, size_t prefetch_step,
+               const char* xp, size_t x_row_bytes, float* y, int64_t ys, int nr) {
+  __m256 acc[NN];
+  for (int i = 0; i < NN; ++i) acc[i] = _mm256_setzero_ps();
+  const int64_t d_off = nb * kBlock, c_off = d_off + nb * 4;
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t b = 0; b < nb; ++b) {
+    if (prefetch != nullptr) {
+      for (size_t o = 0; o < prefetch_step; o += 64) {
+        _mm_prefetch(prefetch + b * prefetch_step + o, _MM_HINT_T0);
+      }
+    }
+    const size_t off = static_cast<size_t>(b) * kBlockBytes;
+    __m256i wu[8];
+    alignas(16) uint16_t dh[8];
+    for (int r = 0; r < 8; ++r) {
+      wu[r] = _mm256_xor_si256(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[r] + off + 2)), flip);
+      std::memcpy(&dh[r], rows[r] + off, 2);
+    }
+    const __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dh)));
+#pragma GCC unroll 4
+    for (int i = 0; i < NN; ++i) {
+      const char* xr = xp + i * x_row_bytes;
+      const __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(xr + b * kBlock));
+      __m256i p[8];
+      for (int r = 0; r < 8; ++r) p[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu[r], xq);
+      // Per 128-bit half: [rows 0..3 of the low words | the same of the high words], then both.
+      const __m256i q01 = _mm256_hadd_epi32(p[0], p[1]), q23 = _mm256_hadd_epi32(p[2], p[3]);
+      const __m256i q45 = _mm256_hadd_epi32(p[4], p[5]), q67 = _mm256_hadd_epi32(p[6], p[7]);
+      const __m256i lo = _mm256_hadd_epi32(q01, q23), hi = _mm256_hadd_epi32(q45, q67);
+      __m256i isum = _mm256_add_epi32(_mm256_permute2x128_si256(lo, hi, 0x20),
+                                      _mm256_permute2x128_si256(lo, hi, 0x31));
+      int32_t c;
+      float d;
+      std::memcpy(&c, xr + c_off + b * 4, 4);
+      std::memcpy(&d, xr + d_off + b * 4, 4);
+      isum = _mm256_add_epi32(isum, _mm256_set1_epi32(c));
+      const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(d));
+      acc[i] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), acc[i]);
+    }
+  }
+  const __mmask8 keep = static_cast<__mmask8>((1u << nr) - 1);
+  for (int i = 0; i < NN; ++i) _mm256_mask_storeu_ps(y + i * ys, keep, acc[i]);
+}
+
+using SmallTileFn = void (*)(int64_t, const char* const*, const char*, size_t, const char*, size_t,
+                             float*, int64_t, int);
+
+void GemmOwnVnniSmall(int64_t nb, const char* wa, size_t ws, int64_t rows, const char* xp,
+                      size_t x_row_bytes, int64_t n, float* y, int64_t ys) {
+  static constexpr SmallTileFn kTiles[kSmallMaxActRows] = {&SmallTile<1>, &SmallTile<2>,
+                                                           &SmallTile<3>, &SmallTile<4>};
+  for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+    const int nr = static_cast<int>(std::min<int64_t>(8, rows - r0));
+    const char* row_ptrs[8];
+    for (int r = 0; r < 8; ++r) row_ptrs[r] = wa + (r0 + std::min(r, nr - 1)) * ws;
+    const int64_t ahead = r0 + kSmallPrefetchRows;
+    const int64_t next_rows = std::min<int64_t>(8, rows - ahead);
+    const char* prefetch = next_rows > 0 ? wa + ahead * ws : nullptr;
+    const size_t prefetch_step =
+        prefetch == nullptr ? 0
+                            : (static_cast<size_t>(next_rows) * ws + nb - 1) / nb / 64 * 64 + 64;
+    for (int64_t i0 = 0; i0 < n; i0 += kSmallMaxActRows) {
+      const int nn = static_cast<int>(std::min<int64_t>(kSmallMaxActRows, n - i0));
+      kTiles[nn - 1](nb, row_ptrs, i0 == 0 ? prefetch : nullptr, prefetch_step,
+                     xp + i0 * x_row_bytes, x_row_bytes, y + i0 * ys + r0, ys, nr);
+    }
+  }
+}
+
+void GemmOwnVnni(int64_t k, const void* w, size_t ws, int64_t rows, const void* xp, int64_t n,
+                 float* y, int64_t ys) {
+  static constexpr auto kTiles = MakeTiles(std::make_integer_sequence<int, kMaxActRows>{});
+  const int64_t nb = k / kBlock;
+  const size_t x_row_bytes = Q8_0OwnXRowBytes(nb);
+  const char* wa = static_cast<const char*>(w);
+  if (n <= kSmallMaxRows) {
+    GemmOwnVnniSmall(nb, wa, ws, rows, static_cast<const char*>(xp), x_row_bytes, n, y, ys);
+    return;
+  }
+  for (int64_t r0 = 0; r0 < rows; r0 += kLanes) {
+    const int nr = static_cast<int>(std::min<int64_t>(kLanes, rows - r0));
+    Group g;
+    alignas(64) int32_t index[kLanes];
+    for (int e = 0; e < kLanes; ++e) {
+      const int row = std::min(e, nr - 1);
+      g.rows[e] = wa + (r0 + row) * ws;
+      index[e] = static_cast<int32_t>(std::min(RowOfLane(e), nr - 1) * ws);
+    }
+    g.scale_index = _mm512_load_si512(index);
+    // A later group's bytes, a share per block, into L1 while this one computes: 16 rows of a
+    // short matrix (Gemma 3's head: 680 bytes each) are 16 streams the prefetchers follow late.
+    const int64_t ahead = r0 + kPrefetchGroups * kLanes;
+    const int64_t next_rows = std::min<int64_t>(kLanes, rows - ahead);
+    const char* prefetch = next_rows > 0 ? wa + ahead * ws : nullptr;
+    const size_t prefetch_step =
+        prefetch == nullptr ? 0
+                            : (static_cast<size_t>(next_rows) * ws + nb - 1) / nb / 64 * 64 + 64;
+    for (int64_t i0 = 0; i0 < n; i0 += kMaxActRows) {
+      const int nn = static_cast<int>(std::min<int64_t>(kMaxActRows, n - i0));
+      kTiles[nn - 1](nb, g, i0 == 0 ? prefetch : nullptr, prefetch_step,
+                     static_cast<const char*>(xp), x_row_bytes, i0, y + i0 * ys + r0, ys, nr);
+    }
+  }
+}
+
+PD_NO_AVX512 bool ReadUseVnni() {
+  const char* off = std::getenv("PDSERVE_CPU_NO_VNNI");
+  if (off != nullptr && off[0] != '\0' && off[0] != '0') return false;
+  return CpuHasAvx512(bit_AVX512F | bit_AVX512BW | bit_AVX512VL, bit_AVX512VNNI);  // + OS state
+}
+
+}  // namespace
+
+PD_NO_AVX512 const GroupedKernels* Q8_0OwnOrderVnni() {
+  static const bool use = ReadUseVnni();
+  static constexpr GroupedKernels kKernels = {&Q8_0OwnXBytes, &PackQ8_0OwnX, nullptr, nullptr,
+                                              &GemmOwnVnni};
+  return use ? &kKernels : nullptr;
+}
+
+}  // namespace pd::engine::cpu
+
+#else
+
+namespace pd::engine::cpu {
+const GroupedKernels* Q8_0OwnOrderVnni() { return nullptr; }
+}  // namespace pd::engine::cpu
+
+#endif
