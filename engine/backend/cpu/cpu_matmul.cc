@@ -1,6 +1,9 @@
 // The CPU backend's MatMul: planning (activation conversion, weight chunks, llama.cpp's per-row
 // tile orders) and the parallel loops over weight chunks.
 #include <algorithm>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -27,6 +30,35 @@ constexpr size_t kMatMulChunkBytes = 256 << 10;
 // AVX2 Q5_0 grouped kernel (8 rows per register) takes the same bound: at 16 rows it levels with
 // the tiles (rows/q5_0/16/1, Zen 3: 1.90 against 1.85 ms), at 512 it is 1.8-2.0x faster.
 constexpr int64_t kGroupedMinRows = 12;
+// On AMD Zen 4 (family 19h with AVX-512), which runs 512-bit operations as two 256-bit halves, the
+// grouped Q8_0 / Q5_0 kernels lose to the quad kernels up to 16 rows: gemv_bench rows/q8_0/16
+// (the Gemma 3 head) 49.9 -> 33.2 ms on one thread, 25.1 -> 16.9 on two; rows/q5_0/16 1.38 ->
+// 1.01 and 0.81 -> 0.66 ms (bench/results/decode_16seq_zen4_2026-12-06.md). There the grouped
+// kernels start at 17 rows. Every kernel gives the tiles' bits, so this changes speed only.
+constexpr int64_t kGroupedMinRowsZen4 = 17;
+
+// True on AMD family 19h CPUs (Zen 3 and Zen 4; only Zen 4 has AVX-512).
+bool AmdFamily19h() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+  const bool amd = b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163;  // "AuthenticAMD"
+  if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return false;
+  const unsigned base = (a >> 8) & 0xf;
+  const unsigned family = base == 0xf ? base + ((a >> 20) & 0xff) : base;
+  return family == 0x19;
+#else
+  return false;
+#endif
+}
+
+// The row count from which Q8_0 / Q5_0 weights take the grouped kernels (and MatMulGroup runs its
+// matrices one at a time) on this CPU.
+int64_t GroupedMinRows() {
+  static const int64_t rows =
+      AmdFamily19h() && cpu::Q8_0QuadVnni() != nullptr ? kGroupedMinRowsZen4 : kGroupedMinRows;
+  return rows;
+}
 // The 16-row VNNI grouped kernels leave at most this many rows past the last full group of 16 to
 // the tiles (in the same chunks, the weights still in L2) instead of a group of their own, which
 // costs as much as a full one. Gemma 3 270M (its Q8_0 head), one thread, AVX-512 Xeon, step ms of
@@ -215,7 +247,7 @@ absl::Status CpuBackend::PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
   own = plan->quad != nullptr;
   // A few Q8_0 rows against Q8_0 / Q5_0 weights: packed once for the quad kernels (shared by a
   // MatMulGroup's matrices through `converted`).
-  if (!own && n < kGroupedMinRows && &k_ == cpu::Avx2Kernels()) {
+  if (!own && n < GroupedMinRows() && &k_ == cpu::Avx2Kernels()) {
     if (w.type == DType::kQ8_0 && n >= kQuadMinRowsQ8_0) plan->quad = cpu::Q8_0QuadVnni();
     if (w.type == DType::kQ5_0 && n >= kQuadMinRowsQ5_0) plan->quad = cpu::Q5_0QuadVnni();
   }
@@ -293,7 +325,7 @@ absl::Status CpuBackend::MatMulImpl(const Tensor& w, const Tensor& x, Tensor& y,
     while (i < n && ((row_orders[i] & flag) != 0) == want) ++i;
     return i;
   };
-  if (p.quad == nullptr && n >= kGroupedMinRows && &k_ == cpu::Avx2Kernels()) {
+  if (p.quad == nullptr && n >= GroupedMinRows() && &k_ == cpu::Avx2Kernels()) {
     if (w.type == DType::kQ8_0) grouped = cpu::Q8_0GroupedVnni();
     if (w.type == DType::kQ5_0) grouped = cpu::Q5_0GroupedVnni();
     if (grouped != nullptr && n > kVnniGroupRows && n % kVnniGroupRows <= kGroupedTailToTiles) {
@@ -418,7 +450,7 @@ absl::Status CpuBackend::MatMulGroup(absl::Span<const Tensor* const> ws, const T
   }
   // Batches (the grouped VNNI GEMM) and groups with more companion types than scratch slots run
   // one MatMul at a time.
-  bool one_loop = ws.size() > 1 && x.rows < kGroupedMinRows;
+  bool one_loop = ws.size() > 1 && x.rows < GroupedMinRows();
   DType types[kScratchSlots];
   int n_types = 0;
   for (size_t i = 0; one_loop && i < ws.size(); ++i) {
