@@ -286,13 +286,27 @@ TEST_P(CpuBackendTest, MatMulGroupEqualsOneMatMulEach) {
               StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+// y (x's rows through MatMulRowOrder together) holds, row by row, what a one-row MatMulRowOrder
+// of that row with `order` gives, bit for bit.
+void ExpectRowsEqualOneRowEach(Backend& be, const Tensor& w, const Tensor& x, const Tensor& y,
+                               uint8_t order) {
+  for (int64_t r = 0; r < x.rows; ++r) {
+    Tensor xr{DType::kF32, x.cols, 1, static_cast<float*>(x.data) + r * x.cols};
+    HostTensor yr(DType::kF32, 1, w.rows);
+    ASSERT_THAT(be.MatMulRowOrder(w, xr, yr.t, {order}), IsOk());
+    ASSERT_EQ(std::memcmp(yr.t.data, static_cast<float*>(y.data) + r * w.rows, w.rows * 4), 0)
+        << "row " << r;
+  }
+}
+
 // A generated token's logits must not depend on how many other rows share its step (decode
 // sequences, or the K+1 rows a speculative step verifies): every row of an n-row MatMulRowOrder
 // in the one-token order equals a one-row MatMul of that row bit for bit, for row counts that take
-// the tiles (1-2), the quad kernels (3-11) and the grouped ones (12+; past 16 rows with a tail of
-// up to 6 in tiles: 17, 22, not 23) on AVX512-VNNI CPUs, and on AVX2 alone the tiles (1-4) and
-// for Q8_0 the row kernel (to 16 rows, in passes of 8: 9, 13, 16) and the grouped kernel (17+).
-// Q4_K and Q6_K take their five-column tiles for the last five rows (5, 9, 13, 17).
+// the tiles (1-2), the quad kernels (3-11; 3-16 on AMD Zen 4) and the grouped ones (12+, 17+ on Zen
+// 4; past 16 rows with a tail of up to 6 in tiles: 17, 22, not 23) on AVX512-VNNI CPUs, and on AVX2
+// alone the tiles (1-4) and for Q8_0 the row kernel (to 16 rows, in passes of 8: 9, 13, 16) and the
+// grouped kernel (17+). Q4_K and Q6_K take their five-column tiles for the last five rows (5, 9,
+// 13, 17).
 TEST_P(CpuBackendTest, DecodeRowsEqualOneRowEach) {
   const int64_t k = 640, m = 72;
   for (DType type : {DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {
@@ -305,13 +319,7 @@ TEST_P(CpuBackendTest, DecodeRowsEqualOneRowEach) {
       HostTensor y(DType::kF32, n, m);
       const std::vector<uint8_t> orders(static_cast<size_t>(n), kRowOrderGemv);
       ASSERT_THAT(be_->MatMulRowOrder(w.t, x.t, y.t, orders), IsOk());
-      for (int64_t r = 0; r < n; ++r) {
-        Tensor xr{DType::kF32, kk, 1, static_cast<float*>(x.t.data) + r * kk};
-        HostTensor yr(DType::kF32, 1, m);
-        ASSERT_THAT(be_->MatMulRowOrder(w.t, xr, yr.t, {kRowOrderGemv}), IsOk());
-        ASSERT_EQ(std::memcmp(yr.t.data, static_cast<float*>(y.t.data) + r * m, m * 4), 0)
-            << "row " << r;
-      }
+      ExpectRowsEqualOneRowEach(*be_, w.t, x.t, y.t, kRowOrderGemv);
     }
   }
 }
@@ -349,13 +357,7 @@ TEST_P(CpuBackendTest, OwnOrderRowsEqualOneRowEachAndThePortableKernel) {
                   IsOk());
     }
     ASSERT_EQ(std::memcmp(want.data(), y.t.data, want.size() * 4), 0);
-    for (int64_t r = 0; r < n; ++r) {
-      Tensor xr{DType::kF32, k, 1, static_cast<float*>(x.t.data) + r * k};
-      HostTensor yr(DType::kF32, 1, m);
-      ASSERT_THAT(be_->MatMulRowOrder(w.t, xr, yr.t, {own}), IsOk());
-      ASSERT_EQ(std::memcmp(yr.t.data, static_cast<float*>(y.t.data) + r * m, m * 4), 0)
-          << "row " << r;
-    }
+    ExpectRowsEqualOneRowEach(*be_, w.t, x.t, y.t, own);
   }
   HostTensor x = F32(4, k, RandomVec(rng_, 4 * k, 2.f));
   HostTensor y(DType::kF32, 4, m), y_plain(DType::kF32, 4, m);
