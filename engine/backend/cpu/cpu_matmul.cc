@@ -242,8 +242,9 @@ absl::Status CpuBackend::PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
   plan->xs = xs;
   // Rows that no llama.cpp order binds take pdserve's own Q8_0 order (kRowOrderOwn, kernels.h)
   // where it is the faster one: with AVX512-VNNI, and in the portable table.
-  if (own)
+  if (own) {
     plan->quad = &k_ == cpu::Avx2Kernels() ? cpu::Q8_0OwnOrderVnni() : cpu::Q8_0OwnOrderScalar();
+  }
   own = plan->quad != nullptr;
   // A few Q8_0 rows against Q8_0 / Q5_0 weights: packed once for the quad kernels (shared by a
   // MatMulGroup's matrices through `converted`).
