@@ -129,7 +129,7 @@ class Model {
   const LayerPlacement& placement() const { return placement_; }
   // The output head's order over an F16 or INT8 cache (docs/numerics.md): llama.cpp's (false, the
   // default) or the backend's own (kRowOrderOwn; on the CPU a Q8_0 head with AVX512-VNNI), which
-  // runs batched decode steps faster (16 rows of Gemma 3's head: 1.9x) and, on a core whose memory
+  // runs batched decode steps faster (16 rows of Gemma 3's head on Zen 4: 1.2x) and, on a core whose memory
   // outpaces it, single rows slower. Load sets it from PDSERVE_HEAD_ORDER (llama | own); WithHead
   // copies the target's. F32 caches keep llama.cpp's order either way.
   void set_head_order_own(bool own) { head_order_own_ = own; }
