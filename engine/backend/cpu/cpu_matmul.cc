@@ -172,8 +172,13 @@ absl::Status CpuBackend::PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
     return absl::InvalidArgumentError(absl::StrCat(
         "MatMul: ", n_own, " of ", n, " rows ask for the own order; it is for all rows or none"));
   }
-  // Only Q8_0 has an own order on this backend; other types keep llama.cpp's.
-  bool own = n_own != 0 && w.type == DType::kQ8_0;
+  // Only Q8_0 has an own order on this backend, and only where it is the faster one (with
+  // AVX512-VNNI, and in the portable table); other types and CPUs keep llama.cpp's.
+  const cpu::GroupedKernels* own_kernels = nullptr;
+  if (n_own != 0 && w.type == DType::kQ8_0) {
+    own_kernels = &k_ == cpu::Avx2Kernels() ? cpu::Q8_0OwnOrderVnni() : cpu::Q8_0OwnOrderScalar();
+  }
+  const bool own = own_kernels != nullptr;
   if (w.type == DType::kW8A8 && k > kW8A8MaxCols) {
     return absl::InvalidArgumentError(absl::StrCat("MatMul: w8a8 rows of ", k,
                                                    " exceed the kernels' limit of ", kW8A8MaxCols));
@@ -240,12 +245,8 @@ absl::Status CpuBackend::PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
   }
   plan->xa = xa;
   plan->xs = xs;
-  // Rows that no llama.cpp order binds take pdserve's own Q8_0 order (kRowOrderOwn, kernels.h)
-  // where it is the faster one: with AVX512-VNNI, and in the portable table.
-  if (own) {
-    plan->quad = &k_ == cpu::Avx2Kernels() ? cpu::Q8_0OwnOrderVnni() : cpu::Q8_0OwnOrderScalar();
-  }
-  own = plan->quad != nullptr;
+  // Rows that no llama.cpp order binds take pdserve's own Q8_0 order (kRowOrderOwn, kernels.h).
+  plan->quad = own_kernels;
   // A few Q8_0 rows against Q8_0 / Q5_0 weights: packed once for the quad kernels (shared by a
   // MatMulGroup's matrices through `converted`).
   if (!own && n < GroupedMinRows() && &k_ == cpu::Avx2Kernels()) {

@@ -1,7 +1,6 @@
 // pdserve's own order for Q8_0 weights x Q8_0 activations (kernels.h, Q8_0OwnOrder*): the packed
 // activation layout that every ISA's kernel reads, and the portable kernel, which is the
-// statement of the order the SIMD kernels (own_order_avx2.cc, own_order_vnni.cc) are tested
-// against bit for bit.
+// statement of the order the VNNI kernels (own_order_vnni.cc) are tested against bit for bit.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -20,13 +20,11 @@
 #if defined(__x86_64__) && defined(__AVX512VNNI__) && defined(__AVX512VL__) && \
     defined(__AVX512BW__) && defined(__F16C__)
 
-#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -43,8 +41,7 @@ constexpr int64_t kPrefetchGroups = 2;
 // Up to this many activation rows take the small-batch kernel (SmallTile). Zen 4, one thread, ms
 // per Gemma 3 head from DRAM (4 KiB pages), small kernel against transposing: 1 row 12.6 against
 // 17.1, 2 rows 13.4 against 17.3, 4 rows 26.6 against 17.8.
-constexpr int64_t kSmallMaxRows = 2;
-constexpr int kSmallMaxActRows = 4;
+constexpr int kSmallMaxRows = 2;
 // How many weight rows ahead the small kernel's prefetch runs (gemv_bench head_own/q8_0/1/1 on
 // Zen 4: 8 rows 9.8 ms, 16 rows 11.6; at 4 KiB pages 32 rows 17.4).
 constexpr int64_t kSmallPrefetchRows = 8;
@@ -141,10 +138,8 @@ void Tile(int64_t nb, const Group& g, const char* prefetch, size_t prefetch_step
       acc[i] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), acc[i]);
     }
   }
-  alignas(64) int32_t back[kLanes];
-  for (int r = 0; r < kLanes; ++r)
-    back[r] = RowOfLane(r);  // lane of row r (the map is its own inverse)
-  const __m512i to_rows = _mm512_load_si512(back);
+  // Lane of row r, RowOfLane(r) (the map is its own inverse).
+  const __m512i to_rows = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   const __mmask16 keep = static_cast<__mmask16>((1u << nr) - 1);
   for (int i = 0; i < NN; ++i) {
     _mm512_mask_storeu_ps(y + i * ys, keep, _mm512_permutexvar_ps(to_rows, acc[i]));
@@ -182,7 +177,7 @@ void SmallTile(int64_t nb, const char* const* rows, const char* prefetch, size_t
       std::memcpy(&dh[r], rows[r] + off, 2);
     }
     const __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dh)));
-#pragma GCC unroll 4
+#pragma GCC unroll 2
     for (int i = 0; i < NN; ++i) {
       const char* xr = xp + i * x_row_bytes;
       const __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(xr + b * kBlock));
@@ -212,18 +207,13 @@ using SmallTileFn = void (*)(int64_t, const char* const*, const char*, size_t, c
 
 void GemmOwnVnniSmall(int64_t nb, const char* wa, size_t ws, int64_t rows, const char* xp,
                       size_t x_row_bytes, int64_t n, float* y, int64_t ys) {
-  static constexpr SmallTileFn kTiles[kSmallMaxActRows] = {&SmallTile<1>, &SmallTile<2>,
-                                                           &SmallTile<3>, &SmallTile<4>};
+  static constexpr SmallTileFn kTiles[kSmallMaxRows] = {&SmallTile<1>, &SmallTile<2>};
   for (int64_t r0 = 0; r0 < rows; r0 += 8) {
     const int nr = static_cast<int>(std::min<int64_t>(8, rows - r0));
     const char* row_ptrs[8];
     for (int r = 0; r < 8; ++r) row_ptrs[r] = wa + (r0 + std::min(r, nr - 1)) * ws;
     const Prefetcher ahead = PrefetchRows(wa, ws, rows, r0 + kSmallPrefetchRows, 8, nb);
-    for (int64_t i0 = 0; i0 < n; i0 += kSmallMaxActRows) {
-      const int nn = static_cast<int>(std::min<int64_t>(kSmallMaxActRows, n - i0));
-      kTiles[nn - 1](nb, row_ptrs, i0 == 0 ? ahead.base : nullptr, ahead.step,
-                     xp + i0 * x_row_bytes, x_row_bytes, y + i0 * ys + r0, ys, nr);
-    }
+    kTiles[n - 1](nb, row_ptrs, ahead.base, ahead.step, xp, x_row_bytes, y + r0, ys, nr);
   }
 }
 
@@ -256,19 +246,14 @@ void GemmOwnVnni(int64_t k, const void* w, size_t ws, int64_t rows, const void* 
   }
 }
 
-PD_NO_AVX512 bool ReadUseVnni() {
-  const char* off = std::getenv("PDSERVE_CPU_NO_VNNI");
-  if (off != nullptr && off[0] != '\0' && off[0] != '0') return false;
-  return CpuHasAvx512(bit_AVX512F | bit_AVX512BW | bit_AVX512VL, bit_AVX512VNNI);  // + OS state
-}
-
 }  // namespace
 
+// Runs where the quad kernels do (avx512_vnni.cc's check: the CPU, PDSERVE_CPU_ISA and
+// PDSERVE_CPU_NO_VNNI).
 PD_NO_AVX512 const GroupedKernels* Q8_0OwnOrderVnni() {
-  static const bool use = ReadUseVnni();
   static constexpr GroupedKernels kKernels = {&Q8_0OwnXBytes, &PackQ8_0OwnX, nullptr, nullptr,
                                               &GemmOwnVnni};
-  return use ? &kKernels : nullptr;
+  return Q8_0QuadVnni() != nullptr ? &kKernels : nullptr;
 }
 
 }  // namespace pd::engine::cpu
