@@ -28,6 +28,8 @@
 // head_own/q8_0/<n>/<t>: rows/q8_0/<n>/<t> with every row in pdserve's own order (kRowOrderOwn:
 //   the output head over an F16 or INT8 cache, docs/numerics.md): 16 weight rows per register
 //   on AVX-512 VNNI, 8 on AVX2 (PDSERVE_CPU_NO_VNNI=1 or without VNNI).
+// head_x16/q8_0/<n>/<t>: head_own with the matrices repacked as q8_0x16 (what the model's head
+//   takes in the own order, Weights::MapOwnHead): the same bits, no transposition per block.
 // prompt/<format>/<t>: one prompt's MatMul, 512 F32 activation rows in the default (prompt) order
 //   against the default model's shapes, 2048 x 640 for the 32-block formats (Q5_0 and Q8_0 are
 //   its FFN gate / up shape) and 640 x 2048 for the k-quants (FFN down), from cache: the compute
@@ -58,6 +60,7 @@
 #include "engine/backend/cpu/thread_pool.h"
 #include "engine/quant/dtype.h"
 #include "engine/quant/fp16.h"
+#include "engine/quant/q8_0x16.h"
 
 namespace pd::engine {
 namespace {
@@ -278,7 +281,7 @@ void BM_Gemv(benchmark::State& state, DType t, bool dram, int threads) {
   state.counters["set_MiB"] = static_cast<double>(set.matrix_bytes * set.count) / (1 << 20);
 }
 
-void BM_Rows(benchmark::State& state, DType t, int n, int threads, uint8_t order = kRowOrderGemv) {
+void BM_Rows(benchmark::State& state, DType t, int n, int threads, uint8_t order, bool x16) {
   const int64_t rows = t == DType::kQ8_0 ? 262144 : 2048;
   const int64_t cols = t == DType::kQ8_0 ? 640 : 2048;
   const size_t matrix_bytes = RowBytes(t, cols) * rows;
@@ -301,6 +304,18 @@ void BM_Rows(benchmark::State& state, DType t, int n, int threads, uint8_t order
   const std::vector<uint8_t> orders(n, order);
   std::vector<Tensor> w(count);
   for (int i = 0; i < count; ++i) w[i] = Tensor{t, cols, rows, set.get() + i * matrix_bytes};
+  static HostBytes x16_set;  // the same matrices as q8_0x16 (head_x16), made once
+  if (x16) {
+    if (x16_set == nullptr) {
+      x16_set = AllocBytes(matrix_bytes * count);
+      for (int i = 0; i < count; ++i) {
+        RepackQ8_0x16(w[i].data, w[i].row_bytes(), rows, cols, x16_set.get() + i * matrix_bytes);
+      }
+    }
+    for (int i = 0; i < count; ++i) {
+      w[i] = Tensor{DType::kQ8_0x16, cols, rows, x16_set.get() + i * matrix_bytes};
+    }
+  }
   for (int i = 0; i < count; ++i) PD_CHECK_OK(be->MatMulRowOrder(w[i], x, y, orders));
   int next = 0;
   for (auto _ : state) {
@@ -370,7 +385,7 @@ void RegisterAll() {
     for (int n : {1, 2, 3, 4, 5, 8, 16}) {
       for (int threads : {1, 2}) {
         const std::string name = pd::StrCat("rows/", Traits(t).name, "/", n, "/", threads);
-        benchmark::RegisterBenchmark(name.c_str(), BM_Rows, t, n, threads, kRowOrderGemv)
+        benchmark::RegisterBenchmark(name.c_str(), BM_Rows, t, n, threads, kRowOrderGemv, false)
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond);
       }
@@ -380,7 +395,12 @@ void RegisterAll() {
     for (int threads : {1, 2}) {
       const std::string name = pd::StrCat("head_own/q8_0/", n, "/", threads);
       benchmark::RegisterBenchmark(name.c_str(), BM_Rows, DType::kQ8_0, n, threads,
-                                   static_cast<uint8_t>(kRowOrderGemv | kRowOrderOwn))
+                                   static_cast<uint8_t>(kRowOrderGemv | kRowOrderOwn), false)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+      const std::string x16 = pd::StrCat("head_x16/q8_0/", n, "/", threads);
+      benchmark::RegisterBenchmark(x16.c_str(), BM_Rows, DType::kQ8_0, n, threads,
+                                   static_cast<uint8_t>(kRowOrderGemv | kRowOrderOwn), true)
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
     }

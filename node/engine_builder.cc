@@ -117,6 +117,13 @@ absl::StatusOr<Engine> BuildEngine(const EngineOptions& options) {
         StrCat("backend: must be cpu or cuda (got '", options.backend, "')"));
   }
   Engine e;
+  const std::optional<engine::KvDType> kv_dtype = engine::ParseKvDType(options.kv_dtype);
+  if (!kv_dtype) {
+    return absl::InvalidArgumentError(StrCat("kv.dtype: unknown '", options.kv_dtype, "'"));
+  }
+  // The engine's one cache type: over F16 / INT8 the head may be laid out for the own order.
+  engine::Model::LoadOptions load;
+  load.no_f32_cache = *kv_dtype != engine::KvDType::kF32;
   e.model_path = options.model_path;
   if (e.model_path.empty()) {
     PD_ASSIGN_OR_RETURN(e.model_path, engine::FindDefaultModel());
@@ -154,7 +161,7 @@ absl::StatusOr<Engine> BuildEngine(const EngineOptions& options) {
       engine::Backend* const backends[] = {e.backend.get(), e.host_backend.get()};
       const engine::LayerPlacement placement = engine::LayerPlacement::Offload(c.n_layer, gpu_layers);
       e.placement = placement.Describe({std::string(e.backend->name()), "cpu"});
-      PD_ASSIGN_OR_RETURN(e.model, engine::Model::Load(e.file, backends, placement));
+      PD_ASSIGN_OR_RETURN(e.model, engine::Model::Load(e.file, backends, placement, load));
       e.context = context;
       PD_LOG(kInfo, "placement: ", e.placement);
       return e;
@@ -164,7 +171,7 @@ absl::StatusOr<Engine> BuildEngine(const EngineOptions& options) {
     e.kernels = std::string(
         engine::cpu::KernelSetName(engine::cpu::SelectKernels(options.force_scalar)));
   }
-  PD_ASSIGN_OR_RETURN(e.model, engine::Model::Load(e.file, *e.backend));
+  PD_ASSIGN_OR_RETURN(e.model, engine::Model::Load(e.file, *e.backend, load));
   e.placement = StrCat("every layer on ", e.backend->name());
   e.context =
       options.context > 0 ? options.context : engine::DefaultContext(e.model->config().n_ctx_train);

@@ -34,7 +34,10 @@ struct EngineOptions {
   // For "auto": the KV bytes the engine will allocate over all layers (0 = one sequence of the
   // context).
   int64_t kv_bytes = 0;
-  std::string kv_dtype = "f16";  // for "auto": the KV cache's element type
+  // The KV cache's element type: for "auto"; and over F16 / INT8 the output head may be laid out
+  // for pdserve's own order (Model::LoadOptions::no_f32_cache), so the engine's model then
+  // refuses an F32 cache.
+  std::string kv_dtype = "f16";
   // "" = the weights as stored; else a quantized type (q4_K, q8_0, ...) that F32/F16/BF16 weights
   // are quantized to at load by pdserve's quantizer (round to nearest, policy M), in memory.
   std::string quantize;

@@ -133,6 +133,17 @@ class Backend {
   // bytes in place (the CPU backend with copies off or past their budget, or with a null
   // `storage`) returns a view and leaves *storage empty.
   virtual absl::StatusOr<Tensor> MapWeights(const Tensor& host, std::unique_ptr<Buffer>* storage) = 0;
+  // A copy of host-resident weights in a layout of this backend's own for rows that take
+  // kRowOrderOwn (the CPU backend with AVX512-VNNI or its portable kernels: Q8_0 as q8_0x16,
+  // engine/quant/q8_0x16.h), its Buffer in *storage; MatMul over it gives every row the own
+  // order whatever its flags say, with the bits the flag gives on MapWeights' tensor. A Tensor
+  // with null data where the backend has no such layout for the type or will not spend the
+  // memory: the rows then go through MapWeights' tensor with the flag, at the same bits.
+  virtual absl::StatusOr<Tensor> MapWeightsOwnLayout(const Tensor& host,
+                                                     std::unique_ptr<Buffer>* storage) {
+    if (storage != nullptr) storage->reset();
+    return Tensor{host.type, host.cols, host.rows, nullptr};
+  }
   // Waits for all enqueued work. Errors from asynchronous ops surface here.
   virtual absl::Status Synchronize() = 0;
 

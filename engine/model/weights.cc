@@ -25,6 +25,9 @@ class Loader {
 
   // The backend the next Get()s map onto.
   void set_backend(Backend& b) { b_ = &b; }
+  // Whether the next Get()s map into the backend's own-order layout where it has one
+  // (Backend::MapWeightsOwnLayout), else as usual.
+  void set_own_layout(bool own) { own_layout_ = own; }
 
   // Finds `name` with ggml shape {cols, rows} (rows == 0 for 1-D) and maps it; `count`: whether
   // its bytes add to the total (false for a second mapping of the same tensor).
@@ -107,6 +110,15 @@ class Loader {
  private:
   absl::StatusOr<Tensor> Map(const Tensor& host) {
     std::unique_ptr<Buffer> buf;
+    if (own_layout_) {
+      PD_ASSIGN_OR_RETURN(Tensor own, b_->MapWeightsOwnLayout(host, &buf));
+      if (own.data != nullptr) {
+        if (!buf) return absl::InternalError("MapWeightsOwnLayout: a layout without storage");
+        storage_.push_back(std::move(buf));
+        f_.DropPages(host.data, host.bytes());
+        return own;
+      }
+    }
     PD_ASSIGN_OR_RETURN(Tensor mapped, b_->MapWeights(host, &buf));
     if (buf) {
       // The backend holds its own copy (a device, or the CPU's 2 MiB pages): the file's pages
@@ -119,6 +131,7 @@ class Loader {
 
   const GgufFile& f_;
   Backend* b_ = nullptr;
+  bool own_layout_ = false;
   std::vector<std::unique_ptr<Buffer>>& storage_;
   size_t& bytes_;
 };
@@ -126,13 +139,14 @@ class Loader {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(const GgufFile& f, const ModelConfig& c,
-                                                       Backend& backend) {
+                                                       Backend& backend, bool own_head_layout) {
   const std::vector<Backend*> all(static_cast<size_t>(std::max(c.n_layer, 0)), &backend);
-  return Load(f, c, absl::MakeConstSpan(all));
+  return Load(f, c, absl::MakeConstSpan(all), own_head_layout);
 }
 
 absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(const GgufFile& f, const ModelConfig& c,
-                                                       absl::Span<Backend* const> layer_backends) {
+                                                       absl::Span<Backend* const> layer_backends,
+                                                       bool own_head_layout) {
   if (c.n_layer <= 0 || layer_backends.size() != static_cast<size_t>(c.n_layer) ||
       std::find(layer_backends.begin(), layer_backends.end(), nullptr) != layer_backends.end()) {
     return absl::InvalidArgumentError(pd::StrCat("weights: ", layer_backends.size(),
@@ -147,9 +161,13 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(const GgufFile& f, const 
   Backend& head_backend = *layer_backends.back();
 
   L.set_backend(embd_backend);
+  // A tied embedding that is also the head's mapping takes the head's layout (GetRows reads it).
+  L.set_own_layout(own_head_layout && c.tied_output && &head_backend == &embd_backend);
   PD_ASSIGN_OR_RETURN(w->token_embd, L.Get("token_embd.weight", c.n_embd, c.n_vocab));
+  L.set_own_layout(false);
   L.set_backend(head_backend);
   PD_ASSIGN_OR_RETURN(w->output_norm, L.Get("output_norm.weight", c.n_embd, 0, true));
+  L.set_own_layout(own_head_layout);
   if (c.tied_output) {
     if (&head_backend == &embd_backend) {
       w->output = w->token_embd;
@@ -163,6 +181,7 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(const GgufFile& f, const 
         c.head_tokens.empty() ? c.n_vocab : static_cast<int64_t>(c.head_tokens.size());
     PD_ASSIGN_OR_RETURN(w->output, L.Get("output.weight", c.n_embd, head_rows));
   }
+  L.set_own_layout(false);
   if (const GgufTensorInfo* rf = f.FindTensor("rope_freqs.weight")) {
     if (rf->type != DType::kF32 || rf->shape != std::vector<int64_t>{c.rope_dim / 2}) {
       return absl::InvalidArgumentError(

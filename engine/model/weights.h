@@ -48,15 +48,21 @@ class Weights {
   // by rows: blk.N.attn_qkv.weight (q, k, v rows) in place of attn_{q,k,v}.weight, and an
   // ffn_up.weight of 2 * n_ff rows (gate, then up) when there is no ffn_gate.weight. The file and
   // the backend must outlive the Weights.
+  // `own_head_layout`: map the output head in its backend's layout for pdserve's own order
+  // (Backend::MapWeightsOwnLayout: the CPU backend's q8_0x16 for a Q8_0 head), and a tied token
+  // embedding on the same backend with it (GetRows reads that layout), instead of the file's;
+  // where the backend has none, the file's as usual. A head so laid out multiplies every row in
+  // the own order, so the model runs over F16 and INT8 caches only (Model::LoadOptions).
   static absl::StatusOr<std::unique_ptr<Weights>> Load(const GgufFile& file,
-                                                       const ModelConfig& config,
-                                                       Backend& backend);
+                                                       const ModelConfig& config, Backend& backend,
+                                                       bool own_head_layout = false);
   // Layer l's tensors on layer_backends[l] (config.n_layer entries, none null); the token
   // embedding on layer 0's backend, the output norm and head on the last layer's (a tied head is
   // mapped a second time there when the two differ).
   static absl::StatusOr<std::unique_ptr<Weights>> Load(const GgufFile& file,
                                                        const ModelConfig& config,
-                                                       absl::Span<Backend* const> layer_backends);
+                                                       absl::Span<Backend* const> layer_backends,
+                                                       bool own_head_layout = false);
 
   // A view of `base` (a model's full weights, `config` its config, head_tokens empty) whose output
   // head holds only the rows of `head_tokens` (ascending token ids < n_vocab, no repeats), copied

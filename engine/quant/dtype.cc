@@ -23,6 +23,7 @@ const DTypeTraits& Traits(DType t) {
   static const DTypeTraits kQ8_K{"q8_K", 256, 292};  // f32 + 256 + 16 x int16
   static const DTypeTraits kW8A8{"w8a8", 32, 32, 16};  // 16-byte row header (f32 scale) + int8
   static const DTypeTraits kW4A16{"w4a16", 128, 66};   // f16 d + 64 bytes of nibbles
+  static const DTypeTraits kQ8_0x16{"q8_0x16", 32, 34};  // Q8_0's bytes, 16 rows interleaved
   switch (t) {
     case DType::kF32: return kF32;
     case DType::kF16: return kF16;
@@ -38,6 +39,8 @@ const DTypeTraits& Traits(DType t) {
     case DType::kQ8_K: return kQ8_K;
     case DType::kW8A8: return kW8A8;
     case DType::kW4A16: return kW4A16;
+    case DType::kQ8_0x16:
+      return kQ8_0x16;
   }
   PD_CHECK_MSG(false, "unsupported DType");
 }
@@ -72,6 +75,7 @@ std::string RawGgmlTypeName(uint32_t v) {
   if (v < sizeof(kNames) / sizeof(kNames[0])) return kNames[v];
   if (v == static_cast<uint32_t>(DType::kW8A8)) return "w8a8";
   if (v == static_cast<uint32_t>(DType::kW4A16)) return "w4a16";
+  if (v == static_cast<uint32_t>(DType::kQ8_0x16)) return "q8_0x16 (a runtime layout)";
   return pd::StrCat("type ", v);
 }
 

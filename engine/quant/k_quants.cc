@@ -172,6 +172,8 @@ void DequantizeRow(DType t, const void* x, float* y, int64_t n) {
       return DequantizeRowW8A8(x, y, n);
     case DType::kW4A16:
       return DequantizeRowW4A16(static_cast<const BlockW4A16*>(x), y, n);
+    case DType::kQ8_0x16:
+      break;  // rows interleaved 16 at a time: UnpackQ8_0x16Row (q8_0x16.h)
   }
   PD_CHECK_MSG(false, "unsupported DType");
 }
@@ -208,6 +210,8 @@ void QuantizeRow(DType t, const float* x, void* y, int64_t n, const float* impor
       return QuantizeRowW8A8(x, y, n);  // importance not used (one scale per row)
     case DType::kW4A16:
       return QuantizeRowW4A16(x, static_cast<BlockW4A16*>(y), n, importance);
+    case DType::kQ8_0x16:
+      break;  // made from Q8_0 rows by RepackQ8_0x16 (q8_0x16.h), never quantized directly
   }
   PD_CHECK_MSG(false, "unsupported DType");
 }

@@ -63,21 +63,22 @@ void Batch::AddOrdered(int32_t token, int32_t position, int64_t seq_id, bool wan
 }
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(std::shared_ptr<const GgufFile> file,
-                                                   Backend& backend) {
+                                                   Backend& backend, const LoadOptions& options) {
   Backend* const one[] = {&backend};
   PD_ASSIGN_OR_RETURN(const ModelConfig c, ModelConfig::FromGguf(*file));
-  return Load(std::move(file), one, LayerPlacement::Single(c.n_layer));
+  return Load(std::move(file), one, LayerPlacement::Single(c.n_layer), options);
 }
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(std::shared_ptr<const GgufFile> file,
                                                    absl::Span<Backend* const> backends,
-                                                   const LayerPlacement& placement) {
+                                                   const LayerPlacement& placement,
+                                                   const LoadOptions& options) {
   std::unique_ptr<Model> m(new Model(std::move(file)));
   if (const char* order = std::getenv("PDSERVE_HEAD_ORDER"); order != nullptr && *order != '\0') {
     const std::string_view v(order);
     if (v != "own" && v != "llama") {
       return absl::InvalidArgumentError(
-          pd::StrCat("PDSERVE_HEAD_ORDER=", v, ": want llama (the default) or own"));
+          pd::StrCat("PDSERVE_HEAD_ORDER=", v, ": want own (the default) or llama"));
     }
     m->head_order_own_ = v == "own";
   }
@@ -95,7 +96,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(std::shared_ptr<const GgufFil
     PD_RETURN_IF_ERROR(
         CheckBackend(*m->file_, m->config_, BackendKind(backends[r.backend]->name())));
   }
-  PD_ASSIGN_OR_RETURN(m->weights_, Weights::Load(*m->file_, m->config_, m->layer_backends_));
+  PD_ASSIGN_OR_RETURN(
+      m->weights_, Weights::Load(*m->file_, m->config_, m->layer_backends_,
+                                 /*own_head_layout=*/options.no_f32_cache && m->head_order_own_));
+  m->head_laid_out_own_ = m->weights_->output.type == DType::kQ8_0x16;
   m->scratch_.resize(backends.size());
   return m;
 }
@@ -107,11 +111,13 @@ absl::StatusOr<std::unique_ptr<Model>> Model::WithHead(const Model& target,
   m->layer_backends_ = target.layer_backends_;
   m->layer_backend_index_ = target.layer_backend_index_;
   m->one_backend_ = target.one_backend_;
-  m->head_order_own_ = target.head_order_own_;
   m->placement_ = target.placement_;
   PD_ASSIGN_OR_RETURN(m->weights_, Weights::WithHead(target.weights_, *target.file_, target.config_,
                                                      absl::MakeConstSpan(head_tokens),
                                                      *target.layer_backends_.back()));
+  // Its head is plain rows, so it takes any cache; over F16 and INT8 ones the order of the
+  // target's head (the own order through the flag, where the target's is laid out for it).
+  m->head_order_own_ = target.head_order_own();
   m->config_ = target.config_;
   m->config_.tied_output = false;  // its head is its own rows
   m->config_.head_tokens = std::move(head_tokens);
@@ -492,6 +498,12 @@ absl::Status Model::RunOps(const Batch& batch, KvCache& kv, const LayerHook& aft
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(batch.size());
   if (n == 0) return absl::InvalidArgumentError("empty batch");
+  if (head_laid_out_own_ && kv.options().dtype == KvDType::kF32) {
+    return absl::FailedPreconditionError(
+        "an F32 cache needs llama.cpp's order in the output head, and this model was loaded "
+        "for F16 and INT8 caches (its head laid out for pdserve's own order: "
+        "Model::LoadOptions::no_f32_cache); load it without that option");
+  }
   if (batch.pos.size() != batch.tokens.size() || batch.seq.size() != batch.tokens.size()) {
     return absl::InvalidArgumentError("batch tokens/pos/seq lengths differ");
   }
@@ -556,7 +568,8 @@ absl::Status Model::RunOps(const Batch& batch, KvCache& kv, const LayerHook& aft
   for (int64_t j = 0; j < n_logits; ++j) orders_out[j] = orders_last[batch.logits_rows[j]];
   // llama.cpp's bits hold with an F32 cache only (docs/numerics.md); with any other, the head
   // may take the backend's own order (set_head_order_own), the same for a row in any batch.
-  if (head_order_own_ && kv.options().dtype != KvDType::kF32) {
+  const bool head_own = head_order_own() && kv.options().dtype != KvDType::kF32;
+  if (head_own) {
     for (uint8_t& o : orders_out) o |= kRowOrderOwn;
   }
   kvb.row_orders = orders;

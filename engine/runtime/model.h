@@ -87,18 +87,32 @@ class MatMulObserver {
                                    int64_t cols) {}
 };
 
+struct ModelLoadOptions {
+  // The model will run over F16 or INT8 caches only (a daemon's kv.dtype). Then, where the
+  // output head takes pdserve's own order (head_order_own) and its backend has a layout for
+  // that order (the CPU backend with AVX512-VNNI: a Q8_0 head as q8_0x16), the head, and a tied
+  // token embedding with it, are mapped in that layout instead of the file's: no second copy,
+  // and a batched decode step's head runs without transposing its blocks. A forward over an
+  // F32 cache is then refused (FAILED_PRECONDITION): the head could not give llama.cpp's bits.
+  bool no_f32_cache = false;
+};
+
 class Model {
  public:
+  using LoadOptions = ModelLoadOptions;
+
   // Reads the config, validates and maps the weights. `file` is shared so the mapped bytes
   // outlive the model; `backend` must outlive it.
   static absl::StatusOr<std::unique_ptr<Model>> Load(std::shared_ptr<const GgufFile> file,
-                                                     Backend& backend);
+                                                     Backend& backend,
+                                                     const LoadOptions& options = {});
   // The layers on the backends `placement` assigns them (backends[i] is placement's backend i;
   // every backend must outlive the model). INVALID_ARGUMENT for a placement that does not cover
   // the model's layers; UNIMPLEMENTED when a backend lacks an op the model needs.
   static absl::StatusOr<std::unique_ptr<Model>> Load(std::shared_ptr<const GgufFile> file,
                                                      absl::Span<Backend* const> backends,
-                                                     const LayerPlacement& placement);
+                                                     const LayerPlacement& placement,
+                                                     const LoadOptions& options = {});
 
   // `target` with its output head restricted to `head_tokens` (ascending token ids < n_vocab, no
   // repeats): the same layers, placement and backends (shared, not copied), and a copy of those
@@ -127,13 +141,15 @@ class Model {
   // One backend per layer (a KV cache for this model: KvCache::Create(options, LayerBackends())).
   const std::vector<Backend*>& LayerBackends() const { return layer_backends_; }
   const LayerPlacement& placement() const { return placement_; }
-  // The output head's order over an F16 or INT8 cache (docs/numerics.md): llama.cpp's (false, the
-  // default) or the backend's own (kRowOrderOwn; on the CPU a Q8_0 head with AVX512-VNNI), which
-  // runs batched decode steps faster (16 rows of Gemma 3's head on Zen 4: 1.2x) and, on a core whose memory
-  // outpaces it, single rows slower. Load sets it from PDSERVE_HEAD_ORDER (llama | own); WithHead
-  // copies the target's. F32 caches keep llama.cpp's order either way.
+  // The output head's order over an F16 or INT8 cache (docs/numerics.md): the backend's own
+  // (kRowOrderOwn; on the CPU a Q8_0 head with AVX512-VNNI: the default) or llama.cpp's. Load
+  // sets it from PDSERVE_HEAD_ORDER (own | llama); WithHead copies the target's. F32 caches keep
+  // llama.cpp's order either way. A head laid out for the own order at load
+  // (LoadOptions::no_f32_cache) keeps it: set_head_order_own(false) does not change it.
   void set_head_order_own(bool own) { head_order_own_ = own; }
-  bool head_order_own() const { return head_order_own_; }
+  bool head_order_own() const { return head_order_own_ || head_laid_out_own_; }
+  // Whether Load laid the head out for the own order (LoadOptions::no_f32_cache).
+  bool head_laid_out_own() const { return head_laid_out_own_; }
 
   // KV-cache options matching this model.
   KvCacheOptions KvOptions(int n_blocks, KvDType dtype, int block_size = 16) const;
@@ -230,7 +246,8 @@ class Model {
   std::vector<Backend*> layer_backends_;  // per layer
   std::vector<int> layer_backend_index_;  // per layer: index into backends_
   bool one_backend_ = true;               // every layer on one backend (Run may capture)
-  bool head_order_own_ = false;           // set_head_order_own
+  bool head_order_own_ = true;            // set_head_order_own
+  bool head_laid_out_own_ = false;        // LoadOptions::no_f32_cache took effect
   LayerPlacement placement_;
   ModelConfig config_;
   std::shared_ptr<const Weights> weights_;  // shared with the models WithHead makes of this one

@@ -32,11 +32,14 @@
 #include "engine/backend/top_k.h"
 #include "engine/quant/dtype.h"
 #include "engine/quant/fp16.h"
+#include "engine/quant/q8_0x16.h"
 
 namespace pd::engine {
 namespace cpu {
 
-bool IsSupported(DType t) { return DTypeFromGgml(static_cast<uint32_t>(t)).has_value(); }
+bool IsSupported(DType t) {
+  return t == DType::kQ8_0x16 || DTypeFromGgml(static_cast<uint32_t>(t)).has_value();
+}
 
 bool HasMatMul(DType t) { return t != DType::kQ8_K; }
 
@@ -189,6 +192,37 @@ absl::StatusOr<Tensor> CpuBackend::CopyWeights(const Tensor& host,
   return copy;
 }
 
+absl::StatusOr<Tensor> CpuBackend::MapWeightsOwnLayout(const Tensor& host,
+                                                       std::unique_ptr<Buffer>* storage) {
+  PD_RETURN_IF_ERROR(CheckTensor(host, "MapWeightsOwnLayout"));
+  if (storage != nullptr) storage->reset();
+  Tensor none{host.type, host.cols, host.rows, nullptr};
+  if (host.type != DType::kQ8_0 || OwnOrderKernels(DType::kQ8_0x16) == nullptr || !copy_weights_ ||
+      storage == nullptr || host.bytes() == 0) {
+    return none;
+  }
+  const size_t bytes = host.bytes();
+  const size_t padded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  if (!copy_budget_set_) {
+    copy_budget_set_ = true;
+    if (copy_budget_ == 0) copy_budget_ = MemAvailableBytes() / 2;
+  }
+  if (padded > copy_budget_) return none;  // the plain rows with the flag: the same bits
+  char* p = static_cast<char*>(AllocHost(padded, kAlignment));
+  if (p == nullptr) return none;
+  copy_budget_ -= padded;
+  auto buf = std::make_unique<HostBuffer>(p, bytes);
+  // In pieces of whole groups of 16 rows; the last piece takes the plain tail rows.
+  const int64_t rows = host.rows, k = host.cols, rs = static_cast<int64_t>(host.row_bytes());
+  constexpr int64_t kPieceRows = 1024;
+  pool_.ParallelFor((rows + kPieceRows - 1) / kPieceRows, [&](int64_t p0, int64_t p1) {
+    const int64_t r0 = p0 * kPieceRows, r1 = std::min(rows, p1 * kPieceRows);
+    RepackQ8_0x16(static_cast<const char*>(host.data) + r0 * rs, rs, r1 - r0, k, p + r0 * rs);
+  });
+  *storage = std::move(buf);
+  return Tensor{DType::kQ8_0x16, host.cols, host.rows, p};
+}
+
 // ---- GetRows -------------------------------------------------------------------------------
 absl::Status CpuBackend::GetRows(const Tensor& table, absl::Span<const int32_t> ids, Tensor& out) {
   PD_RETURN_IF_ERROR(CheckTensor(table, "GetRows table"));
@@ -226,6 +260,13 @@ absl::Status CpuBackend::GetRows(const Tensor& table, absl::Span<const int32_t> 
             case DType::kQ8_0:
               k_.dequantize_q8_0(reinterpret_cast<const BlockQ8_0*>(src), dst, cols);
               break;
+            case DType::kQ8_0x16: {
+              thread_local std::vector<BlockQ8_0> row;
+              row.resize(static_cast<size_t>(cols / kQ8_0BlockSize));
+              UnpackQ8_0x16Row(table.data, table.rows, cols, ids[i], row.data());
+              k_.dequantize_q8_0(row.data(), dst, cols);
+              break;
+            }
             case DType::kQ4_0:
             case DType::kQ5_0:
             case DType::kQ2_K:

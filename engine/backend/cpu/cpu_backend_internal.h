@@ -128,6 +128,12 @@ class CpuBackend final : public Backend {
     return CopyWeights(host, storage);
   }
 
+  // Q8_0 as q8_0x16 where PlanMatMul honours kRowOrderOwn (the VNNI or the portable kernels), in
+  // 2 MiB pages, counted against the copies' budget; none with copies off (PDSERVE_CPU_WEIGHTS=
+  // mmap) or past the budget.
+  absl::StatusOr<Tensor> MapWeightsOwnLayout(const Tensor& host,
+                                             std::unique_ptr<Buffer>* storage) override;
+
   absl::Status Synchronize() override { return absl::OkStatus(); }
 
   absl::Status MatMul(const Tensor& w, const Tensor& x, Tensor& y) override {
@@ -225,6 +231,9 @@ class CpuBackend final : public Backend {
   // (64-byte aligned) in chunks of at least kWeightChunk bytes of 2 MiB pages, so that a layer's
   // small matrices share huge pages too.
   absl::StatusOr<Tensor> CopyWeights(const Tensor& host, std::unique_ptr<Buffer>* storage);
+  // The own-order kernels for weights of type `w` (Q8_0, q8_0x16) on this backend's kernel table;
+  // nullptr where it keeps llama.cpp's order (other types; AVX2 without VNNI).
+  const GroupedKernels* OwnOrderKernels(DType w) const;
   static constexpr size_t kWeightChunk = size_t{64} << 20;
 
   // Weight chunks [c0, c1) of a plan (tiles in llama.cpp's per-row orders).

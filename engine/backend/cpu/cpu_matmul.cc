@@ -105,6 +105,8 @@ DType CompanionType(DType w) {
     case DType::kQ8_0:
     case DType::kW8A8:  // per-token INT8 rows
       return w;
+    case DType::kQ8_0x16:  // Q8_0 rows repacked
+      return DType::kQ8_0;
     case DType::kW4A16:  // activations stay F32
       return DType::kF32;
     case DType::kQ4_0:
@@ -138,12 +140,21 @@ cpu::GemmType GemmTypeOf(DType w) {
     case DType::kQ6_K: return cpu::GemmType::kQ6_K;
     case DType::kW8A8: return cpu::GemmType::kW8A8;
     case DType::kW4A16: return cpu::GemmType::kW4A16;
-    case DType::kQ8_K: break;
+    case DType::kQ8_K:
+    case DType::kQ8_0x16:  // the own-order kernels only (PlanMatMul)
+      break;
   }
   PD_CHECK_MSG(false, "no matmul for this weight type");
 }
 
 }  // namespace
+
+const cpu::GroupedKernels* CpuBackend::OwnOrderKernels(DType w) const {
+  const bool simd = &k_ == cpu::Avx2Kernels();
+  if (w == DType::kQ8_0) return simd ? cpu::Q8_0OwnOrderVnni() : cpu::Q8_0OwnOrderScalar();
+  if (w == DType::kQ8_0x16) return simd ? cpu::Q8_0x16OwnOrderVnni() : cpu::Q8_0x16OwnOrderScalar();
+  return nullptr;
+}
 
 // ---- MatMul --------------------------------------------------------------------------------
 // Bytes: weights m * row_bytes(w) once, activations n * k * 4 plus their converted copy, and per
@@ -173,10 +184,13 @@ absl::Status CpuBackend::PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
         "MatMul: ", n_own, " of ", n, " rows ask for the own order; it is for all rows or none"));
   }
   // Only Q8_0 has an own order on this backend, and only where it is the faster one (with
-  // AVX512-VNNI, and in the portable table); other types and CPUs keep llama.cpp's.
+  // AVX512-VNNI, and in the portable table); other types and CPUs keep llama.cpp's. q8_0x16
+  // weights (MapWeightsOwnLayout) take it on every row, flags or not.
   const cpu::GroupedKernels* own_kernels = nullptr;
-  if (n_own != 0 && w.type == DType::kQ8_0) {
-    own_kernels = &k_ == cpu::Avx2Kernels() ? cpu::Q8_0OwnOrderVnni() : cpu::Q8_0OwnOrderScalar();
+  if (n_own != 0 || w.type == DType::kQ8_0x16) own_kernels = OwnOrderKernels(w.type);
+  if (w.type == DType::kQ8_0x16 && own_kernels == nullptr) {
+    // Made on another kernel table (a test's): the portable kernel gives the same bits.
+    own_kernels = cpu::Q8_0x16OwnOrderScalar();
   }
   const bool own = own_kernels != nullptr;
   if (w.type == DType::kW8A8 && k > kW8A8MaxCols) {
@@ -228,6 +242,7 @@ absl::Status CpuBackend::PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
                 break;
               case DType::kF32:
               case DType::kW4A16:
+              case DType::kQ8_0x16:
               case DType::kQ4_0:
               case DType::kQ5_0:
               case DType::kQ2_K:
@@ -380,7 +395,6 @@ void CpuBackend::RunMatMulChunks(const MatMulPlan& p, int64_t c0, int64_t c1) co
   const absl::Span<const uint8_t> row_orders = p.row_orders;
   const char* xa = p.xa;
   const size_t xs = p.xs;
-  const cpu::GemmTileFn tile = k_.gemm[static_cast<int>(GemmTypeOf(w.type))];
   const char* wa = static_cast<const char*>(w.data);
   const size_t ws = w.row_bytes();
   float* ya = static_cast<float*>(p.y->data);
@@ -389,6 +403,7 @@ void CpuBackend::RunMatMulChunks(const MatMulPlan& p, int64_t c0, int64_t c1) co
     p.quad->gemm(k, wa + r_begin * ws, ws, r_end - r_begin, p.quad_x, n, ya + r_begin, m);
     return;
   }
+  const cpu::GemmTileFn tile = k_.gemm[static_cast<int>(GemmTypeOf(w.type))];
   // llama.cpp's per-row orders (Backend::MatMulRowOrder): Q4_K matrices it repacks (rows a
   // multiple of 8) take its repacked GEMM / GEMV orders, other k-quants its tiled order for
   // sequences of 8+ rows; consecutive rows of one order share tiles. Q2_K is repacked too where

@@ -171,6 +171,15 @@ void PackQ8_0OwnX(const void* x, size_t x_stride, int64_t n, int64_t k, void* ou
 const GroupedKernels* Q8_0OwnOrderScalar();
 // nullptr without AVX512-VNNI (or with PDSERVE_CPU_NO_VNNI set).
 const GroupedKernels* Q8_0OwnOrderVnni();
+// The same order over q8_0x16 weights (engine/quant/q8_0x16.h: the Q8_0 rows repacked at load,
+// 16 rows' code words side by side, stored + 128), the same pack_x. `w` starts at a multiple of
+// 16 rows and w_stride is unused. The words load straight into the lanes, so the transposition
+// above is gone and one activation row costs 8 VPDPBUSD and three F32 operations per 16 weight
+// rows and block (ggml's order: ~9 operations per weight row and block), with the bits of
+// Q8_0OwnOrderScalar on the source rows. The portable kernel unpacks each row and runs that one.
+const GroupedKernels* Q8_0x16OwnOrderScalar();
+// nullptr where Q8_0OwnOrderVnni is.
+const GroupedKernels* Q8_0x16OwnOrderVnni();
 // The AVX2 table's Q8_0, Q5_0 and Q4_0 tiles without the VNNI dispatch (tests compare the two).
 void GemmQ8_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                   size_t x_stride, int nc, float* y, int64_t y_stride);

@@ -5,10 +5,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "engine/backend/cpu/kernels.h"
 #include "engine/quant/fp16.h"
 #include "engine/quant/q8_0.h"
+#include "engine/quant/q8_0x16.h"
 
 namespace pd::engine::cpu {
 
@@ -43,6 +45,21 @@ namespace {
 
 // The order itself: y = fma(d_w * d_x, isum, y) over the blocks in order from +0, isum the
 // block's exact integer dot product (|isum| <= 32 * 128 * 127 < 2^24, so its F32 is exact).
+float OwnOrderDot(const BlockQ8_0* wr, int64_t nb, const char* xr) {
+  const auto* xq = reinterpret_cast<const int8_t*>(xr);
+  const auto* xd = reinterpret_cast<const float*>(xr + nb * kQ8_0BlockSize);
+  float acc = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    int32_t isum = 0;
+    for (int j = 0; j < kQ8_0BlockSize; ++j) {
+      isum += int32_t{wr[b].qs[j]} * xq[b * kQ8_0BlockSize + j];
+    }
+    const float scale = F16ToF32(wr[b].d) * xd[b];
+    acc = std::fma(scale, static_cast<float>(isum), acc);
+  }
+  return acc;
+}
+
 void GemmQ8_0OwnScalar(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* xp,
                        int64_t n, float* y, int64_t y_stride) {
   const int64_t nb = k / kQ8_0BlockSize;
@@ -50,19 +67,23 @@ void GemmQ8_0OwnScalar(int64_t k, const void* w, size_t w_stride, int64_t rows, 
   for (int64_t r = 0; r < rows; ++r) {
     const auto* wr = reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(w) + r * w_stride);
     for (int64_t i = 0; i < n; ++i) {
-      const char* xr = static_cast<const char*>(xp) + i * row_bytes;
-      const auto* xq = reinterpret_cast<const int8_t*>(xr);
-      const auto* xd = reinterpret_cast<const float*>(xr + nb * kQ8_0BlockSize);
-      float acc = 0.f;
-      for (int64_t b = 0; b < nb; ++b) {
-        int32_t isum = 0;
-        for (int j = 0; j < kQ8_0BlockSize; ++j) {
-          isum += int32_t{wr[b].qs[j]} * xq[b * kQ8_0BlockSize + j];
-        }
-        const float scale = F16ToF32(wr[b].d) * xd[b];
-        acc = std::fma(scale, static_cast<float>(isum), acc);
-      }
-      y[i * y_stride + r] = acc;
+      y[i * y_stride + r] = OwnOrderDot(wr, nb, static_cast<const char*>(xp) + i * row_bytes);
+    }
+  }
+}
+
+// The same over q8_0x16 weights (`w` at a multiple of 16 rows, w_stride unused): each row
+// unpacked to its Q8_0 blocks, so the bits are GemmQ8_0OwnScalar's on the source rows.
+void GemmQ8_0x16OwnScalar(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows,
+                          const void* xp, int64_t n, float* y, int64_t y_stride) {
+  const int64_t nb = k / kQ8_0BlockSize;
+  const size_t row_bytes = Q8_0OwnXRowBytes(nb);
+  std::vector<BlockQ8_0> wr(static_cast<size_t>(nb));
+  for (int64_t r = 0; r < rows; ++r) {
+    UnpackQ8_0x16Row(w, rows, k, r, wr.data());
+    for (int64_t i = 0; i < n; ++i) {
+      y[i * y_stride + r] =
+          OwnOrderDot(wr.data(), nb, static_cast<const char*>(xp) + i * row_bytes);
     }
   }
 }
@@ -72,6 +93,12 @@ void GemmQ8_0OwnScalar(int64_t k, const void* w, size_t w_stride, int64_t rows, 
 const GroupedKernels* Q8_0OwnOrderScalar() {
   static constexpr GroupedKernels kKernels = {&Q8_0OwnXBytes, &PackQ8_0OwnX, nullptr, nullptr,
                                               &GemmQ8_0OwnScalar};
+  return &kKernels;
+}
+
+const GroupedKernels* Q8_0x16OwnOrderScalar() {
+  static constexpr GroupedKernels kKernels = {&Q8_0OwnXBytes, &PackQ8_0OwnX, nullptr, nullptr,
+                                              &GemmQ8_0x16OwnScalar};
   return &kKernels;
 }
 

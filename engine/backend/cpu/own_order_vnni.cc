@@ -13,6 +13,10 @@
 // the lanes back in row order before the masked store. One or two activation rows cannot pay
 // for the transposition and take SmallTile instead (below), with the same bits.
 //
+// A head laid out as q8_0x16 at load (engine/quant/q8_0x16.h; Model::LoadOptions) holds the
+// words already where LoadCodes leaves them (in row order, w + 128), so TileX16 loads them
+// straight: one row then costs the stream of its bytes, not the transposition.
+//
 // This file alone is compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni (plus
 // AVX2/FMA/F16C); its kernels run only when CPUID reports those instructions.
 #include "engine/backend/cpu/kernels.h"
@@ -45,6 +49,18 @@ constexpr int kSmallMaxRows = 2;
 // How many weight rows ahead the small kernel's prefetch runs (gemv_bench head_own/q8_0/1/1 on
 // Zen 4: 8 rows 9.8 ms, 16 rows 11.6; at 4 KiB pages 32 rows 17.4).
 constexpr int64_t kSmallPrefetchRows = 8;
+
+// q8_0x16's bytes per group of 16 rows and block: codes, then (after all blocks') scales.
+constexpr int64_t kX16CodeBytes = kLanes * kBlock;
+constexpr int64_t kX16ScaleBytes = kLanes * 2;
+constexpr int64_t kX16BlockBytes = kX16CodeBytes + kX16ScaleBytes;  // a group's bytes per block
+// Up to this many activation rows the q8_0x16 kernel splits a block's sums into two chains
+// (gemv_bench head_x16/q8_0/1/1 on Zen 4: 7.5 -> 7.1 ms, within the noise of 2 rows).
+constexpr int kX16TwoChainsMaxRows = 2;
+// How far ahead of its stream the q8_0x16 kernel's software prefetch runs (gemv_bench
+// head_x16/q8_0/1/1 and /4/1 on Zen 4, ms: none 12.6 / -, 8 KiB 7.9 / 10.6, 12 KiB 6.9 / 7.6,
+// 16 KiB 6.8 / 7.6, 20 KiB 7.3 / 8.2; T1, T2 and NTA hints all slower than T0).
+constexpr size_t kX16PrefetchBytes = 16384;
 
 // Row of lane e (lane 4L + q holds row 4q + L) and its inverse (the same map).
 inline int RowOfLane(int e) { return 4 * (e % 4) + e / 4; }
@@ -246,6 +262,103 @@ void GemmOwnVnni(int64_t k, const void* w, size_t ws, int64_t rows, const void* 
   }
 }
 
+// s += VPDPBUSD(w, the 4 bytes at x broadcast): the broadcast as the instruction's memory operand
+// ({1to16}), one load micro-op, which GCC does not fold from _mm512_set1_epi32 (it emits a
+// separate VPBROADCASTD per word: 16 activation rows x 8 words per block). gemv_bench
+// head_x16/q8_0/4/1 on Zen 4: 8.7 -> 7.4 ms; 16 rows unchanged (27.8 ms).
+__attribute__((always_inline)) inline void DpbusdBroadcast(__m512i& s, __m512i w, const int8_t* x) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(s) : "v"(w), "m"(*reinterpret_cast<const int32_t*>(x)));
+}
+
+// q8_0x16 (engine/quant/q8_0x16.h): one group of 16 weight rows against activation rows
+// [i0, i0 + NN). The code words load straight into W[j] (lane e = the group's row e, already
+// w + 128) and the 16 scales in one VCVTPH2PS; per activation row and block the operations of
+// Tile above, so the bits are the same, and the lanes are already in row order.
+template <int NN>
+void TileX16(int64_t nb, const char* codes, const char* prefetch, const char* xp,
+             size_t x_row_bytes, int64_t i0, float* y, int64_t ys) {
+  __m512 acc[NN];
+  for (int i = 0; i < NN; ++i) acc[i] = _mm512_setzero_ps();
+  const char* xr[NN];
+  for (int i = 0; i < NN; ++i) xr[i] = xp + (i0 + i) * x_row_bytes;
+  const int64_t d_off = nb * kBlock, c_off = d_off + nb * 4;
+  const char* scales = codes + nb * kX16CodeBytes;
+  for (int64_t b = 0; b < nb; ++b) {
+    if (prefetch != nullptr) {
+      // kX16BlockBytes (544) per block: nine lines from the block's start cover it.
+      const char* p = prefetch + b * kX16BlockBytes;
+#pragma GCC unroll 9
+      for (int o = 0; o < 9; ++o) _mm_prefetch(p + 64 * o, _MM_HINT_T0);
+    }
+    const char* cb = codes + b * kX16CodeBytes;
+    __m512i w[8];
+    for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(cb + 64 * j);
+    const __m512 dw = _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + b * kX16ScaleBytes)));
+#pragma GCC unroll 16
+    for (int i = 0; i < NN; ++i) {
+      const auto* xq = reinterpret_cast<const int8_t*>(xr[i] + b * kBlock);
+      int32_t c;
+      float d;
+      std::memcpy(&c, xr[i] + c_off + b * 4, 4);
+      std::memcpy(&d, xr[i] + d_off + b * 4, 4);
+      __m512i s = _mm512_set1_epi32(c);
+      if constexpr (NN <= kX16TwoChainsMaxRows) {
+        // Two chains of four (integer sums: the same result) where few rows leave the latency
+        // of one chain of eight exposed.
+        __m512i s1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int j = 0; j < 8; j += 2) {
+          DpbusdBroadcast(s, w[j], xq + 4 * j);
+          DpbusdBroadcast(s1, w[j + 1], xq + 4 * j + 4);
+        }
+        s = _mm512_add_epi32(s, s1);
+      } else {
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) DpbusdBroadcast(s, w[j], xq + 4 * j);
+      }
+      const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(d));
+      acc[i] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), acc[i]);
+    }
+  }
+  for (int i = 0; i < NN; ++i) _mm512_storeu_ps(y + i * ys, acc[i]);
+}
+
+using TileX16Fn = void (*)(int64_t, const char*, const char*, const char*, size_t, int64_t, float*,
+                           int64_t);
+
+template <int... N>
+constexpr auto MakeTilesX16(std::integer_sequence<int, N...>) {
+  return std::array<TileX16Fn, sizeof...(N)>{&TileX16<N + 1>...};
+}
+
+void GemmX16Vnni(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, const void* xp,
+                 int64_t n, float* y, int64_t ys) {
+  static constexpr auto kTiles = MakeTilesX16(std::make_integer_sequence<int, kMaxActRows>{});
+  const int64_t nb = k / kBlock;
+  const size_t x_row_bytes = Q8_0OwnXRowBytes(nb);
+  const char* wa = static_cast<const char*>(w);
+  const size_t group_bytes = static_cast<size_t>(nb) * kLanes * kBlockBytes;
+  const int64_t groups = rows / kLanes;
+  for (int64_t g = 0; g < groups; ++g) {
+    const char* codes = wa + g * group_bytes;
+    // The group's bytes are one stream: fetch kX16PrefetchBytes ahead of it, a block's share per
+    // block, up to the matrix's end.
+    const size_t next = static_cast<size_t>(g) * group_bytes + kX16PrefetchBytes;
+    const char* ahead = next < groups * group_bytes ? wa + next : nullptr;
+    for (int64_t i0 = 0; i0 < n; i0 += kMaxActRows) {
+      const int nn = static_cast<int>(std::min<int64_t>(kMaxActRows, n - i0));
+      kTiles[nn - 1](nb, codes, i0 == 0 ? ahead : nullptr, static_cast<const char*>(xp),
+                     x_row_bytes, i0, y + i0 * ys + g * kLanes, ys);
+    }
+  }
+  // The last rows % 16 rows are plain Q8_0 rows.
+  if (const int64_t tail = rows - groups * kLanes; tail > 0) {
+    GemmOwnVnni(k, wa + groups * group_bytes, static_cast<size_t>(nb) * kBlockBytes, tail, xp, n,
+                y + groups * kLanes, ys);
+  }
+}
+
 }  // namespace
 
 // Runs where the quad kernels do (avx512_vnni.cc's check: the CPU, PDSERVE_CPU_ISA and
@@ -256,12 +369,19 @@ PD_NO_AVX512 const GroupedKernels* Q8_0OwnOrderVnni() {
   return Q8_0QuadVnni() != nullptr ? &kKernels : nullptr;
 }
 
+PD_NO_AVX512 const GroupedKernels* Q8_0x16OwnOrderVnni() {
+  static constexpr GroupedKernels kKernels = {&Q8_0OwnXBytes, &PackQ8_0OwnX, nullptr, nullptr,
+                                              &GemmX16Vnni};
+  return Q8_0QuadVnni() != nullptr ? &kKernels : nullptr;
+}
+
 }  // namespace pd::engine::cpu
 
 #else
 
 namespace pd::engine::cpu {
 const GroupedKernels* Q8_0OwnOrderVnni() { return nullptr; }
+const GroupedKernels* Q8_0x16OwnOrderVnni() { return nullptr; }
 }  // namespace pd::engine::cpu
 
 #endif

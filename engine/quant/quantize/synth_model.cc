@@ -73,6 +73,7 @@ uint32_t FileType(DType t) {
     case DType::kW4A16:
       return static_cast<uint32_t>(t);
     case DType::kQ8_K:
+    case DType::kQ8_0x16:
       break;
   }
   return 0;

@@ -118,6 +118,9 @@ HostTensor MakeWeights(DType type, int64_t rows, int64_t cols, const std::vector
         QuantizeRow(type, src, dst, cols);
         DequantizeRow(type, dst, tmp.data(), cols);
         break;
+      case DType::kQ8_0x16:
+        ADD_FAILURE() << "q8_0x16 is made from Q8_0 rows (RepackQ8_0x16), not from floats";
+        break;
     }
     for (int64_t c = 0; c < cols; ++c) (*exact)[r * cols + c] = tmp[c];
   }
@@ -368,6 +371,62 @@ TEST_P(CpuBackendTest, OwnOrderRowsEqualOneRowEachAndThePortableKernel) {
   ASSERT_THAT(be_->MatMulRowOrder(w5.t, x.t, y_plain.t, std::vector<uint8_t>(4, kRowOrderGemv)),
               IsOk());
   EXPECT_EQ(std::memcmp(y.t.data, y_plain.t.data, y.t.bytes()), 0);
+}
+
+// MapWeightsOwnLayout: a Q8_0 matrix as q8_0x16 where the backend runs the own order (VNNI, or the
+// portable kernels on any CPU). MatMul over it gives every row the own order with or without the
+// flag, the bits of the file's rows with it (77 rows: four groups of 16 and 13 plain rows after,
+// split over chunks and threads); GetRows gives the rows' values. None for another type, with
+// weight copies off (PDSERVE_CPU_WEIGHTS=mmap) or past their budget.
+TEST_P(CpuBackendTest, OwnLayoutGivesTheFlagsBitsAndTheRows) {
+  const int64_t k = 640, m = 77;
+  std::vector<double> unused;
+  HostTensor w = MakeWeights(DType::kQ8_0, m, k, RandomVec(rng_, m * k), &unused);
+  std::unique_ptr<Buffer> storage;
+  absl::StatusOr<Tensor> laid = be_->MapWeightsOwnLayout(w.t, &storage);
+  ASSERT_THAT(laid.status(), IsOk());
+  if (!GetParam().force_scalar && cpu::Q8_0x16OwnOrderVnni() == nullptr) {
+    EXPECT_EQ(laid->data, nullptr) << "no own order on AVX2 alone: no layout for it";
+    GTEST_SKIP() << "AVX2 without VNNI keeps llama.cpp's order";
+  }
+  ASSERT_NE(laid->data, nullptr);
+  ASSERT_NE(storage, nullptr);
+  EXPECT_EQ(laid->type, DType::kQ8_0x16);
+  EXPECT_EQ(laid->rows, m);
+  EXPECT_EQ(laid->bytes(), w.t.bytes());
+  const uint8_t own = kRowOrderGemv | kRowOrderOwn;
+  for (int64_t n : {1, 2, 3, 16, 17, 40}) {
+    SCOPED_TRACE(::testing::Message() << "n " << n);
+    HostTensor x = F32(n, k, RandomVec(rng_, n * k, 2.f));
+    HostTensor want(DType::kF32, n, m), got(DType::kF32, n, m), got_flagged(DType::kF32, n, m);
+    ASSERT_THAT(be_->MatMulRowOrder(w.t, x.t, want.t, std::vector<uint8_t>(n, own)), IsOk());
+    ASSERT_THAT(be_->MatMul(*laid, x.t, got.t), IsOk());
+    ASSERT_THAT(be_->MatMulRowOrder(*laid, x.t, got_flagged.t, std::vector<uint8_t>(n, own)),
+                IsOk());
+    EXPECT_EQ(std::memcmp(want.t.data, got.t.data, want.t.bytes()), 0);
+    EXPECT_EQ(std::memcmp(want.t.data, got_flagged.t.data, want.t.bytes()), 0);
+  }
+  const std::vector<int32_t> ids = {0, 15, 16, 31, 63, 64, 65, 76, 5};
+  HostTensor rows(DType::kF32, static_cast<int64_t>(ids.size()), k);
+  HostTensor rows_plain(DType::kF32, static_cast<int64_t>(ids.size()), k);
+  ASSERT_THAT(be_->GetRows(*laid, ids, rows.t), IsOk());
+  ASSERT_THAT(be_->GetRows(w.t, ids, rows_plain.t), IsOk());
+  EXPECT_EQ(std::memcmp(rows.t.data, rows_plain.t.data, rows.t.bytes()), 0);
+
+  HostTensor w5 = MakeWeights(DType::kQ5_0, m, k, RandomVec(rng_, m * k), &unused);
+  absl::StatusOr<Tensor> none = be_->MapWeightsOwnLayout(w5.t, &storage);
+  ASSERT_THAT(none.status(), IsOk());
+  EXPECT_EQ(none->data, nullptr);
+  EXPECT_EQ(storage, nullptr);
+  for (const CpuBackendOptions& o :
+       {CpuBackendOptions{.force_scalar = GetParam().force_scalar, .copy_weights = false},
+        CpuBackendOptions{.force_scalar = GetParam().force_scalar,
+        .copy_weights_max_bytes = w.t.bytes() / 2}}) {
+    std::unique_ptr<Backend> be = CreateCpuBackend(o);
+    absl::StatusOr<Tensor> kept = be->MapWeightsOwnLayout(w.t, &storage);
+    ASSERT_THAT(kept.status(), IsOk());
+    EXPECT_EQ(kept->data, nullptr) << o.copy_weights;
+  }
 }
 
 TEST_P(CpuBackendTest, MatMulValidation) {

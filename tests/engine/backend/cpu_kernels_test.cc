@@ -29,6 +29,7 @@
 #include "engine/backend/kv_rotation.h"
 #include "engine/quant/fp16.h"
 #include "engine/quant/q8_0.h"
+#include "engine/quant/q8_0x16.h"
 
 namespace pd::engine::cpu {
 namespace {
@@ -564,7 +565,7 @@ TEST(QuadVnniTest, Q5_0BitIdenticalToTheAvx2Tiles) {
 
 // pdserve's own Q8_0 order (kernels.h, Q8_0OwnOrder*), the output head's where the cache is not
 // F32. Runs `g` over weight rows [0, rows) and activation rows [0, n) of k values through pack_x.
-std::vector<float> RunOwn(const GroupedKernels* g, const std::vector<BlockQ8_0>& w, int64_t rows,
+std::vector<float> RunOwn(const GroupedKernels* g, const void* w, int64_t rows,
                           const std::vector<BlockQ8_0>& x, int64_t n, int64_t k) {
   const int64_t nb = k / 32;
   std::vector<char> packed(g->x_bytes(n, k) + 64);
@@ -573,7 +574,7 @@ std::vector<float> RunOwn(const GroupedKernels* g, const std::vector<BlockQ8_0>&
   // A stride wider than the rows, so that a kernel writing past its rows shows.
   const int64_t ys = rows + 3;
   std::vector<float> y(n * ys, -7.f);
-  g->gemm(k, w.data(), nb * sizeof(BlockQ8_0), rows, xp, n, y.data(), ys);
+  g->gemm(k, w, nb * sizeof(BlockQ8_0), rows, xp, n, y.data(), ys);
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t r = rows; r < ys; ++r) EXPECT_EQ(y[i * ys + r], -7.f) << "wrote past row " << r;
   }
@@ -584,7 +585,8 @@ std::vector<float> RunOwn(const GroupedKernels* g, const std::vector<BlockQ8_0>&
 // 16 lanes and past several groups (and past the software prefetch's reach), activation rows
 // from 1 past two passes of 16, rows of one block up to 4160 weights, codes over their whole
 // range (-128 included).
-void ExpectOwnOrderBits(const GroupedKernels* simd, uint32_t seed) {
+// With `x16`, `simd` is a q8_0x16 kernel and runs on the rows repacked (RepackQ8_0x16).
+void ExpectOwnOrderBits(const GroupedKernels* simd, uint32_t seed, bool x16 = false) {
   const GroupedKernels* ref = Q8_0OwnOrderScalar();
   std::mt19937 rng(seed);
   for (int64_t k : {32, 96, 640, 4160}) {
@@ -593,8 +595,11 @@ void ExpectOwnOrderBits(const GroupedKernels* simd, uint32_t seed) {
       const std::vector<BlockQ8_0> w = RandomWeightBlocks<BlockQ8_0>(rng, rows * nb);
       for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 33}) {
         const std::vector<BlockQ8_0> x = RandomActivationBlocks(rng, n * nb);
-        const std::vector<float> want = RunOwn(ref, w, rows, x, n, k);
-        const std::vector<float> got = RunOwn(simd, w, rows, x, n, k);
+        const std::vector<float> want = RunOwn(ref, w.data(), rows, x, n, k);
+        std::vector<BlockQ8_0> repacked(w.size());
+        if (x16) RepackQ8_0x16(w.data(), nb * sizeof(BlockQ8_0), rows, k, repacked.data());
+        const std::vector<float> got =
+            RunOwn(simd, x16 ? repacked.data() : w.data(), rows, x, n, k);
         for (size_t i = 0; i < want.size(); ++i) {
           ASSERT_EQ(std::bit_cast<uint32_t>(want[i]), std::bit_cast<uint32_t>(got[i]))
               << "k " << k << " rows " << rows << " n " << n << " at " << i << ": " << want[i]
@@ -613,6 +618,54 @@ TEST(OwnOrderTest, VnniGivesThePortableBits) {
   ExpectOwnOrderBits(g, 42);
 }
 
+// q8_0x16 (engine/quant/q8_0x16.h): where the header says each byte goes, and back. Rows past the
+// last full group of 16 stay plain.
+TEST(OwnOrderTest, Q8_0x16LayoutIsTheHeadersAndUnpacksToTheSource) {
+  std::mt19937 rng(44);
+  for (int64_t k : {32, 640}) {
+    const int64_t nb = k / 32;
+    for (int64_t rows : {1, 15, 16, 17, 37, 48}) {
+      const std::vector<BlockQ8_0> w = RandomWeightBlocks<BlockQ8_0>(rng, rows * nb);
+      std::vector<BlockQ8_0> packed(w.size());
+      RepackQ8_0x16(w.data(), nb * sizeof(BlockQ8_0), rows, k, packed.data());
+      const auto* bytes = reinterpret_cast<const uint8_t*>(packed.data());
+      const int64_t full = rows / 16 * 16;
+      for (int64_t r = 0; r < rows; ++r) {
+        std::vector<BlockQ8_0> back(nb);
+        UnpackQ8_0x16Row(packed.data(), rows, k, r, back.data());
+        ASSERT_EQ(std::memcmp(back.data(), &w[r * nb], nb * sizeof(BlockQ8_0)), 0) << r;
+        for (int64_t b = 0; b < nb; ++b) {
+          const BlockQ8_0& src = w[r * nb + b];
+          if (r >= full) {
+            EXPECT_EQ(std::memcmp(bytes + (r * nb + b) * 34, &src, 34), 0) << r;
+            continue;
+          }
+          const uint8_t* group = bytes + (r / 16) * 16 * nb * 34;
+          const int64_t e = r % 16;
+          uint16_t d;
+          std::memcpy(&d, group + nb * 512 + b * 32 + e * 2, 2);
+          EXPECT_EQ(d, src.d) << r << " " << b;
+          for (int i = 0; i < 32; ++i) {
+            ASSERT_EQ(group[b * 512 + (i / 4) * 64 + e * 4 + i % 4], src.qs[i] + 128)
+                << "row " << r << " block " << b << " code " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The q8_0x16 kernels give the portable kernel's bits on the source rows: the same cases as
+// above, tails of 1-15 plain rows after the groups included.
+TEST(OwnOrderTest, X16KernelsGiveThePortableBits) {
+  ExpectOwnOrderBits(Q8_0x16OwnOrderScalar(), 45, /*x16=*/true);
+  const GroupedKernels* g = Q8_0x16OwnOrderVnni();
+  if (g == nullptr)
+    GTEST_SKIP()
+        << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_ISA / PDSERVE_CPU_NO_VNNI turn it off)";
+  ExpectOwnOrderBits(g, 46, /*x16=*/true);
+}
+
 // The portable kernel is the order it states: each output one F32 chain over its blocks. Against
 // the exact sum of the same products (double, d_w * d_x unrounded): the product d_w * d_x rounds
 // once (relative u = 2^-24) and each of the nb additions once more, so the error is at most
@@ -625,7 +678,7 @@ TEST(OwnOrderTest, PortableKernelIsOneChainPerOutput) {
     const int64_t nb = k / 32, rows = 9, n = 5;
     const std::vector<BlockQ8_0> w = RandomWeightBlocks<BlockQ8_0>(rng, rows * nb);
     const std::vector<BlockQ8_0> x = RandomActivationBlocks(rng, n * nb);
-    const std::vector<float> y = RunOwn(g, w, rows, x, n, k);
+    const std::vector<float> y = RunOwn(g, w.data(), rows, x, n, k);
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t r = 0; r < rows; ++r) {
         double exact = 0, magnitude = 0;

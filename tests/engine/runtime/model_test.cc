@@ -416,9 +416,9 @@ TEST(ModelWithHeadTest, ScoresItsTokensWithTheTargetsBits) {
 // The head's order follows the cache and the model's setting (docs/numerics.md): llama.cpp's
 // (the one-row order of a generated token) over an F32 cache and by default, the backend's own
 // (kRowOrderOwn, for Q8_0 the integer-first chain) over an F16 or INT8 one when the model is set
-// to it, for the same hidden rows. Where the CPU runs the own order (AVX512-VNNI) the two differ
-// for Q8_0 weights, so a head that ignored the cache or the setting fails; on AVX2 alone the flag
-// changes nothing and every case gives the plain order.
+// to it (the default), for the same hidden rows. Where the CPU runs the own order (AVX512-VNNI) the
+// two differ for Q8_0 weights, so a head that ignored the cache or the setting fails; on AVX2 alone
+// the flag changes nothing and every case gives the plain order.
 TEST(ModelHeadOrderTest, FollowsTheCachesTypeAndTheSetting) {
   const bool runs_own = cpu::Q8_0OwnOrderVnni() != nullptr;
   for (const bool set_own : {false, true}) {
@@ -430,7 +430,7 @@ TEST(ModelHeadOrderTest, FollowsTheCachesTypeAndTheSetting) {
       spec.type = DType::kQ8_0;
       spec.n_embd = 64;
       auto f = Make(spec, kv_type);
-      EXPECT_FALSE(f->model->head_order_own());  // the default (PDSERVE_HEAD_ORDER unset)
+      EXPECT_TRUE(f->model->head_order_own());  // the default (PDSERVE_HEAD_ORDER unset)
       f->model->set_head_order_own(set_own);
       const int V = f->model->config().n_vocab;
       PD_ASSERT_OK(f->kv->Reserve(0, 3));
@@ -456,6 +456,80 @@ TEST(ModelHeadOrderTest, FollowsTheCachesTypeAndTheSetting) {
       const std::vector<float>& want = set_own && kv_type != KvDType::kF32 ? own : plain;
       ASSERT_EQ(logits.size(), want.size());
       EXPECT_EQ(std::memcmp(logits.data(), want.data(), V * sizeof(float)), 0);
+    }
+  }
+}
+
+// A head laid out for the own order at load (LoadOptions::no_f32_cache: q8_0x16 on the CPU where
+// the backend runs that order) gives the bits of the file's head with the flag, over F16 and INT8
+// caches, tied (the embedding then read from that layout too) and untied, with a vocabulary of
+// whole groups of 16 rows and one with plain rows after them; prompt rows, decode rows and two
+// sequences in one batch. An F32 cache is refused. On the default kernels and on the portable
+// ones (which lay it out on any CPU).
+TEST(ModelHeadOrderTest, LaidOutHeadGivesTheFlagsBitsAndRefusesF32Caches) {
+  for (const bool scalar : {false, true}) {
+    std::unique_ptr<Backend> be = CreateCpuBackend({.force_scalar = scalar});
+    for (const bool tied : {true, false}) {
+      for (const int vocab : {96, 101}) {
+        SCOPED_TRACE(::testing::Message() << (scalar ? "portable " : "default ")
+                                          << (tied ? "tied " : "untied ") << vocab);
+        TinyModelSpec spec;
+        spec.tied = tied;
+        spec.type = DType::kQ8_0;
+        spec.n_vocab = vocab;
+        const std::string bytes = testing::TinyModel(spec);
+        auto load = [&](bool laid) {
+          auto file = GgufFile::Parse(MappedFile::Borrow(bytes.data(), bytes.size()));
+          EXPECT_TRUE(file.ok()) << file.status();
+          auto m = Model::Load(std::shared_ptr<const GgufFile>(std::move(*file)), *be,
+                               {.no_f32_cache = laid});
+          EXPECT_TRUE(m.ok()) << m.status();
+          return std::move(*m);
+        };
+        std::unique_ptr<Model> plain = load(false), laid = load(true);
+        EXPECT_FALSE(plain->head_laid_out_own());
+        const bool expect_laid = scalar || cpu::Q8_0x16OwnOrderVnni() != nullptr;
+        ASSERT_EQ(laid->head_laid_out_own(), expect_laid);
+        if (expect_laid) {
+          EXPECT_EQ(laid->weights().output.type, DType::kQ8_0x16);
+          EXPECT_EQ(laid->weights().token_embd.type, tied ? DType::kQ8_0x16 : DType::kQ8_0);
+        }
+        for (const KvDType kv_type : {KvDType::kF16, KvDType::kI8}) {
+          auto run = [&](Model& m, std::vector<float>* out) {
+            auto kv = KvCache::Create(m.KvOptions(64, kv_type, 4), *be);
+            ASSERT_TRUE(kv.ok());
+            PD_ASSERT_OK((*kv)->Reserve(0, 8));
+            PD_ASSERT_OK((*kv)->Reserve(1, 8));
+            Batch b;
+            for (int i = 0; i < 5; ++i) b.Add(3 + 7 * i, i, 0, true);
+            PD_ASSERT_OK(m.Forward(b, **kv, out));
+            for (int i = 5; i < 8; ++i) {
+              Batch two;
+              two.Add(vocab - i, i, 0, true);
+              two.Add(11 * i % vocab, i - 5, 1, true);
+              std::vector<float> rows;
+              PD_ASSERT_OK(m.Forward(two, **kv, &rows));
+              out->insert(out->end(), rows.begin(), rows.end());
+            }
+          };
+          std::vector<float> want, got;
+          run(*plain, &want);
+          run(*laid, &got);
+          ASSERT_EQ(got.size(), want.size());
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+              << "kv " << static_cast<int>(kv_type);
+        }
+        if (expect_laid) {
+          auto kv = KvCache::Create(laid->KvOptions(16, KvDType::kF32, 4), *be);
+          ASSERT_TRUE(kv.ok());
+          PD_ASSERT_OK((*kv)->Reserve(0, 1));
+          Batch b;
+          b.Add(1, 0, 0, true);
+          std::vector<float> logits;
+          EXPECT_THAT(laid->Forward(b, **kv, &logits),
+                      StatusIs(absl::StatusCode::kFailedPrecondition, "F32 cache"));
+        }
+      }
     }
   }
 }
