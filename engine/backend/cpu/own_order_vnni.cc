@@ -97,12 +97,6 @@ __attribute__((always_inline)) inline void LoadCodes(const Group& g, size_t off,
   }
 }
 
-inline int32_t Word(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
 // Fetches a later group of weight rows (rows [first, first + count) of the matrix) into L1 a
 // share per block while the current group computes: the 16 or 8 rows of a short matrix (Gemma
 // 3's head: 680 bytes each) are as many streams, which the hardware prefetchers follow late.
@@ -122,6 +116,43 @@ __attribute__((always_inline)) inline void PrefetchBlock(const char* base, size_
   for (size_t o = 0; o < step; o += 64) _mm_prefetch(base + b * step + o, _MM_HINT_T0);
 }
 
+// s += VPDPBUSD(w, the 4 bytes at x broadcast): the broadcast as the instruction's memory operand
+// ({1to16}), one load micro-op, which GCC does not fold from _mm512_set1_epi32 (it emits a
+// separate VPBROADCASTD per word: 16 activation rows x 8 words per block). gemv_bench
+// head_x16/q8_0/4/1 on Zen 4: 8.7 -> 7.4 ms; 16 rows unchanged (27.8 ms).
+__attribute__((always_inline)) inline void DpbusdBroadcast(__m512i& s, __m512i w, const int8_t* x) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(s) : "v"(w), "m"(*reinterpret_cast<const int32_t*>(x)));
+}
+
+// One activation row's block (packed as pack_x lays it out at xr; nb blocks a row) against the
+// 16 weight rows in w's lanes (w + 128; dw their scales): acc = fma(d_w * d_x, isum, acc), isum
+// the row's packed offset plus the 8 words' VPDPBUSD, the portable kernel's operations on each
+// lane (own_order.cc). kTwoChains: the sums in two chains of four (the same integers) where few
+// rows leave one chain's latency exposed.
+template <bool kTwoChains>
+__attribute__((always_inline)) inline __m512 RowBlock(__m512 acc, const __m512i (&w)[8], __m512 dw,
+                                                      const char* xr, int64_t b, int64_t nb) {
+  const auto* xq = reinterpret_cast<const int8_t*>(xr + b * kBlock);
+  int32_t c;
+  float d;
+  std::memcpy(&c, xr + nb * (kBlock + 4) + b * 4, 4);  // after the codes and the d_x
+  std::memcpy(&d, xr + nb * kBlock + b * 4, 4);
+  __m512i s = _mm512_set1_epi32(c);
+  if constexpr (kTwoChains) {
+    __m512i s1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int j = 0; j < 8; j += 2) {
+      DpbusdBroadcast(s, w[j], xq + 4 * j);
+      DpbusdBroadcast(s1, w[j + 1], xq + 4 * j + 4);
+    }
+    s = _mm512_add_epi32(s, s1);
+  } else {
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) DpbusdBroadcast(s, w[j], xq + 4 * j);
+  }
+  return _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(d)), _mm512_cvtepi32_ps(s), acc);
+}
+
 // One group of weight rows against activation rows [i0, i0 + NN): y[i * ys + lane row].
 template <int NN>
 void Tile(int64_t nb, const Group& g, const char* prefetch, size_t prefetch_step, const char* xp,
@@ -130,8 +161,6 @@ void Tile(int64_t nb, const Group& g, const char* prefetch, size_t prefetch_step
   for (int i = 0; i < NN; ++i) acc[i] = _mm512_setzero_ps();
   const char* xr[NN];
   for (int i = 0; i < NN; ++i) xr[i] = xp + (i0 + i) * x_row_bytes;
-  const int64_t d_off = nb * kBlock;     // F32 d_x per block
-  const int64_t c_off = d_off + nb * 4;  // int32 offset per block
   for (int64_t b = 0; b < nb; ++b) {
     PrefetchBlock(prefetch, prefetch_step, b);
     const size_t off = static_cast<size_t>(b) * kBlockBytes;
@@ -140,19 +169,7 @@ void Tile(int64_t nb, const Group& g, const char* prefetch, size_t prefetch_step
     const __m512i dw_bits = _mm512_i32gather_epi32(g.scale_index, g.rows[0] + off, 1);
     const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dw_bits));
 #pragma GCC unroll 16
-    for (int i = 0; i < NN; ++i) {
-      const auto* xq = reinterpret_cast<const int8_t*>(xr[i] + b * kBlock);
-      int32_t c;
-      float d;
-      std::memcpy(&c, xr[i] + c_off + b * 4, 4);
-      std::memcpy(&d, xr[i] + d_off + b * 4, 4);
-      __m512i s = _mm512_set1_epi32(c);
-#pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j)
-        s = _mm512_dpbusd_epi32(s, w[j], _mm512_set1_epi32(Word(xq + 4 * j)));
-      const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(d));
-      acc[i] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), acc[i]);
-    }
+    for (int i = 0; i < NN; ++i) acc[i] = RowBlock<false>(acc[i], w, dw, xr[i], b, nb);
   }
   // Lane of row r, RowOfLane(r) (the map is its own inverse).
   const __m512i to_rows = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
@@ -262,14 +279,6 @@ void GemmOwnVnni(int64_t k, const void* w, size_t ws, int64_t rows, const void* 
   }
 }
 
-// s += VPDPBUSD(w, the 4 bytes at x broadcast): the broadcast as the instruction's memory operand
-// ({1to16}), one load micro-op, which GCC does not fold from _mm512_set1_epi32 (it emits a
-// separate VPBROADCASTD per word: 16 activation rows x 8 words per block). gemv_bench
-// head_x16/q8_0/4/1 on Zen 4: 8.7 -> 7.4 ms; 16 rows unchanged (27.8 ms).
-__attribute__((always_inline)) inline void DpbusdBroadcast(__m512i& s, __m512i w, const int8_t* x) {
-  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(s) : "v"(w), "m"(*reinterpret_cast<const int32_t*>(x)));
-}
-
 // q8_0x16 (engine/quant/q8_0x16.h): one group of 16 weight rows against activation rows
 // [i0, i0 + NN). The code words load straight into W[j] (lane e = the group's row e, already
 // w + 128) and the 16 scales in one VCVTPH2PS; per activation row and block the operations of
@@ -281,7 +290,6 @@ void TileX16(int64_t nb, const char* codes, const char* prefetch, const char* xp
   for (int i = 0; i < NN; ++i) acc[i] = _mm512_setzero_ps();
   const char* xr[NN];
   for (int i = 0; i < NN; ++i) xr[i] = xp + (i0 + i) * x_row_bytes;
-  const int64_t d_off = nb * kBlock, c_off = d_off + nb * 4;
   const char* scales = codes + nb * kX16CodeBytes;
   for (int64_t b = 0; b < nb; ++b) {
     if (prefetch != nullptr) {
@@ -297,28 +305,7 @@ void TileX16(int64_t nb, const char* codes, const char* prefetch, const char* xp
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + b * kX16ScaleBytes)));
 #pragma GCC unroll 16
     for (int i = 0; i < NN; ++i) {
-      const auto* xq = reinterpret_cast<const int8_t*>(xr[i] + b * kBlock);
-      int32_t c;
-      float d;
-      std::memcpy(&c, xr[i] + c_off + b * 4, 4);
-      std::memcpy(&d, xr[i] + d_off + b * 4, 4);
-      __m512i s = _mm512_set1_epi32(c);
-      if constexpr (NN <= kX16TwoChainsMaxRows) {
-        // Two chains of four (integer sums: the same result) where few rows leave the latency
-        // of one chain of eight exposed.
-        __m512i s1 = _mm512_setzero_si512();
-#pragma GCC unroll 4
-        for (int j = 0; j < 8; j += 2) {
-          DpbusdBroadcast(s, w[j], xq + 4 * j);
-          DpbusdBroadcast(s1, w[j + 1], xq + 4 * j + 4);
-        }
-        s = _mm512_add_epi32(s, s1);
-      } else {
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; ++j) DpbusdBroadcast(s, w[j], xq + 4 * j);
-      }
-      const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(d));
-      acc[i] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), acc[i]);
+      acc[i] = RowBlock<(NN <= kX16TwoChainsMaxRows)>(acc[i], w, dw, xr[i], b, nb);
     }
   }
   for (int i = 0; i < NN; ++i) _mm512_storeu_ps(y + i * ys, acc[i]);
