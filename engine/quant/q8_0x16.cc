@@ -8,10 +8,11 @@ namespace pd::engine {
 namespace {
 
 constexpr size_t kBlockBytes = sizeof(BlockQ8_0);
-constexpr size_t kCodesPerGroupBlock = kQ8_0x16Rows * kQ8_0BlockSize;  // 512
-constexpr size_t kScalesPerGroupBlock = kQ8_0x16Rows * 2;              // 32
 
 size_t GroupBytes(int64_t nb) { return static_cast<size_t>(kQ8_0x16Rows * nb) * kBlockBytes; }
+
+// Byte of code i of the group's row e within a block.
+size_t CodeAt(int e, int i) { return static_cast<size_t>((i / 4) * 64 + e * 4 + i % 4); }
 
 }  // namespace
 
@@ -22,16 +23,15 @@ void RepackQ8_0x16(const void* src, size_t src_stride, int64_t rows, int64_t k, 
   auto* out = static_cast<uint8_t*>(dst);
   const auto* in = static_cast<const uint8_t*>(src);
   for (int64_t g = 0; g < groups; ++g) {
-    uint8_t* codes = out + g * GroupBytes(nb);
-    uint8_t* scales = codes + nb * kCodesPerGroupBlock;
+    uint8_t* group = out + g * GroupBytes(nb);
     for (int e = 0; e < kQ8_0x16Rows; ++e) {
       const auto* row =
           reinterpret_cast<const BlockQ8_0*>(in + (g * kQ8_0x16Rows + e) * src_stride);
       for (int64_t b = 0; b < nb; ++b) {
-        std::memcpy(scales + b * kScalesPerGroupBlock + e * 2, &row[b].d, 2);
+        std::memcpy(group + Q8_0x16ScalesAt(nb, b) + e * 2, &row[b].d, 2);
+        uint8_t* codes = group + Q8_0x16CodesAt(nb, b);
         for (int i = 0; i < kQ8_0BlockSize; ++i) {
-          codes[b * kCodesPerGroupBlock + (i / 4) * 64 + e * 4 + i % 4] =
-              static_cast<uint8_t>(row[b].qs[i] + 128);
+          codes[CodeAt(e, i)] = static_cast<uint8_t>(row[b].qs[i] + 128);
         }
       }
     }
@@ -51,13 +51,12 @@ void UnpackQ8_0x16Row(const void* w, int64_t rows, int64_t k, int64_t r, BlockQ8
     return;
   }
   const int e = static_cast<int>(r % kQ8_0x16Rows);
-  const uint8_t* codes = base + (r / kQ8_0x16Rows) * GroupBytes(nb);
-  const uint8_t* scales = codes + nb * kCodesPerGroupBlock;
+  const uint8_t* group = base + (r / kQ8_0x16Rows) * GroupBytes(nb);
   for (int64_t b = 0; b < nb; ++b) {
-    std::memcpy(&out[b].d, scales + b * kScalesPerGroupBlock + e * 2, 2);
+    std::memcpy(&out[b].d, group + Q8_0x16ScalesAt(nb, b) + e * 2, 2);
+    const uint8_t* codes = group + Q8_0x16CodesAt(nb, b);
     for (int i = 0; i < kQ8_0BlockSize; ++i) {
-      out[b].qs[i] =
-          static_cast<int8_t>(codes[b * kCodesPerGroupBlock + (i / 4) * 64 + e * 4 + i % 4] - 128);
+      out[b].qs[i] = static_cast<int8_t>(codes[CodeAt(e, i)] - 128);
     }
   }
 }

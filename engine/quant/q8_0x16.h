@@ -4,11 +4,14 @@
 // file; the same bytes as the Q8_0 rows it was made from, rearranged:
 //
 //   rows [0, 16 * G), G = rows / 16, in groups of 16 rows; group g takes 16 * nb * 34 bytes
-//   (nb = k / 32 blocks per row) from byte g * 16 * nb * 34:
-//     codes:  nb * 512 bytes; block b's at b * 512, word j (codes 4j..4j+3, j < 8) of the
-//             group's row e at b * 512 + j * 64 + e * 4, each code stored as q + 128 (unsigned,
-//             VPDPBUSD's first operand);
-//     scales: nb * 32 bytes from nb * 512; block b's f16 d of row e at nb * 512 + b * 32 + e * 2.
+//   (nb = k / 32 blocks per row) from byte g * 16 * nb * 34, its blocks in pairs (one stream,
+//   in the order a kernel reads it; a pair is 1,088 bytes, 17 cache lines, so every block's
+//   codes start on a line when the group does); a last block without a pair stands alone:
+//     pair p from p * 1088: the codes of blocks 2p and 2p + 1, 512 bytes each, then their
+//       scales, 32 bytes each (Q8_0x16CodesAt, Q8_0x16ScalesAt);
+//     a block's codes: word j (codes 4j..4j+3, j < 8) of the group's row e at j * 64 + e * 4,
+//       each code stored as q + 128 (unsigned, VPDPBUSD's first operand);
+//     a block's scales: the 16 rows' f16 d, row e's at e * 2.
 //   rows [16 * G, rows): plain Q8_0 rows (BlockQ8_0), as in the source.
 //
 // So a view of rows [first, first + count) is the same layout when `first` is a multiple of 16
@@ -27,6 +30,16 @@ inline constexpr int64_t kQ8_0x16Rows = 16;
 // True when rows [first, first + count) of a q8_0x16 matrix of `rows` rows are one (above).
 inline bool Q8_0x16ViewOk(int64_t rows, int64_t first, int64_t count) {
   return first % kQ8_0x16Rows == 0 && (count % kQ8_0x16Rows == 0 || first + count == rows);
+}
+
+// Offsets of block b's codes and scales within a group of nb blocks a row.
+inline size_t Q8_0x16CodesAt(int64_t nb, int64_t b) {
+  (void)nb;
+  return static_cast<size_t>((b / 2) * 1088 + (b % 2) * 512);
+}
+inline size_t Q8_0x16ScalesAt(int64_t nb, int64_t b) {
+  const int64_t p = b / 2, in_pair = 2 * p + 1 < nb ? 2 : 1;
+  return static_cast<size_t>(p * 1088 + in_pair * 512 + (b % 2) * 32);
 }
 
 // Rearranges `rows` Q8_0 rows of k columns (k % 32 == 0; rows contiguous, `src_stride` bytes

@@ -20,6 +20,7 @@
 // This file alone is compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni (plus
 // AVX2/FMA/F16C); its kernels run only when CPUID reports those instructions.
 #include "engine/backend/cpu/kernels.h"
+#include "engine/quant/q8_0x16.h"
 
 #if defined(__x86_64__) && defined(__AVX512VNNI__) && defined(__AVX512VL__) && \
     defined(__AVX512BW__) && defined(__F16C__)
@@ -50,10 +51,8 @@ constexpr int kSmallMaxRows = 2;
 // Zen 4: 8 rows 9.8 ms, 16 rows 11.6; at 4 KiB pages 32 rows 17.4).
 constexpr int64_t kSmallPrefetchRows = 8;
 
-// q8_0x16's bytes per group of 16 rows and block: codes, then (after all blocks') scales.
-constexpr int64_t kX16CodeBytes = kLanes * kBlock;
-constexpr int64_t kX16ScaleBytes = kLanes * 2;
-constexpr int64_t kX16BlockBytes = kX16CodeBytes + kX16ScaleBytes;  // a group's bytes per block
+// q8_0x16's bytes per group of 16 rows and block (codes and scales; laid out in pairs of blocks).
+constexpr int64_t kX16BlockBytes = kLanes * (kBlock + 2);
 // Up to this many activation rows the q8_0x16 kernel splits a block's sums into two chains
 // (gemv_bench head_x16/q8_0/1/1 on Zen 4: 7.5 -> 7.1 ms, within the noise of 2 rows).
 constexpr int kX16TwoChainsMaxRows = 2;
@@ -290,19 +289,18 @@ void TileX16(int64_t nb, const char* codes, const char* prefetch, const char* xp
   for (int i = 0; i < NN; ++i) acc[i] = _mm512_setzero_ps();
   const char* xr[NN];
   for (int i = 0; i < NN; ++i) xr[i] = xp + (i0 + i) * x_row_bytes;
-  const char* scales = codes + nb * kX16CodeBytes;
   for (int64_t b = 0; b < nb; ++b) {
     if (prefetch != nullptr) {
-      // kX16BlockBytes (544) per block: nine lines from the block's start cover it.
+      // kX16BlockBytes (544) per block of the stream: nine lines from its share's start cover it.
       const char* p = prefetch + b * kX16BlockBytes;
 #pragma GCC unroll 9
       for (int o = 0; o < 9; ++o) _mm_prefetch(p + 64 * o, _MM_HINT_T0);
     }
-    const char* cb = codes + b * kX16CodeBytes;
+    const char* cb = codes + Q8_0x16CodesAt(nb, b);
     __m512i w[8];
     for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(cb + 64 * j);
     const __m512 dw = _mm512_cvtph_ps(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + b * kX16ScaleBytes)));
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + Q8_0x16ScalesAt(nb, b))));
 #pragma GCC unroll 16
     for (int i = 0; i < NN; ++i) {
       acc[i] = RowBlock<(NN <= kX16TwoChainsMaxRows)>(acc[i], w, dw, xr[i], b, nb);

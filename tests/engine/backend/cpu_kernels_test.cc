@@ -622,7 +622,7 @@ TEST(OwnOrderTest, VnniGivesThePortableBits) {
 // last full group of 16 stay plain.
 TEST(OwnOrderTest, Q8_0x16LayoutIsTheHeadersAndUnpacksToTheSource) {
   std::mt19937 rng(44);
-  for (int64_t k : {32, 640}) {
+  for (int64_t k : {32, 96, 640}) {  // 96: an odd block count, its last block alone
     const int64_t nb = k / 32;
     for (int64_t rows : {1, 15, 16, 17, 37, 48}) {
       const std::vector<BlockQ8_0> w = RandomWeightBlocks<BlockQ8_0>(rng, rows * nb);
@@ -640,13 +640,15 @@ TEST(OwnOrderTest, Q8_0x16LayoutIsTheHeadersAndUnpacksToTheSource) {
             EXPECT_EQ(std::memcmp(bytes + (r * nb + b) * 34, &src, 34), 0) << r;
             continue;
           }
-          const uint8_t* group = bytes + (r / 16) * 16 * nb * 34;
+          // Blocks in pairs: codes 2p, 2p + 1, then their scales; a last odd block alone.
+          const uint8_t* pair = bytes + (r / 16) * 16 * nb * 34 + (b / 2) * 1088;
+          const int64_t in_pair = b / 2 * 2 + 1 < nb ? 2 : 1;
           const int64_t e = r % 16;
           uint16_t d;
-          std::memcpy(&d, group + nb * 512 + b * 32 + e * 2, 2);
+          std::memcpy(&d, pair + in_pair * 512 + (b % 2) * 32 + e * 2, 2);
           EXPECT_EQ(d, src.d) << r << " " << b;
           for (int i = 0; i < 32; ++i) {
-            ASSERT_EQ(group[b * 512 + (i / 4) * 64 + e * 4 + i % 4], src.qs[i] + 128)
+            ASSERT_EQ(pair[(b % 2) * 512 + (i / 4) * 64 + e * 4 + i % 4], src.qs[i] + 128)
                 << "row " << r << " block " << b << " code " << i;
           }
         }
