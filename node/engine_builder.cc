@@ -31,9 +31,10 @@ namespace pd::node {
 namespace {
 
 // The GPU layers `options.gpu_layers` asks for: every layer, a count, or the planner's fit to the
-// device's free memory (less a tenth for the CUDA context and fragmentation).
+// device's free memory (less a tenth for the CUDA context and fragmentation), for a KV cache of
+// `kv_dtype` (options.kv_dtype, parsed by BuildEngine).
 absl::StatusOr<int> GpuLayers(const EngineOptions& options, const engine::GgufFile& file,
-                              const engine::ModelConfig& c, int context) {
+                              const engine::ModelConfig& c, int context, engine::KvDType kv_dtype) {
   int n = c.n_layer;
   if (options.gpu_layers != "all" && options.gpu_layers != "auto") {
     if (options.gpu_layers.empty() ||
@@ -47,12 +48,8 @@ absl::StatusOr<int> GpuLayers(const EngineOptions& options, const engine::GgufFi
   engine::PlanRequest req;
   req.gpu_bytes = dev.free_bytes / 10 * 9;
   req.ctx = context;
-  const std::optional<engine::KvDType> kv_dtype = engine::ParseKvDType(options.kv_dtype);
-  if (!kv_dtype) {
-    return absl::InvalidArgumentError(StrCat("kv.dtype: unknown '", options.kv_dtype, "'"));
-  }
-  req.kv_type = *kv_dtype;
-  const size_t one_seq = engine::LayerKvBytes(c, context, *kv_dtype, 16) * c.n_layer;
+  req.kv_type = kv_dtype;
+  const size_t one_seq = engine::LayerKvBytes(c, context, kv_dtype, 16) * c.n_layer;
   req.batch = options.kv_bytes > 0
                   ? std::max<int>(1, static_cast<int>(static_cast<size_t>(options.kv_bytes) /
                                                       std::max<size_t>(one_seq, 1)))
@@ -151,7 +148,7 @@ absl::StatusOr<Engine> BuildEngine(const EngineOptions& options) {
     PD_ASSIGN_OR_RETURN(const engine::ModelConfig c, engine::ModelConfig::FromGguf(*e.file));
     const int context =
         options.context > 0 ? options.context : engine::DefaultContext(c.n_ctx_train);
-    PD_ASSIGN_OR_RETURN(const int gpu_layers, GpuLayers(options, *e.file, c, context));
+    PD_ASSIGN_OR_RETURN(const int gpu_layers, GpuLayers(options, *e.file, c, context, *kv_dtype));
     PD_ASSIGN_OR_RETURN(e.backend, engine::CreateCudaBackend(0));
     e.kernels = "cuda";
     if (gpu_layers < c.n_layer) {

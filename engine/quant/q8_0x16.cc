@@ -29,7 +29,7 @@ void RepackQ8_0x16(const void* src, size_t src_stride, int64_t rows, int64_t k, 
           reinterpret_cast<const BlockQ8_0*>(in + (g * kQ8_0x16Rows + e) * src_stride);
       for (int64_t b = 0; b < nb; ++b) {
         std::memcpy(group + Q8_0x16ScalesAt(nb, b) + e * 2, &row[b].d, 2);
-        uint8_t* codes = group + Q8_0x16CodesAt(nb, b);
+        uint8_t* codes = group + Q8_0x16CodesAt(b);
         for (int i = 0; i < kQ8_0BlockSize; ++i) {
           codes[CodeAt(e, i)] = static_cast<uint8_t>(row[b].qs[i] + 128);
         }
@@ -54,7 +54,7 @@ void UnpackQ8_0x16Row(const void* w, int64_t rows, int64_t k, int64_t r, BlockQ8
   const uint8_t* group = base + (r / kQ8_0x16Rows) * GroupBytes(nb);
   for (int64_t b = 0; b < nb; ++b) {
     std::memcpy(&out[b].d, group + Q8_0x16ScalesAt(nb, b) + e * 2, 2);
-    const uint8_t* codes = group + Q8_0x16CodesAt(nb, b);
+    const uint8_t* codes = group + Q8_0x16CodesAt(b);
     for (int i = 0; i < kQ8_0BlockSize; ++i) {
       out[b].qs[i] = static_cast<int8_t>(codes[CodeAt(e, i)] - 128);
     }

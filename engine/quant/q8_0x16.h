@@ -33,8 +33,7 @@ inline bool Q8_0x16ViewOk(int64_t rows, int64_t first, int64_t count) {
 }
 
 // Offsets of block b's codes and scales within a group of nb blocks a row.
-inline size_t Q8_0x16CodesAt(int64_t nb, int64_t b) {
-  (void)nb;
+inline size_t Q8_0x16CodesAt(int64_t b) {
   return static_cast<size_t>((b / 2) * 1088 + (b % 2) * 512);
 }
 inline size_t Q8_0x16ScalesAt(int64_t nb, int64_t b) {

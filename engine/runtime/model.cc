@@ -99,7 +99,6 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(std::shared_ptr<const GgufFil
   PD_ASSIGN_OR_RETURN(
       m->weights_, Weights::Load(*m->file_, m->config_, m->layer_backends_,
                                  /*own_head_layout=*/options.no_f32_cache && m->head_order_own_));
-  m->head_laid_out_own_ = m->weights_->output.type == DType::kQ8_0x16;
   m->scratch_.resize(backends.size());
   return m;
 }
@@ -498,7 +497,7 @@ absl::Status Model::RunOps(const Batch& batch, KvCache& kv, const LayerHook& aft
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(batch.size());
   if (n == 0) return absl::InvalidArgumentError("empty batch");
-  if (head_laid_out_own_ && kv.options().dtype == KvDType::kF32) {
+  if (head_laid_out_own() && kv.options().dtype == KvDType::kF32) {
     return absl::FailedPreconditionError(
         "an F32 cache needs llama.cpp's order in the output head, and this model was loaded "
         "for F16 and INT8 caches (its head laid out for pdserve's own order: "
@@ -568,8 +567,7 @@ absl::Status Model::RunOps(const Batch& batch, KvCache& kv, const LayerHook& aft
   for (int64_t j = 0; j < n_logits; ++j) orders_out[j] = orders_last[batch.logits_rows[j]];
   // llama.cpp's bits hold with an F32 cache only (docs/numerics.md); with any other, the head
   // may take the backend's own order (set_head_order_own), the same for a row in any batch.
-  const bool head_own = head_order_own() && kv.options().dtype != KvDType::kF32;
-  if (head_own) {
+  if (head_order_own() && kv.options().dtype != KvDType::kF32) {
     for (uint8_t& o : orders_out) o |= kRowOrderOwn;
   }
   kvb.row_orders = orders;

@@ -147,9 +147,9 @@ class Model {
   // llama.cpp's order either way. A head laid out for the own order at load
   // (LoadOptions::no_f32_cache) keeps it: set_head_order_own(false) does not change it.
   void set_head_order_own(bool own) { head_order_own_ = own; }
-  bool head_order_own() const { return head_order_own_ || head_laid_out_own_; }
+  bool head_order_own() const { return head_order_own_ || head_laid_out_own(); }
   // Whether Load laid the head out for the own order (LoadOptions::no_f32_cache).
-  bool head_laid_out_own() const { return head_laid_out_own_; }
+  bool head_laid_out_own() const { return weights_->output.type == DType::kQ8_0x16; }
 
   // KV-cache options matching this model.
   KvCacheOptions KvOptions(int n_blocks, KvDType dtype, int block_size = 16) const;
@@ -247,7 +247,6 @@ class Model {
   std::vector<int> layer_backend_index_;  // per layer: index into backends_
   bool one_backend_ = true;               // every layer on one backend (Run may capture)
   bool head_order_own_ = true;            // set_head_order_own
-  bool head_laid_out_own_ = false;        // LoadOptions::no_f32_cache took effect
   LayerPlacement placement_;
   ModelConfig config_;
   std::shared_ptr<const Weights> weights_;  // shared with the models WithHead makes of this one

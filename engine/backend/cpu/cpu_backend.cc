@@ -141,9 +141,7 @@ size_t MemAvailableBytes() {
 
 }  // namespace
 
-absl::StatusOr<Tensor> CpuBackend::CopyWeights(const Tensor& host,
-                                               std::unique_ptr<Buffer>* storage) {
-  const size_t bytes = host.bytes();
+absl::StatusOr<std::unique_ptr<WeightSlice>> CpuBackend::ReserveWeights(size_t bytes) {
   const size_t padded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   if (!copy_budget_set_) {
     copy_budget_set_ = true;
@@ -158,7 +156,7 @@ absl::StatusOr<Tensor> CpuBackend::CopyWeights(const Tensor& host,
              "slower matmuls): copying them would take more than the ",
              copy_budget_ >> 20, " MiB left for copies (half of MemAvailable at load)");
     }
-    return host;
+    return nullptr;
   }
   copy_budget_ -= padded;
   if (weight_chunk_ == nullptr || weight_chunk_size_ - weight_chunk_used_ < padded) {
@@ -177,6 +175,14 @@ absl::StatusOr<Tensor> CpuBackend::CopyWeights(const Tensor& host,
   auto buf =
       std::make_unique<WeightSlice>(weight_chunk_, weight_chunk_.get() + weight_chunk_used_, bytes);
   weight_chunk_used_ += padded;
+  return buf;
+}
+
+absl::StatusOr<Tensor> CpuBackend::CopyWeights(const Tensor& host,
+                                               std::unique_ptr<Buffer>* storage) {
+  const size_t bytes = host.bytes();
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<WeightSlice> buf, ReserveWeights(bytes));
+  if (buf == nullptr) return host;
   constexpr int64_t kPiece = int64_t{4} << 20;
   const int64_t pieces = static_cast<int64_t>((bytes + kPiece - 1) / kPiece);
   char* dst = static_cast<char*>(buf->data());
@@ -201,17 +207,10 @@ absl::StatusOr<Tensor> CpuBackend::MapWeightsOwnLayout(const Tensor& host,
       storage == nullptr || host.bytes() == 0) {
     return none;
   }
-  const size_t bytes = host.bytes();
-  const size_t padded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  if (!copy_budget_set_) {
-    copy_budget_set_ = true;
-    if (copy_budget_ == 0) copy_budget_ = MemAvailableBytes() / 2;
-  }
-  if (padded > copy_budget_) return none;  // the plain rows with the flag: the same bits
-  char* p = static_cast<char*>(AllocHost(padded, kAlignment));
-  if (p == nullptr) return none;
-  copy_budget_ -= padded;
-  auto buf = std::make_unique<HostBuffer>(p, bytes);
+  // Past the copies' budget: the plain rows with the flag, at the same bits.
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<WeightSlice> buf, ReserveWeights(host.bytes()));
+  if (buf == nullptr) return none;
+  char* p = static_cast<char*>(buf->data());
   // In pieces of whole groups of 16 rows; the last piece takes the plain tail rows.
   const int64_t rows = host.rows, k = host.cols, rs = static_cast<int64_t>(host.row_bytes());
   constexpr int64_t kPieceRows = 1024;

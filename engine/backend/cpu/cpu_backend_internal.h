@@ -129,8 +129,8 @@ class CpuBackend final : public Backend {
   }
 
   // Q8_0 as q8_0x16 where PlanMatMul honours kRowOrderOwn (the VNNI or the portable kernels), in
-  // 2 MiB pages, counted against the copies' budget; none with copies off (PDSERVE_CPU_WEIGHTS=
-  // mmap) or past the budget.
+  // the weight copies' chunks and budget (ReserveWeights); none with copies off
+  // (PDSERVE_CPU_WEIGHTS=mmap) or past the budget.
   absl::StatusOr<Tensor> MapWeightsOwnLayout(const Tensor& host,
                                              std::unique_ptr<Buffer>* storage) override;
 
@@ -231,6 +231,10 @@ class CpuBackend final : public Backend {
   // (64-byte aligned) in chunks of at least kWeightChunk bytes of 2 MiB pages, so that a layer's
   // small matrices share huge pages too.
   absl::StatusOr<Tensor> CopyWeights(const Tensor& host, std::unique_ptr<Buffer>* storage);
+  // Room for `bytes` of weights in those chunks, counted against the copies' budget: nullptr past
+  // it (logged once); RESOURCE_EXHAUSTED when no chunk can be allocated. CopyWeights and
+  // MapWeightsOwnLayout fill it.
+  absl::StatusOr<std::unique_ptr<WeightSlice>> ReserveWeights(size_t bytes);
   // The own-order kernels for weights of type `w` (Q8_0, q8_0x16) on this backend's kernel table;
   // nullptr where it keeps llama.cpp's order (other types; AVX2 without VNNI).
   const GroupedKernels* OwnOrderKernels(DType w) const;

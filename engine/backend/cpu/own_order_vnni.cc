@@ -296,7 +296,7 @@ void TileX16(int64_t nb, const char* codes, const char* prefetch, const char* xp
 #pragma GCC unroll 9
       for (int o = 0; o < 9; ++o) _mm_prefetch(p + 64 * o, _MM_HINT_T0);
     }
-    const char* cb = codes + Q8_0x16CodesAt(nb, b);
+    const char* cb = codes + Q8_0x16CodesAt(b);
     __m512i w[8];
     for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(cb + 64 * j);
     const __m512 dw = _mm512_cvtph_ps(
