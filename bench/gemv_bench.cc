@@ -30,6 +30,8 @@
 //   on AVX-512 VNNI, 8 on AVX2 (PDSERVE_CPU_NO_VNNI=1 or without VNNI).
 // head_x16/q8_0/<n>/<t>: head_own with the matrices repacked as q8_0x16 (what the model's head
 //   takes in the own order, Weights::MapOwnHead): the same bits, no transposition per block.
+// rows_x16/q5_0/<n>/<t>: rows/q5_0/<n>/<t> in the own order on the matrices laid out as q5_0x16
+//   (what a model's Q5_0 layer matrices take over an F16 or INT8 cache, PDSERVE_LAYER_ORDER=own).
 // prompt/<format>/<t>: one prompt's MatMul, 512 F32 activation rows in the default (prompt) order
 //   against the default model's shapes, 2048 x 640 for the 32-block formats (Q5_0 and Q8_0 are
 //   its FFN gate / up shape) and 640 x 2048 for the k-quants (FFN down), from cache: the compute
@@ -60,6 +62,7 @@
 #include "engine/backend/cpu/thread_pool.h"
 #include "engine/quant/dtype.h"
 #include "engine/quant/fp16.h"
+#include "engine/quant/q5_0x16.h"
 #include "engine/quant/q8_0x16.h"
 
 namespace pd::engine {
@@ -304,16 +307,26 @@ void BM_Rows(benchmark::State& state, DType t, int n, int threads, uint8_t order
   const std::vector<uint8_t> orders(n, order);
   std::vector<Tensor> w(count);
   for (int i = 0; i < count; ++i) w[i] = Tensor{t, cols, rows, set.get() + i * matrix_bytes};
-  static HostBytes x16_set;  // the same matrices as q8_0x16 (head_x16), made once
+  // The same matrices as q8_0x16 / q5_0x16 (head_x16, rows_x16), made once per type.
+  static HostBytes x16_set;
+  static DType x16_type = DType::kF32;
   if (x16) {
-    if (x16_set == nullptr) {
+    if (x16_set == nullptr || x16_type != t) {
+      x16_set.reset();
       x16_set = AllocBytes(matrix_bytes * count);
       for (int i = 0; i < count; ++i) {
-        RepackQ8_0x16(w[i].data, w[i].row_bytes(), rows, cols, x16_set.get() + i * matrix_bytes);
+        char* dst = x16_set.get() + i * matrix_bytes;
+        if (t == DType::kQ8_0) {
+          RepackQ8_0x16(w[i].data, w[i].row_bytes(), rows, cols, dst);
+        } else {
+          RepackQ5_0x16(w[i].data, w[i].row_bytes(), rows, cols, dst);
+        }
       }
+      x16_type = t;
     }
+    const DType laid = t == DType::kQ8_0 ? DType::kQ8_0x16 : DType::kQ5_0x16;
     for (int i = 0; i < count; ++i) {
-      w[i] = Tensor{DType::kQ8_0x16, cols, rows, x16_set.get() + i * matrix_bytes};
+      w[i] = Tensor{laid, cols, rows, x16_set.get() + i * matrix_bytes};
     }
   }
   for (int i = 0; i < count; ++i) PD_CHECK_OK(be->MatMulRowOrder(w[i], x, y, orders));
@@ -400,6 +413,11 @@ void RegisterAll() {
           ->Unit(benchmark::kMicrosecond);
       const std::string x16 = pd::StrCat("head_x16/q8_0/", n, "/", threads);
       benchmark::RegisterBenchmark(x16.c_str(), BM_Rows, DType::kQ8_0, n, threads,
+                                   static_cast<uint8_t>(kRowOrderGemv | kRowOrderOwn), true)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+      const std::string q5 = pd::StrCat("rows_x16/q5_0/", n, "/", threads);
+      benchmark::RegisterBenchmark(q5.c_str(), BM_Rows, DType::kQ5_0, n, threads,
                                    static_cast<uint8_t>(kRowOrderGemv | kRowOrderOwn), true)
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);

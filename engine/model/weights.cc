@@ -139,14 +139,16 @@ class Loader {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(const GgufFile& f, const ModelConfig& c,
-                                                       Backend& backend, bool own_head_layout) {
+                                                       Backend& backend, bool own_head_layout,
+                                                       bool own_layer_layout) {
   const std::vector<Backend*> all(static_cast<size_t>(std::max(c.n_layer, 0)), &backend);
-  return Load(f, c, absl::MakeConstSpan(all), own_head_layout);
+  return Load(f, c, absl::MakeConstSpan(all), own_head_layout, own_layer_layout);
 }
 
 absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(const GgufFile& f, const ModelConfig& c,
                                                        absl::Span<Backend* const> layer_backends,
-                                                       bool own_head_layout) {
+                                                       bool own_head_layout,
+                                                       bool own_layer_layout) {
   if (c.n_layer <= 0 || layer_backends.size() != static_cast<size_t>(c.n_layer) ||
       std::find(layer_backends.begin(), layer_backends.end(), nullptr) != layer_backends.end()) {
     return absl::InvalidArgumentError(pd::StrCat("weights: ", layer_backends.size(),
@@ -196,6 +198,7 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(const GgufFile& f, const 
   for (int i = 0; i < c.n_layer; ++i) {
     LayerWeights& l = w->layers[i];
     L.set_backend(*layer_backends[i]);
+    L.set_own_layout(own_layer_layout);  // the dense matrices; norms and biases have none
     const std::string p = pd::StrCat("blk.", i, ".");
     PD_ASSIGN_OR_RETURN(l.attn_norm, L.Get(p + "attn_norm.weight", c.n_embd, 0, true));
     if (f.FindTensor(p + "attn_qkv.weight") != nullptr) {
@@ -244,6 +247,7 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(const GgufFile& f, const 
       // Experts: the router stays F32 or whatever the file has (llama.cpp's quantizer keeps
       // ffn_gate_inp unquantized; any matrix type runs).
       l.n_expert = c.n_expert;
+      L.set_own_layout(false);  // Weights::Expert takes row blocks of the file's layout
       PD_ASSIGN_OR_RETURN(l.ffn_gate_inp, L.Get(p + "ffn_gate_inp.weight", c.n_embd, c.n_expert));
       PD_ASSIGN_OR_RETURN(l.gate_exps,
                           L.GetExperts(p + "ffn_gate_exps.weight", c.n_embd, c.n_ff_exp,
@@ -271,6 +275,7 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(const GgufFile& f, const 
     }
     PD_ASSIGN_OR_RETURN(l.w_down, L.Get(p + "ffn_down.weight", c.n_ff, c.n_embd));
   }
+  L.set_own_layout(false);
   return w;
 }
 

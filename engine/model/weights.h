@@ -53,16 +53,20 @@ class Weights {
   // embedding on the same backend with it (GetRows reads that layout), instead of the file's;
   // where the backend has none, the file's as usual. A head so laid out multiplies every row in
   // the own order, so the model runs over F16 and INT8 caches only (Model::LoadOptions).
+  // `own_layer_layout`: the same for the layers' dense matrices (q, k, v, output, gate, up, down;
+  // the CPU backend's q8_0x16 and q5_0x16), not the experts of a mixture.
   static absl::StatusOr<std::unique_ptr<Weights>> Load(const GgufFile& file,
                                                        const ModelConfig& config, Backend& backend,
-                                                       bool own_head_layout = false);
+                                                       bool own_head_layout = false,
+                                                       bool own_layer_layout = false);
   // Layer l's tensors on layer_backends[l] (config.n_layer entries, none null); the token
   // embedding on layer 0's backend, the output norm and head on the last layer's (a tied head is
   // mapped a second time there when the two differ).
   static absl::StatusOr<std::unique_ptr<Weights>> Load(const GgufFile& file,
                                                        const ModelConfig& config,
                                                        absl::Span<Backend* const> layer_backends,
-                                                       bool own_head_layout = false);
+                                                       bool own_head_layout = false,
+                                                       bool own_layer_layout = false);
 
   // A view of `base` (a model's full weights, `config` its config, head_tokens empty) whose output
   // head holds only the rows of `head_tokens` (ascending token ids < n_vocab, no repeats), copied

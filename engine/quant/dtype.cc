@@ -24,6 +24,7 @@ const DTypeTraits& Traits(DType t) {
   static const DTypeTraits kW8A8{"w8a8", 32, 32, 16};  // 16-byte row header (f32 scale) + int8
   static const DTypeTraits kW4A16{"w4a16", 128, 66};   // f16 d + 64 bytes of nibbles
   static const DTypeTraits kQ8_0x16{"q8_0x16", 32, 34};  // Q8_0's bytes, 16 rows interleaved
+  static const DTypeTraits kQ5_0x16{"q5_0x16", 32, 22};  // Q5_0's bytes, 16 rows interleaved
   switch (t) {
     case DType::kF32: return kF32;
     case DType::kF16: return kF16;
@@ -41,6 +42,8 @@ const DTypeTraits& Traits(DType t) {
     case DType::kW4A16: return kW4A16;
     case DType::kQ8_0x16:
       return kQ8_0x16;
+    case DType::kQ5_0x16:
+      return kQ5_0x16;
   }
   PD_CHECK_MSG(false, "unsupported DType");
 }
@@ -76,6 +79,7 @@ std::string RawGgmlTypeName(uint32_t v) {
   if (v == static_cast<uint32_t>(DType::kW8A8)) return "w8a8";
   if (v == static_cast<uint32_t>(DType::kW4A16)) return "w4a16";
   if (v == static_cast<uint32_t>(DType::kQ8_0x16)) return "q8_0x16 (a runtime layout)";
+  if (v == static_cast<uint32_t>(DType::kQ5_0x16)) return "q5_0x16 (a runtime layout)";
   return pd::StrCat("type ", v);
 }
 

@@ -31,9 +31,10 @@ enum class DType : uint32_t {
   // the bytes. Both fit in an int32 (ggml reads the field as a signed enum).
   kW8A8 = 0x50440001,   // "w8a8": INT8 per-output-channel weights, dynamic per-token INT8 acts
   kW4A16 = 0x50440002,  // "w4a16": INT4 groups of 128 with an f16 scale, float activations
-  // A runtime layout, never in a file (DTypeFromGgml refuses it): Q8_0 rows 16 at a time, codes
-  // interleaved by 4-byte words, for the CPU backend's own-order head (q8_0x16.h).
+  // Runtime layouts, never in a file (DTypeFromGgml refuses them): Q8_0 / Q5_0 rows 16 at a time,
+  // codes interleaved by 4-byte words, for the CPU backend's own order (q8_0x16.h, q5_0x16.h).
   kQ8_0x16 = 0x50440100,  // "q8_0x16"
+  kQ5_0x16 = 0x50440101,  // "q5_0x16"
 };
 
 struct DTypeTraits {

@@ -173,7 +173,8 @@ void DequantizeRow(DType t, const void* x, float* y, int64_t n) {
     case DType::kW4A16:
       return DequantizeRowW4A16(static_cast<const BlockW4A16*>(x), y, n);
     case DType::kQ8_0x16:
-      break;  // rows interleaved 16 at a time: UnpackQ8_0x16Row (q8_0x16.h)
+    case DType::kQ5_0x16:
+      break;  // rows interleaved 16 at a time: Unpack*x16Row (q8_0x16.h, q5_0x16.h)
   }
   PD_CHECK_MSG(false, "unsupported DType");
 }
@@ -211,7 +212,8 @@ void QuantizeRow(DType t, const float* x, void* y, int64_t n, const float* impor
     case DType::kW4A16:
       return QuantizeRowW4A16(x, static_cast<BlockW4A16*>(y), n, importance);
     case DType::kQ8_0x16:
-      break;  // made from Q8_0 rows by RepackQ8_0x16 (q8_0x16.h), never quantized directly
+    case DType::kQ5_0x16:
+      break;  // made from Q8_0 / Q5_0 rows at load (q8_0x16.h, q5_0x16.h), never quantized
   }
   PD_CHECK_MSG(false, "unsupported DType");
 }

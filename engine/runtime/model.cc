@@ -82,6 +82,14 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(std::shared_ptr<const GgufFil
     }
     m->head_order_own_ = v == "own";
   }
+  if (const char* order = std::getenv("PDSERVE_LAYER_ORDER"); order != nullptr && *order != '\0') {
+    const std::string_view v(order);
+    if (v != "own" && v != "llama") {
+      return absl::InvalidArgumentError(
+          pd::StrCat("PDSERVE_LAYER_ORDER=", v, ": want own (the default) or llama"));
+    }
+    m->layer_order_own_ = v == "own";
+  }
   PD_ASSIGN_OR_RETURN(m->config_, ModelConfig::FromGguf(*m->file_));
   PD_ASSIGN_OR_RETURN(m->layer_backends_,
                       engine::LayerBackends(placement, m->config_.n_layer, backends));
@@ -98,7 +106,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(std::shared_ptr<const GgufFil
   }
   PD_ASSIGN_OR_RETURN(
       m->weights_, Weights::Load(*m->file_, m->config_, m->layer_backends_,
-                                 /*own_head_layout=*/options.no_f32_cache && m->head_order_own_));
+                                 /*own_head_layout=*/options.no_f32_cache && m->head_order_own_,
+                                 /*own_layer_layout=*/options.no_f32_cache && m->layer_order_own_));
   m->scratch_.resize(backends.size());
   return m;
 }
@@ -117,6 +126,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::WithHead(const Model& target,
   // Its head is plain rows, so it takes any cache; over F16 and INT8 ones the order of the
   // target's head (the own order through the flag, where the target's is laid out for it).
   m->head_order_own_ = target.head_order_own();
+  m->layer_order_own_ = target.layer_order_own();  // the same layers
   m->config_ = target.config_;
   m->config_.tied_output = false;  // its head is its own rows
   m->config_.head_tokens = std::move(head_tokens);
@@ -490,6 +500,15 @@ absl::Status Model::Run(const Batch& batch, KvCache& kv, const LayerHook& after_
   return RunOps(batch, kv, after_kv_store, head, out, hidden, host_logits);
 }
 
+bool Model::layers_laid_out_own() const {
+  for (const LayerWeights& l : weights_->layers) {
+    for (const Tensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      if (t->type == DType::kQ8_0x16 || t->type == DType::kQ5_0x16) return true;
+    }
+  }
+  return false;
+}
+
 absl::Status Model::RunOps(const Batch& batch, KvCache& kv, const LayerHook& after_kv_store,
                            bool head, Tensor* out, std::vector<float>* hidden,
                            std::vector<float>* host_logits) {
@@ -497,10 +516,10 @@ absl::Status Model::RunOps(const Batch& batch, KvCache& kv, const LayerHook& aft
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(batch.size());
   if (n == 0) return absl::InvalidArgumentError("empty batch");
-  if (head_laid_out_own() && kv.options().dtype == KvDType::kF32) {
+  if ((head_laid_out_own() || layers_laid_out_own()) && kv.options().dtype == KvDType::kF32) {
     return absl::FailedPreconditionError(
-        "an F32 cache needs llama.cpp's order in the output head, and this model was loaded "
-        "for F16 and INT8 caches (its head laid out for pdserve's own order: "
+        "an F32 cache needs llama.cpp's orders in the matmuls, and this model was loaded "
+        "for F16 and INT8 caches (weights laid out for pdserve's own order: "
         "Model::LoadOptions::no_f32_cache); load it without that option");
   }
   if (batch.pos.size() != batch.tokens.size() || batch.seq.size() != batch.tokens.size()) {
@@ -571,6 +590,16 @@ absl::Status Model::RunOps(const Batch& batch, KvCache& kv, const LayerHook& aft
     for (uint8_t& o : orders_out) o |= kRowOrderOwn;
   }
   kvb.row_orders = orders;
+  // The layers' matmuls likewise (layer_order_own); attention keeps its own orders (kvb).
+  std::vector<uint8_t> layer_own, layer_own_last;
+  if (layer_order_own() && kv.options().dtype != KvDType::kF32) {
+    layer_own.assign(orders.begin(), orders.end());
+    layer_own_last.assign(orders_last.begin(), orders_last.end());
+    for (uint8_t& o : layer_own) o |= kRowOrderOwn;
+    for (uint8_t& o : layer_own_last) o |= kRowOrderOwn;
+    orders = layer_own;
+    orders_last = layer_own_last;
+  }
 
   const int64_t q_dim = int64_t{c.n_head} * c.head_dim;
   const int64_t kv_dim = int64_t{c.n_head_kv} * c.head_dim;

@@ -94,6 +94,8 @@ struct ModelLoadOptions {
   // token embedding with it, are mapped in that layout instead of the file's: no second copy,
   // and a batched decode step's head runs without transposing its blocks. A forward over an
   // F32 cache is then refused (FAILED_PRECONDITION): the head could not give llama.cpp's bits.
+  // The layers' Q8_0 and Q5_0 matrices likewise where they take the own order (layer_order_own:
+  // q8_0x16, q5_0x16), so a small batch's layer matmuls cost little more than one row's.
   bool no_f32_cache = false;
 };
 
@@ -149,7 +151,18 @@ class Model {
   void set_head_order_own(bool own) { head_order_own_ = own; }
   bool head_order_own() const { return head_order_own_ || head_laid_out_own(); }
   // Whether Load laid the head out for the own order (LoadOptions::no_f32_cache).
-  bool head_laid_out_own() const { return weights_->output.type == DType::kQ8_0x16; }
+  bool head_laid_out_own() const {
+    return weights_->output.type == DType::kQ8_0x16 || weights_->output.type == DType::kQ5_0x16;
+  }
+  // The layers' matmuls' order over an F16 or INT8 cache (docs/numerics.md): the backend's own
+  // (kRowOrderOwn on every row; on the CPU Q8_0 and Q5_0 matrices with AVX512-VNNI: the default)
+  // or llama.cpp's. Load sets it from PDSERVE_LAYER_ORDER (own | llama); WithHead copies the
+  // target's. Layers laid out for it at load keep it: set_layer_order_own(false) does not change
+  // them.
+  void set_layer_order_own(bool own) { layer_order_own_ = own; }
+  bool layer_order_own() const { return layer_order_own_ || layers_laid_out_own(); }
+  // Whether Load laid any layer matrix out for the own order (LoadOptions::no_f32_cache).
+  bool layers_laid_out_own() const;
 
   // KV-cache options matching this model.
   KvCacheOptions KvOptions(int n_blocks, KvDType dtype, int block_size = 16) const;
@@ -247,6 +260,7 @@ class Model {
   std::vector<int> layer_backend_index_;  // per layer: index into backends_
   bool one_backend_ = true;               // every layer on one backend (Run may capture)
   bool head_order_own_ = true;            // set_head_order_own
+  bool layer_order_own_ = true;           // set_layer_order_own
   LayerPlacement placement_;
   ModelConfig config_;
   std::shared_ptr<const Weights> weights_;  // shared with the models WithHead makes of this one

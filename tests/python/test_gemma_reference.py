@@ -134,6 +134,19 @@ def _eval_agreement(pdctl, ref: dict, tmp_path: Path, env: dict,
     return total, agree / total, kls, uncovered
 
 
+def _text_log_loss(pdctl, ref: dict, tmp_path: Path, env: dict, kv_type: str) -> float:
+    """Mean negative log-probability of the evaluation text's next tokens, with a token outside
+    our listed top tokens scored at the last listed one's (the same bound for every setting)."""
+    nll = []
+    for w in ref["eval"]:
+        ids = w["ids"]
+        lse, our_ids, our_logits = _our_top(pdctl, ids, tmp_path, env, kv_type)
+        for i in range(len(ids) - 1):
+            row = dict(zip(our_ids[i].tolist(), our_logits[i].tolist()))
+            nll.append(float(lse[i]) - row.get(ids[i + 1], float(our_logits[i, -1])))
+    return float(np.mean(nll))
+
+
 def test_eval_text_top1_and_kl(pdctl, isa_ref, tmp_path, measurement):
     isa, ref, env, targets = isa_ref
     k = ref["topk"]
@@ -153,20 +166,28 @@ def test_eval_text_top1_and_kl(pdctl, isa_ref, tmp_path, measurement):
 def test_f16_kv_stays_within_the_floor_of_an_unmatched_order(pdctl, isa_ref, tmp_path,
                                                               measurement):
     """The F16 K/V cache (the serving default) is not llama.cpp's bits: it rounds K and V to F16,
-    and a prompt's attention sums in the GEMM order (docs/numerics.md). On this model any
-    one-ulp change is amplified (see the module docstring): measured against the F32 reference,
-    F16 in ggml's order gives mean KL 4.4e-3 and top-1 0.945, F16 in the GEMM order 4.5e-3 and
-    0.954, with the same mean log-loss on the text (2.19 nats per token either way). Held here
-    to the regression floor of an unmatched order; a real bug (a wrong position, a dropped key)
-    gives KL > 0.1."""
+    a prompt's attention sums in the GEMM order, and with AVX512-VNNI the head's and the layers'
+    Q8_0 / Q5_0 matmuls take pdserve's own order (docs/numerics.md). On this model any one-ulp
+    change is amplified (see the module docstring): measured against the F32 reference, F16 in
+    ggml's order gives mean KL 4.4e-3 and top-1 0.945, in the GEMM order 4.5e-3 and 0.954, with
+    the own-order layers 4.4e-3 and 0.940 (124 against 94 top-1 flips of 2,048, all at
+    llama.cpp top-2 margins under 0.53 nats, as the other orders' under 0.49); the text's mean
+    log-loss moves by under 0.003 nats in every case. Held here to the regression floor of an
+    unmatched order and to the text's log-loss; a real bug (a wrong position, a dropped key)
+    gives KL > 0.1 and costs the text tenths of a nat."""
     isa, ref, env, targets = isa_ref
     total, top1, kls, _ = _eval_agreement(pdctl, ref, tmp_path, env, "f16")
     mean_kl = float(np.mean(kls))
+    loss_f16 = _text_log_loss(pdctl, ref, tmp_path, env, "f16")
+    loss_f32 = _text_log_loss(pdctl, ref, tmp_path, env, "f32")
     measurement(f"gemma3 eval ({isa}, F16 KV): {total} positions, top-1 agreement {top1:.4f}, "
-                f"mean KL {mean_kl:.3e}, max KL {max(kls):.3e}")
+                f"mean KL {mean_kl:.3e}, max KL {max(kls):.3e}, text log-loss {loss_f16:.4f} "
+                f"(F32 KV {loss_f32:.4f})")
     assert total >= 2000
-    assert top1 >= 0.94, f"top-1 agreement {top1:.4f} fell below the regression floor"
+    assert top1 >= 0.93, f"top-1 agreement {top1:.4f} fell below the regression floor"
     assert mean_kl <= 6e-3, f"mean KL {mean_kl:.3e} rose above the regression floor"
+    assert abs(loss_f16 - loss_f32) <= 0.01, \
+        f"the text's log-loss moved from {loss_f32:.4f} (F32 KV) to {loss_f16:.4f} nats"
 
 
 def test_greedy_continuations(pdctl, isa_ref, measurement):

@@ -32,13 +32,15 @@
 #include "engine/backend/top_k.h"
 #include "engine/quant/dtype.h"
 #include "engine/quant/fp16.h"
+#include "engine/quant/q5_0x16.h"
 #include "engine/quant/q8_0x16.h"
 
 namespace pd::engine {
 namespace cpu {
 
 bool IsSupported(DType t) {
-  return t == DType::kQ8_0x16 || DTypeFromGgml(static_cast<uint32_t>(t)).has_value();
+  return t == DType::kQ8_0x16 || t == DType::kQ5_0x16 ||
+         DTypeFromGgml(static_cast<uint32_t>(t)).has_value();
 }
 
 bool HasMatMul(DType t) { return t != DType::kQ8_K; }
@@ -203,23 +205,33 @@ absl::StatusOr<Tensor> CpuBackend::MapWeightsOwnLayout(const Tensor& host,
   PD_RETURN_IF_ERROR(CheckTensor(host, "MapWeightsOwnLayout"));
   if (storage != nullptr) storage->reset();
   Tensor none{host.type, host.cols, host.rows, nullptr};
-  if (host.type != DType::kQ8_0 || OwnOrderKernels(DType::kQ8_0x16) == nullptr || !copy_weights_ ||
-      storage == nullptr || host.bytes() == 0) {
+  // Q8_0 as q8_0x16 (any rows: the last rows % 16 stay plain), Q5_0 as q5_0x16 (rows a multiple
+  // of 16; other matrices keep their rows and take the order through the flag).
+  const bool q8 = host.type == DType::kQ8_0;
+  const bool q5 = host.type == DType::kQ5_0 && host.rows % kQ5_0x16Rows == 0;
+  const DType laid = q8 ? DType::kQ8_0x16 : DType::kQ5_0x16;
+  if (!(q8 || q5) || OwnOrderKernels(laid) == nullptr || !copy_weights_ || storage == nullptr ||
+      host.bytes() == 0) {
     return none;
   }
   // Past the copies' budget: the plain rows with the flag, at the same bits.
   PD_ASSIGN_OR_RETURN(std::unique_ptr<WeightSlice> buf, ReserveWeights(host.bytes()));
   if (buf == nullptr) return none;
   char* p = static_cast<char*>(buf->data());
-  // In pieces of whole groups of 16 rows; the last piece takes the plain tail rows.
+  // In pieces of whole groups of 16 rows; the last piece takes q8_0x16's plain tail rows.
   const int64_t rows = host.rows, k = host.cols, rs = static_cast<int64_t>(host.row_bytes());
   constexpr int64_t kPieceRows = 1024;
   pool_.ParallelFor((rows + kPieceRows - 1) / kPieceRows, [&](int64_t p0, int64_t p1) {
     const int64_t r0 = p0 * kPieceRows, r1 = std::min(rows, p1 * kPieceRows);
-    RepackQ8_0x16(static_cast<const char*>(host.data) + r0 * rs, rs, r1 - r0, k, p + r0 * rs);
+    const char* src = static_cast<const char*>(host.data) + r0 * rs;
+    if (q8) {
+      RepackQ8_0x16(src, rs, r1 - r0, k, p + r0 * rs);
+    } else {
+      RepackQ5_0x16(src, rs, r1 - r0, k, p + r0 * rs);
+    }
   });
   *storage = std::move(buf);
-  return Tensor{DType::kQ8_0x16, host.cols, host.rows, p};
+  return Tensor{laid, host.cols, host.rows, p};
 }
 
 // ---- GetRows -------------------------------------------------------------------------------
@@ -264,6 +276,13 @@ absl::Status CpuBackend::GetRows(const Tensor& table, absl::Span<const int32_t> 
               row.resize(static_cast<size_t>(cols / kQ8_0BlockSize));
               UnpackQ8_0x16Row(table.data, table.rows, cols, ids[i], row.data());
               k_.dequantize_q8_0(row.data(), dst, cols);
+              break;
+            }
+            case DType::kQ5_0x16: {
+              thread_local std::vector<BlockQ5_0> row;
+              row.resize(static_cast<size_t>(cols / kQ8_0BlockSize));
+              UnpackQ5_0x16Row(table.data, cols, ids[i], row.data());
+              DequantizeRow(DType::kQ5_0, row.data(), dst, cols);
               break;
             }
             case DType::kQ4_0:

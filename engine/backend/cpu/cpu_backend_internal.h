@@ -128,9 +128,9 @@ class CpuBackend final : public Backend {
     return CopyWeights(host, storage);
   }
 
-  // Q8_0 as q8_0x16 where PlanMatMul honours kRowOrderOwn (the VNNI or the portable kernels), in
-  // the weight copies' chunks and budget (ReserveWeights); none with copies off
-  // (PDSERVE_CPU_WEIGHTS=mmap) or past the budget.
+  // Q8_0 as q8_0x16 and Q5_0 (rows a multiple of 16) as q5_0x16 where PlanMatMul honours
+  // kRowOrderOwn (the VNNI or the portable kernels), in the weight copies' chunks and budget
+  // (ReserveWeights); none with copies off (PDSERVE_CPU_WEIGHTS=mmap) or past the budget.
   absl::StatusOr<Tensor> MapWeightsOwnLayout(const Tensor& host,
                                              std::unique_ptr<Buffer>* storage) override;
 

@@ -105,7 +105,8 @@ DType CompanionType(DType w) {
     case DType::kQ8_0:
     case DType::kW8A8:  // per-token INT8 rows
       return w;
-    case DType::kQ8_0x16:  // Q8_0 rows repacked
+    case DType::kQ8_0x16:  // Q8_0 / Q5_0 rows repacked
+    case DType::kQ5_0x16:
       return DType::kQ8_0;
     case DType::kW4A16:  // activations stay F32
       return DType::kF32;
@@ -142,6 +143,7 @@ cpu::GemmType GemmTypeOf(DType w) {
     case DType::kW4A16: return cpu::GemmType::kW4A16;
     case DType::kQ8_K:
     case DType::kQ8_0x16:  // the own-order kernels only (PlanMatMul)
+    case DType::kQ5_0x16:
       break;
   }
   PD_CHECK_MSG(false, "no matmul for this weight type");
@@ -152,7 +154,9 @@ cpu::GemmType GemmTypeOf(DType w) {
 const cpu::GroupedKernels* CpuBackend::OwnOrderKernels(DType w) const {
   const bool simd = &k_ == cpu::Avx2Kernels();
   if (w == DType::kQ8_0) return simd ? cpu::Q8_0OwnOrderVnni() : cpu::Q8_0OwnOrderScalar();
+  if (w == DType::kQ5_0) return simd ? cpu::Q5_0OwnOrderVnni() : cpu::Q5_0OwnOrderScalar();
   if (w == DType::kQ8_0x16) return simd ? cpu::Q8_0x16OwnOrderVnni() : cpu::Q8_0x16OwnOrderScalar();
+  if (w == DType::kQ5_0x16) return simd ? cpu::Q5_0x16OwnOrderVnni() : cpu::Q5_0x16OwnOrderScalar();
   return nullptr;
 }
 
@@ -183,14 +187,21 @@ absl::Status CpuBackend::PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
     return absl::InvalidArgumentError(absl::StrCat(
         "MatMul: ", n_own, " of ", n, " rows ask for the own order; it is for all rows or none"));
   }
-  // Only Q8_0 has an own order on this backend, and only where it is the faster one (with
-  // AVX512-VNNI, and in the portable table); other types and CPUs keep llama.cpp's. q8_0x16
-  // weights (MapWeightsOwnLayout) take it on every row, flags or not.
+  // Only Q8_0 and Q5_0 rows have an own order on this backend, and only where it is the
+  // faster one (with AVX512-VNNI, and in the portable table); other types and CPUs keep
+  // llama.cpp's. Weights laid out for it (MapWeightsOwnLayout: q8_0x16, q5_0x16) take it on every
+  // row, flags or not.
+  const bool laid_out = w.type == DType::kQ8_0x16 || w.type == DType::kQ5_0x16;
   const cpu::GroupedKernels* own_kernels = nullptr;
-  if (n_own != 0 || w.type == DType::kQ8_0x16) own_kernels = OwnOrderKernels(w.type);
-  if (w.type == DType::kQ8_0x16 && own_kernels == nullptr) {
+  if (n_own != 0 || laid_out) own_kernels = OwnOrderKernels(w.type);
+  if (laid_out && own_kernels == nullptr) {
     // Made on another kernel table (a test's): the portable kernel gives the same bits.
-    own_kernels = cpu::Q8_0x16OwnOrderScalar();
+    own_kernels =
+        w.type == DType::kQ8_0x16 ? cpu::Q8_0x16OwnOrderScalar() : cpu::Q5_0x16OwnOrderScalar();
+  }
+  if (w.type == DType::kQ5_0x16 && m % 16 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MatMul: a q5_0x16 view of ", m, " rows (want a multiple of 16)"));
   }
   const bool own = own_kernels != nullptr;
   if (w.type == DType::kW8A8 && k > kW8A8MaxCols) {
@@ -243,6 +254,7 @@ absl::Status CpuBackend::PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
               case DType::kF32:
               case DType::kW4A16:
               case DType::kQ8_0x16:
+              case DType::kQ5_0x16:
               case DType::kQ4_0:
               case DType::kQ5_0:
               case DType::kQ2_K:

@@ -180,6 +180,23 @@ const GroupedKernels* Q8_0OwnOrderVnni();
 const GroupedKernels* Q8_0x16OwnOrderScalar();
 // nullptr where Q8_0OwnOrderVnni is.
 const GroupedKernels* Q8_0x16OwnOrderVnni();
+// pdserve's own order for Q5_0 weights laid out as q5_0x16 (engine/quant/q5_0x16.h: 16 rows'
+// nibble words side by side, their fifth bits as byte masks), the same pack_x: per output
+// y = fma(d_w * d_x, isum, y) over the blocks from +0, isum = sum (code - 16) * x exact (the
+// VNNI kernels start the sums at -16 * sum(x), pack_x's offset / 8). `w` starts at a multiple of
+// 16 rows, rows is a multiple of 16 and w_stride is unused. The VNNI kernel makes a block's 8
+// code words with AND / shift and a masked add of 16 per word, once per block for up to 16
+// activation rows, then the Q8_0 layout's 8 VPDPBUSD and three F32 operations per activation
+// row, so one row costs the stream of its bytes and four cost little more; the portable kernel
+// (each row unpacked, integer dot per block) is the statement of the order, bit for bit.
+const GroupedKernels* Q5_0x16OwnOrderScalar();
+// nullptr where Q8_0OwnOrderVnni is.
+const GroupedKernels* Q5_0x16OwnOrderVnni();
+// The same order on plain Q5_0 rows (kRowOrderOwn over weights not laid out at load): the
+// portable kernel on the rows; the VNNI one lays each group of 16 rows out into scratch per call
+// (a part group padded) and runs the q5_0x16 kernel: the same bits, at a repacking's cost.
+const GroupedKernels* Q5_0OwnOrderScalar();
+const GroupedKernels* Q5_0OwnOrderVnni();
 // The AVX2 table's Q8_0, Q5_0 and Q4_0 tiles without the VNNI dispatch (tests compare the two).
 void GemmQ8_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                   size_t x_stride, int nc, float* y, int64_t y_stride);

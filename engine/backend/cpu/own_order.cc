@@ -9,6 +9,7 @@
 
 #include "engine/backend/cpu/kernels.h"
 #include "engine/quant/fp16.h"
+#include "engine/quant/q5_0x16.h"
 #include "engine/quant/q8_0.h"
 #include "engine/quant/q8_0x16.h"
 
@@ -88,7 +89,64 @@ void GemmQ8_0x16OwnScalar(int64_t k, const void* w, size_t /*w_stride*/, int64_t
   }
 }
 
+// The Q5_0 order: as OwnOrderDot, isum = sum (code - 16) * x (|isum| <= 32 * 16 * 128 < 2^24).
+float OwnOrderDotQ5_0(const BlockQ5_0* wr, int64_t nb, const char* xr) {
+  const auto* xq = reinterpret_cast<const int8_t*>(xr);
+  const auto* xd = reinterpret_cast<const float*>(xr + nb * kQ8_0BlockSize);
+  float acc = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    int8_t codes[kQ8_0BlockSize];
+    UnpackQ5_0(wr[b], codes);
+    int32_t isum = 0;
+    for (int j = 0; j < kQ8_0BlockSize; ++j) {
+      isum += int32_t{codes[j]} * xq[b * kQ8_0BlockSize + j];
+    }
+    const float scale = F16ToF32(wr[b].d) * xd[b];
+    acc = std::fma(scale, static_cast<float>(isum), acc);
+  }
+  return acc;
+}
+
+void GemmQ5_0OwnScalar(int64_t k, const void* w, size_t w_stride, int64_t rows, const void* xp,
+                       int64_t n, float* y, int64_t y_stride) {
+  const int64_t nb = k / kQ8_0BlockSize;
+  const size_t row_bytes = Q8_0OwnXRowBytes(nb);
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto* wr = reinterpret_cast<const BlockQ5_0*>(static_cast<const char*>(w) + r * w_stride);
+    for (int64_t i = 0; i < n; ++i) {
+      y[i * y_stride + r] = OwnOrderDotQ5_0(wr, nb, static_cast<const char*>(xp) + i * row_bytes);
+    }
+  }
+}
+
+// q5_0x16 weights (rows a multiple of 16, w_stride unused): each row unpacked to its Q5_0 blocks.
+void GemmQ5_0x16OwnScalar(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows,
+                          const void* xp, int64_t n, float* y, int64_t y_stride) {
+  const int64_t nb = k / kQ8_0BlockSize;
+  const size_t row_bytes = Q8_0OwnXRowBytes(nb);
+  std::vector<BlockQ5_0> wr(static_cast<size_t>(nb));
+  for (int64_t r = 0; r < rows; ++r) {
+    UnpackQ5_0x16Row(w, k, r, wr.data());
+    for (int64_t i = 0; i < n; ++i) {
+      y[i * y_stride + r] =
+          OwnOrderDotQ5_0(wr.data(), nb, static_cast<const char*>(xp) + i * row_bytes);
+    }
+  }
+}
+
 }  // namespace
+
+const GroupedKernels* Q5_0OwnOrderScalar() {
+  static constexpr GroupedKernels kKernels = {&Q8_0OwnXBytes, &PackQ8_0OwnX, nullptr, nullptr,
+                                              &GemmQ5_0OwnScalar};
+  return &kKernels;
+}
+
+const GroupedKernels* Q5_0x16OwnOrderScalar() {
+  static constexpr GroupedKernels kKernels = {&Q8_0OwnXBytes, &PackQ8_0OwnX, nullptr, nullptr,
+                                              &GemmQ5_0x16OwnScalar};
+  return &kKernels;
+}
 
 const GroupedKernels* Q8_0OwnOrderScalar() {
   static constexpr GroupedKernels kKernels = {&Q8_0OwnXBytes, &PackQ8_0OwnX, nullptr, nullptr,

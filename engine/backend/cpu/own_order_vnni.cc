@@ -15,11 +15,15 @@
 //
 // A head laid out as q8_0x16 at load (engine/quant/q8_0x16.h; Model::LoadOptions) holds the
 // words already where LoadCodes leaves them (in row order, w + 128), so TileX16 loads them
-// straight: one row then costs the stream of its bytes, not the transposition.
+// straight: one row then costs the stream of its bytes, not the transposition. Q5_0 matrices
+// laid out as q5_0x16 (q5_0x16.h: the layers' own order) hold nibble words and fifth-bit masks
+// in the same row order, which TileX16 turns into the 8 code words with AND, a shift and a masked
+// add per word; the sums start at -16 * sum(x) (the packed offset / 8).
 //
 // This file alone is compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni (plus
 // AVX2/FMA/F16C); its kernels run only when CPUID reports those instructions.
 #include "engine/backend/cpu/kernels.h"
+#include "engine/quant/q5_0x16.h"
 #include "engine/quant/q8_0x16.h"
 
 #if defined(__x86_64__) && defined(__AVX512VNNI__) && defined(__AVX512VL__) && \
@@ -32,6 +36,7 @@
 #include <cstdint>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 namespace pd::engine::cpu {
 namespace {
@@ -51,8 +56,6 @@ constexpr int kSmallMaxRows = 2;
 // Zen 4: 8 rows 9.8 ms, 16 rows 11.6; at 4 KiB pages 32 rows 17.4).
 constexpr int64_t kSmallPrefetchRows = 8;
 
-// q8_0x16's bytes per group of 16 rows and block (codes and scales; laid out in pairs of blocks).
-constexpr int64_t kX16BlockBytes = kLanes * (kBlock + 2);
 // Up to this many activation rows the q8_0x16 kernel splits a block's sums into two chains
 // (gemv_bench head_x16/q8_0/1/1 on Zen 4: 7.5 -> 7.1 ms, within the noise of 2 rows).
 constexpr int kX16TwoChainsMaxRows = 2;
@@ -128,7 +131,9 @@ __attribute__((always_inline)) inline void DpbusdBroadcast(__m512i& s, __m512i w
 // the row's packed offset plus the 8 words' VPDPBUSD, the portable kernel's operations on each
 // lane (own_order.cc). kTwoChains: the sums in two chains of four (the same integers) where few
 // rows leave one chain's latency exposed.
-template <bool kTwoChains>
+// kStartShift: the offset's shift for the weights' code range (0: Q8_0's w + 128 against
+// -128 * sum(x); 3: Q5_0's codes 0..31 against -16 * sum(x), exact).
+template <bool kTwoChains, int kStartShift = 0>
 __attribute__((always_inline)) inline __m512 RowBlock(__m512 acc, const __m512i (&w)[8], __m512 dw,
                                                       const char* xr, int64_t b, int64_t nb) {
   const auto* xq = reinterpret_cast<const int8_t*>(xr + b * kBlock);
@@ -136,7 +141,7 @@ __attribute__((always_inline)) inline __m512 RowBlock(__m512 acc, const __m512i 
   float d;
   std::memcpy(&c, xr + nb * (kBlock + 4) + b * 4, 4);  // after the codes and the d_x
   std::memcpy(&d, xr + nb * kBlock + b * 4, 4);
-  __m512i s = _mm512_set1_epi32(c);
+  __m512i s = _mm512_set1_epi32(c >> kStartShift);
   if constexpr (kTwoChains) {
     __m512i s1 = _mm512_setzero_si512();
 #pragma GCC unroll 4
@@ -278,32 +283,69 @@ void GemmOwnVnni(int64_t k, const void* w, size_t ws, int64_t rows, const void* 
   }
 }
 
-// q8_0x16 (engine/quant/q8_0x16.h): one group of 16 weight rows against activation rows
-// [i0, i0 + NN). The code words load straight into W[j] (lane e = the group's row e, already
-// w + 128) and the 16 scales in one VCVTPH2PS; per activation row and block the operations of
-// Tile above, so the bits are the same, and the lanes are already in row order.
-template <int NN>
+// The layouts the x16 kernels read: q8_0x16 (engine/quant/q8_0x16.h) and q5_0x16 (q5_0x16.h).
+enum class X16 { kQ8_0, kQ5_0 };
+
+template <X16 kW>
+constexpr size_t X16BlockBytes() {  // per group of 16 rows and block
+  return kW == X16::kQ8_0 ? kLanes * (kBlock + 2) : kLanes * 22;
+}
+
+// Block b's 8 code words (lane e = the group's row e, unsigned) and 16 scales.
+template <X16 kW>
+__attribute__((always_inline)) inline __m512 LoadX16(const char* group, int64_t nb, int64_t b,
+                                                     __m512i (&w)[8]) {
+  if constexpr (kW == X16::kQ8_0) {
+    const char* cb = group + Q8_0x16CodesAt(b);
+    for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(cb + 64 * j);
+    return _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + Q8_0x16ScalesAt(nb, b))));
+  } else {
+    // Nibble word j: low nibbles are code word j, high nibbles code word j + 4; each takes 16
+    // where its fifth bit (a byte mask loaded straight into a mask register) is set.
+    const char* nib = group + Q5_0x16NibblesAt(b);
+    // (_load_mask64 takes a non-const pointer; it only reads.)
+    auto* masks = reinterpret_cast<__mmask64*>(const_cast<char*>(group + Q5_0x16MasksAt(nb, b)));
+    const __m512i m4 = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const __m512i q = _mm512_loadu_si512(nib + 64 * j);
+      const __m512i lo = _mm512_and_si512(q, m4);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+      w[j] = _mm512_mask_add_epi8(lo, _load_mask64(masks + j), lo, sixteen);
+      w[j + 4] = _mm512_mask_add_epi8(hi, _load_mask64(masks + j + 4), hi, sixteen);
+    }
+    return _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + Q5_0x16ScalesAt(nb, b))));
+  }
+}
+
+// One group of 16 weight rows (laid out as kW) against activation rows [i0, i0 + NN). The code
+// words load (q8_0x16) or unpack (q5_0x16) straight into W[j] (lane e = the group's row e, already
+// unsigned) and the 16 scales in one VCVTPH2PS; per activation row and block the operations of
+// Tile above, so the bits are the portable kernel's, and the lanes are already in row order.
+template <int NN, X16 kW>
 void TileX16(int64_t nb, const char* codes, const char* prefetch, const char* xp,
              size_t x_row_bytes, int64_t i0, float* y, int64_t ys) {
+  constexpr size_t kBytes = X16BlockBytes<kW>();
+  constexpr int kLines = static_cast<int>((kBytes + 63) / 64);
+  constexpr int kShift = kW == X16::kQ8_0 ? 0 : 3;
   __m512 acc[NN];
   for (int i = 0; i < NN; ++i) acc[i] = _mm512_setzero_ps();
   const char* xr[NN];
   for (int i = 0; i < NN; ++i) xr[i] = xp + (i0 + i) * x_row_bytes;
   for (int64_t b = 0; b < nb; ++b) {
     if (prefetch != nullptr) {
-      // kX16BlockBytes (544) per block of the stream: nine lines from its share's start cover it.
-      const char* p = prefetch + b * kX16BlockBytes;
-#pragma GCC unroll 9
-      for (int o = 0; o < 9; ++o) _mm_prefetch(p + 64 * o, _MM_HINT_T0);
+      // kBytes per block of the stream: whole lines from its share's start cover it.
+      const char* p = prefetch + b * kBytes;
+#pragma GCC unroll 10
+      for (int o = 0; o < kLines; ++o) _mm_prefetch(p + 64 * o, _MM_HINT_T0);
     }
-    const char* cb = codes + Q8_0x16CodesAt(b);
     __m512i w[8];
-    for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(cb + 64 * j);
-    const __m512 dw = _mm512_cvtph_ps(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + Q8_0x16ScalesAt(nb, b))));
+    const __m512 dw = LoadX16<kW>(codes, nb, b, w);
 #pragma GCC unroll 16
     for (int i = 0; i < NN; ++i) {
-      acc[i] = RowBlock<(NN <= kX16TwoChainsMaxRows)>(acc[i], w, dw, xr[i], b, nb);
+      acc[i] = RowBlock<(NN <= kX16TwoChainsMaxRows), kShift>(acc[i], w, dw, xr[i], b, nb);
     }
   }
   for (int i = 0; i < NN; ++i) _mm512_storeu_ps(y + i * ys, acc[i]);
@@ -312,18 +354,21 @@ void TileX16(int64_t nb, const char* codes, const char* prefetch, const char* xp
 using TileX16Fn = void (*)(int64_t, const char*, const char*, const char*, size_t, int64_t, float*,
                            int64_t);
 
-template <int... N>
+template <X16 kW, int... N>
 constexpr auto MakeTilesX16(std::integer_sequence<int, N...>) {
-  return std::array<TileX16Fn, sizeof...(N)>{&TileX16<N + 1>...};
+  return std::array<TileX16Fn, sizeof...(N)>{&TileX16<N + 1, kW>...};
 }
 
+// y[i * ys + r] over the groups of 16 rows (kW's layout) in passes of up to kMaxActRows activation
+// rows; q8_0x16's last rows % 16 are plain Q8_0 rows (q5_0x16 has none).
+template <X16 kW>
 void GemmX16Vnni(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, const void* xp,
                  int64_t n, float* y, int64_t ys) {
-  static constexpr auto kTiles = MakeTilesX16(std::make_integer_sequence<int, kMaxActRows>{});
+  static constexpr auto kTiles = MakeTilesX16<kW>(std::make_integer_sequence<int, kMaxActRows>{});
   const int64_t nb = k / kBlock;
   const size_t x_row_bytes = Q8_0OwnXRowBytes(nb);
   const char* wa = static_cast<const char*>(w);
-  const size_t group_bytes = static_cast<size_t>(nb) * kLanes * kBlockBytes;
+  const size_t group_bytes = static_cast<size_t>(nb) * X16BlockBytes<kW>();
   const int64_t groups = rows / kLanes;
   for (int64_t g = 0; g < groups; ++g) {
     const char* codes = wa + g * group_bytes;
@@ -337,10 +382,49 @@ void GemmX16Vnni(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, co
                      x_row_bytes, i0, y + i0 * ys + g * kLanes, ys);
     }
   }
-  // The last rows % 16 rows are plain Q8_0 rows.
-  if (const int64_t tail = rows - groups * kLanes; tail > 0) {
-    GemmOwnVnni(k, wa + groups * group_bytes, static_cast<size_t>(nb) * kBlockBytes, tail, xp, n,
-                y + groups * kLanes, ys);
+  if constexpr (kW == X16::kQ8_0) {
+    // The last rows % 16 rows are plain Q8_0 rows.
+    if (const int64_t tail = rows - groups * kLanes; tail > 0) {
+      GemmOwnVnni(k, wa + groups * group_bytes, static_cast<size_t>(nb) * kBlockBytes, tail, xp, n,
+                  y + groups * kLanes, ys);
+    }
+  }
+}
+
+// The Q5_0 order on plain Q5_0 rows (a MatMul whose rows carry kRowOrderOwn over weights that
+// were not laid out at load: copies off, or past their budget): each group of 16 rows is laid out
+// as q5_0x16 into a scratch buffer (a last group of fewer rows padded with copies of its last
+// row, whose results are dropped) and run by the q5_0x16 kernel, so the bits are the layout's.
+void GemmQ5_0OwnVnni(int64_t k, const void* w, size_t ws, int64_t rows, const void* xp, int64_t n,
+                     float* y, int64_t ys) {
+  const int64_t nb = k / kBlock;
+  const size_t row_bytes = static_cast<size_t>(nb) * 22;
+  thread_local std::vector<char> group, padded;
+  thread_local std::vector<float> part;
+  group.resize(static_cast<size_t>(kLanes) * row_bytes);
+  const char* wa = static_cast<const char*>(w);
+  for (int64_t r0 = 0; r0 < rows; r0 += kLanes) {
+    const int nr = static_cast<int>(std::min<int64_t>(kLanes, rows - r0));
+    const char* src = wa + r0 * ws;
+    size_t stride = ws;
+    if (nr < kLanes) {
+      padded.resize(static_cast<size_t>(kLanes) * row_bytes);
+      for (int e = 0; e < kLanes; ++e) {
+        std::memcpy(padded.data() + e * row_bytes, src + std::min(e, nr - 1) * ws, row_bytes);
+      }
+      src = padded.data();
+      stride = row_bytes;
+    }
+    RepackQ5_0x16(src, stride, kLanes, k, group.data());
+    if (nr == kLanes) {
+      GemmX16Vnni<X16::kQ5_0>(k, group.data(), 0, kLanes, xp, n, y + r0, ys);
+      continue;
+    }
+    part.resize(static_cast<size_t>(n) * kLanes);
+    GemmX16Vnni<X16::kQ5_0>(k, group.data(), 0, kLanes, xp, n, part.data(), kLanes);
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(y + i * ys + r0, part.data() + i * kLanes, static_cast<size_t>(nr) * 4);
+    }
   }
 }
 
@@ -356,7 +440,19 @@ PD_NO_AVX512 const GroupedKernels* Q8_0OwnOrderVnni() {
 
 PD_NO_AVX512 const GroupedKernels* Q8_0x16OwnOrderVnni() {
   static constexpr GroupedKernels kKernels = {&Q8_0OwnXBytes, &PackQ8_0OwnX, nullptr, nullptr,
-                                              &GemmX16Vnni};
+                                              &GemmX16Vnni<X16::kQ8_0>};
+  return Q8_0QuadVnni() != nullptr ? &kKernels : nullptr;
+}
+
+PD_NO_AVX512 const GroupedKernels* Q5_0OwnOrderVnni() {
+  static constexpr GroupedKernels kKernels = {&Q8_0OwnXBytes, &PackQ8_0OwnX, nullptr, nullptr,
+                                              &GemmQ5_0OwnVnni};
+  return Q8_0QuadVnni() != nullptr ? &kKernels : nullptr;
+}
+
+PD_NO_AVX512 const GroupedKernels* Q5_0x16OwnOrderVnni() {
+  static constexpr GroupedKernels kKernels = {&Q8_0OwnXBytes, &PackQ8_0OwnX, nullptr, nullptr,
+                                              &GemmX16Vnni<X16::kQ5_0>};
   return Q8_0QuadVnni() != nullptr ? &kKernels : nullptr;
 }
 
@@ -367,6 +463,8 @@ PD_NO_AVX512 const GroupedKernels* Q8_0x16OwnOrderVnni() {
 namespace pd::engine::cpu {
 const GroupedKernels* Q8_0OwnOrderVnni() { return nullptr; }
 const GroupedKernels* Q8_0x16OwnOrderVnni() { return nullptr; }
+const GroupedKernels* Q5_0OwnOrderVnni() { return nullptr; }
+const GroupedKernels* Q5_0x16OwnOrderVnni() { return nullptr; }
 }  // namespace pd::engine::cpu
 
 #endif

@@ -74,6 +74,7 @@ uint32_t FileType(DType t) {
       return static_cast<uint32_t>(t);
     case DType::kQ8_K:
     case DType::kQ8_0x16:
+    case DType::kQ5_0x16:
       break;
   }
   return 0;

@@ -119,7 +119,8 @@ HostTensor MakeWeights(DType type, int64_t rows, int64_t cols, const std::vector
         DequantizeRow(type, dst, tmp.data(), cols);
         break;
       case DType::kQ8_0x16:
-        ADD_FAILURE() << "q8_0x16 is made from Q8_0 rows (RepackQ8_0x16), not from floats";
+      case DType::kQ5_0x16:
+        ADD_FAILURE() << "the x16 layouts are made from Q8_0 / Q5_0 rows, not from floats";
         break;
     }
     for (int64_t c = 0; c < cols; ++c) (*exact)[r * cols + c] = tmp[c];
@@ -332,7 +333,7 @@ TEST_P(CpuBackendTest, DecodeRowsEqualOneRowEach) {
 // and in a batch (1 to 40 rows: one and several passes of 16 activation rows; 77 weight rows, off
 // the 16-row groups), and they are the portable kernel's bits (cpu::Q8_0OwnOrderScalar over the
 // activations the backend quantizes with QuantizeRowQ8_0Act). On AVX2 alone the flag changes no
-// bit. Weights without an own order ignore the flag; the flag on some rows only is refused.
+// bit. Weights without an own order (Q4_0) ignore the flag; the flag on some rows only is refused.
 TEST_P(CpuBackendTest, OwnOrderRowsEqualOneRowEachAndThePortableKernel) {
   const bool runs_own = GetParam().force_scalar || cpu::Q8_0OwnOrderVnni() != nullptr;
   const int64_t k = 640, m = 77, nb = k / 32;
@@ -366,9 +367,9 @@ TEST_P(CpuBackendTest, OwnOrderRowsEqualOneRowEachAndThePortableKernel) {
   HostTensor y(DType::kF32, 4, m), y_plain(DType::kF32, 4, m);
   EXPECT_THAT(be_->MatMulRowOrder(w.t, x.t, y.t, {own, own, kRowOrderGemv, own}),
               StatusIs(absl::StatusCode::kInvalidArgument, "own order"));
-  HostTensor w5 = MakeWeights(DType::kQ5_0, m, k, RandomVec(rng_, m * k), &unused);
-  ASSERT_THAT(be_->MatMulRowOrder(w5.t, x.t, y.t, std::vector<uint8_t>(4, own)), IsOk());
-  ASSERT_THAT(be_->MatMulRowOrder(w5.t, x.t, y_plain.t, std::vector<uint8_t>(4, kRowOrderGemv)),
+  HostTensor w4 = MakeWeights(DType::kQ4_0, m, k, RandomVec(rng_, m * k), &unused);
+  ASSERT_THAT(be_->MatMulRowOrder(w4.t, x.t, y.t, std::vector<uint8_t>(4, own)), IsOk());
+  ASSERT_THAT(be_->MatMulRowOrder(w4.t, x.t, y_plain.t, std::vector<uint8_t>(4, kRowOrderGemv)),
               IsOk());
   EXPECT_EQ(std::memcmp(y.t.data, y_plain.t.data, y.t.bytes()), 0);
 }
@@ -424,6 +425,85 @@ TEST_P(CpuBackendTest, OwnLayoutGivesTheFlagsBitsAndTheRows) {
         .copy_weights_max_bytes = w.t.bytes() / 2}}) {
     std::unique_ptr<Backend> be = CreateCpuBackend(o);
     absl::StatusOr<Tensor> kept = be->MapWeightsOwnLayout(w.t, &storage);
+    ASSERT_THAT(kept.status(), IsOk());
+    EXPECT_EQ(kept->data, nullptr) << o.copy_weights;
+  }
+}
+
+// Q5_0 laid out as q5_0x16 (rows a multiple of 16): the bits the flag gives on the plain rows,
+// for every batch size, each row's the same as alone; rows from GetRows as from the plain rows;
+// the flag on plain rows of any count gives the portable kernel's bits; other row counts, copies
+// off and a budget too small keep the plain rows.
+TEST_P(CpuBackendTest, OwnLayoutQ5_0GivesTheFlagsBitsAndTheRows) {
+  std::vector<double> unused;
+  const uint8_t own = kRowOrderGemv | kRowOrderOwn;
+  std::unique_ptr<Backend> portable = CreateCpuBackend({.force_scalar = true});
+  for (int64_t k : {96, 640}) {
+    const int64_t m = 80;
+    SCOPED_TRACE(::testing::Message() << "k " << k);
+    HostTensor w = MakeWeights(DType::kQ5_0, m, k, RandomVec(rng_, m * k), &unused);
+    std::unique_ptr<Buffer> storage;
+    absl::StatusOr<Tensor> laid = be_->MapWeightsOwnLayout(w.t, &storage);
+    ASSERT_THAT(laid.status(), IsOk());
+    if (!GetParam().force_scalar && cpu::Q5_0x16OwnOrderVnni() == nullptr) {
+      EXPECT_EQ(laid->data, nullptr) << "no own order on AVX2 alone: no layout for it";
+      GTEST_SKIP() << "AVX2 without VNNI keeps llama.cpp's order";
+    }
+    ASSERT_NE(laid->data, nullptr);
+    ASSERT_NE(storage, nullptr);
+    EXPECT_EQ(laid->type, DType::kQ5_0x16);
+    EXPECT_EQ(laid->bytes(), w.t.bytes());
+    for (int64_t n : {1, 2, 3, 4, 5, 16, 17, 40}) {
+      SCOPED_TRACE(::testing::Message() << "n " << n);
+      HostTensor x = F32(n, k, RandomVec(rng_, n * k, 2.f));
+      HostTensor want(DType::kF32, n, m), got(DType::kF32, n, m), got_flagged(DType::kF32, n, m);
+      HostTensor ref(DType::kF32, n, m);
+      ASSERT_THAT(be_->MatMulRowOrder(w.t, x.t, want.t, std::vector<uint8_t>(n, own)), IsOk());
+      ASSERT_THAT(portable->MatMulRowOrder(w.t, x.t, ref.t, std::vector<uint8_t>(n, own)), IsOk());
+      ASSERT_THAT(be_->MatMul(*laid, x.t, got.t), IsOk());
+      ASSERT_THAT(be_->MatMulRowOrder(*laid, x.t, got_flagged.t, std::vector<uint8_t>(n, own)),
+                  IsOk());
+      EXPECT_EQ(std::memcmp(want.t.data, ref.t.data, want.t.bytes()), 0);
+      EXPECT_EQ(std::memcmp(want.t.data, got.t.data, want.t.bytes()), 0);
+      EXPECT_EQ(std::memcmp(want.t.data, got_flagged.t.data, want.t.bytes()), 0);
+      for (int64_t i = 0; i < n; i += 7) {
+        const float* xi = static_cast<const float*>(x.t.data) + i * k;
+        HostTensor one = F32(1, k, std::vector<float>(xi, xi + k));
+        HostTensor y1(DType::kF32, 1, m);
+        ASSERT_THAT(be_->MatMul(*laid, one.t, y1.t), IsOk());
+        EXPECT_EQ(std::memcmp(y1.t.data, static_cast<const float*>(want.t.data) + i * m,
+                              m * sizeof(float)),
+                  0)
+            << i;
+      }
+    }
+    const std::vector<int32_t> ids = {0, 15, 16, 31, 63, 64, 79, 5};
+    HostTensor rows(DType::kF32, static_cast<int64_t>(ids.size()), k);
+    HostTensor rows_plain(DType::kF32, static_cast<int64_t>(ids.size()), k);
+    ASSERT_THAT(be_->GetRows(*laid, ids, rows.t), IsOk());
+    ASSERT_THAT(be_->GetRows(w.t, ids, rows_plain.t), IsOk());
+    EXPECT_EQ(std::memcmp(rows.t.data, rows_plain.t.data, rows.t.bytes()), 0);
+  }
+  // A row count off the groups: no layout; the flag on its plain rows (a part group padded).
+  const int64_t k = 640, m = 77, n = 5;
+  HostTensor w = MakeWeights(DType::kQ5_0, m, k, RandomVec(rng_, m * k), &unused);
+  std::unique_ptr<Buffer> storage;
+  absl::StatusOr<Tensor> none = be_->MapWeightsOwnLayout(w.t, &storage);
+  ASSERT_THAT(none.status(), IsOk());
+  EXPECT_EQ(none->data, nullptr);
+  EXPECT_EQ(storage, nullptr);
+  HostTensor x = F32(n, k, RandomVec(rng_, n * k, 2.f));
+  HostTensor got(DType::kF32, n, m), ref(DType::kF32, n, m);
+  ASSERT_THAT(be_->MatMulRowOrder(w.t, x.t, got.t, std::vector<uint8_t>(n, own)), IsOk());
+  ASSERT_THAT(portable->MatMulRowOrder(w.t, x.t, ref.t, std::vector<uint8_t>(n, own)), IsOk());
+  EXPECT_EQ(std::memcmp(got.t.data, ref.t.data, got.t.bytes()), 0);
+  HostTensor w80 = MakeWeights(DType::kQ5_0, 80, k, RandomVec(rng_, 80 * k), &unused);
+  for (const CpuBackendOptions& o :
+       {CpuBackendOptions{.force_scalar = GetParam().force_scalar, .copy_weights = false},
+        CpuBackendOptions{.force_scalar = GetParam().force_scalar,
+        .copy_weights_max_bytes = w80.t.bytes() / 2}}) {
+    std::unique_ptr<Backend> be = CreateCpuBackend(o);
+    absl::StatusOr<Tensor> kept = be->MapWeightsOwnLayout(w80.t, &storage);
     ASSERT_THAT(kept.status(), IsOk());
     EXPECT_EQ(kept->data, nullptr) << o.copy_weights;
   }

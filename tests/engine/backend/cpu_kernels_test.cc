@@ -28,6 +28,7 @@
 #include "engine/backend/cpu/kernels.h"
 #include "engine/backend/kv_rotation.h"
 #include "engine/quant/fp16.h"
+#include "engine/quant/q5_0x16.h"
 #include "engine/quant/q8_0.h"
 #include "engine/quant/q8_0x16.h"
 
@@ -566,7 +567,8 @@ TEST(QuadVnniTest, Q5_0BitIdenticalToTheAvx2Tiles) {
 // pdserve's own Q8_0 order (kernels.h, Q8_0OwnOrder*), the output head's where the cache is not
 // F32. Runs `g` over weight rows [0, rows) and activation rows [0, n) of k values through pack_x.
 std::vector<float> RunOwn(const GroupedKernels* g, const void* w, int64_t rows,
-                          const std::vector<BlockQ8_0>& x, int64_t n, int64_t k) {
+                          const std::vector<BlockQ8_0>& x, int64_t n, int64_t k,
+                          size_t block_bytes = sizeof(BlockQ8_0)) {
   const int64_t nb = k / 32;
   std::vector<char> packed(g->x_bytes(n, k) + 64);
   char* xp = packed.data() + (64 - reinterpret_cast<uintptr_t>(packed.data()) % 64) % 64;
@@ -574,7 +576,7 @@ std::vector<float> RunOwn(const GroupedKernels* g, const void* w, int64_t rows,
   // A stride wider than the rows, so that a kernel writing past its rows shows.
   const int64_t ys = rows + 3;
   std::vector<float> y(n * ys, -7.f);
-  g->gemm(k, w, nb * sizeof(BlockQ8_0), rows, xp, n, y.data(), ys);
+  g->gemm(k, w, nb * block_bytes, rows, xp, n, y.data(), ys);
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t r = rows; r < ys; ++r) EXPECT_EQ(y[i * ys + r], -7.f) << "wrote past row " << r;
   }
@@ -690,6 +692,133 @@ TEST(OwnOrderTest, PortableKernelIsOneChainPerOutput) {
           const BlockQ8_0& xb = x[i * nb + b];
           int32_t isum = 0;
           for (int j = 0; j < 32; ++j) isum += int32_t{wb.qs[j]} * xb.qs[j];
+          const double term = double{F16ToF32(wb.d)} * F16ToF32(xb.d) * isum;
+          exact += term;
+          magnitude += std::abs(term);
+          chain = std::fma(F16ToF32(wb.d) * F16ToF32(xb.d), static_cast<float>(isum), chain);
+        }
+        const float got = y[i * (rows + 3) + r];
+        EXPECT_EQ(std::bit_cast<uint32_t>(chain), std::bit_cast<uint32_t>(got)) << k << " " << r;
+        EXPECT_LE(std::abs(got - exact), 1.001 * (nb + 1) * std::ldexp(1.0, -24) * magnitude)
+            << "k " << k << " row " << r << " x " << i;
+      }
+    }
+  }
+}
+
+// q5_0x16 (engine/quant/q5_0x16.h): where the header says each byte and bit goes, and back.
+TEST(OwnOrderTest, Q5_0x16LayoutIsTheHeadersAndUnpacksToTheSource) {
+  std::mt19937 rng(47);
+  for (int64_t k : {32, 96, 640}) {  // 96: an odd block count, its last block alone
+    const int64_t nb = k / 32;
+    for (int64_t rows : {16, 48}) {
+      const std::vector<BlockQ5_0> w = RandomWeightBlocks<BlockQ5_0>(rng, rows * nb);
+      std::vector<BlockQ5_0> packed(w.size());
+      RepackQ5_0x16(w.data(), nb * sizeof(BlockQ5_0), rows, k, packed.data());
+      const auto* bytes = reinterpret_cast<const uint8_t*>(packed.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        std::vector<BlockQ5_0> back(nb);
+        UnpackQ5_0x16Row(packed.data(), k, r, back.data());
+        ASSERT_EQ(std::memcmp(back.data(), &w[r * nb], nb * sizeof(BlockQ5_0)), 0) << r;
+        for (int64_t b = 0; b < nb; ++b) {
+          const BlockQ5_0& src = w[r * nb + b];
+          // Blocks in pairs: nibbles 2p, 2p + 1, their masks, their scales; a last odd block alone.
+          const uint8_t* pair = bytes + (r / 16) * 16 * nb * 22 + (b / 2) * 704;
+          const int64_t in_pair = b / 2 * 2 + 1 < nb ? 2 : 1;
+          const int64_t e = r % 16;
+          uint16_t d;
+          std::memcpy(&d, pair + in_pair * 320 + (b % 2) * 32 + e * 2, 2);
+          EXPECT_EQ(d, src.d) << r << " " << b;
+          uint32_t qh;
+          std::memcpy(&qh, src.qh, 4);
+          for (int i = 0; i < 32; ++i) {
+            const uint8_t nib = pair[(b % 2) * 256 + ((i % 16) / 4) * 64 + e * 4 + i % 4];
+            ASSERT_EQ(i < 16 ? nib & 15 : nib >> 4, i < 16 ? src.qs[i] & 15 : src.qs[i - 16] >> 4)
+                << "row " << r << " block " << b << " code " << i;
+            uint64_t mask;
+            std::memcpy(&mask, pair + in_pair * 256 + (b % 2) * 64 + (i / 4) * 8, 8);
+            ASSERT_EQ((mask >> (4 * e + i % 4)) & 1, (qh >> i) & 1)
+                << "row " << r << " block " << b << " code " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The Q5_0 own order's kernels give the portable one's bits on the plain rows: the q5_0x16
+// kernels (portable and VNNI) on the rows laid out (groups of 16, up to several groups past the
+// prefetch's reach), and the VNNI kernel on plain rows (any count: a part group padded), for
+// activation rows from 1 past two passes of 16, rows of one block up to 4160 weights (an odd
+// block count too), codes over their whole range.
+TEST(OwnOrderTest, Q5_0KernelsGiveThePortableBits) {
+  const GroupedKernels* ref = Q5_0OwnOrderScalar();
+  const GroupedKernels* x16_vnni = Q5_0x16OwnOrderVnni();
+  const GroupedKernels* plain_vnni = Q5_0OwnOrderVnni();
+  std::mt19937 rng(48);
+  for (int64_t k : {32, 96, 640, 4160}) {
+    const int64_t nb = k / 32;
+    for (int64_t rows : {1, 5, 15, 16, 17, 32, 48, 70, 160}) {
+      const std::vector<BlockQ5_0> w = RandomWeightBlocks<BlockQ5_0>(rng, rows * nb);
+      std::vector<BlockQ5_0> laid(w.size());
+      if (rows % 16 == 0) RepackQ5_0x16(w.data(), nb * sizeof(BlockQ5_0), rows, k, laid.data());
+      for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 33}) {
+        const std::vector<BlockQ8_0> x = RandomActivationBlocks(rng, n * nb);
+        const std::vector<float> want = RunOwn(ref, w.data(), rows, x, n, k, sizeof(BlockQ5_0));
+        std::vector<std::pair<const char*, std::vector<float>>> got;
+        if (rows % 16 == 0) {
+          got.emplace_back("q5_0x16 portable", RunOwn(Q5_0x16OwnOrderScalar(), laid.data(), rows, x,
+                                                      n, k, sizeof(BlockQ5_0)));
+          if (x16_vnni != nullptr) {
+            got.emplace_back("q5_0x16 vnni",
+                             RunOwn(x16_vnni, laid.data(), rows, x, n, k, sizeof(BlockQ5_0)));
+          }
+        }
+        if (plain_vnni != nullptr) {
+          got.emplace_back("plain vnni",
+                           RunOwn(plain_vnni, w.data(), rows, x, n, k, sizeof(BlockQ5_0)));
+        }
+        for (const auto& [what, y] : got) {
+          for (size_t i = 0; i < want.size(); ++i) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(want[i]), std::bit_cast<uint32_t>(y[i]))
+                << what << ": k " << k << " rows " << rows << " n " << n << " at " << i << ": "
+                << want[i] << " vs " << y[i];
+          }
+        }
+      }
+    }
+  }
+  if (x16_vnni == nullptr || plain_vnni == nullptr) {
+    GTEST_SKIP() << "portable kernels only: no AVX512-VNNI on this CPU (or PDSERVE_CPU_ISA / "
+                    "PDSERVE_CPU_NO_VNNI turn it off)";
+  }
+}
+
+// The portable Q5_0 kernel is the order it states, as the Q8_0 one: one F32 chain per output over
+// isum = sum (code - 16) * x per block, within (nb + 1) u sum |d_w d_x isum| of the exact sum.
+TEST(OwnOrderTest, PortableQ5_0KernelIsOneChainPerOutput) {
+  const GroupedKernels* g = Q5_0OwnOrderScalar();
+  std::mt19937 rng(49);
+  for (int64_t k : {32, 640, 4160}) {
+    const int64_t nb = k / 32, rows = 9, n = 5;
+    const std::vector<BlockQ5_0> w = RandomWeightBlocks<BlockQ5_0>(rng, rows * nb);
+    const std::vector<BlockQ8_0> x = RandomActivationBlocks(rng, n * nb);
+    const std::vector<float> y = RunOwn(g, w.data(), rows, x, n, k, sizeof(BlockQ5_0));
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t r = 0; r < rows; ++r) {
+        double exact = 0, magnitude = 0;
+        float chain = 0.f;
+        for (int64_t b = 0; b < nb; ++b) {
+          const BlockQ5_0& wb = w[r * nb + b];
+          const BlockQ8_0& xb = x[i * nb + b];
+          uint32_t qh;
+          std::memcpy(&qh, wb.qh, 4);
+          int32_t isum = 0;
+          for (int j = 0; j < 32; ++j) {
+            const int nibble = j < 16 ? wb.qs[j] & 15 : wb.qs[j - 16] >> 4;
+            const int code = nibble | static_cast<int>(((qh >> j) & 1) << 4);
+            isum += (code - 16) * xb.qs[j];
+          }
           const double term = double{F16ToF32(wb.d)} * F16ToF32(xb.d) * isum;
           exact += term;
           magnitude += std::abs(term);

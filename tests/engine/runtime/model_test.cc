@@ -534,6 +534,107 @@ TEST(ModelHeadOrderTest, LaidOutHeadGivesTheFlagsBitsAndRefusesF32Caches) {
   }
 }
 
+// The layers' Q8_0 and Q5_0 matrices laid out for the own order at load (q8_0x16, q5_0x16 where
+// the backend runs that order) give the bits of the file's rows with the flag (a model loaded
+// without the option, the order on by default), over F16 and INT8 caches: separate and fused
+// projections (a fused matrix's parts laid out each), and K / V projections of 8 rows, off the
+// groups of 16 (Q5_0's then keep their rows and take the order through the flag, a part group
+// padded). The own order is not llama.cpp's (set_layer_order_own(false) on the plain model gives
+// other hidden states), a model made by WithHead keeps its target's order, and an F32 cache is
+// refused.
+TEST(ModelLayerOrderTest, LaidOutLayersGiveTheFlagsBitsAndRefuseF32Caches) {
+  for (const bool scalar : {false, true}) {
+    std::unique_ptr<Backend> be = CreateCpuBackend({.force_scalar = scalar});
+    const bool runs_own = scalar || cpu::Q5_0x16OwnOrderVnni() != nullptr;
+    for (const DType type : {DType::kQ5_0, DType::kQ8_0}) {
+      for (const bool fused : {false, true}) {
+        for (const bool narrow_kv : {false, true}) {
+          SCOPED_TRACE(::testing::Message()
+                       << (scalar ? "portable " : "default ") << Traits(type).name
+                       << (fused ? " fused" : "") << (narrow_kv ? " narrow kv" : ""));
+          TinyModelSpec spec;
+          spec.type = type;
+          spec.fused = fused;
+          if (narrow_kv) {
+            spec.n_head_kv = 1;
+            spec.head_dim = 8;  // q 32 rows, k and v 8
+          }
+          const std::string bytes = testing::TinyModel(spec);
+          auto load = [&](bool laid) {
+            auto file = GgufFile::Parse(MappedFile::Borrow(bytes.data(), bytes.size()));
+            EXPECT_TRUE(file.ok()) << file.status();
+            auto m = Model::Load(std::shared_ptr<const GgufFile>(std::move(*file)), *be,
+                                 {.no_f32_cache = laid});
+            EXPECT_TRUE(m.ok()) << m.status();
+            return std::move(*m);
+          };
+          std::unique_ptr<Model> plain = load(false), laid = load(true), llama = load(false);
+          llama->set_layer_order_own(false);
+          EXPECT_FALSE(plain->layers_laid_out_own());
+          ASSERT_EQ(laid->layers_laid_out_own(), runs_own);
+          if (runs_own) {
+            const LayerWeights& l = laid->weights().layers[0];
+            const DType x16 = type == DType::kQ5_0 ? DType::kQ5_0x16 : DType::kQ8_0x16;
+            EXPECT_EQ(l.wq.type, x16);
+            EXPECT_EQ(l.wk.type, narrow_kv && type == DType::kQ5_0 ? type : x16);
+            EXPECT_EQ(l.wo.type, x16);
+            EXPECT_EQ(l.w_gate.type, x16);
+            EXPECT_EQ(l.w_down.type, x16);
+          }
+          for (const KvDType kv_type : {KvDType::kF16, KvDType::kI8}) {
+            auto run = [&](Model& m, std::vector<float>* out, std::vector<float>* hidden) {
+              auto kv = KvCache::Create(m.KvOptions(64, kv_type, 4), *be);
+              ASSERT_TRUE(kv.ok());
+              PD_ASSERT_OK((*kv)->Reserve(0, 8));
+              PD_ASSERT_OK((*kv)->Reserve(1, 8));
+              Batch b;
+              for (int i = 0; i < 5; ++i) b.Add(3 + 7 * i, i, 0, true);
+              PD_ASSERT_OK(m.ForwardHidden(b, **kv, out, hidden));
+              for (int i = 5; i < 8; ++i) {
+                Batch two;
+                two.Add(90 - i, i, 0, true);
+                two.Add(11 * i % 96, i - 5, 1, true);
+                std::vector<float> rows, h;
+                PD_ASSERT_OK(m.ForwardHidden(two, **kv, &rows, &h));
+                out->insert(out->end(), rows.begin(), rows.end());
+                hidden->insert(hidden->end(), h.begin(), h.end());
+              }
+            };
+            std::vector<float> want, got, theirs, want_h, got_h, theirs_h;
+            run(*plain, &want, &want_h);
+            run(*laid, &got, &got_h);
+            run(*llama, &theirs, &theirs_h);
+            ASSERT_EQ(got.size(), want.size());
+            ASSERT_EQ(got_h.size(), want_h.size());
+            EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+                << "kv " << static_cast<int>(kv_type);
+            EXPECT_EQ(std::memcmp(got_h.data(), want_h.data(), got_h.size() * sizeof(float)), 0)
+                << "kv " << static_cast<int>(kv_type);
+            if (runs_own) {
+              EXPECT_NE(std::memcmp(theirs_h.data(), want_h.data(), want_h.size() * sizeof(float)),
+                        0)
+                  << "the orders agree on this model: the test shows nothing";
+            }
+          }
+          absl::StatusOr<std::unique_ptr<Model>> draft = Model::WithHead(*laid, {1, 5, 9});
+          ASSERT_TRUE(draft.ok()) << draft.status();
+          EXPECT_EQ((*draft)->layer_order_own(), laid->layer_order_own());
+          if (runs_own) {
+            auto kv = KvCache::Create(laid->KvOptions(16, KvDType::kF32, 4), *be);
+            ASSERT_TRUE(kv.ok());
+            PD_ASSERT_OK((*kv)->Reserve(0, 1));
+            Batch b;
+            b.Add(1, 0, 0, true);
+            std::vector<float> logits;
+            EXPECT_THAT(laid->Forward(b, **kv, &logits),
+                        StatusIs(absl::StatusCode::kFailedPrecondition, "F32 cache"));
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(ModelWithHeadTest, RefusesBadTokenLists) {
   auto f = Make(TinyModelSpec{});
   EXPECT_THAT(Model::WithHead(*f->model, {}).status(),
