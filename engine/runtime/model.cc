@@ -62,6 +62,23 @@ void Batch::AddOrdered(int32_t token, int32_t position, int64_t seq_id, bool wan
   Add(token, position, seq_id, want_logits);
 }
 
+namespace {
+
+// `name`=own|llama (docs/config.md) into *own; unset or empty leaves it.
+absl::Status ReadOrderSetting(const char* name, bool* own) {
+  const char* order = std::getenv(name);
+  if (order == nullptr || *order == '\0') return absl::OkStatus();
+  const std::string_view v(order);
+  if (v != "own" && v != "llama") {
+    return absl::InvalidArgumentError(
+        pd::StrCat(name, "=", v, ": want own (the default) or llama"));
+  }
+  *own = v == "own";
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(std::shared_ptr<const GgufFile> file,
                                                    Backend& backend, const LoadOptions& options) {
   Backend* const one[] = {&backend};
@@ -74,22 +91,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(std::shared_ptr<const GgufFil
                                                    const LayerPlacement& placement,
                                                    const LoadOptions& options) {
   std::unique_ptr<Model> m(new Model(std::move(file)));
-  if (const char* order = std::getenv("PDSERVE_HEAD_ORDER"); order != nullptr && *order != '\0') {
-    const std::string_view v(order);
-    if (v != "own" && v != "llama") {
-      return absl::InvalidArgumentError(
-          pd::StrCat("PDSERVE_HEAD_ORDER=", v, ": want own (the default) or llama"));
-    }
-    m->head_order_own_ = v == "own";
-  }
-  if (const char* order = std::getenv("PDSERVE_LAYER_ORDER"); order != nullptr && *order != '\0') {
-    const std::string_view v(order);
-    if (v != "own" && v != "llama") {
-      return absl::InvalidArgumentError(
-          pd::StrCat("PDSERVE_LAYER_ORDER=", v, ": want own (the default) or llama"));
-    }
-    m->layer_order_own_ = v == "own";
-  }
+  PD_RETURN_IF_ERROR(ReadOrderSetting("PDSERVE_HEAD_ORDER", &m->head_order_own_));
+  PD_RETURN_IF_ERROR(ReadOrderSetting("PDSERVE_LAYER_ORDER", &m->layer_order_own_));
   PD_ASSIGN_OR_RETURN(m->config_, ModelConfig::FromGguf(*m->file_));
   PD_ASSIGN_OR_RETURN(m->layer_backends_,
                       engine::LayerBackends(placement, m->config_.n_layer, backends));

@@ -670,28 +670,37 @@ TEST(OwnOrderTest, X16KernelsGiveThePortableBits) {
   ExpectOwnOrderBits(g, 46, /*x16=*/true);
 }
 
-// The portable kernel is the order it states: each output one F32 chain over its blocks. Against
-// the exact sum of the same products (double, d_w * d_x unrounded): the product d_w * d_x rounds
-// once (relative u = 2^-24) and each of the nb additions once more, so the error is at most
-// (nb + 1) u sum |d_w d_x isum| to first order (1.001: the second-order terms). Each output is also
-// recomputed here as the chain itself, which must give its bits exactly.
-TEST(OwnOrderTest, PortableKernelIsOneChainPerOutput) {
-  const GroupedKernels* g = Q8_0OwnOrderScalar();
-  std::mt19937 rng(43);
+// A weight block's codes as values: Q8_0's as stored, Q5_0's (nibble | fifth bit << 4) - 16.
+int BlockCode(const BlockQ8_0& b, int j) { return b.qs[j]; }
+int BlockCode(const BlockQ5_0& b, int j) {
+  uint32_t qh;
+  std::memcpy(&qh, b.qh, 4);
+  const int nibble = j < 16 ? b.qs[j] & 15 : b.qs[j - 16] >> 4;
+  return (nibble | static_cast<int>(((qh >> j) & 1) << 4)) - 16;
+}
+
+// The portable kernel of weights W is the order it states: each output one F32 chain over its
+// blocks. Against the exact sum of the same products (double, d_w * d_x unrounded): the product
+// d_w * d_x rounds once (relative u = 2^-24) and each of the nb additions once more, so the error
+// is at most (nb + 1) u sum |d_w d_x isum| to first order (1.001: the second-order terms). Each
+// output is also recomputed here as the chain itself, which must give its bits exactly.
+template <typename W>
+void ExpectOneChainPerOutput(const GroupedKernels* g, uint32_t seed) {
+  std::mt19937 rng(seed);
   for (int64_t k : {32, 640, 4160}) {
     const int64_t nb = k / 32, rows = 9, n = 5;
-    const std::vector<BlockQ8_0> w = RandomWeightBlocks<BlockQ8_0>(rng, rows * nb);
+    const std::vector<W> w = RandomWeightBlocks<W>(rng, rows * nb);
     const std::vector<BlockQ8_0> x = RandomActivationBlocks(rng, n * nb);
-    const std::vector<float> y = RunOwn(g, w.data(), rows, x, n, k);
+    const std::vector<float> y = RunOwn(g, w.data(), rows, x, n, k, sizeof(W));
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t r = 0; r < rows; ++r) {
         double exact = 0, magnitude = 0;
         float chain = 0.f;
         for (int64_t b = 0; b < nb; ++b) {
-          const BlockQ8_0& wb = w[r * nb + b];
+          const W& wb = w[r * nb + b];
           const BlockQ8_0& xb = x[i * nb + b];
           int32_t isum = 0;
-          for (int j = 0; j < 32; ++j) isum += int32_t{wb.qs[j]} * xb.qs[j];
+          for (int j = 0; j < 32; ++j) isum += BlockCode(wb, j) * xb.qs[j];
           const double term = double{F16ToF32(wb.d)} * F16ToF32(xb.d) * isum;
           exact += term;
           magnitude += std::abs(term);
@@ -704,6 +713,15 @@ TEST(OwnOrderTest, PortableKernelIsOneChainPerOutput) {
       }
     }
   }
+}
+
+TEST(OwnOrderTest, PortableKernelIsOneChainPerOutput) {
+  ExpectOneChainPerOutput<BlockQ8_0>(Q8_0OwnOrderScalar(), 43);
+}
+
+// Q5_0's: isum = sum (code - 16) * x per block.
+TEST(OwnOrderTest, PortableQ5_0KernelIsOneChainPerOutput) {
+  ExpectOneChainPerOutput<BlockQ5_0>(Q5_0OwnOrderScalar(), 49);
 }
 
 // q5_0x16 (engine/quant/q5_0x16.h): where the header says each byte and bit goes, and back.
@@ -791,45 +809,6 @@ TEST(OwnOrderTest, Q5_0KernelsGiveThePortableBits) {
   if (x16_vnni == nullptr || plain_vnni == nullptr) {
     GTEST_SKIP() << "portable kernels only: no AVX512-VNNI on this CPU (or PDSERVE_CPU_ISA / "
                     "PDSERVE_CPU_NO_VNNI turn it off)";
-  }
-}
-
-// The portable Q5_0 kernel is the order it states, as the Q8_0 one: one F32 chain per output over
-// isum = sum (code - 16) * x per block, within (nb + 1) u sum |d_w d_x isum| of the exact sum.
-TEST(OwnOrderTest, PortableQ5_0KernelIsOneChainPerOutput) {
-  const GroupedKernels* g = Q5_0OwnOrderScalar();
-  std::mt19937 rng(49);
-  for (int64_t k : {32, 640, 4160}) {
-    const int64_t nb = k / 32, rows = 9, n = 5;
-    const std::vector<BlockQ5_0> w = RandomWeightBlocks<BlockQ5_0>(rng, rows * nb);
-    const std::vector<BlockQ8_0> x = RandomActivationBlocks(rng, n * nb);
-    const std::vector<float> y = RunOwn(g, w.data(), rows, x, n, k, sizeof(BlockQ5_0));
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t r = 0; r < rows; ++r) {
-        double exact = 0, magnitude = 0;
-        float chain = 0.f;
-        for (int64_t b = 0; b < nb; ++b) {
-          const BlockQ5_0& wb = w[r * nb + b];
-          const BlockQ8_0& xb = x[i * nb + b];
-          uint32_t qh;
-          std::memcpy(&qh, wb.qh, 4);
-          int32_t isum = 0;
-          for (int j = 0; j < 32; ++j) {
-            const int nibble = j < 16 ? wb.qs[j] & 15 : wb.qs[j - 16] >> 4;
-            const int code = nibble | static_cast<int>(((qh >> j) & 1) << 4);
-            isum += (code - 16) * xb.qs[j];
-          }
-          const double term = double{F16ToF32(wb.d)} * F16ToF32(xb.d) * isum;
-          exact += term;
-          magnitude += std::abs(term);
-          chain = std::fma(F16ToF32(wb.d) * F16ToF32(xb.d), static_cast<float>(isum), chain);
-        }
-        const float got = y[i * (rows + 3) + r];
-        EXPECT_EQ(std::bit_cast<uint32_t>(chain), std::bit_cast<uint32_t>(got)) << k << " " << r;
-        EXPECT_LE(std::abs(got - exact), 1.001 * (nb + 1) * std::ldexp(1.0, -24) * magnitude)
-            << "k " << k << " row " << r << " x " << i;
-      }
-    }
   }
 }
 

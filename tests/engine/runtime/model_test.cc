@@ -460,6 +460,29 @@ TEST(ModelHeadOrderTest, FollowsTheCachesTypeAndTheSetting) {
   }
 }
 
+// A prompt of 5 rows in sequence 0, then three steps of one row in each of sequences 0 and 1
+// (`vocab` picks the tokens): the logits of every row in order into *out, the hidden states into
+// *hidden.
+void RunPromptThenTwoSequences(Model& m, Backend& be, KvDType kv_type, int vocab,
+                               std::vector<float>* out, std::vector<float>* hidden) {
+  auto kv = KvCache::Create(m.KvOptions(64, kv_type, 4), be);
+  ASSERT_TRUE(kv.ok());
+  PD_ASSERT_OK((*kv)->Reserve(0, 8));
+  PD_ASSERT_OK((*kv)->Reserve(1, 8));
+  Batch b;
+  for (int i = 0; i < 5; ++i) b.Add(3 + 7 * i, i, 0, true);
+  PD_ASSERT_OK(m.ForwardHidden(b, **kv, out, hidden));
+  for (int i = 5; i < 8; ++i) {
+    Batch two;
+    two.Add(vocab - i, i, 0, true);
+    two.Add(11 * i % vocab, i - 5, 1, true);
+    std::vector<float> rows, h;
+    PD_ASSERT_OK(m.ForwardHidden(two, **kv, &rows, &h));
+    out->insert(out->end(), rows.begin(), rows.end());
+    hidden->insert(hidden->end(), h.begin(), h.end());
+  }
+}
+
 // A head laid out for the own order at load (LoadOptions::no_f32_cache: q8_0x16 on the CPU where
 // the backend runs that order) gives the bits of the file's head with the flag, over F16 and INT8
 // caches, tied (the embedding then read from that layout too) and untied, with a vocabulary of
@@ -495,26 +518,9 @@ TEST(ModelHeadOrderTest, LaidOutHeadGivesTheFlagsBitsAndRefusesF32Caches) {
           EXPECT_EQ(laid->weights().token_embd.type, tied ? DType::kQ8_0x16 : DType::kQ8_0);
         }
         for (const KvDType kv_type : {KvDType::kF16, KvDType::kI8}) {
-          auto run = [&](Model& m, std::vector<float>* out) {
-            auto kv = KvCache::Create(m.KvOptions(64, kv_type, 4), *be);
-            ASSERT_TRUE(kv.ok());
-            PD_ASSERT_OK((*kv)->Reserve(0, 8));
-            PD_ASSERT_OK((*kv)->Reserve(1, 8));
-            Batch b;
-            for (int i = 0; i < 5; ++i) b.Add(3 + 7 * i, i, 0, true);
-            PD_ASSERT_OK(m.Forward(b, **kv, out));
-            for (int i = 5; i < 8; ++i) {
-              Batch two;
-              two.Add(vocab - i, i, 0, true);
-              two.Add(11 * i % vocab, i - 5, 1, true);
-              std::vector<float> rows;
-              PD_ASSERT_OK(m.Forward(two, **kv, &rows));
-              out->insert(out->end(), rows.begin(), rows.end());
-            }
-          };
-          std::vector<float> want, got;
-          run(*plain, &want);
-          run(*laid, &got);
+          std::vector<float> want, got, unused;
+          RunPromptThenTwoSequences(*plain, *be, kv_type, vocab, &want, &unused);
+          RunPromptThenTwoSequences(*laid, *be, kv_type, vocab, &got, &unused);
           ASSERT_EQ(got.size(), want.size());
           EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
               << "kv " << static_cast<int>(kv_type);
@@ -582,28 +588,10 @@ TEST(ModelLayerOrderTest, LaidOutLayersGiveTheFlagsBitsAndRefuseF32Caches) {
             EXPECT_EQ(l.w_down.type, x16);
           }
           for (const KvDType kv_type : {KvDType::kF16, KvDType::kI8}) {
-            auto run = [&](Model& m, std::vector<float>* out, std::vector<float>* hidden) {
-              auto kv = KvCache::Create(m.KvOptions(64, kv_type, 4), *be);
-              ASSERT_TRUE(kv.ok());
-              PD_ASSERT_OK((*kv)->Reserve(0, 8));
-              PD_ASSERT_OK((*kv)->Reserve(1, 8));
-              Batch b;
-              for (int i = 0; i < 5; ++i) b.Add(3 + 7 * i, i, 0, true);
-              PD_ASSERT_OK(m.ForwardHidden(b, **kv, out, hidden));
-              for (int i = 5; i < 8; ++i) {
-                Batch two;
-                two.Add(90 - i, i, 0, true);
-                two.Add(11 * i % 96, i - 5, 1, true);
-                std::vector<float> rows, h;
-                PD_ASSERT_OK(m.ForwardHidden(two, **kv, &rows, &h));
-                out->insert(out->end(), rows.begin(), rows.end());
-                hidden->insert(hidden->end(), h.begin(), h.end());
-              }
-            };
             std::vector<float> want, got, theirs, want_h, got_h, theirs_h;
-            run(*plain, &want, &want_h);
-            run(*laid, &got, &got_h);
-            run(*llama, &theirs, &theirs_h);
+            RunPromptThenTwoSequences(*plain, *be, kv_type, spec.n_vocab, &want, &want_h);
+            RunPromptThenTwoSequences(*laid, *be, kv_type, spec.n_vocab, &got, &got_h);
+            RunPromptThenTwoSequences(*llama, *be, kv_type, spec.n_vocab, &theirs, &theirs_h);
             ASSERT_EQ(got.size(), want.size());
             ASSERT_EQ(got_h.size(), want_h.size());
             EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
