@@ -6,10 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -620,6 +622,38 @@ TEST(ModelLayerOrderTest, LaidOutLayersGiveTheFlagsBitsAndRefuseF32Caches) {
         }
       }
     }
+  }
+}
+
+// PDSERVE_HEAD_ORDER and PDSERVE_LAYER_ORDER (docs/config.md): `llama` turns the order and its
+// layouts off, anything but own / llama is refused with the variable's name, unset is own.
+TEST(ModelLayerOrderTest, TheSettingsAreReadAndCheckedAtLoad) {
+  std::unique_ptr<Backend> be = CreateCpuBackend({.force_scalar = true});
+  TinyModelSpec spec;
+  spec.type = DType::kQ5_0;
+  const std::string bytes = testing::TinyModel(spec);
+  auto load = [&]() {
+    auto file = GgufFile::Parse(MappedFile::Borrow(bytes.data(), bytes.size()));
+    EXPECT_TRUE(file.ok()) << file.status();
+    return Model::Load(std::shared_ptr<const GgufFile>(std::move(*file)), *be,
+                       {.no_f32_cache = true});
+  };
+  for (const char* name : {"PDSERVE_LAYER_ORDER", "PDSERVE_HEAD_ORDER"}) {
+    SCOPED_TRACE(name);
+    ASSERT_EQ(setenv(name, "fast", 1), 0);
+    EXPECT_THAT(load().status(), StatusIs(absl::StatusCode::kInvalidArgument, name));
+    ASSERT_EQ(setenv(name, "llama", 1), 0);
+    absl::StatusOr<std::unique_ptr<Model>> m = load();
+    ASSERT_TRUE(m.ok()) << m.status();
+    const bool layers = std::string_view(name) == "PDSERVE_LAYER_ORDER";
+    EXPECT_EQ((*m)->layer_order_own(), !layers);
+    EXPECT_EQ((*m)->layers_laid_out_own(), !layers);
+    EXPECT_EQ((*m)->head_order_own(), layers);
+    ASSERT_EQ(unsetenv(name), 0);
+    m = load();
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_TRUE((*m)->layer_order_own());
+    EXPECT_TRUE((*m)->head_order_own());
   }
 }
 
