@@ -30,6 +30,8 @@
 //   on AVX-512 VNNI, 8 on AVX2 (PDSERVE_CPU_NO_VNNI=1 or without VNNI).
 // head_x16/q8_0/<n>/<t>: head_own with the matrices repacked as q8_0x16 (what the model's head
 //   takes in the own order, Weights::MapOwnHead): the same bits, no transposition per block.
+// rows_own/q5_0/<n>/<t>: rows/q5_0/<n>/<t> with every row in the own order on the file's rows
+//   (weights not laid out: copies off or past their budget), the transposing kernels.
 // rows_x16/q5_0/<n>/<t>: rows/q5_0/<n>/<t> in the own order on the matrices laid out as q5_0x16
 //   (what a model's Q5_0 layer matrices take over an F16 or INT8 cache, PDSERVE_LAYER_ORDER=own).
 // prompt/<format>/<t>: one prompt's MatMul, 512 F32 activation rows in the default (prompt) order
@@ -414,6 +416,11 @@ void RegisterAll() {
       const std::string x16 = pd::StrCat("head_x16/q8_0/", n, "/", threads);
       benchmark::RegisterBenchmark(x16.c_str(), BM_Rows, DType::kQ8_0, n, threads,
                                    static_cast<uint8_t>(kRowOrderGemv | kRowOrderOwn), true)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+      const std::string q5_own = pd::StrCat("rows_own/q5_0/", n, "/", threads);
+      benchmark::RegisterBenchmark(q5_own.c_str(), BM_Rows, DType::kQ5_0, n, threads,
+                                   static_cast<uint8_t>(kRowOrderGemv | kRowOrderOwn), false)
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
       const std::string q5 = pd::StrCat("rows_x16/q5_0/", n, "/", threads);

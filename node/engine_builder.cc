@@ -270,9 +270,13 @@ absl::StatusOr<std::shared_ptr<engine::spec::Drafter>> BuildDrafter(
     return absl::Status(st.code(), StrCat("speculative.drafter ", path,
                                           ": not the model's vocabulary: ", st.message()));
   }
-  PD_ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> draft, engine::Model::Load(file, backend));
   engine::spec::DraftModelOptions dm;
   dm.kv_bytes = o.draft_kv_mib << 20;
+  // Its cache is F16 (dm.kv_dtype): its matrices laid out for the own order as the target's are,
+  // not multiplied through the flag on the file's rows (a layout per call).
+  PD_ASSIGN_OR_RETURN(
+      std::unique_ptr<engine::Model> draft,
+      engine::Model::Load(file, backend, {.no_f32_cache = dm.kv_dtype != engine::KvDType::kF32}));
   PD_ASSIGN_OR_RETURN(std::unique_ptr<engine::spec::DraftModelDrafter> drafter,
                       engine::spec::DraftModelDrafter::Create(std::move(draft),
                                                               target.config().n_vocab, dm));

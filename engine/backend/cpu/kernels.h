@@ -193,8 +193,9 @@ const GroupedKernels* Q5_0x16OwnOrderScalar();
 // nullptr where Q8_0OwnOrderVnni is.
 const GroupedKernels* Q5_0x16OwnOrderVnni();
 // The same order on plain Q5_0 rows (kRowOrderOwn over weights not laid out at load): the
-// portable kernel on the rows; the VNNI one lays each group of 16 rows out into scratch per call
-// (a part group padded) and runs the q5_0x16 kernel: the same bits, at a repacking's cost.
+// portable kernel on the rows; the VNNI one is Q8_0OwnOrderVnni's (16 rows transposed per block,
+// one or two activation rows through 256-bit dots and a HADD tree) with each row's block unpacked
+// to its 32 codes first (a masked add of 16 from qh): the same bits as on the layout.
 const GroupedKernels* Q5_0OwnOrderScalar();
 const GroupedKernels* Q5_0OwnOrderVnni();
 // The AVX2 table's Q8_0, Q5_0 and Q4_0 tiles without the VNNI dispatch (tests compare the two).

@@ -36,7 +36,6 @@
 #include <cstdint>
 #include <cstring>
 #include <utility>
-#include <vector>
 
 namespace pd::engine::cpu {
 namespace {
@@ -72,13 +71,46 @@ struct Group {
   __m512i scale_index;       // byte offsets of each lane's row from rows[0]
 };
 
+// The plain-row formats the transposing kernels read: Q8_0 rows and Q5_0 rows as in the file.
+enum class Plain { kQ8_0, kQ5_0 };
+
+template <Plain kP>
+constexpr size_t PlainBlockBytes() {
+  return kP == Plain::kQ8_0 ? kBlockBytes : 22;
+}
+// The offset's shift (RowBlock): Q8_0's w + 128 against -128 * sum(x), Q5_0's codes against / 8.
+template <Plain kP>
+constexpr int PlainShift() {
+  return kP == Plain::kQ8_0 ? 0 : 3;
+}
+
+// One row's block (at its f16 d) as 32 unsigned codes in order: Q8_0's w + 128 (XOR 0x80);
+// Q5_0's nibbles (low: codes 0-15, high: 16-31) plus 16 where qh has the code's bit, the 32 bits
+// of qh the byte mask of one masked add.
+template <Plain kP>
+__attribute__((always_inline)) inline __m256i RowCodes(const char* block) {
+  if constexpr (kP == Plain::kQ8_0) {
+    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2)),
+                            _mm256_set1_epi8(static_cast<char>(0x80)));
+  } else {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 6));
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    const __m256i codes =
+        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
+    uint32_t h;
+    std::memcpy(&h, block + 2, 4);
+    return _mm256_mask_add_epi8(codes, _cvtu32_mask32(h), codes, _mm256_set1_epi8(16));
+  }
+}
+
+// Block `off` of the group's 16 rows as W[j] = code word j of every row (lane 4L + q: row 4q + L),
+// unsigned.
+template <Plain kP>
 __attribute__((always_inline)) inline void LoadCodes(const Group& g, size_t off, __m512i (&w)[8]) {
   __m512i z[8];
   for (int p = 0; p < 8; ++p) {
-    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.rows[2 * p] + off));
-    const __m256i hi =
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.rows[2 * p + 1] + off));
-    z[p] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    z[p] = _mm512_inserti64x4(_mm512_castsi256_si512(RowCodes<kP>(g.rows[2 * p] + off)),
+                              RowCodes<kP>(g.rows[2 * p + 1] + off), 1);
   }
   // t[h][q]: 128-bit lane L holds words 4h..4h+3 of row 4q + L.
   __m512i t[2][4];
@@ -86,16 +118,15 @@ __attribute__((always_inline)) inline void LoadCodes(const Group& g, size_t off,
     t[0][q] = _mm512_shuffle_i32x4(z[2 * q], z[2 * q + 1], _MM_SHUFFLE(2, 0, 2, 0));
     t[1][q] = _mm512_shuffle_i32x4(z[2 * q], z[2 * q + 1], _MM_SHUFFLE(3, 1, 3, 1));
   }
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int h = 0; h < 2; ++h) {
     const __m512i a0 = _mm512_unpacklo_epi32(t[h][0], t[h][1]);
     const __m512i a1 = _mm512_unpackhi_epi32(t[h][0], t[h][1]);
     const __m512i a2 = _mm512_unpacklo_epi32(t[h][2], t[h][3]);
     const __m512i a3 = _mm512_unpackhi_epi32(t[h][2], t[h][3]);
-    w[4 * h + 0] = _mm512_xor_si512(_mm512_unpacklo_epi64(a0, a2), flip);
-    w[4 * h + 1] = _mm512_xor_si512(_mm512_unpackhi_epi64(a0, a2), flip);
-    w[4 * h + 2] = _mm512_xor_si512(_mm512_unpacklo_epi64(a1, a3), flip);
-    w[4 * h + 3] = _mm512_xor_si512(_mm512_unpackhi_epi64(a1, a3), flip);
+    w[4 * h + 0] = _mm512_unpacklo_epi64(a0, a2);
+    w[4 * h + 1] = _mm512_unpackhi_epi64(a0, a2);
+    w[4 * h + 2] = _mm512_unpacklo_epi64(a1, a3);
+    w[4 * h + 3] = _mm512_unpackhi_epi64(a1, a3);
   }
 }
 
@@ -157,8 +188,9 @@ __attribute__((always_inline)) inline __m512 RowBlock(__m512 acc, const __m512i 
   return _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(d)), _mm512_cvtepi32_ps(s), acc);
 }
 
-// One group of weight rows against activation rows [i0, i0 + NN): y[i * ys + lane row].
-template <int NN>
+// One group of weight rows (plain rows of kP) against activation rows [i0, i0 + NN):
+// y[i * ys + lane row].
+template <int NN, Plain kP>
 void Tile(int64_t nb, const Group& g, const char* prefetch, size_t prefetch_step, const char* xp,
           size_t x_row_bytes, int64_t i0, float* y, int64_t ys, int nr) {
   __m512 acc[NN];
@@ -167,13 +199,15 @@ void Tile(int64_t nb, const Group& g, const char* prefetch, size_t prefetch_step
   for (int i = 0; i < NN; ++i) xr[i] = xp + (i0 + i) * x_row_bytes;
   for (int64_t b = 0; b < nb; ++b) {
     PrefetchBlock(prefetch, prefetch_step, b);
-    const size_t off = static_cast<size_t>(b) * kBlockBytes;
+    const size_t off = static_cast<size_t>(b) * PlainBlockBytes<kP>();
     __m512i w[8];
-    LoadCodes(g, off + 2, w);
+    LoadCodes<kP>(g, off, w);
     const __m512i dw_bits = _mm512_i32gather_epi32(g.scale_index, g.rows[0] + off, 1);
     const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dw_bits));
 #pragma GCC unroll 16
-    for (int i = 0; i < NN; ++i) acc[i] = RowBlock<false>(acc[i], w, dw, xr[i], b, nb);
+    for (int i = 0; i < NN; ++i) {
+      acc[i] = RowBlock<false, PlainShift<kP>()>(acc[i], w, dw, xr[i], b, nb);
+    }
   }
   // Lane of row r, RowOfLane(r) (the map is its own inverse).
   const __m512i to_rows = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
@@ -186,9 +220,9 @@ void Tile(int64_t nb, const Group& g, const char* prefetch, size_t prefetch_step
 using TileFn = void (*)(int64_t, const Group&, const char*, size_t, const char*, size_t, int64_t,
                         float*, int64_t, int);
 
-template <int... N>
+template <Plain kP, int... N>
 constexpr auto MakeTiles(std::integer_sequence<int, N...>) {
-  return std::array<TileFn, sizeof...(N)>{&Tile<N + 1>...};
+  return std::array<TileFn, sizeof...(N)>{&Tile<N + 1, kP>...};
 }
 
 // A few activation rows (a decode step of a few sequences, a short speculative step): the
@@ -196,21 +230,19 @@ constexpr auto MakeTiles(std::integer_sequence<int, N...>) {
 // with each activation row's in one 256-bit VPDPBUSD (eight int32 partial sums) and the partial
 // sums of 8 weight rows are added up by a HADD tree into one register, lane r = weight row r's
 // exact block sum. From there the same CVT, d_w * d_x and FMA per lane: the same bits.
-template <int NN>
+template <int NN, Plain kP>
 void SmallTile(int64_t nb, const char* const* rows, const char* prefetch, size_t prefetch_step,
                const char* xp, size_t x_row_bytes, float* y, int64_t ys, int nr) {
   __m256 acc[NN];
   for (int i = 0; i < NN; ++i) acc[i] = _mm256_setzero_ps();
   const int64_t d_off = nb * kBlock, c_off = d_off + nb * 4;
-  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   for (int64_t b = 0; b < nb; ++b) {
     PrefetchBlock(prefetch, prefetch_step, b);
-    const size_t off = static_cast<size_t>(b) * kBlockBytes;
+    const size_t off = static_cast<size_t>(b) * PlainBlockBytes<kP>();
     __m256i wu[8];
     alignas(16) uint16_t dh[8];
     for (int r = 0; r < 8; ++r) {
-      wu[r] = _mm256_xor_si256(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[r] + off + 2)), flip);
+      wu[r] = RowCodes<kP>(rows[r] + off);
       std::memcpy(&dh[r], rows[r] + off, 2);
     }
     const __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dh)));
@@ -230,7 +262,7 @@ void SmallTile(int64_t nb, const char* const* rows, const char* prefetch, size_t
       float d;
       std::memcpy(&c, xr + c_off + b * 4, 4);
       std::memcpy(&d, xr + d_off + b * 4, 4);
-      isum = _mm256_add_epi32(isum, _mm256_set1_epi32(c));
+      isum = _mm256_add_epi32(isum, _mm256_set1_epi32(c >> PlainShift<kP>()));
       const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(d));
       acc[i] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), acc[i]);
     }
@@ -242,9 +274,10 @@ void SmallTile(int64_t nb, const char* const* rows, const char* prefetch, size_t
 using SmallTileFn = void (*)(int64_t, const char* const*, const char*, size_t, const char*, size_t,
                              float*, int64_t, int);
 
+template <Plain kP>
 void GemmOwnVnniSmall(int64_t nb, const char* wa, size_t ws, int64_t rows, const char* xp,
                       size_t x_row_bytes, int64_t n, float* y, int64_t ys) {
-  static constexpr SmallTileFn kTiles[kSmallMaxRows] = {&SmallTile<1>, &SmallTile<2>};
+  static constexpr SmallTileFn kTiles[kSmallMaxRows] = {&SmallTile<1, kP>, &SmallTile<2, kP>};
   for (int64_t r0 = 0; r0 < rows; r0 += 8) {
     const int nr = static_cast<int>(std::min<int64_t>(8, rows - r0));
     const char* row_ptrs[8];
@@ -254,14 +287,17 @@ void GemmOwnVnniSmall(int64_t nb, const char* wa, size_t ws, int64_t rows, const
   }
 }
 
+// The own order on plain rows of kP (`ws` bytes apart): Tile's transposition per group of 16
+// rows and block, SmallTile for one or two activation rows.
+template <Plain kP>
 void GemmOwnVnni(int64_t k, const void* w, size_t ws, int64_t rows, const void* xp, int64_t n,
                  float* y, int64_t ys) {
-  static constexpr auto kTiles = MakeTiles(std::make_integer_sequence<int, kMaxActRows>{});
+  static constexpr auto kTiles = MakeTiles<kP>(std::make_integer_sequence<int, kMaxActRows>{});
   const int64_t nb = k / kBlock;
   const size_t x_row_bytes = Q8_0OwnXRowBytes(nb);
   const char* wa = static_cast<const char*>(w);
   if (n <= kSmallMaxRows) {
-    GemmOwnVnniSmall(nb, wa, ws, rows, static_cast<const char*>(xp), x_row_bytes, n, y, ys);
+    GemmOwnVnniSmall<kP>(nb, wa, ws, rows, static_cast<const char*>(xp), x_row_bytes, n, y, ys);
     return;
   }
   for (int64_t r0 = 0; r0 < rows; r0 += kLanes) {
@@ -385,45 +421,8 @@ void GemmX16Vnni(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, co
   if constexpr (kW == X16::kQ8_0) {
     // The last rows % 16 rows are plain Q8_0 rows.
     if (const int64_t tail = rows - groups * kLanes; tail > 0) {
-      GemmOwnVnni(k, wa + groups * group_bytes, static_cast<size_t>(nb) * kBlockBytes, tail, xp, n,
-                  y + groups * kLanes, ys);
-    }
-  }
-}
-
-// The Q5_0 order on plain Q5_0 rows (a MatMul whose rows carry kRowOrderOwn over weights that
-// were not laid out at load: copies off, or past their budget): each group of 16 rows is laid out
-// as q5_0x16 into a scratch buffer (a last group of fewer rows padded with copies of its last
-// row, whose results are dropped) and run by the q5_0x16 kernel, so the bits are the layout's.
-void GemmQ5_0OwnVnni(int64_t k, const void* w, size_t ws, int64_t rows, const void* xp, int64_t n,
-                     float* y, int64_t ys) {
-  const int64_t nb = k / kBlock;
-  const size_t row_bytes = static_cast<size_t>(nb) * 22;
-  thread_local std::vector<char> group, padded;
-  thread_local std::vector<float> part;
-  group.resize(static_cast<size_t>(kLanes) * row_bytes);
-  const char* wa = static_cast<const char*>(w);
-  for (int64_t r0 = 0; r0 < rows; r0 += kLanes) {
-    const int nr = static_cast<int>(std::min<int64_t>(kLanes, rows - r0));
-    const char* src = wa + r0 * ws;
-    size_t stride = ws;
-    if (nr < kLanes) {
-      padded.resize(static_cast<size_t>(kLanes) * row_bytes);
-      for (int e = 0; e < kLanes; ++e) {
-        std::memcpy(padded.data() + e * row_bytes, src + std::min(e, nr - 1) * ws, row_bytes);
-      }
-      src = padded.data();
-      stride = row_bytes;
-    }
-    RepackQ5_0x16(src, stride, kLanes, k, group.data());
-    if (nr == kLanes) {
-      GemmX16Vnni<X16::kQ5_0>(k, group.data(), 0, kLanes, xp, n, y + r0, ys);
-      continue;
-    }
-    part.resize(static_cast<size_t>(n) * kLanes);
-    GemmX16Vnni<X16::kQ5_0>(k, group.data(), 0, kLanes, xp, n, part.data(), kLanes);
-    for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(y + i * ys + r0, part.data() + i * kLanes, static_cast<size_t>(nr) * 4);
+      GemmOwnVnni<Plain::kQ8_0>(k, wa + groups * group_bytes, static_cast<size_t>(nb) * kBlockBytes,
+                                tail, xp, n, y + groups * kLanes, ys);
     }
   }
 }
@@ -434,7 +433,7 @@ void GemmQ5_0OwnVnni(int64_t k, const void* w, size_t ws, int64_t rows, const vo
 // PDSERVE_CPU_NO_VNNI).
 PD_NO_AVX512 const GroupedKernels* Q8_0OwnOrderVnni() {
   static constexpr GroupedKernels kKernels = {&Q8_0OwnXBytes, &PackQ8_0OwnX, nullptr, nullptr,
-                                              &GemmOwnVnni};
+                                              &GemmOwnVnni<Plain::kQ8_0>};
   return Q8_0QuadVnni() != nullptr ? &kKernels : nullptr;
 }
 
@@ -446,7 +445,7 @@ PD_NO_AVX512 const GroupedKernels* Q8_0x16OwnOrderVnni() {
 
 PD_NO_AVX512 const GroupedKernels* Q5_0OwnOrderVnni() {
   static constexpr GroupedKernels kKernels = {&Q8_0OwnXBytes, &PackQ8_0OwnX, nullptr, nullptr,
-                                              &GemmQ5_0OwnVnni};
+                                              &GemmOwnVnni<Plain::kQ5_0>};
   return Q8_0QuadVnni() != nullptr ? &kKernels : nullptr;
 }
 
