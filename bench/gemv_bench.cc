@@ -406,28 +406,24 @@ void RegisterAll() {
       }
     }
   }
-  for (int n : {1, 2, 3, 4, 5, 8, 16}) {
-    for (int threads : {1, 2}) {
-      const std::string name = pd::StrCat("head_own/q8_0/", n, "/", threads);
-      benchmark::RegisterBenchmark(name.c_str(), BM_Rows, DType::kQ8_0, n, threads,
-                                   static_cast<uint8_t>(kRowOrderGemv | kRowOrderOwn), false)
-          ->UseRealTime()
-          ->Unit(benchmark::kMicrosecond);
-      const std::string x16 = pd::StrCat("head_x16/q8_0/", n, "/", threads);
-      benchmark::RegisterBenchmark(x16.c_str(), BM_Rows, DType::kQ8_0, n, threads,
-                                   static_cast<uint8_t>(kRowOrderGemv | kRowOrderOwn), true)
-          ->UseRealTime()
-          ->Unit(benchmark::kMicrosecond);
-      const std::string q5_own = pd::StrCat("rows_own/q5_0/", n, "/", threads);
-      benchmark::RegisterBenchmark(q5_own.c_str(), BM_Rows, DType::kQ5_0, n, threads,
-                                   static_cast<uint8_t>(kRowOrderGemv | kRowOrderOwn), false)
-          ->UseRealTime()
-          ->Unit(benchmark::kMicrosecond);
-      const std::string q5 = pd::StrCat("rows_x16/q5_0/", n, "/", threads);
-      benchmark::RegisterBenchmark(q5.c_str(), BM_Rows, DType::kQ5_0, n, threads,
-                                   static_cast<uint8_t>(kRowOrderGemv | kRowOrderOwn), true)
-          ->UseRealTime()
-          ->Unit(benchmark::kMicrosecond);
+  // The own order: on the file's rows (the flag) and on the matrices laid out for it.
+  struct OwnCase {
+    const char* name;
+    DType type;
+    bool x16;
+  };
+  for (const OwnCase& c :
+       {OwnCase{"head_own/q8_0", DType::kQ8_0, false}, OwnCase{"head_x16/q8_0", DType::kQ8_0, true},
+        OwnCase{"rows_own/q5_0", DType::kQ5_0, false},
+        OwnCase{"rows_x16/q5_0", DType::kQ5_0, true}}) {
+    for (int n : {1, 2, 3, 4, 5, 8, 16}) {
+      for (int threads : {1, 2}) {
+        const std::string name = pd::StrCat(c.name, "/", n, "/", threads);
+        benchmark::RegisterBenchmark(name.c_str(), BM_Rows, c.type, n, threads,
+                                     static_cast<uint8_t>(kRowOrderGemv | kRowOrderOwn), c.x16)
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
     }
   }
 }

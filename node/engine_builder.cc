@@ -272,8 +272,7 @@ absl::StatusOr<std::shared_ptr<engine::spec::Drafter>> BuildDrafter(
   }
   engine::spec::DraftModelOptions dm;
   dm.kv_bytes = o.draft_kv_mib << 20;
-  // Its cache is F16 (dm.kv_dtype): its matrices laid out for the own order as the target's are,
-  // not multiplied through the flag on the file's rows (a layout per call).
+  // Its cache is F16 (dm.kv_dtype): its matrices laid out for the own order as the target's are.
   PD_ASSIGN_OR_RETURN(
       std::unique_ptr<engine::Model> draft,
       engine::Model::Load(file, backend, {.no_f32_cache = dm.kv_dtype != engine::KvDType::kF32}));

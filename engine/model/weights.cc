@@ -28,6 +28,8 @@ class Loader {
   // Whether the next Get()s map into the backend's own-order layout where it has one
   // (Backend::MapWeightsOwnLayout), else as usual.
   void set_own_layout(bool own) { own_layout_ = own; }
+  // How many tensors so far were mapped in an own-order layout.
+  int own_layouts() const { return own_layouts_; }
 
   // Finds `name` with ggml shape {cols, rows} (rows == 0 for 1-D) and maps it; `count`: whether
   // its bytes add to the total (false for a second mapping of the same tensor).
@@ -114,6 +116,7 @@ class Loader {
       PD_ASSIGN_OR_RETURN(Tensor own, b_->MapWeightsOwnLayout(host, &buf));
       if (own.data != nullptr) {
         if (!buf) return absl::InternalError("MapWeightsOwnLayout: a layout without storage");
+        ++own_layouts_;
         storage_.push_back(std::move(buf));
         f_.DropPages(host.data, host.bytes());
         return own;
@@ -132,6 +135,7 @@ class Loader {
   const GgufFile& f_;
   Backend* b_ = nullptr;
   bool own_layout_ = false;
+  int own_layouts_ = 0;
   std::vector<std::unique_ptr<Buffer>>& storage_;
   size_t& bytes_;
 };
@@ -195,6 +199,7 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(const GgufFile& f, const 
   }
 
   w->layers.resize(c.n_layer);
+  const int own_before_layers = L.own_layouts();
   for (int i = 0; i < c.n_layer; ++i) {
     LayerWeights& l = w->layers[i];
     L.set_backend(*layer_backends[i]);
@@ -275,7 +280,7 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(const GgufFile& f, const 
     }
     PD_ASSIGN_OR_RETURN(l.w_down, L.Get(p + "ffn_down.weight", c.n_ff, c.n_embd));
   }
-  L.set_own_layout(false);
+  w->layers_laid_out_own_ = L.own_layouts() > own_before_layers;
   return w;
 }
 
@@ -318,6 +323,7 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::WithHead(std::shared_ptr<const
   w->output_norm = base->output_norm;
   w->rope_freq_factors = base->rope_freq_factors;
   w->layers = base->layers;
+  w->layers_laid_out_own_ = base->layers_laid_out_own_;
   w->total_bytes = base->total_bytes;
   w->base_ = std::move(base);  // its buffers (a device's copies) outlive the views
   PD_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buf, head_backend.Allocate(rows.size()));

@@ -89,11 +89,14 @@ class Weights {
   std::vector<float> rope_freq_factors;  // host, rope_dim/2 values, or empty
   std::vector<LayerWeights> layers;
   size_t total_bytes = 0;  // bytes of all weight tensors (a tied head counted once)
+  // Whether Load mapped any layer matrix in an own-order layout (own_layer_layout).
+  bool layers_laid_out_own() const { return layers_laid_out_own_; }
 
  private:
   Weights() = default;
   std::vector<std::unique_ptr<Buffer>> storage_;  // device copies (empty on the CPU backend)
   std::shared_ptr<const Weights> base_;           // WithHead: the weights it shares
+  bool layers_laid_out_own_ = false;
 };
 
 }  // namespace pd::engine

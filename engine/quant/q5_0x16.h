@@ -19,8 +19,7 @@
 //       register);
 //     a block's scales: the 16 rows' f16 d, row e's at e * 2.
 //
-// A view of rows [first, first + count) is the same layout when both are multiples of 16
-// (Q5_0x16ViewOk).
+// A view of rows [first, first + count) is the same layout when both are multiples of 16.
 #pragma once
 
 #include <cstddef>
@@ -31,10 +30,6 @@
 namespace pd::engine {
 
 inline constexpr int64_t kQ5_0x16Rows = 16;
-
-inline bool Q5_0x16ViewOk(int64_t first, int64_t count) {
-  return first % kQ5_0x16Rows == 0 && count % kQ5_0x16Rows == 0;
-}
 
 // Offsets of block b's nibbles, fifth-bit masks and scales within a group of nb blocks a row.
 inline size_t Q5_0x16NibblesAt(int64_t b) {

@@ -503,15 +503,6 @@ absl::Status Model::Run(const Batch& batch, KvCache& kv, const LayerHook& after_
   return RunOps(batch, kv, after_kv_store, head, out, hidden, host_logits);
 }
 
-bool Model::layers_laid_out_own() const {
-  for (const LayerWeights& l : weights_->layers) {
-    for (const Tensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
-      if (t->type == DType::kQ8_0x16 || t->type == DType::kQ5_0x16) return true;
-    }
-  }
-  return false;
-}
-
 absl::Status Model::RunOps(const Batch& batch, KvCache& kv, const LayerHook& after_kv_store,
                            bool head, Tensor* out, std::vector<float>* hidden,
                            std::vector<float>* host_logits) {

@@ -162,7 +162,7 @@ class Model {
   void set_layer_order_own(bool own) { layer_order_own_ = own; }
   bool layer_order_own() const { return layer_order_own_ || layers_laid_out_own(); }
   // Whether Load laid any layer matrix out for the own order (LoadOptions::no_f32_cache).
-  bool layers_laid_out_own() const;
+  bool layers_laid_out_own() const { return weights_->layers_laid_out_own(); }
 
   // KV-cache options matching this model.
   KvCacheOptions KvOptions(int n_blocks, KvDType dtype, int block_size = 16) const;

@@ -207,13 +207,15 @@ absl::StatusOr<Tensor> CpuBackend::MapWeightsOwnLayout(const Tensor& host,
   Tensor none{host.type, host.cols, host.rows, nullptr};
   // Q8_0 as q8_0x16 (any rows: the last rows % 16 stay plain), Q5_0 as q5_0x16 (rows a multiple
   // of 16; other matrices keep their rows and take the order through the flag).
+  // Only where the flag on the rows takes the own order (OwnOrderKernels), whose bits these are.
   const bool q8 = host.type == DType::kQ8_0;
   const bool q5 = host.type == DType::kQ5_0 && host.rows % kQ5_0x16Rows == 0;
-  const DType laid = q8 ? DType::kQ8_0x16 : DType::kQ5_0x16;
-  if (!(q8 || q5) || OwnOrderKernels(laid) == nullptr || !copy_weights_ || storage == nullptr ||
-      host.bytes() == 0) {
+  if (!(q8 || q5) || OwnOrderKernels(host.type) == nullptr || !copy_weights_ ||
+      storage == nullptr || host.bytes() == 0) {
     return none;
   }
+  const DType laid = q8 ? DType::kQ8_0x16 : DType::kQ5_0x16;
+  auto* const repack = q8 ? &RepackQ8_0x16 : &RepackQ5_0x16;
   // Past the copies' budget: the plain rows with the flag, at the same bits.
   PD_ASSIGN_OR_RETURN(std::unique_ptr<WeightSlice> buf, ReserveWeights(host.bytes()));
   if (buf == nullptr) return none;
@@ -223,12 +225,7 @@ absl::StatusOr<Tensor> CpuBackend::MapWeightsOwnLayout(const Tensor& host,
   constexpr int64_t kPieceRows = 1024;
   pool_.ParallelFor((rows + kPieceRows - 1) / kPieceRows, [&](int64_t p0, int64_t p1) {
     const int64_t r0 = p0 * kPieceRows, r1 = std::min(rows, p1 * kPieceRows);
-    const char* src = static_cast<const char*>(host.data) + r0 * rs;
-    if (q8) {
-      RepackQ8_0x16(src, rs, r1 - r0, k, p + r0 * rs);
-    } else {
-      RepackQ5_0x16(src, rs, r1 - r0, k, p + r0 * rs);
-    }
+    repack(static_cast<const char*>(host.data) + r0 * rs, rs, r1 - r0, k, p + r0 * rs);
   });
   *storage = std::move(buf);
   return Tensor{laid, host.cols, host.rows, p};

@@ -235,8 +235,9 @@ class CpuBackend final : public Backend {
   // it (logged once); RESOURCE_EXHAUSTED when no chunk can be allocated. CopyWeights and
   // MapWeightsOwnLayout fill it.
   absl::StatusOr<std::unique_ptr<WeightSlice>> ReserveWeights(size_t bytes);
-  // The own-order kernels for weights of type `w` (Q8_0, q8_0x16) on this backend's kernel table;
-  // nullptr where it keeps llama.cpp's order (other types; AVX2 without VNNI).
+  // The own-order kernels for weights of type `w` on this backend's kernel table: Q8_0 and Q5_0
+  // rows (nullptr where it keeps llama.cpp's order: other types, AVX2 without VNNI), and the
+  // q8_0x16 / q5_0x16 layouts (their VNNI kernels, else the portable ones: same bits).
   const GroupedKernels* OwnOrderKernels(DType w) const;
   static constexpr size_t kWeightChunk = size_t{64} << 20;
 

@@ -14,6 +14,7 @@
 #include "engine/backend/cpu/kernels.h"
 #include "engine/quant/dtype.h"
 #include "engine/quant/k_quants.h"
+#include "engine/quant/q5_0x16.h"
 #include "engine/quant/q8_0.h"
 
 namespace pd::engine::cpu {
@@ -155,8 +156,17 @@ const cpu::GroupedKernels* CpuBackend::OwnOrderKernels(DType w) const {
   const bool simd = &k_ == cpu::Avx2Kernels();
   if (w == DType::kQ8_0) return simd ? cpu::Q8_0OwnOrderVnni() : cpu::Q8_0OwnOrderScalar();
   if (w == DType::kQ5_0) return simd ? cpu::Q5_0OwnOrderVnni() : cpu::Q5_0OwnOrderScalar();
-  if (w == DType::kQ8_0x16) return simd ? cpu::Q8_0x16OwnOrderVnni() : cpu::Q8_0x16OwnOrderScalar();
-  if (w == DType::kQ5_0x16) return simd ? cpu::Q5_0x16OwnOrderVnni() : cpu::Q5_0x16OwnOrderScalar();
+  // A layout runs in its order on any table: one made on another table (a test's) without VNNI
+  // here takes the portable kernel, with the same bits.
+  const cpu::GroupedKernels* vnni = nullptr;
+  if (w == DType::kQ8_0x16) {
+    vnni = simd ? cpu::Q8_0x16OwnOrderVnni() : nullptr;
+    return vnni != nullptr ? vnni : cpu::Q8_0x16OwnOrderScalar();
+  }
+  if (w == DType::kQ5_0x16) {
+    vnni = simd ? cpu::Q5_0x16OwnOrderVnni() : nullptr;
+    return vnni != nullptr ? vnni : cpu::Q5_0x16OwnOrderScalar();
+  }
   return nullptr;
 }
 
@@ -194,12 +204,7 @@ absl::Status CpuBackend::PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
   const bool laid_out = w.type == DType::kQ8_0x16 || w.type == DType::kQ5_0x16;
   const cpu::GroupedKernels* own_kernels = nullptr;
   if (n_own != 0 || laid_out) own_kernels = OwnOrderKernels(w.type);
-  if (laid_out && own_kernels == nullptr) {
-    // Made on another kernel table (a test's): the portable kernel gives the same bits.
-    own_kernels =
-        w.type == DType::kQ8_0x16 ? cpu::Q8_0x16OwnOrderScalar() : cpu::Q5_0x16OwnOrderScalar();
-  }
-  if (w.type == DType::kQ5_0x16 && m % 16 != 0) {
+  if (w.type == DType::kQ5_0x16 && m % kQ5_0x16Rows != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("MatMul: a q5_0x16 view of ", m, " rows (want a multiple of 16)"));
   }

@@ -168,6 +168,10 @@ const GroupedKernels* Q5_0QuadVnni();
 size_t Q8_0OwnXRowBytes(int64_t nb);
 size_t Q8_0OwnXBytes(int64_t n, int64_t k);
 void PackQ8_0OwnX(const void* x, size_t x_stride, int64_t n, int64_t k, void* out);
+// Every own-order kernel's table: the shared pack_x, its own gemm.
+template <auto kGemm>
+inline constexpr GroupedKernels kOwnOrderKernels = {&Q8_0OwnXBytes, &PackQ8_0OwnX, nullptr, nullptr,
+                                                    kGemm};
 const GroupedKernels* Q8_0OwnOrderScalar();
 // nullptr without AVX512-VNNI (or with PDSERVE_CPU_NO_VNNI set).
 const GroupedKernels* Q8_0OwnOrderVnni();

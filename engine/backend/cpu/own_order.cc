@@ -112,28 +112,16 @@ void GemmX16OwnScalar(int64_t k, const void* w, size_t /*w_stride*/, int64_t row
 
 }  // namespace
 
-const GroupedKernels* Q5_0OwnOrderScalar() {
-  static constexpr GroupedKernels kKernels = {&Q8_0OwnXBytes, &PackQ8_0OwnX, nullptr, nullptr,
-                                              &GemmOwnScalar<BlockQ5_0>};
-  return &kKernels;
-}
+const GroupedKernels* Q5_0OwnOrderScalar() { return &kOwnOrderKernels<&GemmOwnScalar<BlockQ5_0>>; }
 
 const GroupedKernels* Q5_0x16OwnOrderScalar() {
-  static constexpr GroupedKernels kKernels = {&Q8_0OwnXBytes, &PackQ8_0OwnX, nullptr, nullptr,
-                                              &GemmX16OwnScalar<BlockQ5_0>};
-  return &kKernels;
+  return &kOwnOrderKernels<&GemmX16OwnScalar<BlockQ5_0>>;
 }
 
-const GroupedKernels* Q8_0OwnOrderScalar() {
-  static constexpr GroupedKernels kKernels = {&Q8_0OwnXBytes, &PackQ8_0OwnX, nullptr, nullptr,
-                                              &GemmOwnScalar<BlockQ8_0>};
-  return &kKernels;
-}
+const GroupedKernels* Q8_0OwnOrderScalar() { return &kOwnOrderKernels<&GemmOwnScalar<BlockQ8_0>>; }
 
 const GroupedKernels* Q8_0x16OwnOrderScalar() {
-  static constexpr GroupedKernels kKernels = {&Q8_0OwnXBytes, &PackQ8_0OwnX, nullptr, nullptr,
-                                              &GemmX16OwnScalar<BlockQ8_0>};
-  return &kKernels;
+  return &kOwnOrderKernels<&GemmX16OwnScalar<BlockQ8_0>>;
 }
 
 }  // namespace pd::engine::cpu

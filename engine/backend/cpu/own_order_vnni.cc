@@ -1,17 +1,18 @@
 // pdserve's own Q8_0 order (kernels.h, Q8_0OwnOrderVnni) on AVX512-VNNI: 16 weight rows in the
 // lanes of a ZMM register, each activation row's block against all of them in 8 VPDPBUSD.
 //
-// Per group of 16 weight rows and block: the 16 rows' 32 codes are loaded in place (two rows per
-// ZMM), regrouped by 128-bit lane (4 VSHUFI32X4 x 2) and transposed four by four within the lanes
-// (16 VPUNPCK), which leaves W[j] holding code word j (codes 4j..4j+3) of all 16 rows: lane 4L + q
-// is row 4q + L. XOR 0x80 makes the codes unsigned (w + 128) for VPDPBUSD; the activation row's
-// packed offset, -128 * sum(x), starts the sums, so each lane ends at the block's exact integer
-// dot product. The 16 scales come in one gather (in the same lane order) and VCVTPH2PS. Then per
-// activation row and block: 8 VPDPBUSD with the row's code words broadcast from memory, CVT,
-// d_w * d_x, FMA: the portable kernel's operations on each lane (own_order.cc). The transposition
-// is paid once per block and batch of up to 16 activation rows; a permute per row and group puts
-// the lanes back in row order before the masked store. One or two activation rows cannot pay
-// for the transposition and take SmallTile instead (below), with the same bits.
+// Per group of 16 weight rows and block: the 16 rows' 32 codes are loaded in place as unsigned
+// bytes (RowCodes: Q8_0's XOR 0x80, w + 128; Q5_0's nibbles plus 16 by a masked add from qh), two
+// rows per ZMM, regrouped by 128-bit lane (4 VSHUFI32X4 x 2) and transposed four by four within
+// the lanes (16 VPUNPCK), which leaves W[j] holding code word j (codes 4j..4j+3) of all 16 rows:
+// lane 4L + q is row 4q + L. The activation row's packed offset, -128 * sum(x) (Q5_0: / 8),
+// starts the sums, so each lane ends at the block's exact integer dot product. The 16 scales come
+// in one gather (in the same lane order) and VCVTPH2PS. Then per activation row and block: 8
+// VPDPBUSD with the row's code words broadcast from memory, CVT, d_w * d_x, FMA: the portable
+// kernel's operations on each lane (own_order.cc). The transposition is paid once per block and
+// batch of up to 16 activation rows; a permute per row and group puts the lanes back in row order
+// before the masked store. One or two activation rows cannot pay for the transposition and take
+// SmallTile instead (below), with the same bits.
 //
 // A head laid out as q8_0x16 at load (engine/quant/q8_0x16.h; Model::LoadOptions) holds the
 // words already where LoadCodes leaves them (in row order, w + 128), so TileX16 loads them
@@ -432,27 +433,19 @@ void GemmX16Vnni(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, co
 // Runs where the quad kernels do (avx512_vnni.cc's check: the CPU, PDSERVE_CPU_ISA and
 // PDSERVE_CPU_NO_VNNI).
 PD_NO_AVX512 const GroupedKernels* Q8_0OwnOrderVnni() {
-  static constexpr GroupedKernels kKernels = {&Q8_0OwnXBytes, &PackQ8_0OwnX, nullptr, nullptr,
-                                              &GemmOwnVnni<Plain::kQ8_0>};
-  return Q8_0QuadVnni() != nullptr ? &kKernels : nullptr;
+  return Q8_0QuadVnni() != nullptr ? &kOwnOrderKernels<&GemmOwnVnni<Plain::kQ8_0>> : nullptr;
 }
 
 PD_NO_AVX512 const GroupedKernels* Q8_0x16OwnOrderVnni() {
-  static constexpr GroupedKernels kKernels = {&Q8_0OwnXBytes, &PackQ8_0OwnX, nullptr, nullptr,
-                                              &GemmX16Vnni<X16::kQ8_0>};
-  return Q8_0QuadVnni() != nullptr ? &kKernels : nullptr;
+  return Q8_0QuadVnni() != nullptr ? &kOwnOrderKernels<&GemmX16Vnni<X16::kQ8_0>> : nullptr;
 }
 
 PD_NO_AVX512 const GroupedKernels* Q5_0OwnOrderVnni() {
-  static constexpr GroupedKernels kKernels = {&Q8_0OwnXBytes, &PackQ8_0OwnX, nullptr, nullptr,
-                                              &GemmOwnVnni<Plain::kQ5_0>};
-  return Q8_0QuadVnni() != nullptr ? &kKernels : nullptr;
+  return Q8_0QuadVnni() != nullptr ? &kOwnOrderKernels<&GemmOwnVnni<Plain::kQ5_0>> : nullptr;
 }
 
 PD_NO_AVX512 const GroupedKernels* Q5_0x16OwnOrderVnni() {
-  static constexpr GroupedKernels kKernels = {&Q8_0OwnXBytes, &PackQ8_0OwnX, nullptr, nullptr,
-                                              &GemmX16Vnni<X16::kQ5_0>};
-  return Q8_0QuadVnni() != nullptr ? &kKernels : nullptr;
+  return Q8_0QuadVnni() != nullptr ? &kOwnOrderKernels<&GemmX16Vnni<X16::kQ5_0>> : nullptr;
 }
 
 }  // namespace pd::engine::cpu

@@ -462,6 +462,26 @@ TEST(ModelHeadOrderTest, FollowsTheCachesTypeAndTheSetting) {
   }
 }
 
+// A model parsed from `bytes` (testing::TinyModel's) and loaded on `be`.
+absl::StatusOr<std::unique_ptr<Model>> LoadTiny(const std::string& bytes, Backend& be,
+                                                bool no_f32_cache) {
+  PD_ASSIGN_OR_RETURN(auto file, GgufFile::Parse(MappedFile::Borrow(bytes.data(), bytes.size())));
+  return Model::Load(std::shared_ptr<const GgufFile>(std::move(file)), be,
+                     {.no_f32_cache = no_f32_cache});
+}
+
+// A forward over an F32 cache is refused (a model laid out for F16 and INT8 caches).
+void ExpectRefusesF32Cache(Model& m, Backend& be) {
+  auto kv = KvCache::Create(m.KvOptions(16, KvDType::kF32, 4), be);
+  ASSERT_TRUE(kv.ok());
+  PD_ASSERT_OK((*kv)->Reserve(0, 1));
+  Batch b;
+  b.Add(1, 0, 0, true);
+  std::vector<float> logits;
+  EXPECT_THAT(m.Forward(b, **kv, &logits),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "F32 cache"));
+}
+
 // A prompt of 5 rows in sequence 0, then three steps of one row in each of sequences 0 and 1
 // (`vocab` picks the tokens): the logits of every row in order into *out, the hidden states into
 // *hidden.
@@ -503,15 +523,11 @@ TEST(ModelHeadOrderTest, LaidOutHeadGivesTheFlagsBitsAndRefusesF32Caches) {
         spec.type = DType::kQ8_0;
         spec.n_vocab = vocab;
         const std::string bytes = testing::TinyModel(spec);
-        auto load = [&](bool laid) {
-          auto file = GgufFile::Parse(MappedFile::Borrow(bytes.data(), bytes.size()));
-          EXPECT_TRUE(file.ok()) << file.status();
-          auto m = Model::Load(std::shared_ptr<const GgufFile>(std::move(*file)), *be,
-                               {.no_f32_cache = laid});
-          EXPECT_TRUE(m.ok()) << m.status();
-          return std::move(*m);
-        };
-        std::unique_ptr<Model> plain = load(false), laid = load(true);
+        absl::StatusOr<std::unique_ptr<Model>> plain_or = LoadTiny(bytes, *be, false);
+        absl::StatusOr<std::unique_ptr<Model>> laid_or = LoadTiny(bytes, *be, true);
+        ASSERT_TRUE(plain_or.ok()) << plain_or.status();
+        ASSERT_TRUE(laid_or.ok()) << laid_or.status();
+        std::unique_ptr<Model> plain = std::move(*plain_or), laid = std::move(*laid_or);
         EXPECT_FALSE(plain->head_laid_out_own());
         const bool expect_laid = scalar || cpu::Q8_0x16OwnOrderVnni() != nullptr;
         ASSERT_EQ(laid->head_laid_out_own(), expect_laid);
@@ -527,16 +543,7 @@ TEST(ModelHeadOrderTest, LaidOutHeadGivesTheFlagsBitsAndRefusesF32Caches) {
           EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
               << "kv " << static_cast<int>(kv_type);
         }
-        if (expect_laid) {
-          auto kv = KvCache::Create(laid->KvOptions(16, KvDType::kF32, 4), *be);
-          ASSERT_TRUE(kv.ok());
-          PD_ASSERT_OK((*kv)->Reserve(0, 1));
-          Batch b;
-          b.Add(1, 0, 0, true);
-          std::vector<float> logits;
-          EXPECT_THAT(laid->Forward(b, **kv, &logits),
-                      StatusIs(absl::StatusCode::kFailedPrecondition, "F32 cache"));
-        }
+        if (expect_laid) ExpectRefusesF32Cache(*laid, *be);
       }
     }
   }
@@ -568,15 +575,15 @@ TEST(ModelLayerOrderTest, LaidOutLayersGiveTheFlagsBitsAndRefuseF32Caches) {
             spec.head_dim = 8;  // q 32 rows, k and v 8
           }
           const std::string bytes = testing::TinyModel(spec);
-          auto load = [&](bool laid) {
-            auto file = GgufFile::Parse(MappedFile::Borrow(bytes.data(), bytes.size()));
-            EXPECT_TRUE(file.ok()) << file.status();
-            auto m = Model::Load(std::shared_ptr<const GgufFile>(std::move(*file)), *be,
-                                 {.no_f32_cache = laid});
-            EXPECT_TRUE(m.ok()) << m.status();
-            return std::move(*m);
-          };
-          std::unique_ptr<Model> plain = load(false), laid = load(true), llama = load(false);
+          std::unique_ptr<Model> models[3];  // plain, laid out, plain in llama.cpp's order
+          for (int i = 0; i < 3; ++i) {
+            absl::StatusOr<std::unique_ptr<Model>> m = LoadTiny(bytes, *be, i == 1);
+            ASSERT_TRUE(m.ok()) << m.status();
+            models[i] = std::move(*m);
+          }
+          Model* plain = models[0].get();
+          Model* laid = models[1].get();
+          Model* llama = models[2].get();
           llama->set_layer_order_own(false);
           EXPECT_FALSE(plain->layers_laid_out_own());
           ASSERT_EQ(laid->layers_laid_out_own(), runs_own);
@@ -609,16 +616,7 @@ TEST(ModelLayerOrderTest, LaidOutLayersGiveTheFlagsBitsAndRefuseF32Caches) {
           absl::StatusOr<std::unique_ptr<Model>> draft = Model::WithHead(*laid, {1, 5, 9});
           ASSERT_TRUE(draft.ok()) << draft.status();
           EXPECT_EQ((*draft)->layer_order_own(), laid->layer_order_own());
-          if (runs_own) {
-            auto kv = KvCache::Create(laid->KvOptions(16, KvDType::kF32, 4), *be);
-            ASSERT_TRUE(kv.ok());
-            PD_ASSERT_OK((*kv)->Reserve(0, 1));
-            Batch b;
-            b.Add(1, 0, 0, true);
-            std::vector<float> logits;
-            EXPECT_THAT(laid->Forward(b, **kv, &logits),
-                        StatusIs(absl::StatusCode::kFailedPrecondition, "F32 cache"));
-          }
+          if (runs_own) ExpectRefusesF32Cache(*laid, *be);
         }
       }
     }
@@ -632,12 +630,7 @@ TEST(ModelLayerOrderTest, TheSettingsAreReadAndCheckedAtLoad) {
   TinyModelSpec spec;
   spec.type = DType::kQ5_0;
   const std::string bytes = testing::TinyModel(spec);
-  auto load = [&]() {
-    auto file = GgufFile::Parse(MappedFile::Borrow(bytes.data(), bytes.size()));
-    EXPECT_TRUE(file.ok()) << file.status();
-    return Model::Load(std::shared_ptr<const GgufFile>(std::move(*file)), *be,
-                       {.no_f32_cache = true});
-  };
+  auto load = [&]() { return LoadTiny(bytes, *be, /*no_f32_cache=*/true); };
   for (const char* name : {"PDSERVE_LAYER_ORDER", "PDSERVE_HEAD_ORDER"}) {
     SCOPED_TRACE(name);
     ASSERT_EQ(setenv(name, "fast", 1), 0);
