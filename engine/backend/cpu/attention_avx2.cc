@@ -92,6 +92,10 @@ double AttnExpSumAvx2(const float* x, float max, float* y, int64_t n) {
 
 // The reduction trees of AttnReduceRef<8>, vectorized across columns (each lane one column).
 void AttnReduceAvx2(const float* rows, int n_rows, int64_t stride, int64_t cols, float* out) {
+  if (n_rows == 1) {  // one chain (AttnKernels::reduce): nothing to add
+    std::copy(rows, rows + cols, out);
+    return;
+  }
   int64_t c = 0;
   for (; c + 8 <= cols; c += 8) {
     auto row = [&](int r) { return _mm256_loadu_ps(rows + r * stride + c); };
@@ -121,7 +125,16 @@ void AttnVSumAvx2(const float* p, const float* const* v, int64_t lo, int64_t hi,
                   int64_t cols, float* out) {
   const int passes = n_acc / 8;
   int64_t c = 0;
-  for (; c + 8 <= cols; c += 8) {
+  if (n_acc == 1) {  // one chain per column, the positions in order
+    for (; c + 8 <= cols; c += 8) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t j = lo; j <= hi; ++j) {
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(v[j - lo] + c), _mm256_set1_ps(p[j - lo]), acc);
+      }
+      _mm256_storeu_ps(out + c, acc);
+    }
+  }
+  for (; n_acc > 1 && c + 8 <= cols; c += 8) {
     alignas(32) float part[4][8][8];
     for (int a = 0; a < passes; ++a) {
       __m256 acc[8];
@@ -238,6 +251,31 @@ template <int NQ, int NC, typename T>
 void AttnVSumsColsAvx2(const float* p, int64_t p_stride, const T* const* v, int64_t lo, int64_t hi,
                        int n_acc, int64_t c0, float* out, int64_t out_stride) {
   constexpr int kW = 8 * NC;
+  // acc = the positions j, j + step, ... <= hi, in order from +0.
+  auto walk = [&](int64_t j, int step, __m256(&acc)[NQ][NC]) __attribute__((always_inline)) {
+    PD_UNROLL for (int g = 0; g < NQ; ++g) {
+      PD_UNROLL for (int c = 0; c < NC; ++c) acc[g][c] = _mm256_setzero_ps();
+    }
+    for (; j <= hi; j += step) {
+      const T* vr = v[j - lo] + c0;
+      __m256 pg[NQ];
+      PD_UNROLL for (int g = 0; g < NQ; ++g) pg[g] = _mm256_set1_ps(p[g * p_stride + (j - lo)]);
+      PD_UNROLL for (int c = 0; c < NC; ++c) {
+        const __m256 vv = Load8(vr + 8 * c);
+        PD_UNROLL for (int g = 0; g < NQ; ++g) acc[g][c] = _mm256_fmadd_ps(vv, pg[g], acc[g][c]);
+      }
+    }
+  };
+  if (n_acc == 1) {  // one chain per (head, column), straight to out
+    __m256 acc[NQ][NC];
+    walk(lo, 1, acc);
+    PD_UNROLL for (int g = 0; g < NQ; ++g) {
+      PD_UNROLL for (int c = 0; c < NC; ++c) {
+        _mm256_storeu_ps(out + g * out_stride + c0 + 8 * c, acc[g][c]);
+      }
+    }
+    return;
+  }
   alignas(32) float quad[4][NQ][kW];
   alignas(32) float part[NQ][8][kW];
   const int rounds = n_acc / 8;
@@ -245,18 +283,7 @@ void AttnVSumsColsAvx2(const float* p, int64_t p_stride, const T* const* v, int6
     for (int a = 0; a < rounds; ++a) {
       const int r = l + 8 * a;
       __m256 acc[NQ][NC];
-      PD_UNROLL for (int g = 0; g < NQ; ++g) {
-        PD_UNROLL for (int c = 0; c < NC; ++c) acc[g][c] = _mm256_setzero_ps();
-      }
-      for (int64_t j = lo + ((r - lo % n_acc) + n_acc) % n_acc; j <= hi; j += n_acc) {
-        const T* vr = v[j - lo] + c0;
-        __m256 pg[NQ];
-        PD_UNROLL for (int g = 0; g < NQ; ++g) pg[g] = _mm256_set1_ps(p[g * p_stride + (j - lo)]);
-        PD_UNROLL for (int c = 0; c < NC; ++c) {
-          const __m256 vv = Load8(vr + 8 * c);
-          PD_UNROLL for (int g = 0; g < NQ; ++g) acc[g][c] = _mm256_fmadd_ps(vv, pg[g], acc[g][c]);
-        }
-      }
+      walk(lo + ((r - lo % n_acc) + n_acc) % n_acc, n_acc, acc);
       float* dst = rounds == 1 ? &part[0][l][0] : &quad[a][0][0];
       const int64_t g_stride = rounds == 1 ? 8 * kW : kW;
       PD_UNROLL for (int g = 0; g < NQ; ++g) {

@@ -18,6 +18,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -91,6 +92,10 @@ double AttnExpSum512(const float* x, float max, float* y, int64_t n) {
 // time: h = r[l + 8] + r[l], q = h[i + 4] + h[i], (q0 + q2) + (q1 + q3). With 64 rows (ggml_vec_dot_f32's
 // four accumulators) row l first becomes (r[l] + r[l + 32]) + (r[l + 16] + r[l + 48]).
 void AttnReduce512(const float* rows, int n_rows, int64_t stride, int64_t cols, float* out) {
+  if (n_rows == 1) {  // one chain (AttnKernels::reduce): nothing to add
+    std::copy(rows, rows + cols, out);
+    return;
+  }
   int64_t c = 0;
   for (; c + 16 <= cols; c += 16) {
     auto row = [&](int r) { return _mm512_loadu_ps(rows + r * stride + c); };
@@ -115,7 +120,16 @@ void AttnVSum512(const float* p, const float* const* v, int64_t lo, int64_t hi, 
                  int64_t cols, float* out) {
   const int passes = n_acc / 16;
   int64_t c = 0;
-  for (; c + 16 <= cols; c += 16) {
+  if (n_acc == 1) {  // one chain per column, the positions in order
+    for (; c + 16 <= cols; c += 16) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t j = lo; j <= hi; ++j) {
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(v[j - lo] + c), _mm512_set1_ps(p[j - lo]), acc);
+      }
+      _mm512_storeu_ps(out + c, acc);
+    }
+  }
+  for (; n_acc > 1 && c + 16 <= cols; c += 16) {
     alignas(64) float part[4][16][16];
     for (int a = 0; a < passes; ++a) {
       __m512 acc[16];
@@ -262,6 +276,35 @@ template <int NQ, int NC, typename T>
 void AttnVSumsCols512(const float* p, int64_t p_stride, const T* const* v, int64_t lo, int64_t hi,
                       int n_acc, int64_t c0, float* out, int64_t out_stride) {
   constexpr int kW = 16 * NC;
+  // acc = the positions j, j + step, ... <= hi, in order from +0.
+  auto walk = [&](int64_t j, int step, __m512(&acc)[NQ][NC]) __attribute__((always_inline)) {
+    PD_ATTN_UNROLL for (int g = 0; g < NQ; ++g) {
+      PD_ATTN_UNROLL for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_setzero_ps();
+    }
+    for (; j <= hi; j += step) {
+      const T* vr = v[j - lo] + c0;
+      __m512 pg[NQ];
+      PD_ATTN_UNROLL for (int g = 0; g < NQ; ++g) {
+        pg[g] = _mm512_set1_ps(p[g * p_stride + (j - lo)]);
+      }
+      PD_ATTN_UNROLL for (int c = 0; c < NC; ++c) {
+        const __m512 vv = Load16(vr + 16 * c);
+        PD_ATTN_UNROLL for (int g = 0; g < NQ; ++g) {
+          acc[g][c] = _mm512_fmadd_ps(vv, pg[g], acc[g][c]);
+        }
+      }
+    }
+  };
+  if (n_acc == 1) {  // one chain per (head, column), straight to out
+    __m512 acc[NQ][NC];
+    walk(lo, 1, acc);
+    PD_ATTN_UNROLL for (int g = 0; g < NQ; ++g) {
+      PD_ATTN_UNROLL for (int c = 0; c < NC; ++c) {
+        _mm512_storeu_ps(out + g * out_stride + c0 + 16 * c, acc[g][c]);
+      }
+    }
+    return;
+  }
   alignas(64) float quad[4][NQ][kW];
   alignas(64) float part[NQ][16][kW];
   const int rounds = n_acc / 16;
@@ -269,22 +312,7 @@ void AttnVSumsCols512(const float* p, int64_t p_stride, const T* const* v, int64
     for (int a = 0; a < rounds; ++a) {
       const int r = l + 16 * a;
       __m512 acc[NQ][NC];
-      PD_ATTN_UNROLL for (int g = 0; g < NQ; ++g) {
-        PD_ATTN_UNROLL for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_setzero_ps();
-      }
-      for (int64_t j = lo + ((r - lo % n_acc) + n_acc) % n_acc; j <= hi; j += n_acc) {
-        const T* vr = v[j - lo] + c0;
-        __m512 pg[NQ];
-        PD_ATTN_UNROLL for (int g = 0; g < NQ; ++g) {
-          pg[g] = _mm512_set1_ps(p[g * p_stride + (j - lo)]);
-        }
-        PD_ATTN_UNROLL for (int c = 0; c < NC; ++c) {
-          const __m512 vv = Load16(vr + 16 * c);
-          PD_ATTN_UNROLL for (int g = 0; g < NQ; ++g) {
-            acc[g][c] = _mm512_fmadd_ps(vv, pg[g], acc[g][c]);
-          }
-        }
-      }
+      walk(lo + ((r - lo % n_acc) + n_acc) % n_acc, n_acc, acc);
       float* dst = rounds == 1 ? &part[0][l][0] : &quad[a][0][0];
       const int64_t g_stride = rounds == 1 ? 16 * kW : kW;
       PD_ATTN_UNROLL for (int g = 0; g < NQ; ++g) {
@@ -374,6 +402,37 @@ template <int U, int NC, typename T>
 void AttnVSumsUnitsCols512(const VSumsUnits& un, const float* pt, const T* const* v, int64_t base,
                            int n_acc, int64_t c0) {
   constexpr int kW = 16 * NC;
+  // acc = the positions j, j + step, ... <= hi_max, in order from +0, each unit its own.
+  auto walk = [&](int64_t j, int step, __m512(&acc)[U][NC]) __attribute__((always_inline)) {
+    PD_ATTN_UNROLL for (int u = 0; u < U; ++u) {
+      PD_ATTN_UNROLL for (int c = 0; c < NC; ++c) acc[u][c] = _mm512_setzero_ps();
+    }
+    auto add = [&](int64_t pos, bool check) __attribute__((always_inline)) {
+      const T* vr = v[pos - base] + c0;
+      const float* w = pt + (pos - un.lo_min) * U;
+      __m512 vv[NC];
+      PD_ATTN_UNROLL for (int c = 0; c < NC; ++c) vv[c] = Load16(vr + 16 * c);
+      PD_ATTN_UNROLL for (int u = 0; u < U; ++u) {
+        if (check && (pos < un.lo[u] || pos > un.hi[u])) continue;
+        const __m512 pu = _mm512_set1_ps(w[u]);
+        PD_ATTN_UNROLL for (int c = 0; c < NC; ++c) {
+          acc[u][c] = _mm512_fmadd_ps(vv[c], pu, acc[u][c]);
+        }
+      }
+    };
+    for (; j <= un.hi_max && j < un.lo_all; j += step) add(j, true);
+    for (; j <= un.hi_all; j += step) add(j, false);
+    for (; j <= un.hi_max; j += step) add(j, true);
+  };
+  if (n_acc == 1) {  // one chain per (unit, column), straight to out
+    __m512 acc[U][NC];
+    walk(un.lo_min, 1, acc);
+    PD_ATTN_UNROLL for (int u = 0; u < U; ++u) {
+      PD_ATTN_UNROLL for (int c = 0; c < NC; ++c)
+          _mm512_storeu_ps(un.out[u] + c0 + 16 * c, acc[u][c]);
+    }
+    return;
+  }
   alignas(64) float quad[4][U][kW];
   alignas(64) float part[U][16][kW];
   const int rounds = n_acc / 16;
@@ -381,26 +440,7 @@ void AttnVSumsUnitsCols512(const VSumsUnits& un, const float* pt, const T* const
     for (int a = 0; a < rounds; ++a) {
       const int r = l + 16 * a;
       __m512 acc[U][NC];
-      PD_ATTN_UNROLL for (int u = 0; u < U; ++u) {
-        PD_ATTN_UNROLL for (int c = 0; c < NC; ++c) acc[u][c] = _mm512_setzero_ps();
-      }
-      int64_t j = un.lo_min + ((r - un.lo_min % n_acc) + n_acc) % n_acc;
-      auto add = [&](int64_t pos, bool check) __attribute__((always_inline)) {
-        const T* vr = v[pos - base] + c0;
-        const float* w = pt + (pos - un.lo_min) * U;
-        __m512 vv[NC];
-        PD_ATTN_UNROLL for (int c = 0; c < NC; ++c) vv[c] = Load16(vr + 16 * c);
-        PD_ATTN_UNROLL for (int u = 0; u < U; ++u) {
-          if (check && (pos < un.lo[u] || pos > un.hi[u])) continue;
-          const __m512 pu = _mm512_set1_ps(w[u]);
-          PD_ATTN_UNROLL for (int c = 0; c < NC; ++c) {
-            acc[u][c] = _mm512_fmadd_ps(vv[c], pu, acc[u][c]);
-          }
-        }
-      };
-      for (; j <= un.hi_max && j < un.lo_all; j += n_acc) add(j, true);
-      for (; j <= un.hi_all; j += n_acc) add(j, false);
-      for (; j <= un.hi_max; j += n_acc) add(j, true);
+      walk(un.lo_min + ((r - un.lo_min % n_acc) + n_acc) % n_acc, n_acc, acc);
       float* dst = rounds == 1 ? &part[0][l][0] : &quad[a][0][0];
       const int64_t u_stride = rounds == 1 ? 16 * kW : kW;
       PD_ATTN_UNROLL for (int u = 0; u < U; ++u) {

@@ -120,6 +120,12 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
   const bool gemm_cache =
       !ggml_order_only && k_cache.type == KvDType::kF16 && v_cache.type == KvDType::kF16;
   auto gemm_row = [&](int64_t t) { return gemm_cache && attn_wide(t); };
+  // The other rows over an F16 V cache (generated tokens, speculative steps), and every row over
+  // an INT8 one, sum V in one chain per column over their positions in order (n_acc = 1:
+  // pv_gemm's chain, read from the cache's rows), not in ggml's L or 4L accumulators and their
+  // tree: no llama.cpp bits to keep there either, and a decode row's attention costs about a
+  // quarter less (docs/numerics.md).
+  const bool chain_rows = !ggml_order_only && v_cache.type != KvDType::kF32;
   // A prompt's rows of one sequence read the same keys and values again and again (row t all
   // the positions before it): sequences with many rows in the batch get their visible K and V
   // widened to F32 once, [kv head][position][head_dim], and the rows read those (the same F32
@@ -195,7 +201,8 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
   // ggml's order (AttnKernels, kernels.h): positions are grouped by L = ak.lanes from position 0,
   // as llama.cpp's KV cells are; masked positions count as exact zeros. A row flagged
   // kRowOrderAttnWide (by default: a sequence with two or more rows in this batch) sums V like
-  // tinyBLAS (L accumulators), the others like ggml_vec_dot_f32 (4L).
+  // tinyBLAS (L accumulators), the others like ggml_vec_dot_f32 (4L); over an F16 or INT8 V
+  // cache, the rows that are not in the GEMM order sum V in one chain (chain_rows above).
   const cpu::AttnKernels& ak = k_.attn();
   const int64_t lanes = ak.lanes;
   // A prompt's rows of one sequence go in tiles of up to kTileRows rows close in position (sorted
@@ -291,7 +298,7 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
       }
       const int64_t span = tile.span;
       auto sc = [&](int r, int g) { return scores.data() + (r * group + g) * span; };
-      const int64_t n_acc = attn_wide(trow[0]) ? lanes : 4 * lanes;
+      const int64_t n_acc = chain_rows ? 1 : attn_wide(trow[0]) ? lanes : 4 * lanes;
       // Row r's query (the group's first head).
       auto q_row = [&](int r) { return RowF32(q, trow[r]) + kvh * group * hd; };
       // This tile's sequence widened above: its K and V rows in F32, indexed by position - w.lo.

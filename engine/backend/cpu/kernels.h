@@ -237,13 +237,16 @@ struct AttnKernels {
   // one `lanes`-wide group at a time (each group summed in F32 first, in the reduction tree of
   // ggml_vec_soft_max_f32). n must be a multiple of lanes; x = -inf gives y = 0.
   double (*exp_sum)(const float* x, float max, float* y, int64_t n);
-  // out[c] = the sum over r < n_rows of rows[r * stride + c] for c < cols, in the order of tinyBLAS's final hsum
-  // (n_rows == lanes) or of ggml_vec_dot_f32's reduction (n_rows == 4 * lanes).
+  // out[c] = the sum over r < n_rows of rows[r * stride + c] for c < cols, in the order of
+  // tinyBLAS's final hsum (n_rows == lanes) or of ggml_vec_dot_f32's reduction (n_rows == 4 *
+  // lanes); one row is copied.
   void (*reduce)(const float* rows, int n_rows, int64_t stride, int64_t cols, float* out);
   // out[c] = sum over positions j in [lo, hi] of p[j - lo] * v[j - lo][c], c < cols, with one
   // FMA accumulator per position modulo n_acc (lanes or 4 * lanes, by absolute position j) summed
   // like `reduce`: the same bits as accumulating into n_acc rows and reducing them, without the
-  // rows (the accumulators of a few columns at a time live in registers).
+  // rows (the accumulators of a few columns at a time live in registers). n_acc = 1 is one chain
+  // per column, the positions in order from +0: pv_gemm's chain (pdserve's order for generated
+  // rows over an F16 cache, docs/numerics.md).
   void (*vsum)(const float* p, const float* const* v, int64_t lo, int64_t hi, int n_acc,
                int64_t cols, float* out);
   // The scores of a KV head's query heads against a run of keys, bit for bit `dot`:

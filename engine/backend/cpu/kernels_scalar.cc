@@ -541,6 +541,10 @@ double AttnExpSumRef(const float* x, float max, float* y, int64_t n) {
 
 template <int L>
 void AttnReduceRef(const float* rows, int n_rows, int64_t stride, int64_t cols, float* out) {
+  if (n_rows == 1) {  // one chain: nothing to add
+    std::copy(rows, rows + cols, out);
+    return;
+  }
   float v[L];
   for (int64_t c = 0; c < cols; ++c) {
     if (n_rows == L) {

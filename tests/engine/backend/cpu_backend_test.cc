@@ -1239,9 +1239,8 @@ TEST(CpuBackendGemmOrderTest, F16PromptAttentionWithinTheSummationBoundOfF32) {
 
 // Decode of one sequence has fewer (row, KV head) items than threads (one KV head, as in Gemma 3
 // 270M): the group's query heads are split across the threads. Every head must come out the
-// same whichever thread computes it, for each cache type; and an F16 cache must give the F32
-// cache's bits when it holds the same (F16-representable) values, since both sum V in F32 with
-// the same accumulators.
+// same whichever thread computes it, for each cache type; and an F16 cache holding the same
+// (F16-representable) values must stay within the summation bound of the F32 cache's result.
 TEST(CpuBackendDecodeTest, SplitHeadsGiveTheBitsOfOneThread) {
   std::mt19937 rng(5);
   AttentionParams p{4, 1, 64, 1.f / 8.f, 0, 0.f};
@@ -1282,7 +1281,16 @@ TEST(CpuBackendDecodeTest, SplitHeadsGiveTheBitsOfOneThread) {
     }
     if (dt == KvDType::kF32) f32_out = outs[0];
     if (dt == KvDType::kF16) {
-      ASSERT_EQ(std::memcmp(f32_out.data(), outs[0].data(), f32_out.size() * sizeof(float)), 0);
+      // The same scores (ggml's dots on the same numbers); the V sums differ in order only: F32
+      // in ggml's 4L accumulators and tree, F16 in one chain per column. Each is within
+      // n u sum_j p_j |v_j| <= n u max|v| of the exact sum (the p_j sum to 1).
+      float v_max = 0.f;
+      for (int64_t i = 0; i < v.t.rows * v.t.cols; ++i)
+        v_max = std::max(v_max, std::fabs(v.f()[i]));
+      const double bound = 2.0 * n_pos * std::ldexp(1.0, -24) * v_max;
+      for (size_t i = 0; i < f32_out.size(); ++i) {
+        ASSERT_NEAR(outs[0][i], f32_out[i], bound) << i;
+      }
     }
   }
 }

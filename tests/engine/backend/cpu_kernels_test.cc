@@ -1102,7 +1102,7 @@ void ExpectAttnKernelsEqual(const AttnKernels& ref, const AttnKernels& simd) {
       }
     }
   }
-  for (int rows : {ref.lanes, 4 * ref.lanes}) {
+  for (int rows : {1, ref.lanes, 4 * ref.lanes}) {
     for (int64_t cols : {1, 7, 16, 20, 256}) {
       std::vector<float> acc(rows * (cols + 3));
       for (float& v : acc) v = normal(rng);
@@ -1118,8 +1118,9 @@ void ExpectAttnKernelsEqual(const AttnKernels& ref, const AttnKernels& simd) {
       }
     }
   }
-  // vsum: positions lo..hi (not aligned to the lanes), both accumulator counts, any width.
-  for (int n_acc : {ref.lanes, 4 * ref.lanes}) {
+  // vsum: positions lo..hi (not aligned to the lanes), every accumulator count, any width; one
+  // accumulator is one FMA chain per column, the positions in order (pv_gemm's).
+  for (int n_acc : {1, ref.lanes, 4 * ref.lanes}) {
     for (auto [lo, hi] : {std::pair<int64_t, int64_t>{0, 0}, {3, 40}, {17, 300}, {64, 127}}) {
       for (int64_t cols : {7, 16, 20, 256}) {
         const int64_t len = hi - lo + 1;
@@ -1133,6 +1134,14 @@ void ExpectAttnKernelsEqual(const AttnKernels& ref, const AttnKernels& simd) {
         simd.vsum(p.data(), rows.data(), lo, hi, n_acc, cols, outs.data());
         ASSERT_EQ(std::memcmp(outr.data(), outs.data(), cols * sizeof(float)), 0)
             << "vsum n_acc " << n_acc << " lo " << lo << " hi " << hi << " cols " << cols;
+        if (n_acc == 1) {
+          for (int64_t c = 0; c < cols; ++c) {
+            float chain = 0.f;
+            for (int64_t j = 0; j < len; ++j) chain = std::fma(p[j], vals[j * cols + c], chain);
+            ASSERT_EQ(std::bit_cast<uint32_t>(outs[c]), std::bit_cast<uint32_t>(chain))
+                << "vsum chain lo " << lo << " col " << c;
+          }
+        }
         for (int64_t c = 0; c < cols; ++c) {
           double sum = 0;
           for (int64_t j = 0; j < len; ++j) sum += double(p[j]) * vals[j * cols + c];
@@ -1228,7 +1237,7 @@ void ExpectBatchedAttnKernelsEqual(const AttnKernels& ref, const AttnKernels& si
     ASSERT_EQ(std::memcmp(outr.data(), outs.data(), outr.size() * sizeof(float)), 0)
         << "dots magnitude " << mag;
   }
-  for (int n_acc : {ref.lanes, 4 * ref.lanes}) {
+  for (int n_acc : {1, ref.lanes, 4 * ref.lanes}) {
     for (auto [lo, hi] :
          {std::pair<int64_t, int64_t>{0, 0}, {3, 40}, {17, 300}, {64, 127}, {5, 1000}}) {
       for (int64_t cols : {7, 16, 20, 40, 64, 72, 256}) {
@@ -1290,16 +1299,16 @@ void ExpectBatchedAttnKernelsEqual(const AttnKernels& ref, const AttnKernels& si
 // vsums_rows (a prompt's rows against the same V rows, each row its own range) against the
 // table's vsums row by row and against `ref`'s vsums_rows: 1..9 rows of 1..5 heads with
 // overlapping, nested, disjoint and equal ranges (causal rows, sliding windows), rows not in
-// position order, both accumulator counts, widths with partial chunks, F32 and F16 rows. The
-// position just before each row's range holds +inf: a zero weight given to it would turn the
-// row's sums into NaN.
+// position order, every accumulator count (1: one chain), widths with partial chunks, F32 and F16
+// rows. The position just before each row's range holds +inf: a zero weight given to it would turn
+// the row's sums into NaN.
 void ExpectVSumsRowsEqual(const AttnKernels& ref, const AttnKernels& simd) {
   ASSERT_EQ(ref.lanes, simd.lanes);
   std::mt19937 rng(23);
   std::normal_distribution<float> normal(0.f, 1.f);
   for (int trial = 0; trial < 120; ++trial) {
     const int n_rows = 1 + trial % 9, n_q = 1 + trial % 5;
-    const int n_acc = trial % 2 == 0 ? ref.lanes : 4 * ref.lanes;
+    const int n_acc = std::array<int, 3>{1, ref.lanes, 4 * ref.lanes}[trial / 9 % 3];
     const int64_t cols = std::array<int64_t, 5>{7, 16, 40, 64, 256}[trial / 2 % 5];
     const int64_t base = std::uniform_int_distribution<int64_t>(0, 40)(rng);
     std::vector<int64_t> lo(n_rows), hi(n_rows);
