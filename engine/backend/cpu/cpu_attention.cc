@@ -214,6 +214,7 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
   // GEMM-order tiles take rows until they hold about 32 query heads (the micro-tiles' reuse of
   // each key and value read), between 8 and kMaxTileRows rows.
   constexpr int kTileRows = 8, kMaxTileRows = 32;
+  constexpr int64_t kI8Block = 32;  // INT8 rows widened at a time (32 x head_dim floats)
   const int gemm_tile_rows = std::clamp((32 + group - 1) / group, kTileRows, kMaxTileRows);
   constexpr int64_t kTileSlack = 64, kKeyBlock = 32;
   std::vector<int32_t> order(static_cast<size_t>(n_tokens));
@@ -275,6 +276,31 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
       scores.resize(static_cast<size_t>(max_scratch));
     }
     if (v_cache.type == KvDType::kI8) acc.resize(static_cast<size_t>(group * 4 * lanes * hd));
+    // INT8 rows widened for the chain (chain_rows): kI8Block rows of values, their scales, and the
+    // slice's weights times the scales.
+    thread_local std::vector<float> widened_i8, scales_i8, weights;
+    if (chain_rows && (k_cache.type == KvDType::kI8 || v_cache.type == KvDType::kI8)) {
+      widened_i8.resize(static_cast<size_t>(kI8Block * hd));
+      scales_i8.resize(static_cast<size_t>(kI8Block));
+      weights.resize(static_cast<size_t>(group * kI8Block));
+      rows.resize(static_cast<size_t>(kI8Block));
+    }
+    thread_local std::vector<const float*> pw;
+    thread_local std::vector<float*> ow;
+    // Positions kb .. kb + n - 1 (n <= kI8Block) of sequence sq's INT8 rows of head kvh in `cache`
+    // into widened_i8 (rows[] point at them); returns their scales.
+    auto widen_i8 = [&](const KvTensor& cache, int32_t sq, int64_t kb, int64_t n, int64_t kvh) {
+      if (rows.size() < static_cast<size_t>(n)) rows.resize(static_cast<size_t>(n));
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t slot = SlotOf(kv, sq, kb + j);
+        std::memcpy(&scales_i8[j], cache.scale(slot, static_cast<int>(kvh)), sizeof(float));
+        float* w = widened_i8.data() + j * hd;
+        k_.widen_i8(reinterpret_cast<const int8_t*>(cache.values(slot, static_cast<int>(kvh))), w,
+                    hd);
+        rows[j] = w;
+      }
+      return scales_i8.data();
+    };
     if (k_cache.type == KvDType::kI8) rotated_q.resize(static_cast<size_t>(group * hd));
     for (int64_t item = w0; item < w1; ++item) {
       const int64_t slice = item % n_slices;
@@ -366,9 +392,24 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
         std::memcpy(rotated_q.data() + g0 * hd, qh + g0 * hd,
                     static_cast<size_t>((g1 - g0) * hd) * sizeof(float));
         for (int g = g0; g < g1; ++g) k_.rotate_kv_row(rotated_q.data() + g * hd, p.head_dim, 1.f);
-        for (int64_t pos = lo[0]; pos <= hi[0]; ++pos) {
-          for (int g = g0; g < g1; ++g) {
-            sc(0, g)[pos - a0] = dot_i8(SlotOf(kv, seq, pos), kvh, rotated_q.data() + g * hd);
+        if (chain_rows) {
+          // kI8Block keys at a time widened to F32 (exact) for all the slice's heads (ak.dots),
+          // each score then times its key's scale.
+          for (int64_t kb = lo[0]; kb <= hi[0]; kb += kI8Block) {
+            const int64_t n = std::min(kI8Block, hi[0] - kb + 1);
+            const float* d = widen_i8(k_cache, seq, kb, n, kvh);
+            ak.dots(rotated_q.data() + g0 * hd, hd, g1 - g0, rows.data(), static_cast<int>(n), hd,
+                    sc(0, g0) + (kb - a0), span);
+            for (int g = g0; g < g1; ++g) {
+              float* s = sc(0, g) + (kb - a0);
+              for (int64_t j = 0; j < n; ++j) s[j] *= d[j];
+            }
+          }
+        } else {
+          for (int64_t pos = lo[0]; pos <= hi[0]; ++pos) {
+            for (int g = g0; g < g1; ++g) {
+              sc(0, g)[pos - a0] = dot_i8(SlotOf(kv, seq, pos), kvh, rotated_q.data() + g * hd);
+            }
           }
         }
       } else {
@@ -481,6 +522,30 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
         continue;
       }
       float* oh = RowF32(out, trow[0]) + kvh * group * hd;
+      if (n_acc == 1) {
+        // The chain, kI8Block values at a time widened to F32 (exact) for all the slice's heads
+        // (ak.pv_gemm continues each output's chain), each weight times its value's scale: per
+        // position fma(p * scale, q, o), axpy_i8's arithmetic.
+        pw.resize(static_cast<size_t>(g1 - g0));
+        ow.resize(static_cast<size_t>(g1 - g0));
+        for (int g = g0; g < g1; ++g) {
+          ow[g - g0] = oh + g * hd;
+          std::fill(oh + g * hd, oh + (g + 1) * hd, 0.f);
+        }
+        for (int64_t kb = lo[0]; kb <= hi[0]; kb += kI8Block) {
+          const int64_t n = std::min(kI8Block, hi[0] - kb + 1);
+          const float* d = widen_i8(v_cache, seq, kb, n, kvh);
+          for (int g = g0; g < g1; ++g) {
+            float* w = weights.data() + (g - g0) * kI8Block;
+            const float* pg = sc(0, g) + (kb - a0);
+            for (int64_t j = 0; j < n; ++j) w[j] = pg[j] * d[j];
+            pw[g - g0] = w;
+          }
+          ak.pv_gemm(pw.data(), g1 - g0, widened_i8.data(), hd, n, hd, ow.data());
+        }
+        for (int g = g0; g < g1; ++g) k_.rotate_kv_row(oh + g * hd, p.head_dim, 1.f);
+        continue;
+      }
       std::fill(acc.begin() + g0 * n_acc * hd, acc.begin() + g1 * n_acc * hd, 0.f);
       for (int64_t pos = lo[0]; pos <= hi[0]; ++pos) {
         const int64_t r = pos % n_acc;

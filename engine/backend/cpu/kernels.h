@@ -451,7 +451,8 @@ struct Kernels {
   // scale = max|x| / 127 and writes q = round_half_even(x * (1 / scale)), clamped to [-127, 127]
   // (all zeros when scale is 0); bit-exact in every table. dot_i8_f32 is the unscaled dot of
   // int8 key values with an F32 query (the caller multiplies by the key's scale); axpy_i8 is
-  // y += a * q (the caller folds the value's scale into a).
+  // y += a * q (the caller folds the value's scale into a); widen_i8 is y = q, exactly (the
+  // attention's chain order widens a block of rows for all heads at once, cpu_attention.cc).
   float (*quantize_kv_i8)(const float* x, int8_t* q, int64_t n);
   // The rotation of INT8 KV rows (kv_rotation.h): x <- scale * (H x) per block of
   // KvRotationBlock(head_dim) values, bit-exact with RotateKvRow in every table (the same
@@ -468,6 +469,7 @@ struct Kernels {
                                int head_dim);
   float (*dot_i8_f32)(const int8_t* a, const float* b, int64_t n);
   void (*axpy_i8)(float a, const int8_t* x, float* y, int64_t n);
+  void (*widen_i8)(const int8_t* x, float* y, int64_t n);
 
   // Elementwise row ops (y may alias an input).
   double (*sum_squares)(const float* x, int64_t n);  // products in F32, summed in F64 (ggml)

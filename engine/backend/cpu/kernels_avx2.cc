@@ -48,6 +48,7 @@ constexpr Kernels kAvx2 = {
     .dequantize_kv_i8_f16 = &avx2::DequantizeKvI8F16,
     .dot_i8_f32 = &avx2::DotI8F32,
     .axpy_i8 = &avx2::AxpyI8,
+    .widen_i8 = &avx2::WidenI8,
     .sum_squares = &avx2::SumSquares,
     .scale = &avx2::Scale,
     .scale_mul = &avx2::ScaleMul,

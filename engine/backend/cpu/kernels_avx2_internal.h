@@ -93,6 +93,7 @@ float QuantizeKvI8F16(const uint16_t* x, float* tmp, int8_t* q, int head_dim);
 void DequantizeKvI8F16(const int8_t* q, float scale, float* tmp, uint16_t* y, int head_dim);
 float DotI8F32(const int8_t* a, const float* b, int64_t n);
 void AxpyI8(float a, const int8_t* x, float* y, int64_t n);
+void WidenI8(const int8_t* x, float* y, int64_t n);
 
 // row_ops_avx2.cc: elementwise row ops.
 double SumSquares(const float* x, int64_t n);

@@ -372,6 +372,10 @@ void AxpyI8(float a, const int8_t* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = std::fma(a, static_cast<float>(x[i]), y[i]);
 }
 
+void WidenI8(const int8_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(x[i]);
+}
+
 double SumSquares(const float* x, int64_t n) {
   double sum = 0.0;
   for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i] * x[i]);
@@ -701,6 +705,7 @@ constexpr Kernels kScalar = {
     .dequantize_kv_i8_f16 = &DequantizeKvI8F16,
     .dot_i8_f32 = &DotI8F32,
     .axpy_i8 = &AxpyI8,
+    .widen_i8 = &WidenI8,
     .sum_squares = &SumSquares,
     .scale = &Scale,
     .scale_mul = &ScaleMul,

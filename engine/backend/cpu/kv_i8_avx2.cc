@@ -220,6 +220,12 @@ void AxpyI8(float a, const int8_t* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = __builtin_fmaf(a, static_cast<float>(x[i]), y[i]);
 }
 
+void WidenI8(const int8_t* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, LoadI8(x + i));
+  for (; i < n; ++i) y[i] = static_cast<float>(x[i]);
+}
+
 }  // namespace avx2
 }  // namespace pd::engine::cpu
 

@@ -975,6 +975,13 @@ TEST_F(KernelsTest, Int8AttentionRowKernels) {
       ASSERT_NEAR(ys[i], r, t) << n << " " << i;
       ASSERT_NEAR(ya[i], r, t) << n << " " << i;
     }
+    std::vector<float> ws(n, -1.f), wa(n, -1.f);
+    s_.widen_i8(a.data(), ws.data(), n);
+    avx2_->widen_i8(a.data(), wa.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(ws[i], static_cast<float>(a[i])) << n << " " << i;
+      ASSERT_EQ(wa[i], static_cast<float>(a[i])) << n << " " << i;
+    }
   }
 }
 
