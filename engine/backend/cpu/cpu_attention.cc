@@ -275,7 +275,9 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
     if (scores.size() < static_cast<size_t>(max_scratch)) {
       scores.resize(static_cast<size_t>(max_scratch));
     }
-    if (v_cache.type == KvDType::kI8) acc.resize(static_cast<size_t>(group * 4 * lanes * hd));
+    if (v_cache.type == KvDType::kI8 && !chain_rows) {
+      acc.resize(static_cast<size_t>(group * 4 * lanes * hd));
+    }
     // INT8 rows widened for the chain (chain_rows): kI8Block rows of values, their scales, and the
     // slice's weights times the scales.
     thread_local std::vector<float> widened_i8, scales_i8, weights;
