@@ -142,6 +142,7 @@ absl::StatusOr<Engine> BuildEngine(const EngineOptions& options) {
     cpu.threads = options.threads;
     cpu.force_scalar = options.force_scalar;
     PD_ASSIGN_OR_RETURN(cpu.copy_weights, engine::CpuCopyWeightsFromEnv());
+    PD_RETURN_IF_ERROR(engine::CpuAttnGgmlOrderFromEnv().status());
     return engine::CreateCpuBackend(cpu);
   };
   if (options.backend == "cuda") {

@@ -297,6 +297,11 @@ struct CpuBackendOptions {
 // PDSERVE_CPU_WEIGHTS: unset or "copy" -> true, "mmap" -> false (CpuBackendOptions::copy_weights);
 // INVALID_ARGUMENT naming the variable for anything else.
 absl::StatusOr<bool> CpuCopyWeightsFromEnv();
+// PDSERVE_ATTN_ORDER: unset or empty -> false (pdserve's orders over F16 and INT8 caches),
+// "ggml" -> true (ggml's attention orders over every cache, a comparison switch; docs/numerics.md);
+// INVALID_ARGUMENT naming the variable for anything else. The CPU backend reads it once per
+// process.
+absl::StatusOr<bool> CpuAttnGgmlOrderFromEnv();
 
 // The CPU backend (AVX2+FMA when the CPU has it, else scalar). Never fails.
 std::unique_ptr<Backend> CreateCpuBackend(const CpuBackendOptions& options = {});

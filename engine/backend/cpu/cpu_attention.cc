@@ -113,10 +113,7 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
   // query and the probabilities to F16), and a GEMM's micro-tiles run attention over a long
   // prompt at several times the speed of ggml's order. Each row's bits still depend on its own
   // positions only, so chunking and batching change none. F32 caches keep ggml's order.
-  static const bool ggml_order_only = [] {
-    const char* e = std::getenv("PDSERVE_ATTN_ORDER");
-    return e != nullptr && std::strcmp(e, "ggml") == 0;
-  }();
+  static const bool ggml_order_only = CpuAttnGgmlOrderFromEnv().value_or(false);
   const bool gemm_cache =
       !ggml_order_only && k_cache.type == KvDType::kF16 && v_cache.type == KvDType::kF16;
   auto gemm_row = [&](int64_t t) { return gemm_cache && attn_wide(t); };

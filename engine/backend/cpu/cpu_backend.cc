@@ -735,4 +735,13 @@ absl::StatusOr<bool> CpuCopyWeightsFromEnv() {
       absl::StrCat("PDSERVE_CPU_WEIGHTS='", std::string(s), "': expected copy or mmap (or unset)"));
 }
 
+absl::StatusOr<bool> CpuAttnGgmlOrderFromEnv() {
+  const char* v = std::getenv("PDSERVE_ATTN_ORDER");
+  const std::string_view s = v == nullptr ? "" : v;
+  if (s.empty()) return false;
+  if (s == "ggml") return true;
+  return absl::InvalidArgumentError(
+      absl::StrCat("PDSERVE_ATTN_ORDER='", std::string(s), "': expected ggml (or unset)"));
+}
+
 }  // namespace pd::engine

@@ -1739,6 +1739,30 @@ TEST(CpuBackendWeightsTest, EnvironmentPicksCopyOrMmap) {
   }
 }
 
+TEST(CpuBackendAttnOrderTest, EnvironmentPicksTheOrderOrRefuses) {
+  const char* old = std::getenv("PDSERVE_ATTN_ORDER");
+  const std::string saved = old == nullptr ? "" : old;
+  auto read = [] {
+    absl::StatusOr<bool> ggml = CpuAttnGgmlOrderFromEnv();
+    EXPECT_THAT(ggml, IsOk());
+    return ggml.value_or(false);
+  };
+  ::unsetenv("PDSERVE_ATTN_ORDER");
+  EXPECT_FALSE(read());
+  ::setenv("PDSERVE_ATTN_ORDER", "", 1);
+  EXPECT_FALSE(read());
+  ::setenv("PDSERVE_ATTN_ORDER", "ggml", 1);
+  EXPECT_TRUE(read());
+  ::setenv("PDSERVE_ATTN_ORDER", "gemm", 1);
+  EXPECT_THAT(CpuAttnGgmlOrderFromEnv(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "PDSERVE_ATTN_ORDER='gemm'"));
+  if (old == nullptr) {
+    ::unsetenv("PDSERVE_ATTN_ORDER");
+  } else {
+    ::setenv("PDSERVE_ATTN_ORDER", saved.c_str(), 1);
+  }
+}
+
 TEST(CpuBackendNameTest, Name) { EXPECT_EQ(CreateCpuBackend()->name(), "cpu"); }
 
 // ---- TopK ------------------------------------------------------------------------------------
