@@ -282,7 +282,6 @@ absl::Status CpuBackend::Attention(const Tensor& q, const KvTensor& k_cache,
       widened_i8.resize(static_cast<size_t>(kI8Block * hd));
       scales_i8.resize(static_cast<size_t>(kI8Block));
       weights.resize(static_cast<size_t>(group * kI8Block));
-      rows.resize(static_cast<size_t>(kI8Block));
     }
     thread_local std::vector<const float*> pw;
     thread_local std::vector<float*> ow;

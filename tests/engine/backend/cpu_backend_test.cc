@@ -1718,49 +1718,62 @@ TEST(CpuBackendWeightsTest, CopiesStopAtTheirBudget) {
   EXPECT_EQ(mc->data, c.t.data);
 }
 
+// An environment variable set by a test and put back as it was when the test ends (also when an
+// ASSERT returns early).
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(const char* name) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) saved_ = old;
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      ::setenv(name_, saved_.c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  void Set(const char* value) { ::setenv(name_, value, 1); }
+  void Unset() { ::unsetenv(name_); }
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string saved_;
+};
+
 TEST(CpuBackendWeightsTest, EnvironmentPicksCopyOrMmap) {
-  const char* old = std::getenv("PDSERVE_CPU_WEIGHTS");
-  const std::string saved = old == nullptr ? "" : old;
-  ::unsetenv("PDSERVE_CPU_WEIGHTS");
+  ScopedEnv env("PDSERVE_CPU_WEIGHTS");
+  env.Unset();
   EXPECT_EQ(CpuCopyWeightsFromEnv().value_or(false), true);
-  ::setenv("PDSERVE_CPU_WEIGHTS", "copy", 1);
+  env.Set("copy");
   EXPECT_EQ(CpuCopyWeightsFromEnv().value_or(false), true);
-  ::setenv("PDSERVE_CPU_WEIGHTS", "mmap", 1);
+  env.Set("mmap");
   absl::StatusOr<bool> mmap = CpuCopyWeightsFromEnv();
   ASSERT_THAT(mmap, IsOk());
   EXPECT_FALSE(*mmap);
-  ::setenv("PDSERVE_CPU_WEIGHTS", "huge", 1);
+  env.Set("huge");
   EXPECT_THAT(CpuCopyWeightsFromEnv(),
               StatusIs(absl::StatusCode::kInvalidArgument, "PDSERVE_CPU_WEIGHTS='huge'"));
-  if (old == nullptr) {
-    ::unsetenv("PDSERVE_CPU_WEIGHTS");
-  } else {
-    ::setenv("PDSERVE_CPU_WEIGHTS", saved.c_str(), 1);
-  }
 }
 
 TEST(CpuBackendAttnOrderTest, EnvironmentPicksTheOrderOrRefuses) {
-  const char* old = std::getenv("PDSERVE_ATTN_ORDER");
-  const std::string saved = old == nullptr ? "" : old;
+  ScopedEnv env("PDSERVE_ATTN_ORDER");
   auto read = [] {
     absl::StatusOr<bool> ggml = CpuAttnGgmlOrderFromEnv();
     EXPECT_THAT(ggml, IsOk());
     return ggml.value_or(false);
   };
-  ::unsetenv("PDSERVE_ATTN_ORDER");
+  env.Unset();
   EXPECT_FALSE(read());
-  ::setenv("PDSERVE_ATTN_ORDER", "", 1);
+  env.Set("");
   EXPECT_FALSE(read());
-  ::setenv("PDSERVE_ATTN_ORDER", "ggml", 1);
+  env.Set("ggml");
   EXPECT_TRUE(read());
-  ::setenv("PDSERVE_ATTN_ORDER", "gemm", 1);
+  env.Set("gemm");
   EXPECT_THAT(CpuAttnGgmlOrderFromEnv(),
               StatusIs(absl::StatusCode::kInvalidArgument, "PDSERVE_ATTN_ORDER='gemm'"));
-  if (old == nullptr) {
-    ::unsetenv("PDSERVE_ATTN_ORDER");
-  } else {
-    ::setenv("PDSERVE_ATTN_ORDER", saved.c_str(), 1);
-  }
 }
 
 TEST(CpuBackendNameTest, Name) { EXPECT_EQ(CreateCpuBackend()->name(), "cpu"); }
