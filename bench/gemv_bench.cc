@@ -34,6 +34,10 @@
 //   (weights not laid out: copies off or past their budget), the transposing kernels.
 // rows_x16/q5_0/<n>/<t>: rows/q5_0/<n>/<t> in the own order on the matrices laid out as q5_0x16
 //   (what a model's Q5_0 layer matrices take over an F16 or INT8 cache, PDSERVE_LAYER_ORDER=own).
+// rows_own/q4_K, rows_x16/q4_K, rows_own/q6_K, rows_x16/q6_K: the same for Q4_K and Q6_K (laid
+//   out as q4_Kx16 / q6_Kx16 at load; on the file's rows each group of 16 is laid out in scratch
+//   per call, the fallback).
+// prompt_x16/<format>/<t>: prompt/<format>/<t> on the matrix laid out for the own order.
 // prompt/<format>/<t>: one prompt's MatMul, 512 F32 activation rows in the default (prompt) order
 //   against the default model's shapes, 2048 x 640 for the 32-block formats (Q5_0 and Q8_0 are
 //   its FFN gate / up shape) and 640 x 2048 for the k-quants (FFN down), from cache: the compute
@@ -64,7 +68,9 @@
 #include "engine/backend/cpu/thread_pool.h"
 #include "engine/quant/dtype.h"
 #include "engine/quant/fp16.h"
+#include "engine/quant/q4_kx16.h"
 #include "engine/quant/q5_0x16.h"
+#include "engine/quant/q6_kx16.h"
 #include "engine/quant/q8_0x16.h"
 
 namespace pd::engine {
@@ -286,6 +292,33 @@ void BM_Gemv(benchmark::State& state, DType t, bool dram, int threads) {
   state.counters["set_MiB"] = static_cast<double>(set.matrix_bytes * set.count) / (1 << 20);
 }
 
+// The own order's layout of a type (q8_0x16, q5_0x16, q4_Kx16) and the repacking into it.
+DType LaidOutType(DType t) {
+  switch (t) {
+    case DType::kQ8_0:
+      return DType::kQ8_0x16;
+    case DType::kQ5_0:
+      return DType::kQ5_0x16;
+    case DType::kQ4_K:
+      return DType::kQ4_Kx16;
+    default:
+      PD_CHECK(t == DType::kQ6_K);
+      return DType::kQ6_Kx16;
+  }
+}
+void LayOut(const Tensor& w, char* dst) {
+  if (w.type == DType::kQ8_0) {
+    RepackQ8_0x16(w.data, w.row_bytes(), w.rows, w.cols, dst);
+  } else if (w.type == DType::kQ5_0) {
+    RepackQ5_0x16(w.data, w.row_bytes(), w.rows, w.cols, dst);
+  } else if (w.type == DType::kQ4_K) {
+    RepackQ4_Kx16(w.data, w.row_bytes(), w.rows, w.cols, dst);
+  } else {
+    PD_CHECK(w.type == DType::kQ6_K);
+    RepackQ6_Kx16(w.data, w.row_bytes(), w.rows, w.cols, dst);
+  }
+}
+
 void BM_Rows(benchmark::State& state, DType t, int n, int threads, uint8_t order, bool x16) {
   const int64_t rows = t == DType::kQ8_0 ? 262144 : 2048;
   const int64_t cols = t == DType::kQ8_0 ? 640 : 2048;
@@ -309,26 +342,22 @@ void BM_Rows(benchmark::State& state, DType t, int n, int threads, uint8_t order
   const std::vector<uint8_t> orders(n, order);
   std::vector<Tensor> w(count);
   for (int i = 0; i < count; ++i) w[i] = Tensor{t, cols, rows, set.get() + i * matrix_bytes};
-  // The same matrices as q8_0x16 / q5_0x16 (head_x16, rows_x16), made once per type.
+  // The same matrices as q8_0x16 / q5_0x16 / q4_Kx16 (head_x16, rows_x16), made once per type.
   static HostBytes x16_set;
   static DType x16_type = DType::kF32;
   if (x16) {
+    const DType laid = LaidOutType(t);
+    const size_t laid_bytes = RowBytes(laid, cols) * rows;
     if (x16_set == nullptr || x16_type != t) {
       x16_set.reset();
-      x16_set = AllocBytes(matrix_bytes * count);
+      x16_set = AllocBytes(laid_bytes * count);
       for (int i = 0; i < count; ++i) {
-        char* dst = x16_set.get() + i * matrix_bytes;
-        if (t == DType::kQ8_0) {
-          RepackQ8_0x16(w[i].data, w[i].row_bytes(), rows, cols, dst);
-        } else {
-          RepackQ5_0x16(w[i].data, w[i].row_bytes(), rows, cols, dst);
-        }
+        LayOut(w[i], x16_set.get() + i * laid_bytes);
       }
       x16_type = t;
     }
-    const DType laid = t == DType::kQ8_0 ? DType::kQ8_0x16 : DType::kQ5_0x16;
     for (int i = 0; i < count; ++i) {
-      w[i] = Tensor{laid, cols, rows, x16_set.get() + i * matrix_bytes};
+      w[i] = Tensor{laid, cols, rows, x16_set.get() + i * laid_bytes};
     }
   }
   for (int i = 0; i < count; ++i) PD_CHECK_OK(be->MatMulRowOrder(w[i], x, y, orders));
@@ -344,20 +373,26 @@ void BM_Rows(benchmark::State& state, DType t, int n, int threads, uint8_t order
       static_cast<double>(n) * state.iterations(), benchmark::Counter::kIsRate);
 }
 
-void BM_Prompt(benchmark::State& state, DType t, int threads) {
+void BM_Prompt(benchmark::State& state, DType t, int threads, bool x16) {
   constexpr int64_t n = 512;
   const bool kquant = Traits(t).block_size == 256;
   const int64_t rows = kquant ? 640 : 2048, cols = kquant ? 2048 : 640;
   const size_t matrix_bytes = RowBytes(t, cols) * rows;
   HostBytes w = AllocBytes(matrix_bytes);
   FillWeights(t, w.get(), matrix_bytes, 1);
+  HostBytes laid;
+  if (x16) {
+    laid = AllocBytes(RowBytes(LaidOutType(t), cols) * rows);
+    LayOut(Tensor{t, cols, rows, w.get()}, laid.get());
+  }
   std::unique_ptr<Backend> be = CreateCpuBackend({.threads = threads});
   std::vector<float> xv(cols * n), yv(rows * n);
   Rng rng{7};
   for (float& f : xv) f = static_cast<float>(static_cast<int32_t>(rng.Next() >> 32)) * 0x1p-31f;
   Tensor x{DType::kF32, cols, n, xv.data()};
   Tensor y{DType::kF32, rows, n, yv.data()};
-  Tensor wt{t, cols, rows, w.get()};
+  const Tensor wt =
+      x16 ? Tensor{LaidOutType(t), cols, rows, laid.get()} : Tensor{t, cols, rows, w.get()};
   PD_CHECK_OK(be->MatMul(wt, x, y));
   for (auto _ : state) {
     PD_CHECK_OK(be->MatMul(wt, x, y));
@@ -391,7 +426,11 @@ void RegisterAll() {
   for (DType t : {DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {
     for (int threads : {1, 2}) {
       const std::string name = pd::StrCat("prompt/", Traits(t).name, "/", threads);
-      benchmark::RegisterBenchmark(name.c_str(), BM_Prompt, t, threads)
+      benchmark::RegisterBenchmark(name.c_str(), BM_Prompt, t, threads, false)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+      const std::string laid = pd::StrCat("prompt_x16/", Traits(t).name, "/", threads);
+      benchmark::RegisterBenchmark(laid.c_str(), BM_Prompt, t, threads, true)
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
     }
@@ -414,8 +453,10 @@ void RegisterAll() {
   };
   for (const OwnCase& c :
        {OwnCase{"head_own/q8_0", DType::kQ8_0, false}, OwnCase{"head_x16/q8_0", DType::kQ8_0, true},
-        OwnCase{"rows_own/q5_0", DType::kQ5_0, false},
-        OwnCase{"rows_x16/q5_0", DType::kQ5_0, true}}) {
+        OwnCase{"rows_own/q5_0", DType::kQ5_0, false}, OwnCase{"rows_x16/q5_0", DType::kQ5_0, true},
+        OwnCase{"rows_own/q4_K", DType::kQ4_K, false}, OwnCase{"rows_x16/q4_K", DType::kQ4_K, true},
+        OwnCase{"rows_own/q6_K", DType::kQ6_K, false},
+        OwnCase{"rows_x16/q6_K", DType::kQ6_K, true}}) {
     for (int n : {1, 2, 3, 4, 5, 8, 16}) {
       for (int threads : {1, 2}) {
         const std::string name = pd::StrCat(c.name, "/", n, "/", threads);

@@ -136,7 +136,8 @@ class Backend {
   virtual absl::StatusOr<Tensor> MapWeights(const Tensor& host, std::unique_ptr<Buffer>* storage) = 0;
   // A copy of host-resident weights in a layout of this backend's own for rows that take
   // kRowOrderOwn (the CPU backend with AVX512-VNNI or its portable kernels: Q8_0 as q8_0x16,
-  // Q5_0 as q5_0x16, engine/quant/q8_0x16.h, q5_0x16.h), its Buffer in *storage; MatMul over it
+  // Q5_0 as q5_0x16, Q4_K as q4_Kx16, engine/quant/q8_0x16.h, q5_0x16.h, q4_kx16.h), its Buffer
+  // in *storage; MatMul over it
   // gives every row the own order whatever its flags say, with the bits the flag gives on
   // MapWeights' tensor. A Tensor with null data where the backend has no such layout for the type
   // or will not spend the memory: the rows then go through MapWeights' tensor with the flag, at the

@@ -318,6 +318,8 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::WithHead(std::shared_ptr<const
   for (size_t i = 0; i < head_tokens.size(); ++i) {
     std::memcpy(rows.data() + i * row, full.Rows(head_tokens[i], 1).data, row);
   }
+  // The target's head laid out for the own order (MapWeightsOwnLayout at load).
+  const bool head_laid_out = base->output.type != full.type;
   std::unique_ptr<Weights> w(new Weights());
   w->token_embd = base->token_embd;
   w->output_norm = base->output_norm;
@@ -326,10 +328,26 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::WithHead(std::shared_ptr<const
   w->layers_laid_out_own_ = base->layers_laid_out_own_;
   w->total_bytes = base->total_bytes;
   w->base_ = std::move(base);  // its buffers (a device's copies) outlive the views
+  const int64_t n_rows = static_cast<int64_t>(head_tokens.size());
+  if (head_laid_out) {
+    // The rows take the target's layout where the backend has one for them (the same bits
+    // either way; the plain rows would run the order's slower kernels).
+    std::unique_ptr<Buffer> laid_buf;
+    PD_ASSIGN_OR_RETURN(Tensor laid,
+                        head_backend.MapWeightsOwnLayout(
+                            Tensor{full.type, c.n_embd, n_rows, rows.data()}, &laid_buf));
+    if (laid.data != nullptr) {
+      if (!laid_buf) return absl::InternalError("MapWeightsOwnLayout: a layout without storage");
+      w->output = laid;
+      w->storage_.push_back(std::move(laid_buf));
+      w->total_bytes += laid.bytes();
+      return w;
+    }
+  }
   PD_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buf, head_backend.Allocate(rows.size()));
   PD_RETURN_IF_ERROR(head_backend.Upload(buf->data(), rows.data(), rows.size()));
   PD_RETURN_IF_ERROR(head_backend.Synchronize());
-  w->output = Tensor{full.type, c.n_embd, static_cast<int64_t>(head_tokens.size()), buf->data()};
+  w->output = Tensor{full.type, c.n_embd, n_rows, buf->data()};
   w->storage_.push_back(std::move(buf));
   w->total_bytes += rows.size();
   return w;

@@ -25,6 +25,8 @@ const DTypeTraits& Traits(DType t) {
   static const DTypeTraits kW4A16{"w4a16", 128, 66};   // f16 d + 64 bytes of nibbles
   static const DTypeTraits kQ8_0x16{"q8_0x16", 32, 34};  // Q8_0's bytes, 16 rows interleaved
   static const DTypeTraits kQ5_0x16{"q5_0x16", 32, 22};  // Q5_0's bytes, 16 rows interleaved
+  static const DTypeTraits kQ4_Kx16{"q4_Kx16", 256, 148};  // Q4_K's, scales unpacked (q4_kx16.h)
+  static const DTypeTraits kQ6_Kx16{"q6_Kx16", 256, 210};  // Q6_K's bytes, 16 rows interleaved
   switch (t) {
     case DType::kF32: return kF32;
     case DType::kF16: return kF16;
@@ -44,6 +46,10 @@ const DTypeTraits& Traits(DType t) {
       return kQ8_0x16;
     case DType::kQ5_0x16:
       return kQ5_0x16;
+    case DType::kQ4_Kx16:
+      return kQ4_Kx16;
+    case DType::kQ6_Kx16:
+      return kQ6_Kx16;
   }
   PD_CHECK_MSG(false, "unsupported DType");
 }
@@ -80,6 +86,8 @@ std::string RawGgmlTypeName(uint32_t v) {
   if (v == static_cast<uint32_t>(DType::kW4A16)) return "w4a16";
   if (v == static_cast<uint32_t>(DType::kQ8_0x16)) return "q8_0x16 (a runtime layout)";
   if (v == static_cast<uint32_t>(DType::kQ5_0x16)) return "q5_0x16 (a runtime layout)";
+  if (v == static_cast<uint32_t>(DType::kQ4_Kx16)) return "q4_Kx16 (a runtime layout)";
+  if (v == static_cast<uint32_t>(DType::kQ6_Kx16)) return "q6_Kx16 (a runtime layout)";
   return pd::StrCat("type ", v);
 }
 

@@ -32,9 +32,12 @@ enum class DType : uint32_t {
   kW8A8 = 0x50440001,   // "w8a8": INT8 per-output-channel weights, dynamic per-token INT8 acts
   kW4A16 = 0x50440002,  // "w4a16": INT4 groups of 128 with an f16 scale, float activations
   // Runtime layouts, never in a file (DTypeFromGgml refuses them): Q8_0 / Q5_0 rows 16 at a time,
-  // codes interleaved by 4-byte words, for the CPU backend's own order (q8_0x16.h, q5_0x16.h).
+  // codes interleaved by 4-byte words, for the CPU backend's own order (q8_0x16.h, q5_0x16.h),
+  // Q4_K rows 16 at a time with their scales unpacked (q4_kx16.h), and Q6_K rows (q6_kx16.h).
   kQ8_0x16 = 0x50440100,  // "q8_0x16"
   kQ5_0x16 = 0x50440101,  // "q5_0x16"
+  kQ4_Kx16 = 0x50440102,  // "q4_Kx16"
+  kQ6_Kx16 = 0x50440103,  // "q6_Kx16"
 };
 
 struct DTypeTraits {

@@ -174,7 +174,10 @@ void DequantizeRow(DType t, const void* x, float* y, int64_t n) {
       return DequantizeRowW4A16(static_cast<const BlockW4A16*>(x), y, n);
     case DType::kQ8_0x16:
     case DType::kQ5_0x16:
-      break;  // rows interleaved 16 at a time: Unpack*x16Row (q8_0x16.h, q5_0x16.h)
+    case DType::kQ4_Kx16:
+    case DType::kQ6_Kx16:
+      break;  // rows interleaved 16 at a time: Unpack*x16Row (q8_0x16.h, q5_0x16.h, q4_kx16.h,
+              // q6_kx16.h)
   }
   PD_CHECK_MSG(false, "unsupported DType");
 }
@@ -213,7 +216,9 @@ void QuantizeRow(DType t, const float* x, void* y, int64_t n, const float* impor
       return QuantizeRowW4A16(x, static_cast<BlockW4A16*>(y), n, importance);
     case DType::kQ8_0x16:
     case DType::kQ5_0x16:
-      break;  // made from Q8_0 / Q5_0 rows at load (q8_0x16.h, q5_0x16.h), never quantized
+    case DType::kQ4_Kx16:
+    case DType::kQ6_Kx16:
+      break;  // made from Q8_0 / Q5_0 / Q4_K / Q6_K rows at load (q*x16.h), never quantized
   }
   PD_CHECK_MSG(false, "unsupported DType");
 }

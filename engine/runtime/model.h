@@ -152,7 +152,8 @@ class Model {
   bool head_order_own() const { return head_order_own_ || head_laid_out_own(); }
   // Whether Load laid the head out for the own order (LoadOptions::no_f32_cache).
   bool head_laid_out_own() const {
-    return weights_->output.type == DType::kQ8_0x16 || weights_->output.type == DType::kQ5_0x16;
+    return weights_->output.type == DType::kQ8_0x16 || weights_->output.type == DType::kQ5_0x16 ||
+           weights_->output.type == DType::kQ4_Kx16 || weights_->output.type == DType::kQ6_Kx16;
   }
   // The layers' matmuls' order over an F16 or INT8 cache (docs/numerics.md): the backend's own
   // (kRowOrderOwn on every row; on the CPU Q8_0 and Q5_0 matrices with AVX512-VNNI: the default)

@@ -13,6 +13,7 @@
 
 #include "common/status.h"
 #include "engine/quant/dtype.h"
+#include "engine/quant/k_quants.h"
 #include "engine/quant/q5_0.h"
 #include "engine/quant/q8_0.h"
 #include "tests/testing/gguf_builder.h"
@@ -57,6 +58,10 @@ inline std::string EncodeRows(const std::vector<float>& v, int64_t row, DType ty
       case DType::kQ8_0: QuantizeRowQ8_0(src, static_cast<BlockQ8_0*>(dst), row); break;
       case DType::kQ5_0:
         QuantizeRowQ5_0(src, static_cast<BlockQ5_0*>(dst), row);
+        break;
+      case DType::kQ4_K:
+      case DType::kQ6_K:  // k_quants.h's reference quantizers
+        QuantizeRow(type, src, dst, row);
         break;
       default: PD_CHECK_MSG(false, "TinyModel: unsupported type");
     }

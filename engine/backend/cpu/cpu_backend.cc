@@ -32,15 +32,17 @@
 #include "engine/backend/top_k.h"
 #include "engine/quant/dtype.h"
 #include "engine/quant/fp16.h"
+#include "engine/quant/q4_kx16.h"
 #include "engine/quant/q5_0x16.h"
+#include "engine/quant/q6_kx16.h"
 #include "engine/quant/q8_0x16.h"
 
 namespace pd::engine {
 namespace cpu {
 
 bool IsSupported(DType t) {
-  return t == DType::kQ8_0x16 || t == DType::kQ5_0x16 ||
-         DTypeFromGgml(static_cast<uint32_t>(t)).has_value();
+  return t == DType::kQ8_0x16 || t == DType::kQ5_0x16 || t == DType::kQ4_Kx16 ||
+         t == DType::kQ6_Kx16 || DTypeFromGgml(static_cast<uint32_t>(t)).has_value();
 }
 
 bool HasMatMul(DType t) { return t != DType::kQ8_K; }
@@ -205,27 +207,46 @@ absl::StatusOr<Tensor> CpuBackend::MapWeightsOwnLayout(const Tensor& host,
   PD_RETURN_IF_ERROR(CheckTensor(host, "MapWeightsOwnLayout"));
   if (storage != nullptr) storage->reset();
   Tensor none{host.type, host.cols, host.rows, nullptr};
-  // Q8_0 as q8_0x16 (any rows: the last rows % 16 stay plain), Q5_0 as q5_0x16 (rows a multiple
-  // of 16; other matrices keep their rows and take the order through the flag).
-  // Only where the flag on the rows takes the own order (OwnOrderKernels), whose bits these are.
-  const bool q8 = host.type == DType::kQ8_0;
-  const bool q5 = host.type == DType::kQ5_0 && host.rows % kQ5_0x16Rows == 0;
-  if (!(q8 || q5) || OwnOrderKernels(host.type) == nullptr || !copy_weights_ ||
-      storage == nullptr || host.bytes() == 0) {
+  // Q8_0 as q8_0x16 (any rows: the last rows % 16 stay plain), Q5_0 as q5_0x16, Q4_K as q4_Kx16
+  // and Q6_K as q6_Kx16 (rows a multiple of 16; other matrices keep their rows and take the order
+  // through the flag). Only where the flag on the rows takes the own order (OwnOrderKernels),
+  // whose bits these are.
+  DType laid;
+  void (*repack)(const void*, size_t, int64_t, int64_t, void*) = nullptr;
+  switch (host.type) {
+    case DType::kQ8_0:
+      laid = DType::kQ8_0x16, repack = &RepackQ8_0x16;
+      break;
+    case DType::kQ5_0:
+      laid = DType::kQ5_0x16, repack = &RepackQ5_0x16;
+      break;
+    case DType::kQ4_K:
+      laid = DType::kQ4_Kx16, repack = &RepackQ4_Kx16;
+      break;
+    case DType::kQ6_K:
+      laid = DType::kQ6_Kx16, repack = &RepackQ6_Kx16;
+      break;
+    default:
+      laid = host.type;
+      break;
+  }
+  if (repack == nullptr || (host.type != DType::kQ8_0 && host.rows % 16 != 0) ||
+      OwnOrderKernels(host.type) == nullptr || !copy_weights_ || storage == nullptr ||
+      host.bytes() == 0) {
     return none;
   }
-  const DType laid = q8 ? DType::kQ8_0x16 : DType::kQ5_0x16;
-  auto* const repack = q8 ? &RepackQ8_0x16 : &RepackQ5_0x16;
+  const Tensor out{laid, host.cols, host.rows, nullptr};
   // Past the copies' budget: the plain rows with the flag, at the same bits.
-  PD_ASSIGN_OR_RETURN(std::unique_ptr<WeightSlice> buf, ReserveWeights(host.bytes()));
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<WeightSlice> buf, ReserveWeights(out.bytes()));
   if (buf == nullptr) return none;
   char* p = static_cast<char*>(buf->data());
   // In pieces of whole groups of 16 rows; the last piece takes q8_0x16's plain tail rows.
   const int64_t rows = host.rows, k = host.cols, rs = static_cast<int64_t>(host.row_bytes());
+  const int64_t out_rs = static_cast<int64_t>(out.row_bytes());  // q4_Kx16: 148 per 144
   constexpr int64_t kPieceRows = 1024;
   pool_.ParallelFor((rows + kPieceRows - 1) / kPieceRows, [&](int64_t p0, int64_t p1) {
     const int64_t r0 = p0 * kPieceRows, r1 = std::min(rows, p1 * kPieceRows);
-    repack(static_cast<const char*>(host.data) + r0 * rs, rs, r1 - r0, k, p + r0 * rs);
+    repack(static_cast<const char*>(host.data) + r0 * rs, rs, r1 - r0, k, p + r0 * out_rs);
   });
   *storage = std::move(buf);
   return Tensor{laid, host.cols, host.rows, p};
@@ -280,6 +301,20 @@ absl::Status CpuBackend::GetRows(const Tensor& table, absl::Span<const int32_t> 
               row.resize(static_cast<size_t>(cols / kQ8_0BlockSize));
               UnpackQ5_0x16Row(table.data, cols, ids[i], row.data());
               DequantizeRow(DType::kQ5_0, row.data(), dst, cols);
+              break;
+            }
+            case DType::kQ4_Kx16: {
+              thread_local std::vector<BlockQ4_K> row;
+              row.resize(static_cast<size_t>(cols / kQK));
+              UnpackQ4_Kx16Row(table.data, cols, ids[i], row.data());
+              DequantizeRow(DType::kQ4_K, row.data(), dst, cols);
+              break;
+            }
+            case DType::kQ6_Kx16: {
+              thread_local std::vector<BlockQ6_K> row;
+              row.resize(static_cast<size_t>(cols / kQK));
+              UnpackQ6_Kx16Row(table.data, cols, ids[i], row.data());
+              DequantizeRow(DType::kQ6_K, row.data(), dst, cols);
               break;
             }
             case DType::kQ4_0:

@@ -109,6 +109,9 @@ DType CompanionType(DType w) {
     case DType::kQ8_0x16:  // Q8_0 / Q5_0 rows repacked
     case DType::kQ5_0x16:
       return DType::kQ8_0;
+    case DType::kQ4_Kx16:  // Q4_K / Q6_K rows repacked
+    case DType::kQ6_Kx16:
+      return DType::kQ8_K;
     case DType::kW4A16:  // activations stay F32
       return DType::kF32;
     case DType::kQ4_0:
@@ -145,6 +148,8 @@ cpu::GemmType GemmTypeOf(DType w) {
     case DType::kQ8_K:
     case DType::kQ8_0x16:  // the own-order kernels only (PlanMatMul)
     case DType::kQ5_0x16:
+    case DType::kQ4_Kx16:
+    case DType::kQ6_Kx16:
       break;
   }
   PD_CHECK_MSG(false, "no matmul for this weight type");
@@ -156,6 +161,8 @@ const cpu::GroupedKernels* CpuBackend::OwnOrderKernels(DType w) const {
   const bool simd = &k_ == cpu::Avx2Kernels();
   if (w == DType::kQ8_0) return simd ? cpu::Q8_0OwnOrderVnni() : cpu::Q8_0OwnOrderScalar();
   if (w == DType::kQ5_0) return simd ? cpu::Q5_0OwnOrderVnni() : cpu::Q5_0OwnOrderScalar();
+  if (w == DType::kQ4_K) return simd ? cpu::Q4_KOwnOrderVnni() : cpu::Q4_KOwnOrderScalar();
+  if (w == DType::kQ6_K) return simd ? cpu::Q6_KOwnOrderVnni() : cpu::Q6_KOwnOrderScalar();
   // A layout runs in its order on any table: one made on another table (a test's) without VNNI
   // here takes the portable kernel, with the same bits.
   const cpu::GroupedKernels* vnni = nullptr;
@@ -166,6 +173,14 @@ const cpu::GroupedKernels* CpuBackend::OwnOrderKernels(DType w) const {
   if (w == DType::kQ5_0x16) {
     vnni = simd ? cpu::Q5_0x16OwnOrderVnni() : nullptr;
     return vnni != nullptr ? vnni : cpu::Q5_0x16OwnOrderScalar();
+  }
+  if (w == DType::kQ4_Kx16) {
+    vnni = simd ? cpu::Q4_Kx16OwnOrderVnni() : nullptr;
+    return vnni != nullptr ? vnni : cpu::Q4_Kx16OwnOrderScalar();
+  }
+  if (w == DType::kQ6_Kx16) {
+    vnni = simd ? cpu::Q6_Kx16OwnOrderVnni() : nullptr;
+    return vnni != nullptr ? vnni : cpu::Q6_Kx16OwnOrderScalar();
   }
   return nullptr;
 }
@@ -197,16 +212,19 @@ absl::Status CpuBackend::PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
     return absl::InvalidArgumentError(absl::StrCat(
         "MatMul: ", n_own, " of ", n, " rows ask for the own order; it is for all rows or none"));
   }
-  // Only Q8_0 and Q5_0 rows have an own order on this backend, and only where it is the
+  // Only Q8_0, Q5_0, Q4_K and Q6_K rows have an own order on this backend, and only where it is the
   // faster one (with AVX512-VNNI, and in the portable table); other types and CPUs keep
-  // llama.cpp's. Weights laid out for it (MapWeightsOwnLayout: q8_0x16, q5_0x16) take it on every
-  // row, flags or not.
-  const bool laid_out = w.type == DType::kQ8_0x16 || w.type == DType::kQ5_0x16;
+  // llama.cpp's. Weights laid out for it (MapWeightsOwnLayout: q8_0x16, q5_0x16, q4_Kx16,
+  // q6_Kx16) take it
+  // on every row, flags or not.
+  const bool laid_out = w.type == DType::kQ8_0x16 || w.type == DType::kQ5_0x16 ||
+                        w.type == DType::kQ4_Kx16 || w.type == DType::kQ6_Kx16;
   const cpu::GroupedKernels* own_kernels = nullptr;
   if (n_own != 0 || laid_out) own_kernels = OwnOrderKernels(w.type);
-  if (w.type == DType::kQ5_0x16 && m % kQ5_0x16Rows != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("MatMul: a q5_0x16 view of ", m, " rows (want a multiple of 16)"));
+  if (laid_out && w.type != DType::kQ8_0x16 && m % 16 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("MatMul: a ", std::string(Traits(w.type).name),
+                                                   " view of ", m,
+                                                   " rows (want a multiple of 16)"));
   }
   const bool own = own_kernels != nullptr;
   if (w.type == DType::kW8A8 && k > kW8A8MaxCols) {
@@ -260,6 +278,7 @@ absl::Status CpuBackend::PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
               case DType::kW4A16:
               case DType::kQ8_0x16:
               case DType::kQ5_0x16:
+              case DType::kQ4_Kx16:
               case DType::kQ4_0:
               case DType::kQ5_0:
               case DType::kQ2_K:
@@ -277,7 +296,7 @@ absl::Status CpuBackend::PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
   }
   plan->xa = xa;
   plan->xs = xs;
-  // Rows that no llama.cpp order binds take pdserve's own Q8_0 order (kRowOrderOwn, kernels.h).
+  // Rows that no llama.cpp order binds take pdserve's own order (kRowOrderOwn, kernels.h).
   plan->quad = own_kernels;
   // A few Q8_0 rows against Q8_0 / Q5_0 weights: packed once for the quad kernels (shared by a
   // MatMulGroup's matrices through `converted`).

@@ -202,6 +202,55 @@ const GroupedKernels* Q5_0x16OwnOrderVnni();
 // to its 32 codes first (a masked add of 16 from qh): the same bits as on the layout.
 const GroupedKernels* Q5_0OwnOrderScalar();
 const GroupedKernels* Q5_0OwnOrderVnni();
+// pdserve's own order for Q4_K weights x Q8_K activations (kRowOrderOwn): per output and
+// super-block, sumi = sum_j sc_j * isum_j over the 8 sub-blocks (isum_j the sub-block's exact
+// integer dot product of the 4-bit codes) and summ = sum_j m_j * xsum_j, both exact, then
+// y = fma(d_w * d_x, sumi, y) and y = fma(-(dmin_w * d_x), summ, y), super-blocks in order from
+// +0 (own_order.cc states it). ggml's order keeps 8 lanes of partial sums per super-block and
+// row and ends each row in a horizontal sum, so a few activation rows cost nearly a row each;
+// here 16 weight rows sit in the lanes of a ZMM register (q4_Kx16, engine/quant/q4_kx16.h, laid
+// out at load) and an activation row costs 64 VPDPBUSD, 8 VPMULLD and 4 VPDPWSSD per 16 weight
+// rows and super-block. An output depends on its own weight row and activation row only.
+// pack_x's layout: per activation row Q4_KOwnXRowBytes(k / 256) bytes: the codes of its
+// super-blocks (256 each), then d_x per super-block (F32), then per super-block 4 words, word p
+// the 16-bit sums of sub-blocks 2p (low half) and 2p + 1 (high half).
+size_t Q4_KOwnXRowBytes(int64_t nbk);
+size_t Q4_KOwnXBytes(int64_t n, int64_t k);
+void PackQ4_KOwnX(const void* x, size_t x_stride, int64_t n, int64_t k, void* out);
+template <auto kGemm>
+inline constexpr GroupedKernels kOwnOrderQ4KKernels = {&Q4_KOwnXBytes, &PackQ4_KOwnX, nullptr,
+                                                       nullptr, kGemm};
+// On plain Q4_K rows (weights not laid out at load): the portable kernel is the statement of the
+// order; the VNNI one lays each group of 16 rows out in a scratch buffer first and runs the
+// q4_Kx16 kernel on it (the same bits, at the cost of that copy: a fallback, not a fast path).
+const GroupedKernels* Q4_KOwnOrderScalar();
+const GroupedKernels* Q4_KOwnOrderVnni();  // nullptr where Q8_0OwnOrderVnni is
+// On q4_Kx16 weights (`w` at a multiple of 16 rows, rows a multiple of 16, w_stride unused).
+const GroupedKernels* Q4_Kx16OwnOrderScalar();
+const GroupedKernels* Q4_Kx16OwnOrderVnni();  // nullptr where Q8_0OwnOrderVnni is
+// pdserve's own order for Q6_K weights x Q8_K activations (kRowOrderOwn): per output and
+// super-block, total = sum_j sc_j * isum_j - 32 * sum_j sc_j * xsum_j over the 16 sub-blocks of
+// 16 weights (isum_j the exact dot product of the unsigned 6-bit codes, the weight + 32), exact,
+// then y = fma(d_w * d_x, total, y), super-blocks in order from +0 (own_order.cc states it).
+// On q6_Kx16 (engine/quant/q6_kx16.h, laid out at load) 16 weight rows sit in the lanes: a
+// code word costs two shifts, an AND and a VPTERNLOGD once per batch, an activation row 64
+// VPDPBUSD, 16 VPMULLD and 8 VPDPWSSD per 16 weight rows and super-block. pack_x's layout: per
+// activation row Q6_KOwnXRowBytes(k / 256) bytes: the codes of its super-blocks (256 each), then
+// d_x per super-block (F32), then per super-block 8 words, word p the 16-bit sums of sub-blocks
+// 2p (low half) and 2p + 1 (high half).
+size_t Q6_KOwnXRowBytes(int64_t nbk);
+size_t Q6_KOwnXBytes(int64_t n, int64_t k);
+void PackQ6_KOwnX(const void* x, size_t x_stride, int64_t n, int64_t k, void* out);
+template <auto kGemm>
+inline constexpr GroupedKernels kOwnOrderQ6KKernels = {&Q6_KOwnXBytes, &PackQ6_KOwnX, nullptr,
+                                                       nullptr, kGemm};
+// On plain Q6_K rows: the portable kernel; the VNNI one lays each group of 16 rows out in scratch
+// first (a fallback, as Q4_KOwnOrderVnni's).
+const GroupedKernels* Q6_KOwnOrderScalar();
+const GroupedKernels* Q6_KOwnOrderVnni();  // nullptr where Q8_0OwnOrderVnni is
+// On q6_Kx16 weights (`w` at a multiple of 16 rows, rows a multiple of 16, w_stride unused).
+const GroupedKernels* Q6_Kx16OwnOrderScalar();
+const GroupedKernels* Q6_Kx16OwnOrderVnni();  // nullptr where Q8_0OwnOrderVnni is
 // The AVX2 table's Q8_0, Q5_0 and Q4_0 tiles without the VNNI dispatch (tests compare the two).
 void GemmQ8_0Avx2(int64_t k, const void* w, size_t w_stride, int nr, const void* x,
                   size_t x_stride, int nc, float* y, int64_t y_stride);

@@ -24,7 +24,9 @@
 // This file alone is compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni (plus
 // AVX2/FMA/F16C); its kernels run only when CPUID reports those instructions.
 #include "engine/backend/cpu/kernels.h"
+#include "engine/quant/q4_kx16.h"
 #include "engine/quant/q5_0x16.h"
+#include "engine/quant/q6_kx16.h"
 #include "engine/quant/q8_0x16.h"
 
 #if defined(__x86_64__) && defined(__AVX512VNNI__) && defined(__AVX512VL__) && \
@@ -37,6 +39,7 @@
 #include <cstdint>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 namespace pd::engine::cpu {
 namespace {
@@ -428,6 +431,292 @@ void GemmX16Vnni(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, co
   }
 }
 
+// ---- Q4_K in the own order (q4_Kx16) ------------------------------------------------------
+//
+// Per group of 16 weight rows and super-block, sub-block by sub-block: its 8 nibble words load
+// straight into the lanes (AND 0x0F, or a shift first for the odd sub-blocks), the 16 rows' 6-bit
+// scales widen to 32-bit lanes in one VPMOVZXBD; per activation row 8 VPDPBUSD (the row's code
+// words broadcast from memory) give each lane the sub-block's exact dot, one VPMULLD and VPADDD
+// add it into sumi at its scale. Per super-block and row, the mins: 4 VPDPWSSD of the rows'
+// (m_2p, m_2p+1) 16-bit pairs against the activation's (xsum_2p, xsum_2p+1); then CVT, d * d_x,
+// FMA and dmin * d_x, FNMADD: the portable kernel's operations on each lane (own_order.cc).
+
+// Activation rows per pass: NN sums and NN accumulators live across a super-block beside the 8
+// code words, the scales and the nibble mask (2 NN + 12 of 32 registers).
+constexpr int kQ4KMaxActRows = 8;
+// How far ahead of its stream the kernel's software prefetch runs, a super-block's 37 lines
+// spread over its 8 sub-blocks (gemv_bench rows_x16/q4_K/1/1 and /4/1, 2048 x 2048 on Zen 4, us,
+// three alternating runs: 8 KiB 97-112 / 135-146, 12 KiB 100-109 / 152-158, 16 KiB 96-111 /
+// 165-193; all 37 lines at the super-block's start: 183 / 355).
+constexpr size_t kQ4KPrefetchBytes = 8192;
+
+template <int NN>
+void TileQ4Kx16(int64_t nbk, const char* group, const char* prefetch, const char* xp,
+                size_t x_row_bytes, int64_t i0, float* y, int64_t ys) {
+  constexpr int kLines = static_cast<int>(kQ4_Kx16SuperBytes / 64);
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[NN];
+  for (int i = 0; i < NN; ++i) acc[i] = _mm512_setzero_ps();
+  const char* xr[NN];
+  for (int i = 0; i < NN; ++i) xr[i] = xp + (i0 + i) * x_row_bytes;
+  const int64_t d_off = nbk * kQK, w_off = d_off + nbk * 4;
+  for (int64_t s = 0; s < nbk; ++s) {
+    const char* pf = prefetch != nullptr ? prefetch + s * kQ4_Kx16SuperBytes : nullptr;
+    const char* sb = group + s * kQ4_Kx16SuperBytes;
+    __m512i sumi[NN];
+    for (int i = 0; i < NN; ++i) sumi[i] = _mm512_setzero_si512();
+#pragma GCC unroll 1
+    for (int j = 0; j < 8; ++j) {
+      if (pf != nullptr) {
+        // The super-block's 37 lines spread over its 8 sub-blocks, 5 a step.
+        for (int o = 5 * j; o < std::min(5 * j + 5, kLines); ++o)
+          _mm_prefetch(pf + 64 * o, _MM_HINT_T0);
+      }
+      const __m512i sc = _mm512_cvtepu8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + kQ4_Kx16ScalesAt + 16 * j)));
+      const char* nib = sb + kQ4_Kx16NibblesAt + (j / 2) * 8 * 64;
+      const int shift = (j % 2) * 4;
+      __m512i w[8];
+#pragma GCC unroll 8
+      for (int t = 0; t < 8; ++t) {
+        w[t] = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(nib + 64 * t), shift), m4);
+      }
+#pragma GCC unroll 8
+      for (int i = 0; i < NN; ++i) {
+        const auto* xq = reinterpret_cast<const int8_t*>(xr[i] + s * kQK + 32 * j);
+        __m512i t0 = _mm512_setzero_si512();
+        if constexpr (NN <= 2) {
+          __m512i t1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+          for (int t = 0; t < 8; t += 2) {
+            DpbusdBroadcast(t0, w[t], xq + 4 * t);
+            DpbusdBroadcast(t1, w[t + 1], xq + 4 * t + 4);
+          }
+          t0 = _mm512_add_epi32(t0, t1);
+        } else {
+#pragma GCC unroll 8
+          for (int t = 0; t < 8; ++t) DpbusdBroadcast(t0, w[t], xq + 4 * t);
+        }
+        sumi[i] = _mm512_add_epi32(sumi[i], _mm512_mullo_epi32(t0, sc));
+      }
+    }
+    __m512i mins[4];
+    for (int p = 0; p < 4; ++p) {
+      mins[p] = _mm512_cvtepu8_epi16(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + kQ4_Kx16MinsAt + 32 * p)));
+    }
+    const __m512 dw =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + kQ4_Kx16DAt)));
+    const __m512 dm =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + kQ4_Kx16DminAt)));
+#pragma GCC unroll 8
+    for (int i = 0; i < NN; ++i) {
+      float dx;
+      std::memcpy(&dx, xr[i] + d_off + s * 4, 4);
+      int32_t words[4];
+      std::memcpy(words, xr[i] + w_off + s * 16, 16);
+      __m512i summ = _mm512_setzero_si512();
+      for (int p = 0; p < 4; ++p) {
+        summ = _mm512_dpwssd_epi32(summ, mins[p], _mm512_set1_epi32(words[p]));
+      }
+      const __m512 vdx = _mm512_set1_ps(dx);
+      acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dw, vdx), _mm512_cvtepi32_ps(sumi[i]), acc[i]);
+      acc[i] = _mm512_fnmadd_ps(_mm512_mul_ps(dm, vdx), _mm512_cvtepi32_ps(summ), acc[i]);
+    }
+  }
+  for (int i = 0; i < NN; ++i) _mm512_storeu_ps(y + i * ys, acc[i]);
+}
+
+template <int... N>
+constexpr auto MakeTilesQ4K(std::integer_sequence<int, N...>) {
+  return std::array<TileX16Fn, sizeof...(N)>{&TileQ4Kx16<N + 1>...};
+}
+constexpr auto kTilesQ4K = MakeTilesQ4K(std::make_integer_sequence<int, kQ4KMaxActRows>{});
+
+// The drivers of the k-quant layouts (q4_Kx16, q6_Kx16), each given its tiles (kTiles[nn - 1]
+// takes nn activation rows), super-block bytes, pack_x row bytes and prefetch distance.
+//
+// y[i * ys + r] over the groups of 16 rows of a laid-out matrix, in passes of up to kTiles.size()
+// activation rows, the first pass prefetching kPrefetch bytes ahead of the group's stream.
+template <const auto& kTiles, size_t kSuperBytes, size_t (*kXRowBytes)(int64_t), size_t kPrefetch>
+void GemmKx16Vnni(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, const void* xp,
+                  int64_t n, float* y, int64_t ys) {
+  constexpr int64_t kMax = static_cast<int64_t>(kTiles.size());
+  const int64_t nbk = k / kQK;
+  const size_t x_row_bytes = kXRowBytes(nbk);
+  const char* wa = static_cast<const char*>(w);
+  const size_t group_bytes = static_cast<size_t>(nbk) * kSuperBytes;
+  const int64_t groups = rows / 16;
+  for (int64_t g = 0; g < groups; ++g) {
+    const char* codes = wa + g * group_bytes;
+    const size_t next = static_cast<size_t>(g) * group_bytes + kPrefetch;
+    const char* ahead = next < groups * group_bytes ? wa + next : nullptr;
+    for (int64_t i0 = 0; i0 < n; i0 += kMax) {
+      const int nn = static_cast<int>(std::min<int64_t>(kMax, n - i0));
+      kTiles[nn - 1](nbk, codes, i0 == 0 ? ahead : nullptr, static_cast<const char*>(xp),
+                     x_row_bytes, i0, y + i0 * ys + g * 16, ys);
+    }
+  }
+}
+
+// Plain rows (weights not laid out: copies off or past their budget, a row count off the groups
+// of 16, tools that load without the layout): each group of 16 (a part group padded with its last
+// row) laid out in a scratch buffer by kRepack, then the tiles; rows past the matrix are not
+// stored. The copy costs more than the products at a few activation rows (gemv_bench rows_own
+// against rows_x16): a fallback for the same bits, not a fast path.
+template <const auto& kTiles, size_t kSuperBytes, size_t (*kXRowBytes)(int64_t), typename Block,
+          void (*kRepack)(const Block* const[16], int64_t, void*)>
+void GemmKPlainVnni(int64_t k, const void* w, size_t ws, int64_t rows, const void* xp, int64_t n,
+                    float* y, int64_t ys) {
+  constexpr int64_t kMax = static_cast<int64_t>(kTiles.size());
+  const int64_t nbk = k / kQK;
+  const size_t x_row_bytes = kXRowBytes(nbk);
+  thread_local std::vector<char> group;
+  group.resize(static_cast<size_t>(nbk) * kSuperBytes);
+  alignas(64) float part[kMax * 16];
+  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+    const int nr = static_cast<int>(std::min<int64_t>(16, rows - r0));
+    const Block* src[16];
+    for (int e = 0; e < 16; ++e) {
+      src[e] = reinterpret_cast<const Block*>(static_cast<const char*>(w) +
+                                              (r0 + std::min(e, nr - 1)) * ws);
+    }
+    kRepack(src, nbk, group.data());
+    for (int64_t i0 = 0; i0 < n; i0 += kMax) {
+      const int nn = static_cast<int>(std::min<int64_t>(kMax, n - i0));
+      if (nr == 16) {
+        kTiles[nn - 1](nbk, group.data(), nullptr, static_cast<const char*>(xp), x_row_bytes, i0,
+                       y + i0 * ys + r0, ys);
+        continue;
+      }
+      kTiles[nn - 1](nbk, group.data(), nullptr, static_cast<const char*>(xp), x_row_bytes, i0,
+                     part, 16);
+      for (int i = 0; i < nn; ++i) {
+        std::memcpy(y + (i0 + i) * ys + r0, part + i * 16, nr * sizeof(float));
+      }
+    }
+  }
+}
+
+// ---- Q6_K in the own order (q6_Kx16) ------------------------------------------------------
+//
+// Per group of 16 weight rows and super-block, 32 weights G (G = 4h + k < 8) at a time: each of
+// their 8 code words is the low word (h, k % 2, t) shifted right by 4 (k / 2), its low nibbles
+// kept, and the high word (h, t) shifted so that bits 2k, 2k + 1 land on 4 and 5, those two kept
+// (one AND, then one VPTERNLOGD merges both), once per batch; per activation row 4 VPDPBUSD for
+// each of the two 16-weight sub-blocks and a VPMULLD at its scale. Per super-block and row: 8
+// VPDPWSSD of the rows' scale pairs against the activation's sub-block sums, total = sumi -
+// 32 * summ, then CVT, d * d_x, FMA: the portable kernel's operations on each lane.
+
+constexpr int kQ6KMaxActRows = 8;
+// Prefetch distance, as kQ4KPrefetchBytes (a super-block's 53 lines spread over its 8 steps;
+// gemv_bench rows_x16/q6_K/1/1 and /4/1, us, two alternating runs: 4 KiB 212-244 / 207-229,
+// 8 KiB 225-233 / 222-225, 16 KiB 233-242 / 232-306, 24 KiB 216-253 / 232-305; all 53 lines
+// at the start of a half super-block: 251 / 392).
+constexpr size_t kQ6KPrefetchBytes = 8192;
+
+template <int kK>
+__attribute__((always_inline)) inline __m512i Q6Code(const char* low, const char* high, __m512i m0f,
+                                                     __m512i m30) {
+  __m512i lo = _mm512_loadu_si512(low);
+  if constexpr (kK >= 2) lo = _mm512_srli_epi16(lo, 4);
+  __m512i hi = _mm512_loadu_si512(high);
+  if constexpr (kK < 2) {
+    hi = _mm512_slli_epi16(hi, 4 - 2 * kK);
+  } else if constexpr (kK == 3) {
+    hi = _mm512_srli_epi16(hi, 2);
+  }
+  // (lo & 0x0F) | (hi & 0x30): VPTERNLOGD of (lo, hi & 0x30, 0x0F) as (a & c) | b.
+  return _mm512_ternarylogic_epi32(lo, _mm512_and_si512(hi, m30), m0f, 0xEC);
+}
+
+template <int NN, int kK>
+__attribute__((always_inline)) inline void Q6Step(const char* sb, const char* pf, int h, int64_t s,
+                                                  const char* const (&xr)[NN], __m512i (&sumi)[NN],
+                                                  __m512i m0f, __m512i m30) {
+  const int g = 4 * h + kK;
+  if (pf != nullptr) {
+    // The super-block's 53 lines spread over its 8 steps, 7 a step.
+    constexpr int kLines = static_cast<int>((kQ6_Kx16SuperBytes + 63) / 64);
+    for (int o = 7 * g; o < std::min(7 * g + 7, kLines); ++o)
+      _mm_prefetch(pf + 64 * o, _MM_HINT_T0);
+  }
+  // Scales of sub-blocks 2g and 2g + 1, 32-bit per lane.
+  const __m512i pair = _mm512_cvtepi8_epi16(
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + kQ6_Kx16ScalesAt + 32 * g)));
+  const __m512i sc0 = _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16);
+  const __m512i sc1 = _mm512_srai_epi32(pair, 16);
+  const char* low = sb + kQ6_Kx16LowAt + (16 * h + 8 * (kK % 2)) * 64;
+  const char* high = sb + kQ6_Kx16HighAt + 8 * h * 64;
+  __m512i w[8];
+#pragma GCC unroll 8
+  for (int t = 0; t < 8; ++t) w[t] = Q6Code<kK>(low + 64 * t, high + 64 * t, m0f, m30);
+#pragma GCC unroll 8
+  for (int i = 0; i < NN; ++i) {
+    const auto* xq = reinterpret_cast<const int8_t*>(xr[i] + s * kQK + 32 * g);
+    __m512i t0 = _mm512_setzero_si512(), t1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t) {
+      DpbusdBroadcast(t0, w[t], xq + 4 * t);
+      DpbusdBroadcast(t1, w[t + 4], xq + 16 + 4 * t);
+    }
+    sumi[i] = _mm512_add_epi32(
+        sumi[i], _mm512_add_epi32(_mm512_mullo_epi32(t0, sc0), _mm512_mullo_epi32(t1, sc1)));
+  }
+}
+
+template <int NN>
+void TileQ6Kx16(int64_t nbk, const char* group, const char* prefetch, const char* xp,
+                size_t x_row_bytes, int64_t i0, float* y, int64_t ys) {
+  const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  __m512 acc[NN];
+  for (int i = 0; i < NN; ++i) acc[i] = _mm512_setzero_ps();
+  const char* xr[NN];
+  for (int i = 0; i < NN; ++i) xr[i] = xp + (i0 + i) * x_row_bytes;
+  const int64_t d_off = nbk * kQK, w_off = d_off + nbk * 4;
+  for (int64_t s = 0; s < nbk; ++s) {
+    const char* pf = prefetch != nullptr ? prefetch + s * kQ6_Kx16SuperBytes : nullptr;
+    const char* sb = group + s * kQ6_Kx16SuperBytes;
+    __m512i sumi[NN];
+    for (int i = 0; i < NN; ++i) sumi[i] = _mm512_setzero_si512();
+#pragma GCC unroll 1
+    for (int h = 0; h < 2; ++h) {
+      Q6Step<NN, 0>(sb, pf, h, s, xr, sumi, m0f, m30);
+      Q6Step<NN, 1>(sb, pf, h, s, xr, sumi, m0f, m30);
+      Q6Step<NN, 2>(sb, pf, h, s, xr, sumi, m0f, m30);
+      Q6Step<NN, 3>(sb, pf, h, s, xr, sumi, m0f, m30);
+    }
+    const __m512 dw =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + kQ6_Kx16DAt)));
+    __m512i pairs[8];
+    for (int p = 0; p < 8; ++p) {
+      pairs[p] = _mm512_cvtepi8_epi16(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + kQ6_Kx16ScalesAt + 32 * p)));
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < NN; ++i) {
+      float dx;
+      std::memcpy(&dx, xr[i] + d_off + s * 4, 4);
+      int32_t words[8];
+      std::memcpy(words, xr[i] + w_off + s * 32, 32);
+      __m512i summ = _mm512_setzero_si512();
+      for (int p = 0; p < 8; ++p) {
+        summ = _mm512_dpwssd_epi32(summ, pairs[p], _mm512_set1_epi32(words[p]));
+      }
+      const __m512i total = _mm512_sub_epi32(sumi[i], _mm512_slli_epi32(summ, 5));
+      acc[i] =
+          _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(dx)), _mm512_cvtepi32_ps(total), acc[i]);
+    }
+  }
+  for (int i = 0; i < NN; ++i) _mm512_storeu_ps(y + i * ys, acc[i]);
+}
+
+template <int... N>
+constexpr auto MakeTilesQ6K(std::integer_sequence<int, N...>) {
+  return std::array<TileX16Fn, sizeof...(N)>{&TileQ6Kx16<N + 1>...};
+}
+constexpr auto kTilesQ6K = MakeTilesQ6K(std::make_integer_sequence<int, kQ6KMaxActRows>{});
+
 }  // namespace
 
 // Runs where the quad kernels do (avx512_vnni.cc's check: the CPU, PDSERVE_CPU_ISA and
@@ -448,6 +737,36 @@ PD_NO_AVX512 const GroupedKernels* Q5_0x16OwnOrderVnni() {
   return Q8_0QuadVnni() != nullptr ? &kOwnOrderKernels<&GemmX16Vnni<X16::kQ5_0>> : nullptr;
 }
 
+PD_NO_AVX512 const GroupedKernels* Q4_KOwnOrderVnni() {
+  return Q8_0QuadVnni() != nullptr
+             ? &kOwnOrderQ4KKernels<
+                   &GemmKPlainVnni<kTilesQ4K, kQ4_Kx16SuperBytes, &Q4_KOwnXRowBytes, BlockQ4_K,
+                                   &RepackQ4_Kx16Group>>
+             : nullptr;
+}
+
+PD_NO_AVX512 const GroupedKernels* Q4_Kx16OwnOrderVnni() {
+  return Q8_0QuadVnni() != nullptr
+             ? &kOwnOrderQ4KKernels<&GemmKx16Vnni<kTilesQ4K, kQ4_Kx16SuperBytes, &Q4_KOwnXRowBytes,
+                                                  kQ4KPrefetchBytes>>
+             : nullptr;
+}
+
+PD_NO_AVX512 const GroupedKernels* Q6_KOwnOrderVnni() {
+  return Q8_0QuadVnni() != nullptr
+             ? &kOwnOrderQ6KKernels<
+                   &GemmKPlainVnni<kTilesQ6K, kQ6_Kx16SuperBytes, &Q6_KOwnXRowBytes, BlockQ6_K,
+                                   &RepackQ6_Kx16Group>>
+             : nullptr;
+}
+
+PD_NO_AVX512 const GroupedKernels* Q6_Kx16OwnOrderVnni() {
+  return Q8_0QuadVnni() != nullptr
+             ? &kOwnOrderQ6KKernels<&GemmKx16Vnni<kTilesQ6K, kQ6_Kx16SuperBytes, &Q6_KOwnXRowBytes,
+                                                  kQ6KPrefetchBytes>>
+             : nullptr;
+}
+
 }  // namespace pd::engine::cpu
 
 #else
@@ -457,6 +776,10 @@ const GroupedKernels* Q8_0OwnOrderVnni() { return nullptr; }
 const GroupedKernels* Q8_0x16OwnOrderVnni() { return nullptr; }
 const GroupedKernels* Q5_0OwnOrderVnni() { return nullptr; }
 const GroupedKernels* Q5_0x16OwnOrderVnni() { return nullptr; }
+const GroupedKernels* Q4_KOwnOrderVnni() { return nullptr; }
+const GroupedKernels* Q4_Kx16OwnOrderVnni() { return nullptr; }
+const GroupedKernels* Q6_KOwnOrderVnni() { return nullptr; }
+const GroupedKernels* Q6_Kx16OwnOrderVnni() { return nullptr; }
 }  // namespace pd::engine::cpu
 
 #endif

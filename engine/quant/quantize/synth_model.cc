@@ -75,6 +75,8 @@ uint32_t FileType(DType t) {
     case DType::kQ8_K:
     case DType::kQ8_0x16:
     case DType::kQ5_0x16:
+    case DType::kQ4_Kx16:
+    case DType::kQ6_Kx16:
       break;
   }
   return 0;

@@ -120,7 +120,9 @@ HostTensor MakeWeights(DType type, int64_t rows, int64_t cols, const std::vector
         break;
       case DType::kQ8_0x16:
       case DType::kQ5_0x16:
-        ADD_FAILURE() << "the x16 layouts are made from Q8_0 / Q5_0 rows, not from floats";
+      case DType::kQ4_Kx16:
+      case DType::kQ6_Kx16:
+        ADD_FAILURE() << "the x16 layouts are made from quantized rows, not from floats";
         break;
     }
     for (int64_t c = 0; c < cols; ++c) (*exact)[r * cols + c] = tmp[c];
@@ -430,32 +432,36 @@ TEST_P(CpuBackendTest, OwnLayoutGivesTheFlagsBitsAndTheRows) {
   }
 }
 
-// Q5_0 laid out as q5_0x16 (rows a multiple of 16): the bits the flag gives on the plain rows,
-// for every batch size, each row's the same as alone; rows from GetRows as from the plain rows;
-// the flag on plain rows of any count gives the portable kernel's bits; other row counts, copies
-// off and a budget too small keep the plain rows.
-TEST_P(CpuBackendTest, OwnLayoutQ5_0GivesTheFlagsBitsAndTheRows) {
+// Q5_0 laid out as q5_0x16 and Q4_K as q4_Kx16 (rows a multiple of 16): the bits the flag gives
+// on the plain rows, for every batch size, each row's the same as alone, near llama.cpp's order
+// (Q4_K: the same sums in another order); rows from GetRows as from the plain rows; the flag on
+// plain rows of any count gives the portable kernel's bits; other row counts, copies off and a
+// budget too small keep the plain rows.
+void ExpectOwnLayoutGivesTheFlagsBitsAndTheRows(Backend& be, bool force_scalar, std::mt19937& rng,
+                                                DType type, DType laid_type,
+                                                std::initializer_list<int64_t> ks) {
   std::vector<double> unused;
   const uint8_t own = kRowOrderGemv | kRowOrderOwn;
   std::unique_ptr<Backend> portable = CreateCpuBackend({.force_scalar = true});
-  for (int64_t k : {96, 640}) {
+  Backend* const be_ = &be;
+  for (int64_t k : ks) {
     const int64_t m = 80;
-    SCOPED_TRACE(::testing::Message() << "k " << k);
-    HostTensor w = MakeWeights(DType::kQ5_0, m, k, RandomVec(rng_, m * k), &unused);
+    SCOPED_TRACE(::testing::Message() << Traits(type).name << " k " << k);
+    HostTensor w = MakeWeights(type, m, k, RandomVec(rng, m * k), &unused);
     std::unique_ptr<Buffer> storage;
     absl::StatusOr<Tensor> laid = be_->MapWeightsOwnLayout(w.t, &storage);
     ASSERT_THAT(laid.status(), IsOk());
-    if (!GetParam().force_scalar && cpu::Q5_0x16OwnOrderVnni() == nullptr) {
+    if (!force_scalar && cpu::Q5_0x16OwnOrderVnni() == nullptr) {
       EXPECT_EQ(laid->data, nullptr) << "no own order on AVX2 alone: no layout for it";
       GTEST_SKIP() << "AVX2 without VNNI keeps llama.cpp's order";
     }
     ASSERT_NE(laid->data, nullptr);
     ASSERT_NE(storage, nullptr);
-    EXPECT_EQ(laid->type, DType::kQ5_0x16);
-    EXPECT_EQ(laid->bytes(), w.t.bytes());
+    EXPECT_EQ(laid->type, laid_type);
+    EXPECT_EQ(laid->bytes(), type == DType::kQ4_K ? w.t.bytes() / 144 * 148 : w.t.bytes());
     for (int64_t n : {1, 2, 3, 4, 5, 16, 17, 40}) {
       SCOPED_TRACE(::testing::Message() << "n " << n);
-      HostTensor x = F32(n, k, RandomVec(rng_, n * k, 2.f));
+      HostTensor x = F32(n, k, RandomVec(rng, n * k, 2.f));
       HostTensor want(DType::kF32, n, m), got(DType::kF32, n, m), got_flagged(DType::kF32, n, m);
       HostTensor ref(DType::kF32, n, m);
       ASSERT_THAT(be_->MatMulRowOrder(w.t, x.t, want.t, std::vector<uint8_t>(n, own)), IsOk());
@@ -466,6 +472,17 @@ TEST_P(CpuBackendTest, OwnLayoutQ5_0GivesTheFlagsBitsAndTheRows) {
       EXPECT_EQ(std::memcmp(want.t.data, ref.t.data, want.t.bytes()), 0);
       EXPECT_EQ(std::memcmp(want.t.data, got.t.data, want.t.bytes()), 0);
       EXPECT_EQ(std::memcmp(want.t.data, got_flagged.t.data, want.t.bytes()), 0);
+      HostTensor theirs(DType::kF32, n, m);
+      ASSERT_THAT(be_->MatMul(w.t, x.t, theirs.t), IsOk());
+      const auto* a = static_cast<const float*>(want.t.data);
+      const auto* b = static_cast<const float*>(theirs.t.data);
+      double diff = 0, norm = 0;
+      for (int64_t i = 0; i < n * m; ++i) {
+        diff += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
+        norm += double{b[i]} * b[i];
+      }
+      // Both orders sum the same integers; only the F32 roundings differ (~k / 32 of u each).
+      EXPECT_LT(std::sqrt(diff / norm), 1e-5);
       for (int64_t i = 0; i < n; i += 7) {
         const float* xi = static_cast<const float*>(x.t.data) + i * k;
         HostTensor one = F32(1, k, std::vector<float>(xi, xi + k));
@@ -485,28 +502,43 @@ TEST_P(CpuBackendTest, OwnLayoutQ5_0GivesTheFlagsBitsAndTheRows) {
     EXPECT_EQ(std::memcmp(rows.t.data, rows_plain.t.data, rows.t.bytes()), 0);
   }
   // A row count off the groups: no layout; the flag on its plain rows (a part group padded).
-  const int64_t k = 640, m = 77, n = 5;
-  HostTensor w = MakeWeights(DType::kQ5_0, m, k, RandomVec(rng_, m * k), &unused);
+  const int64_t k = *ks.begin(), m = 77, n = 5;
+  HostTensor w = MakeWeights(type, m, k, RandomVec(rng, m * k), &unused);
   std::unique_ptr<Buffer> storage;
   absl::StatusOr<Tensor> none = be_->MapWeightsOwnLayout(w.t, &storage);
   ASSERT_THAT(none.status(), IsOk());
   EXPECT_EQ(none->data, nullptr);
   EXPECT_EQ(storage, nullptr);
-  HostTensor x = F32(n, k, RandomVec(rng_, n * k, 2.f));
+  HostTensor x = F32(n, k, RandomVec(rng, n * k, 2.f));
   HostTensor got(DType::kF32, n, m), ref(DType::kF32, n, m);
   ASSERT_THAT(be_->MatMulRowOrder(w.t, x.t, got.t, std::vector<uint8_t>(n, own)), IsOk());
   ASSERT_THAT(portable->MatMulRowOrder(w.t, x.t, ref.t, std::vector<uint8_t>(n, own)), IsOk());
   EXPECT_EQ(std::memcmp(got.t.data, ref.t.data, got.t.bytes()), 0);
-  HostTensor w80 = MakeWeights(DType::kQ5_0, 80, k, RandomVec(rng_, 80 * k), &unused);
+  HostTensor w80 = MakeWeights(type, 80, k, RandomVec(rng, 80 * k), &unused);
   for (const CpuBackendOptions& o :
-       {CpuBackendOptions{.force_scalar = GetParam().force_scalar, .copy_weights = false},
-        CpuBackendOptions{.force_scalar = GetParam().force_scalar,
+       {CpuBackendOptions{.force_scalar = force_scalar, .copy_weights = false},
+        CpuBackendOptions{.force_scalar = force_scalar,
         .copy_weights_max_bytes = w80.t.bytes() / 2}}) {
     std::unique_ptr<Backend> be = CreateCpuBackend(o);
     absl::StatusOr<Tensor> kept = be->MapWeightsOwnLayout(w80.t, &storage);
     ASSERT_THAT(kept.status(), IsOk());
     EXPECT_EQ(kept->data, nullptr) << o.copy_weights;
   }
+}
+
+TEST_P(CpuBackendTest, OwnLayoutQ5_0GivesTheFlagsBitsAndTheRows) {
+  ExpectOwnLayoutGivesTheFlagsBitsAndTheRows(*be_, GetParam().force_scalar, rng_, DType::kQ5_0,
+                                             DType::kQ5_0x16, {96, 640});
+}
+
+TEST_P(CpuBackendTest, OwnLayoutQ4_KGivesTheFlagsBitsAndTheRows) {
+  ExpectOwnLayoutGivesTheFlagsBitsAndTheRows(*be_, GetParam().force_scalar, rng_, DType::kQ4_K,
+                                             DType::kQ4_Kx16, {256, 2048});
+}
+
+TEST_P(CpuBackendTest, OwnLayoutQ6_KGivesTheFlagsBitsAndTheRows) {
+  ExpectOwnLayoutGivesTheFlagsBitsAndTheRows(*be_, GetParam().force_scalar, rng_, DType::kQ6_K,
+                                             DType::kQ6_Kx16, {256, 2048});
 }
 
 TEST_P(CpuBackendTest, MatMulValidation) {

@@ -28,7 +28,10 @@
 #include "engine/backend/cpu/kernels.h"
 #include "engine/backend/kv_rotation.h"
 #include "engine/quant/fp16.h"
+#include "engine/quant/k_quants.h"
+#include "engine/quant/q4_kx16.h"
 #include "engine/quant/q5_0x16.h"
+#include "engine/quant/q6_kx16.h"
 #include "engine/quant/q8_0.h"
 #include "engine/quant/q8_0x16.h"
 
@@ -807,6 +810,306 @@ TEST(OwnOrderTest, Q5_0KernelsGiveThePortableBits) {
     }
   }
   if (x16_vnni == nullptr || plain_vnni == nullptr) {
+    GTEST_SKIP() << "portable kernels only: no AVX512-VNNI on this CPU (or PDSERVE_CPU_ISA / "
+                    "PDSERVE_CPU_NO_VNNI turn it off)";
+  }
+}
+
+// Q4_K weights over their whole ranges: every nibble, every 6-bit scale and min (random scale
+// bytes: the packing is one-to-one), d and dmin from 2^-14 to about 0.5.
+std::vector<BlockQ4_K> RandomQ4KBlocks(std::mt19937& rng, size_t count) {
+  std::uniform_int_distribution<int> byte(0, 255), half(0x0400, 0x3800);
+  std::vector<BlockQ4_K> v(count);
+  for (BlockQ4_K& b : v) {
+    b.d = static_cast<uint16_t>(half(rng));
+    b.dmin = static_cast<uint16_t>(half(rng));
+    for (uint8_t& c : b.scales) c = static_cast<uint8_t>(byte(rng));
+    for (uint8_t& c : b.qs) c = static_cast<uint8_t>(byte(rng));
+  }
+  return v;
+}
+
+// Q8_K activations with codes over -128..127 (quantize_q8_k's range is -127..127; -128 is the
+// worst case for the sums) and their exact bsums.
+std::vector<BlockQ8_K> RandomQ8KBlocks(std::mt19937& rng, size_t count) {
+  std::uniform_int_distribution<int> code(-128, 127);
+  std::uniform_real_distribution<float> d(1e-4f, 1e-1f);
+  std::vector<BlockQ8_K> v(count);
+  for (BlockQ8_K& b : v) {
+    b.d = d(rng);
+    for (int g = 0; g < 16; ++g) {
+      int sum = 0;
+      for (int t = 0; t < 16; ++t) {
+        b.qs[16 * g + t] = static_cast<int8_t>(code(rng));
+        sum += b.qs[16 * g + t];
+      }
+      b.bsums[g] = static_cast<int16_t>(sum);
+    }
+  }
+  return v;
+}
+
+// One own-order kernel table over k-quant weights (`row_bytes` apart) and Q8_K activations.
+std::vector<float> RunOwnK(const GroupedKernels* g, const void* w, int64_t rows,
+                           const std::vector<BlockQ8_K>& x, int64_t n, int64_t k,
+                           size_t row_bytes) {
+  std::vector<char> packed(g->x_bytes(n, k) + 64);
+  char* xp = packed.data() + (64 - reinterpret_cast<uintptr_t>(packed.data()) % 64) % 64;
+  g->pack_x(x.data(), k / kQK * sizeof(BlockQ8_K), n, k, xp);
+  const int64_t ys = rows + 3;  // wider than the rows: a kernel writing past them shows
+  std::vector<float> y(n * ys, -7.f);
+  g->gemm(k, w, row_bytes, rows, xp, n, y.data(), ys);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t r = rows; r < ys; ++r) EXPECT_EQ(y[i * ys + r], -7.f) << "wrote past row " << r;
+  }
+  return y;
+}
+
+// q4_Kx16 (engine/quant/q4_kx16.h): where the header says each byte goes, and back.
+TEST(OwnOrderTest, Q4_Kx16LayoutIsTheHeadersAndUnpacksToTheSource) {
+  std::mt19937 rng(51);
+  for (int64_t k : {256, 768}) {
+    const int64_t nbk = k / kQK;
+    for (int64_t rows : {16, 48}) {
+      const std::vector<BlockQ4_K> w = RandomQ4KBlocks(rng, rows * nbk);
+      std::vector<uint8_t> laid(rows * nbk * kQ4_Kx16RowBytes);
+      RepackQ4_Kx16(w.data(), nbk * sizeof(BlockQ4_K), rows, k, laid.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        std::vector<BlockQ4_K> back(nbk);
+        UnpackQ4_Kx16Row(laid.data(), k, r, back.data());
+        ASSERT_EQ(std::memcmp(back.data(), &w[r * nbk], nbk * sizeof(BlockQ4_K)), 0) << r;
+        const int e = static_cast<int>(r % 16);
+        for (int64_t s = 0; s < nbk; ++s) {
+          const BlockQ4_K& src = w[r * nbk + s];
+          const uint8_t* sb = laid.data() + (r / 16) * 16 * nbk * 148 + s * 2368;
+          for (int j = 0; j < 8; ++j) {
+            int sc, m;
+            GetScaleMinK4(j, src.scales, &sc, &m);
+            EXPECT_EQ(sb[16 * j + e], sc) << r << " " << s << " " << j;
+            EXPECT_EQ(sb[128 + 32 * (j / 2) + 2 * e + j % 2], m) << r << " " << s << " " << j;
+            for (int t = 0; t < 32; ++t) {
+              const uint8_t byte = sb[320 + ((j / 2) * 8 + t / 4) * 64 + e * 4 + t % 4];
+              ASSERT_EQ(j % 2 == 0 ? byte & 15 : byte >> 4,
+                        j % 2 == 0 ? src.qs[32 * (j / 2) + t] & 15 : src.qs[32 * (j / 2) + t] >> 4)
+                  << "row " << r << " super-block " << s << " sub-block " << j << " code " << t;
+            }
+          }
+          uint16_t d, dmin;
+          std::memcpy(&d, sb + 256 + 2 * e, 2);
+          std::memcpy(&dmin, sb + 288 + 2 * e, 2);
+          EXPECT_EQ(d, src.d);
+          EXPECT_EQ(dmin, src.dmin);
+        }
+      }
+    }
+  }
+}
+
+// The Q4_K own order's portable kernel is one F32 chain per output, two FMAs per super-block
+// (stated here independently from the blocks), within (2 nbk + 3) u sum(|d_w d_x sumi| +
+// |dmin_w d_x summ|) of the exact sum: 2 nbk roundings of the chain, one of each product
+// d * d_x and one of sumi's conversion (|sumi| may pass 2^24).
+TEST(OwnOrderTest, PortableQ4_KKernelIsOneChainPerOutput) {
+  std::mt19937 rng(52);
+  for (int64_t k : {256, 1024, 4096}) {
+    const int64_t nbk = k / kQK, rows = 9, n = 3;
+    const std::vector<BlockQ4_K> w = RandomQ4KBlocks(rng, rows * nbk);
+    const std::vector<BlockQ8_K> x = RandomQ8KBlocks(rng, n * nbk);
+    const std::vector<float> y =
+        RunOwnK(Q4_KOwnOrderScalar(), w.data(), rows, x, n, k, nbk * sizeof(BlockQ4_K));
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t r = 0; r < rows; ++r) {
+        float chain = 0.f;
+        double exact = 0, magnitude = 0;
+        for (int64_t s = 0; s < nbk; ++s) {
+          const BlockQ4_K& wb = w[r * nbk + s];
+          const BlockQ8_K& xb = x[i * nbk + s];
+          int64_t sumi = 0, summ = 0;
+          for (int j = 0; j < 8; ++j) {
+            int sc, m;
+            GetScaleMinK4(j, wb.scales, &sc, &m);
+            int64_t isum = 0, xsum = 0;
+            for (int t = 0; t < 32; ++t) {
+              const int q = (wb.qs[32 * (j / 2) + t] >> (4 * (j % 2))) & 15;
+              isum += q * xb.qs[32 * j + t];
+              xsum += xb.qs[32 * j + t];
+            }
+            sumi += sc * isum;
+            summ += m * xsum;
+          }
+          const float dw = F16ToF32(wb.d), dm = F16ToF32(wb.dmin);
+          chain = std::fma(dw * xb.d, static_cast<float>(sumi), chain);
+          chain = std::fma(-(dm * xb.d), static_cast<float>(summ), chain);
+          const double t1 = double{dw} * xb.d * sumi, t2 = double{dm} * xb.d * summ;
+          exact += t1 - t2;
+          magnitude += std::abs(t1) + std::abs(t2);
+        }
+        const float got = y[i * (rows + 3) + r];
+        EXPECT_EQ(std::bit_cast<uint32_t>(chain), std::bit_cast<uint32_t>(got)) << k << " " << r;
+        EXPECT_LE(std::abs(got - exact), 1.001 * (2 * nbk + 3) * std::ldexp(1.0, -24) * magnitude)
+            << "k " << k << " row " << r << " x " << i;
+      }
+    }
+  }
+}
+
+// The k-quant own orders' kernels give the portable one's bits: the x16 kernels (portable and
+// VNNI) on the rows laid out (groups of 16, up to several past the prefetch's reach), and the
+// VNNI kernel on plain rows (any count: a part group padded), for activation rows from 1 past two
+// passes of 8, rows of 1 to 16 super-blocks, codes and scales over their whole ranges.
+template <typename Block>
+void ExpectKQuantKernelsGiveThePortableBits(
+    uint32_t seed, const GroupedKernels* ref, const GroupedKernels* x16_portable,
+    const GroupedKernels* x16_vnni, const GroupedKernels* plain_vnni, size_t laid_row_bytes,
+    std::vector<Block> (*random_blocks)(std::mt19937&, size_t),
+    void (*repack)(const void*, size_t, int64_t, int64_t, void*)) {
+  std::mt19937 rng(seed);
+  for (int64_t k : {256, 768, 2048, 4096}) {
+    const int64_t nbk = k / kQK;
+    for (int64_t rows : {1, 5, 16, 17, 32, 48, 160}) {
+      const std::vector<Block> w = random_blocks(rng, rows * nbk);
+      std::vector<uint8_t> laid(rows * nbk * laid_row_bytes);
+      if (rows % 16 == 0) repack(w.data(), nbk * sizeof(Block), rows, k, laid.data());
+      for (int64_t n : {1, 2, 3, 4, 5, 8, 9, 16, 17}) {
+        const std::vector<BlockQ8_K> x = RandomQ8KBlocks(rng, n * nbk);
+        const std::vector<float> want = RunOwnK(ref, w.data(), rows, x, n, k, nbk * sizeof(Block));
+        std::vector<std::pair<const char*, std::vector<float>>> got;
+        if (rows % 16 == 0) {
+          got.emplace_back("x16 portable",
+                           RunOwnK(x16_portable, laid.data(), rows, x, n, k, nbk * laid_row_bytes));
+          if (x16_vnni != nullptr) {
+            got.emplace_back("x16 vnni",
+                             RunOwnK(x16_vnni, laid.data(), rows, x, n, k, nbk * laid_row_bytes));
+          }
+        }
+        if (plain_vnni != nullptr) {
+          got.emplace_back("plain vnni",
+                           RunOwnK(plain_vnni, w.data(), rows, x, n, k, nbk * sizeof(Block)));
+        }
+        for (const auto& [what, y] : got) {
+          for (size_t i = 0; i < want.size(); ++i) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(want[i]), std::bit_cast<uint32_t>(y[i]))
+                << what << ": k " << k << " rows " << rows << " n " << n << " at " << i << ": "
+                << want[i] << " vs " << y[i];
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(OwnOrderTest, Q4_KKernelsGiveThePortableBits) {
+  ExpectKQuantKernelsGiveThePortableBits<BlockQ4_K>(
+      53, Q4_KOwnOrderScalar(), Q4_Kx16OwnOrderScalar(), Q4_Kx16OwnOrderVnni(), Q4_KOwnOrderVnni(),
+      kQ4_Kx16RowBytes, &RandomQ4KBlocks, &RepackQ4_Kx16);
+  if (Q4_Kx16OwnOrderVnni() == nullptr || Q4_KOwnOrderVnni() == nullptr) {
+    GTEST_SKIP() << "portable kernels only: no AVX512-VNNI on this CPU (or PDSERVE_CPU_ISA / "
+                    "PDSERVE_CPU_NO_VNNI turn it off)";
+  }
+}
+
+// Q6_K weights over their whole ranges: every 6-bit code, every int8 scale (-128 included), d
+// from 2^-14 to about 0.5.
+std::vector<BlockQ6_K> RandomQ6KBlocks(std::mt19937& rng, size_t count) {
+  std::uniform_int_distribution<int> byte(0, 255), half(0x0400, 0x3800);
+  std::vector<BlockQ6_K> v(count);
+  for (BlockQ6_K& b : v) {
+    b.d = static_cast<uint16_t>(half(rng));
+    for (int8_t& c : b.scales) c = static_cast<int8_t>(byte(rng) - 128);
+    for (uint8_t& c : b.ql) c = static_cast<uint8_t>(byte(rng));
+    for (uint8_t& c : b.qh) c = static_cast<uint8_t>(byte(rng));
+  }
+  return v;
+}
+
+// Weight w's 6-bit code (0..63, the weight + 32) of a Q6_K block, from its definition
+// (k_quants.cc, DequantizeRow).
+int Q6KCode(const BlockQ6_K& b, int w) {
+  const int h = w / 128, k = (w % 128) / 32, l = w % 32;
+  return ((b.ql[64 * h + 32 * (k & 1) + l] >> (4 * (k / 2))) & 15) |
+         (((b.qh[32 * h + l] >> (2 * k)) & 3) << 4);
+}
+
+// q6_Kx16 (engine/quant/q6_kx16.h): where the header says each byte goes, and back.
+TEST(OwnOrderTest, Q6_Kx16LayoutIsTheHeadersAndUnpacksToTheSource) {
+  std::mt19937 rng(54);
+  for (int64_t k : {256, 768}) {
+    const int64_t nbk = k / kQK;
+    for (int64_t rows : {16, 48}) {
+      const std::vector<BlockQ6_K> w = RandomQ6KBlocks(rng, rows * nbk);
+      std::vector<uint8_t> laid(rows * nbk * sizeof(BlockQ6_K));
+      RepackQ6_Kx16(w.data(), nbk * sizeof(BlockQ6_K), rows, k, laid.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        std::vector<BlockQ6_K> back(nbk);
+        UnpackQ6_Kx16Row(laid.data(), k, r, back.data());
+        ASSERT_EQ(std::memcmp(back.data(), &w[r * nbk], nbk * sizeof(BlockQ6_K)), 0) << r;
+        const int e = static_cast<int>(r % 16);
+        for (int64_t s = 0; s < nbk; ++s) {
+          const BlockQ6_K& src = w[r * nbk + s];
+          const uint8_t* sb = laid.data() + (r / 16) * 16 * nbk * 210 + s * 3360;
+          for (int j = 0; j < 16; ++j) {
+            EXPECT_EQ(static_cast<int8_t>(sb[32 * (j / 2) + 2 * e + j % 2]), src.scales[j]);
+          }
+          uint16_t d;
+          std::memcpy(&d, sb + 256 + 2 * e, 2);
+          EXPECT_EQ(d, src.d);
+          // The header's rule for the 32 weights 32G + 4t .. + 3 (G = 4h + k).
+          for (int w32 = 0; w32 < 256; ++w32) {
+            const int g = w32 / 32, h = g / 4, kk = g % 4, t = (w32 % 32) / 4, byte = w32 % 4;
+            const uint8_t lo = sb[288 + (16 * h + 8 * (kk % 2) + t) * 64 + e * 4 + byte];
+            const uint8_t hi = sb[2336 + (8 * h + t) * 64 + e * 4 + byte];
+            const int code = ((lo >> (4 * (kk / 2))) & 15) | (((hi >> (2 * kk)) & 3) << 4);
+            ASSERT_EQ(code, Q6KCode(src, w32))
+                << "row " << r << " super-block " << s << " w " << w32;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The Q6_K own order's portable kernel is one F32 chain per output, one FMA per super-block
+// (stated here from the definition), within (nbk + 2) u sum |d_w d_x total| of the exact sum:
+// nbk roundings of the chain, one of d * d_x and one of total's conversion.
+TEST(OwnOrderTest, PortableQ6_KKernelIsOneChainPerOutput) {
+  std::mt19937 rng(55);
+  for (int64_t k : {256, 1024, 4096}) {
+    const int64_t nbk = k / kQK, rows = 9, n = 3;
+    const std::vector<BlockQ6_K> w = RandomQ6KBlocks(rng, rows * nbk);
+    const std::vector<BlockQ8_K> x = RandomQ8KBlocks(rng, n * nbk);
+    const std::vector<float> y =
+        RunOwnK(Q6_KOwnOrderScalar(), w.data(), rows, x, n, k, nbk * sizeof(BlockQ6_K));
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t r = 0; r < rows; ++r) {
+        float chain = 0.f;
+        double exact = 0, magnitude = 0;
+        for (int64_t s = 0; s < nbk; ++s) {
+          const BlockQ6_K& wb = w[r * nbk + s];
+          const BlockQ8_K& xb = x[i * nbk + s];
+          int64_t total = 0;
+          for (int w32 = 0; w32 < 256; ++w32) {
+            total += int64_t{wb.scales[w32 / 16]} * (Q6KCode(wb, w32) - 32) * xb.qs[w32];
+          }
+          const float dw = F16ToF32(wb.d);
+          chain = std::fma(dw * xb.d, static_cast<float>(total), chain);
+          const double term = double{dw} * xb.d * total;
+          exact += term;
+          magnitude += std::abs(term);
+        }
+        const float got = y[i * (rows + 3) + r];
+        EXPECT_EQ(std::bit_cast<uint32_t>(chain), std::bit_cast<uint32_t>(got)) << k << " " << r;
+        EXPECT_LE(std::abs(got - exact), 1.001 * (nbk + 2) * std::ldexp(1.0, -24) * magnitude)
+            << "k " << k << " row " << r << " x " << i;
+      }
+    }
+  }
+}
+
+TEST(OwnOrderTest, Q6_KKernelsGiveThePortableBits) {
+  ExpectKQuantKernelsGiveThePortableBits<BlockQ6_K>(
+      56, Q6_KOwnOrderScalar(), Q6_Kx16OwnOrderScalar(), Q6_Kx16OwnOrderVnni(), Q6_KOwnOrderVnni(),
+      sizeof(BlockQ6_K), &RandomQ6KBlocks, &RepackQ6_Kx16);
+  if (Q6_Kx16OwnOrderVnni() == nullptr || Q6_KOwnOrderVnni() == nullptr) {
     GTEST_SKIP() << "portable kernels only: no AVX512-VNNI on this CPU (or PDSERVE_CPU_ISA / "
                     "PDSERVE_CPU_NO_VNNI turn it off)";
   }

@@ -549,27 +549,35 @@ TEST(ModelHeadOrderTest, LaidOutHeadGivesTheFlagsBitsAndRefusesF32Caches) {
   }
 }
 
-// The layers' Q8_0 and Q5_0 matrices laid out for the own order at load (q8_0x16, q5_0x16 where
-// the backend runs that order) give the bits of the file's rows with the flag (a model loaded
-// without the option, the order on by default), over F16 and INT8 caches: separate and fused
-// projections (a fused matrix's parts laid out each), and K / V projections of 8 rows, off the
-// groups of 16 (Q5_0's then keep their rows and take the order through the flag, a part group
-// padded). The own order is not llama.cpp's (set_layer_order_own(false) on the plain model gives
-// other hidden states), a model made by WithHead keeps its target's order, and an F32 cache is
-// refused.
+// The layers' Q8_0, Q5_0, Q4_K and Q6_K matrices laid out for the own order at load (q8_0x16,
+// q5_0x16, q4_Kx16, q6_Kx16 where the backend runs that order) give the bits of the file's rows
+// with the flag (a model loaded without the option, the order on by default), over F16 and INT8
+// caches: separate and fused projections (a fused matrix's parts laid out each), and K / V
+// projections of 8 rows, off the groups of 16 (Q5_0's then keep their rows and take the order
+// through the flag, a part group padded). The own order is not llama.cpp's
+// (set_layer_order_own(false) on the plain model gives other hidden states), a model made by
+// WithHead keeps its target's order, and an F32 cache is refused.
 TEST(ModelLayerOrderTest, LaidOutLayersGiveTheFlagsBitsAndRefuseF32Caches) {
   for (const bool scalar : {false, true}) {
     std::unique_ptr<Backend> be = CreateCpuBackend({.force_scalar = scalar});
     const bool runs_own = scalar || cpu::Q5_0x16OwnOrderVnni() != nullptr;
-    for (const DType type : {DType::kQ5_0, DType::kQ8_0}) {
+    for (const DType type : {DType::kQ5_0, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
       for (const bool fused : {false, true}) {
         for (const bool narrow_kv : {false, true}) {
+          // K-quant rows are whole 256-blocks: the model is 256 wide, its attention output too.
+          const bool kquant = type == DType::kQ4_K || type == DType::kQ6_K;
+          if (kquant && narrow_kv) continue;
           SCOPED_TRACE(::testing::Message()
                        << (scalar ? "portable " : "default ") << Traits(type).name
                        << (fused ? " fused" : "") << (narrow_kv ? " narrow kv" : ""));
           TinyModelSpec spec;
           spec.type = type;
           spec.fused = fused;
+          if (kquant) {
+            spec.n_embd = 256;
+            spec.n_ff = 512;  // FFN down of 2 super-blocks: the orders' chains differ
+            spec.n_head = 4;  // head_dim 64: q and output 256 x 256, k and v 128 rows
+          }
           if (narrow_kv) {
             spec.n_head_kv = 1;
             spec.head_dim = 8;  // q 32 rows, k and v 8
@@ -589,7 +597,10 @@ TEST(ModelLayerOrderTest, LaidOutLayersGiveTheFlagsBitsAndRefuseF32Caches) {
           ASSERT_EQ(laid->layers_laid_out_own(), runs_own);
           if (runs_own) {
             const LayerWeights& l = laid->weights().layers[0];
-            const DType x16 = type == DType::kQ5_0 ? DType::kQ5_0x16 : DType::kQ8_0x16;
+            const DType x16 = type == DType::kQ5_0   ? DType::kQ5_0x16
+                              : type == DType::kQ4_K ? DType::kQ4_Kx16
+                              : type == DType::kQ6_K ? DType::kQ6_Kx16
+                                                     : DType::kQ8_0x16;
             EXPECT_EQ(l.wq.type, x16);
             EXPECT_EQ(l.wk.type, narrow_kv && type == DType::kQ5_0 ? type : x16);
             EXPECT_EQ(l.wo.type, x16);
