@@ -105,8 +105,9 @@ inline constexpr uint8_t kRowOrderGemv = 1;
 inline constexpr uint8_t kRowOrderWide = 2;
 inline constexpr uint8_t kRowOrderAttnWide = 4;
 // Own: no llama.cpp order binds the row (MatMulRowOrder), so a backend may give it pdserve's own
-// batch-invariant order for the weight type: the CPU backend's Q8_0 kernels of that order
-// (cpu/kernels.h, Q8_0OwnOrder*, Q5_0*OwnOrder*) sum each block's integer products whole. The model
+// batch-invariant order for the weight type: the CPU backend's kernels of that order
+// (cpu/kernels.h, Q8_0OwnOrder*, Q5_0*OwnOrder*, Q4_K*OwnOrder*, Q6_K*OwnOrder*) sum each
+// block's integer products whole. The model
 // sets it on the output head's rows (Model::set_head_order_own, PDSERVE_HEAD_ORDER) and on the
 // layers' matmul rows (PDSERVE_LAYER_ORDER) when the K/V cache is not F32 and it is told to
 // (docs/numerics.md); a MatMul takes it on all of its rows or on none.
@@ -136,12 +137,11 @@ class Backend {
   virtual absl::StatusOr<Tensor> MapWeights(const Tensor& host, std::unique_ptr<Buffer>* storage) = 0;
   // A copy of host-resident weights in a layout of this backend's own for rows that take
   // kRowOrderOwn (the CPU backend with AVX512-VNNI or its portable kernels: Q8_0 as q8_0x16,
-  // Q5_0 as q5_0x16, Q4_K as q4_Kx16, engine/quant/q8_0x16.h, q5_0x16.h, q4_kx16.h), its Buffer
-  // in *storage; MatMul over it
-  // gives every row the own order whatever its flags say, with the bits the flag gives on
-  // MapWeights' tensor. A Tensor with null data where the backend has no such layout for the type
-  // or will not spend the memory: the rows then go through MapWeights' tensor with the flag, at the
-  // same bits.
+  // Q5_0 as q5_0x16, Q4_K as q4_Kx16, Q6_K as q6_Kx16, engine/quant/q*x16.h), its Buffer in
+  // *storage; MatMul over it gives every row the own order whatever its flags say, with the bits
+  // the flag gives on MapWeights' tensor. A Tensor with null data where the backend has no such
+  // layout for the type or will not spend the memory: the rows then go through MapWeights' tensor
+  // with the flag, at the same bits.
   virtual absl::StatusOr<Tensor> MapWeightsOwnLayout(const Tensor& host,
                                                      std::unique_ptr<Buffer>* storage) {
     if (storage != nullptr) storage->reset();

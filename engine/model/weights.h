@@ -54,7 +54,7 @@ class Weights {
   // where the backend has none, the file's as usual. A head so laid out multiplies every row in
   // the own order, so the model runs over F16 and INT8 caches only (Model::LoadOptions).
   // `own_layer_layout`: the same for the layers' dense matrices (q, k, v, output, gate, up, down;
-  // the CPU backend's q8_0x16 and q5_0x16), not the experts of a mixture.
+  // the CPU backend's q8_0x16, q5_0x16, q4_Kx16 and q6_Kx16), not the experts of a mixture.
   static absl::StatusOr<std::unique_ptr<Weights>> Load(const GgufFile& file,
                                                        const ModelConfig& config, Backend& backend,
                                                        bool own_head_layout = false,

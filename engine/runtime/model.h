@@ -94,8 +94,9 @@ struct ModelLoadOptions {
   // token embedding with it, are mapped in that layout instead of the file's: no second copy,
   // and a batched decode step's head runs without transposing its blocks. A forward over an
   // F32 cache is then refused (FAILED_PRECONDITION): the head could not give llama.cpp's bits.
-  // The layers' Q8_0 and Q5_0 matrices likewise where they take the own order (layer_order_own:
-  // q8_0x16, q5_0x16), so a small batch's layer matmuls cost little more than one row's.
+  // The layers' Q8_0, Q5_0, Q4_K and Q6_K matrices likewise where they take the own order
+  // (layer_order_own: q8_0x16, q5_0x16, q4_Kx16, q6_Kx16), so a small batch's layer matmuls cost
+  // little more than one row's.
   bool no_f32_cache = false;
 };
 
@@ -156,7 +157,8 @@ class Model {
            weights_->output.type == DType::kQ4_Kx16 || weights_->output.type == DType::kQ6_Kx16;
   }
   // The layers' matmuls' order over an F16 or INT8 cache (docs/numerics.md): the backend's own
-  // (kRowOrderOwn on every row; on the CPU Q8_0 and Q5_0 matrices with AVX512-VNNI: the default)
+  // (kRowOrderOwn on every row; on the CPU Q8_0, Q5_0, Q4_K and Q6_K matrices with AVX512-VNNI:
+  // the default)
   // or llama.cpp's. Load sets it from PDSERVE_LAYER_ORDER (own | llama); WithHead copies the
   // target's. Layers laid out for it at load keep it: set_layer_order_own(false) does not change
   // them.
