@@ -176,8 +176,7 @@ void DequantizeRow(DType t, const void* x, float* y, int64_t n) {
     case DType::kQ5_0x16:
     case DType::kQ4_Kx16:
     case DType::kQ6_Kx16:
-      break;  // rows interleaved 16 at a time: Unpack*x16Row (q8_0x16.h, q5_0x16.h, q4_kx16.h,
-              // q6_kx16.h)
+      break;  // rows interleaved 16 at a time: Unpack*x16Row (q*x16.h)
   }
   PD_CHECK_MSG(false, "unsupported DType");
 }

@@ -212,11 +212,10 @@ absl::Status CpuBackend::PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
     return absl::InvalidArgumentError(absl::StrCat(
         "MatMul: ", n_own, " of ", n, " rows ask for the own order; it is for all rows or none"));
   }
-  // Only Q8_0, Q5_0, Q4_K and Q6_K rows have an own order on this backend, and only where it is the
-  // faster one (with AVX512-VNNI, and in the portable table); other types and CPUs keep
+  // Only Q8_0, Q5_0, Q4_K and Q6_K rows have an own order on this backend, and only where it is
+  // the faster one (with AVX512-VNNI, and in the portable table); other types and CPUs keep
   // llama.cpp's. Weights laid out for it (MapWeightsOwnLayout: q8_0x16, q5_0x16, q4_Kx16,
-  // q6_Kx16) take it
-  // on every row, flags or not.
+  // q6_Kx16) take it on every row, flags or not.
   const bool laid_out = w.type == DType::kQ8_0x16 || w.type == DType::kQ5_0x16 ||
                         w.type == DType::kQ4_Kx16 || w.type == DType::kQ6_Kx16;
   const cpu::GroupedKernels* own_kernels = nullptr;
