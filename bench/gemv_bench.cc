@@ -68,10 +68,6 @@
 #include "engine/backend/cpu/thread_pool.h"
 #include "engine/quant/dtype.h"
 #include "engine/quant/fp16.h"
-#include "engine/quant/q4_kx16.h"
-#include "engine/quant/q5_0x16.h"
-#include "engine/quant/q6_kx16.h"
-#include "engine/quant/q8_0x16.h"
 
 namespace pd::engine {
 namespace {
@@ -292,31 +288,13 @@ void BM_Gemv(benchmark::State& state, DType t, bool dram, int threads) {
   state.counters["set_MiB"] = static_cast<double>(set.matrix_bytes * set.count) / (1 << 20);
 }
 
-// The own order's layout of a type (q8_0x16, q5_0x16, q4_Kx16) and the repacking into it.
-DType LaidOutType(DType t) {
-  switch (t) {
-    case DType::kQ8_0:
-      return DType::kQ8_0x16;
-    case DType::kQ5_0:
-      return DType::kQ5_0x16;
-    case DType::kQ4_K:
-      return DType::kQ4_Kx16;
-    default:
-      PD_CHECK(t == DType::kQ6_K);
-      return DType::kQ6_Kx16;
-  }
-}
-void LayOut(const Tensor& w, char* dst) {
-  if (w.type == DType::kQ8_0) {
-    RepackQ8_0x16(w.data, w.row_bytes(), w.rows, w.cols, dst);
-  } else if (w.type == DType::kQ5_0) {
-    RepackQ5_0x16(w.data, w.row_bytes(), w.rows, w.cols, dst);
-  } else if (w.type == DType::kQ4_K) {
-    RepackQ4_Kx16(w.data, w.row_bytes(), w.rows, w.cols, dst);
-  } else {
-    PD_CHECK(w.type == DType::kQ6_K);
-    RepackQ6_Kx16(w.data, w.row_bytes(), w.rows, w.cols, dst);
-  }
+// `w` laid out for the own order by the backend that runs it (q8_0x16, q5_0x16, q4_Kx16,
+// q6_Kx16: what a model's matrices take at load), its bytes in *storage.
+Tensor LaidOut(Backend& be, const Tensor& w, std::unique_ptr<Buffer>* storage) {
+  absl::StatusOr<Tensor> laid = be.MapWeightsOwnLayout(w, storage);
+  PD_CHECK_OK(laid.status());
+  PD_CHECK_MSG(laid->data != nullptr, "no own-order layout for this type on this CPU");
+  return *laid;
 }
 
 void BM_Rows(benchmark::State& state, DType t, int n, int threads, uint8_t order, bool x16) {
@@ -342,24 +320,9 @@ void BM_Rows(benchmark::State& state, DType t, int n, int threads, uint8_t order
   const std::vector<uint8_t> orders(n, order);
   std::vector<Tensor> w(count);
   for (int i = 0; i < count; ++i) w[i] = Tensor{t, cols, rows, set.get() + i * matrix_bytes};
-  // The same matrices as q8_0x16 / q5_0x16 / q4_Kx16 (head_x16, rows_x16), made once per type.
-  static HostBytes x16_set;
-  static DType x16_type = DType::kF32;
-  if (x16) {
-    const DType laid = LaidOutType(t);
-    const size_t laid_bytes = RowBytes(laid, cols) * rows;
-    if (x16_set == nullptr || x16_type != t) {
-      x16_set.reset();
-      x16_set = AllocBytes(laid_bytes * count);
-      for (int i = 0; i < count; ++i) {
-        LayOut(w[i], x16_set.get() + i * laid_bytes);
-      }
-      x16_type = t;
-    }
-    for (int i = 0; i < count; ++i) {
-      w[i] = Tensor{laid, cols, rows, x16_set.get() + i * laid_bytes};
-    }
-  }
+  // The same matrices laid out for the own order (head_x16, rows_x16).
+  std::vector<std::unique_ptr<Buffer>> laid(x16 ? count : 0);
+  for (size_t i = 0; i < laid.size(); ++i) w[i] = LaidOut(*be, w[i], &laid[i]);
   for (int i = 0; i < count; ++i) PD_CHECK_OK(be->MatMulRowOrder(w[i], x, y, orders));
   int next = 0;
   for (auto _ : state) {
@@ -380,19 +343,15 @@ void BM_Prompt(benchmark::State& state, DType t, int threads, bool x16) {
   const size_t matrix_bytes = RowBytes(t, cols) * rows;
   HostBytes w = AllocBytes(matrix_bytes);
   FillWeights(t, w.get(), matrix_bytes, 1);
-  HostBytes laid;
-  if (x16) {
-    laid = AllocBytes(RowBytes(LaidOutType(t), cols) * rows);
-    LayOut(Tensor{t, cols, rows, w.get()}, laid.get());
-  }
   std::unique_ptr<Backend> be = CreateCpuBackend({.threads = threads});
+  std::unique_ptr<Buffer> laid;
   std::vector<float> xv(cols * n), yv(rows * n);
   Rng rng{7};
   for (float& f : xv) f = static_cast<float>(static_cast<int32_t>(rng.Next() >> 32)) * 0x1p-31f;
   Tensor x{DType::kF32, cols, n, xv.data()};
   Tensor y{DType::kF32, rows, n, yv.data()};
-  const Tensor wt =
-      x16 ? Tensor{LaidOutType(t), cols, rows, laid.get()} : Tensor{t, cols, rows, w.get()};
+  const Tensor plain{t, cols, rows, w.get()};
+  const Tensor wt = x16 ? LaidOut(*be, plain, &laid) : plain;
   PD_CHECK_OK(be->MatMul(wt, x, y));
   for (auto _ : state) {
     PD_CHECK_OK(be->MatMul(wt, x, y));

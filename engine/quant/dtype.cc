@@ -2,8 +2,9 @@
 
 #include <string>
 
-#include "common/strings.h"
 #include "common/status.h"
+#include "common/strings.h"
+#include "engine/quant/q4_kx16.h"
 
 namespace pd::engine {
 
@@ -25,7 +26,8 @@ const DTypeTraits& Traits(DType t) {
   static const DTypeTraits kW4A16{"w4a16", 128, 66};   // f16 d + 64 bytes of nibbles
   static const DTypeTraits kQ8_0x16{"q8_0x16", 32, 34};  // Q8_0's bytes, 16 rows interleaved
   static const DTypeTraits kQ5_0x16{"q5_0x16", 32, 22};  // Q5_0's bytes, 16 rows interleaved
-  static const DTypeTraits kQ4_Kx16{"q4_Kx16", 256, 148};  // Q4_K's, scales unpacked (q4_kx16.h)
+  static const DTypeTraits kQ4_Kx16{"q4_Kx16", 256,
+                                    kQ4_Kx16RowBytes};     // Q4_K's, scales unpacked (q4_kx16.h)
   static const DTypeTraits kQ6_Kx16{"q6_Kx16", 256, 210};  // Q6_K's bytes, 16 rows interleaved
   switch (t) {
     case DType::kF32: return kF32;

@@ -58,6 +58,21 @@ std::string Describe(const Tensor& t) {
                       "[", t.rows, ", ", t.cols, "]");
 }
 
+namespace {
+
+// Row r of a q5_0x16 / q4_Kx16 / q6_Kx16 table as F32: unpacked to the `source` blocks it was
+// made from, then that type's reference dequantizer.
+template <typename Block>
+void DequantizeX16Row(DType source, void (*unpack)(const void*, int64_t, int64_t, Block*),
+                      const Tensor& table, int64_t r, float* dst) {
+  thread_local std::vector<Block> row;
+  row.resize(static_cast<size_t>(table.cols / Traits(source).block_size));
+  unpack(table.data, table.cols, r, row.data());
+  DequantizeRow(source, row.data(), dst, table.cols);
+}
+
+}  // namespace
+
 absl::Status CheckTensor(const Tensor& t, const char* what) {
   if (!IsSupported(t.type)) {
     return absl::UnimplementedError(absl::StrCat(what, ": the CPU backend does not run type ",
@@ -296,27 +311,15 @@ absl::Status CpuBackend::GetRows(const Tensor& table, absl::Span<const int32_t> 
               k_.dequantize_q8_0(row.data(), dst, cols);
               break;
             }
-            case DType::kQ5_0x16: {
-              thread_local std::vector<BlockQ5_0> row;
-              row.resize(static_cast<size_t>(cols / kQ8_0BlockSize));
-              UnpackQ5_0x16Row(table.data, cols, ids[i], row.data());
-              DequantizeRow(DType::kQ5_0, row.data(), dst, cols);
+            case DType::kQ5_0x16:
+              DequantizeX16Row(DType::kQ5_0, &UnpackQ5_0x16Row, table, ids[i], dst);
               break;
-            }
-            case DType::kQ4_Kx16: {
-              thread_local std::vector<BlockQ4_K> row;
-              row.resize(static_cast<size_t>(cols / kQK));
-              UnpackQ4_Kx16Row(table.data, cols, ids[i], row.data());
-              DequantizeRow(DType::kQ4_K, row.data(), dst, cols);
+            case DType::kQ4_Kx16:
+              DequantizeX16Row(DType::kQ4_K, &UnpackQ4_Kx16Row, table, ids[i], dst);
               break;
-            }
-            case DType::kQ6_Kx16: {
-              thread_local std::vector<BlockQ6_K> row;
-              row.resize(static_cast<size_t>(cols / kQK));
-              UnpackQ6_Kx16Row(table.data, cols, ids[i], row.data());
-              DequantizeRow(DType::kQ6_K, row.data(), dst, cols);
+            case DType::kQ6_Kx16:
+              DequantizeX16Row(DType::kQ6_K, &UnpackQ6_Kx16Row, table, ids[i], dst);
               break;
-            }
             case DType::kQ4_0:
             case DType::kQ5_0:
             case DType::kQ2_K:
