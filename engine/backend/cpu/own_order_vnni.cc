@@ -63,9 +63,42 @@ constexpr int64_t kSmallPrefetchRows = 8;
 // (gemv_bench head_x16/q8_0/1/1 on Zen 4: 7.5 -> 7.1 ms, within the noise of 2 rows).
 constexpr int kX16TwoChainsMaxRows = 2;
 // How far ahead of its stream the q8_0x16 kernel's software prefetch runs (gemv_bench
-// head_x16/q8_0/1/1 and /4/1 on Zen 4, ms: none 12.6 / -, 8 KiB 7.9 / 10.6, 12 KiB 6.9 / 7.6,
-// 16 KiB 6.8 / 7.6, 20 KiB 7.3 / 8.2; T1, T2 and NTA hints all slower than T0).
+// head_x16/q8_0/1/1 and /4/1 on Zen 4 into L1, ms: 8 KiB 7.9 / 10.6, 12 KiB 6.9 / 7.6, 16 KiB
+// 6.8 / 7.6, 20 KiB 7.3 / 8.2; into L2, 4 rows: 8, 16 and 64 KiB within 0.5 ms of each other).
+// Which level, if any: FetchFor (an earlier build measured 12.6 ms at one row without software
+// prefetch; this one 5.7-6.3).
 constexpr size_t kX16PrefetchBytes = 16384;
+
+// Where the laid-out kernels' software prefetch puts the lines, by the call's activation rows
+// (all on Zen 4, 1 thread; gemv_bench, two or three alternating runs each):
+// - One activation row: into L1 (T0), except for q6_Kx16. Into L2 alone (T1) is slower there
+//   (rows_x16/q4_K/1/1 89-96 against 99-104 us, q5_0 121-122 against 125-133).
+// - More rows: into L2 alone, where the demand loads find them without the L1 fill buffers the
+//   prefetches would hold (rows_x16, us, T0 / T1: q5_0 4 rows 193-196 / 128-131, 8 rows 258-261
+//   / 230-244; q4_K 4 rows 133-134 / 120-125; q6_K 4 rows 193-201 / 141-146, and one row of
+//   q6_K 175-186 / 161-166, which takes T1 too).
+// - None, up to kHardwarePrefetchMaxRows rows over a call's stream of at least
+//   kHardwarePrefetchMinBytes (a model's output head: Gemma 3 270M's is one 170 MiB stream read
+//   in order): the hardware prefetchers follow it to near the DRAM rate once trained, and
+//   software prefetches on top only take fill buffers (head_x16/q8_0/n/1, ms, T0 / none: n = 1
+//   7.0-7.4 / 5.7-6.3, 4 7.6-8.5 / 6.9-7.1; from 5 rows the loads come too slowly for the
+//   hardware to run far enough ahead, T1 / none: 5 6.5-6.9 / 7.6-8.5).
+// Matrices of a few MiB start a new stream on every call, too short for the hardware to train on
+// (rows_x16/q5_0/4/1 without any software prefetch: 289-305 us).
+constexpr int64_t kHardwarePrefetchMaxRows = 4;
+constexpr size_t kHardwarePrefetchMinBytes = size_t{8} << 20;
+enum class Fetch { kNone, kL1, kL2 };
+inline Fetch FetchFor(int64_t n, size_t stream_bytes, bool one_row_to_l2) {
+  if (n <= kHardwarePrefetchMaxRows && stream_bytes >= kHardwarePrefetchMinBytes) {
+    return Fetch::kNone;
+  }
+  return n == 1 && !one_row_to_l2 ? Fetch::kL1 : Fetch::kL2;
+}
+// One line into L1 and L2 (T0) or L2 alone (T1).
+template <bool kL2>
+__attribute__((always_inline)) inline void PrefetchLine(const char* p) {
+  _mm_prefetch(p, kL2 ? _MM_HINT_T1 : _MM_HINT_T0);
+}
 
 // Row of lane e (lane 4L + q holds row 4q + L) and its inverse (the same map).
 inline int RowOfLane(int e) { return 4 * (e % 4) + e / 4; }
@@ -337,6 +370,9 @@ __attribute__((always_inline)) inline __m512 LoadX16(const char* group, int64_t 
                                                      __m512i (&w)[8]) {
   if constexpr (kW == X16::kQ8_0) {
     const char* cb = group + Q8_0x16CodesAt(b);
+    // Unrolled, so the words load straight into registers (as a loop GCC copies them through
+    // the stack: head_x16/q8_0/8/1 19.8 -> 11.2 ms on Zen 4).
+#pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(cb + 64 * j);
     return _mm512_cvtph_ps(
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + Q8_0x16ScalesAt(nb, b))));
@@ -364,7 +400,7 @@ __attribute__((always_inline)) inline __m512 LoadX16(const char* group, int64_t 
 // words load (q8_0x16) or unpack (q5_0x16) straight into W[j] (lane e = the group's row e, already
 // unsigned) and the 16 scales in one VCVTPH2PS; per activation row and block the operations of
 // Tile above, so the bits are the portable kernel's, and the lanes are already in row order.
-template <int NN, X16 kW>
+template <int NN, X16 kW, bool kL2>
 void TileX16(int64_t nb, const char* codes, const char* prefetch, const char* xp,
              size_t x_row_bytes, int64_t i0, float* y, int64_t ys) {
   constexpr size_t kBytes = X16BlockBytes<kW>();
@@ -379,7 +415,7 @@ void TileX16(int64_t nb, const char* codes, const char* prefetch, const char* xp
       // kBytes per block of the stream: whole lines from its share's start cover it.
       const char* p = prefetch + b * kBytes;
 #pragma GCC unroll 10
-      for (int o = 0; o < kLines; ++o) _mm_prefetch(p + 64 * o, _MM_HINT_T0);
+      for (int o = 0; o < kLines; ++o) PrefetchLine<kL2>(p + 64 * o);
     }
     __m512i w[8];
     const __m512 dw = LoadX16<kW>(codes, nb, b, w);
@@ -394,9 +430,11 @@ void TileX16(int64_t nb, const char* codes, const char* prefetch, const char* xp
 using TileX16Fn = void (*)(int64_t, const char*, const char*, const char*, size_t, int64_t, float*,
                            int64_t);
 
+// [l2][nn - 1]: the tiles of nn activation rows, prefetching into L1 (l2 = 0) or L2 alone.
 template <X16 kW, int... N>
 constexpr auto MakeTilesX16(std::integer_sequence<int, N...>) {
-  return std::array<TileX16Fn, sizeof...(N)>{&TileX16<N + 1, kW>...};
+  return std::array<std::array<TileX16Fn, sizeof...(N)>, 2>{
+      {{&TileX16<N + 1, kW, false>...}, {&TileX16<N + 1, kW, true>...}}};
 }
 
 // y[i * ys + r] over the groups of 16 rows (kW's layout) in passes of up to kMaxActRows activation
@@ -410,16 +448,18 @@ void GemmX16Vnni(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, co
   const char* wa = static_cast<const char*>(w);
   const size_t group_bytes = static_cast<size_t>(nb) * X16BlockBytes<kW>();
   const int64_t groups = rows / kLanes;
+  const Fetch fetch = FetchFor(n, groups * group_bytes, /*one_row_to_l2=*/false);
+  const auto& tiles = kTiles[fetch == Fetch::kL2];
   for (int64_t g = 0; g < groups; ++g) {
     const char* codes = wa + g * group_bytes;
     // The group's bytes are one stream: fetch kX16PrefetchBytes ahead of it, a block's share per
-    // block, up to the matrix's end.
+    // block, up to the matrix's end (or leave it to the hardware: FetchFor).
     const size_t next = static_cast<size_t>(g) * group_bytes + kX16PrefetchBytes;
-    const char* ahead = next < groups * group_bytes ? wa + next : nullptr;
+    const char* ahead = next < groups * group_bytes && fetch != Fetch::kNone ? wa + next : nullptr;
     for (int64_t i0 = 0; i0 < n; i0 += kMaxActRows) {
       const int nn = static_cast<int>(std::min<int64_t>(kMaxActRows, n - i0));
-      kTiles[nn - 1](nb, codes, i0 == 0 ? ahead : nullptr, static_cast<const char*>(xp),
-                     x_row_bytes, i0, y + i0 * ys + g * kLanes, ys);
+      tiles[nn - 1](nb, codes, i0 == 0 ? ahead : nullptr, static_cast<const char*>(xp), x_row_bytes,
+                    i0, y + i0 * ys + g * kLanes, ys);
     }
   }
   if constexpr (kW == X16::kQ8_0) {
@@ -450,7 +490,7 @@ constexpr int kQ4KMaxActRows = 8;
 // 165-193; all 37 lines at the super-block's start: 183 / 355).
 constexpr size_t kQ4KPrefetchBytes = 8192;
 
-template <int NN>
+template <int NN, bool kL2>
 void TileQ4Kx16(int64_t nbk, const char* group, const char* prefetch, const char* xp,
                 size_t x_row_bytes, int64_t i0, float* y, int64_t ys) {
   constexpr int kLines = static_cast<int>(kQ4_Kx16SuperBytes / 64);
@@ -469,8 +509,7 @@ void TileQ4Kx16(int64_t nbk, const char* group, const char* prefetch, const char
     for (int j = 0; j < 8; ++j) {
       if (pf != nullptr) {
         // The super-block's 37 lines spread over its 8 sub-blocks, 5 a step.
-        for (int o = 5 * j; o < std::min(5 * j + 5, kLines); ++o)
-          _mm_prefetch(pf + 64 * o, _MM_HINT_T0);
+        for (int o = 5 * j; o < std::min(5 * j + 5, kLines); ++o) PrefetchLine<kL2>(pf + 64 * o);
       }
       const __m512i sc = _mm512_cvtepu8_epi32(
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + kQ4_Kx16ScalesAt + 16 * j)));
@@ -528,33 +567,38 @@ void TileQ4Kx16(int64_t nbk, const char* group, const char* prefetch, const char
 }
 
 template <int... N>
-constexpr auto MakeTilesQ4K(std::integer_sequence<int, N...>) {
-  return std::array<TileX16Fn, sizeof...(N)>{&TileQ4Kx16<N + 1>...};
+constexpr auto MakeTilesQ4K(std::integer_sequence<int, N...>) {  // as MakeTilesX16
+  return std::array<std::array<TileX16Fn, sizeof...(N)>, 2>{
+      {{&TileQ4Kx16<N + 1, false>...}, {&TileQ4Kx16<N + 1, true>...}}};
 }
 constexpr auto kTilesQ4K = MakeTilesQ4K(std::make_integer_sequence<int, kQ4KMaxActRows>{});
 
-// The drivers of the k-quant layouts (q4_Kx16, q6_Kx16), each given its tiles (kTiles[nn - 1]
+// The drivers of the k-quant layouts (q4_Kx16, q6_Kx16), each given its tiles (kTiles[l2][nn - 1]
 // takes nn activation rows), super-block bytes, pack_x row bytes and prefetch distance.
 //
-// y[i * ys + r] over the groups of 16 rows of a laid-out matrix, in passes of up to kTiles.size()
-// activation rows, the first pass prefetching kPrefetch bytes ahead of the group's stream.
-template <const auto& kTiles, size_t kSuperBytes, size_t (*kXRowBytes)(int64_t), size_t kPrefetch>
+// y[i * ys + r] over the groups of 16 rows of a laid-out matrix, in passes of up to
+// kTiles[0].size() activation rows, the first pass prefetching kPrefetch bytes ahead of the
+// group's stream where FetchFor says so (kOneRowToL2: its argument).
+template <const auto& kTiles, size_t kSuperBytes, size_t (*kXRowBytes)(int64_t), size_t kPrefetch,
+          bool kOneRowToL2>
 void GemmKx16Vnni(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, const void* xp,
                   int64_t n, float* y, int64_t ys) {
-  constexpr int64_t kMax = static_cast<int64_t>(kTiles.size());
+  constexpr int64_t kMax = static_cast<int64_t>(kTiles[0].size());
   const int64_t nbk = k / kQK;
   const size_t x_row_bytes = kXRowBytes(nbk);
   const char* wa = static_cast<const char*>(w);
   const size_t group_bytes = static_cast<size_t>(nbk) * kSuperBytes;
   const int64_t groups = rows / 16;
+  const Fetch fetch = FetchFor(n, groups * group_bytes, kOneRowToL2);
+  const auto& tiles = kTiles[fetch == Fetch::kL2];
   for (int64_t g = 0; g < groups; ++g) {
     const char* codes = wa + g * group_bytes;
     const size_t next = static_cast<size_t>(g) * group_bytes + kPrefetch;
-    const char* ahead = next < groups * group_bytes ? wa + next : nullptr;
+    const char* ahead = next < groups * group_bytes && fetch != Fetch::kNone ? wa + next : nullptr;
     for (int64_t i0 = 0; i0 < n; i0 += kMax) {
       const int nn = static_cast<int>(std::min<int64_t>(kMax, n - i0));
-      kTiles[nn - 1](nbk, codes, i0 == 0 ? ahead : nullptr, static_cast<const char*>(xp),
-                     x_row_bytes, i0, y + i0 * ys + g * 16, ys);
+      tiles[nn - 1](nbk, codes, i0 == 0 ? ahead : nullptr, static_cast<const char*>(xp),
+                    x_row_bytes, i0, y + i0 * ys + g * 16, ys);
     }
   }
 }
@@ -568,7 +612,7 @@ template <const auto& kTiles, size_t kSuperBytes, size_t (*kXRowBytes)(int64_t),
           void (*kRepack)(const Block* const[16], int64_t, void*)>
 void GemmKPlainVnni(int64_t k, const void* w, size_t ws, int64_t rows, const void* xp, int64_t n,
                     float* y, int64_t ys) {
-  constexpr int64_t kMax = static_cast<int64_t>(kTiles.size());
+  constexpr int64_t kMax = static_cast<int64_t>(kTiles[0].size());
   const int64_t nbk = k / kQK;
   const size_t x_row_bytes = kXRowBytes(nbk);
   thread_local std::vector<char> group;
@@ -585,12 +629,12 @@ void GemmKPlainVnni(int64_t k, const void* w, size_t ws, int64_t rows, const voi
     for (int64_t i0 = 0; i0 < n; i0 += kMax) {
       const int nn = static_cast<int>(std::min<int64_t>(kMax, n - i0));
       if (nr == 16) {
-        kTiles[nn - 1](nbk, group.data(), nullptr, static_cast<const char*>(xp), x_row_bytes, i0,
-                       y + i0 * ys + r0, ys);
+        kTiles[0][nn - 1](nbk, group.data(), nullptr, static_cast<const char*>(xp), x_row_bytes, i0,
+                          y + i0 * ys + r0, ys);
         continue;
       }
-      kTiles[nn - 1](nbk, group.data(), nullptr, static_cast<const char*>(xp), x_row_bytes, i0,
-                     part, 16);
+      kTiles[0][nn - 1](nbk, group.data(), nullptr, static_cast<const char*>(xp), x_row_bytes, i0,
+                        part, 16);
       for (int i = 0; i < nn; ++i) {
         std::memcpy(y + (i0 + i) * ys + r0, part + i * 16, nr * sizeof(float));
       }
@@ -630,7 +674,7 @@ __attribute__((always_inline)) inline __m512i Q6Code(const char* low, const char
   return _mm512_ternarylogic_epi32(lo, _mm512_and_si512(hi, m30), m0f, 0xEC);
 }
 
-template <int NN, int kK>
+template <int NN, int kK, bool kL2>
 __attribute__((always_inline)) inline void Q6Step(const char* sb, const char* pf, int h, int64_t s,
                                                   const char* const (&xr)[NN], __m512i (&sumi)[NN],
                                                   __m512i m0f, __m512i m30) {
@@ -638,8 +682,7 @@ __attribute__((always_inline)) inline void Q6Step(const char* sb, const char* pf
   if (pf != nullptr) {
     // The super-block's 53 lines spread over its 8 steps, 7 a step.
     constexpr int kLines = static_cast<int>((kQ6_Kx16SuperBytes + 63) / 64);
-    for (int o = 7 * g; o < std::min(7 * g + 7, kLines); ++o)
-      _mm_prefetch(pf + 64 * o, _MM_HINT_T0);
+    for (int o = 7 * g; o < std::min(7 * g + 7, kLines); ++o) PrefetchLine<kL2>(pf + 64 * o);
   }
   // Scales of sub-blocks 2g and 2g + 1, 32-bit per lane.
   const __m512i pair = _mm512_cvtepi8_epi16(
@@ -665,7 +708,7 @@ __attribute__((always_inline)) inline void Q6Step(const char* sb, const char* pf
   }
 }
 
-template <int NN>
+template <int NN, bool kL2>
 void TileQ6Kx16(int64_t nbk, const char* group, const char* prefetch, const char* xp,
                 size_t x_row_bytes, int64_t i0, float* y, int64_t ys) {
   const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
@@ -681,10 +724,10 @@ void TileQ6Kx16(int64_t nbk, const char* group, const char* prefetch, const char
     for (int i = 0; i < NN; ++i) sumi[i] = _mm512_setzero_si512();
 #pragma GCC unroll 1
     for (int h = 0; h < 2; ++h) {
-      Q6Step<NN, 0>(sb, pf, h, s, xr, sumi, m0f, m30);
-      Q6Step<NN, 1>(sb, pf, h, s, xr, sumi, m0f, m30);
-      Q6Step<NN, 2>(sb, pf, h, s, xr, sumi, m0f, m30);
-      Q6Step<NN, 3>(sb, pf, h, s, xr, sumi, m0f, m30);
+      Q6Step<NN, 0, kL2>(sb, pf, h, s, xr, sumi, m0f, m30);
+      Q6Step<NN, 1, kL2>(sb, pf, h, s, xr, sumi, m0f, m30);
+      Q6Step<NN, 2, kL2>(sb, pf, h, s, xr, sumi, m0f, m30);
+      Q6Step<NN, 3, kL2>(sb, pf, h, s, xr, sumi, m0f, m30);
     }
     const __m512 dw =
         _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + kQ6_Kx16DAt)));
@@ -712,8 +755,9 @@ void TileQ6Kx16(int64_t nbk, const char* group, const char* prefetch, const char
 }
 
 template <int... N>
-constexpr auto MakeTilesQ6K(std::integer_sequence<int, N...>) {
-  return std::array<TileX16Fn, sizeof...(N)>{&TileQ6Kx16<N + 1>...};
+constexpr auto MakeTilesQ6K(std::integer_sequence<int, N...>) {  // as MakeTilesX16
+  return std::array<std::array<TileX16Fn, sizeof...(N)>, 2>{
+      {{&TileQ6Kx16<N + 1, false>...}, {&TileQ6Kx16<N + 1, true>...}}};
 }
 constexpr auto kTilesQ6K = MakeTilesQ6K(std::make_integer_sequence<int, kQ6KMaxActRows>{});
 
@@ -748,7 +792,7 @@ PD_NO_AVX512 const GroupedKernels* Q4_KOwnOrderVnni() {
 PD_NO_AVX512 const GroupedKernels* Q4_Kx16OwnOrderVnni() {
   return Q8_0QuadVnni() != nullptr
              ? &kOwnOrderQ4KKernels<&GemmKx16Vnni<kTilesQ4K, kQ4_Kx16SuperBytes, &Q4_KOwnXRowBytes,
-                                                  kQ4KPrefetchBytes>>
+                                                  kQ4KPrefetchBytes, false>>
              : nullptr;
 }
 
@@ -763,7 +807,7 @@ PD_NO_AVX512 const GroupedKernels* Q6_KOwnOrderVnni() {
 PD_NO_AVX512 const GroupedKernels* Q6_Kx16OwnOrderVnni() {
   return Q8_0QuadVnni() != nullptr
              ? &kOwnOrderQ6KKernels<&GemmKx16Vnni<kTilesQ6K, kQ6_Kx16SuperBytes, &Q6_KOwnXRowBytes,
-                                                  kQ6KPrefetchBytes>>
+                                                  kQ6KPrefetchBytes, true>>
              : nullptr;
 }
 
