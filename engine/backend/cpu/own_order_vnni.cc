@@ -62,6 +62,12 @@ constexpr int64_t kSmallPrefetchRows = 8;
 // Up to this many activation rows the q8_0x16 kernel splits a block's sums into two chains
 // (gemv_bench head_x16/q8_0/1/1 on Zen 4: 7.5 -> 7.1 ms, within the noise of 2 rows).
 constexpr int kX16TwoChainsMaxRows = 2;
+// Four activation rows over a long stream (FetchFor's kHardwarePrefetchMinBytes: the output head)
+// run the five-row tile, its fifth row a copy of the fourth that is computed and not stored:
+// with the same L2 prefetch, the five-row schedule keeps the stream busier than the four-row one
+// (head_x16/q8_0/4/1 on Zen 4, three alternating runs: 7.15-7.65 -> 5.85-6.36 ms; the same
+// padding for three rows: 7.0 -> 7.4-7.6, not taken). Bits unchanged: each row's sums are its own.
+constexpr int kX16PaddedRows = 4;
 // How far ahead of its stream the q8_0x16 kernel's software prefetch runs (gemv_bench
 // head_x16/q8_0/1/1 and /4/1 on Zen 4 into L1, ms: 8 KiB 7.9 / 10.6, 12 KiB 6.9 / 7.6, 16 KiB
 // 6.8 / 7.6, 20 KiB 7.3 / 8.2; into L2, 4 rows: 8, 16 and 64 KiB within 0.5 ms of each other).
@@ -81,11 +87,12 @@ constexpr size_t kX16PrefetchBytes = 16384;
 //   kHardwarePrefetchMinBytes (a model's output head: Gemma 3 270M's is one 170 MiB stream read
 //   in order): the hardware prefetchers follow it to near the DRAM rate once trained, and
 //   software prefetches on top only take fill buffers (head_x16/q8_0/n/1, ms, T0 / none: n = 1
-//   7.0-7.4 / 5.7-6.3, 4 7.6-8.5 / 6.9-7.1; from 5 rows the loads come too slowly for the
-//   hardware to run far enough ahead, T1 / none: 5 6.5-6.9 / 7.6-8.5).
+//   7.0-7.4 / 5.7-6.3, 3 7.0 / 6.3-6.9; from 5 rows the loads come too slowly for the hardware
+//   to run far enough ahead, T1 / none: 5 6.5-6.9 / 7.6-8.5). Four rows there sit between the
+//   two: none 6.9-7.7, T1 7.2-7.9, T1 through the five-row tile (kX16PaddedRows) 5.9-6.5.
 // Matrices of a few MiB start a new stream on every call, too short for the hardware to train on
 // (rows_x16/q5_0/4/1 without any software prefetch: 289-305 us).
-constexpr int64_t kHardwarePrefetchMaxRows = 4;
+constexpr int64_t kHardwarePrefetchMaxRows = 3;
 constexpr size_t kHardwarePrefetchMinBytes = size_t{8} << 20;
 enum class Fetch { kNone, kL1, kL2 };
 inline Fetch FetchFor(int64_t n, size_t stream_bytes, bool one_row_to_l2) {
@@ -400,7 +407,8 @@ __attribute__((always_inline)) inline __m512 LoadX16(const char* group, int64_t 
 // words load (q8_0x16) or unpack (q5_0x16) straight into W[j] (lane e = the group's row e, already
 // unsigned) and the 16 scales in one VCVTPH2PS; per activation row and block the operations of
 // Tile above, so the bits are the portable kernel's, and the lanes are already in row order.
-template <int NN, X16 kW, bool kL2>
+// kStored: the rows stored (the rows from kStored on repeat row kStored - 1: kX16PaddedRows).
+template <int NN, X16 kW, bool kL2, int kStored = NN>
 void TileX16(int64_t nb, const char* codes, const char* prefetch, const char* xp,
              size_t x_row_bytes, int64_t i0, float* y, int64_t ys) {
   constexpr size_t kBytes = X16BlockBytes<kW>();
@@ -409,7 +417,7 @@ void TileX16(int64_t nb, const char* codes, const char* prefetch, const char* xp
   __m512 acc[NN];
   for (int i = 0; i < NN; ++i) acc[i] = _mm512_setzero_ps();
   const char* xr[NN];
-  for (int i = 0; i < NN; ++i) xr[i] = xp + (i0 + i) * x_row_bytes;
+  for (int i = 0; i < NN; ++i) xr[i] = xp + (i0 + std::min(i, kStored - 1)) * x_row_bytes;
   for (int64_t b = 0; b < nb; ++b) {
     if (prefetch != nullptr) {
       // kBytes per block of the stream: whole lines from its share's start cover it.
@@ -424,7 +432,7 @@ void TileX16(int64_t nb, const char* codes, const char* prefetch, const char* xp
       acc[i] = RowBlock<(NN <= kX16TwoChainsMaxRows), kShift>(acc[i], w, dw, xr[i], b, nb);
     }
   }
-  for (int i = 0; i < NN; ++i) _mm512_storeu_ps(y + i * ys, acc[i]);
+  for (int i = 0; i < kStored; ++i) _mm512_storeu_ps(y + i * ys, acc[i]);
 }
 
 using TileX16Fn = void (*)(int64_t, const char*, const char*, const char*, size_t, int64_t, float*,
@@ -450,12 +458,19 @@ void GemmX16Vnni(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, co
   const int64_t groups = rows / kLanes;
   const Fetch fetch = FetchFor(n, groups * group_bytes, /*one_row_to_l2=*/false);
   const auto& tiles = kTiles[fetch == Fetch::kL2];
+  const bool padded =
+      kW == X16::kQ8_0 && n == kX16PaddedRows && groups * group_bytes >= kHardwarePrefetchMinBytes;
   for (int64_t g = 0; g < groups; ++g) {
     const char* codes = wa + g * group_bytes;
     // The group's bytes are one stream: fetch kX16PrefetchBytes ahead of it, a block's share per
     // block, up to the matrix's end (or leave it to the hardware: FetchFor).
     const size_t next = static_cast<size_t>(g) * group_bytes + kX16PrefetchBytes;
     const char* ahead = next < groups * group_bytes && fetch != Fetch::kNone ? wa + next : nullptr;
+    if (padded) {
+      TileX16<kX16PaddedRows + 1, kW, true, kX16PaddedRows>(
+          nb, codes, ahead, static_cast<const char*>(xp), x_row_bytes, 0, y + g * kLanes, ys);
+      continue;
+    }
     for (int64_t i0 = 0; i0 < n; i0 += kMaxActRows) {
       const int nn = static_cast<int>(std::min<int64_t>(kMaxActRows, n - i0));
       tiles[nn - 1](nb, codes, i0 == 0 ? ahead : nullptr, static_cast<const char*>(xp), x_row_bytes,
