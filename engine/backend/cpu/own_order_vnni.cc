@@ -62,7 +62,7 @@ constexpr int64_t kSmallPrefetchRows = 8;
 // Up to this many activation rows the q8_0x16 kernel splits a block's sums into two chains
 // (gemv_bench head_x16/q8_0/1/1 on Zen 4: 7.5 -> 7.1 ms, within the noise of 2 rows).
 constexpr int kX16TwoChainsMaxRows = 2;
-// Four activation rows over a long stream (FetchFor's kHardwarePrefetchMinBytes: the output head)
+// Four activation rows over a long stream (kHardwarePrefetchMinBytes: the output head)
 // run the five-row tile, its fifth row a copy of the fourth that is computed and not stored:
 // with the same L2 prefetch, the five-row schedule keeps the stream busier than the four-row one
 // (head_x16/q8_0/4/1 on Zen 4, three alternating runs: 7.15-7.65 -> 5.85-6.36 ms; the same
@@ -83,20 +83,27 @@ constexpr size_t kX16PrefetchBytes = 16384;
 //   prefetches would hold (rows_x16, us, T0 / T1: q5_0 4 rows 193-196 / 128-131, 8 rows 258-261
 //   / 230-244; q4_K 4 rows 133-134 / 120-125; q6_K 4 rows 193-201 / 141-146, and one row of
 //   q6_K 175-186 / 161-166, which takes T1 too).
-// - None, up to kHardwarePrefetchMaxRows rows over a call's stream of at least
-//   kHardwarePrefetchMinBytes (a model's output head: Gemma 3 270M's is one 170 MiB stream read
-//   in order): the hardware prefetchers follow it to near the DRAM rate once trained, and
-//   software prefetches on top only take fill buffers (head_x16/q8_0/n/1, ms, T0 / none: n = 1
-//   7.0-7.4 / 5.7-6.3, 3 7.0 / 6.3-6.9; from 5 rows the loads come too slowly for the hardware
-//   to run far enough ahead, T1 / none: 5 6.5-6.9 / 7.6-8.5). Four rows there sit between the
-//   two: none 6.9-7.7, T1 7.2-7.9, T1 through the five-row tile (kX16PaddedRows) 5.9-6.5.
+// - None, up to kHardwarePrefetchMaxRows rows over a q8_0x16 call's stream of at least
+//   kHardwarePrefetchMinBytes in groups of at most kHardwarePrefetchMaxGroupBytes (short rows:
+//   Gemma 3 270M's head, one 170 MiB stream of 640-weight rows): the hardware prefetchers follow
+//   it to near the DRAM rate once trained, and software prefetches on top only take fill buffers
+//   (head_x16/q8_0/n/1, ms, T0 / none: n = 1 7.0-7.4 / 5.7-6.3, 3 7.0 / 6.3-6.9; from 5 rows the
+//   loads come too slowly for the hardware to run far enough ahead, T1 / none: 5 6.5-6.9
+//   / 7.6-8.5). Four rows there sit between the two: none 6.9-7.7, T1 7.2-7.9, T1 through the
+//   five-row tile (kX16PaddedRows) 5.9-6.5.
 // Matrices of a few MiB start a new stream on every call, too short for the hardware to train on
-// (rows_x16/q5_0/4/1 without any software prefetch: 289-305 us).
+// (rows_x16/q5_0/4/1 without any software prefetch: 289-305 us). Rows of 2048 weights lose
+// without it too, however long the stream (pdctl bench, one sequence, 1 thread, tok/s, L1 /
+// none: synthetic Llama of 4 layers, embd 2048, ff 8192, vocab 32000, all Q8_0: 79-82 / 66-72;
+// one layer and a 131072 x 2048 head: 83-88 / 65-66; the same with a 262144 x 640 head: 136-149
+// / 156-180). The padded four-row tile serves rows of every length (four sequences, tok/s, L2 /
+// L2 padded: 300-335 / 355-404 on the 2048-wide head, 284-310 / 354-376 on the 4-layer model).
 constexpr int64_t kHardwarePrefetchMaxRows = 3;
 constexpr size_t kHardwarePrefetchMinBytes = size_t{8} << 20;
+constexpr size_t kHardwarePrefetchMaxGroupBytes = size_t{16} << 10;  // rows of <= 960 Q8_0 weights
 enum class Fetch { kNone, kL1, kL2 };
-inline Fetch FetchFor(int64_t n, size_t stream_bytes, bool one_row_to_l2) {
-  if (n <= kHardwarePrefetchMaxRows && stream_bytes >= kHardwarePrefetchMinBytes) {
+inline Fetch FetchFor(int64_t n, bool hardware_stream, bool one_row_to_l2) {
+  if (n <= kHardwarePrefetchMaxRows && hardware_stream) {
     return Fetch::kNone;
   }
   return n == 1 && !one_row_to_l2 ? Fetch::kL1 : Fetch::kL2;
@@ -456,10 +463,12 @@ void GemmX16Vnni(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, co
   const char* wa = static_cast<const char*>(w);
   const size_t group_bytes = static_cast<size_t>(nb) * X16BlockBytes<kW>();
   const int64_t groups = rows / kLanes;
-  const Fetch fetch = FetchFor(n, groups * group_bytes, /*one_row_to_l2=*/false);
+  const bool long_stream = groups * group_bytes >= kHardwarePrefetchMinBytes;
+  const Fetch fetch =
+      FetchFor(n, kW == X16::kQ8_0 && long_stream && group_bytes <= kHardwarePrefetchMaxGroupBytes,
+               /*one_row_to_l2=*/false);
   const auto& tiles = kTiles[fetch == Fetch::kL2];
-  const bool padded =
-      kW == X16::kQ8_0 && n == kX16PaddedRows && groups * group_bytes >= kHardwarePrefetchMinBytes;
+  const bool padded = kW == X16::kQ8_0 && n == kX16PaddedRows && long_stream;
   for (int64_t g = 0; g < groups; ++g) {
     const char* codes = wa + g * group_bytes;
     // The group's bytes are one stream: fetch kX16PrefetchBytes ahead of it, a block's share per
@@ -604,7 +613,7 @@ void GemmKx16Vnni(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, c
   const char* wa = static_cast<const char*>(w);
   const size_t group_bytes = static_cast<size_t>(nbk) * kSuperBytes;
   const int64_t groups = rows / 16;
-  const Fetch fetch = FetchFor(n, groups * group_bytes, kOneRowToL2);
+  const Fetch fetch = FetchFor(n, /*hardware_stream=*/false, kOneRowToL2);
   const auto& tiles = kTiles[fetch == Fetch::kL2];
   for (int64_t g = 0; g < groups; ++g) {
     const char* codes = wa + g * group_bytes;

@@ -674,27 +674,31 @@ TEST(OwnOrderTest, X16KernelsGiveThePortableBits) {
 }
 
 // And over a stream as long as a model's output head (at least 8 MiB of weights in one call), where
-// the kernel picks other paths by the activation rows (own_order_vnni.cc, FetchFor): no software
-// prefetch up to 3 rows, the five-row tile with its fifth row computed and not stored at 4, the
-// prefetch into L2 from 5.
+// the kernel picks other paths by the activation rows (own_order_vnni.cc, FetchFor): for rows of
+// 640 weights no software prefetch up to 3 rows, for rows of 2048 the L1 prefetch at one row; the
+// five-row tile with its fifth row computed and not stored at 4; the prefetch into L2 from 5.
 TEST(OwnOrderTest, X16KernelsGiveThePortableBitsOverALongStream) {
   const GroupedKernels* g = Q8_0x16OwnOrderVnni();
   if (g == nullptr)
     GTEST_SKIP()
         << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_ISA / PDSERVE_CPU_NO_VNNI turn it off)";
   std::mt19937 rng(47);
-  const int64_t k = 640, nb = k / 32, rows = 800 * 16 + 7;  // 8.7 MB of groups, a plain tail
-  ASSERT_GE(rows / 16 * 16 * nb * static_cast<int64_t>(sizeof(BlockQ8_0)), int64_t{8} << 20);
-  const std::vector<BlockQ8_0> w = RandomWeightBlocks<BlockQ8_0>(rng, rows * nb);
-  std::vector<BlockQ8_0> repacked(w.size());
-  RepackQ8_0x16(w.data(), nb * sizeof(BlockQ8_0), rows, k, repacked.data());
-  for (int64_t n : {1, 3, 4, 5}) {
-    const std::vector<BlockQ8_0> x = RandomActivationBlocks(rng, n * nb);
-    const std::vector<float> want = RunOwn(Q8_0OwnOrderScalar(), w.data(), rows, x, n, k);
-    const std::vector<float> got = RunOwn(g, repacked.data(), rows, x, n, k);
-    for (size_t i = 0; i < want.size(); ++i) {
-      ASSERT_EQ(std::bit_cast<uint32_t>(want[i]), std::bit_cast<uint32_t>(got[i]))
-          << "n " << n << " at " << i << ": " << want[i] << " vs " << got[i];
+  // 8.7 and 8.9 MB of groups, each with a plain tail.
+  for (const auto [k, rows] :
+       {std::pair<int64_t, int64_t>{640, 800 * 16 + 7}, {2048, 256 * 16 + 3}}) {
+    const int64_t nb = k / 32;
+    ASSERT_GE(rows / 16 * 16 * nb * static_cast<int64_t>(sizeof(BlockQ8_0)), int64_t{8} << 20);
+    const std::vector<BlockQ8_0> w = RandomWeightBlocks<BlockQ8_0>(rng, rows * nb);
+    std::vector<BlockQ8_0> repacked(w.size());
+    RepackQ8_0x16(w.data(), nb * sizeof(BlockQ8_0), rows, k, repacked.data());
+    for (int64_t n : {1, 3, 4, 5}) {
+      const std::vector<BlockQ8_0> x = RandomActivationBlocks(rng, n * nb);
+      const std::vector<float> want = RunOwn(Q8_0OwnOrderScalar(), w.data(), rows, x, n, k);
+      const std::vector<float> got = RunOwn(g, repacked.data(), rows, x, n, k);
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(want[i]), std::bit_cast<uint32_t>(got[i]))
+            << "k " << k << " n " << n << " at " << i << ": " << want[i] << " vs " << got[i];
+      }
     }
   }
 }
