@@ -97,7 +97,7 @@ constexpr size_t kX16PrefetchBytes = 16384;
 // none: synthetic Llama of 4 layers, embd 2048, ff 8192, vocab 32000, all Q8_0: 79-82 / 66-72;
 // one layer and a 131072 x 2048 head: 83-88 / 65-66; the same with a 262144 x 640 head: 136-149
 // / 156-180). The padded four-row tile serves rows of every length (four sequences, tok/s, L2 /
-// L2 padded: 300-335 / 355-404 on the 2048-wide head, 284-310 / 354-376 on the 4-layer model).
+// L2 padded: 322-335 / 358-404 on the 2048-wide head, 284-310 / 354-376 on the 4-layer model).
 constexpr int64_t kHardwarePrefetchMaxRows = 3;
 constexpr size_t kHardwarePrefetchMinBytes = size_t{8} << 20;
 constexpr size_t kHardwarePrefetchMaxGroupBytes = size_t{16} << 10;  // rows of <= 960 Q8_0 weights
