@@ -468,22 +468,23 @@ void GemmX16Vnni(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, co
       FetchFor(n, kW == X16::kQ8_0 && long_stream && group_bytes <= kHardwarePrefetchMaxGroupBytes,
                /*one_row_to_l2=*/false);
   const auto& tiles = kTiles[fetch == Fetch::kL2];
-  const bool padded = kW == X16::kQ8_0 && n == kX16PaddedRows && long_stream;
+  // Four rows over a long q8_0x16 stream: the five-row tile, padded (kX16PaddedRows).
+  static constexpr TileX16Fn kPadded[2] = {&TileX16<kX16PaddedRows + 1, kW, false, kX16PaddedRows>,
+                                           &TileX16<kX16PaddedRows + 1, kW, true, kX16PaddedRows>};
+  const TileX16Fn padded = kW == X16::kQ8_0 && n == kX16PaddedRows && long_stream
+                               ? kPadded[fetch == Fetch::kL2]
+                               : nullptr;
   for (int64_t g = 0; g < groups; ++g) {
     const char* codes = wa + g * group_bytes;
     // The group's bytes are one stream: fetch kX16PrefetchBytes ahead of it, a block's share per
     // block, up to the matrix's end (or leave it to the hardware: FetchFor).
     const size_t next = static_cast<size_t>(g) * group_bytes + kX16PrefetchBytes;
     const char* ahead = next < groups * group_bytes && fetch != Fetch::kNone ? wa + next : nullptr;
-    if (padded) {
-      TileX16<kX16PaddedRows + 1, kW, true, kX16PaddedRows>(
-          nb, codes, ahead, static_cast<const char*>(xp), x_row_bytes, 0, y + g * kLanes, ys);
-      continue;
-    }
     for (int64_t i0 = 0; i0 < n; i0 += kMaxActRows) {
       const int nn = static_cast<int>(std::min<int64_t>(kMaxActRows, n - i0));
-      tiles[nn - 1](nb, codes, i0 == 0 ? ahead : nullptr, static_cast<const char*>(xp), x_row_bytes,
-                    i0, y + i0 * ys + g * kLanes, ys);
+      (padded != nullptr ? padded : tiles[nn - 1])(nb, codes, i0 == 0 ? ahead : nullptr,
+                                                   static_cast<const char*>(xp), x_row_bytes, i0,
+                                                   y + i0 * ys + g * kLanes, ys);
     }
   }
   if constexpr (kW == X16::kQ8_0) {
