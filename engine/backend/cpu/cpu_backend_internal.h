@@ -130,7 +130,7 @@ class CpuBackend final : public Backend {
 
   // Q8_0 as q8_0x16, and Q5_0, Q4_K and Q6_K (rows a multiple of 16) as q5_0x16, q4_Kx16 and
   // q6_Kx16 where PlanMatMul honours
-  // kRowOrderOwn (the VNNI or the portable kernels), in the weight copies' chunks and budget
+  // kRowOrderOwn (the VNNI, AVX2 or portable kernels), in the weight copies' chunks and budget
   // (ReserveWeights); none with copies off (PDSERVE_CPU_WEIGHTS=mmap) or past the budget.
   absl::StatusOr<Tensor> MapWeightsOwnLayout(const Tensor& host,
                                              std::unique_ptr<Buffer>* storage) override;
@@ -237,9 +237,9 @@ class CpuBackend final : public Backend {
   // MapWeightsOwnLayout fill it.
   absl::StatusOr<std::unique_ptr<WeightSlice>> ReserveWeights(size_t bytes);
   // The own-order kernels for weights of type `w` on this backend's kernel table: Q8_0, Q5_0,
-  // Q4_K and Q6_K rows (nullptr where it keeps llama.cpp's order: other types, AVX2 without
-  // VNNI), and the q8_0x16 / q5_0x16 / q4_Kx16 / q6_Kx16 layouts (their VNNI kernels, else the
-  // portable ones: same bits).
+  // Q4_K and Q6_K rows (nullptr where it keeps llama.cpp's order: other types, Q6_K on AVX2
+  // without VNNI), and the q8_0x16 / q5_0x16 / q4_Kx16 / q6_Kx16 layouts (their VNNI kernels,
+  // else the AVX2 ones, else the portable ones: same bits).
   const GroupedKernels* OwnOrderKernels(DType w) const;
   static constexpr size_t kWeightChunk = size_t{64} << 20;
 

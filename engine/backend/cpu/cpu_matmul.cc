@@ -159,23 +159,37 @@ cpu::GemmType GemmTypeOf(DType w) {
 
 const cpu::GroupedKernels* CpuBackend::OwnOrderKernels(DType w) const {
   const bool simd = &k_ == cpu::Avx2Kernels();
-  if (w == DType::kQ8_0) return simd ? cpu::Q8_0OwnOrderVnni() : cpu::Q8_0OwnOrderScalar();
-  if (w == DType::kQ5_0) return simd ? cpu::Q5_0OwnOrderVnni() : cpu::Q5_0OwnOrderScalar();
-  if (w == DType::kQ4_K) return simd ? cpu::Q4_KOwnOrderVnni() : cpu::Q4_KOwnOrderScalar();
+  // The VNNI kernels where they run, else on AVX2 alone Q8_0's, Q5_0's and Q4_K's
+  // (own_order_avx2.cc; Q6_K's there lost to llama.cpp's order at 1, 4 and 16 rows).
+  const auto vnni_or_avx2 = [](const cpu::GroupedKernels* vnni, const cpu::GroupedKernels* avx2) {
+    return vnni != nullptr ? vnni : avx2;
+  };
+  if (w == DType::kQ8_0) {
+    return simd ? vnni_or_avx2(cpu::Q8_0OwnOrderVnni(), cpu::Q8_0OwnOrderAvx2())
+                : cpu::Q8_0OwnOrderScalar();
+  }
+  if (w == DType::kQ5_0) {
+    return simd ? vnni_or_avx2(cpu::Q5_0OwnOrderVnni(), cpu::Q5_0OwnOrderAvx2())
+                : cpu::Q5_0OwnOrderScalar();
+  }
+  if (w == DType::kQ4_K) {
+    return simd ? vnni_or_avx2(cpu::Q4_KOwnOrderVnni(), cpu::Q4_KOwnOrderAvx2())
+                : cpu::Q4_KOwnOrderScalar();
+  }
   if (w == DType::kQ6_K) return simd ? cpu::Q6_KOwnOrderVnni() : cpu::Q6_KOwnOrderScalar();
   // A layout runs in its order on any table: one made on another table (a test's) without VNNI
   // here takes the portable kernel, with the same bits.
   const cpu::GroupedKernels* vnni = nullptr;
   if (w == DType::kQ8_0x16) {
-    vnni = simd ? cpu::Q8_0x16OwnOrderVnni() : nullptr;
+    vnni = simd ? vnni_or_avx2(cpu::Q8_0x16OwnOrderVnni(), cpu::Q8_0x16OwnOrderAvx2()) : nullptr;
     return vnni != nullptr ? vnni : cpu::Q8_0x16OwnOrderScalar();
   }
   if (w == DType::kQ5_0x16) {
-    vnni = simd ? cpu::Q5_0x16OwnOrderVnni() : nullptr;
+    vnni = simd ? vnni_or_avx2(cpu::Q5_0x16OwnOrderVnni(), cpu::Q5_0x16OwnOrderAvx2()) : nullptr;
     return vnni != nullptr ? vnni : cpu::Q5_0x16OwnOrderScalar();
   }
   if (w == DType::kQ4_Kx16) {
-    vnni = simd ? cpu::Q4_Kx16OwnOrderVnni() : nullptr;
+    vnni = simd ? vnni_or_avx2(cpu::Q4_Kx16OwnOrderVnni(), cpu::Q4_Kx16OwnOrderAvx2()) : nullptr;
     return vnni != nullptr ? vnni : cpu::Q4_Kx16OwnOrderScalar();
   }
   if (w == DType::kQ6_Kx16) {
@@ -213,9 +227,9 @@ absl::Status CpuBackend::PlanMatMul(const Tensor& w, const Tensor& x, Tensor& y,
         "MatMul: ", n_own, " of ", n, " rows ask for the own order; it is for all rows or none"));
   }
   // Only Q8_0, Q5_0, Q4_K and Q6_K rows have an own order on this backend, and only where it is
-  // the faster one (with AVX512-VNNI, and in the portable table); other types and CPUs keep
-  // llama.cpp's. Weights laid out for it (MapWeightsOwnLayout: q8_0x16, q5_0x16, q4_Kx16,
-  // q6_Kx16) take it on every row, flags or not.
+  // the faster one (with AVX512-VNNI; on AVX2 alone all but Q6_K's, own_order_avx2.cc; in the
+  // portable table); other types and CPUs keep llama.cpp's. Weights laid out for it
+  // (MapWeightsOwnLayout: q8_0x16, q5_0x16, q4_Kx16, q6_Kx16) take it on every row, flags or not.
   const bool laid_out = w.type == DType::kQ8_0x16 || w.type == DType::kQ5_0x16 ||
                         w.type == DType::kQ4_Kx16 || w.type == DType::kQ6_Kx16;
   const cpu::GroupedKernels* own_kernels = nullptr;

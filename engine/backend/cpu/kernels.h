@@ -158,10 +158,8 @@ const GroupedKernels* Q5_0QuadVnni();
 // vector operations per weight row, block and four activation rows on lanes it must keep apart,
 // here the integer sums come out whole: 16 weight rows sit in the lanes of a ZMM register,
 // transposed from their blocks in place once per block and batch, and each activation row costs
-// 8 VPDPBUSD and three F32 operations per block for all 16. On AVX2 alone the same order needs
-// sign, MADDUBS, MADD and ADD per code word and 8 rows (no unsigned offset fits MADDUBS' int16
-// pairs), no fewer operations than ggml's, and measured slower (4 rows: 31 against ~20 ms for the
-// Gemma 3 head), so the CPU backend keeps llama.cpp's order there (CpuBackend::PlanMatMul).
+// 8 VPDPBUSD and three F32 operations per block for all 16. On AVX2 alone (Q8_0x16OwnOrderAvx2
+// below) the laid-out rows take sign, MADDUBS, MADD and ADD per code word and 8 rows.
 // pack_x's layout (both): per activation row Q8_0OwnXRowBytes(k / 32) bytes: the codes of its
 // blocks (32 bytes each), then d_x per block (F32), then -128 * sum(codes) per block (int32:
 // VPDPBUSD's offset for the unsigned w + 128).
@@ -202,6 +200,16 @@ const GroupedKernels* Q5_0x16OwnOrderVnni();
 // to its 32 codes first (a masked add of 16 from qh): the same bits as on the layout.
 const GroupedKernels* Q5_0OwnOrderScalar();
 const GroupedKernels* Q5_0OwnOrderVnni();
+// The same orders on AVX2 alone (own_order_avx2.cc), for CPUs without AVX512-VNNI: 8 weight rows
+// of q8_0x16 / q5_0x16 in the lanes of a YMM register, per code word and activation row MADDUBS,
+// MADD against ones and ADD (Q8_0: |w| against x signed by w, VPSIGNB; a call whose activations
+// hold a -128 takes the portable kernel), the portable kernels' bits. On plain rows (weights not
+// laid out, q8_0x16's tail rows) each group of 16 is laid out in scratch first: a fallback.
+// nullptr where the AVX2 table does not run (SelectKernels).
+const GroupedKernels* Q8_0OwnOrderAvx2();
+const GroupedKernels* Q8_0x16OwnOrderAvx2();
+const GroupedKernels* Q5_0OwnOrderAvx2();
+const GroupedKernels* Q5_0x16OwnOrderAvx2();
 // pdserve's own order for Q4_K weights x Q8_K activations (kRowOrderOwn): per output and
 // super-block, sumi = sum_j sc_j * isum_j over the 8 sub-blocks (isum_j the sub-block's exact
 // integer dot product of the 4-bit codes) and summ = sum_j m_j * xsum_j, both exact, then
@@ -228,6 +236,12 @@ const GroupedKernels* Q4_KOwnOrderVnni();  // nullptr where Q8_0OwnOrderVnni is
 // On q4_Kx16 weights (`w` at a multiple of 16 rows, rows a multiple of 16, w_stride unused).
 const GroupedKernels* Q4_Kx16OwnOrderScalar();
 const GroupedKernels* Q4_Kx16OwnOrderVnni();  // nullptr where Q8_0OwnOrderVnni is
+// The same on AVX2 alone (own_order_avx2.cc): 8 weight rows in the lanes of a YMM register, per
+// sub-block and activation row 8 MADDUBS summed exactly in int16 and one MADD by the rows' scale
+// pairs, the mins by 4 MADD per super-block: the portable kernel's bits. nullptr where the AVX2
+// table does not run.
+const GroupedKernels* Q4_KOwnOrderAvx2();
+const GroupedKernels* Q4_Kx16OwnOrderAvx2();
 // pdserve's own order for Q6_K weights x Q8_K activations (kRowOrderOwn): per output and
 // super-block, total = sum_j sc_j * isum_j - 32 * sum_j sc_j * xsum_j over the 16 sub-blocks of
 // 16 weights (isum_j the exact dot product of the unsigned 6-bit codes, the weight + 32), exact,

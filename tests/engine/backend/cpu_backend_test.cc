@@ -330,14 +330,31 @@ TEST_P(CpuBackendTest, DecodeRowsEqualOneRowEach) {
   }
 }
 
+// Whether the default (SIMD) table runs pdserve's own order for weights of `type` (and lays them
+// out for it): AVX512-VNNI for Q8_0, Q5_0, Q4_K and Q6_K; AVX2 alone for all but Q6_K.
+bool SimdRunsOwnOrder(DType type) {
+  switch (type) {
+    case DType::kQ8_0:
+      return cpu::Q8_0x16OwnOrderVnni() != nullptr || cpu::Q8_0x16OwnOrderAvx2() != nullptr;
+    case DType::kQ5_0:
+      return cpu::Q5_0x16OwnOrderVnni() != nullptr || cpu::Q5_0x16OwnOrderAvx2() != nullptr;
+    case DType::kQ4_K:
+      return cpu::Q4_Kx16OwnOrderVnni() != nullptr || cpu::Q4_Kx16OwnOrderAvx2() != nullptr;
+    case DType::kQ6_K:
+      return cpu::Q6_Kx16OwnOrderVnni() != nullptr;
+    default:
+      return false;
+  }
+}
+
 // Rows marked kRowOrderOwn (the output head over an F16 or INT8 cache) take pdserve's own Q8_0
-// order where the backend runs it (AVX512-VNNI, the scalar table): a row gets the same bits alone
-// and in a batch (1 to 40 rows: one and several passes of 16 activation rows; 77 weight rows, off
-// the 16-row groups), and they are the portable kernel's bits (cpu::Q8_0OwnOrderScalar over the
-// activations the backend quantizes with QuantizeRowQ8_0Act). On AVX2 alone the flag changes no
-// bit. Weights without an own order (Q4_0) ignore the flag; the flag on some rows only is refused.
+// order where the backend runs it (AVX512-VNNI, AVX2, the scalar table): a row gets the same bits
+// alone and in a batch (1 to 40 rows: one and several passes of 16 activation rows; 77 weight
+// rows, off the 16-row groups), and they are the portable kernel's bits (cpu::Q8_0OwnOrderScalar
+// over the activations the backend quantizes with QuantizeRowQ8_0Act). Weights without an own
+// order (Q4_0) ignore the flag; the flag on some rows only is refused.
 TEST_P(CpuBackendTest, OwnOrderRowsEqualOneRowEachAndThePortableKernel) {
-  const bool runs_own = GetParam().force_scalar || cpu::Q8_0OwnOrderVnni() != nullptr;
+  const bool runs_own = GetParam().force_scalar || SimdRunsOwnOrder(DType::kQ8_0);
   const int64_t k = 640, m = 77, nb = k / 32;
   std::vector<double> unused;
   HostTensor w = MakeWeights(DType::kQ8_0, m, k, RandomVec(rng_, m * k), &unused);
@@ -388,9 +405,9 @@ TEST_P(CpuBackendTest, OwnLayoutGivesTheFlagsBitsAndTheRows) {
   std::unique_ptr<Buffer> storage;
   absl::StatusOr<Tensor> laid = be_->MapWeightsOwnLayout(w.t, &storage);
   ASSERT_THAT(laid.status(), IsOk());
-  if (!GetParam().force_scalar && cpu::Q8_0x16OwnOrderVnni() == nullptr) {
-    EXPECT_EQ(laid->data, nullptr) << "no own order on AVX2 alone: no layout for it";
-    GTEST_SKIP() << "AVX2 without VNNI keeps llama.cpp's order";
+  if (!GetParam().force_scalar && !SimdRunsOwnOrder(DType::kQ8_0)) {
+    EXPECT_EQ(laid->data, nullptr) << "no own order here: no layout for it";
+    GTEST_SKIP() << "no own-order kernels for Q8_0 on this CPU: llama.cpp's order";
   }
   ASSERT_NE(laid->data, nullptr);
   ASSERT_NE(storage, nullptr);
@@ -451,9 +468,10 @@ void ExpectOwnLayoutGivesTheFlagsBitsAndTheRows(Backend& be, bool force_scalar, 
     std::unique_ptr<Buffer> storage;
     absl::StatusOr<Tensor> laid = be_->MapWeightsOwnLayout(w.t, &storage);
     ASSERT_THAT(laid.status(), IsOk());
-    if (!force_scalar && cpu::Q5_0x16OwnOrderVnni() == nullptr) {
-      EXPECT_EQ(laid->data, nullptr) << "no own order on AVX2 alone: no layout for it";
-      GTEST_SKIP() << "AVX2 without VNNI keeps llama.cpp's order";
+    if (!force_scalar && !SimdRunsOwnOrder(type)) {
+      EXPECT_EQ(laid->data, nullptr) << "no own order here: no layout for it";
+      GTEST_SKIP() << "no own-order kernels for " << Traits(type).name
+                   << " on this CPU (Q6_K on AVX2 alone): llama.cpp's order";
     }
     ASSERT_NE(laid->data, nullptr);
     ASSERT_NE(storage, nullptr);

@@ -627,6 +627,14 @@ TEST(OwnOrderTest, VnniGivesThePortableBits) {
   ExpectOwnOrderBits(g, 42);
 }
 
+// The AVX2 kernels of the own order (own_order_avx2.cc) give the portable bits too: on plain rows
+// (each group laid out in scratch) and on q8_0x16 (below), on any CPU with AVX2.
+TEST(OwnOrderTest, Avx2GivesThePortableBits) {
+  const GroupedKernels* g = Q8_0OwnOrderAvx2();
+  if (g == nullptr) GTEST_SKIP() << "no AVX2 on this CPU (or PDSERVE_CPU_ISA=scalar)";
+  ExpectOwnOrderBits(g, 142);
+}
+
 // q8_0x16 (engine/quant/q8_0x16.h): where the header says each byte goes, and back. Rows past the
 // last full group of 16 stay plain.
 TEST(OwnOrderTest, Q8_0x16LayoutIsTheHeadersAndUnpacksToTheSource) {
@@ -675,6 +683,41 @@ TEST(OwnOrderTest, X16KernelsGiveThePortableBits) {
     GTEST_SKIP()
         << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_ISA / PDSERVE_CPU_NO_VNNI turn it off)";
   ExpectOwnOrderBits(g, 46, /*x16=*/true);
+}
+
+TEST(OwnOrderTest, X16Avx2KernelGivesThePortableBits) {
+  const GroupedKernels* g = Q8_0x16OwnOrderAvx2();
+  if (g == nullptr) GTEST_SKIP() << "no AVX2 on this CPU (or PDSERVE_CPU_ISA=scalar)";
+  ExpectOwnOrderBits(g, 146, /*x16=*/true);
+  // A long stream (the output head's shape), one to nine activation rows.
+  ExpectOwnOrderBits(g, 147, /*x16=*/true, {640}, {800 * 16 + 7}, {1, 3, 4, 9});
+}
+
+// An activation code of -128 (QuantizeQ8_0 never makes one: |x| / d <= 127) is beyond the AVX2
+// q8_0x16 kernel's sign trick (VPSIGNB cannot negate it), so such a call takes the portable
+// kernel: the same bits whatever the codes.
+TEST(OwnOrderTest, X16Avx2KernelTakesMinus128Activations) {
+  const GroupedKernels* g = Q8_0x16OwnOrderAvx2();
+  if (g == nullptr) GTEST_SKIP() << "no AVX2 on this CPU (or PDSERVE_CPU_ISA=scalar)";
+  std::mt19937 rng(148);
+  const int64_t k = 640, nb = k / 32, rows = 48 + 5;
+  std::vector<BlockQ8_0> w = RandomWeightBlocks<BlockQ8_0>(rng, rows * nb);
+  for (int64_t r = 0; r < rows; ++r) w[r * nb].qs[0] = -128;  // w = x = -128 in the same place
+  std::vector<BlockQ8_0> laid(w.size());
+  RepackQ8_0x16(w.data(), nb * sizeof(BlockQ8_0), rows, k, laid.data());
+  for (int64_t n : {1, 4}) {
+    std::vector<BlockQ8_0> x = RandomActivationBlocks(rng, n * nb);
+    x[(n - 1) * nb].qs[0] = -128;
+    const std::vector<float> want = RunOwn(Q8_0OwnOrderScalar(), w.data(), rows, x, n, k);
+    for (const auto& [what, got] :
+         {std::pair{"q8_0x16", RunOwn(g, laid.data(), rows, x, n, k)},
+          std::pair{"plain", RunOwn(Q8_0OwnOrderAvx2(), w.data(), rows, x, n, k)}}) {
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(want[i]), std::bit_cast<uint32_t>(got[i]))
+            << what << " n " << n << " at " << i;
+      }
+    }
+  }
 }
 
 // And over a stream as long as a model's output head (at least 8 MiB of weights in one call), where
@@ -798,6 +841,8 @@ TEST(OwnOrderTest, Q5_0KernelsGiveThePortableBits) {
   const GroupedKernels* ref = Q5_0OwnOrderScalar();
   const GroupedKernels* x16_vnni = Q5_0x16OwnOrderVnni();
   const GroupedKernels* plain_vnni = Q5_0OwnOrderVnni();
+  const GroupedKernels* x16_avx2 = Q5_0x16OwnOrderAvx2();
+  const GroupedKernels* plain_avx2 = Q5_0OwnOrderAvx2();
   std::mt19937 rng(48);
   for (int64_t k : {32, 96, 640, 4160}) {
     const int64_t nb = k / 32;
@@ -806,7 +851,9 @@ TEST(OwnOrderTest, Q5_0KernelsGiveThePortableBits) {
       std::vector<BlockQ5_0> laid(w.size());
       if (rows % 16 == 0) RepackQ5_0x16(w.data(), nb * sizeof(BlockQ5_0), rows, k, laid.data());
       for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 33}) {
-        const std::vector<BlockQ8_0> x = RandomActivationBlocks(rng, n * nb);
+        std::vector<BlockQ8_0> x = RandomActivationBlocks(rng, n * nb);
+        // -128, beyond QuantizeQ8_0's codes, in every block: within the AVX2 kernel's int16 sums.
+        for (BlockQ8_0& xb : x) xb.qs[rng() % 32] = -128;
         const std::vector<float> want = RunOwn(ref, w.data(), rows, x, n, k, sizeof(BlockQ5_0));
         std::vector<std::pair<const char*, std::vector<float>>> got;
         if (rows % 16 == 0) {
@@ -816,6 +863,14 @@ TEST(OwnOrderTest, Q5_0KernelsGiveThePortableBits) {
             got.emplace_back("q5_0x16 vnni",
                              RunOwn(x16_vnni, laid.data(), rows, x, n, k, sizeof(BlockQ5_0)));
           }
+          if (x16_avx2 != nullptr) {
+            got.emplace_back("q5_0x16 avx2",
+                             RunOwn(x16_avx2, laid.data(), rows, x, n, k, sizeof(BlockQ5_0)));
+          }
+        }
+        if (plain_avx2 != nullptr) {
+          got.emplace_back("plain avx2",
+                           RunOwn(plain_avx2, w.data(), rows, x, n, k, sizeof(BlockQ5_0)));
         }
         if (plain_vnni != nullptr) {
           got.emplace_back("plain vnni",
@@ -831,9 +886,8 @@ TEST(OwnOrderTest, Q5_0KernelsGiveThePortableBits) {
       }
     }
   }
-  if (x16_vnni == nullptr || plain_vnni == nullptr) {
-    GTEST_SKIP() << "portable kernels only: no AVX512-VNNI on this CPU (or PDSERVE_CPU_ISA / "
-                    "PDSERVE_CPU_NO_VNNI turn it off)";
+  if (x16_vnni == nullptr && x16_avx2 == nullptr) {
+    GTEST_SKIP() << "portable kernels only: no AVX2 on this CPU (or PDSERVE_CPU_ISA=scalar)";
   }
 }
 
@@ -975,14 +1029,16 @@ TEST(OwnOrderTest, PortableQ4_KKernelIsOneChainPerOutput) {
   }
 }
 
-// The k-quant own orders' kernels give the portable one's bits: the x16 kernels (portable and
-// VNNI) on the rows laid out (groups of 16, up to several past the prefetch's reach), and the
-// VNNI kernel on plain rows (any count: a part group padded), for activation rows from 1 past two
-// passes of 8, rows of 1 to 16 super-blocks, codes and scales over their whole ranges.
+// The k-quant own orders' kernels give the portable one's bits: the x16 kernels (portable, VNNI
+// and AVX2) on the rows laid out (groups of 16, up to several past the prefetch's reach), and the
+// VNNI and AVX2 kernels on plain rows (any count: a part group padded), for activation rows from
+// 1 past two passes of 8 (and one of 16), rows of 1 to 16 super-blocks, codes and scales over
+// their whole ranges.
 template <typename Block>
 void ExpectKQuantKernelsGiveThePortableBits(
     uint32_t seed, const GroupedKernels* ref, const GroupedKernels* x16_portable,
-    const GroupedKernels* x16_vnni, const GroupedKernels* plain_vnni, size_t laid_row_bytes,
+    const GroupedKernels* x16_vnni, const GroupedKernels* plain_vnni,
+    const GroupedKernels* x16_avx2, const GroupedKernels* plain_avx2, size_t laid_row_bytes,
     std::vector<Block> (*random_blocks)(std::mt19937&, size_t),
     void (*repack)(const void*, size_t, int64_t, int64_t, void*)) {
   std::mt19937 rng(seed);
@@ -1003,10 +1059,18 @@ void ExpectKQuantKernelsGiveThePortableBits(
             got.emplace_back("x16 vnni",
                              RunOwnK(x16_vnni, laid.data(), rows, x, n, k, nbk * laid_row_bytes));
           }
+          if (x16_avx2 != nullptr) {
+            got.emplace_back("x16 avx2",
+                             RunOwnK(x16_avx2, laid.data(), rows, x, n, k, nbk * laid_row_bytes));
+          }
         }
         if (plain_vnni != nullptr) {
           got.emplace_back("plain vnni",
                            RunOwnK(plain_vnni, w.data(), rows, x, n, k, nbk * sizeof(Block)));
+        }
+        if (plain_avx2 != nullptr) {
+          got.emplace_back("plain avx2",
+                           RunOwnK(plain_avx2, w.data(), rows, x, n, k, nbk * sizeof(Block)));
         }
         for (const auto& [what, y] : got) {
           for (size_t i = 0; i < want.size(); ++i) {
@@ -1023,10 +1087,10 @@ void ExpectKQuantKernelsGiveThePortableBits(
 TEST(OwnOrderTest, Q4_KKernelsGiveThePortableBits) {
   ExpectKQuantKernelsGiveThePortableBits<BlockQ4_K>(
       53, Q4_KOwnOrderScalar(), Q4_Kx16OwnOrderScalar(), Q4_Kx16OwnOrderVnni(), Q4_KOwnOrderVnni(),
-      kQ4_Kx16RowBytes, &RandomQ4KBlocks, &RepackQ4_Kx16);
-  if (Q4_Kx16OwnOrderVnni() == nullptr || Q4_KOwnOrderVnni() == nullptr) {
-    GTEST_SKIP() << "portable kernels only: no AVX512-VNNI on this CPU (or PDSERVE_CPU_ISA / "
-                    "PDSERVE_CPU_NO_VNNI turn it off)";
+      Q4_Kx16OwnOrderAvx2(), Q4_KOwnOrderAvx2(), kQ4_Kx16RowBytes, &RandomQ4KBlocks,
+      &RepackQ4_Kx16);
+  if (Q4_Kx16OwnOrderAvx2() == nullptr) {
+    GTEST_SKIP() << "portable kernels only: no AVX2 on this CPU (or PDSERVE_CPU_ISA=scalar)";
   }
 }
 
@@ -1130,7 +1194,7 @@ TEST(OwnOrderTest, PortableQ6_KKernelIsOneChainPerOutput) {
 TEST(OwnOrderTest, Q6_KKernelsGiveThePortableBits) {
   ExpectKQuantKernelsGiveThePortableBits<BlockQ6_K>(
       56, Q6_KOwnOrderScalar(), Q6_Kx16OwnOrderScalar(), Q6_Kx16OwnOrderVnni(), Q6_KOwnOrderVnni(),
-      sizeof(BlockQ6_K), &RandomQ6KBlocks, &RepackQ6_Kx16);
+      nullptr, nullptr, sizeof(BlockQ6_K), &RandomQ6KBlocks, &RepackQ6_Kx16);
   if (Q6_Kx16OwnOrderVnni() == nullptr || Q6_KOwnOrderVnni() == nullptr) {
     GTEST_SKIP() << "portable kernels only: no AVX512-VNNI on this CPU (or PDSERVE_CPU_ISA / "
                     "PDSERVE_CPU_NO_VNNI turn it off)";

@@ -418,11 +418,11 @@ TEST(ModelWithHeadTest, ScoresItsTokensWithTheTargetsBits) {
 // The head's order follows the cache and the model's setting (docs/numerics.md): llama.cpp's
 // (the one-row order of a generated token) over an F32 cache and by default, the backend's own
 // (kRowOrderOwn, for Q8_0 the integer-first chain) over an F16 or INT8 one when the model is set
-// to it (the default), for the same hidden rows. Where the CPU runs the own order (AVX512-VNNI) the
-// two differ for Q8_0 weights, so a head that ignored the cache or the setting fails; on AVX2 alone
-// the flag changes nothing and every case gives the plain order.
+// to it (the default), for the same hidden rows. Where the CPU runs the own order (AVX512-VNNI or
+// AVX2) the two differ for Q8_0 weights, so a head that ignored the cache or the setting fails;
+// without them the flag changes nothing and every case gives the plain order.
 TEST(ModelHeadOrderTest, FollowsTheCachesTypeAndTheSetting) {
-  const bool runs_own = cpu::Q8_0OwnOrderVnni() != nullptr;
+  const bool runs_own = cpu::Q8_0OwnOrderVnni() != nullptr || cpu::Q8_0OwnOrderAvx2() != nullptr;
   for (const bool set_own : {false, true}) {
     for (const KvDType kv_type : {KvDType::kF32, KvDType::kF16, KvDType::kI8}) {
       SCOPED_TRACE(::testing::Message()
@@ -529,7 +529,8 @@ TEST(ModelHeadOrderTest, LaidOutHeadGivesTheFlagsBitsAndRefusesF32Caches) {
         ASSERT_TRUE(laid_or.ok()) << laid_or.status();
         std::unique_ptr<Model> plain = std::move(*plain_or), laid = std::move(*laid_or);
         EXPECT_FALSE(plain->head_laid_out_own());
-        const bool expect_laid = scalar || cpu::Q8_0x16OwnOrderVnni() != nullptr;
+        const bool expect_laid = scalar || cpu::Q8_0x16OwnOrderVnni() != nullptr ||
+                                 cpu::Q8_0x16OwnOrderAvx2() != nullptr;
         ASSERT_EQ(laid->head_laid_out_own(), expect_laid);
         if (expect_laid) {
           EXPECT_EQ(laid->weights().output.type, DType::kQ8_0x16);
@@ -560,8 +561,10 @@ TEST(ModelHeadOrderTest, LaidOutHeadGivesTheFlagsBitsAndRefusesF32Caches) {
 TEST(ModelLayerOrderTest, LaidOutLayersGiveTheFlagsBitsAndRefuseF32Caches) {
   for (const bool scalar : {false, true}) {
     std::unique_ptr<Backend> be = CreateCpuBackend({.force_scalar = scalar});
-    const bool runs_own = scalar || cpu::Q5_0x16OwnOrderVnni() != nullptr;
     for (const DType type : {DType::kQ5_0, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
+      // VNNI runs every type's own order, AVX2 alone all but Q6_K's.
+      const bool runs_own = scalar || cpu::Q6_Kx16OwnOrderVnni() != nullptr ||
+                            (type != DType::kQ6_K && cpu::Q5_0x16OwnOrderAvx2() != nullptr);
       for (const bool fused : {false, true}) {
         for (const bool narrow_kv : {false, true}) {
           // K-quant rows are whole 256-blocks: the model is 256 wide, its attention output too.
