@@ -401,12 +401,12 @@ __attribute__((always_inline)) inline __m256i Q4KCode(const char* sb, int h, int
 }
 
 // NC activation rows (xr) against super-block s of a half (sb: the super-block; h: the half), the
-// code words made as needed (kMade false) or read from made[8 * j + w]; acc[i] += the rows'
-// super-block terms. `pf`: the super-block kKPrefetchBytes ahead, fetched a share per sub-block.
-template <int NC, bool kMade>
-__attribute__((always_inline)) inline void Q4KRows(const char* sb, int h, const __m256i* made,
-                                                   const char* pf, bool l2, const char* const* xr,
-                                                   int64_t s, int64_t nbk, __m256* acc) {
+// code words made as they are needed; acc[i] += the rows' super-block terms. `pf`: the
+// super-block kKPrefetchBytes ahead, fetched a share per sub-block.
+template <int NC>
+__attribute__((always_inline)) inline void Q4KRows(const char* sb, int h, const char* pf, bool l2,
+                                                   const char* const* xr, int64_t s, int64_t nbk,
+                                                   __m256* acc) {
   constexpr int kLines = static_cast<int>(kQ4_Kx16SuperBytes / 64);
   __m256i sumi[NC];
   for (int i = 0; i < NC; ++i) sumi[i] = _mm256_setzero_si256();
@@ -419,7 +419,7 @@ __attribute__((always_inline)) inline void Q4KRows(const char* sb, int h, const 
     __m256i q[NC];
 #pragma GCC unroll 8
     for (int w = 0; w < 8; ++w) {
-      const __m256i c = kMade ? _mm256_load_si256(made + 8 * j + w) : Q4KCode(sb, h, j, w);
+      const __m256i c = Q4KCode(sb, h, j, w);
 #pragma GCC unroll 4
       for (int i = 0; i < NC; ++i) {
         const __m256i pw = Pairs(c, xr[i] + s * kQK + 32 * j + 4 * w);
@@ -463,51 +463,43 @@ __attribute__((always_inline)) inline void Q4KRows(const char* sb, int h, const 
 constexpr size_t kKPrefetchBytes = 8192;
 
 // One group of 16 weight rows (q4_Kx16), half h (both halves where kBoth), against activation
-// rows [i0, i0 + NN).
+// rows [i0, i0 + NN), kChunkRows at a time per super-block (from L1 after the first chunk), each
+// chunk making the code words again: cheaper than making them once into memory (gemv_bench
+// rows_x16/q4_K/16/1 on Zen 4 under PDSERVE_CPU_ISA=avx2: 921 us with the words made once per
+// super-block, 755-759 per chunk).
 template <int NN, bool kBoth>
 void TileQ4Kx16(int64_t nbk, const char* group, int h, const char* prefetch, bool l2,
                 const char* xp, size_t x_row_bytes, int64_t i0, float* y, int64_t ys) {
-  if constexpr (kBoth) {
-    __m256 acc[2][NN];
-    for (auto& a : acc) {
-      for (__m256& v : a) v = _mm256_setzero_ps();
-    }
-    const char* xr[NN];
-    for (int i = 0; i < NN; ++i) xr[i] = xp + (i0 + i) * x_row_bytes;
-    for (int64_t s = 0; s < nbk; ++s) {
-      const char* sb = group + s * kQ4_Kx16SuperBytes;
-      const char* pf = prefetch != nullptr ? prefetch + s * kQ4_Kx16SuperBytes : nullptr;
-      Q4KRows<NN, false>(sb, 0, nullptr, pf, l2, xr, s, nbk, acc[0]);
-      Q4KRows<NN, false>(sb, 1, nullptr, nullptr, l2, xr, s, nbk, acc[1]);
-    }
-    for (int hh = 0; hh < 2; ++hh) {
-      for (int i = 0; i < NN; ++i) _mm256_storeu_ps(y + i * ys + 8 * hh, acc[hh][i]);
-    }
-    return;
+  constexpr int kHalves = kBoth ? 2 : 1;
+  __m256 acc[kHalves][NN];
+  for (auto& a : acc) {
+    for (__m256& v : a) v = _mm256_setzero_ps();
   }
-  __m256 acc[NN];
-  for (__m256& a : acc) a = _mm256_setzero_ps();
   const char* xr[NN];
   for (int i = 0; i < NN; ++i) xr[i] = xp + (i0 + i) * x_row_bytes;
   for (int64_t s = 0; s < nbk; ++s) {
     const char* sb = group + s * kQ4_Kx16SuperBytes;
     const char* pf = prefetch != nullptr ? prefetch + s * kQ4_Kx16SuperBytes : nullptr;
-    // The rows kChunkRows at a time against the super-block (from L1 after the first), each
-    // making the code words again: cheaper than making them once into memory (gemv_bench
-    // rows_x16/q4_K/16/1 on Zen 4 under PDSERVE_CPU_ISA=avx2: 921 us with the words made once
-    // per super-block, 4 x 211 for four four-row passes).
+#pragma GCC unroll 2
+    for (int hh = 0; hh < kHalves; ++hh) {
+      const int half = kBoth ? hh : h;
+      const char* f = hh == 0 ? pf : nullptr;
 #pragma GCC unroll 4
-    for (int c = 0; c < NN / kChunkRows; ++c) {
-      Q4KRows<kChunkRows, false>(sb, h, nullptr, c == 0 ? pf : nullptr, l2, xr + c * kChunkRows, s,
-                                 nbk, acc + c * kChunkRows);
-    }
-    if constexpr (NN % kChunkRows != 0) {
-      constexpr int kDone = NN / kChunkRows * kChunkRows;
-      Q4KRows<NN - kDone, false>(sb, h, nullptr, kDone == 0 ? pf : nullptr, l2, xr + kDone, s, nbk,
-                                 acc + kDone);
+      for (int c = 0; c < NN / kChunkRows; ++c) {
+        Q4KRows<kChunkRows>(sb, half, c == 0 ? f : nullptr, l2, xr + c * kChunkRows, s, nbk,
+                            acc[hh] + c * kChunkRows);
+      }
+      if constexpr (NN % kChunkRows != 0) {
+        constexpr int kDone = NN / kChunkRows * kChunkRows;
+        Q4KRows<NN - kDone>(sb, half, kDone == 0 ? f : nullptr, l2, xr + kDone, s, nbk,
+                            acc[hh] + kDone);
+      }
     }
   }
-  for (int i = 0; i < NN; ++i) _mm256_storeu_ps(y + i * ys + 8 * h, acc[i]);
+  for (int hh = 0; hh < kHalves; ++hh) {
+    const int half = kBoth ? hh : h;
+    for (int i = 0; i < NN; ++i) _mm256_storeu_ps(y + i * ys + 8 * half, acc[hh][i]);
+  }
 }
 
 template <int... N>
