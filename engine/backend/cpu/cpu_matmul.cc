@@ -158,43 +158,40 @@ cpu::GemmType GemmTypeOf(DType w) {
 }  // namespace
 
 const cpu::GroupedKernels* CpuBackend::OwnOrderKernels(DType w) const {
-  const bool simd = &k_ == cpu::Avx2Kernels();
-  // The VNNI kernels where they run, else on AVX2 alone Q8_0's, Q5_0's and Q4_K's
-  // (own_order_avx2.cc; Q6_K's there lost to llama.cpp's order at 1, 4 and 16 rows).
-  const auto vnni_or_avx2 = [](const cpu::GroupedKernels* vnni, const cpu::GroupedKernels* avx2) {
-    return vnni != nullptr ? vnni : avx2;
+  // Per type: its VNNI kernels, its AVX2 ones (none for Q6_K: they lost to llama.cpp's order at
+  // 1, 4 and 16 rows, docs/numerics.md) and the portable ones; `layout`: a laid-out type.
+  using Get = const cpu::GroupedKernels* (*)();
+  struct Entry {
+    DType type;
+    Get vnni, avx2, portable;
+    bool layout;
   };
-  if (w == DType::kQ8_0) {
-    return simd ? vnni_or_avx2(cpu::Q8_0OwnOrderVnni(), cpu::Q8_0OwnOrderAvx2())
-                : cpu::Q8_0OwnOrderScalar();
-  }
-  if (w == DType::kQ5_0) {
-    return simd ? vnni_or_avx2(cpu::Q5_0OwnOrderVnni(), cpu::Q5_0OwnOrderAvx2())
-                : cpu::Q5_0OwnOrderScalar();
-  }
-  if (w == DType::kQ4_K) {
-    return simd ? vnni_or_avx2(cpu::Q4_KOwnOrderVnni(), cpu::Q4_KOwnOrderAvx2())
-                : cpu::Q4_KOwnOrderScalar();
-  }
-  if (w == DType::kQ6_K) return simd ? cpu::Q6_KOwnOrderVnni() : cpu::Q6_KOwnOrderScalar();
-  // A layout runs in its order on any table: one made on another table (a test's) without VNNI
-  // here takes the portable kernel, with the same bits.
-  const cpu::GroupedKernels* vnni = nullptr;
-  if (w == DType::kQ8_0x16) {
-    vnni = simd ? vnni_or_avx2(cpu::Q8_0x16OwnOrderVnni(), cpu::Q8_0x16OwnOrderAvx2()) : nullptr;
-    return vnni != nullptr ? vnni : cpu::Q8_0x16OwnOrderScalar();
-  }
-  if (w == DType::kQ5_0x16) {
-    vnni = simd ? vnni_or_avx2(cpu::Q5_0x16OwnOrderVnni(), cpu::Q5_0x16OwnOrderAvx2()) : nullptr;
-    return vnni != nullptr ? vnni : cpu::Q5_0x16OwnOrderScalar();
-  }
-  if (w == DType::kQ4_Kx16) {
-    vnni = simd ? vnni_or_avx2(cpu::Q4_Kx16OwnOrderVnni(), cpu::Q4_Kx16OwnOrderAvx2()) : nullptr;
-    return vnni != nullptr ? vnni : cpu::Q4_Kx16OwnOrderScalar();
-  }
-  if (w == DType::kQ6_Kx16) {
-    vnni = simd ? cpu::Q6_Kx16OwnOrderVnni() : nullptr;
-    return vnni != nullptr ? vnni : cpu::Q6_Kx16OwnOrderScalar();
+  static constexpr Entry kEntries[] = {
+      {DType::kQ8_0, &cpu::Q8_0OwnOrderVnni, &cpu::Q8_0OwnOrderAvx2, &cpu::Q8_0OwnOrderScalar,
+       false},
+      {DType::kQ5_0, &cpu::Q5_0OwnOrderVnni, &cpu::Q5_0OwnOrderAvx2, &cpu::Q5_0OwnOrderScalar,
+       false},
+      {DType::kQ4_K, &cpu::Q4_KOwnOrderVnni, &cpu::Q4_KOwnOrderAvx2, &cpu::Q4_KOwnOrderScalar,
+       false},
+      {DType::kQ6_K, &cpu::Q6_KOwnOrderVnni, nullptr, &cpu::Q6_KOwnOrderScalar, false},
+      {DType::kQ8_0x16, &cpu::Q8_0x16OwnOrderVnni, &cpu::Q8_0x16OwnOrderAvx2,
+       &cpu::Q8_0x16OwnOrderScalar, true},
+      {DType::kQ5_0x16, &cpu::Q5_0x16OwnOrderVnni, &cpu::Q5_0x16OwnOrderAvx2,
+       &cpu::Q5_0x16OwnOrderScalar, true},
+      {DType::kQ4_Kx16, &cpu::Q4_Kx16OwnOrderVnni, &cpu::Q4_Kx16OwnOrderAvx2,
+       &cpu::Q4_Kx16OwnOrderScalar, true},
+      {DType::kQ6_Kx16, &cpu::Q6_Kx16OwnOrderVnni, nullptr, &cpu::Q6_Kx16OwnOrderScalar, true},
+  };
+  const bool simd = &k_ == cpu::Avx2Kernels();
+  for (const Entry& e : kEntries) {
+    if (e.type != w) continue;
+    if (!simd) return e.portable();
+    // The VNNI kernels where they run, else the AVX2 ones. Without either, plain rows keep
+    // llama.cpp's order; a layout runs in its order on any table (one made on another table, a
+    // test's, takes the portable kernel: the same bits).
+    const cpu::GroupedKernels* g = e.vnni();
+    if (g == nullptr && e.avx2 != nullptr) g = e.avx2();
+    return g != nullptr || !e.layout ? g : e.portable();
   }
   return nullptr;
 }
