@@ -120,12 +120,16 @@ def test_cpu_isa_cap_picks_the_kernel_set(pdctl, synth_model):
     has_avx2 = {"avx2", "fma", "f16c"} <= flags
     has_zmm = {"avx512f", "avx512dq"} <= flags
     vnni = {"avx512f", "avx512vl", "avx512_vnni", "avx512bw"} <= flags
-    best = ("avx512-vnni" if vnni else "avx512") if has_zmm else ("avx2" if has_avx2 else "scalar")
+    # AMX-INT8 on top (Linux grants the tile state on request since 5.16).
+    amx = vnni and {"amx_tile", "amx_int8"} <= flags
+    best = (("avx512-vnni-amx" if amx else "avx512-vnni") if vnni else "avx512") if has_zmm else (
+        "avx2" if has_avx2 else "scalar")
     want = {"": best, "avx512": best, "avx2": "avx2" if has_avx2 else "scalar",
             "scalar": "scalar"}
     for value, expected in want.items():
         env = dict(os.environ, PDSERVE_CPU_ISA=value)
         env.pop("PDSERVE_CPU_NO_VNNI", None)
+        env.pop("PDSERVE_CPU_NO_AMX", None)
         p = subprocess.run([str(pdctl), "bench", "-m", model, "--pp", "8", "--tg", "2", "-r", "1",
                             "-t", "2"], capture_output=True, timeout=120, env=env)
         assert p.returncode == 0, p.stderr.decode(errors="replace")
@@ -136,6 +140,13 @@ def test_cpu_isa_cap_picks_the_kernel_set(pdctl, synth_model):
         p = subprocess.run([str(pdctl), "bench", "-m", model, "--pp", "8", "--tg", "2", "-r", "1",
                             "-t", "2"], capture_output=True, timeout=120, env=env)
         assert p.returncode == 0 and json.loads(p.stdout)["kernels"] == "avx512"
+    if amx:  # narrower still: the VNNI tiles stay, the AMX kernels go
+        env = dict(os.environ, PDSERVE_CPU_NO_AMX="1")
+        env.pop("PDSERVE_CPU_ISA", None)
+        env.pop("PDSERVE_CPU_NO_VNNI", None)
+        p = subprocess.run([str(pdctl), "bench", "-m", model, "--pp", "8", "--tg", "2", "-r", "1",
+                            "-t", "2"], capture_output=True, timeout=120, env=env)
+        assert p.returncode == 0 and json.loads(p.stdout)["kernels"] == "avx512-vnni"
     bad = subprocess.run([str(pdctl), "bench", "-m", model, "--pp", "8", "--tg", "2", "-r", "1"],
                          capture_output=True, timeout=120,
                          env=dict(os.environ, PDSERVE_CPU_ISA="avx3"))

@@ -158,38 +158,41 @@ cpu::GemmType GemmTypeOf(DType w) {
 }  // namespace
 
 const cpu::GroupedKernels* CpuBackend::OwnOrderKernels(DType w) const {
-  // Per type: its VNNI kernels, its AVX2 ones (none for Q6_K: they lost to llama.cpp's order at
-  // 1, 4 and 16 rows, docs/numerics.md) and the portable ones; `layout`: a laid-out type.
+  // Per type: its AMX kernels (q8_0x16, q5_0x16, q4_Kx16), its VNNI kernels, its AVX2 ones (none
+  // for Q6_K: they lost to llama.cpp's order at 1, 4 and 16 rows, docs/numerics.md) and the
+  // portable ones; `layout`: a laid-out type.
   using Get = const cpu::GroupedKernels* (*)();
   struct Entry {
     DType type;
-    Get vnni, avx2, portable;
+    Get amx, vnni, avx2, portable;
     bool layout;
   };
   static constexpr Entry kEntries[] = {
-      {DType::kQ8_0, &cpu::Q8_0OwnOrderVnni, &cpu::Q8_0OwnOrderAvx2, &cpu::Q8_0OwnOrderScalar,
-       false},
-      {DType::kQ5_0, &cpu::Q5_0OwnOrderVnni, &cpu::Q5_0OwnOrderAvx2, &cpu::Q5_0OwnOrderScalar,
-       false},
-      {DType::kQ4_K, &cpu::Q4_KOwnOrderVnni, &cpu::Q4_KOwnOrderAvx2, &cpu::Q4_KOwnOrderScalar,
-       false},
-      {DType::kQ6_K, &cpu::Q6_KOwnOrderVnni, nullptr, &cpu::Q6_KOwnOrderScalar, false},
-      {DType::kQ8_0x16, &cpu::Q8_0x16OwnOrderVnni, &cpu::Q8_0x16OwnOrderAvx2,
-       &cpu::Q8_0x16OwnOrderScalar, true},
-      {DType::kQ5_0x16, &cpu::Q5_0x16OwnOrderVnni, &cpu::Q5_0x16OwnOrderAvx2,
-       &cpu::Q5_0x16OwnOrderScalar, true},
-      {DType::kQ4_Kx16, &cpu::Q4_Kx16OwnOrderVnni, &cpu::Q4_Kx16OwnOrderAvx2,
-       &cpu::Q4_Kx16OwnOrderScalar, true},
-      {DType::kQ6_Kx16, &cpu::Q6_Kx16OwnOrderVnni, nullptr, &cpu::Q6_Kx16OwnOrderScalar, true},
+      {DType::kQ8_0, nullptr, &cpu::Q8_0OwnOrderVnni, &cpu::Q8_0OwnOrderAvx2,
+       &cpu::Q8_0OwnOrderScalar, false},
+      {DType::kQ5_0, nullptr, &cpu::Q5_0OwnOrderVnni, &cpu::Q5_0OwnOrderAvx2,
+       &cpu::Q5_0OwnOrderScalar, false},
+      {DType::kQ4_K, nullptr, &cpu::Q4_KOwnOrderVnni, &cpu::Q4_KOwnOrderAvx2,
+       &cpu::Q4_KOwnOrderScalar, false},
+      {DType::kQ6_K, nullptr, &cpu::Q6_KOwnOrderVnni, nullptr, &cpu::Q6_KOwnOrderScalar, false},
+      {DType::kQ8_0x16, &cpu::Q8_0x16OwnOrderAmx, &cpu::Q8_0x16OwnOrderVnni,
+       &cpu::Q8_0x16OwnOrderAvx2, &cpu::Q8_0x16OwnOrderScalar, true},
+      {DType::kQ5_0x16, &cpu::Q5_0x16OwnOrderAmx, &cpu::Q5_0x16OwnOrderVnni,
+       &cpu::Q5_0x16OwnOrderAvx2, &cpu::Q5_0x16OwnOrderScalar, true},
+      {DType::kQ4_Kx16, &cpu::Q4_Kx16OwnOrderAmx, &cpu::Q4_Kx16OwnOrderVnni,
+       &cpu::Q4_Kx16OwnOrderAvx2, &cpu::Q4_Kx16OwnOrderScalar, true},
+      {DType::kQ6_Kx16, nullptr, &cpu::Q6_Kx16OwnOrderVnni, nullptr, &cpu::Q6_Kx16OwnOrderScalar,
+       true},
   };
   const bool simd = &k_ == cpu::Avx2Kernels();
   for (const Entry& e : kEntries) {
     if (e.type != w) continue;
     if (!simd) return e.portable();
-    // The VNNI kernels where they run, else the AVX2 ones. Without either, plain rows keep
-    // llama.cpp's order; a layout runs in its order on any table (one made on another table, a
-    // test's, takes the portable kernel: the same bits).
-    const cpu::GroupedKernels* g = e.vnni();
+    // The AMX kernels where they run (laid-out Q8_0 / Q5_0 / Q4_K), else the VNNI ones, else the
+    // AVX2 ones. Without either, plain rows keep llama.cpp's order; a layout runs in its order on
+    // any table (one made on another table, a test's, takes the portable kernel: the same bits).
+    const cpu::GroupedKernels* g = e.amx != nullptr ? e.amx() : nullptr;
+    if (g == nullptr) g = e.vnni();
     if (g == nullptr && e.avx2 != nullptr) g = e.avx2();
     return g != nullptr || !e.layout ? g : e.portable();
   }

@@ -210,6 +210,18 @@ const GroupedKernels* Q8_0OwnOrderAvx2();
 const GroupedKernels* Q8_0x16OwnOrderAvx2();
 const GroupedKernels* Q5_0OwnOrderAvx2();
 const GroupedKernels* Q5_0x16OwnOrderAvx2();
+// The q8_0x16 / q5_0x16 orders with Intel AMX (own_order_amx.cc): a laid-out block of 16 weight
+// rows is an AMX B tile as it lies, so one TDPBSUD forms the block's exact sums for up to 16
+// activation rows and 16 weight rows, and per activation row the VNNI kernel's three F32
+// operations follow: the portable kernels' bits. Calls of fewer activation rows than the tiles
+// pay for (Q8_0: 2, Q5_0: 3) take the VNNI kernel. nullptr unless AmxRuns().
+const GroupedKernels* Q8_0x16OwnOrderAmx();
+const GroupedKernels* Q5_0x16OwnOrderAmx();
+// True where the AMX kernels run: CPUID reports AMX-TILE and AMX-INT8, the OS enables the tile
+// state and grants it to this process (Linux: arch_prctl ARCH_REQ_XCOMP_PERM, asked once here),
+// the VNNI kernels run (PDSERVE_CPU_ISA, PDSERVE_CPU_NO_VNNI), and PDSERVE_CPU_NO_AMX is unset,
+// empty or "0". Read once per process.
+bool AmxRuns();
 // pdserve's own order for Q4_K weights x Q8_K activations (kRowOrderOwn): per output and
 // super-block, sumi = sum_j sc_j * isum_j over the 8 sub-blocks (isum_j the sub-block's exact
 // integer dot product of the 4-bit codes) and summ = sum_j m_j * xsum_j, both exact, then
@@ -242,6 +254,10 @@ const GroupedKernels* Q4_Kx16OwnOrderVnni();  // nullptr where Q8_0OwnOrderVnni 
 // table does not run.
 const GroupedKernels* Q4_KOwnOrderAvx2();
 const GroupedKernels* Q4_Kx16OwnOrderAvx2();
+// The q4_Kx16 order with Intel AMX (own_order_amx.cc): one TDPBSUD per sub-block of 32 for up to
+// 16 activation rows, then the VNNI kernel's integer and F32 operations per row: the portable
+// kernel's bits. Fewer than 8 activation rows take the VNNI kernel. nullptr unless AmxRuns().
+const GroupedKernels* Q4_Kx16OwnOrderAmx();
 // pdserve's own order for Q6_K weights x Q8_K activations (kRowOrderOwn): per output and
 // super-block, total = sum_j sc_j * isum_j - 32 * sum_j sc_j * xsum_j over the 16 sub-blocks of
 // 16 weights (isum_j the exact dot product of the unsigned 6-bit codes, the weight + 32), exact,
@@ -585,7 +601,8 @@ const Kernels* Avx2Kernels();
 const Kernels& SelectKernels(bool force_scalar);
 // The kernel set a backend on table `k` runs, for logs and benchmark records: "scalar", "avx2",
 // "avx512" (AVX-512 attention, INT8 KV rows and llama.cpp's AVX-512 orders, no VNNI tiles) or
-// "avx512-vnni" (also the VNNI / 512-bit matmul tiles).
+// "avx512-vnni" (also the VNNI / 512-bit matmul tiles) or "avx512-vnni-amx" (also the own
+// orders' AMX kernels, AmxRuns()).
 std::string_view KernelSetName(const Kernels& k);
 
 // One token-head of an INT8 KV row in the cache's scheme (kv_layout.h): `x` (head_dim values,

@@ -800,7 +800,8 @@ RopeNormalWidths RopeNormalOrder() {
 std::string_view KernelSetName(const Kernels& k) {
   if (&k == &kScalar) return "scalar";
   if (Avx512AttnKernels() == nullptr) return "avx2";
-  return Q8_0TileVnni() != nullptr ? "avx512-vnni" : "avx512";
+  if (Q8_0TileVnni() == nullptr) return "avx512";
+  return AmxRuns() ? "avx512-vnni-amx" : "avx512-vnni";
 }
 
 }  // namespace pd::engine::cpu

@@ -693,6 +693,32 @@ TEST(OwnOrderTest, X16Avx2KernelGivesThePortableBits) {
   ExpectOwnOrderBits(g, 147, /*x16=*/true, {640}, {800 * 16 + 7}, {1, 3, 4, 9});
 }
 
+// The AMX kernel (own_order_amx.cc) gives the portable bits: activation rows 1 (the VNNI kernel)
+// to 16 in one pass, and past it with a last pass of n % 16 rows (17, 33) or none (32, 48).
+TEST(OwnOrderTest, X16AmxKernelsGiveThePortableBits) {
+  const GroupedKernels* g = Q8_0x16OwnOrderAmx();
+  if (g == nullptr)
+    GTEST_SKIP() << "no AMX-INT8 on this CPU (or the OS, PDSERVE_CPU_* turn it off)";
+  ExpectOwnOrderBits(g, 246, /*x16=*/true, {32, 96, 640, 4160}, {1, 15, 16, 17, 40, 70},
+                     {1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 15, 16, 17, 32, 33, 48});
+  // Codes of -128 in the activations too (TDPBSUD takes the whole signed range).
+  std::mt19937 rng(247);
+  const int64_t k = 640, nb = k / 32, rows = 48 + 5;
+  const std::vector<BlockQ8_0> w = RandomWeightBlocks<BlockQ8_0>(rng, rows * nb);
+  std::vector<BlockQ8_0> laid(w.size());
+  RepackQ8_0x16(w.data(), nb * sizeof(BlockQ8_0), rows, k, laid.data());
+  for (int64_t n : {4, 19}) {
+    std::vector<BlockQ8_0> x = RandomActivationBlocks(rng, n * nb);
+    for (BlockQ8_0& xb : x) xb.qs[rng() % 32] = -128;
+    const std::vector<float> want = RunOwn(Q8_0OwnOrderScalar(), w.data(), rows, x, n, k);
+    const std::vector<float> got = RunOwn(g, laid.data(), rows, x, n, k);
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(want[i]), std::bit_cast<uint32_t>(got[i]))
+          << "n " << n << " at " << i;
+    }
+  }
+}
+
 // An activation code of -128 (QuantizeQ8_0 never makes one: |x| / d <= 127) is beyond the AVX2
 // q8_0x16 kernel's sign trick (VPSIGNB cannot negate it), so such a call takes the portable
 // kernel: the same bits whatever the codes.
@@ -843,6 +869,7 @@ TEST(OwnOrderTest, Q5_0KernelsGiveThePortableBits) {
   const GroupedKernels* plain_vnni = Q5_0OwnOrderVnni();
   const GroupedKernels* x16_avx2 = Q5_0x16OwnOrderAvx2();
   const GroupedKernels* plain_avx2 = Q5_0OwnOrderAvx2();
+  const GroupedKernels* x16_amx = Q5_0x16OwnOrderAmx();
   std::mt19937 rng(48);
   for (int64_t k : {32, 96, 640, 4160}) {
     const int64_t nb = k / 32;
@@ -850,7 +877,7 @@ TEST(OwnOrderTest, Q5_0KernelsGiveThePortableBits) {
       const std::vector<BlockQ5_0> w = RandomWeightBlocks<BlockQ5_0>(rng, rows * nb);
       std::vector<BlockQ5_0> laid(w.size());
       if (rows % 16 == 0) RepackQ5_0x16(w.data(), nb * sizeof(BlockQ5_0), rows, k, laid.data());
-      for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 33}) {
+      for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 32, 33}) {
         std::vector<BlockQ8_0> x = RandomActivationBlocks(rng, n * nb);
         // -128, beyond QuantizeQ8_0's codes, in every block: within the AVX2 kernel's int16 sums.
         for (BlockQ8_0& xb : x) xb.qs[rng() % 32] = -128;
@@ -866,6 +893,10 @@ TEST(OwnOrderTest, Q5_0KernelsGiveThePortableBits) {
           if (x16_avx2 != nullptr) {
             got.emplace_back("q5_0x16 avx2",
                              RunOwn(x16_avx2, laid.data(), rows, x, n, k, sizeof(BlockQ5_0)));
+          }
+          if (x16_amx != nullptr) {
+            got.emplace_back("q5_0x16 amx",
+                             RunOwn(x16_amx, laid.data(), rows, x, n, k, sizeof(BlockQ5_0)));
           }
         }
         if (plain_avx2 != nullptr) {
@@ -1040,7 +1071,8 @@ void ExpectKQuantKernelsGiveThePortableBits(
     const GroupedKernels* x16_vnni, const GroupedKernels* plain_vnni,
     const GroupedKernels* x16_avx2, const GroupedKernels* plain_avx2, size_t laid_row_bytes,
     std::vector<Block> (*random_blocks)(std::mt19937&, size_t),
-    void (*repack)(const void*, size_t, int64_t, int64_t, void*)) {
+    void (*repack)(const void*, size_t, int64_t, int64_t, void*),
+    const GroupedKernels* x16_amx = nullptr) {
   std::mt19937 rng(seed);
   for (int64_t k : {256, 768, 2048, 4096}) {
     const int64_t nbk = k / kQK;
@@ -1048,7 +1080,7 @@ void ExpectKQuantKernelsGiveThePortableBits(
       const std::vector<Block> w = random_blocks(rng, rows * nbk);
       std::vector<uint8_t> laid(rows * nbk * laid_row_bytes);
       if (rows % 16 == 0) repack(w.data(), nbk * sizeof(Block), rows, k, laid.data());
-      for (int64_t n : {1, 2, 3, 4, 5, 8, 9, 16, 17}) {
+      for (int64_t n : {1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 35}) {
         const std::vector<BlockQ8_K> x = RandomQ8KBlocks(rng, n * nbk);
         const std::vector<float> want = RunOwnK(ref, w.data(), rows, x, n, k, nbk * sizeof(Block));
         std::vector<std::pair<const char*, std::vector<float>>> got;
@@ -1062,6 +1094,10 @@ void ExpectKQuantKernelsGiveThePortableBits(
           if (x16_avx2 != nullptr) {
             got.emplace_back("x16 avx2",
                              RunOwnK(x16_avx2, laid.data(), rows, x, n, k, nbk * laid_row_bytes));
+          }
+          if (x16_amx != nullptr) {
+            got.emplace_back("x16 amx",
+                             RunOwnK(x16_amx, laid.data(), rows, x, n, k, nbk * laid_row_bytes));
           }
         }
         if (plain_vnni != nullptr) {
@@ -1087,8 +1123,8 @@ void ExpectKQuantKernelsGiveThePortableBits(
 TEST(OwnOrderTest, Q4_KKernelsGiveThePortableBits) {
   ExpectKQuantKernelsGiveThePortableBits<BlockQ4_K>(
       53, Q4_KOwnOrderScalar(), Q4_Kx16OwnOrderScalar(), Q4_Kx16OwnOrderVnni(), Q4_KOwnOrderVnni(),
-      Q4_Kx16OwnOrderAvx2(), Q4_KOwnOrderAvx2(), kQ4_Kx16RowBytes, &RandomQ4KBlocks,
-      &RepackQ4_Kx16);
+      Q4_Kx16OwnOrderAvx2(), Q4_KOwnOrderAvx2(), kQ4_Kx16RowBytes, &RandomQ4KBlocks, &RepackQ4_Kx16,
+      Q4_Kx16OwnOrderAmx());
   if (Q4_Kx16OwnOrderAvx2() == nullptr) {
     GTEST_SKIP() << "portable kernels only: no AVX2 on this CPU (or PDSERVE_CPU_ISA=scalar)";
   }
