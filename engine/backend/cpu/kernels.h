@@ -438,6 +438,10 @@ absl::StatusOr<CpuIsa> CpuIsaCapFromEnv();
 // The cap, read once per process (the dispatchers cache their choices in statics). An invalid
 // value aborts with CpuIsaCapFromEnv's message: nothing silently falls back to a default.
 CpuIsa CpuIsaCap();
+// True on a CPU whose CPUID vendor is GenuineIntel (read once): the own orders' one-row head
+// prefetches into L2 there, where Intel's hardware prefetchers alone fall behind the stream
+// (own_order_vnni.cc, FetchFor).
+bool CpuIsIntel();
 // True when the OS saves the opmask and ZMM state, CPUID leaf 7 (subleaf 0) reports every bit
 // of `leaf7_ebx` in EBX and of `leaf7_ecx` in ECX (cpuid.h's bit_AVX512F, bit_AVX512BW, ...),
 // and CpuIsaCap() allows AVX-512: the check every AVX-512 file makes before handing out its

@@ -783,6 +783,19 @@ bool CpuHasAvx512(uint32_t leaf7_ebx, uint32_t leaf7_ecx) {
 #endif
 }
 
+bool CpuIsIntel() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool intel = [] {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+    return b == 0x756e6547 && d == 0x49656e69 && c == 0x6c65746e;  // "Genu" "ineI" "ntel"
+  }();
+  return intel;
+#else
+  return false;
+#endif
+}
+
 const Kernels& SelectKernels(bool force_scalar) {
   const Kernels* avx2 = Avx2Kernels();
   if (!force_scalar && avx2 != nullptr && CpuIsaCap() >= CpuIsa::kAvx2 && CpuHasAvx2Fma()) {
