@@ -145,42 +145,31 @@ __attribute__((always_inline)) inline __m512 Scales(const char* group, int64_t n
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + at)));
 }
 
-// One block's tile work: C = A . B in the tile set kSet (0, 1: the alternating main sets; 2: the
-// last pass's), stored to `c`. `a`: the first activation row's block codes; `bt`: the B tile,
-// in the matrix (kWritten false) or unpacked into scratch.
+// One block's tile work in tiles C, A, B: C = A . B, stored to `c`; B loaded from bytes the
+// kernel wrote (kWritten) or from the matrix.
+#define PD_TILE_BLOCK(C, A, B)  \
+  PD_TILE_ZERO(C);              \
+  PD_TILE_LOAD_RO(A, a, xrb);   \
+  if constexpr (kWritten) {     \
+    PD_TILE_LOAD_B(B, bt);      \
+  } else {                      \
+    PD_TILE_LOAD_RO(B, bt, 64); \
+  }                             \
+  PD_TILE_DPBSUD(C, A, B);      \
+  PD_TILE_STORE(C, c)
+
+// One block in the tile set kSet (0, 1: the alternating main sets; 2: the last pass's). `a`: the
+// first activation row's block codes; `bt`: the B tile, in the matrix (kWritten false) or
+// unpacked into scratch.
 template <int kSet, bool kWritten>
 __attribute__((always_inline)) inline void Issue(const char* a, size_t xrb, const char* bt,
                                                  int32_t* c) {
   if constexpr (kSet == 0) {
-    PD_TILE_ZERO(0);
-    PD_TILE_LOAD_RO(2, a, xrb);
-    if constexpr (kWritten) {
-      PD_TILE_LOAD_B(4, bt);
-    } else {
-      PD_TILE_LOAD_RO(4, bt, 64);
-    }
-    PD_TILE_DPBSUD(0, 2, 4);
-    PD_TILE_STORE(0, c);
+    PD_TILE_BLOCK(0, 2, 4);
   } else if constexpr (kSet == 1) {
-    PD_TILE_ZERO(1);
-    PD_TILE_LOAD_RO(3, a, xrb);
-    if constexpr (kWritten) {
-      PD_TILE_LOAD_B(5, bt);
-    } else {
-      PD_TILE_LOAD_RO(5, bt, 64);
-    }
-    PD_TILE_DPBSUD(1, 3, 5);
-    PD_TILE_STORE(1, c);
+    PD_TILE_BLOCK(1, 3, 5);
   } else {
-    PD_TILE_ZERO(6);
-    PD_TILE_LOAD_RO(7, a, xrb);
-    if constexpr (kWritten) {
-      PD_TILE_LOAD_B(4, bt);
-    } else {
-      PD_TILE_LOAD_RO(4, bt, 64);
-    }
-    PD_TILE_DPBSUD(6, 7, 4);
-    PD_TILE_STORE(6, c);
+    PD_TILE_BLOCK(6, 7, 4);
   }
 }
 
@@ -512,6 +501,7 @@ void GemmQ4Kx16Amx(int64_t k, const void* w, size_t ws, int64_t rows, const void
   RunGroups(kMain, kTailFns, ps, nbk, wa, group_bytes, groups, xa, xrb, terms.data(), nbk, y, ys);
 }
 
+#undef PD_TILE_BLOCK
 #undef PD_TILE_ZERO
 #undef PD_TILE_LOAD_RO
 #undef PD_TILE_LOAD_B
