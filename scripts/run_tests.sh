@@ -26,7 +26,7 @@ else
 fi
 
 echo "== pytest =="
-PDCTL="$PWD/$BUILD/bin/pdctl" .venv/bin/python -m pytest -q tests/python || rc=1
+PDCTL="$PWD/$BUILD/bin/pdctl" .venv/bin/python -m pytest -q --durations=15 tests/python || rc=1
 
 echo "== fuzz (${FUZZ_SECONDS}s per target) =="
 scripts/run_fuzz.sh "$FUZZ_SECONDS" || rc=1
