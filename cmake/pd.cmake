@@ -23,6 +23,12 @@ function(pd_test)
   cmake_parse_arguments(PD "SERIAL" "NAME" "SRCS;DEPS;LABELS" ${ARGN})
   add_executable(${PD_NAME} ${PD_SRCS})
   target_link_libraries(${PD_NAME} PRIVATE ${PD_DEPS} pd_test_main)
+  # The test files themselves build at -O1 with line tables only (-g1) in the default
+  # RelWithDebInfo build: what they exercise is the libraries, built as configured, and this
+  # halves their compile time (scheduler_test.cc 16.2 -> 7.9 s), most of a clean build's. Neither
+  # level changes a floating-point result (no fast-math; no FMA contraction without -mfma), and
+  # speed is measured in bench/, never here.
+  target_compile_options(${PD_NAME} PRIVATE $<$<CONFIG:RelWithDebInfo>:-O1 -g1>)
   set_target_properties(${PD_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   # One label per test: "unit" unless LABELS names another ("slow", "integration"). A list would
   # not survive gtest_discover_tests' generated script, which writes "LABELS unit slow" (the
