@@ -747,21 +747,31 @@ TEST(OwnOrderTest, X16Avx2KernelTakesMinus128Activations) {
 }
 
 // And over a stream as long as a model's output head (at least 8 MiB of weights in one call), where
-// the kernel picks other paths by the activation rows (own_order_vnni.cc, FetchFor): for rows of
-// 640 weights no software prefetch up to 3 rows, for rows of 2048 the L1 prefetch at one row; the
-// five-row tile with its fifth row computed and not stored at 4; the prefetch into L2 from 5.
+// the kernels pick other paths by the activation rows and the CPU's vendor: on VNNI
+// (own_order_vnni.cc, FetchFor) for rows of 640 weights no software prefetch up to 3 rows on AMD,
+// a near L1 prefetch at 1-2 rows on Intel, for rows of 2048 the L1 prefetch at one row, the
+// five-row tile with its fifth row computed and not stored at 4, the prefetch into L2 from 5; on
+// AMX the VNNI kernel at 2 rows over the 640-weight stream (kAmxMinRowsQ8_0ShortRows); on AVX2
+// the same vendor rules (kHardwareOnly*, kIntelShort*). Each kernel set that runs here, against
+// the portable bits.
 TEST(OwnOrderTest, X16KernelsGiveThePortableBitsOverALongStream) {
-  const GroupedKernels* g = Q8_0x16OwnOrderVnni();
-  if (g == nullptr)
-    GTEST_SKIP()
-        << "no AVX512-VNNI on this CPU (or PDSERVE_CPU_ISA / PDSERVE_CPU_NO_VNNI turn it off)";
-  // 8.7 and 8.9 MB of groups, each with a plain tail.
-  for (const auto& [k, rows] :
-       {std::pair<int64_t, int64_t>{640, 800 * 16 + 7}, {2048, 256 * 16 + 3}}) {
-    ASSERT_GE(rows / 16 * 16 * (k / 32) * static_cast<int64_t>(sizeof(BlockQ8_0)),
-              int64_t{8} << 20);
-    ExpectOwnOrderBits(g, 47, /*x16=*/true, {k}, {rows}, {1, 3, 4, 5});
+  const std::pair<const char*, const GroupedKernels*> sets[] = {{"vnni", Q8_0x16OwnOrderVnni()},
+                                                                {"amx", Q8_0x16OwnOrderAmx()},
+                                                                {"avx2", Q8_0x16OwnOrderAvx2()}};
+  int ran = 0;
+  for (const auto& [name, g] : sets) {
+    if (g == nullptr) continue;
+    SCOPED_TRACE(name);
+    ++ran;
+    // 8.7 and 8.9 MB of groups, each with a plain tail.
+    for (const auto& [k, rows] :
+         {std::pair<int64_t, int64_t>{640, 800 * 16 + 7}, {2048, 256 * 16 + 3}}) {
+      ASSERT_GE(rows / 16 * 16 * (k / 32) * static_cast<int64_t>(sizeof(BlockQ8_0)),
+                int64_t{8} << 20);
+      ExpectOwnOrderBits(g, 47, /*x16=*/true, {k}, {rows}, {1, 2, 3, 4, 5});
+    }
   }
+  if (ran == 0) GTEST_SKIP() << "no AVX2 on this CPU (or PDSERVE_CPU_ISA turns it off)";
 }
 
 // A weight block's codes as values: Q8_0's as stored, Q5_0's (nibble | fifth bit << 4) - 16.
