@@ -66,11 +66,11 @@ constexpr int kMaxRows = 16;  // activation rows per pass (A and C tile rows)
 // Xeon, one thread, us (ms for the head), VNNI / AMX: head_x16/q8_0 2 rows 15.2 / 12.8 ms, 4 rows
 // 13.4 / 13.1, 16 rows 21.9 / 19.4; rows_x16/q5_0 2 rows 233 / 243, 3 rows 247 / 242, 16 rows
 // 443 / 360; rows_x16/q4_K 4 rows 219 / 248, 8 rows 289 / 287, 16 rows 509 / 417.
-// Q8_0 over a long stream of short rows (own_x16::ShortRowStream: the head) from 3 rows: at 2
-// the VNNI kernel prefetching near into L1 is faster (head_x16/q8_0/2/t, ms, AMX / VNNI: one
+// Q8_0 over the head stream (kernels.h, HeadStream) from 3 rows: at 2 the VNNI kernel
+// prefetching near into L1 is faster (head_x16/q8_0/2/t, ms, AMX / VNNI: one
 // thread 13.0-13.2 / 11.5-11.6, two 6.46 / 5.96-6.18; 3 rows 12.6-13.8 / 16.8-17.0).
 constexpr int kAmxMinRowsQ8_0 = 2;
-constexpr int kAmxMinRowsQ8_0ShortRows = 3;
+constexpr int kAmxMinRowsQ8_0Head = 3;
 constexpr int kAmxMinRowsQ5_0 = 3;
 constexpr int kAmxMinRowsQ4_K = 8;
 // How far ahead of the group stream the software prefetch into L2 runs (as the VNNI kernel's).
@@ -313,9 +313,9 @@ void GemmX16Amx(int64_t k, const void* w, size_t ws, int64_t rows, const void* x
   const int64_t nb = k / kBlock;
   const size_t group_bytes = static_cast<size_t>(nb) * X16BlockBytes<kW>();
   const int64_t groups = rows / kLanes;
-  const int min_rows = kW == X16::kQ5_0                                   ? kAmxMinRowsQ5_0
-                       : own_x16::ShortRowStream(kW, groups, group_bytes) ? kAmxMinRowsQ8_0ShortRows
-                                                                          : kAmxMinRowsQ8_0;
+  const int min_rows = kW == X16::kQ5_0                  ? kAmxMinRowsQ5_0
+                       : HeadStream(groups, group_bytes) ? kAmxMinRowsQ8_0Head
+                                                         : kAmxMinRowsQ8_0;
   if (n < min_rows) {
     vnni->gemm(k, w, ws, rows, xp, n, y, ys);
     return;

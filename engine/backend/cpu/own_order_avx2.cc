@@ -64,23 +64,16 @@ constexpr int kBothHalvesMaxRows = 2;
 // How far ahead of the group's stream the software prefetch runs (into L1 for one activation row,
 // into L2 alone for more).
 constexpr size_t kPrefetchBytes = 16384;
-// One activation row over a q8_0x16 stream of at least kHardwareOnlyMinBytes in groups of at most
-// kHardwareOnlyMaxGroupBytes (rows of <= 960 weights: Gemma 3 270M's head) runs without software
+// The head stream (kernels.h, HeadStream) at one activation row on AMD runs without software
 // prefetch, which the hardware prefetchers follow better alone, as on VNNI (own_order_vnni.cc,
 // FetchFor): gemv_bench head_x16/q8_0/1/1 under PDSERVE_CPU_ISA=avx2 on Zen 4, two runs, ms:
 // into L1 6.75 / 6.78, into L2 7.49 / 7.41, none 5.83 / 5.89; two rows level (6.6-6.9), three
-// lose without it (10.1-10.6 against 14.1).
-constexpr size_t kHardwareOnlyMinBytes = size_t{8} << 20;
-constexpr size_t kHardwareOnlyMaxGroupBytes = size_t{16} << 10;
-// On Intel cores one or two activation rows over such a stream prefetch into L1 this short a way
-// ahead instead: the tile eats a block in ~12 ns from L2 (46 GB/s), so 2 KiB is about the reach
-// of the core's fill buffers, and further prefetches only queue behind them. gemv_bench
-// head_x16/q8_0/<n>/<t> under PDSERVE_CPU_ISA=avx2 on the AMX Xeon, two alternating runs, ms,
-// L2 16 KiB ahead (the rule before) -> L1 2 KiB ahead: n = 1, 1 thread 14.7 / 14.6 -> 11.5 / 12.3,
-// 2 threads 7.0 / 6.9 -> 6.0 / 6.0; n = 2, 15.8 / 15.9 -> 12.2 / 13.7 and 8.3 / 8.4 -> 6.5 / 6.2;
-// 4 KiB ahead loses (18.1 at n = 2), and so does 2 KiB from n = 3 on (n = 4: 21.8 -> 22.5-23.2).
-constexpr size_t kIntelShortPrefetchBytes = 2048;
-constexpr int kIntelShortPrefetchMaxRows = 2;
+// lose without it (10.1-10.6 against 14.1). On Intel one or two rows prefetch into L1 near
+// (HeadNearPrefetch; the tile runs a block from L2 at ~46 GB/s): head_x16/q8_0/<n>/<t> under the
+// cap on the AMX Xeon, two alternating runs, ms, L2 16 KiB ahead (the rule before) -> L1 2 KiB
+// ahead: n = 1, 1 thread 14.7 / 14.6 -> 11.5 / 12.3, 2 threads 7.0 / 6.9 -> 6.0 / 6.0; n = 2,
+// 15.8 / 15.9 -> 12.2 / 13.7 and 8.3 / 8.4 -> 6.5 / 6.2; 16 KiB ahead into L1 17.4-17.7, 4 KiB
+// 18.1 at n = 2, and 2 KiB from n = 3 on loses (n = 4: 21.8 -> 22.5-23.2).
 
 enum class X16 { kQ8_0, kQ5_0 };
 
@@ -335,16 +328,13 @@ void GemmX16Avx2(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, co
   const char* wa = static_cast<const char*>(w);
   const size_t group_bytes = static_cast<size_t>(nb) * X16BlockBytes<kW>();
   const int64_t groups = rows / 16;
-  // One activation row over a long stream of short rows (Gemma 3's head): on AMD cores the
-  // hardware prefetchers alone (kHardwareOnly*); on Intel cores one or two rows into L1 a short
-  // way ahead (kIntelShort*: at 16 KiB ahead into L1 it lost, 17.4-17.7 ms against none 14.9).
-  // Else one row into L1, more into L2 alone, 16 KiB ahead.
-  const bool head_stream = kW == X16::kQ8_0 && groups * group_bytes >= kHardwareOnlyMinBytes &&
-                           group_bytes <= kHardwareOnlyMaxGroupBytes;
-  const bool intel_short = head_stream && n <= kIntelShortPrefetchMaxRows && CpuIsIntel();
-  const bool hardware_only = head_stream && n == 1 && !CpuIsIntel();
-  const bool l2 = n > 1 && !intel_short;
-  const size_t distance = intel_short ? kIntelShortPrefetchBytes : kPrefetchBytes;
+  // The head stream: near into L1 (Intel, 1-2 rows) or the hardware alone (AMD, 1 row; above).
+  // Else one row into L1, more into L2 alone, kPrefetchBytes ahead.
+  const bool head_stream = kW == X16::kQ8_0 && HeadStream(groups, group_bytes);
+  const bool near = HeadNearPrefetch(n, head_stream);
+  const bool hardware_only = head_stream && n == 1 && !near;
+  const bool l2 = n > 1 && !near;
+  const size_t distance = near ? kHeadNearPrefetchBytes : kPrefetchBytes;
   for (int64_t g = 0; g < groups; ++g) {
     const char* group = wa + g * group_bytes;
     const size_t next = static_cast<size_t>(g) * group_bytes + distance;

@@ -67,7 +67,7 @@ constexpr int64_t kSmallPrefetchRows = 8;
 // Up to this many activation rows the q8_0x16 kernel splits a block's sums into two chains
 // (gemv_bench head_x16/q8_0/1/1 on Zen 4: 7.5 -> 7.1 ms, within the noise of 2 rows).
 constexpr int kX16TwoChainsMaxRows = 2;
-// Four activation rows over a long stream (kHardwarePrefetchMinBytes: the output head)
+// Four activation rows over a long stream (kHeadStreamMinBytes: the output head)
 // run the five-row tile, its fifth row a copy of the fourth that is computed and not stored:
 // with the same L2 prefetch, the five-row schedule keeps the stream busier than the four-row one
 // (head_x16/q8_0/4/1 on Zen 4, three alternating runs: 7.15-7.65 -> 5.85-6.36 ms; the same
@@ -88,8 +88,8 @@ constexpr size_t kX16PrefetchBytes = 16384;
 //   prefetches would hold (rows_x16, us, T0 / T1: q5_0 4 rows 193-196 / 128-131, 8 rows 258-261
 //   / 230-244; q4_K 4 rows 133-134 / 120-125; q6_K 4 rows 193-201 / 141-146, and one row of
 //   q6_K 175-186 / 161-166, which takes T1 too).
-// - None, up to kHardwarePrefetchMaxRows rows over a q8_0x16 call's stream of at least
-//   kHardwarePrefetchMinBytes in groups of at most 16 KiB (own_x16::ShortRowStream; short rows:
+// - None, up to kHardwarePrefetchMaxRows rows over the head stream (kernels.h, HeadStream: at
+//   least 8 MiB in groups of at most 16 KiB; short rows:
 //   Gemma 3 270M's head, one 170 MiB stream of 640-weight rows): the hardware prefetchers follow
 //   it to near the DRAM rate once trained, and software prefetches on top only take fill buffers
 //   (head_x16/q8_0/n/1, ms, T0 / none: n = 1 7.0-7.4 / 5.7-6.3, 3 7.0 / 6.3-6.9; from 5 rows the
@@ -104,24 +104,15 @@ constexpr size_t kX16PrefetchBytes = 16384;
 // / 156-180). The padded four-row tile serves rows of every length (four sequences, tok/s, L2 /
 // L2 padded: 322-335 / 358-404 on the 2048-wide head, 284-310 / 354-376 on the 4-layer model).
 constexpr int64_t kHardwarePrefetchMaxRows = 3;
-// (own_x16::ShortRowStream: at least 8 MiB, rows of <= 960 Q8_0 weights.)
-constexpr size_t kHardwarePrefetchMinBytes = own_x16::kShortRowStreamMinBytes;
 enum class Fetch { kNone, kL1, kL2, kL1Near };
-// On Intel cores one or two rows over such a stream go into L1, kNearPrefetchBytes ahead
-// (kL1Near): their hardware prefetchers run less far ahead of it than Zen 4's, and the tile eats
-// a block from L2 faster than memory delivers it, so a short prefetch into L1 keeps as many lines
-// in flight as the fill buffers hold, where one further ahead only queues behind them.
-// head_x16/q8_0/n/1 on the AMX Xeon (PDSERVE_CPU_NO_AMX=1), two alternating runs, ms: n = 1
-// none 13.0-13.5, L1 16 KiB ahead 12.1-12.6, L2 16 KiB 11.5-11.8, L1 2 KiB 11.1-11.4 (llama.cpp's
-// order on the plain rows 11.1); n = 2 none 14.6-15.0, L1 2 KiB 11.3-11.6, 4 KiB 11.6-12.2 (two
-// threads 7.3-8.0 -> 5.8-5.9). From three rows the near prefetch loses (the AVX2 kernel's, the
-// same rule: own_order_avx2.cc).
-constexpr size_t kNearPrefetchBytes = 2048;
-constexpr int64_t kNearPrefetchMaxRows = 2;
+// On Intel cores one or two rows over the head stream go into L1, kHeadNearPrefetchBytes ahead
+// (kL1Near; kernels.h, HeadNearPrefetch says why). head_x16/q8_0/n/1 on the AMX Xeon
+// (PDSERVE_CPU_NO_AMX=1), two alternating runs, ms: n = 1 none 13.0-13.5, L1 16 KiB ahead
+// 12.1-12.6, L2 16 KiB 11.5-11.8, L1 2 KiB 11.1-11.4 (llama.cpp's order on the plain rows 11.1);
+// n = 2 none 14.6-15.0, L1 2 KiB 11.3-11.6, 4 KiB 11.6-12.2 (two threads 7.3-8.0 -> 5.8-5.9).
 inline Fetch FetchFor(int64_t n, bool hardware_stream, bool one_row_to_l2) {
-  if (n <= kHardwarePrefetchMaxRows && hardware_stream) {
-    return n <= kNearPrefetchMaxRows && CpuIsIntel() ? Fetch::kL1Near : Fetch::kNone;
-  }
+  if (HeadNearPrefetch(n, hardware_stream)) return Fetch::kL1Near;
+  if (n <= kHardwarePrefetchMaxRows && hardware_stream) return Fetch::kNone;
   return n == 1 && !one_row_to_l2 ? Fetch::kL1 : Fetch::kL2;
 }
 // One line into L1 and L2 (T0) or L2 alone (T1).
@@ -439,9 +430,9 @@ void GemmX16Vnni(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, co
   const char* wa = static_cast<const char*>(w);
   const size_t group_bytes = static_cast<size_t>(nb) * X16BlockBytes<kW>();
   const int64_t groups = rows / kLanes;
-  const bool long_stream = groups * group_bytes >= kHardwarePrefetchMinBytes;
+  const bool long_stream = static_cast<size_t>(groups) * group_bytes >= kHeadStreamMinBytes;
   const Fetch fetch =
-      FetchFor(n, own_x16::ShortRowStream(kW, groups, group_bytes), /*one_row_to_l2=*/false);
+      FetchFor(n, kW == X16::kQ8_0 && HeadStream(groups, group_bytes), /*one_row_to_l2=*/false);
   const auto& tiles = kTiles[fetch == Fetch::kL2];
   // Four rows over a long q8_0x16 stream: the five-row tile, padded (kX16PaddedRows).
   static constexpr TileX16Fn kPadded[2] = {&TileX16<kX16PaddedRows + 1, kW, false, kX16PaddedRows>,
@@ -454,7 +445,7 @@ void GemmX16Vnni(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, co
     // The group's bytes are one stream: fetch kX16PrefetchBytes ahead of it, a block's share per
     // block, up to the matrix's end (or leave it to the hardware: FetchFor).
     const size_t next = static_cast<size_t>(g) * group_bytes +
-                        (fetch == Fetch::kL1Near ? kNearPrefetchBytes : kX16PrefetchBytes);
+                        (fetch == Fetch::kL1Near ? kHeadNearPrefetchBytes : kX16PrefetchBytes);
     const char* ahead = next < groups * group_bytes && fetch != Fetch::kNone ? wa + next : nullptr;
     for (int64_t i0 = 0; i0 < n; i0 += kMaxActRows) {
       const int nn = static_cast<int>(std::min<int64_t>(kMaxActRows, n - i0));

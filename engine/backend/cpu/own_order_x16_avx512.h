@@ -23,18 +23,6 @@ constexpr size_t X16BlockBytes() {  // per group of 16 rows and block of 32 weig
   return kW == X16::kQ8_0 ? 16 * (32 + 2) : 16 * 22;
 }
 
-// A long q8_0x16 stream in short rows: a call over at least kShortRowStreamMinBytes in groups of
-// at most kShortRowStreamMaxGroupBytes (rows of <= 960 weights: Gemma 3 270M's head, one 170 MiB
-// stream of 640-weight rows). Its prefetch differs (own_order_vnni.cc, FetchFor), and at two
-// activation rows on Intel the VNNI kernel, prefetching near, outruns the AMX tiles over it
-// (own_order_amx.cc, kAmxMinRowsQ8_0).
-inline constexpr size_t kShortRowStreamMinBytes = size_t{8} << 20;
-inline constexpr size_t kShortRowStreamMaxGroupBytes = size_t{16} << 10;
-inline bool ShortRowStream(X16 w, int64_t groups, size_t group_bytes) {
-  return w == X16::kQ8_0 && static_cast<size_t>(groups) * group_bytes >= kShortRowStreamMinBytes &&
-         group_bytes <= kShortRowStreamMaxGroupBytes;
-}
-
 // Block b's 8 code words (lane e = the group's row e, unsigned: Q8_0's w + 128, Q5_0's w + 16)
 // and 16 scales.
 template <X16 kW>

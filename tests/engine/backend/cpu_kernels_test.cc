@@ -751,9 +751,9 @@ TEST(OwnOrderTest, X16Avx2KernelTakesMinus128Activations) {
 // (own_order_vnni.cc, FetchFor) for rows of 640 weights no software prefetch up to 3 rows on AMD,
 // a near L1 prefetch at 1-2 rows on Intel, for rows of 2048 the L1 prefetch at one row, the
 // five-row tile with its fifth row computed and not stored at 4, the prefetch into L2 from 5; on
-// AMX the VNNI kernel at 2 rows over the 640-weight stream (kAmxMinRowsQ8_0ShortRows); on AVX2
-// the same vendor rules (kHardwareOnly*, kIntelShort*). Each kernel set that runs here, against
-// the portable bits.
+// AMX the VNNI kernel at 2 rows over the 640-weight stream (kAmxMinRowsQ8_0Head); on AVX2 the
+// same vendor rules (kernels.h, HeadStream / HeadNearPrefetch). Each kernel set that runs here,
+// against the portable bits.
 TEST(OwnOrderTest, X16KernelsGiveThePortableBitsOverALongStream) {
   const std::pair<const char*, const GroupedKernels*> sets[] = {{"vnni", Q8_0x16OwnOrderVnni()},
                                                                 {"amx", Q8_0x16OwnOrderAmx()},
