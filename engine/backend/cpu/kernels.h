@@ -438,29 +438,30 @@ absl::StatusOr<CpuIsa> CpuIsaCapFromEnv();
 // The cap, read once per process (the dispatchers cache their choices in statics). An invalid
 // value aborts with CpuIsaCapFromEnv's message: nothing silently falls back to a default.
 CpuIsa CpuIsaCap();
-// True on a CPU whose CPUID vendor is GenuineIntel (read once): the own orders' head stream is
-// prefetched differently there (HeadNearPrefetch below).
+// True on a CPU whose CPUID vendor is GenuineIntel (read once): the own orders' laid-out
+// streams are prefetched differently there (NearPrefetch below).
 bool CpuIsIntel();
 // The output head's stream: a q8_0x16 call over at least kHeadStreamMinBytes in groups of at
 // most kHeadStreamMaxGroupBytes (rows of <= 960 weights; Gemma 3 270M's head is one 170 MiB stream
-// of 640-weight rows). The laid-out Q8_0 kernels prefetch it by vendor and activation rows: on AMD
-// cores one row (VNNI: up to three) leaves it to the hardware prefetchers; on Intel cores, whose
-// hardware prefetchers run less far ahead of it, one or two rows prefetch into L1 only
-// kHeadNearPrefetchBytes ahead (HeadNearPrefetch): the tiles eat a block from L2 faster than
-// memory delivers it, so a short prefetch keeps as many lines in flight as the fill buffers hold,
-// where one further ahead only queues behind them. Two such rows take the VNNI kernel rather
-// than the AMX tiles. Figures: own_order_avx2.cc, own_order_vnni.cc (FetchFor), own_order_amx.cc.
+// of 640-weight rows). On AMD cores one row over it (VNNI: up to three) leaves it to the hardware
+// prefetchers, which follow so long a stream of short rows best alone.
 inline constexpr size_t kHeadStreamMinBytes = size_t{8} << 20;
 inline constexpr size_t kHeadStreamMaxGroupBytes = size_t{16} << 10;
-inline constexpr size_t kHeadNearPrefetchBytes = 2048;
-inline constexpr int64_t kHeadNearPrefetchMaxRows = 2;
 inline bool HeadStream(int64_t groups, size_t group_bytes) {
   return static_cast<size_t>(groups) * group_bytes >= kHeadStreamMinBytes &&
          group_bytes <= kHeadStreamMaxGroupBytes;
 }
-inline bool HeadNearPrefetch(int64_t n, bool head_stream) {
-  return head_stream && n <= kHeadNearPrefetchMaxRows && CpuIsIntel();
-}
+// On Intel cores, whose hardware prefetchers run less far ahead of a stream, one or two
+// activation rows over a laid-out matrix (the head stream and the layers' q8_0x16, q5_0x16 and
+// q4_Kx16 matrices; q6_Kx16 keeps its L2 prefetch, where near loses) prefetch into L1 only
+// kNearPrefetchBytes ahead (NearPrefetch): the tiles eat a block from L2 faster than memory
+// delivers it, so a short prefetch keeps as many lines in flight as the fill buffers hold, where
+// one further ahead only queues behind them. Two such rows over the head take the VNNI kernel
+// rather than the AMX tiles. Figures: own_order_avx2.cc, own_order_vnni.cc (FetchFor),
+// own_order_amx.cc.
+inline constexpr size_t kNearPrefetchBytes = 2048;
+inline constexpr int64_t kNearPrefetchMaxRows = 2;
+inline bool NearPrefetch(int64_t n) { return n <= kNearPrefetchMaxRows && CpuIsIntel(); }
 // True when the OS saves the opmask and ZMM state, CPUID leaf 7 (subleaf 0) reports every bit
 // of `leaf7_ebx` in EBX and of `leaf7_ecx` in ECX (cpuid.h's bit_AVX512F, bit_AVX512BW, ...),
 // and CpuIsaCap() allows AVX-512: the check every AVX-512 file makes before handing out its

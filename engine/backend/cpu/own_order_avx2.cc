@@ -69,11 +69,15 @@ constexpr size_t kPrefetchBytes = 16384;
 // FetchFor): gemv_bench head_x16/q8_0/1/1 under PDSERVE_CPU_ISA=avx2 on Zen 4, two runs, ms:
 // into L1 6.75 / 6.78, into L2 7.49 / 7.41, none 5.83 / 5.89; two rows level (6.6-6.9), three
 // lose without it (10.1-10.6 against 14.1). On Intel one or two rows prefetch into L1 near
-// (HeadNearPrefetch; the tile runs a block from L2 at ~46 GB/s): head_x16/q8_0/<n>/<t> under the
+// (NearPrefetch; the tile runs a block from L2 at ~46 GB/s): head_x16/q8_0/<n>/<t> under the
 // cap on the AMX Xeon, two alternating runs, ms, L2 16 KiB ahead (the rule before) -> L1 2 KiB
 // ahead: n = 1, 1 thread 14.7 / 14.6 -> 11.5 / 12.3, 2 threads 7.0 / 6.9 -> 6.0 / 6.0; n = 2,
 // 15.8 / 15.9 -> 12.2 / 13.7 and 8.3 / 8.4 -> 6.5 / 6.2; 16 KiB ahead into L1 17.4-17.7, 4 KiB
-// 18.1 at n = 2, and 2 KiB from n = 3 on loses (n = 4: 21.8 -> 22.5-23.2).
+// 18.1 at n = 2, and 2 KiB from n = 3 on loses (n = 4: 21.8 -> 22.5-23.2). The layers' streams
+// the same (one pass each, rows/s: rows_x16/<type>/<n>/<t>, L1 16 KiB or L2 16 KiB (q4_Kx16:
+// 8 KiB) -> L1 2 KiB): q5_0 1/1 3.67k -> 4.86k, 1/2 6.01k -> 8.36k, 2/1 6.53k -> 8.31k, 2/2
+// 11.6k -> 13.6k; q4_K 5.29k -> 6.30k, 10.0k -> 10.8k, 8.76k -> 10.6k, 15.1k -> 18.0k (1 KiB
+// level with 2, 4 KiB between).
 
 enum class X16 { kQ8_0, kQ5_0 };
 
@@ -328,13 +332,13 @@ void GemmX16Avx2(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, co
   const char* wa = static_cast<const char*>(w);
   const size_t group_bytes = static_cast<size_t>(nb) * X16BlockBytes<kW>();
   const int64_t groups = rows / 16;
-  // The head stream: near into L1 (Intel, 1-2 rows) or the hardware alone (AMD, 1 row; above).
-  // Else one row into L1, more into L2 alone, kPrefetchBytes ahead.
+  // Near into L1 (Intel, 1-2 rows: NearPrefetch); the head stream to the hardware alone (AMD, 1
+  // row; above). Else one row into L1, more into L2 alone, kPrefetchBytes ahead.
   const bool head_stream = kW == X16::kQ8_0 && HeadStream(groups, group_bytes);
-  const bool near = HeadNearPrefetch(n, head_stream);
+  const bool near = NearPrefetch(n);
   const bool hardware_only = head_stream && n == 1 && !near;
   const bool l2 = n > 1 && !near;
-  const size_t distance = near ? kHeadNearPrefetchBytes : kPrefetchBytes;
+  const size_t distance = near ? kNearPrefetchBytes : kPrefetchBytes;
   for (int64_t g = 0; g < groups; ++g) {
     const char* group = wa + g * group_bytes;
     const size_t next = static_cast<size_t>(g) * group_bytes + distance;
@@ -462,7 +466,8 @@ __attribute__((always_inline)) inline void Q4KRows(const char* sb, int h, const 
   }
 }
 
-// Prefetch distance of the k-quant layouts, a super-block's lines spread over its 8 steps.
+// Prefetch distance of the k-quant layouts, a super-block's lines spread over its 8 steps (on
+// Intel one or two rows: kNearPrefetchBytes, above).
 constexpr size_t kKPrefetchBytes = 8192;
 
 // One group of 16 weight rows (q4_Kx16), half h (both halves where kBoth), against activation
@@ -523,10 +528,12 @@ void GemmKx16Avx2(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, c
   const char* xa = static_cast<const char*>(xp);
   const size_t group_bytes = static_cast<size_t>(nbk) * kSuperBytes;
   const int64_t groups = rows / 16;
-  const bool l2 = n > 1;
+  const bool near = NearPrefetch(n);
+  const bool l2 = n > 1 && !near;
+  const size_t distance = near ? kNearPrefetchBytes : kKPrefetchBytes;
   for (int64_t g = 0; g < groups; ++g) {
     const char* group = wa + g * group_bytes;
-    const size_t next = static_cast<size_t>(g) * group_bytes + kKPrefetchBytes;
+    const size_t next = static_cast<size_t>(g) * group_bytes + distance;
     const char* ahead = next < groups * group_bytes ? wa + next : nullptr;
     for (int64_t i0 = 0; i0 < n; i0 += kMaxActRows) {
       const int nn = static_cast<int>(std::min<int64_t>(kMaxActRows, n - i0));

@@ -752,7 +752,7 @@ TEST(OwnOrderTest, X16Avx2KernelTakesMinus128Activations) {
 // a near L1 prefetch at 1-2 rows on Intel, for rows of 2048 the L1 prefetch at one row, the
 // five-row tile with its fifth row computed and not stored at 4, the prefetch into L2 from 5; on
 // AMX the VNNI kernel at 2 rows over the 640-weight stream (kAmxMinRowsQ8_0Head); on AVX2 the
-// same vendor rules (kernels.h, HeadStream / HeadNearPrefetch). Each kernel set that runs here,
+// same vendor rules (kernels.h, HeadStream / NearPrefetch). Each kernel set that runs here,
 // against the portable bits.
 TEST(OwnOrderTest, X16KernelsGiveThePortableBitsOverALongStream) {
   const std::pair<const char*, const GroupedKernels*> sets[] = {{"vnni", Q8_0x16OwnOrderVnni()},
