@@ -74,10 +74,10 @@ constexpr size_t kPrefetchBytes = 16384;
 // ahead: n = 1, 1 thread 14.7 / 14.6 -> 11.5 / 12.3, 2 threads 7.0 / 6.9 -> 6.0 / 6.0; n = 2,
 // 15.8 / 15.9 -> 12.2 / 13.7 and 8.3 / 8.4 -> 6.5 / 6.2; 16 KiB ahead into L1 17.4-17.7, 4 KiB
 // 18.1 at n = 2, and 2 KiB from n = 3 on loses (n = 4: 21.8 -> 22.5-23.2). The layers' streams
-// the same (one pass each, rows/s: rows_x16/<type>/<n>/<t>, L1 16 KiB or L2 16 KiB (q4_Kx16:
-// 8 KiB) -> L1 2 KiB): q5_0 1/1 3.67k -> 4.86k, 1/2 6.01k -> 8.36k, 2/1 6.53k -> 8.31k, 2/2
-// 11.6k -> 13.6k; q4_K 5.29k -> 6.30k, 10.0k -> 10.8k, 8.76k -> 10.6k, 15.1k -> 18.0k (1 KiB
-// level with 2, 4 KiB between).
+// the same (rows_x16/<type>/<n>/<t>, rows/s, L1 16 KiB or L2 16 KiB (q4_Kx16: 8 KiB) -> L1 2 KiB):
+// q5_0 1/1 3.67k -> 4.95k, 1/2 6.01k -> 8.17k, 2/1 6.53k -> 8.29k, 2/2 11.6k -> 13.7k; q4_K
+// 5.29k -> 6.51k, 10.0k -> 10.9k, 8.76k -> 11.2k, 15.1k -> 18.6k (1 KiB level with 2, 4 KiB
+// between; bench/results/near_prefetch_layers_2026-12-07_intel.md).
 
 enum class X16 { kQ8_0, kQ5_0 };
 

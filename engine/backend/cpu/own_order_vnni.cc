@@ -107,14 +107,14 @@ constexpr int64_t kHardwarePrefetchMaxRows = 3;
 enum class Fetch { kNone, kL1, kL2, kL1Near };
 // On Intel cores one or two rows over every laid-out stream but q6_Kx16's (one_row_to_l2) go into
 // L1, kNearPrefetchBytes ahead (kL1Near; kernels.h, NearPrefetch says why). head_x16/q8_0/n/1 on
-// the AMX Xeon
-// (PDSERVE_CPU_NO_AMX=1), two alternating runs, ms: n = 1 none 13.0-13.5, L1 16 KiB ahead
-// 12.1-12.6, L2 16 KiB 11.5-11.8, L1 2 KiB 11.1-11.4 (llama.cpp's order on the plain rows 11.1);
-// n = 2 none 14.6-15.0, L1 2 KiB 11.3-11.6, 4 KiB 11.6-12.2 (two threads 7.3-8.0 -> 5.8-5.9).
-// The layers' (rows_x16/<type>/<n>/<t>, rows/s, the rule before -> L1 2 KiB / 1 KiB): q5_0 1/1
-// 4.25k -> 5.17k / 5.17k, 1/2 7.42k -> 8.83k / 9.00k, 2/1 8.80k -> 7.93k / 9.29k, 2/2 14.6k ->
-// 15.3k / 16.3k; q4_K 4.23k -> 5.82k / 5.64k, 7.19k -> 10.6k / 10.6k, 10.4k -> 11.7k / 11.7k,
-// 19.1k -> 20.1k / 20.8k; q6_K loses (4.05k -> 3.87k / 3.65k at 1/1, 7.47k -> 7.28k at 2/1).
+// the AMX Xeon (PDSERVE_CPU_NO_AMX=1), two alternating runs, ms: n = 1 none 13.0-13.5, L1 16 KiB
+// ahead 12.1-12.6, L2 16 KiB 11.5-11.8, L1 2 KiB 11.1-11.4 (llama.cpp's order on the plain rows
+// 11.1); n = 2 none 14.6-15.0, L1 2 KiB 11.3-11.6, 4 KiB 11.6-12.2 (two threads 7.3-8.0 ->
+// 5.8-5.9). The layers' (rows_x16/<type>/<n>/<t>, rows/s, the rule before -> L1 2 KiB, the
+// default kernel set): q5_0 1/1 4.25k -> 5.28k, 1/2 7.42k -> 9.47k, 2/1 8.80k -> 8.78k, 2/2
+// 14.6k -> 17.6k; q4_K 4.23k -> 6.32k, 7.19k -> 10.2k, 10.4k -> 11.9k, 19.1k -> 20.5k (1 KiB
+// level with 2); q6_K loses (4.05k -> 3.87k at 1/1, 7.47k -> 7.28k at 2/1;
+// bench/results/near_prefetch_layers_2026-12-07_intel.md).
 inline Fetch FetchFor(int64_t n, bool hardware_stream, bool one_row_to_l2) {
   if (!one_row_to_l2 && NearPrefetch(n)) return Fetch::kL1Near;
   if (n <= kHardwarePrefetchMaxRows && hardware_stream) return Fetch::kNone;
