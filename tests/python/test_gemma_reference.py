@@ -95,15 +95,14 @@ def _decode(s: str, dtype) -> np.ndarray:
     return np.frombuffer(base64.b64decode(s), dtype=dtype)
 
 
-# _our_top's answers by (pdctl, kernel cap, KV type, prompt): the F16 test's log-loss passes and
+# _our_top's answers by (pdctl, environment, KV type, prompt): the F16 test's log-loss passes and
 # the F32 test read the same windows (pdctl logits is deterministic for a given kernel set).
 _OUR_TOP_CACHE: dict = {}
 
 
 def _our_top(pdctl: Path, ids: list[int], tmp_path: Path, env: dict,
              kv_type: str = "f32") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    key = (str(pdctl), env.get("PDSERVE_CPU_ISA", ""), env.get("PDSERVE_CPU_NO_VNNI", ""),
-           env.get("PDSERVE_CPU_NO_AMX", ""), kv_type, tuple(ids))
+    key = (str(pdctl), tuple(sorted(env.items())), kv_type, tuple(ids))
     if key not in _OUR_TOP_CACHE:
         _OUR_TOP_CACHE[key] = _run_our_top(pdctl, ids, tmp_path, env, kv_type)
     return _OUR_TOP_CACHE[key]

@@ -81,6 +81,18 @@ constexpr size_t kPrefetchBytes = 16384;
 
 enum class X16 { kQ8_0, kQ5_0 };
 
+// Where a driver's software prefetch goes for `n` activation rows: near into L1 on Intel at one
+// or two rows (kernels.h, NearPrefetch), else one row into L1 and more into L2 alone, `far`
+// bytes ahead of the group's stream.
+struct Ahead {
+  bool near, l2;
+  size_t bytes;
+};
+inline Ahead AheadFor(int64_t n, size_t far) {
+  const bool near = NearPrefetch(n);
+  return {near, n > 1 && !near, near ? kNearPrefetchBytes : far};
+}
+
 template <X16 kW>
 constexpr size_t X16BlockBytes() {  // per group of 16 rows and block
   return kW == X16::kQ8_0 ? 16 * (kBlock + 2) : 16 * 22;
@@ -332,23 +344,21 @@ void GemmX16Avx2(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, co
   const char* wa = static_cast<const char*>(w);
   const size_t group_bytes = static_cast<size_t>(nb) * X16BlockBytes<kW>();
   const int64_t groups = rows / 16;
-  // Near into L1 (Intel, 1-2 rows: NearPrefetch); the head stream to the hardware alone (AMD, 1
-  // row; above). Else one row into L1, more into L2 alone, kPrefetchBytes ahead.
-  const bool head_stream = kW == X16::kQ8_0 && HeadStream(groups, group_bytes);
-  const bool near = NearPrefetch(n);
-  const bool hardware_only = head_stream && n == 1 && !near;
-  const bool l2 = n > 1 && !near;
-  const size_t distance = near ? kNearPrefetchBytes : kPrefetchBytes;
+  // AheadFor, except the head stream at one row off Intel: the hardware alone (above).
+  const Ahead fetch = AheadFor(n, kPrefetchBytes);
+  const bool hardware_only =
+      kW == X16::kQ8_0 && HeadStream(groups, group_bytes) && n == 1 && !fetch.near;
   for (int64_t g = 0; g < groups; ++g) {
     const char* group = wa + g * group_bytes;
-    const size_t next = static_cast<size_t>(g) * group_bytes + distance;
+    const size_t next = static_cast<size_t>(g) * group_bytes + fetch.bytes;
     const char* ahead = next < groups * group_bytes && !hardware_only ? wa + next : nullptr;
     for (int64_t i0 = 0; i0 < n; i0 += kMaxActRows) {
       const int nn = static_cast<int>(std::min<int64_t>(kMaxActRows, n - i0));
       const TileFn tile = kTiles[nn - 1];
       float* yg = y + i0 * ys + g * 16;
-      tile(nb, group, 0, i0 == 0 ? ahead : nullptr, l2, xa, x_row_bytes, i0, yg, ys);
-      if (nn > kBothHalvesMaxRows) tile(nb, group, 1, nullptr, l2, xa, x_row_bytes, i0, yg, ys);
+      tile(nb, group, 0, i0 == 0 ? ahead : nullptr, fetch.l2, xa, x_row_bytes, i0, yg, ys);
+      if (nn > kBothHalvesMaxRows)
+        tile(nb, group, 1, nullptr, fetch.l2, xa, x_row_bytes, i0, yg, ys);
     }
   }
   if constexpr (kW == X16::kQ8_0) {
@@ -467,7 +477,7 @@ __attribute__((always_inline)) inline void Q4KRows(const char* sb, int h, const 
 }
 
 // Prefetch distance of the k-quant layouts, a super-block's lines spread over its 8 steps (on
-// Intel one or two rows: kNearPrefetchBytes, above).
+// Intel one or two rows: AheadFor's near distance).
 constexpr size_t kKPrefetchBytes = 8192;
 
 // One group of 16 weight rows (q4_Kx16), half h (both halves where kBoth), against activation
@@ -528,19 +538,18 @@ void GemmKx16Avx2(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, c
   const char* xa = static_cast<const char*>(xp);
   const size_t group_bytes = static_cast<size_t>(nbk) * kSuperBytes;
   const int64_t groups = rows / 16;
-  const bool near = NearPrefetch(n);
-  const bool l2 = n > 1 && !near;
-  const size_t distance = near ? kNearPrefetchBytes : kKPrefetchBytes;
+  const Ahead fetch = AheadFor(n, kKPrefetchBytes);
   for (int64_t g = 0; g < groups; ++g) {
     const char* group = wa + g * group_bytes;
-    const size_t next = static_cast<size_t>(g) * group_bytes + distance;
+    const size_t next = static_cast<size_t>(g) * group_bytes + fetch.bytes;
     const char* ahead = next < groups * group_bytes ? wa + next : nullptr;
     for (int64_t i0 = 0; i0 < n; i0 += kMaxActRows) {
       const int nn = static_cast<int>(std::min<int64_t>(kMaxActRows, n - i0));
       float* yg = y + i0 * ys + g * 16;
-      kTiles[nn - 1](nbk, group, 0, i0 == 0 ? ahead : nullptr, l2, xa, x_row_bytes, i0, yg, ys);
+      kTiles[nn - 1](nbk, group, 0, i0 == 0 ? ahead : nullptr, fetch.l2, xa, x_row_bytes, i0, yg,
+                     ys);
       if (nn > kBothHalvesMaxRows)
-        kTiles[nn - 1](nbk, group, 1, nullptr, l2, xa, x_row_bytes, i0, yg, ys);
+        kTiles[nn - 1](nbk, group, 1, nullptr, fetch.l2, xa, x_row_bytes, i0, yg, ys);
     }
   }
 }

@@ -120,6 +120,10 @@ inline Fetch FetchFor(int64_t n, bool hardware_stream, bool one_row_to_l2) {
   if (n <= kHardwarePrefetchMaxRows && hardware_stream) return Fetch::kNone;
   return n == 1 && !one_row_to_l2 ? Fetch::kL1 : Fetch::kL2;
 }
+// How far ahead of its stream a driver's prefetch runs at `fetch`: `far`, or the near distance.
+inline size_t AheadBytes(Fetch fetch, size_t far) {
+  return fetch == Fetch::kL1Near ? kNearPrefetchBytes : far;
+}
 // One line into L1 and L2 (T0) or L2 alone (T1).
 template <bool kL2>
 __attribute__((always_inline)) inline void PrefetchLine(const char* p) {
@@ -449,8 +453,7 @@ void GemmX16Vnni(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, co
     const char* codes = wa + g * group_bytes;
     // The group's bytes are one stream: fetch kX16PrefetchBytes ahead of it, a block's share per
     // block, up to the matrix's end (or leave it to the hardware: FetchFor).
-    const size_t next = static_cast<size_t>(g) * group_bytes +
-                        (fetch == Fetch::kL1Near ? kNearPrefetchBytes : kX16PrefetchBytes);
+    const size_t next = static_cast<size_t>(g) * group_bytes + AheadBytes(fetch, kX16PrefetchBytes);
     const char* ahead = next < groups * group_bytes && fetch != Fetch::kNone ? wa + next : nullptr;
     for (int64_t i0 = 0; i0 < n; i0 += kMaxActRows) {
       const int nn = static_cast<int>(std::min<int64_t>(kMaxActRows, n - i0));
@@ -590,8 +593,7 @@ void GemmKx16Vnni(int64_t k, const void* w, size_t /*w_stride*/, int64_t rows, c
   const auto& tiles = kTiles[fetch == Fetch::kL2];
   for (int64_t g = 0; g < groups; ++g) {
     const char* codes = wa + g * group_bytes;
-    const size_t next = static_cast<size_t>(g) * group_bytes +
-                        (fetch == Fetch::kL1Near ? kNearPrefetchBytes : kPrefetch);
+    const size_t next = static_cast<size_t>(g) * group_bytes + AheadBytes(fetch, kPrefetch);
     const char* ahead = next < groups * group_bytes && fetch != Fetch::kNone ? wa + next : nullptr;
     for (int64_t i0 = 0; i0 < n; i0 += kMax) {
       const int nn = static_cast<int>(std::min<int64_t>(kMax, n - i0));
