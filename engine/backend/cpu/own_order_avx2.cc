@@ -162,7 +162,12 @@ __attribute__((always_inline)) inline __m256i Pairs(__m256i u, const char* xq) {
 }
 
 // One activation row's code word (4 codes at xq, broadcast) against 8 rows' word: s += the 8
-// rows' exact dot products.
+// rows' exact dot products. The empty asm keeps each row's sum one chain of adds: without it GCC
+// reassociates a block's adds into a tree whose leaves (every row's MADD results) outnumber the
+// 16 registers and spill (gemv_bench head_x16/q8_0/<n>/1 under the cap on the AMX Xeon, two
+// alternating runs, ms: n = 4 23.8 / 22.3 -> 20.8 / 20.6, 8 35.9 / 34.7 -> 31.1 / 30.8, 16
+// 63.5 / 53.4 -> 51.3 / 48.1). Q5_0's and Q4_K's int16 trees do not spill, and the same barrier
+// there measured level (Q5_0) or 20-40 % slower (Q4_K).
 template <X16 kW>
 __attribute__((always_inline)) inline __m256i AddWord(__m256i s, __m256i u, __m256i sw,
                                                       const char* xq) {
@@ -170,7 +175,10 @@ __attribute__((always_inline)) inline __m256i AddWord(__m256i s, __m256i u, __m2
   std::memcpy(&word, xq, 4);
   __m256i x = _mm256_set1_epi32(word);
   if constexpr (kW == X16::kQ8_0) x = _mm256_sign_epi8(x, sw);
-  return _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
+  __m256i r =
+      _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
+  asm("" : "+x"(r));
+  return r;
 }
 
 // NC activation rows' block b against the 8 rows of half h: acc[i] = fma(d_w * d_x, isum,
