@@ -257,3 +257,46 @@ def test_pdctl_up_pin_cores(pdctl, synth_model, tmp_path):
             proc.kill()
             proc.wait()
     assert proc.returncode == 0
+
+
+def test_pdctl_up_prefill_idle(pdctl, synth_model, tmp_path):
+    """--prefill-idle: the prefill node under SCHED_IDLE, the decode node at the normal policy,
+    neither pinned, and --pin-cores refused beside it."""
+    help_text = subprocess.run([str(pdctl), "up", "--help"], capture_output=True,
+                               text=True).stdout
+    assert "--prefill-idle" in help_text, f"{pdctl} up --help lists no --prefill-idle"
+    both = subprocess.run([str(pdctl), "up", "--prefill-idle", "--pin-cores"],
+                          capture_output=True, text=True)
+    assert both.returncode == 2 and "excludes" in both.stderr, both.stderr
+    out, err = tmp_path / "stdout.log", tmp_path / "stderr.log"
+    with out.open("w") as o, err.open("w") as e:
+        proc = subprocess.Popen(
+            [str(pdctl), "up", "--prefill", "1", "--decode", "1", "--prefill-idle", "--threads",
+             "2", "-m", str(synth_model("llama2_f32")), "--grpc-port", "0", "--http-port", "0",
+             "--log-dir", str(tmp_path / "logs")], stdout=o, stderr=e)
+    try:
+        end = time.time() + 120
+        while "router  pid=" not in out.read_text():
+            assert proc.poll() is None, err.read_text()
+            assert time.time() < end, "pdctl up did not get ready"
+            time.sleep(0.2)
+        nodes = re.findall(r"^\s+(prefill|decode)\s+(\S+)\s+pid=(\d+)", out.read_text(), re.M)
+        assert [n[1] for n in nodes] == ["p0", "d0"]
+
+        def policy(pid):  # field 41 of /proc/PID/stat; every thread inherits it
+            return {int(Path(f"/proc/{pid}/task/{t}/stat").read_text().rsplit(")", 1)[1]
+                        .split()[38]) for t in os.listdir(f"/proc/{pid}/task")}
+
+        idle, normal = 5, 0  # SCHED_IDLE, SCHED_OTHER
+        for role, name, pid in nodes:
+            assert policy(pid) == ({idle} if role == "prefill" else {normal}), name
+            assert os.sched_getaffinity(int(pid)) == os.sched_getaffinity(0), name
+        assert "p0 (prefill, pid" in err.read_text() and "SCHED_IDLE" in err.read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0

@@ -28,6 +28,19 @@ def test_help_lists_subcommands(pdctl):
         assert flag in g, flag
 
 
+def test_bad_flags_exit_2_with_the_reason(pdctl):
+    # Whatever CLI11's error kind (an unknown flag, a missing value, two exclusive flags, a value
+    # outside its set), pdctl exits 2 and says why; --help exits 0.
+    for args, why in ((("bench", "--bogus"), b"--bogus"),
+                      (("generate", "-n"), b"n-predict"),
+                      (("up", "--pin-cores", "--prefill-idle"), b"excludes"),
+                      (("up", "--backend", "tpu"), b"tpu")):
+        p = run(pdctl, *args)
+        assert p.returncode == 2, (args, p.returncode, p.stderr)
+        assert why in p.stderr, (args, p.stderr)
+    assert run(pdctl, "up", "--help").returncode == 0
+
+
 def test_missing_model_is_a_clear_error(pdctl, tmp_path):
     p = run(pdctl, "generate", "-m", str(tmp_path / "nope.gguf"), "-p", "hi")
     assert p.returncode != 0

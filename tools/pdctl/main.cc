@@ -45,7 +45,13 @@ int main(int argc, char** argv) {
   UpFlags uf;
   CLI::App* up = AddUpCommand(app, &uf);
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version exit 0; every flag error exits 2, as the commands document (CLI11's
+    // own codes run from 105 to 114 by kind of error).
+    return app.exit(e) == 0 ? 0 : 2;
+  }
   if (up->parsed()) return RunUp(uf);
   if (qz->parsed()) return RunQuantize(qf);
   if (cv->parsed()) return RunConvert(cvf);

@@ -10,9 +10,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -65,8 +67,9 @@ std::vector<int> AllowedCpus() {
   return cpus;
 }
 
-// Starts args[0] as c; with cpu >= 0 the child is pinned to that CPU before exec.
-bool Spawn(Child& c, const std::vector<std::string>& args, int cpu = -1) {
+// Starts args[0] as c; with cpu >= 0 the child is pinned to that CPU before exec, with `idle` it
+// runs under SCHED_IDLE (inherited by every thread it starts).
+bool Spawn(Child& c, const std::vector<std::string>& args, int cpu = -1, bool idle = false) {
   int out[2];
   if (pipe(out) != 0) return false;
   const int log = open(c.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -92,6 +95,15 @@ bool Spawn(Child& c, const std::vector<std::string>& args, int cpu = -1) {
       CPU_SET(cpu, &set);
       if (sched_setaffinity(0, sizeof set, &set) != 0) {
         std::fprintf(stderr, "cannot pin %s to CPU %d\n", args[0].c_str(), cpu);
+        _exit(126);
+      }
+    }
+    if (idle) {
+      // Lowering one's own policy to SCHED_IDLE needs no privilege.
+      const sched_param none{};
+      if (sched_setscheduler(0, SCHED_IDLE, &none) != 0) {
+        std::fprintf(stderr, "cannot run %s under SCHED_IDLE: %s\n", args[0].c_str(),
+                     std::strerror(errno));
         _exit(126);
       }
     }
@@ -330,9 +342,14 @@ CLI::App* AddUpCommand(CLI::App& app, UpFlags* f) {
   up->add_flag("--cluster-tls", f->cluster_tls,
                "like --tls, but only between the daemons: mutual TLS between router and nodes, "
                "the router's gRPC and HTTP APIs stay plaintext");
-  up->add_flag("--pin-cores", f->pin_cores,
-               "pin each node to one CPU of those pdctl may use, round robin, prefill nodes "
-               "first (sched_setaffinity); the router is not pinned");
+  auto* pin = up->add_flag("--pin-cores", f->pin_cores,
+                           "pin each node to one CPU of those pdctl may use, round robin, "
+                           "prefill nodes first (sched_setaffinity); the router is not pinned");
+  up->add_flag("--prefill-idle", f->prefill_idle,
+               "run the prefill nodes under SCHED_IDLE: every node may use every CPU, the decode "
+               "nodes' steps take the cores first and the prefill nodes run in what they leave "
+               "(one machine shared by both pools)")
+      ->excludes(pin);
   auto* chat = up->add_option("--chat", f->chat,
                               "send this chat message through the router's gRPC API, print the "
                               "answer, stop");
@@ -438,10 +455,15 @@ int RunUp(const UpFlags& f) {
     if (!f.gpu_layers.empty()) args.insert(args.end(), {"--gpu-layers", f.gpu_layers});
     for (std::string& a : tls_args(c.name)) args.push_back(std::move(a));
     const int cpu = f.pin_cores ? cpus[i % cpus.size()] : -1;
-    if (!Spawn(c, args, cpu)) return fail(c, "could not be started");
+    const bool idle = f.prefill_idle && c.role == "prefill";
+    if (!Spawn(c, args, cpu, idle)) return fail(c, "could not be started");
     if (cpu >= 0) {
       std::fprintf(stderr, "pdctl up: %s (%s, pid %d) pinned to CPU %d, %d thread(s)\n",
                    c.name.c_str(), c.role.c_str(), c.pid, cpu, threads);
+    }
+    if (idle) {
+      std::fprintf(stderr, "pdctl up: %s (%s, pid %d) runs under SCHED_IDLE\n", c.name.c_str(),
+                   c.role.c_str(), c.pid);
     }
   }
   const absl::Time deadline = absl::Now() + absl::Seconds(f.start_timeout_s);

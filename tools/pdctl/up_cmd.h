@@ -8,7 +8,9 @@
 // prompt through the router's OpenAI /v1/completions (streamed, greedy), prints it with the time
 // to the first token and the tokens/s, and shuts down. With --pin-cores each node runs on
 // one CPU of its own (round robin over pdctl's allowed CPUs, prefill nodes first; one engine
-// thread unless --threads says otherwise); the router is not pinned.
+// thread unless --threads says otherwise); the router is not pinned. With --prefill-idle every
+// node may use every CPU and the prefill nodes run under SCHED_IDLE (the kernel gives them a CPU
+// only when nothing else wants it), so a decode node's steps never wait for a prompt's chunks.
 //
 // Exit codes: 0 (stopped by a signal, or --chat / --complete answered); 1 a daemon failed to start
 // or the request failed; 2 bad flags.
@@ -31,6 +33,9 @@ struct UpFlags {
   std::string backend;     // passed to every engine node; "" = the config's
   std::string gpu_layers;  // likewise
   bool pin_cores = false;  // each node on its own CPU (round robin over pdctl's allowed CPUs)
+  // Prefill nodes under SCHED_IDLE on every CPU: decode nodes keep all cores for their steps,
+  // prefill nodes run in what the decode nodes leave. Excludes pin_cores.
+  bool prefill_idle = false;
   // A throwaway CA in <log dir>/tls: mutual TLS between the daemons, TLS on the router's APIs.
   bool tls = false;
   bool cluster_tls = false;  // mutual TLS between the daemons only (--tls implies it)
