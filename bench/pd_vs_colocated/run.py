@@ -2,8 +2,12 @@
 """Does disaggregation pay? The same workload against a P/D cluster and a colocated server.
 
 Systems (both on this machine, both with the same generated config, model and seed):
-  disaggregated  `pdctl up --prefill 1 --decode 1 --pin-cores`: the prefill node on one CPU, the
-                 decode node on another, one engine thread each, the router unpinned
+  disaggregated  `pdctl up --prefill 1 --decode 1` in one of three layouts (--layout):
+                 pinned (default): `--pin-cores`, the prefill node on one CPU, the decode node on
+                   another, one engine thread each, the router unpinned
+                 idle: `--prefill-idle --threads 2`, both nodes on both CPUs, the prefill node
+                   under SCHED_IDLE (it runs when the decode node leaves a CPU free)
+                 shared: both nodes on both CPUs at the same priority (--node-threads each)
   colocated      `pd-serve -t 2`: one engine using both cores (no pinning)
 
 Workload (pd-bench, streaming gRPC by default, Poisson arrivals, seeded, identical arrival times
@@ -63,6 +67,9 @@ sys.path.insert(0, HERE)
 
 import stats  # noqa: E402
 
+# --layout: how the disaggregated system's two nodes share the machine's CPUs.
+LAYOUTS = {"pinned": "pinned: one CPU each", "idle": "prefill under SCHED_IDLE, both on every CPU",
+           "shared": "both on every CPU"}
 SYSTEMS = ("colocated", "disaggregated")
 
 
@@ -106,7 +113,10 @@ def threads_of(pid):
             if flag in argv:
                 out["engine_threads"] = argv[argv.index(flag) + 1]
         out["os_threads"] = len(os.listdir(f"/proc/{pid}/task"))
-    except (OSError, IndexError):
+        # Field 41 of /proc/PID/stat (after the parenthesised name): the scheduling policy.
+        policy = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[38])
+        out["policy"] = {0: "normal", 3: "batch", 5: "idle"}.get(policy, str(policy))
+    except (OSError, IndexError, ValueError):
         pass
     return out
 
@@ -193,10 +203,14 @@ class Disaggregated:
                     "--config", cfg, "--model", args.model, "--grpc-port", "0", "--http-port", "0",
                     "--log-dir", os.path.join(rundir, "logs"),
                     "--start-timeout", str(args.start_timeout)]
-        if args.pin_cores:
+        if args.layout == "pinned":
             self.cmd.append("--pin-cores")
-        if args.node_threads:
-            self.cmd += ["--threads", str(args.node_threads)]
+        elif args.layout == "idle":
+            self.cmd.append("--prefill-idle")
+        threads = args.node_threads or (0 if args.layout == "pinned" else
+                                         len(os.sched_getaffinity(0)))
+        if threads:
+            self.cmd += ["--threads", str(threads)]
         self.out = os.path.join(rundir, "pdctl.stdout")
         self.err = os.path.join(rundir, "pdctl.log")
         with open(self.out, "w") as o, open(self.err, "w") as e:
@@ -515,7 +529,7 @@ def plot(by_rate, args, png):
     ax2.set_title("goodput against rate")
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=8)
-    fig.suptitle("pdctl up --prefill 1 --decode 1 --pin-cores vs pd-serve -t 2 "
+    fig.suptitle(f"pdctl up --prefill 1 --decode 1 ({LAYOUTS[args.layout]}) vs pd-serve -t 2 "
                  f"({platform.node()}, {meta_date()})", fontsize=9)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
@@ -547,7 +561,8 @@ def write_markdown(path, by_rate, args, meta, png_ok):
         for s in SYSTEMS:
             if s in v:
                 pins.setdefault(s, v[s]["_run"]["pinning"])
-    md = [f"# Disaggregated (1 prefill + 1 decode, pinned) vs colocated pd-serve ({meta['date']})",
+    md = [f"# Disaggregated (1 prefill + 1 decode, {LAYOUTS[args.layout]}) vs colocated pd-serve "
+          f"({meta['date']})",
           "", verdict_line, "",
           *(["**Smoke-test configuration (`--quick`): too few requests per run to conclude "
              "anything.**", ""] if meta.get("args", {}).get("quick") else []),
@@ -629,8 +644,11 @@ def main():
                     "default: the config's default, 512)")
     ap.add_argument("--colocated-threads", type=int, default=2)
     ap.add_argument("--node-threads", type=int, default=0,
-                    help="--threads for pdctl up (0: its default, 1 with --pin-cores)")
-    ap.add_argument("--no-pin-cores", dest="pin_cores", action="store_false")
+                    help="--threads for pdctl up (0: 1 with --layout pinned, 2 otherwise)")
+    ap.add_argument("--layout", choices=sorted(LAYOUTS), default="pinned",
+                    help="where the cluster's nodes run (module docstring)")
+    ap.add_argument("--no-pin-cores", dest="layout", action="store_const", const="shared",
+                    help="the same as --layout shared")
     ap.add_argument("--systems", default="colocated,disaggregated")
     ap.add_argument("--slo-ttft-chat-ms", type=float, default=3000)
     ap.add_argument("--slo-ttft-long-ms", type=float, default=60000)
