@@ -9,12 +9,13 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
+#include "common/cli_parse.h"
 #include "common/log.h"
-#include "engine/model/fingerprint.h"
-#include "common/tls_flags.h"
 #include "common/signals.h"
 #include "common/status.h"
 #include "common/strings.h"
+#include "common/tls_flags.h"
+#include "engine/model/fingerprint.h"
 #include "frontend/serving_metrics.h"
 #include "kvtransfer/kv_transport.h"
 #include "node/engine_builder.h"
@@ -170,7 +171,7 @@ int NodeMain(const std::string& name, std::unique_ptr<NodeRole> role, int argc, 
   auto* o_spec_k = app.add_option("--spec-k", spec_k, "the most draft tokens per step (1..16)");
   TlsFlags tls_flags;
   tls_flags.Add(app, /*public_api=*/false, /*cluster=*/true);
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = pd::ParseFlags(app, argc, argv); rc >= 0) return rc;
   absl::StatusOr<ServeOptions> loaded =
       config.empty() ? ParseServeOptions("", "defaults") : LoadServeOptions(config);
   if (!loaded.ok()) {

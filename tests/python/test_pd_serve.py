@@ -64,6 +64,20 @@ def test_default_model_ready_line_health_and_sigterm(pd_serve: Path, repo_root: 
             proc.wait()
 
 
+@pytest.mark.parametrize("daemon", ["pd-serve", "pd-router", "pd-prefill", "pd-decode"])
+def test_bad_flags_exit_2_like_bad_configs(pd_serve: Path, daemon: str):
+    # Every daemon documents 2 for bad flags and bad configs; CLI11's own codes (105-114) varied
+    # by the kind of flag error. --help exits 0.
+    binary = pd_serve.parent / daemon
+    for args, why in ((["--bogus"], "--bogus"), (["--grpc-port", "many"], "many"),
+                      (["--grpc-port"], "grpc-port")):
+        r = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2, (daemon, args, r.returncode, r.stderr)
+        assert why in r.stderr, (daemon, args, r.stderr)
+    assert subprocess.run([str(binary), "--help"], capture_output=True,
+                          timeout=30).returncode == 0
+
+
 def test_unknown_config_key_is_named(pd_serve: Path, tmp_path: Path):
     cfg = tmp_path / "serve.yaml"
     cfg.write_text("kv:\n  dtype: f16\n  memroy_mib: 64\n")

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "common/cli_parse.h"
 #include "common/config.h"
 #include "common/grpc_tls.h"
 #include "common/log.h"
@@ -169,7 +170,7 @@ int Main(int argc, char** argv) {
   auto* o_grace = app.add_option("--shutdown-grace", grace, "seconds streams get on SIGTERM");
   TlsFlags tls_flags;
   tls_flags.Add(app, /*public_api=*/true, /*cluster=*/true);
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = pd::ParseFlags(app, argc, argv); rc >= 0) return rc;
 
   absl::StatusOr<ServeOptions> loaded =
       config.empty() ? ParseServeOptions("", "defaults") : LoadServeOptions(config);

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "common/cli_parse.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -130,7 +131,7 @@ int Main(int argc, char** argv) {
   auto* o_spec_k = app.add_option("--spec-k", spec_k, "the most draft tokens per step (1..16)");
   TlsFlags tls_flags;
   tls_flags.Add(app, /*public_api=*/true, /*cluster=*/false);
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = pd::ParseFlags(app, argc, argv); rc >= 0) return rc;
 
   absl::StatusOr<ServeOptions> loaded =
       config.empty() ? ParseServeOptions("", "defaults") : LoadServeOptions(config);

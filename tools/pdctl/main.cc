@@ -2,14 +2,15 @@
 // quantize, convert, texts, synth-model, plan, up; each in its own X_cmd.{h,cc}. This file assembles them
 // into one CLI app and runs the one given.
 #include "CLI/CLI.hpp"
+#include "common/cli_parse.h"
 #include "tools/pdctl/bench_cmd.h"
 #include "tools/pdctl/chat_cmd.h"
 #include "tools/pdctl/convert_cmd.h"
 #include "tools/pdctl/generate_cmd.h"
 #include "tools/pdctl/logits_cmd.h"
 #include "tools/pdctl/models_cmd.h"
-#include "tools/pdctl/quantize_cmd.h"
 #include "tools/pdctl/plan_cmd.h"
+#include "tools/pdctl/quantize_cmd.h"
 #include "tools/pdctl/synth_model_cmd.h"
 #include "tools/pdctl/tokenize_cmd.h"
 #include "tools/pdctl/up_cmd.h"
@@ -45,13 +46,7 @@ int main(int argc, char** argv) {
   UpFlags uf;
   CLI::App* up = AddUpCommand(app, &uf);
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    // --help and --version exit 0; every flag error exits 2, as the commands document (CLI11's
-    // own codes run from 105 to 114 by kind of error).
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  if (const int rc = pd::ParseFlags(app, argc, argv); rc >= 0) return rc;
   if (up->parsed()) return RunUp(uf);
   if (qz->parsed()) return RunQuantize(qf);
   if (cv->parsed()) return RunConvert(cvf);
