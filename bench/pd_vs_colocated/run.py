@@ -5,9 +5,10 @@ Systems (both on this machine, both with the same generated config, model and se
   disaggregated  `pdctl up --prefill 1 --decode 1` in one of three layouts (--layout):
                  pinned (default): `--pin-cores`, the prefill node on one CPU, the decode node on
                    another, one engine thread each, the router unpinned
-                 idle: `--prefill-idle --threads 2`, both nodes on both CPUs, the prefill node
-                   under SCHED_IDLE (it runs when the decode node leaves a CPU free)
-                 shared: both nodes on both CPUs at the same priority (--node-threads each)
+                 idle: `--prefill-idle --threads N` (N: the CPUs this script may use), both
+                   nodes on every CPU, the prefill node under SCHED_IDLE (it runs when the
+                   decode node leaves a CPU free)
+                 shared: both nodes on every CPU at the same priority, N threads each
   colocated      `pd-serve -t 2`: one engine using both cores (no pinning)
 
 Workload (pd-bench, streaming gRPC by default, Poisson arrivals, seeded, identical arrival times
@@ -644,7 +645,8 @@ def main():
                     "default: the config's default, 512)")
     ap.add_argument("--colocated-threads", type=int, default=2)
     ap.add_argument("--node-threads", type=int, default=0,
-                    help="--threads for pdctl up (0: 1 with --layout pinned, 2 otherwise)")
+                    help="--threads for pdctl up (0: 1 with --layout pinned, else one per CPU this "
+                    "script may use)")
     ap.add_argument("--layout", choices=sorted(LAYOUTS), default="pinned",
                     help="where the cluster's nodes run (module docstring)")
     ap.add_argument("--no-pin-cores", dest="layout", action="store_const", const="shared",
