@@ -7,6 +7,7 @@ and is not run here (bench/pd_vs_colocated/run.py --quick).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -216,25 +217,45 @@ def test_report_from_saved_runs(tmp_path, monkeypatch):
     assert (tmp_path / "res.png").stat().st_size > 1000
 
 
-def test_pdctl_up_pin_cores(pdctl, synth_model, tmp_path):
-    help_text = subprocess.run([str(pdctl), "up", "--help"], capture_output=True,
-                               text=True).stdout
-    assert "--pin-cores" in help_text, f"{pdctl} up --help lists no --pin-cores"
-    cpus = sorted(os.sched_getaffinity(0))
+@contextlib.contextmanager
+def pdctl_up(pdctl, tmp_path, *flags):
+    """A running `pdctl up FLAGS` on loopback: yields (stdout text once ready, stderr path) and
+    stops it with SIGTERM after, asserting a clean exit."""
     out, err = tmp_path / "stdout.log", tmp_path / "stderr.log"
     with out.open("w") as o, err.open("w") as e:
         proc = subprocess.Popen(
-            [str(pdctl), "up", "--prefill", "1", "--decode", "2", "--pin-cores", "-m",
-             str(synth_model("llama2_f32")), "--grpc-port", "0", "--http-port", "0",
-             "--log-dir", str(tmp_path / "logs")], stdout=o, stderr=e)
+            [str(pdctl), "up", *flags, "--grpc-port", "0", "--http-port", "0", "--log-dir",
+             str(tmp_path / "logs")], stdout=o, stderr=e)
     try:
         end = time.time() + 120
         while "router  pid=" not in out.read_text():
             assert proc.poll() is None, err.read_text()
             assert time.time() < end, "pdctl up did not get ready"
             time.sleep(0.2)
-        text = out.read_text()
-        nodes = re.findall(r"^\s+(prefill|decode)\s+(\S+)\s+pid=(\d+)", text, re.M)
+        yield out.read_text(), err
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0
+
+
+def nodes_of(text):
+    """(role, name, pid) of each node in pdctl up's ready lines."""
+    return re.findall(r"^\s+(prefill|decode)\s+(\S+)\s+pid=(\d+)", text, re.M)
+
+
+def test_pdctl_up_pin_cores(pdctl, synth_model, tmp_path):
+    help_text = subprocess.run([str(pdctl), "up", "--help"], capture_output=True,
+                               text=True).stdout
+    assert "--pin-cores" in help_text, f"{pdctl} up --help lists no --pin-cores"
+    cpus = sorted(os.sched_getaffinity(0))
+    with pdctl_up(pdctl, tmp_path, "--prefill", "1", "--decode", "2", "--pin-cores", "-m",
+                  str(synth_model("llama2_f32"))) as (text, err):
+        nodes = nodes_of(text)
         assert [n[1] for n in nodes] == ["p0", "d0", "d1"]
 
         def allowed(pid):
@@ -249,14 +270,6 @@ def test_pdctl_up_pin_cores(pdctl, synth_model, tmp_path):
         for _, name, pid in nodes:  # one engine thread per pinned node
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             assert argv[argv.index(b"--threads") + 1] == b"1", name
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0
 
 
 def test_pdctl_up_prefill_idle(pdctl, synth_model, tmp_path):
@@ -268,19 +281,9 @@ def test_pdctl_up_prefill_idle(pdctl, synth_model, tmp_path):
     both = subprocess.run([str(pdctl), "up", "--prefill-idle", "--pin-cores"],
                           capture_output=True, text=True)
     assert both.returncode == 2 and "excludes" in both.stderr, both.stderr
-    out, err = tmp_path / "stdout.log", tmp_path / "stderr.log"
-    with out.open("w") as o, err.open("w") as e:
-        proc = subprocess.Popen(
-            [str(pdctl), "up", "--prefill", "1", "--decode", "1", "--prefill-idle", "--threads",
-             "2", "-m", str(synth_model("llama2_f32")), "--grpc-port", "0", "--http-port", "0",
-             "--log-dir", str(tmp_path / "logs")], stdout=o, stderr=e)
-    try:
-        end = time.time() + 120
-        while "router  pid=" not in out.read_text():
-            assert proc.poll() is None, err.read_text()
-            assert time.time() < end, "pdctl up did not get ready"
-            time.sleep(0.2)
-        nodes = re.findall(r"^\s+(prefill|decode)\s+(\S+)\s+pid=(\d+)", out.read_text(), re.M)
+    with pdctl_up(pdctl, tmp_path, "--prefill", "1", "--decode", "1", "--prefill-idle",
+                  "--threads", "2", "-m", str(synth_model("llama2_f32"))) as (text, err):
+        nodes = nodes_of(text)
         assert [n[1] for n in nodes] == ["p0", "d0"]
 
         def policy(pid):  # field 41 of /proc/PID/stat; every thread inherits it
@@ -292,11 +295,3 @@ def test_pdctl_up_prefill_idle(pdctl, synth_model, tmp_path):
             assert policy(pid) == ({idle} if role == "prefill" else {normal}), name
             assert os.sched_getaffinity(int(pid)) == os.sched_getaffinity(0), name
         assert "p0 (prefill, pid" in err.read_text() and "SCHED_IDLE" in err.read_text()
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0
