@@ -10,7 +10,8 @@
 // one CPU of its own (round robin over pdctl's allowed CPUs, prefill nodes first; one engine
 // thread unless --threads says otherwise); the router is not pinned. With --prefill-idle every
 // node may use every CPU and the prefill nodes run under SCHED_IDLE (the kernel gives them a CPU
-// only when nothing else wants it), so a decode node's steps never wait for a prompt's chunks.
+// only when nothing else wants it), so a decode node's steps take the cores ahead of a prompt's
+// chunks; they still share memory bandwidth and the caches.
 //
 // Exit codes: 0 (stopped by a signal, or --chat / --complete answered); 1 a daemon failed to start
 // or the request failed; 2 bad flags.
